@@ -1,0 +1,45 @@
+"""One output sink: the report goes to stdout (human or JSON); everything else to stderr."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ortprep.model import atomic_write_bytes, check_output_path
+from ortprep.render.json import dumps
+
+
+def stdout_console() -> Console:
+    return Console(file=sys.stdout, soft_wrap=True)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr)
+
+
+def emit(
+    record: dict[str, Any],
+    *,
+    as_json: bool,
+    human: Callable[[dict[str, Any], Console], None],
+) -> None:
+    if as_json:
+        sys.stdout.write(dumps(record))
+    else:
+        human(record, stdout_console())
+
+
+def check_report_path(report_path: Path | None, model_path: Path) -> Path | None:
+    """Validate --report before any work: never the model itself, even with --force."""
+    if report_path is None:
+        return None
+    return check_output_path(report_path, input_path=model_path, force=False)
+
+
+def write_report(report_path: Path | None, record: dict[str, Any]) -> None:
+    if report_path is not None:
+        atomic_write_bytes(report_path, dumps(record).encode("utf-8"))

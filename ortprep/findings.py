@@ -1,0 +1,76 @@
+"""Findings: what a step noticed about a model, with a severity and a fix.
+
+Codes are stable and never reused. The catalogue below is the single place that
+gives each code its title, default severity and the kind of fix it calls for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import IntEnum
+
+
+class Severity(IntEnum):
+    INFO = 10
+    WARNING = 20
+    ERROR = 30
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Severity":
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r}") from None
+
+
+@dataclass(frozen=True)
+class FindingKind:
+    code: str
+    title: str
+    severity: Severity
+
+
+# code -> kind. Add new codes at the end of their block; never renumber.
+CATALOGUE: dict[str, FindingKind] = {
+    kind.code: kind
+    for kind in (
+        # MOD: the model file itself
+        FindingKind("MOD001", "model fails onnx.checker", Severity.ERROR),
+        FindingKind("MOD002", "opset newer than the installed ONNX Runtime supports", Severity.ERROR),
+        FindingKind("MOD003", "opset newer than the installed onnx package knows", Severity.WARNING),
+        FindingKind("MOD004", "ops from a custom domain need a custom-op library", Severity.WARNING),
+        FindingKind("MOD005", "ops from the ONNX Runtime contrib domain run only on ONNX Runtime", Severity.INFO),
+        FindingKind("MOD006", "ONNX Runtime is not installed", Severity.INFO),
+        FindingKind("MOD007", "IR version newer than the installed onnx package knows", Severity.WARNING),
+        FindingKind("MOD008", "no opset imported for the default ONNX domain", Severity.WARNING),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a step noticed. ``message`` names the node, op and EP where there are any."""
+
+    code: str
+    severity: Severity
+    message: str
+    node: str | None = None
+    op_type: str | None = None
+    ep: str | None = None
+    fix: str | None = None
+    source: str | None = None
+
+    @classmethod
+    def of(cls, code: str, message: str, *, severity: Severity | None = None, **fields: str | None) -> "Finding":
+        """Build a finding of a catalogued code, with the catalogue's severity unless told otherwise."""
+        kind = CATALOGUE[code]
+        return cls(code=code, severity=severity or kind.severity, message=message, **fields)
+
+    def to_record(self) -> dict:
+        record = asdict(self)
+        record["severity"] = self.severity.label
+        return record

@@ -1,0 +1,1 @@
+"""Everything that touches ONNX Runtime lives here, imported lazily."""

@@ -306,6 +306,13 @@ def check_output_path(dest: Path, *, input_path: Path | None = None, force: bool
     return Path(os.path.abspath(dest))
 
 
+def _default_file_mode() -> int:
+    # Temp files are created 0600; give the final file the mode a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(dest: Path, data: bytes) -> None:
     """Write bytes to ``dest`` through a temp file in the same folder and a rename."""
     dest = Path(dest)
@@ -315,6 +322,7 @@ def atomic_write_bytes(dest: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, _default_file_mode())
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -425,8 +433,11 @@ class ModelHandle:
             else:
                 onnx.save_model(proto, str(tmp_model))
             tmp_data = tmp_dir / data_name
+            mode = _default_file_mode()
             if tmp_data.exists():
+                os.chmod(tmp_data, mode)
                 os.replace(tmp_data, dest.parent / data_name)
+            os.chmod(tmp_model, mode)
             os.replace(tmp_model, dest)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)

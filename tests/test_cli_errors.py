@@ -1,0 +1,140 @@
+"""Every bad-input case: exit 2, at most 4 lines on stderr, no traceback, input unchanged,
+no output left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+
+from cli_helpers import invoke
+from models import matmul_weights, relu, repoint_external, save_external
+
+
+def _valid(tmp_path: Path) -> Path:
+    path = tmp_path / "model.onnx"
+    onnx.save_model(relu(), str(path))
+    return path
+
+
+def _external(tmp_path: Path, location: str | None = None, drop_data: bool = False) -> Path:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    path = save_external(matmul_weights(), folder / "model.onnx")
+    if location:
+        (tmp_path / "stolen.data").write_bytes((folder / "model.onnx.data").read_bytes())
+        repoint_external(path, location)
+    if drop_data:
+        (folder / "model.onnx.data").unlink()
+    return path
+
+
+def case_missing(tmp_path):
+    return tmp_path / "absent.onnx", "not found"
+
+
+def case_directory(tmp_path):
+    _valid(tmp_path)
+    return tmp_path, "is a directory"
+
+
+def case_empty(tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    return path, "is empty"
+
+
+def case_random_bytes(tmp_path):
+    path = tmp_path / "noise.onnx"
+    path.write_bytes(os.urandom(4096) + bytes(range(256)) * 8)
+    return path, "ONNX model"
+
+
+def case_truncated(tmp_path):
+    whole = tmp_path / "whole.onnx"
+    onnx.save_model(matmul_weights(), str(whole))
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    return path, "truncated"
+
+
+def case_text_file(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("This is not a model.\nJust some notes about one.\n" * 20)
+    return path, "text file"
+
+
+def case_external_outside(tmp_path):
+    return _external(tmp_path, location="../stolen.data"), "outside the model's folder"
+
+
+def case_external_missing(tmp_path):
+    return _external(tmp_path, drop_data=True), "is missing"
+
+
+CASES = [
+    case_missing,
+    case_directory,
+    case_empty,
+    case_random_bytes,
+    case_truncated,
+    case_text_file,
+    case_external_outside,
+    case_external_missing,
+]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _assert_one_clean_error(result, expected: str) -> None:
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 4, result.stderr
+    assert "Traceback" not in result.stderr
+    assert expected in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removeprefix("case_"))
+@pytest.mark.parametrize("as_json", [False, True], ids=["human", "json"])
+def test_bad_model_input(tmp_path, case, as_json):
+    model, expected = case(tmp_path)
+    before = _snapshot(tmp_path)
+    report = tmp_path / "report.json"
+    args = ["inspect", model, "--report", report] + (["--json"] if as_json else [])
+    result = invoke(*args)
+    _assert_one_clean_error(result, expected)
+    assert _snapshot(tmp_path) == before  # input bytes unchanged, nothing written
+
+
+def test_output_in_missing_folder(tmp_path):
+    model = _valid(tmp_path)
+    before = _snapshot(tmp_path)
+    result = invoke("inspect", model, "--report", tmp_path / "missing" / "report.json")
+    _assert_one_clean_error(result, "does not exist")
+    assert _snapshot(tmp_path) == before
+
+
+def test_output_equal_to_input(tmp_path):
+    model = _valid(tmp_path)
+    before = _snapshot(tmp_path)
+    result = invoke("inspect", model, "--report", model)
+    _assert_one_clean_error(result, "is the input model")
+    assert _snapshot(tmp_path) == before
+
+
+def test_unknown_option_is_exit_2(tmp_path):
+    result = invoke("inspect", _valid(tmp_path), "--no-such-option")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_env_shows_traceback(tmp_path):
+    result = invoke("inspect", tmp_path / "absent.onnx", env={"ORTPREP_DEBUG": "1"})
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("ortprep: error: model file not found")

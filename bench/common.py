@@ -1,0 +1,94 @@
+"""Shared helpers for the benchmarks: generated models and child-process measurement."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+VENV_BIN = Path(sys.executable).parent
+
+
+def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8, rows: int = 1024) -> Path:
+    """A MatMul fan-out whose weights (``total_bytes`` of random float32) live in one external file.
+
+    Weight bytes are streamed to disk in chunks, so building a 1 GB model needs little memory.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    data_name = "model.onnx.data"
+    per_tensor = total_bytes // tensors
+    cols = max(1, per_tensor // (rows * 4))
+    nbytes = rows * cols * 4
+    initializers, nodes, outputs = [], [], []
+    with open(folder / data_name, "wb") as data:
+        for index in range(tensors):
+            offset = data.tell()
+            remaining = nbytes
+            while remaining:
+                chunk = min(remaining, 64 << 20)
+                data.write(os.urandom(chunk))
+                remaining -= chunk
+            tensor = TensorProto(name=f"W{index}", data_type=TensorProto.FLOAT, dims=[rows, cols])
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            initializers.append(tensor)
+            nodes.append(helper.make_node("MatMul", ["x", f"W{index}"], [f"y{index}"], name=f"matmul{index}"))
+            outputs.append(helper.make_tensor_value_info(f"y{index}", TensorProto.FLOAT, ["batch", cols]))
+    graph = helper.make_graph(
+        nodes, "fanout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", rows])], outputs, initializers
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@dataclass
+class Measurement:
+    label: str
+    seconds: float  # median wall time
+    peak_rss_mb: float  # max over runs of the child's peak resident set
+    command: str
+
+
+# Linux carries a process's peak RSS across fork and exec, so a child forked straight from
+# this (large) benchmark process would report this process's memory. A small launcher in
+# between forks the measured command from its own small footprint and reports its peak.
+_LAUNCHER = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(child.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def measure(label: str, argv: list[str], runs: int = 3) -> Measurement:
+    """Run ``argv`` ``runs`` times as a child; wall time (median) and the child's peak RSS."""
+    times, peaks = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        launcher = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        code, maxrss_kib = (int(v) for v in launcher.stdout.split())
+        if code not in (0, 1):
+            raise RuntimeError(f"{label} failed ({code}): {launcher.stderr[-500:]}")
+        peaks.append(maxrss_kib / 1024)
+    return Measurement(label, statistics.median(times), max(peaks), " ".join(argv))
+
+
+def table(rows: list[tuple[str, Measurement]]) -> str:
+    lines = ["| model | what | median time (s) | peak RSS (MB) |", "|---|---|---:|---:|"]
+    for model, m in rows:
+        lines.append(f"| {model} | {m.label} | {m.seconds:.2f} | {m.peak_rss_mb:.0f} |")
+    return "\n".join(lines)

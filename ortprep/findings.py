@@ -47,6 +47,27 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("MOD006", "ONNX Runtime is not installed", Severity.INFO),
         FindingKind("MOD007", "IR version newer than the installed onnx package knows", Severity.WARNING),
         FindingKind("MOD008", "no opset imported for the default ONNX domain", Severity.WARNING),
+        # EP: what an execution provider's tables say about nodes (severity depends on the EP)
+        FindingKind("EP001", "the EP has no kernel for the op", Severity.WARNING),
+        FindingKind("EP002", "the node's opset version is outside the EP's registered range", Severity.WARNING),
+        FindingKind("EP003", "the EP does not take the node's data type", Severity.WARNING),
+        FindingKind("EP004", "the EP takes the node only under a condition", Severity.INFO),
+        FindingKind("EP005", "no data about the op (custom domain)", Severity.WARNING),
+        FindingKind("EP006", "the graph splits between the EP and the CPU", Severity.WARNING),
+        FindingKind("EP007", "no node runs on the EP", Severity.ERROR),
+        FindingKind("EP008", "the node runs, at a cost (e.g. casts ORT inserts)", Severity.INFO),
+        # Rules beyond the tables
+        FindingKind("DML001", "node stays out of the fused DirectML graph", Severity.INFO),
+        FindingKind("DML002", "op never joins a fused DirectML graph", Severity.INFO),
+        FindingKind("DML003", "DirectML declines the node (support query)", Severity.WARNING),
+        FindingKind("DML004", "opset above what DirectML documents", Severity.WARNING),
+        FindingKind("NPU001", "float32 tensors on a DirectML NPU", Severity.ERROR),
+        FindingKind("NPU003", "1-D convolution or pooling on a DirectML NPU", Severity.WARNING),
+        FindingKind("NPU004", "DirectML NPUs run a validated set of models only", Severity.INFO),
+        FindingKind("SHP001", "dynamic input dimensions on an EP that wants static shapes", Severity.WARNING),
+        FindingKind("QNN001", "float model on the QNN HTP backend", Severity.ERROR),
+        FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
+        FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
     )
 }
 

@@ -106,9 +106,11 @@ def _global(
 
 
 def _register() -> None:
+    from ortprep.cli import check as check_cmd
     from ortprep.cli import inspect as inspect_cmd
 
     inspect_cmd.register(app)
+    check_cmd.register(app)
 
 
 _register()

@@ -111,3 +111,76 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         + (f" (opset <= {runtime['ort_max_opset']})" if runtime["ort_max_opset"] else "")
     )
     render_findings(record["findings"], console)
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f}%"
+
+
+VERDICT_STYLE = {"full": "green", "partial": "yellow", "none": "red"}
+
+
+def render_check(record: dict[str, Any], console: Console) -> None:
+    """A summary table per target, then findings grouped by target, code and op."""
+    console.print(f"[bold]{record['model']}[/]")
+    summary = Table(title="Execution providers")
+    for column in ("EP", "nodes on EP", "partitions", "fallbacks", "copies", "MACs on EP", "verdict"):
+        summary.add_column(column, justify="left" if column in ("EP", "verdict") else "right")
+    for result in record["results"]:
+        style = VERDICT_STYLE.get(result["verdict"], "")
+        summary.add_row(
+            result["ep"],
+            f"{result['supported_nodes']}/{result['nodes']} ({_percent(result['node_share'])})",
+            str(result["partitions"]),
+            str(len(result["fallback_nodes"])),
+            str(result["copies"]),
+            _percent(result["mac_share"]),
+            f"[{style}]{result['verdict']}[/]",
+        )
+    console.print(summary)
+    for result in record["results"]:
+        console.print(f"\n[bold]{result['ep']}[/]")
+        render_grouped_findings(result["findings"], console)
+
+
+def render_grouped_findings(findings: list[dict[str, Any]], console: Console, examples: int = 3) -> None:
+    """Findings with the same code, op and severity collapse into one line with a count."""
+    if not findings:
+        console.print("  No findings.")
+        return
+    order = {"error": 0, "warning": 1, "info": 2}
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for finding in findings:
+        key = (finding["severity"], finding["code"], finding.get("op_type"))
+        groups.setdefault(key, []).append(finding)
+    for (severity, code, op_type), members in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1], kv[0][2] or "")):
+        style = SEVERITY_STYLE.get(severity, "")
+        first = members[0]
+        if len(members) == 1 or not op_type:
+            console.print(f"  [{style}]{severity:<7}[/] {code}  {first['message']}", highlight=False)
+            for extra in members[1:]:
+                console.print(f"           {extra['message']}", highlight=False)
+        else:
+            names = [m["node"] for m in members if m.get("node")]
+            shown = ", ".join(names[:examples]) + (f", ... ({len(names) - examples} more)" if len(names) > examples else "")
+            console.print(
+                f"  [{style}]{severity:<7}[/] {code}  {len(members)} x {op_type}: {first['message']}", highlight=False
+            )
+            console.print(f"           nodes: {shown}", highlight=False)
+        if first.get("fix"):
+            console.print(f"           fix: {first['fix']}", highlight=False)
+        if first.get("source"):
+            console.print(f"           source: {first['source']}", highlight=False, style="dim")
+    counts = Counter(f["severity"] for f in findings)
+    console.print("  " + ", ".join(f"{counts[s]} {s}" for s in ("error", "warning", "info") if counts[s]))
+
+
+def render_eps(record: dict[str, Any], console: Console) -> None:
+    table = Table(title="Execution providers ortprep checks")
+    for column in ("name", "aliases", "ORT provider", "device", "ops", "table source"):
+        table.add_column(column)
+    for ep in record["eps"]:
+        table.add_row(
+            ep["name"], ", ".join(ep["aliases"]), ep["provider"], ep["device"], str(ep["ops"]), ep["version"]
+        )
+    console.print(table)

@@ -1,0 +1,235 @@
+"""Per-node facts that several steps need: opset in force, schema, input/output dtypes and shapes.
+
+Types come from onnx shape inference on a copy of the graph (weights are never read: with
+external data the proto holds only metadata). Where onnx gives up, values stay unknown.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
+
+from ortprep.model import ModelHandle, dtype_name, iter_graphs, normalize_domain, subgraphs_of
+
+log = logging.getLogger(__name__)
+
+Shape = list[int | str | None]
+
+
+@dataclass(frozen=True)
+class ValueFacts:
+    dtype: str | None
+    shape: Shape | None
+    is_initializer: bool = False
+
+
+@dataclass
+class NodeInfo:
+    node: NodeProto
+    index: int  # position in its graph
+    graph_id: int  # index into ModelAnalysis.graphs
+    name: str  # node.name, or a generated "<op>#<index>" label when the node has none
+    domain: str  # normalized ("ai.onnx" for the default domain)
+    opset: int | None  # opset imported for the node's domain
+    since: int | None  # since-version of the schema in force (None: onnx has no schema)
+    schema: onnx.defs.OpSchema | None
+    inputs: list[ValueFacts | None]
+    outputs: list[ValueFacts | None]
+    has_subgraphs: bool = False
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    def attribute(self, name: str, default=None):
+        for attr in self.node.attribute:
+            if attr.name == name:
+                return onnx.helper.get_attribute_value(attr)
+        return default
+
+    def data_inputs(self) -> list[ValueFacts]:
+        return [v for v in self.inputs if v is not None and not v.is_initializer]
+
+
+@dataclass
+class GraphInfo:
+    graph: GraphProto
+    scope: str
+    nodes: list[NodeInfo] = field(default_factory=list)
+
+
+def ort_type_string(type_proto: TypeProto) -> str | None:
+    """The type as ORT writes it in kernel type constraints: tensor(float), seq(tensor(int64)),
+    map(int64,tensor(float)), optional(tensor(float)); None when unknown."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        elem = type_proto.tensor_type.elem_type
+        return f"tensor({dtype_name(elem)})" if elem else None
+    if kind == "sparse_tensor_type":
+        elem = type_proto.sparse_tensor_type.elem_type
+        return f"sparse_tensor({dtype_name(elem)})" if elem else None
+    if kind == "sequence_type":
+        inner = ort_type_string(type_proto.sequence_type.elem_type)
+        return f"seq({inner})" if inner else None
+    if kind == "optional_type":
+        inner = ort_type_string(type_proto.optional_type.elem_type)
+        return f"optional({inner})" if inner else None
+    if kind == "map_type":
+        value = ort_type_string(type_proto.map_type.value_type)
+        return f"map({dtype_name(type_proto.map_type.key_type)},{value})" if value else None
+    return None
+
+
+def _facts_from_type(type_proto: TypeProto) -> tuple[str | None, Shape | None]:
+    """(dtype, shape): dtype is the element type name for tensors ("float") and ORT's type string
+    for other types ("seq(tensor(float))"), matching the generated tables."""
+    text = ort_type_string(type_proto)
+    dtype = text[len("tensor(") : -1] if text and text.startswith("tensor(") else text
+    if type_proto.WhichOneof("value") != "tensor_type" or not type_proto.tensor_type.HasField("shape"):
+        return dtype, None
+    dims = type_proto.tensor_type.shape.dim
+    shape: Shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
+    return dtype, shape
+
+
+def _infer(proto: ModelProto) -> ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types; partial facts are still useful
+        log.info("onnx shape inference failed (%s); using the model's own value_info", exc)
+        return proto
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema(op: str, opset: int, domain: str) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op, opset, "" if domain == "ai.onnx" else domain)
+    except Exception:  # noqa: BLE001 - SchemaError: onnx does not know this op at this opset
+        return None
+
+
+class ModelAnalysis:
+    """Node facts for every graph of a model (main graph first, then subgraphs depth first)."""
+
+    def __init__(self, handle: ModelHandle) -> None:
+        self.handle = handle
+        self.opsets = handle.opsets()
+        inferred = _infer(handle.proto)
+        self.values: dict[str, ValueFacts] = {}
+        for _, graph in iter_graphs(inferred.graph):
+            for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+                dtype, shape = _facts_from_type(value.type)
+                known = self.values.get(value.name)
+                if known is None or (known.dtype is None and dtype) or (known.shape is None and shape is not None):
+                    self.values[value.name] = ValueFacts(dtype, shape)
+            for tensor in graph.initializer:
+                self.values[tensor.name] = ValueFacts(dtype_name(tensor.data_type), list(tensor.dims), True)
+            for node in graph.node:
+                if node.op_type == "Constant" and node.output:
+                    known = self.values.get(node.output[0])
+                    if known is not None:
+                        self.values[node.output[0]] = ValueFacts(known.dtype, known.shape, True)
+        self.graphs: list[GraphInfo] = []
+        self._collect(handle.graph, "")
+
+    def _collect(self, graph: GraphProto, scope: str) -> None:
+        info = GraphInfo(graph=graph, scope=scope)
+        graph_id = len(self.graphs)
+        self.graphs.append(info)
+        for index, node in enumerate(graph.node):
+            domain = normalize_domain(node.domain)
+            opset = self.opsets.get(domain)
+            if opset is None and domain in ("com.microsoft", "ai.onnx.ml"):
+                opset = 1
+            schema = _schema(node.op_type, opset, domain) if opset is not None else None
+            since = schema.since_version if schema is not None else opset
+            subgraphs = list(subgraphs_of(node))
+            info.nodes.append(
+                NodeInfo(
+                    node=node,
+                    index=index,
+                    graph_id=graph_id,
+                    name=node.name or f"{node.op_type}#{index}" + (f"@{scope}" if scope else ""),
+                    domain=domain,
+                    opset=opset,
+                    since=since,
+                    schema=schema,
+                    inputs=[self.values.get(name) if name else None for name in node.input],
+                    outputs=[self.values.get(name) if name else None for name in node.output],
+                    has_subgraphs=bool(subgraphs),
+                )
+            )
+            for attr_name, subgraph in subgraphs:
+                self._collect(subgraph, f"{scope}/{info.nodes[-1].name}.{attr_name}")
+
+    def all_nodes(self) -> list[NodeInfo]:
+        return [node for graph in self.graphs for node in graph.nodes]
+
+    def graph_inputs(self) -> list[tuple[str, ValueFacts]]:
+        initializers = {t.name for t in self.handle.graph.initializer}
+        return [
+            (value.name, self.values.get(value.name) or ValueFacts(*_facts_from_type(value.type)))
+            for value in self.handle.graph.input
+            if value.name not in initializers
+        ]
+
+
+def formal_types(node: NodeInfo) -> list[tuple[str, str, ValueFacts | None]]:
+    """(type-constraint name, "input"/"output", facts) for each input and output of the node,
+    following the schema's formal parameters (variadic ones repeat). Empty without a schema."""
+    schema = node.schema
+    if schema is None:
+        return []
+    result = []
+    for kind, formals, values in (("input", schema.inputs, node.inputs), ("output", schema.outputs, node.outputs)):
+        if not formals:
+            continue
+        for position, facts in enumerate(values):
+            formal = formals[min(position, len(formals) - 1)]
+            if position >= len(formals) and formal.option != onnx.defs.OpSchema.FormalParameterOption.Variadic:
+                continue
+            result.append((formal.type_str, kind, facts))
+    return result
+
+
+def _known(shape: Shape | None) -> list[int] | None:
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
+def node_macs(node: NodeInfo) -> int | None:
+    """Multiply-accumulates of Conv, ConvTranspose, MatMul and Gemm when shapes are known."""
+    op = node.op_type
+    if op not in ("Conv", "ConvTranspose", "MatMul", "Gemm") or node.domain != "ai.onnx":
+        return None
+    out = _known(node.outputs[0].shape) if node.outputs and node.outputs[0] else None
+    first = _known(node.inputs[0].shape) if node.inputs and node.inputs[0] else None
+    weight = _known(node.inputs[1].shape) if len(node.inputs) > 1 and node.inputs[1] else None
+    if out is None or weight is None:
+        return None
+    if op == "Conv":
+        # each output element: (C_in / group) * kernel elements
+        return math.prod(out) * math.prod(weight[1:])
+    if op == "ConvTranspose":
+        if first is None:
+            return None
+        return math.prod(first) * math.prod(weight[1:])
+    if op == "MatMul":
+        if first is None or not first:
+            return None
+        return math.prod(out) * first[-1]
+    # Gemm: A (M x K) or its transpose
+    if first is None or len(first) != 2:
+        return None
+    k = first[0] if node.attribute("transA", 0) else first[1]
+    return math.prod(out) * k
+
+
+def is_float32_tensor(facts: ValueFacts | None) -> bool:
+    return facts is not None and facts.dtype == dtype_name(TensorProto.FLOAT)

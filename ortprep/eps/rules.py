@@ -1,0 +1,337 @@
+"""Constraints beyond op tables: DirectML fusion and support queries, NPU precision and shape
+rules, QNN quantization, TensorRT opsets, and EP combinations in one session.
+
+Each rule names its fact's id from the constraints table (``DML-008``, ``DMLNPU-005``...), so
+a finding can say where it comes from and how firm that source is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ortprep.analysis import ModelAnalysis, NodeInfo, is_float32_tensor
+from ortprep.eps.registry import EpSpec
+from ortprep.eps.tables import Match, SupportLevel, SupportTable
+from ortprep.findings import Finding, Severity
+
+DML_EPS = ("dml", "dml-npu")
+ONE_D_OPS = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool")
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def constraint_source(table: SupportTable, constraint_id: str) -> str:
+    for row in table.constraints:
+        if row.get("id") == constraint_id:
+            return f"{constraint_id} ({row.get('evidence', '?')}): {row.get('source', '')}"
+    return constraint_id
+
+
+@dataclass
+class NodeVerdict:
+    level: SupportLevel
+    reason: str
+    src: str | None
+    code: str | None = None  # finding code when the node does not (fully) run on the EP
+    extra: list[Finding] = field(default_factory=list)
+    dml: dict | None = None  # the DML registration facts of the matched kernel
+
+
+# --------------------------------------------------------------------------- DirectML
+
+
+def _outputs_used(node: NodeInfo) -> int:
+    return sum(1 for name in node.node.output if name)
+
+
+# Conditions under which the DML EP's Query* functions decline a node (dml_support_queries).
+# Queries not listed here are reported as conditions the user must check.
+DML_QUERIES: dict[str, Callable[[NodeInfo], bool]] = {
+    "QueryMaxPool": lambda n: n.attribute("storage_order", 0) != 0,
+    "QueryResize": lambda n: n.attribute("mode", b"nearest") in (b"cubic", "cubic")
+    or n.attribute("exclude_outside", 0) != 0
+    or float(n.attribute("extrapolation_value", 0.0)) != 0.0,
+    "QueryScatter": lambda n: n.attribute("reduction", b"none") not in (b"none", "none"),
+    "QueryRecurrentNeuralNetwork": lambda n: n.attribute("layout", 0) != 0,
+    "QueryBatchNormalization": lambda n: n.attribute("training_mode", 0) != 0 or len(n.node.input) < 5,
+    "QueryLayerNormalization": lambda n: _outputs_used(n) > 1,
+    "QuerySkipLayerNormalization": lambda n: any(name for name in list(n.node.output)[1:3]),
+    "QueryPad": lambda n: any(p < 0 for p in (n.attribute("pads", []) or [])),
+    "QuerySlice": lambda n: len(n.node.input) > 5,
+    "QueryQLinearSigmoid": lambda n: len(n.node.input) < 5,
+}
+
+
+def _static(facts) -> bool:
+    return facts is not None and facts.shape is not None and all(isinstance(d, int) and d > 0 for d in facts.shape)
+
+
+def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVerdict) -> NodeVerdict:
+    dml = verdict.dml
+    if dml is None:
+        return verdict
+    npu = spec.name == "dml-npu"
+    query = dml.get("query")
+    if query:
+        text = table.extra.get("support_queries", {}).get(query, {}).get("rejected_when", query)
+        check = DML_QUERIES.get(query)
+        source = f"{query} in the DML EP ({table.source_text('dml-registration')})"
+        if check is not None and check(node):
+            return NodeVerdict(SupportLevel.UNSUPPORTED_OP, f"DirectML declines it: {text}", source, "DML003")
+        if check is None:
+            verdict = NodeVerdict(
+                SupportLevel.CONDITIONAL, f"DirectML takes it unless: {text}", source, "EP004", dml=dml
+            )
+    severity = Severity.ERROR if npu else Severity.INFO
+    where = "NPUs compile only the fused graph, so the model will not run there" if npu else "it runs as a separate DML kernel"
+    if dml.get("graph") == "NotSupported":
+        verdict.extra.append(
+            Finding.of(
+                "DML002",
+                f"node '{node.name}' ({node.op_type}) never joins a fused DirectML graph; {where}",
+                severity=severity,
+                node=node.name,
+                op_type=node.op_type,
+                ep=spec.name,
+                fix="remove it from the inference graph (e.g. fold Shape/Size with `ortprep simplify`)"
+                if node.op_type in ("Shape", "Size")
+                else f"replace {node.op_type} with ops DirectML fuses" + (" or target the GPU" if npu else ""),
+                source=constraint_source(table, "DML-009"),
+            )
+        )
+        return verdict
+    reasons = []
+    values = [v for v in node.inputs + node.outputs if v is not None]
+    if any(not _static(v) for v in values) or len(values) < len([n for n in list(node.node.input) + list(node.node.output) if n]):
+        reasons.append("its shapes are not static")
+    for position in dml.get("cpu_inputs") or []:
+        if position < len(node.inputs) and node.node.input[position]:
+            facts = node.inputs[position]
+            if facts is None or not facts.is_initializer:
+                reasons.append(f"input {position} ('{node.node.input[position]}') must be a constant initializer")
+    count = dml.get("input_count")
+    if count is not None and len([i for i in node.node.input if i]) != count:
+        reasons.append(f"it has {len(node.node.input)} inputs; fusion needs exactly {count}")
+    if reasons:
+        verdict.extra.append(
+            Finding.of(
+                "DML001",
+                f"node '{node.name}' ({node.op_type}) stays out of the fused DirectML graph: {'; '.join(reasons)}; {where}",
+                severity=severity,
+                node=node.name,
+                op_type=node.op_type,
+                ep=spec.name,
+                fix="make shapes static (ortprep convert MODEL --fix-dim NAME=VALUE) and fold constant inputs "
+                "(ortprep simplify MODEL)",
+                source=constraint_source(table, "DML-008"),
+            )
+        )
+    return verdict
+
+
+# --------------------------------------------------------------------------- per node
+
+
+def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match) -> NodeVerdict:
+    """A table match, adjusted by the EP's node rules."""
+    code = {
+        SupportLevel.UNSUPPORTED_OP: "EP001",
+        SupportLevel.UNSUPPORTED_OPSET: "EP002",
+        SupportLevel.UNSUPPORTED_DTYPE: "EP003",
+        SupportLevel.CONDITIONAL: "EP004",
+        SupportLevel.UNKNOWN: "EP005",
+    }.get(found.level)
+    verdict = NodeVerdict(found.level, found.reason, found.src, code)
+    if found.note:
+        verdict.extra.append(
+            Finding.of(
+                "EP008",
+                f"node '{node.name}' ({node.op_type}) on {spec.name}: {found.note}",
+                node=node.name,
+                op_type=node.op_type,
+                ep=spec.name,
+                fix="run float16 models on an EP with float16 kernels (cuda, dml), or keep the model in float32 for the CPU",
+                source=found.src,
+            )
+        )
+    if spec.name in DML_EPS and found.level.runs_on_ep and found.entry is not None and found.entry.dml:
+        verdict.dml = found.entry.dml
+        verdict = _dml_node(spec, table, node, verdict)
+    if spec.name == "dml-npu" and node.op_type in ONE_D_OPS and node.inputs and node.inputs[0] is not None:
+        shape = node.inputs[0].shape
+        if shape is not None and len(shape) == 3:
+            verdict.extra.append(
+                Finding.of(
+                    "NPU003",
+                    f"node '{node.name}' ({node.op_type}) works on 1-D data (3-D tensor); DirectML NPUs are "
+                    "known to fail on 1-D convolution and pooling",
+                    node=node.name,
+                    op_type=node.op_type,
+                    ep=spec.name,
+                    fix="ortprep convert MODEL --conv1d-to-conv2d (rewrites it as 2-D)",
+                    source="DirectML NPU reports (project seed article; see DML_NPU facts)",
+                )
+            )
+    return verdict
+
+
+# --------------------------------------------------------------------------- per model
+
+
+def _dynamic_inputs(analysis: ModelAnalysis) -> list[str]:
+    described = []
+    for name, facts in analysis.graph_inputs():
+        if facts.shape is None:
+            described.append(f"{name} (unknown rank)")
+        elif any(not isinstance(d, int) or d <= 0 for d in facts.shape):
+            dims = ", ".join("?" if d is None else str(d) for d in facts.shape)
+            described.append(f"{name} [{dims}]")
+    return described
+
+
+STATIC_SHAPE_SOURCES = {
+    "dml-npu": ("DML-007", "NPUs compile a fixed-shape graph; free dimensions keep nodes out of it"),
+    "dml": ("DML-007", "DirectML optimizes best with shapes known at session creation"),
+    "qnn": ("QNN-001", "QNN EP does not support dynamic shapes"),
+    "openvino-npu": ("OV-003", "the NPU needs a static model (reshape_input or disable_dynamic_shapes)"),
+    "coreml": ("MOB-001", "CoreML partitions need fixed input sizes"),
+    "nnapi": ("MOB-001", "NNAPI partitions need fixed input sizes"),
+    "xnnpack": ("XNN-001", "XNNPACK needs C, H, W known at session creation"),
+}
+
+
+def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[Finding]:
+    findings: list[Finding] = []
+    opset = analysis.opsets.get("ai.onnx")
+    shape_rule = STATIC_SHAPE_SOURCES.get(spec.name)
+    if shape_rule:
+        dynamic = _dynamic_inputs(analysis)
+        if dynamic:
+            severity = Severity.parse(spec.static_shapes) if spec.static_shapes else Severity.INFO
+            constraint_id, why = shape_rule
+            findings.append(
+                Finding.of(
+                    "SHP001",
+                    f"{spec.name}: inputs with dynamic dimensions: {', '.join(dynamic)}; {why}",
+                    severity=severity,
+                    ep=spec.name,
+                    fix="fix them: ortprep convert MODEL --fix-dim NAME=VALUE (or --fix-shape INPUT=1,3,224,224)",
+                    source=constraint_source(table, constraint_id),
+                )
+            )
+    if spec.name == "dml-npu":
+        fp32 = _float32_tensors(analysis)
+        if fp32:
+            findings.append(
+                Finding.of(
+                    "NPU001",
+                    f"dml-npu: {fp32} float32 tensors; the validated DirectML NPU path is FP16 (the official NPU "
+                    "sample runs an FP16 model; Microsoft states no FP16-only rule, so this is inferred, but "
+                    "FP32 models are reported failing)",
+                    ep=spec.name,
+                    fix="ortprep convert MODEL --fp16 --ep dml-npu -o MODEL.fp16.onnx",
+                    source=constraint_source(table, "DMLNPU-005"),
+                )
+            )
+        findings.append(
+            Finding.of(
+                "NPU004",
+                "dml-npu: DirectML on NPUs is a developer preview validated on a set of models only; other models "
+                "may fail at session creation (DXGI_ERROR_UNSUPPORTED 0x887A0004) even when every check passes",
+                ep=spec.name,
+                fix="prove it on the target device with ortprep load MODEL --ep dml; prefer the vendor's EP "
+                "(openvino-npu, qnn) where one exists",
+                source=constraint_source(table, "DMLNPU-003"),
+            )
+        )
+    if spec.name in DML_EPS and opset is not None and opset > table.extra.get("max_opset", 20):
+        findings.append(
+            Finding.of(
+                "DML004",
+                f"{spec.name}: model opset {opset} is above the opset {table.extra.get('max_opset', 20)} that "
+                "DirectML 1.15 documents; newer ops may be unsupported or slow",
+                ep=spec.name,
+                fix=f"ortprep convert MODEL --opset {table.extra.get('max_opset', 20)}",
+                source=constraint_source(table, "DML-006"),
+            )
+        )
+    if spec.name == "qnn" and _has_float_compute(analysis) and not _has_qdq(analysis):
+        findings.append(
+            Finding.of(
+                "QNN001",
+                "qnn: the model computes in floating point and has no QuantizeLinear/DequantizeLinear; the HTP "
+                "(NPU) backend runs QDQ-quantized models, so float ops stay off the NPU "
+                "(or run as FP16 only with enable_htp_fp16_precision=1)",
+                ep=spec.name,
+                fix="ortprep quantize MODEL --static --ep qnn --calib DATA",
+                source=constraint_source(table, "QNN-002"),
+            )
+        )
+    if spec.name == "tensorrt" and opset is not None:
+        low, high = table.extra.get("opset_range", [9, 20])
+        if not low <= opset <= high:
+            findings.append(
+                Finding.of(
+                    "TRT001",
+                    f"tensorrt: model opset {opset} is outside the opsets {low}-{high} the TensorRT ONNX parser "
+                    "documents (TensorRT 10.0; newer releases may accept more)",
+                    ep=spec.name,
+                    fix=f"ortprep convert MODEL --opset {min(max(opset, low), high)}",
+                    source=constraint_source(table, "TRT-001"),
+                )
+            )
+    return findings
+
+
+def _float32_tensors(analysis: ModelAnalysis) -> int:
+    return sum(1 for facts in analysis.values.values() if is_float32_tensor(facts))
+
+
+def _has_float_compute(analysis: ModelAnalysis) -> bool:
+    return any(
+        any(is_float32_tensor(v) for v in node.outputs) and node.op_type not in QDQ_OPS
+        for node in analysis.all_nodes()
+    )
+
+
+def _has_qdq(analysis: ModelAnalysis) -> bool:
+    return any(node.op_type in QDQ_OPS for node in analysis.all_nodes())
+
+
+# --------------------------------------------------------------------------- EP combinations
+
+
+def combination_findings(target: tuple[EpSpec, ...], tables: dict[str, SupportTable]) -> list[Finding]:
+    """Errors for EP lists that cannot share one session."""
+    findings = []
+    names = [spec.name for spec in target]
+    label = ",".join(names)
+    dml = [spec for spec in target if spec.name in DML_EPS]
+    if not dml:
+        return findings
+    table = tables[dml[0].name]
+    openvino = [spec.name for spec in target if spec.name.startswith("openvino")]
+    others = [spec.name for spec in target if spec.name not in DML_EPS and spec.device != "cpu"]
+    if openvino:
+        findings.append(
+            Finding.of(
+                "CMB001",
+                f"{label}: OpenVINO and DirectML cannot share one session; session creation fails with "
+                "\"Execution type OpenVINOExecutionProvider doesn't support memcpy\"",
+                ep=label,
+                fix="use one session per EP (ortprep check MODEL --ep openvino-cpu --ep dml checks each)",
+                source=constraint_source(table, "DML-005"),
+            )
+        )
+    if others:
+        findings.append(
+            Finding.of(
+                "CMB001",
+                f"{label}: DirectML can only be combined with CPU-device EPs, not {', '.join(others)} "
+                "(\"DML EP can only be used with CPU EPs\")",
+                ep=label,
+                fix="use one session per EP",
+                source=constraint_source(table, "DML-004"),
+            )
+        )
+    return findings

@@ -1,0 +1,237 @@
+"""check: will this model run on that EP, wholly or with CPU fallbacks, and what must change?
+
+Works from the support tables and rules alone, so it answers for EPs that are not installed.
+Reads no weight bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
+from ortprep.eps.partition import CPU, FOLDED, partition_graph
+from ortprep.eps.registry import EPS, EpSpec, resolve_target
+from ortprep.eps.rules import NodeVerdict, combination_findings, evaluate_node, model_findings
+from ortprep.eps.tables import SupportLevel, SupportTable, load_table, match
+from ortprep.findings import Finding, Severity
+from ortprep.model import ModelHandle
+from ortprep.report import StepReport
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "ortprep.check/1"
+EPS_SCHEMA = "ortprep.eps/1"
+
+FIXES = {
+    "EP001": "replace {op} with ops {ep} supports, or accept the CPU fallback",
+    "EP002": "convert the model to an opset {ep} registers: ortprep convert MODEL --opset N",
+    "EP003": "cast to a type {ep} takes (ortprep convert --fp16 where float16 is supported), or accept the fallback",
+    "EP005": "register the custom-op library that implements {op}, or replace it with standard ONNX ops",
+}
+
+
+def _fallback_severity(spec: EpSpec, cpu_runs_it: bool) -> Severity:
+    # On the CPU EP (or when the CPU cannot take it either) the session cannot be created; NPUs
+    # compile the whole graph, so any fallback defeats them.
+    if spec.name == "cpu" or spec.name == "dml-npu" or not cpu_runs_it:
+        return Severity.ERROR
+    return Severity.WARNING
+
+
+def _node_finding(spec: EpSpec, node: NodeInfo, verdict: NodeVerdict, cpu_runs_it: bool) -> Finding:
+    if verdict.level == SupportLevel.CONDITIONAL:
+        return Finding.of(
+            verdict.code or "EP004",
+            f"node '{node.name}' ({node.op_type}) runs on {spec.name} only if: {verdict.reason}",
+            node=node.name,
+            op_type=node.op_type,
+            ep=spec.name,
+            fix="check the condition; if it does not hold the node falls back to the CPU",
+            source=verdict.src,
+        )
+    if spec.name == "cpu":
+        consequence = "ONNX Runtime cannot create a session for this model"
+    elif cpu_runs_it:
+        consequence = "it falls back to the CPU"
+    else:
+        consequence = "the CPU EP has no kernel either, so the session fails"
+    code = verdict.code or "EP001"
+    fix = FIXES.get(code, "see the reason").format(op=node.op_type, ep=spec.name)
+    return Finding.of(
+        code,
+        f"node '{node.name}' ({node.domain}:{node.op_type}) is not supported by {spec.name}: {verdict.reason}; {consequence}",
+        severity=_fallback_severity(spec, cpu_runs_it),
+        node=node.name,
+        op_type=node.op_type,
+        ep=spec.name,
+        fix=fix,
+        source=verdict.src,
+    )
+
+
+def is_folded(node: NodeInfo) -> bool:
+    """Constant nodes become initializers when ORT loads the model; no EP runs them."""
+    return node.op_type == "Constant" and node.domain == "ai.onnx"
+
+
+def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
+    return [evaluate_node(spec, table, node, match(table, node)) for node in analysis.all_nodes()]
+
+
+def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[dict[str, Any], list[Finding]]:
+    """Check one target (one session's EP priority list) and return its result record and findings."""
+    tables = {spec.name: load_table(spec.name) for spec in target}
+    cpu_table = load_table("cpu")
+    nodes = analysis.all_nodes()
+    per_ep = [_verdicts(spec, tables[spec.name], analysis) for spec in target]
+    cpu_levels = (
+        [v.level for v in per_ep[0]]
+        if target[0].name == "cpu"
+        else [match(cpu_table, node).level for node in nodes]
+    )
+    label = ",".join(spec.name for spec in target)
+    assignment: list[int] = []
+    findings: list[Finding] = []
+    for position, node in enumerate(nodes):
+        if is_folded(node):
+            assignment.append(FOLDED)
+            continue
+        chosen = next((i for i, verdicts in enumerate(per_ep) if verdicts[position].level.runs_on_ep), CPU)
+        assignment.append(chosen)
+        cpu_runs_it = cpu_levels[position].runs_on_ep
+        if chosen == CPU:
+            findings.append(_node_finding(target[0], node, per_ep[0][position], cpu_runs_it))
+        else:
+            verdict = per_ep[chosen][position]
+            if verdict.level == SupportLevel.CONDITIONAL:
+                findings.append(_node_finding(target[chosen], node, verdict, cpu_runs_it))
+            findings.extend(verdict.extra)
+
+    # Partitions and copies, graph by graph (ORT partitions each subgraph on its own).
+    partitions = copies = 0
+    offset = 0
+    for graph in analysis.graphs:
+        count = len(graph.nodes)
+        result = partition_graph(graph.graph, assignment[offset : offset + count])
+        partitions += result.partitions
+        copies += result.copies
+        offset += count
+    on_cpu_device = all(spec.device == "cpu" and spec.name == "cpu" for spec in target)
+    if on_cpu_device:
+        copies = 0  # the CPU EP is the fallback itself: nothing to copy
+
+    placed = [a for a in assignment if a != FOLDED]
+    supported = sum(1 for a in placed if a != CPU)
+    fallback = [node.name for node, a in zip(nodes, assignment) if a == CPU]
+    macs_total = macs_on_ep = 0
+    for node, a in zip(nodes, assignment):
+        macs = node_macs(node)
+        if macs is not None:
+            macs_total += macs
+            macs_on_ep += macs if a >= 0 else 0
+    nodes_placed = len(placed)
+
+    for spec in target:
+        findings.extend(model_findings(spec, tables[spec.name], analysis))
+    findings.extend(combination_findings(target, tables))
+    findings.extend(_runtime_opset_findings(analysis))
+    if nodes_placed and target[0].name != "cpu":
+        if supported == 0:
+            findings.append(
+                Finding.of(
+                    "EP007",
+                    f"{label}: none of the {nodes_placed} nodes runs on the EP; the whole model would run on the CPU",
+                    ep=label,
+                    fix="see the per-node findings; convert or replace the ops the EP lacks",
+                )
+            )
+        elif fallback:
+            findings.append(
+                Finding.of(
+                    "EP006",
+                    f"{label}: {len(fallback)} of {nodes_placed} nodes fall back to the CPU; the EP gets "
+                    f"{partitions} partition(s), with {copies} tensor copies between EP and CPU per run",
+                    ep=label,
+                    fix="replace the fallback ops, or check the cost: ortprep load MODEL --ep " + target[0].name,
+                )
+            )
+
+    blocked = any(f.code == "MOD002" for f in findings)
+    has_error = any(f.severity >= Severity.ERROR for f in findings)
+    if blocked or (nodes_placed and supported == 0):
+        verdict = "none"
+    elif supported == nodes_placed and not has_error:
+        verdict = "full"
+    else:
+        verdict = "partial"
+    record = {
+        "ep": label,
+        "providers": [spec.provider for spec in target] + ([] if target[-1].name == "cpu" else ["CPUExecutionProvider"]),
+        "tables": {spec.name: {"source": tables[spec.name].summary(), "version": tables[spec.name].version()} for spec in target},
+        "nodes": nodes_placed,
+        "supported_nodes": supported,
+        "partitions": partitions,
+        "copies": copies,
+        "fallback_nodes": fallback,
+        "node_share": round(supported / nodes_placed, 4) if nodes_placed else None,
+        "macs": {"known": macs_total, "on_ep": macs_on_ep},
+        "mac_share": round(macs_on_ep / macs_total, 4) if macs_total else None,
+        "verdict": verdict,
+        "findings": [f.to_record() for f in findings],
+    }
+    return record, findings
+
+
+def _runtime_opset_findings(analysis: ModelAnalysis) -> list[Finding]:
+    from ortprep.runtime.providers import import_ort, ort_max_opset
+
+    opset = analysis.opsets.get("ai.onnx")
+    limit = ort_max_opset()
+    if opset is None or limit is None or opset <= limit:
+        return []
+    ort = import_ort()
+    return [
+        Finding.of(
+            "MOD002",
+            f"model uses opset {opset}; the installed ONNX Runtime {getattr(ort, '__version__', '?')} supports up to {limit}",
+            fix=f"upgrade ONNX Runtime, or convert down: ortprep convert MODEL --opset {limit}",
+            source="probe of the installed onnxruntime",
+        )
+    ]
+
+
+def check_model(handle: ModelHandle, targets: list[str]) -> StepReport:
+    """Check a model against each target. A target is an EP name, or a comma-separated priority
+    list for one session ("openvino-cpu,dml")."""
+    resolved = [resolve_target(text) for text in targets]  # UsageError before any work
+    analysis = ModelAnalysis(handle)
+    report = StepReport(step="check", schema=SCHEMA)
+    results = []
+    for target in resolved:
+        record, findings = check_target(analysis, target)
+        results.append(record)
+        for finding in findings:
+            report.add(finding)
+    report.data = {"model": str(handle.path) if handle.path else None, "results": results}
+    return report
+
+
+def list_eps() -> dict[str, Any]:
+    """The EPs ortprep knows, each with its table's source and version."""
+    entries = []
+    for spec in EPS:
+        table = load_table(spec.name)
+        entries.append(
+            {
+                "name": spec.name,
+                "aliases": list(spec.aliases),
+                "provider": spec.provider,
+                "device": spec.device,
+                "description": spec.description,
+                "source": table.summary(),
+                "version": table.version(),
+                "ops": len(table.entries),
+            }
+        )
+    return {"schema": EPS_SCHEMA, "eps": entries}

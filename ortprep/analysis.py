@@ -41,6 +41,7 @@ class NodeInfo:
     inputs: list[ValueFacts | None]
     outputs: list[ValueFacts | None]
     has_subgraphs: bool = False
+    graph_size: int = 0  # nodes in the node's own graph
 
     @property
     def op_type(self) -> str:
@@ -162,6 +163,7 @@ class ModelAnalysis:
                     inputs=[self.values.get(name) if name else None for name in node.input],
                     outputs=[self.values.get(name) if name else None for name in node.output],
                     has_subgraphs=bool(subgraphs),
+                    graph_size=len(graph.node),
                 )
             )
             for attr_name, subgraph in subgraphs:

@@ -98,3 +98,87 @@ def symlink_supported(tmp: Path) -> bool:
         return False
     (tmp / ".probe-link").unlink()
     return True
+
+
+def single_node(
+    op: str,
+    inputs: list[tuple[str, int, list]],
+    outputs: list[tuple[str, int, list]],
+    opset: int = OPSET,
+    initializers=(),
+    domain: str = "",
+    check: bool = True,
+    **attrs,
+) -> onnx.ModelProto:
+    """One node ``op`` reading graph inputs (name, elem type, shape) and writing graph outputs."""
+    graph = helper.make_graph(
+        [helper.make_node(op, [i[0] for i in inputs] + [t.name for t in initializers], [o[0] for o in outputs], name=op.lower(), domain=domain, **attrs)],
+        op.lower(),
+        [helper.make_tensor_value_info(*i) for i in inputs],
+        [helper.make_tensor_value_info(*o) for o in outputs],
+        initializer=list(initializers),
+    )
+    extra = ((domain, 1),) if domain else ()
+    return make(graph, opset=opset, extra_opsets=extra, check=check)
+
+
+def maxpool(storage_order: int = 0) -> onnx.ModelProto:
+    return single_node(
+        "MaxPool",
+        [("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [("y", TensorProto.FLOAT, [1, 1, 2, 2])],
+        kernel_shape=[2, 2],
+        strides=[2, 2],
+        storage_order=storage_order,
+    )
+
+
+def shape_then_cast() -> onnx.ModelProto:
+    """Shape (never fused by DirectML) feeding a Cast."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["s"], name="shape"),
+            helper.make_node("Cast", ["s"], ["y"], name="cast", to=TensorProto.FLOAT),
+        ],
+        "shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    return make(graph)
+
+
+def qdq_relu() -> onnx.ModelProto:
+    """QuantizeLinear -> DequantizeLinear -> Relu: a QDQ-quantized graph."""
+    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "scale")
+    zero = numpy_helper.from_array(np.array(0, dtype=np.uint8), "zero")
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], name="quant"),
+            helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["dq"], name="dequant"),
+            helper.make_node("Relu", ["dq"], ["y"], name="relu"),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        initializer=[scale, zero],
+    )
+    return make(graph)
+
+
+def diamond(middle_op: str = "Det") -> onnx.ModelProto:
+    """a = Relu(x); b = middle(a); c = Add(a, b): the Relu and the Add both run on an EP that
+    lacks ``middle_op``, but may not share a partition (the path through the CPU node would
+    make a cycle)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="first"),
+            helper.make_node(middle_op, ["a"], ["b0"], name="middle"),
+            helper.make_node("Reshape", ["b0", "shape"], ["b"], name="reshape"),
+            helper.make_node("Add", ["a", "b"], ["y"], name="last"),
+        ],
+        "diamond",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        initializer=[numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "shape")],
+    )
+    return make(graph)

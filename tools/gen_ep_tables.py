@@ -237,16 +237,15 @@ def build_openvino(src: Path, constraints: list[dict], device: str) -> dict:
         if row["device"] != table_device or _version_tuple(row["min_openvino_version"]) > build:
             continue
         domain = "com.microsoft" if row["domain_hint"] == "com.microsoft" else "ai.onnx"
-        condition = None
-        if row["supported_only_in_model"] == "yes":
-            condition = "rejected when the whole graph has 3 nodes or fewer and starts with this op"
         ops[row["op_type"]] = {
             "domain": domain,
             "op": row["op_type"],
             "since": None,
             "until": None,
             "types": None,
-            "condition": condition,
+            "condition": None,
+            # rejected when the whole graph has 3 nodes or fewer and starts with this op
+            "only_in_model": row["supported_only_in_model"] == "yes",
             "src": "openvino-data-ops",
         }
     io_lists = rules["io_type_lists"]

@@ -47,6 +47,7 @@ class TableEntry:
     condition: str | None = None
     src: str = ""
     dml: dict[str, Any] | None = None
+    only_in_model: bool = False  # OpenVINO: rejected when the graph has <= 3 nodes and starts with it
 
     def covers(self, since_version: int) -> bool:
         if self.since is None:
@@ -88,6 +89,7 @@ def _entry(raw: dict[str, Any]) -> TableEntry:
         condition=raw.get("condition"),
         src=raw.get("src", ""),
         dml=raw.get("dml"),
+        only_in_model=bool(raw.get("only_in_model")),
     )
 
 
@@ -242,7 +244,9 @@ def match(table: SupportTable, node) -> Match:
     """Look a node (an ``analysis.NodeInfo``) up in a table: op, opset range, dtypes, conditions."""
     entries = table.lookup(node.domain, node.op_type)
     if not entries:
-        if _expands_to_function(node):
+        # ORT inlines a function body only when no EP, the CPU included, has a kernel; on other
+        # EPs the CPU kernel takes the node first.
+        if table.ep == "cpu" and _expands_to_function(node):
             return Match(
                 SupportLevel.CONDITIONAL,
                 f"{table.ep} registers no {node.op_type} kernel; ORT expands the ONNX function body into "
@@ -254,7 +258,7 @@ def match(table: SupportTable, node) -> Match:
     if table.granularity == "kernel" and node.since is not None:
         covering = [e for e in entries if e.covers(node.since)]
         if not covering:
-            if _expands_to_function(node):
+            if table.ep == "cpu" and _expands_to_function(node):
                 return Match(
                     SupportLevel.CONDITIONAL,
                     f"no {node.op_type} kernel for opset {node.since}; ORT expands the ONNX function body",
@@ -284,6 +288,13 @@ def match(table: SupportTable, node) -> Match:
                 note="no float16 kernel on the CPU: ORT inserts Casts to float32 around it (slower, more memory)",
             )
         return Match(SupportLevel.UNSUPPORTED_DTYPE, problems[0], covering[0], table.source_text(covering[0].src))
+    if entry.only_in_model and node.graph_size <= 3 and node.index == 0:
+        return Match(
+            SupportLevel.UNSUPPORTED_OP,
+            f"{table.ep} rejects {node.op_type} as the first node of a graph of 3 nodes or fewer",
+            entry,
+            table.source_text(entry.src),
+        )
     io_problem = _io_type_problem(table, node)
     if io_problem:
         return Match(SupportLevel.UNSUPPORTED_DTYPE, io_problem, entry, table.source_text(entry.src))

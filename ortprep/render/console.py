@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -37,16 +38,16 @@ def render_findings(findings: list[dict[str, Any]], console: Console) -> None:
     console.print("[bold]Findings[/]")
     for finding in sorted(findings, key=lambda f: (order.get(f["severity"], 3), f["code"])):
         style = SEVERITY_STYLE.get(finding["severity"], "")
-        console.print(f"  [{style}]{finding['severity']:<7}[/] {finding['code']}  {finding['message']}", highlight=False)
+        console.print(f"  [{style}]{finding['severity']:<7}[/] {finding['code']}  {escape(finding['message'])}", highlight=False)
         if finding.get("fix"):
-            console.print(f"           fix: {finding['fix']}", highlight=False)
+            console.print(f"           fix: {escape(finding['fix'])}", highlight=False)
     counts = Counter(f["severity"] for f in findings)
     console.print(", ".join(f"{counts[s]} {s}" for s in ("error", "warning", "info") if counts[s]))
 
 
 def render_inspect(record: dict[str, Any], console: Console) -> None:
     model = record["model"]
-    console.print(f"[bold]{model['path']}[/]  {human_bytes(model['size'])}")
+    console.print(f"[bold]{escape(str(model['path']))}[/]  {human_bytes(model['size'])}")
     producer = record["producer"]
     opsets = ", ".join(f"{domain} {version}" for domain, version in record["opsets"].items())
     console.print(f"IR version {record['ir_version']}; opsets: {opsets or 'none'}")
@@ -103,7 +104,7 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
     for key, value in record["metadata"].items():
         console.print(f"metadata {key}: {value}")
     checker = record["checker"]
-    console.print("onnx.checker: " + ("passed" if checker["passed"] else f"[red]failed[/] ({checker['error']})"))
+    console.print("onnx.checker: " + ("passed" if checker["passed"] else f"[red]failed[/] ({escape(checker['error'] or '')})"))
     runtime = record["runtime"]
     ort = runtime["onnxruntime"] or "not installed"
     console.print(
@@ -122,7 +123,7 @@ VERDICT_STYLE = {"full": "green", "partial": "yellow", "none": "red"}
 
 def render_check(record: dict[str, Any], console: Console) -> None:
     """A summary table per target, then findings grouped by target, code and op."""
-    console.print(f"[bold]{record['model']}[/]")
+    console.print(f"[bold]{escape(str(record['model']))}[/]")
     summary = Table(title="Execution providers")
     for column in ("EP", "nodes on EP", "partitions", "fallbacks", "copies", "MACs on EP", "verdict"):
         summary.add_column(column, justify="left" if column in ("EP", "verdict") else "right")
@@ -139,7 +140,7 @@ def render_check(record: dict[str, Any], console: Console) -> None:
         )
     console.print(summary)
     for result in record["results"]:
-        console.print(f"\n[bold]{result['ep']}[/]")
+        console.print(f"\n[bold]{escape(result['ep'])}[/]")
         render_grouped_findings(result["findings"], console)
 
 
@@ -157,20 +158,20 @@ def render_grouped_findings(findings: list[dict[str, Any]], console: Console, ex
         style = SEVERITY_STYLE.get(severity, "")
         first = members[0]
         if len(members) == 1 or not op_type:
-            console.print(f"  [{style}]{severity:<7}[/] {code}  {first['message']}", highlight=False)
+            console.print(f"  [{style}]{severity:<7}[/] {code}  {escape(first['message'])}", highlight=False)
             for extra in members[1:]:
-                console.print(f"           {extra['message']}", highlight=False)
+                console.print(f"           {escape(extra['message'])}", highlight=False)
         else:
             names = [m["node"] for m in members if m.get("node")]
             shown = ", ".join(names[:examples]) + (f", ... ({len(names) - examples} more)" if len(names) > examples else "")
             console.print(
-                f"  [{style}]{severity:<7}[/] {code}  {len(members)} x {op_type}: {first['message']}", highlight=False
+                f"  [{style}]{severity:<7}[/] {code}  {len(members)} x {op_type}: {escape(first['message'])}", highlight=False
             )
-            console.print(f"           nodes: {shown}", highlight=False)
+            console.print(f"           nodes: {escape(shown)}", highlight=False)
         if first.get("fix"):
-            console.print(f"           fix: {first['fix']}", highlight=False)
+            console.print(f"           fix: {escape(first['fix'])}", highlight=False)
         if first.get("source"):
-            console.print(f"           source: {first['source']}", highlight=False, style="dim")
+            console.print(f"           source: {escape(first['source'])}", highlight=False, style="dim")
     counts = Counter(f["severity"] for f in findings)
     console.print("  " + ", ".join(f"{counts[s]} {s}" for s in ("error", "warning", "info") if counts[s]))
 

@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 SCHEMA = "ortprep.check/1"
 EPS_SCHEMA = "ortprep.eps/1"
 
+# Findings that mean no session can be created at all.
+SESSION_BLOCKERS = ("MOD002", "CMB001")
+
 FIXES = {
     "EP001": "replace {op} with ops {ep} supports, or accept the CPU fallback",
     "EP002": "convert the model to an opset {ep} registers: ortprep convert MODEL --opset N",
@@ -157,7 +160,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
                 )
             )
 
-    blocked = any(f.code == "MOD002" for f in findings)
+    blocked = any(f.code in SESSION_BLOCKERS for f in findings)
     has_error = any(f.severity >= Severity.ERROR for f in findings)
     if blocked or (nodes_placed and supported == 0):
         verdict = "none"

@@ -1,0 +1,284 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+
+import models
+from cli_helpers import invoke
+from conftest import SAMPLE_MODELS, SAMPLES
+from ortprep.analysis import ModelAnalysis
+from ortprep.eps.partition import partition_graph
+from ortprep.eps.registry import EPS, resolve_ep
+from ortprep.errors import UsageError
+from ortprep.model import ModelHandle
+from ortprep.runtime.providers import ort_max_opset
+from ortprep.steps.check import check_model
+
+ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+def result_of(path: Path, ep: str) -> dict:
+    return check_model(ModelHandle.open(path), [ep]).to_record()["results"][0]
+
+
+def codes(result: dict) -> set[str]:
+    return {f["code"] for f in result["findings"]}
+
+
+def saved(tmp_path: Path, model: onnx.ModelProto, name: str = "m.onnx") -> Path:
+    path = tmp_path / name
+    onnx.save_model(model, str(path))
+    return path
+
+
+# ---------------------------------------------------------------- agreement with ONNX Runtime
+
+
+def _cpu_session_ok(path: Path) -> tuple[bool, str]:
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        return False, str(exc)
+    return True, ""
+
+
+@pytest.mark.parametrize(
+    "path",
+    SAMPLE_MODELS + sorted(ONNX_DATA.rglob("*.onnx")),
+    ids=lambda p: p.name if p.is_relative_to(SAMPLES) else str(p.relative_to(ONNX_DATA)),
+)
+def test_cpu_verdict_matches_onnxruntime(path):
+    session_ok, error = _cpu_session_ok(path)
+    if not session_ok and "Failed to construct locale" in error:
+        pytest.skip("this machine lacks the OS locale the StringNormalizer kernel asks for (environment, not tables)")
+    result = result_of(path, "cpu")
+    assert (result["verdict"] == "full") == session_ok, (result["verdict"], error, result["findings"][:3])
+
+
+def test_parity_covers_failures_too():
+    # The parity test must see models ORT rejects, or it could not catch a table that says yes to everything.
+    assert result_of(SAMPLES / "custom_op.onnx", "cpu")["verdict"] != "full"
+    assert not _cpu_session_ok(SAMPLES / "custom_op.onnx")[0]
+
+
+# ---------------------------------------------------------------- every finding code: raised and not raised
+
+
+def _relu_at(opset: int) -> onnx.ModelProto:
+    return models.single_node(
+        "Relu", [("x", TensorProto.FLOAT, [1, 4])], [("y", TensorProto.FLOAT, [1, 4])], opset=opset
+    )
+
+
+def _add_at(opset: int) -> onnx.ModelProto:
+    spec = [("a", TensorProto.FLOAT, [1, 4]), ("b", TensorProto.FLOAT, [1, 4])]
+    return models.single_node("Add", spec, [("y", TensorProto.FLOAT, [1, 4])], opset=opset)
+
+
+def _conv(elem_type: int) -> onnx.ModelProto:
+    return models.single_node(
+        "Conv",
+        [("x", elem_type, [1, 1, 4, 4]), ("w", elem_type, [1, 1, 3, 3])],
+        [("y", elem_type, [1, 1, 2, 2])],
+    )
+
+
+def _det_only() -> onnx.ModelProto:
+    return models.single_node("Det", [("x", TensorProto.FLOAT, [3, 3])], [("y", TensorProto.FLOAT, [])])
+
+
+def _sample(name: str):
+    return lambda: onnx.load(str(SAMPLES / name))
+
+
+# code -> (builder that raises it, ep), (builder that does not, ep)
+CASES = {
+    "EP001": ((_sample("transformer_block.onnx"), "xnnpack"), (_sample("cnn.onnx"), "dml")),
+    "EP002": ((lambda: _add_at(6), "dml"), (lambda: _add_at(17), "dml")),
+    "EP003": ((lambda: _conv(TensorProto.DOUBLE), "dml"), (lambda: _conv(TensorProto.FLOAT), "dml")),
+    "EP004": ((_sample("transformer_block.onnx"), "tensorrt"), (_sample("cnn.onnx"), "tensorrt")),
+    "EP005": ((_sample("custom_op.onnx"), "dml"), (_sample("cnn.onnx"), "dml")),
+    "EP006": ((_sample("transformer_block.onnx"), "xnnpack"), (_sample("cnn.onnx"), "dml")),
+    "EP007": ((_det_only, "tensorrt"), (_sample("cnn.onnx"), "tensorrt")),
+    "EP008": ((_sample("cnn_fp16.onnx"), "cpu"), (_sample("cnn.onnx"), "cpu")),
+    "DML001": ((_sample("transformer_block.onnx"), "dml"), (_sample("cnn.onnx"), "dml")),
+    "DML002": ((models.shape_then_cast, "dml"), (_sample("cnn.onnx"), "dml")),
+    "DML003": ((lambda: models.maxpool(1), "dml"), (lambda: models.maxpool(0), "dml")),
+    "DML004": ((lambda: _relu_at(21), "dml"), (lambda: _relu_at(17), "dml")),
+    "NPU001": ((_sample("cnn.onnx"), "dml-npu"), (_sample("cnn_fp16.onnx"), "dml-npu")),
+    "NPU003": ((_sample("conv1d_audio.onnx"), "dml-npu"), (_sample("cnn.onnx"), "dml-npu")),
+    "NPU004": ((_sample("cnn.onnx"), "dml-npu"), (_sample("cnn.onnx"), "dml")),
+    "SHP001": ((_sample("transformer_block.onnx"), "qnn"), (_sample("cnn.onnx"), "qnn")),
+    "QNN001": ((_sample("cnn.onnx"), "qnn"), (models.qdq_relu, "qnn")),
+    "TRT001": ((lambda: _relu_at(21), "tensorrt"), (lambda: _relu_at(17), "tensorrt")),
+    "CMB001": ((_sample("cnn.onnx"), "openvino-cpu,dml"), (_sample("cnn.onnx"), "cuda,tensorrt")),
+}
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_finding_raised_and_not(tmp_path, code):
+    (raise_builder, raise_ep), (quiet_builder, quiet_ep) = CASES[code]
+    raised = result_of(saved(tmp_path, raise_builder(), "raise.onnx"), raise_ep)
+    assert code in codes(raised), raised["findings"]
+    finding = next(f for f in raised["findings"] if f["code"] == code)
+    assert finding["fix"] and finding["ep"]
+    quiet = result_of(saved(tmp_path, quiet_builder(), "quiet.onnx"), quiet_ep)
+    assert code not in codes(quiet), quiet["findings"]
+
+
+def test_every_check_code_has_a_case():
+    from ortprep.findings import CATALOGUE
+
+    check_codes = {c for c in CATALOGUE if not c.startswith("MOD")}
+    assert check_codes == set(CASES)
+
+
+def test_mod002_in_check(tmp_path):
+    limit = ort_max_opset()
+    newer = result_of(saved(tmp_path, _relu_at(limit + 1), "newer.onnx"), "dml")
+    assert "MOD002" in codes(newer) and newer["verdict"] == "none"
+    assert "MOD002" not in codes(result_of(saved(tmp_path, _relu_at(limit), "ok.onnx"), "dml"))
+
+
+# ---------------------------------------------------------------- specific outcomes
+
+
+def test_dml_npu_on_fp32_cnn_cli():
+    result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "dml-npu", "--json")
+    assert result.exit_code == 1
+    record = result.json()
+    npu = next(f for f in record["results"][0]["findings"] if f["code"] == "NPU001")
+    assert npu["severity"] == "error"
+    assert "ortprep convert" in npu["fix"] and "--fp16" in npu["fix"]
+
+
+def test_openvino_dml_combination_cli():
+    result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "openvino-cpu,dml", "--json")
+    assert result.exit_code == 1
+    target = result.json()["results"][0]
+    assert target["ep"] == "openvino-cpu,dml" and target["verdict"] == "none"
+    combo = [f for f in target["findings"] if f["code"] == "CMB001"]
+    assert combo and "memcpy" in combo[0]["message"] and "one session per EP" in combo[0]["fix"]
+
+
+def test_repeated_ep_flags_are_separate_targets():
+    record = invoke("check", SAMPLES / "cnn.onnx", "--ep", "openvino-cpu", "--ep", "dml", "--json").json()
+    assert [r["ep"] for r in record["results"]] == ["openvino-cpu", "dml"]
+    assert all("CMB001" not in codes(r) for r in record["results"])
+
+
+def test_fallback_node_named_and_counted(tmp_path):
+    result = result_of(saved(tmp_path, models.diamond("Det")), "tensorrt")
+    assert result["fallback_nodes"] == ["middle"]
+    det = next(f for f in result["findings"] if f["code"] == "EP001")
+    assert det["node"] == "middle" and det["op_type"] == "Det" and det["severity"] == "warning"
+    # first/reshape/last run on TensorRT, but 'last' cannot join 'first' (path through the CPU)
+    assert result["partitions"] == 2
+    assert result["supported_nodes"] == 3 and result["verdict"] == "partial"
+
+
+def test_partition_chain_and_copies(tmp_path):
+    analysis = ModelAnalysis(ModelHandle.open(saved(tmp_path, models.diamond("Det"))))
+    graph = analysis.graphs[0].graph
+    all_on_ep = partition_graph(graph, [0, 0, 0, 0])
+    assert all_on_ep.partitions == 1
+    assert all_on_ep.copies == 2  # graph input in, graph output out
+    middle_on_cpu = partition_graph(graph, [0, -1, 0, 0])
+    assert middle_on_cpu.partitions == 2
+    # x in, a out to the CPU, b0 back from the CPU, y out
+    assert middle_on_cpu.copies == 4
+
+
+def test_cpu_fallback_impossible_is_error(samples):
+    result = result_of(samples / "custom_op.onnx", "tensorrt")
+    unknown = next(f for f in result["findings"] if f["node"] == "fancy")
+    assert unknown["code"] == "EP005" and unknown["severity"] == "error"
+    assert "session fails" in unknown["message"]
+
+
+def test_subgraph_nodes_checked(samples):
+    result = result_of(samples / "control_flow.onnx", "tensorrt")
+    assert result["nodes"] == 6  # If, Loop and the four nodes of their bodies
+
+
+def test_mac_share(samples):
+    result = result_of(samples / "cnn.onnx", "dml")
+    # conv1: 8*32*32 outputs * 3*3*3; conv2: 16*16*16 * 8*3*3; fc: 10 * 16
+    assert result["macs"] == {"known": 8 * 32 * 32 * 27 + 16 * 16 * 16 * 72 + 160, "on_ep": result["macs"]["known"]}
+    assert result["mac_share"] == 1.0
+
+
+def test_check_reads_no_weights(tmp_path):
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    path = models.save_external(models.matmul_weights(), folder / "m.onnx")
+    handle = ModelHandle.open(path)
+    check_model(handle, ["dml"])
+    assert not handle.weights_loaded
+
+
+def test_unknown_ep_exit_2_lists_names():
+    result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "gpu9000")
+    assert result.exit_code == 2
+    assert "unknown execution provider 'gpu9000'" in result.stderr and "dml-npu" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_aliases():
+    assert resolve_ep("trt").name == "tensorrt"
+    assert resolve_ep("DirectML").name == "dml"
+    assert resolve_ep("openvino").name == "openvino-cpu"
+    with pytest.raises(UsageError):
+        resolve_ep("nope")
+
+
+def test_list_eps_json():
+    record = invoke("check", "--list-eps", "--json").json()
+    assert record["schema"] == "ortprep.eps/1"
+    assert [e["name"] for e in record["eps"]] == [spec.name for spec in EPS]
+    assert all(e["source"] and e["version"] and e["ops"] > 0 for e in record["eps"])
+
+
+def test_check_json_schema_and_fail_on(samples):
+    result = invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack", "--json")
+    assert result.exit_code == 0  # fallbacks are warnings
+    record = result.json()
+    assert record["schema"] == "ortprep.check/1"
+    target = record["results"][0]
+    for key in ("ep", "nodes", "supported_nodes", "partitions", "copies", "fallback_nodes", "verdict", "findings"):
+        assert key in target
+    assert set(target["findings"][0]) == {"code", "severity", "message", "node", "op_type", "ep", "fix", "source"}
+    assert invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack", "--fail-on", "warning").exit_code == 1
+    assert invoke("check", samples / "cnn.onnx", "--ep", "cpu", "--fail-on", "warning").exit_code == 0
+
+
+def test_human_output_groups_findings(samples):
+    result = invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack")
+    assert "7 x Add" in result.stdout
+    assert result.stdout.count("EP001") == 5  # one line per op, not per node
+
+
+def test_check_without_model_or_ep():
+    assert invoke("check").exit_code == 2
+    assert invoke("check", SAMPLES / "cnn.onnx").exit_code == 2
+
+
+def test_bad_model_exit_2(tmp_path):
+    result = invoke("check", tmp_path / "missing.onnx", "--ep", "dml")
+    assert result.exit_code == 2 and "not found" in result.stderr
+
+
+def test_generated_tables_carry_sources():
+    data = Path(__file__).resolve().parents[1] / "ortprep" / "eps" / "data"
+    for path in sorted(data.glob("*.json")):
+        table = json.loads(path.read_text())
+        assert table["sources"], path.name
+        for entry in table["entries"]:
+            assert entry["src"] in table["sources"], (path.name, entry)

@@ -92,3 +92,43 @@ def table(rows: list[tuple[str, Measurement]]) -> str:
     for model, m in rows:
         lines.append(f"| {model} | {m.label} | {m.seconds:.2f} | {m.peak_rss_mb:.0f} |")
     return "\n".join(lines)
+
+
+def chain_model(folder: Path, blocks: int, width: int) -> Path:
+    """``blocks`` x (MatMul, Add, Relu, Mul): 4 * blocks nodes, float32 MatMul weights of
+    width x width each in one external file (streamed to disk, so 1 GB needs little memory)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    data_name = "model.onnx.data"
+    nbytes = width * width * 4
+    initializers, nodes = [], []
+    x = "x"
+    with open(folder / data_name, "wb") as data:
+        for index in range(blocks):
+            offset = data.tell()
+            data.write(os.urandom(nbytes))
+            weight = TensorProto(name=f"W{index}", data_type=TensorProto.FLOAT, dims=[width, width])
+            weight.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(nbytes))):
+                entry = weight.external_data.add()
+                entry.key, entry.value = key, value
+            bias = helper.make_tensor(f"b{index}", TensorProto.FLOAT, [width], [0.0] * width)
+            initializers += [weight, bias]
+            nodes += [
+                helper.make_node("MatMul", [x, f"W{index}"], [f"m{index}"], name=f"matmul{index}"),
+                helper.make_node("Add", [f"m{index}", f"b{index}"], [f"a{index}"], name=f"add{index}"),
+                helper.make_node("Relu", [f"a{index}"], [f"r{index}"], name=f"relu{index}"),
+                helper.make_node("Mul", [f"r{index}", "scale"], [f"y{index}"], name=f"mul{index}"),
+            ]
+            x = f"y{index}"
+    initializers.append(helper.make_tensor("scale", TensorProto.FLOAT, [], [0.5]))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path.write_bytes(model.SerializeToString())
+    return path

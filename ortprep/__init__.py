@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ortprep.model import ModelHandle
     from ortprep.report import StepReport
 
-__all__ = ["__version__", "load_model", "inspect"]
+__all__ = ["__version__", "load_model", "inspect", "check"]
 
 
 def load_model(path, *, load_weights: bool = False) -> "ModelHandle":
@@ -35,3 +35,13 @@ def inspect(model, *, hash_data: bool = False) -> "StepReport":
 
     handle = model if isinstance(model, ModelHandle) else ModelHandle.open(model)
     return inspect_model(handle, hash_data=hash_data)
+
+
+def check(model, eps: list[str]) -> "StepReport":
+    """Check a model (a path or a ModelHandle) against EP targets (names, or comma lists for one
+    session) without reading its weights."""
+    from ortprep.model import ModelHandle
+    from ortprep.steps.check import check_model
+
+    handle = model if isinstance(model, ModelHandle) else ModelHandle.open(model)
+    return check_model(handle, eps)

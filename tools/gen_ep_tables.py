@@ -120,6 +120,11 @@ def as_int(text: str) -> int | None:
     return int(text) if text and text.strip().isdigit() else None
 
 
+def op_entry(domain: str, op: str, note: str, src: str, **more) -> dict:
+    """An entry of an op-level table (no opset or type data unless ``more`` gives it)."""
+    return {"domain": domain, "op": op, "since": None, "until": None, "types": None, **condition_and_note(note), "src": src, **more}
+
+
 def kernel_entry(row: dict[str, str], src: str) -> dict:
     return {
         "domain": row["domain"],
@@ -210,17 +215,9 @@ def build_tensorrt(src: Path, constraints: list[dict]) -> dict:
         if row["supported"] != "Y":
             continue
         types = sorted({normalize_type(t) for t in split_top_level(row["onnx_types"])})
-        entries.append(
-            {
-                "domain": "ai.onnx",
-                "op": row["op"],
-                "since": None,
-                "until": None,
-                "types": {"*": types} if types else None,
-                **condition_and_note(row["restrictions"]),
-                "src": "onnx-tensorrt",
-            }
-        )
+        entry = op_entry("ai.onnx", row["op"], row["restrictions"], "onnx-tensorrt")
+        entry["types"] = {"*": types} if types else None
+        entries.append(entry)
     return table("tensorrt", "op", entries, constraints_for(constraints, "tensorrt"), opset_range=[9, 20])
 
 
@@ -237,17 +234,10 @@ def build_openvino(src: Path, constraints: list[dict], device: str) -> dict:
         if row["device"] != table_device or _version_tuple(row["min_openvino_version"]) > build:
             continue
         domain = "com.microsoft" if row["domain_hint"] == "com.microsoft" else "ai.onnx"
-        ops[row["op_type"]] = {
-            "domain": domain,
-            "op": row["op_type"],
-            "since": None,
-            "until": None,
-            "types": None,
-            "condition": None,
-            # rejected when the whole graph has 3 nodes or fewer and starts with this op
-            "only_in_model": row["supported_only_in_model"] == "yes",
-            "src": "openvino-data-ops",
-        }
+        # only_in_model: rejected when the whole graph has 3 nodes or fewer and starts with this op
+        ops[row["op_type"]] = op_entry(
+            domain, row["op_type"], "", "openvino-data-ops", only_in_model=row["supported_only_in_model"] == "yes"
+        )
     io_lists = rules["io_type_lists"]
     device_key = "gpu" if table_device == "GPU" else "cpu_and_npu"
     io_types = sorted(
@@ -277,17 +267,7 @@ def build_qnn(src: Path, constraints: list[dict]) -> dict:
         builder = row["op_builder_in_onnxruntime_qnn_cee6c0d"] == "yes"
         if not (documented or builder):
             continue
-        entries.append(
-            {
-                "domain": row["domain"],
-                "op": row["op"],
-                "since": None,
-                "until": None,
-                "types": None,
-                **condition_and_note(row["notes"]),
-                "src": "qnn",
-            }
-        )
+        entries.append(op_entry(row["domain"], row["op"], row["notes"], "qnn"))
     return table("qnn", "op", entries, constraints_for(constraints, "qnn"))
 
 
@@ -298,17 +278,7 @@ def build_mobile(src: Path, constraints: list[dict], ep: str) -> dict:
     else:
         rows = read_csv(src / "nnapi_ops.csv")
     for row in rows:
-        entries.append(
-            {
-                "domain": row["domain"],
-                "op": row["op"],
-                "since": None,
-                "until": None,
-                "types": None,
-                **condition_and_note(row["note"]),
-                "src": "ort-wheel",
-            }
-        )
+        entries.append(op_entry(row["domain"], row["op"], row["note"], "ort-wheel"))
     extra = {"model_format": "MLProgram"} if ep == "coreml" else {}
     return table(ep, "op", entries, constraints_for(constraints, ep), **extra)
 

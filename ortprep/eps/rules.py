@@ -84,21 +84,25 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
             )
     severity = Severity.ERROR if npu else Severity.INFO
     where = "NPUs compile only the fused graph, so the model will not run there" if npu else "it runs as a separate DML kernel"
-    if dml.get("graph") == "NotSupported":
-        verdict.extra.append(
-            Finding.of(
-                "DML002",
-                f"node '{node.name}' ({node.op_type}) never joins a fused DirectML graph; {where}",
-                severity=severity,
-                node=node.name,
-                op_type=node.op_type,
-                ep=spec.name,
-                fix="remove it from the inference graph (e.g. fold Shape/Size with `ortprep simplify`)"
-                if node.op_type in ("Shape", "Size")
-                else f"replace {node.op_type} with ops DirectML fuses" + (" or target the GPU" if npu else ""),
-                source=constraint_source(table, "DML-009"),
-            )
+
+    def fusion_finding(code: str, why: str, fix: str, constraint_id: str) -> Finding:
+        return Finding.of(
+            code,
+            f"node '{node.name}' ({node.op_type}) {why}; {where}",
+            severity=severity,
+            node=node.name,
+            op_type=node.op_type,
+            ep=spec.name,
+            fix=fix,
+            source=constraint_source(table, constraint_id),
         )
+
+    if dml.get("graph") == "NotSupported":
+        if node.op_type in ("Shape", "Size"):
+            fix = "remove it from the inference graph (e.g. fold Shape/Size with `ortprep simplify`)"
+        else:
+            fix = f"replace {node.op_type} with ops DirectML fuses" + (" or target the GPU" if npu else "")
+        verdict.extra.append(fusion_finding("DML002", "never joins a fused DirectML graph", fix, "DML-009"))
         return verdict
     reasons = []
     values = [v for v in node.inputs + node.outputs if v is not None]
@@ -113,18 +117,9 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
     if count is not None and len([i for i in node.node.input if i]) != count:
         reasons.append(f"it has {len(node.node.input)} inputs; fusion needs exactly {count}")
     if reasons:
+        fix = "make shapes static (ortprep convert MODEL --fix-dim NAME=VALUE) and fold constant inputs (ortprep simplify MODEL)"
         verdict.extra.append(
-            Finding.of(
-                "DML001",
-                f"node '{node.name}' ({node.op_type}) stays out of the fused DirectML graph: {'; '.join(reasons)}; {where}",
-                severity=severity,
-                node=node.name,
-                op_type=node.op_type,
-                ep=spec.name,
-                fix="make shapes static (ortprep convert MODEL --fix-dim NAME=VALUE) and fold constant inputs "
-                "(ortprep simplify MODEL)",
-                source=constraint_source(table, "DML-008"),
-            )
+            fusion_finding("DML001", f"stays out of the fused DirectML graph: {'; '.join(reasons)}", fix, "DML-008")
         )
     return verdict
 

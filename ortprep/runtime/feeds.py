@@ -1,0 +1,155 @@
+"""Input feeds for test runs: seeded random data from the model's inputs, or the user's files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from ortprep.errors import UsageError
+
+# Symbolic dimensions get these sizes unless the user says otherwise (--shape / --fix-dim).
+BATCH_LIKE = re.compile(r"batch|^n$|^N$|^b$", re.IGNORECASE)
+SEQUENCE_LIKE = re.compile(r"seq|len|time|token|step", re.IGNORECASE)
+DEFAULT_BATCH = 1
+DEFAULT_SEQUENCE = 16
+DEFAULT_OTHER = 8
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype | None  # None for non-tensor inputs (sequences, maps)
+    shape: tuple[int | str | None, ...] | None
+
+
+def input_specs(proto: ModelProto) -> list[InputSpec]:
+    initializers = {t.name for t in proto.graph.initializer}
+    specs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type if value.type.WhichOneof("value") == "tensor_type" else None
+        if tensor is None or not tensor.elem_type:
+            specs.append(InputSpec(value.name, None, None))
+            continue
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        shape = None
+        if tensor.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+        specs.append(InputSpec(value.name, dtype, shape))
+    return specs
+
+
+def parse_dims(text: str) -> list[int]:
+    try:
+        dims = [int(part) for part in text.replace("x", ",").split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"bad dimensions '{text}'", hint="write them as 1,3,224,224") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise UsageError(f"bad dimensions '{text}'", hint="every dimension must be a positive integer")
+    return dims
+
+
+def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
+    result = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"bad {what} '{item}'", hint=f"write it as NAME=VALUE, e.g. {'input=1,3,224,224' if what == '--shape' else 'batch=1'}")
+        result[name.strip()] = value.strip()
+    return result
+
+
+def concrete_shape(
+    spec: InputSpec, shapes: dict[str, list[int]] | None = None, dims: dict[str, int] | None = None
+) -> tuple[int, ...]:
+    if shapes and spec.name in shapes:
+        return tuple(shapes[spec.name])
+    if spec.shape is None:
+        raise UsageError(
+            f"input '{spec.name}' has no known shape", hint=f"give it: --shape {spec.name}=1,3,224,224"
+        )
+    result = []
+    for index, dim in enumerate(spec.shape):
+        if isinstance(dim, int) and dim > 0:
+            result.append(dim)
+        elif isinstance(dim, str) and dims and dim in dims:
+            result.append(dims[dim])
+        elif isinstance(dim, str) and SEQUENCE_LIKE.search(dim):
+            result.append(DEFAULT_SEQUENCE)
+        elif (isinstance(dim, str) and BATCH_LIKE.search(dim)) or index == 0:
+            result.append(DEFAULT_BATCH)
+        else:
+            result.append(DEFAULT_OTHER)
+    return tuple(result)
+
+
+def random_feeds(
+    specs: list[InputSpec],
+    *,
+    seed: int = 0,
+    shapes: dict[str, list[int]] | None = None,
+    dims: dict[str, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Seeded random inputs: normal floats, small non-negative integers (safe as indices), bools."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        if spec.dtype is None:
+            raise UsageError(
+                f"input '{spec.name}' is not a tensor; random inputs cannot be made for it",
+                hint="pass real inputs with --inputs FILE.npz",
+            )
+        shape = concrete_shape(spec, shapes, dims)
+        if spec.dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        elif spec.dtype.kind in "iu":
+            feeds[spec.name] = rng.integers(0, 4, size=shape).astype(spec.dtype)
+        elif spec.dtype.kind == "b":
+            feeds[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise UsageError(
+                f"input '{spec.name}' has dtype {spec.dtype}, for which random data is not made",
+                hint="pass real inputs with --inputs FILE.npz",
+            )
+    return feeds
+
+
+def load_feeds(path: Path, specs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """Inputs from a .npz whose keys are the input names; checked against the model."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"inputs file not found: {path}", hint="pass a .npz with one array per model input")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except Exception as exc:  # noqa: BLE001 - numpy raises several types for bad files
+        raise UsageError(f"cannot read inputs file {path}: {exc}", hint="save it with numpy.savez") from exc
+    feeds = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise UsageError(
+                f"inputs file {path.name} has no array for input '{spec.name}' (has: {', '.join(arrays) or 'none'})",
+                hint="name each array after a model input",
+            )
+        array = arrays[spec.name]
+        if spec.dtype is not None and array.dtype != spec.dtype:
+            raise UsageError(
+                f"input '{spec.name}' is {spec.dtype} in the model but {array.dtype} in {path.name}",
+                hint=f"save it as {spec.dtype}",
+            )
+        if spec.shape is not None:
+            fixed = [(i, d) for i, d in enumerate(spec.shape) if isinstance(d, int) and d > 0]
+            if len(array.shape) != len(spec.shape) or any(array.shape[i] != d for i, d in fixed):
+                raise UsageError(
+                    f"input '{spec.name}' has shape {list(array.shape)} in {path.name}; the model wants "
+                    f"{['?' if not isinstance(d, int) else d for d in spec.shape]}",
+                    hint="fix the array's shape",
+                )
+        feeds[spec.name] = array
+    return feeds

@@ -1,0 +1,98 @@
+"""Run a model in ONNX Runtime in a child process, so a crash or a hang in ORT cannot take
+ortprep down with it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ortprep.runtime.providers import require_ort
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 300.0
+# Lines Python's fatal-error handler adds after a crash; they say nothing about the cause.
+_PYTHON_NOISE = ("Fatal Python error", "Extension modules", "Current thread", "Thread 0x", "  File ", "Python runtime state")
+
+
+@dataclass
+class RunOutcome:
+    status: str  # "ok", "failed" (ORT raised), "crashed" (signal), "timeout"
+    message: str = ""
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    stage: str | None = None  # where it stopped: import, session, run
+    providers: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def run_isolated(
+    model: Path,
+    feeds: dict[str, np.ndarray],
+    *,
+    providers: list[str] | None = None,
+    outputs: list[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    optimization: str = "default",
+) -> RunOutcome:
+    """Create a session for ``model`` and run it on ``feeds`` in a child process."""
+    require_ort()
+    with tempfile.TemporaryDirectory(prefix="ortprep-run-") as tmp:
+        folder = Path(tmp)
+        np.savez(folder / "inputs.npz", **feeds)
+        request = {
+            "model": str(model),
+            "providers": providers or ["CPUExecutionProvider"],
+            "inputs": str(folder / "inputs.npz"),
+            "results": str(folder / "results.npz"),
+            "status": str(folder / "status.json"),
+            "outputs": outputs,
+            "optimization": optimization,
+        }
+        (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
+        try:
+            child = subprocess.run(
+                [sys.executable, "-m", "ortprep.runtime.worker", str(folder / "request.json")],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, "PYTHONFAULTHANDLER": "0"},
+            )
+        except subprocess.TimeoutExpired:
+            return RunOutcome("timeout", f"no answer within {timeout:.0f} s")
+        status_path = folder / "status.json"
+        if child.returncode < 0 or not status_path.exists():
+            stderr_tail = " ".join(
+                line for line in child.stderr.strip().splitlines()[-6:] if line.strip() and not line.startswith(_PYTHON_NOISE)
+            )[:300]
+            how = _signal_name(child.returncode) if child.returncode < 0 else f"exit code {child.returncode}"
+            return RunOutcome("crashed", f"ONNX Runtime's process died ({how}){': ' + stderr_tail if stderr_tail else ''}")
+        status = json.loads(status_path.read_text(encoding="utf-8"))
+        if not status.get("ok"):
+            return RunOutcome("failed", status.get("error", "unknown error"), stage=status.get("stage"))
+        with np.load(folder / "results.npz", allow_pickle=False) as data:
+            values = [data[f"o{i}"] for i in range(len(status["output_names"]))]
+        return RunOutcome(
+            "ok",
+            outputs=dict(zip(status["output_names"], values)),
+            stage="run",
+            providers=status.get("providers", []),
+        )

@@ -68,6 +68,16 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNN001", "float model on the QNN HTP backend", Severity.ERROR),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
+        # CNV: transforms (convert, simplify, optimize)
+        FindingKind("CNV001", "constants beyond FP16's range", Severity.WARNING),
+        FindingKind("CNV002", "constants too small for FP16 become zero", Severity.INFO),
+        FindingKind("CNV003", "activations beyond FP16's range on the test inputs", Severity.WARNING),
+        FindingKind("CNV004", "ORT rejected a node in FP16; it stays FP32", Severity.INFO),
+        FindingKind("CNV005", "ONNX Runtime crashed on the converted model", Severity.WARNING),
+        FindingKind("CNV006", "verification failed", Severity.ERROR),
+        FindingKind("CNV007", "the original does not run, so the result is not verified", Severity.WARNING),
+        FindingKind("CNV008", "ops kept FP32 because the EP has no FP16 kernel", Severity.INFO),
+        FindingKind("CNV009", "verification passed with mixed precision", Severity.INFO),
     )
 }
 

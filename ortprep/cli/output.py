@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +45,18 @@ def check_report_path(report_path: Path | None, model_path: Path) -> Path | None
 def write_report(report_path: Path | None, record: dict[str, Any]) -> None:
     if report_path is not None:
         atomic_write_bytes(report_path, dumps(record).encode("utf-8"))
+
+
+def interactive(quiet: bool) -> bool:
+    """Progress display only on a terminal, never in CI or with --json."""
+    return not quiet and sys.stderr.isatty() and not os.environ.get("CI")
+
+
+@contextlib.contextmanager
+def progress_for(label: str, *, quiet: bool) -> Iterator[None]:
+    """A spinner on stderr while long work runs (terminal only)."""
+    if not interactive(quiet):
+        yield
+        return
+    with stderr_console().status(f"ortprep: {label}..."):
+        yield

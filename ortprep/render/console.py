@@ -185,3 +185,42 @@ def render_eps(record: dict[str, Any], console: Console) -> None:
             ep["name"], ", ".join(ep["aliases"]), ep["provider"], ep["device"], str(ep["ops"]), ep["version"]
         )
     console.print(table)
+
+
+def _number(value: float | None, digits: int = 6) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def render_transform(record: dict[str, Any], console: Console) -> None:
+    """convert / simplify / optimize: what was done, sizes, verification, kept nodes, findings."""
+    console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
+    for transform in record.get("transforms", []):
+        console.print(f"  {escape(transform['transform'])}: {escape(str(transform.get('detail', '')))}")
+    console.print(
+        f"nodes {record['nodes_before']} -> {record['nodes_after'] if record['nodes_after'] is not None else '-'}; "
+        f"size {human_bytes(record['size_before'])} -> {human_bytes(record['size_after'])}"
+    )
+    verify = record["verify"]
+    if verify["passed"] is None:
+        console.print("verification: not run")
+    else:
+        verdict = "[green]passed[/]" if verify["passed"] else "[red]failed[/]"
+        console.print(
+            f"verification {verdict}: loads={verify['loads']}, lowest cosine {_number(verify['cosine'])}, "
+            f"max abs diff {_number(verify['max_abs_diff'])}, max rel diff {_number(verify['max_rel_diff'])}"
+            + (f" (inputs: {escape(record['inputs'])})" if record.get("inputs") else "")
+        )
+        if verify.get("error"):
+            console.print(f"  error: {escape(verify['error'])}", highlight=False)
+    kept = record.get("kept_fp32_nodes") or []
+    if kept:
+        table = Table(title=f"Kept in FP32 ({len(kept)})")
+        table.add_column("node")
+        table.add_column("op")
+        table.add_column("why")
+        for node in kept[:40]:
+            table.add_row(escape(node["name"]), node["op_type"], escape(node["reason"]))
+        console.print(table)
+        if len(kept) > 40:
+            console.print(f"... and {len(kept) - 40} more (see --json)")
+    render_grouped_findings(record["findings"], console)

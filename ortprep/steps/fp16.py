@@ -1,0 +1,264 @@
+"""FP16 conversion that loads and stays accurate.
+
+Built on onnxconverter-common, with what it lacks around it:
+- before: constants outside FP16's range (folded into the preceding Conv for BatchNormalization,
+  otherwise kept in FP32 with their consumers), tiny values that would flush to zero, ops the
+  target EP has no FP16 kernel for, activations that overflow FP16 on real inputs;
+- after: repairs of what makes ORT reject the result (Cast nodes whose `to` contradicts the new
+  types, stale value_info);
+- verification is done by the caller (steps/convert.py), which feeds nodes responsible for a
+  failure back in here as FP32 nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, numpy_helper
+
+from ortprep.analysis import ModelAnalysis, formal_types
+from ortprep.eps.tables import load_table
+from ortprep.model import ModelHandle, iter_graphs
+
+log = logging.getLogger(__name__)
+
+FP16_MAX = 65504.0
+FP16_MIN_SUBNORMAL = 2.0**-24  # about 5.96e-8: smaller magnitudes become zero
+# Headroom for activations measured on a few inputs: real data may reach further.
+ACTIVATION_LIMIT = FP16_MAX / 2
+
+# NPUs take FP16 inputs directly (the DirectML NPU sample feeds FP16); everywhere else the
+# caller's float32 arrays keep working when the I/O stays float32.
+FP16_IO_EPS = ("dml-npu",)
+
+
+@dataclass(frozen=True)
+class KeptNode:
+    name: str
+    op_type: str
+    reason: str
+
+    def to_record(self) -> dict:
+        return {"name": self.name, "op_type": self.op_type, "reason": self.reason}
+
+
+def default_keep_io_types(ep: str) -> bool:
+    return ep not in FP16_IO_EPS
+
+
+def _float_arrays(graph) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.data_type == TensorProto.FLOAT}
+
+
+def _consumers(graph) -> dict[str, list[onnx.NodeProto]]:
+    result: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            result.setdefault(name, []).append(node)
+    return result
+
+
+@dataclass
+class RangeScan:
+    overflow: list[tuple[str, float]]  # initializers with finite values beyond FP16_MAX
+    underflow: list[tuple[str, int, int]]  # (name, values that flush to zero, values)
+
+
+def scan_constants(proto: ModelProto) -> RangeScan:
+    """Float32 initializers (all graphs) whose values do not survive FP16."""
+    overflow, underflow = [], []
+    for _, graph in iter_graphs(proto.graph):
+        for name, array in _float_arrays(graph).items():
+            finite = np.abs(array[np.isfinite(array)])
+            if finite.size == 0:
+                continue
+            peak = float(finite.max())
+            if peak > FP16_MAX:
+                overflow.append((name, peak))
+            tiny = int(np.count_nonzero((finite > 0) & (finite < FP16_MIN_SUBNORMAL)))
+            if tiny:
+                underflow.append((name, tiny, int(array.size)))
+    return RangeScan(overflow, underflow)
+
+
+def fold_batchnorms(proto: ModelProto, tensors: set[str]) -> list[str]:
+    """Fold BatchNormalization nodes that read any of ``tensors`` into the Conv before them.
+
+    Only where it is exact: the Conv's output feeds this BN alone, and the Conv weight, bias
+    and the BN parameters are initializers. Returns the names of the folded BN nodes.
+    """
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers = _consumers(graph)
+    outputs = {v.name for v in graph.output}
+    folded = []
+    for bn in list(graph.node):
+        if bn.op_type != "BatchNormalization" or len(bn.input) < 5 or not tensors & set(bn.input[1:5]):
+            continue
+        conv = producers.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or len(consumers.get(bn.input[0], [])) != 1 or bn.input[0] in outputs:
+            continue
+        if len(bn.output) > 1 and any(bn.output[1:]):
+            continue  # training-mode outputs in use
+        names = [conv.input[1]] + list(bn.input[1:5]) + ([conv.input[2]] if len(conv.input) > 2 and conv.input[2] else [])
+        if not all(n in inits for n in names):
+            continue
+        epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
+        scale, shift, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:5])
+        bias = (
+            numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
+            if len(conv.input) > 2 and conv.input[2]
+            else np.zeros(weight.shape[0])
+        )
+        factor = scale / np.sqrt(var + epsilon)
+        new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+        new_bias = (bias - mean) * factor + shift
+        weight_name = f"{conv.name or conv.output[0]}.folded_weight"
+        bias_name = f"{conv.name or conv.output[0]}.folded_bias"
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(new_weight.astype(np.float32), weight_name),
+                numpy_helper.from_array(new_bias.astype(np.float32), bias_name),
+            ]
+        )
+        del conv.input[1:]
+        conv.input.extend([weight_name, bias_name])
+        conv.output[0] = bn.output[0]
+        graph.node.remove(bn)
+        folded.append(bn.name or bn.output[0])
+    _drop_unused_initializers(proto)
+    return folded
+
+
+def _drop_unused_initializers(proto: ModelProto) -> None:
+    used = {name for _, graph in iter_graphs(proto.graph) for node in graph.node for name in node.input}
+    used |= {v.name for v in proto.graph.output}
+    keep = [t for t in proto.graph.initializer if t.name in used]
+    if len(keep) != len(proto.graph.initializer):
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(keep)
+
+
+def ep_blocked_ops(handle: ModelHandle, ep: str) -> dict[str, str]:
+    """Op types present in the model for which ``ep`` registers no float16 kernel."""
+    table = load_table(ep)
+    blocked: dict[str, str] = {}
+    analysis = ModelAnalysis(handle)
+    for node in analysis.all_nodes():
+        if node.op_type in blocked or node.op_type in ("Cast", "Constant"):
+            continue
+        if not any(facts is not None and facts.dtype == "float" for _, _, facts in formal_types(node)):
+            continue
+        entries = table.lookup(node.domain, node.op_type)
+        if not entries:
+            continue  # no data: leave it to verification
+        covering = [e for e in entries if e.covers(node.since)] if node.since is not None else entries
+        typed = [e for e in covering if e.types]
+        if typed and not any("float16" in types for e in typed for types in e.types.values()):
+            blocked[node.op_type] = f"{ep} registers no float16 {node.op_type} kernel"
+    return blocked
+
+
+def activation_overflow_nodes(proto: ModelProto, activations: dict[str, np.ndarray]) -> dict[str, float]:
+    """Top-level nodes reading or writing a float tensor beyond FP16's safe range on real inputs."""
+    peaks = {
+        name: float(np.abs(value[np.isfinite(value)]).max()) if value.size and np.isfinite(value).any() else 0.0
+        for name, value in activations.items()
+        if value.dtype.kind == "f"
+    }
+    flagged: dict[str, float] = {}
+    for node in proto.graph.node:
+        peak = max((peaks.get(name, 0.0) for name in list(node.input) + list(node.output)), default=0.0)
+        if peak > ACTIVATION_LIMIT:
+            flagged[node.name] = peak
+    return flagged
+
+
+def ensure_node_names(proto: ModelProto) -> None:
+    """Give unnamed nodes stable names: FP32 block lists and reports refer to nodes by name."""
+    taken = {node.name for _, graph in iter_graphs(proto.graph) for node in graph.node if node.name}
+    for scope, graph in iter_graphs(proto.graph):
+        for index, node in enumerate(graph.node):
+            if not node.name:
+                candidate = f"{node.op_type}_{index}" + (f"_{len(scope)}" if scope else "")
+                while candidate in taken:
+                    candidate += "_"
+                node.name = candidate
+                taken.add(candidate)
+
+
+def convert_once(
+    proto: ModelProto, *, keep_io_types: bool, block_ops: set[str], block_nodes: set[str]
+) -> tuple[ModelProto, list[str]]:
+    """One onnxconverter-common pass with ortprep's range limits, then repairs.
+    Returns the converted model and the repairs made."""
+    from onnxconverter_common import float16
+
+    source = ModelProto()
+    source.CopyFrom(proto)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # range warnings are reported by scan_constants instead
+        converted = float16.convert_float_to_float16(
+            source,
+            min_positive_val=FP16_MIN_SUBNORMAL,
+            max_finite_val=FP16_MAX,
+            keep_io_types=keep_io_types,
+            op_block_list=sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | block_ops),
+            node_block_list=sorted(block_nodes),
+            check_fp16_ready=False,
+        )
+    repairs = repair_casts(converted, proto, block_ops, block_nodes)
+    repairs += clear_stale_value_info(converted)
+    return converted, repairs
+
+
+def repair_casts(converted: ModelProto, original: ModelProto, block_ops: set[str], block_nodes: set[str]) -> list[str]:
+    """Cast nodes of the original model that cast to float32 now feed FP16 nodes: cast to FP16."""
+    original_casts = {
+        node.name
+        for _, graph in iter_graphs(original.graph)
+        for node in graph.node
+        if node.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT for a in node.attribute)
+    }
+    repairs = []
+    graph_outputs = {v.name for v in converted.graph.output}
+    for _, graph in iter_graphs(converted.graph):
+        consumers = _consumers(graph)
+        for node in graph.node:
+            if node.name not in original_casts or node.name in block_nodes or "Cast" in block_ops:
+                continue
+            readers = consumers.get(node.output[0], [])
+            if node.output[0] in graph_outputs or any(r.op_type in block_ops or r.name in block_nodes for r in readers):
+                continue
+            for attr in node.attribute:
+                if attr.name == "to" and attr.i == TensorProto.FLOAT:
+                    attr.i = TensorProto.FLOAT16
+                    repairs.append(f"Cast '{node.name}' now casts to float16 (its consumers compute in float16)")
+    return repairs
+
+
+def clear_stale_value_info(proto: ModelProto) -> list[str]:
+    """Drop intermediate value_info (types may be stale after conversion); ORT re-infers them."""
+    count = 0
+    for _, graph in iter_graphs(proto.graph):
+        count += len(graph.value_info)
+        del graph.value_info[:]
+    return [f"dropped {count} stale value_info entries"] if count else []
+
+
+def fp16_tensor_share(proto: ModelProto) -> float:
+    """Share of float initializer bytes stored as FP16."""
+    half = full = 0
+    for _, graph in iter_graphs(proto.graph):
+        for tensor in graph.initializer:
+            if tensor.data_type == TensorProto.FLOAT16:
+                half += 1
+            elif tensor.data_type == TensorProto.FLOAT:
+                full += 1
+    return half / (half + full) if half + full else 0.0

@@ -1,0 +1,210 @@
+"""Graph rewrites used by `convert`: opset conversion, fixing dynamic dimensions, and 1-D
+convolution/pooling rewritten as 2-D (which DirectML NPUs handle)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper, numpy_helper
+
+from ortprep.analysis import ModelAnalysis
+from ortprep.errors import UsageError
+from ortprep.model import ModelHandle, iter_graphs
+
+log = logging.getLogger(__name__)
+
+ONE_D_OPS = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool")
+
+
+def convert_opset(proto: ModelProto, target: int) -> ModelProto:
+    """onnx's version converter, with its failure turned into one clear line."""
+    current = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if current == target:
+        return proto
+    try:
+        return onnx.version_converter.convert_version(proto, target)
+    except Exception as exc:  # noqa: BLE001 - the converter raises several types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"onnx's version converter cannot take this model from opset {current} to {target}: {first[:300]}",
+            hint="try a nearer opset, or re-export the model at the opset you need",
+        ) from exc
+
+
+def _symbolic_dims(proto: ModelProto) -> set[str]:
+    return {
+        d.dim_param
+        for value in proto.graph.input
+        if value.type.WhichOneof("value") == "tensor_type"
+        for d in value.type.tensor_type.shape.dim
+        if d.dim_param
+    }
+
+
+def fix_dims(proto: ModelProto, dims: dict[str, int]) -> list[str]:
+    """Replace named symbolic dimensions with values, in inputs, outputs and value_info."""
+    known = _symbolic_dims(proto)
+    unknown = sorted(set(dims) - known)
+    if unknown:
+        raise UsageError(
+            f"the model has no symbolic dimension named {', '.join(repr(u) for u in unknown)}",
+            hint=f"its inputs' symbolic dimensions are: {', '.join(sorted(known)) or 'none'}",
+        )
+    changed = []
+    for _, graph in iter_graphs(proto.graph):
+        for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if value.type.WhichOneof("value") != "tensor_type":
+                continue
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param in dims:
+                    name = dim.dim_param
+                    dim.dim_value = dims[name]  # clears dim_param (oneof)
+                    changed.append(f"{value.name}: {name}={dims[name]}")
+    return changed
+
+
+def fix_shapes(proto: ModelProto, shapes: dict[str, list[int]]) -> list[str]:
+    """Set whole input shapes; fixed dimensions must agree with the model."""
+    inputs = {v.name: v for v in proto.graph.input}
+    changed = []
+    for name, new_shape in shapes.items():
+        value = inputs.get(name)
+        if value is None or value.type.WhichOneof("value") != "tensor_type":
+            raise UsageError(f"the model has no tensor input '{name}'", hint=f"its inputs are: {', '.join(inputs)}")
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(new_shape):
+            raise UsageError(
+                f"input '{name}' has rank {len(dims)}, but --fix-shape gives {len(new_shape)} dimensions",
+                hint="give one value per dimension",
+            )
+        for index, (dim, size) in enumerate(zip(dims, new_shape)):
+            if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
+                raise UsageError(
+                    f"input '{name}' dimension {index} is fixed to {dim.dim_value}; --fix-shape gives {size}",
+                    hint="only dynamic dimensions can be changed",
+                )
+            dim.dim_value = size
+        changed.append(f"{name}: {list(new_shape)}")
+    return changed
+
+
+def propagate_static_shapes(proto: ModelProto) -> ModelProto:
+    """Re-run shape inference after fixing inputs, so outputs and value_info become static too."""
+    for _, graph in iter_graphs(proto.graph):
+        del graph.value_info[:]
+    for value in proto.graph.output:
+        if value.type.WhichOneof("value") == "tensor_type":
+            value.type.tensor_type.ClearField("shape")
+    try:
+        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as exc:  # noqa: BLE001
+        log.info("shape inference after fixing shapes failed: %s", exc)
+        return proto
+
+
+def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
+    for attr in node.attribute:
+        if attr.name == name:
+            return list(attr.ints)
+    return None
+
+
+def _set_ints(node: onnx.NodeProto, name: str, values: list[int]) -> None:
+    for attr in node.attribute:
+        if attr.name == name:
+            del attr.ints[:]
+            attr.ints.extend(values)
+            return
+    node.attribute.append(helper.make_attribute(name, values))
+
+
+def conv1d_to_conv2d(handle: ModelHandle) -> list[str]:
+    """Rewrite 1-D Conv/ConvTranspose/pooling (3-D tensors) of the main graph as 2-D:
+    Unsqueeze the data to N,C,1,L, use 1xK kernels, Squeeze back. Adjacent rewritten nodes
+    share the 4-D tensor. Returns the names of the rewritten nodes."""
+    proto = handle.proto
+    analysis = ModelAnalysis(handle)
+    graph = proto.graph
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    inits = {t.name: t for t in graph.initializer}
+    facts = {node.node.name or f"#{node.index}": node for node in analysis.graphs[0].nodes}
+    as_4d: dict[str, str] = {}  # 3-D tensor name -> the 4-D tensor it was squeezed from
+    axes_name = "ortprep.axes_2"
+    new_nodes: list[onnx.NodeProto] = []
+    rewritten = []
+
+    def axis_args(kind: str, data: str, out: str, name: str) -> onnx.NodeProto:
+        if opset >= 13:
+            return helper.make_node(kind, [data, axes_name], [out], name=name)
+        return helper.make_node(kind, [data], [out], name=name, axes=[2])
+
+    for index, node in enumerate(graph.node):
+        info = facts.get(node.name or f"#{index}")
+        shape = info.inputs[0].shape if info and info.inputs and info.inputs[0] else None
+        if node.op_type not in ONE_D_OPS or node.domain not in ("", "ai.onnx") or shape is None or len(shape) != 3:
+            new_nodes.append(node)
+            continue
+        label = node.name or f"{node.op_type}_{index}"
+        data = node.input[0]
+        if data in as_4d:
+            data_4d = as_4d[data]
+        else:
+            data_4d = f"{data}.ortprep_4d"
+            new_nodes.append(axis_args("Unsqueeze", data, data_4d, f"{label}.unsqueeze"))
+        inputs = [data_4d]
+        if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
+            weight = node.input[1]
+            if weight in inits:
+                array = numpy_helper.to_array(inits[weight])
+                weight_4d = f"{weight}.ortprep_4d"
+                graph.initializer.append(numpy_helper.from_array(np.expand_dims(array, 2), weight_4d))
+            else:
+                weight_4d = f"{weight}.ortprep_4d"
+                new_nodes.append(axis_args("Unsqueeze", weight, weight_4d, f"{label}.unsqueeze_weight"))
+            inputs.append(weight_4d)
+            inputs.extend(node.input[2:])
+        node.input[:] = inputs
+        for name in ("kernel_shape", "strides", "dilations"):
+            values = _ints(node, name)
+            if values is not None:
+                _set_ints(node, name, [1] + values)
+        pads = _ints(node, "pads")
+        if pads is not None and len(pads) == 2:
+            _set_ints(node, "pads", [0, pads[0], 0, pads[1]])
+        for name, prefix in (("output_padding", 0), ("output_shape", 1)):
+            values = _ints(node, name)
+            if values is not None:
+                _set_ints(node, name, [prefix] + values)
+        out = node.output[0]
+        out_4d = f"{out}.ortprep_4d"
+        node.output[0] = out_4d
+        new_nodes.append(node)
+        new_nodes.append(axis_args("Squeeze", out_4d, out, f"{label}.squeeze"))
+        as_4d[out] = out_4d
+        rewritten.append(label)
+    if not rewritten:
+        return []
+    if opset >= 13:
+        graph.initializer.append(numpy_helper.from_array(np.array([2], dtype=np.int64), axes_name))
+    # Squeeze/Unsqueeze pairs between two rewritten nodes: the consumer reads the 4-D tensor.
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    _drop_dead_squeezes(proto)
+    for _, sub in iter_graphs(graph):
+        del sub.value_info[:]
+    return rewritten
+
+
+def _drop_dead_squeezes(proto: ModelProto) -> None:
+    graph = proto.graph
+    used = {name for _, sub in iter_graphs(graph) for node in sub.node for name in node.input}
+    used |= {v.name for v in graph.output}
+    keep = [n for n in graph.node if not (n.op_type == "Squeeze" and n.name.endswith(".squeeze") and n.output[0] not in used)]
+    del graph.node[:]
+    graph.node.extend(keep)
+    used_inits = {name for _, sub in iter_graphs(graph) for node in sub.node for name in node.input}
+    keep_inits = [t for t in graph.initializer if t.name in used_inits or t.name in {v.name for v in graph.input}]
+    del graph.initializer[:]
+    graph.initializer.extend(keep_inits)

@@ -1,0 +1,162 @@
+"""Verification of transforms: the original and the result run in ORT (each in a child process)
+on the same seeded inputs, and their outputs must agree within a gate."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from ortprep.model import iter_graphs
+from ortprep.runtime.compare import OutputDiff, compare_outputs
+from ortprep.runtime.isolated import RunOutcome, run_isolated
+
+log = logging.getLogger(__name__)
+
+EXTERNAL_ABOVE = int(1.5 * 2**30)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """When a result counts as the same computation."""
+
+    min_cosine: float
+    max_abs: float | None = None  # relative to the reference's largest magnitude (at least 1)
+
+    def passes(self, diff: OutputDiff, reference: np.ndarray | None = None) -> bool:
+        if not diff.shape_match or diff.nonfinite or diff.cosine is None:
+            return False
+        if diff.cosine < self.min_cosine:
+            return False
+        if self.max_abs is not None and diff.max_abs_diff is not None:
+            scale = 1.0
+            if reference is not None and reference.size and reference.dtype.kind == "f":
+                finite = np.abs(reference[np.isfinite(reference)])
+                scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+            return diff.max_abs_diff <= self.max_abs * scale
+        return True
+
+
+FP16_GATE = Gate(min_cosine=0.999)
+EXACT_GATE = Gate(min_cosine=0.99999, max_abs=1e-4)
+
+
+@dataclass
+class VerifyResult:
+    loads: bool
+    passed: bool
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    cosine: float | None = None  # the lowest over the outputs
+    outputs: list[OutputDiff] = field(default_factory=list)
+    status: str = "ok"  # the candidate run's status: ok, failed, crashed, timeout
+    error: str | None = None
+
+    def to_record(self) -> dict:
+        return {
+            "loads": self.loads,
+            "max_abs_diff": self.max_abs_diff,
+            "max_rel_diff": self.max_rel_diff,
+            "cosine": self.cosine,
+            "passed": self.passed,
+            "outputs": [o.to_record() for o in self.outputs],
+            "error": self.error,
+        }
+
+
+def save_temp(proto: ModelProto, folder: Path, name: str) -> Path:
+    """Save a working copy for a child run (external data for big models)."""
+    path = folder / name
+    size = proto.ByteSize() if proto.ByteSize() < EXTERNAL_ABOVE else EXTERNAL_ABOVE
+    if size >= EXTERNAL_ABOVE:
+        onnx.save_model(proto, str(path), save_as_external_data=True, location=f"{name}.data")
+    else:
+        onnx.save_model(proto, str(path))
+    return path
+
+
+def cast_feeds(feeds: dict[str, np.ndarray], proto: ModelProto) -> dict[str, np.ndarray]:
+    """The same input values in the dtypes ``proto`` declares (float16 inputs after --fp16-io)."""
+    wanted = {}
+    for value in proto.graph.input:
+        if value.type.WhichOneof("value") == "tensor_type" and value.type.tensor_type.elem_type:
+            wanted[value.name] = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+    return {name: array.astype(wanted[name]) if name in wanted else array for name, array in feeds.items()}
+
+
+def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> VerifyResult:
+    if not candidate.ok:
+        return VerifyResult(loads=candidate.stage == "run", passed=False, status=candidate.status, error=candidate.message)
+    diffs = compare_outputs(reference.outputs, candidate.outputs)
+    passed = all(gate.passes(d, reference.outputs.get(d.name)) for d in diffs)
+    cosines = [d.cosine for d in diffs if d.cosine is not None]
+    abs_diffs = [d.max_abs_diff for d in diffs if d.max_abs_diff is not None]
+    rel_diffs = [d.max_rel_diff for d in diffs if d.max_rel_diff is not None]
+    return VerifyResult(
+        loads=True,
+        passed=passed,
+        max_abs_diff=max(abs_diffs) if abs_diffs else None,
+        max_rel_diff=max(rel_diffs) if rel_diffs else None,
+        cosine=min(cosines) if cosines else None,
+        outputs=diffs,
+    )
+
+
+def run_model(proto: ModelProto, feeds: dict[str, np.ndarray], *, outputs: list[str] | None = None) -> RunOutcome:
+    with tempfile.TemporaryDirectory(prefix="ortprep-verify-") as tmp:
+        path = save_temp(proto, Path(tmp), "model.onnx")
+        return run_isolated(path, cast_feeds(feeds, proto), outputs=outputs)
+
+
+def float_intermediates(proto: ModelProto) -> list[str]:
+    """Names of top-level node outputs that are not graph outputs (candidates to expose)."""
+    graph_outputs = {v.name for v in proto.graph.output}
+    return [name for node in proto.graph.node for name in node.output if name and name not in graph_outputs]
+
+
+def with_outputs(proto: ModelProto, names: list[str]) -> ModelProto:
+    """A copy of ``proto`` that also returns ``names`` (intermediate tensors) as outputs."""
+    copy = ModelProto()
+    copy.CopyFrom(proto)
+    present = {v.name for v in copy.graph.output}
+    for name in names:
+        if name not in present:
+            copy.graph.output.append(onnx.ValueInfoProto(name=name))
+    return copy
+
+
+def run_with_intermediates(proto: ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> RunOutcome:
+    """Run and return graph outputs plus ``names``."""
+    exposed = with_outputs(proto, names)
+    wanted = [v.name for v in proto.graph.output] + [n for n in names if n not in {v.name for v in proto.graph.output}]
+    return run_model(exposed, feeds, outputs=wanted)
+
+
+def node_count(proto: ModelProto) -> int:
+    return sum(len(graph.node) for _, graph in iter_graphs(proto.graph))
+
+
+def model_bytes(path: Path | None, proto: ModelProto | None = None) -> int:
+    """Bytes on disk of a model file and its external data files."""
+    if path is None:
+        return proto.ByteSize() if proto is not None else 0
+    total = path.stat().st_size
+    model = onnx.load(str(path), load_external_data=False)
+    locations = {
+        entry.value
+        for _, graph in iter_graphs(model.graph)
+        for tensor in graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    for location in locations:
+        data = path.parent / location
+        if data.is_file():
+            total += os.path.getsize(data)
+    return total

@@ -72,12 +72,14 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CNV001", "constants beyond FP16's range", Severity.WARNING),
         FindingKind("CNV002", "constants too small for FP16 become zero", Severity.INFO),
         FindingKind("CNV003", "activations beyond FP16's range on the test inputs", Severity.WARNING),
-        FindingKind("CNV004", "ORT rejected a node in FP16; it stays FP32", Severity.INFO),
         FindingKind("CNV005", "ONNX Runtime crashed on the converted model", Severity.WARNING),
         FindingKind("CNV006", "verification failed", Severity.ERROR),
         FindingKind("CNV007", "the original does not run, so the result is not verified", Severity.WARNING),
         FindingKind("CNV008", "ops kept FP32 because the EP has no FP16 kernel", Severity.INFO),
         FindingKind("CNV009", "verification passed with mixed precision", Severity.INFO),
+        FindingKind("SIM001", "a simplifier (onnxsim or onnxoptimizer) could not run; the other's result is used", Severity.WARNING),
+        FindingKind("OPT001", "level 'all' output is specific to this machine and the CPU EP", Severity.WARNING),
+        FindingKind("OPT002", "ONNX Runtime could not optimize the model", Severity.ERROR),
     )
 }
 

@@ -182,3 +182,178 @@ def diamond(middle_op: str = "Det") -> onnx.ModelProto:
         initializer=[numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "shape")],
     )
     return make(graph)
+
+
+# ---------------------------------------------------------------- shapes that break naive FP16
+
+
+def _vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _model17(graph):
+    return make(graph)
+
+
+def fp16_cast_in_attention() -> onnx.ModelProto:
+    """Attention whose scores are Cast to float before Softmax (as exporters write it)."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["q"], name="q_proj"),
+            helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1], name="transpose"),
+            helper.make_node("MatMul", ["q", "qt"], ["scores"], name="qk"),
+            helper.make_node("Cast", ["scores"], ["scores_f"], to=TensorProto.FLOAT, name="cast_scores"),
+            helper.make_node("Softmax", ["scores_f"], ["probs"], axis=-1, name="softmax"),
+            helper.make_node("MatMul", ["probs", "q"], ["y"], name="attend"),
+        ],
+        "cast_attention",
+        [_vi("x", TensorProto.FLOAT, [1, 4, 8])],
+        [_vi("y", TensorProto.FLOAT, [1, 4, 8])],
+        [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) * 0.3, "W")],
+    )
+    return _model17(graph)
+
+
+def fp16_if_float_branches() -> onnx.ModelProto:
+    """An If whose branches compute in float on an outer-scope tensor."""
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["h", "two"], ["a"], name="then_mul")],
+        "then",
+        [],
+        [_vi("a", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.array([2.0], np.float32), "two")],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Add", ["h", "one"], ["b"], name="else_add")],
+        "else",
+        [],
+        [_vi("b", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.array([1.0], np.float32), "one")],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["h"], name="relu"),
+            helper.make_node("If", ["cond"], ["r"], then_branch=then_graph, else_branch=else_graph, name="branch"),
+            helper.make_node("Sigmoid", ["r"], ["y"], name="sigmoid"),
+        ],
+        "if_float",
+        [_vi("x", TensorProto.FLOAT, [4]), _vi("cond", TensorProto.BOOL, [])],
+        [_vi("y", TensorProto.FLOAT, [4])],
+    )
+    return _model17(graph)
+
+
+def fp16_resize_float_scales() -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Resize", ["c", "", "scales"], ["r"], mode="linear", name="resize"),
+            helper.make_node("Relu", ["r"], ["y"], name="relu"),
+        ],
+        "resize",
+        [_vi("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [_vi("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+        [
+            numpy_helper.from_array(rng.standard_normal((2, 2, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        ],
+    )
+    return _model17(graph)
+
+
+def fp16_lstm_then_matmul_gemm(hidden: int = 8) -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    graph = helper.make_graph(
+        [
+            helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y", "Y_h"], hidden_size=hidden, name="lstm"),
+            helper.make_node("Squeeze", ["Y_h", "axis0"], ["h"], name="squeeze"),
+            helper.make_node("MatMul", ["h", "M"], ["m"], name="matmul"),
+            helper.make_node("Gemm", ["m", "G", "g_bias"], ["y"], name="gemm"),
+        ],
+        "lstm",
+        [_vi("x", TensorProto.FLOAT, [5, 1, 4])],
+        [_vi("y", TensorProto.FLOAT, [1, 3])],
+        [
+            numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, 4)).astype(np.float32) * 0.3, "W"),
+            numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32) * 0.3, "R"),
+            numpy_helper.from_array(np.zeros((1, 8 * hidden), np.float32), "B"),
+            numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+            numpy_helper.from_array(rng.standard_normal((hidden, 6)).astype(np.float32), "M"),
+            numpy_helper.from_array(rng.standard_normal((6, 3)).astype(np.float32), "G"),
+            numpy_helper.from_array(np.zeros(3, np.float32), "g_bias"),
+        ],
+    )
+    return _model17(graph)
+
+
+def fp16_overflowing_activations() -> onnx.ModelProto:
+    """An L2 normalisation of x*1000: the squares reach millions, beyond FP16's 65504."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "big"], ["b"], name="scale_up"),
+            helper.make_node("Mul", ["b", "b"], ["sq"], name="square"),
+            helper.make_node("ReduceSum", ["sq", "axes"], ["s"], keepdims=1, name="sum"),
+            helper.make_node("Sqrt", ["s"], ["n"], name="norm"),
+            helper.make_node("Div", ["b", "n"], ["y"], name="normalize"),
+        ],
+        "overflow",
+        [_vi("x", TensorProto.FLOAT, [1, 64])],
+        [_vi("y", TensorProto.FLOAT, [1, 64])],
+        [numpy_helper.from_array(np.array(1000.0, np.float32), "big"), numpy_helper.from_array(np.array([1], np.int64), "axes")],
+    )
+    return _model17(graph)
+
+
+def fp16_batchnorm_huge_variance() -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "s", "bb", "mean", "var"], ["y"], name="bn"),
+        ],
+        "bn_variance",
+        [_vi("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [_vi("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [
+            numpy_helper.from_array(rng.standard_normal((2, 2, 3, 3)).astype(np.float32) * 1000, "w"),
+            numpy_helper.from_array(np.zeros(2, np.float32), "cb"),
+            numpy_helper.from_array(np.ones(2, np.float32), "s"),
+            numpy_helper.from_array(np.zeros(2, np.float32), "bb"),
+            numpy_helper.from_array(np.zeros(2, np.float32), "mean"),
+            numpy_helper.from_array(np.array([4e6, 9e6], np.float32), "var"),
+        ],
+    )
+    return _model17(graph)
+
+
+def fp16_cancellation() -> onnx.ModelProto:
+    """y = x @ W1 - x @ W2 with W1 and W2 nearly equal: FP16 weights lose the difference."""
+    rng = np.random.default_rng(4)
+    w1 = rng.standard_normal((16, 16)).astype(np.float32)
+    w2 = w1 + rng.standard_normal((16, 16)).astype(np.float32) * 1e-3
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["a"], name="mm1"),
+            helper.make_node("MatMul", ["x", "W2"], ["b"], name="mm2"),
+            helper.make_node("Sub", ["a", "b"], ["y"], name="difference"),
+        ],
+        "cancellation",
+        [_vi("x", TensorProto.FLOAT, [2, 16])],
+        [_vi("y", TensorProto.FLOAT, [2, 16])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )
+    return _model17(graph)
+
+
+def tiny_weights() -> onnx.ModelProto:
+    """A weight with values below FP16's smallest subnormal."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "eps"], ["y"], name="add_eps")],
+        "tiny",
+        [_vi("x", TensorProto.FLOAT, [1, 4])],
+        [_vi("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array([1e-9, 2e-9, 0.5, 1.0], np.float32), "eps")],
+    )
+    return _model17(graph)

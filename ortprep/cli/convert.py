@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ortprep.cli.app import error_boundary
-from ortprep.cli.options import FailOn, FailOnOpt, JsonOpt, ModelArg, ReportOpt
-from ortprep.cli.output import check_report_path, emit, progress_for, write_report
-from ortprep.errors import ExitCode
+from ortprep.cli.options import (
+    FailOn,
+    FailOnOpt,
+    ForceOpt,
+    InputsOpt,
+    JsonOpt,
+    KeepFailedOpt,
+    ModelArg,
+    OutputOpt,
+    ReportOpt,
+    ShapeOpt,
+    VerifyOpt,
+)
+from ortprep.cli.output import run_transform
 
 Repeat = list[str] | None
 
@@ -18,7 +28,7 @@ Repeat = list[str] | None
 @error_boundary
 def convert_command(
     model: ModelArg,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Output model (default: MODEL.fp16.onnx beside the input).", show_default=False)] = None,
+    output: OutputOpt = None,
     fp16: Annotated[bool, typer.Option("--fp16", help="Convert float32 to float16, verified, with mixed precision where needed.")] = False,
     ep: Annotated[str, typer.Option("--ep", help="Target EP: ops it has no FP16 kernel for stay FP32.")] = "cpu",
     keep_io_types: Annotated[
@@ -31,22 +41,19 @@ def convert_command(
     fix_shape: Annotated[Repeat, typer.Option("--fix-shape", help="Make an input static: NAME=1,3,224,224 (repeatable).", show_default=False)] = None,
     fix_dim: Annotated[Repeat, typer.Option("--fix-dim", help="Fix a named symbolic dimension: batch=1 (repeatable).", show_default=False)] = None,
     conv1d_to_conv2d: Annotated[bool, typer.Option("--conv1d-to-conv2d", help="Rewrite 1-D Conv/ConvTranspose/pooling as 2-D.")] = False,
-    shape: Annotated[Repeat, typer.Option("--shape", help="Shape of an input for the verification run: NAME=DIMS (repeatable).", show_default=False)] = None,
-    inputs: Annotated[Path | None, typer.Option("--inputs", help="Verify on these inputs (.npz, one array per input).", show_default=False)] = None,
+    shape: ShapeOpt = None,
+    inputs: InputsOpt = None,
     min_cosine: Annotated[float, typer.Option("--min-cosine", help="FP16 gate: lowest cosine similarity per output.")] = 0.999,
-    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Run original and result in ORT and compare.")] = True,
-    keep_failed: Annotated[bool, typer.Option("--keep-failed", help="Write the output even when verification fails.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Allow the output to overwrite the input model.")] = False,
+    verify: VerifyOpt = True,
+    keep_failed: KeepFailedOpt = False,
+    force: ForceOpt = False,
     json_output: JsonOpt = False,
     report: ReportOpt = None,
     fail_on: FailOnOpt = FailOn.error,
 ) -> None:
     """Transform a model (FP16, opset, static shapes, 1-D to 2-D) and verify the result."""
     from ortprep.eps.registry import resolve_ep
-    from ortprep.model import ModelHandle
-    from ortprep.render.console import render_transform
     from ortprep.runtime.feeds import parse_assignments, parse_dims
-    from ortprep.runtime.providers import require_ort
     from ortprep.steps.convert import ConvertOptions, convert_model
 
     def positive_int(name: str, value: str) -> int:
@@ -73,17 +80,15 @@ def convert_command(
         keep_failed=keep_failed,
         force=force,
     )
-    report_path = check_report_path(report, model)
-    if verify:
-        require_ort()
-    handle = ModelHandle.open(model)
-    with progress_for("converting", quiet=json_output):
-        step, _ = convert_model(handle, output, options)
-    record = step.to_record()
-    write_report(report_path, record)
-    emit(record, as_json=json_output, human=render_transform)
-    if step.fails(fail_on.severity()):
-        raise typer.Exit(int(ExitCode.GATE_FAILED))
+    run_transform(
+        lambda handle: convert_model(handle, output, options)[0],
+        model,
+        verify=verify,
+        report=report,
+        json_output=json_output,
+        fail_on=fail_on,
+        label="converting",
+    )
 
 
 def register(app: typer.Typer) -> None:

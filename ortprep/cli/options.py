@@ -31,3 +31,20 @@ ReportOpt = Annotated[
     Path | None,
     typer.Option("--report", help="Also write the JSON report to this file (atomically).", show_default=False),
 ]
+
+# Options shared by the commands that write a model (convert, simplify, optimize).
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="Output model (default: beside the input, with a suffix).", show_default=False),
+]
+ShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option("--shape", help="Shape of an input for the verification run: NAME=DIMS (repeatable).", show_default=False),
+]
+InputsOpt = Annotated[
+    Path | None,
+    typer.Option("--inputs", help="Verify on these inputs (.npz, one array per input).", show_default=False),
+]
+VerifyOpt = Annotated[bool, typer.Option("--verify/--no-verify", help="Run original and result in ORT and compare.")]
+KeepFailedOpt = Annotated[bool, typer.Option("--keep-failed", help="Write the output even when verification fails.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Allow the output to overwrite the input model.")]

@@ -60,3 +60,34 @@ def progress_for(label: str, *, quiet: bool) -> Iterator[None]:
         return
     with stderr_console().status(f"ortprep: {label}..."):
         yield
+
+
+def run_transform(
+    step_function: Callable[[Any], Any],
+    model: Path,
+    *,
+    verify: bool,
+    report: Path | None,
+    json_output: bool,
+    fail_on,
+    label: str,
+) -> None:
+    """Shared tail of convert/simplify/optimize: open, run with a spinner, render, gate."""
+    import typer
+
+    from ortprep.errors import ExitCode
+    from ortprep.model import ModelHandle
+    from ortprep.render.console import render_transform
+    from ortprep.runtime.providers import require_ort
+
+    report_path = check_report_path(report, model)
+    if verify:
+        require_ort()
+    handle = ModelHandle.open(model)
+    with progress_for(label, quiet=json_output):
+        step = step_function(handle)
+    record = step.to_record()
+    write_report(report_path, record)
+    emit(record, as_json=json_output, human=render_transform)
+    if step.fails(fail_on.severity()):
+        raise typer.Exit(int(ExitCode.GATE_FAILED))

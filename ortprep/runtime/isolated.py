@@ -52,8 +52,11 @@ def run_isolated(
     outputs: list[str] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     optimization: str = "default",
+    optimized_model: Path | None = None,
+    optimized_data: str | None = None,
 ) -> RunOutcome:
-    """Create a session for ``model`` and run it on ``feeds`` in a child process."""
+    """Create a session for ``model`` and run it on ``feeds`` in a child process. With
+    ``optimized_model``, only create the session, letting ORT write its optimized graph there."""
     require_ort()
     with tempfile.TemporaryDirectory(prefix="ortprep-run-") as tmp:
         folder = Path(tmp)
@@ -66,6 +69,8 @@ def run_isolated(
             "status": str(folder / "status.json"),
             "outputs": outputs,
             "optimization": optimization,
+            "optimized_model": str(optimized_model) if optimized_model else None,
+            "optimized_data": optimized_data,
         }
         (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
         try:
@@ -88,6 +93,8 @@ def run_isolated(
         status = json.loads(status_path.read_text(encoding="utf-8"))
         if not status.get("ok"):
             return RunOutcome("failed", status.get("error", "unknown error"), stage=status.get("stage"))
+        if optimized_model is not None:
+            return RunOutcome("ok", stage="session", providers=status.get("providers", []))
         with np.load(folder / "results.npz", allow_pickle=False) as data:
             values = [data[f"o{i}"] for i in range(len(status["output_names"]))]
         return RunOutcome(

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from onnx import ModelProto
 
 from ortprep.errors import UsageError
@@ -16,16 +15,15 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, check_output_path
 from ortprep.report import StepReport
 from ortprep.runtime.compare import compare_arrays
-from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.steps import fp16 as fp16_step
 from ortprep.steps import rewrites
+from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
 from ortprep.steps.verify import (
     EXACT_GATE,
     Gate,
     VerifyResult,
     float_intermediates,
     model_bytes,
-    node_count,
     run_model,
     run_with_intermediates,
     verify_run,
@@ -58,11 +56,6 @@ class ConvertOptions:
 
     def any_transform(self) -> bool:
         return bool(self.fp16 or self.opset or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d)
-
-
-def default_output(path: Path, options: ConvertOptions) -> Path:
-    suffix = ".fp16.onnx" if options.fp16 else ".converted.onnx"
-    return path.with_name(path.name.removesuffix(".onnx") + suffix)
 
 
 class _Fp16Run:
@@ -135,18 +128,6 @@ class _Fp16Run:
                     fix="if it persists: ortprep convert --fp16 --block-op OP for the op types involved",
                 )
             )
-        elif not result.loads:
-            named = _node_named_in(result.error or "", self.source)
-            if named:
-                self.report.add(
-                    Finding.of(
-                        "CNV004",
-                        f"ORT rejected the FP16 model at node '{named}' ({result.error}); keeping it in FP32",
-                        severity=Severity.INFO,
-                        node=named,
-                    )
-                )
-                return {named: "ORT rejected it in FP16"}
         return self._localize(converted)
 
     def _localize(self, converted: ModelProto) -> dict[str, str]:
@@ -178,28 +159,22 @@ class _Fp16Run:
                 culprits[node.name] = "its FP16 output differs from FP32 beyond the gate"
         if not culprits and first_bad is not None:
             culprits[first_bad.name] = "first node whose FP16 output differs beyond the gate"
+        if not culprits:
+            # The error starts in nodes already kept in FP32: what feeds them (e.g. two FP16 weights
+            # whose difference matters) goes to FP32 too.
+            producers = {out: node for node in self.source.graph.node for out in node.output}
+            for node in self.source.graph.node:
+                if node.name in self.block_nodes and any(o in bad for o in node.output):
+                    for name in node.input:
+                        upstream = producers.get(name)
+                        if upstream is not None and upstream.name not in self.block_nodes:
+                            culprits[upstream.name] = f"feeds '{node.name}', whose output differs even in FP32"
         if not culprits and not candidate.ok:
             # Fails without a node to blame: keep every remaining float node of the main graph in FP32.
             for node in self.source.graph.node:
                 if node.name not in self.block_nodes:
                     culprits[node.name] = f"ORT could not run the FP16 model ({candidate.message[:120]})"
         return culprits
-
-
-def _node_named_in(message: str, proto: ModelProto) -> str | None:
-    names = sorted((n.name for n in proto.graph.node if n.name), key=len, reverse=True)
-    for name in names:
-        if f"({name})" in message or f"'{name}'" in message or f"node {name}" in message:
-            return name
-    return None
-
-
-def _feeds(handle: ModelHandle, proto: ModelProto, options: ConvertOptions) -> tuple[dict[str, np.ndarray], str]:
-    specs = input_specs(proto)
-    if options.inputs is not None:
-        return load_feeds(options.inputs, input_specs(handle.proto)), str(options.inputs)
-    shapes = {**options.fix_shapes, **options.shapes}
-    return random_feeds(specs, seed=0, shapes=shapes, dims=options.fix_dims), "random (seed 0)"
 
 
 def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOptions) -> tuple[StepReport, ModelProto | None]:
@@ -209,7 +184,19 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
         raise UsageError("nothing to do", hint="give at least one of --fp16, --opset, --fix-shape, --fix-dim, --conv1d-to-conv2d")
     if handle.path is None:
         raise UsageError("convert needs a model file")
-    dest = check_output_path(Path(output) if output else default_output(handle.path, options), input_path=handle.path, force=options.force)
+    dest = check_output_path(
+        Path(output) if output else default_output(handle.path, ".fp16.onnx" if options.fp16 else ".converted.onnx"),
+        input_path=handle.path,
+        force=options.force,
+    )
+    checks = VerifyOptions(
+        verify=options.verify,
+        shapes={**options.fix_shapes, **options.shapes},
+        dims=options.fix_dims,
+        inputs=options.inputs,
+        keep_failed=options.keep_failed,
+        force=options.force,
+    )
     report = StepReport(step="convert", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     handle.load_weights()
@@ -233,64 +220,35 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
         proto = rewrites.propagate_static_shapes(working.proto)
         applied.append({"transform": "conv1d_to_conv2d", "detail": f"{len(names)} node(s): {', '.join(names)}"})
 
-    feeds, feed_source = _feeds(handle, original, options)
-    reference = None
+    feeds, feed_source = make_feeds(handle, checks)
+    reference = reference_run(original, feeds, report) if options.verify else None
     verify_result: VerifyResult | None = None
     kept: list[fp16_step.KeptNode] = []
-    if options.verify:
-        outcome = run_model(original, feeds)
-        if outcome.ok:
-            reference = outcome
-        else:
-            report.add(
-                Finding.of(
-                    "CNV007",
-                    f"the original model does not run on ONNX Runtime's CPU EP ({outcome.status}: {outcome.message[:200]}); "
-                    "the result cannot be verified against it",
-                    fix="check it: ortprep check MODEL --ep cpu; pass --inputs FILE.npz if the inputs are the problem",
-                )
-            )
-
     if options.fp16:
         proto, verify_result, kept = _fp16(proto, options, feeds, reference, report)
+        applied.append({"transform": "fp16", "detail": f"ep {options.ep}"})
     elif reference is not None:
         verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
 
-    failed = verify_result is not None and not verify_result.passed
-    if failed:
-        report.add(
-            Finding.of(
-                "CNV006",
-                "verification failed: "
-                + (
-                    f"the result does not load or run ({verify_result.error})"
-                    if not verify_result.loads or verify_result.error
-                    else f"outputs differ (lowest cosine {verify_result.cosine}, max abs diff {verify_result.max_abs_diff})"
-                ),
-                fix="keep more nodes in FP32 (--block-op / --block-node), or loosen the gate (--min-cosine)"
-                if options.fp16
-                else "report it: the transform changed the model's results",
-            )
-        )
-    written = None
-    if proto is not None and (not failed or options.keep_failed):
-        result_handle = ModelHandle(proto=proto, path=None)
-        written = result_handle.save(dest, force=options.force, external_data=True if handle.external_files else None)
-        report.artifacts.append(str(written))
-    report.data = {
-        "input": str(handle.path),
-        "output": str(written) if written else None,
-        "transforms": applied + ([{"transform": "fp16", "detail": f"ep {options.ep}"}] if options.fp16 else []),
-        "nodes_before": node_count(original),
-        "nodes_after": node_count(proto) if proto is not None else None,
-        "size_before": size_before,
-        "size_after": model_bytes(written) if written else None,
-        "verify": verify_result.to_record()
-        if verify_result
-        else {"loads": None, "max_abs_diff": None, "max_rel_diff": None, "cosine": None, "passed": None, "outputs": [], "error": None},
-        "inputs": feed_source,
-        "kept_fp32_nodes": [k.to_record() for k in kept],
-    }
+    fix = (
+        "keep more nodes in FP32 (--block-op / --block-node), or loosen the gate (--min-cosine)"
+        if options.fp16
+        else "report it: the transform changed the model's results"
+    )
+    written = finish(
+        report,
+        handle,
+        original,
+        proto,
+        dest,
+        verify_result,
+        checks,
+        size_before=size_before,
+        transforms=applied,
+        feed_source=feed_source,
+        failure_fix=fix,
+        extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
+    )
     return report, proto if written else None
 
 

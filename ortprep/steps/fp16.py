@@ -22,6 +22,7 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 from ortprep.analysis import ModelAnalysis, formal_types
 from ortprep.eps.tables import load_table
+from ortprep.graphops import topological_sort
 from ortprep.model import ModelHandle, iter_graphs
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,9 @@ def convert_once(
         )
     repairs = repair_casts(converted, proto, block_ops, block_nodes)
     repairs += clear_stale_value_info(converted)
+    if topological_sort(converted.graph):
+        # The converter sorts nodes without seeing what If/Loop bodies read from outside.
+        repairs.append("re-sorted nodes so If/Loop/Scan come after the values their bodies read")
     return converted, repairs
 
 

@@ -111,7 +111,10 @@ def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> Veri
 def run_model(proto: ModelProto, feeds: dict[str, np.ndarray], *, outputs: list[str] | None = None) -> RunOutcome:
     with tempfile.TemporaryDirectory(prefix="ortprep-verify-") as tmp:
         path = save_temp(proto, Path(tmp), "model.onnx")
-        return run_isolated(path, cast_feeds(feeds, proto), outputs=outputs)
+        outcome = run_isolated(path, cast_feeds(feeds, proto), outputs=outputs)
+        # The temp path means nothing to the user.
+        outcome.message = outcome.message.replace(f"from {path} ", "").replace(str(path), "the model")
+        return outcome
 
 
 def float_intermediates(proto: ModelProto) -> list[str]:

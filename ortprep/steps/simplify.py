@@ -1,0 +1,118 @@
+"""simplify: onnxsim, then onnxoptimizer's fuse-and-eliminate passes; verified with a tight gate.
+
+onnxsim cannot take models over 2 GB, models with custom ops it cannot run, or models whose
+shapes it cannot infer; then what can be done is done, and the report names the path taken."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onnx import ModelProto
+
+from ortprep.errors import UsageError
+from ortprep.findings import Finding
+from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle, check_output_path
+from ortprep.report import StepReport
+from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
+from ortprep.steps.verify import EXACT_GATE, VerifyResult, model_bytes, run_model, verify_run
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "ortprep.simplify/1"
+
+
+@dataclass
+class SimplifyOptions(VerifyOptions):
+    use_onnxsim: bool = True
+    use_onnxoptimizer: bool = True
+    skip_passes: list[str] = field(default_factory=list)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def run_onnxsim(proto: ModelProto, handle: ModelHandle) -> tuple[ModelProto | None, str]:
+    """(simplified model or None, why not)."""
+    if handle.estimated_size() > AUTO_EXTERNAL_THRESHOLD:
+        return None, "the model is over 2 GB, which onnxsim cannot serialize"
+    try:
+        import onnxsim
+
+        simplified, ok = onnxsim.simplify(proto)
+    except Exception as exc:  # noqa: BLE001 - onnxsim raises many types, all mean "could not"
+        return None, f"onnxsim failed: {_first_line(exc)}"
+    if not ok:
+        return None, "onnxsim's own check of its result failed"
+    return simplified, ""
+
+
+def run_onnxoptimizer(proto: ModelProto, skip: list[str]) -> tuple[ModelProto | None, str]:
+    try:
+        import onnxoptimizer
+
+        passes = [p for p in onnxoptimizer.get_fuse_and_elimination_passes() if p not in skip]
+        return onnxoptimizer.optimize(proto, passes), ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"onnxoptimizer failed: {_first_line(exc)}"
+
+
+def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOptions) -> tuple[StepReport, ModelProto | None]:
+    if handle.path is None:
+        raise UsageError("simplify needs a model file")
+    dest = check_output_path(
+        Path(output) if output else default_output(handle.path, ".sim.onnx"), input_path=handle.path, force=options.force
+    )
+    report = StepReport(step="simplify", schema=SCHEMA)
+    size_before = model_bytes(handle.path)
+    handle.load_weights()
+    original = ModelProto()
+    original.CopyFrom(handle.proto)
+    proto = ModelProto()
+    proto.CopyFrom(handle.proto)
+    path_taken: list[dict[str, str]] = []
+    if options.use_onnxsim:
+        simplified, why = run_onnxsim(proto, handle)
+        if simplified is not None:
+            proto = simplified
+            path_taken.append({"transform": "onnxsim", "detail": "constant folding, shape inference, onnxsim's optimizations"})
+        else:
+            path_taken.append({"transform": "onnxsim skipped", "detail": why})
+            report.add(
+                Finding.of(
+                    "SIM001",
+                    f"onnxsim could not simplify the model ({why}); continuing with onnxoptimizer's passes only",
+                    fix="nothing needed; for custom ops, simplify a model without them or register their library",
+                )
+            )
+    if options.use_onnxoptimizer:
+        optimized, why = run_onnxoptimizer(proto, options.skip_passes)
+        if optimized is not None:
+            proto = optimized
+            path_taken.append({"transform": "onnxoptimizer", "detail": "fuse and eliminate passes"})
+        else:
+            path_taken.append({"transform": "onnxoptimizer skipped", "detail": why})
+            report.add(Finding.of("SIM001", f"onnxoptimizer could not run ({why})", fix="nothing needed"))
+    feeds, feed_source = make_feeds(handle, options)
+    verify_result: VerifyResult | None = None
+    if options.verify:
+        reference = reference_run(original, feeds, report)
+        if reference is not None:
+            verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
+    finish(
+        report,
+        handle,
+        original,
+        proto,
+        dest,
+        verify_result,
+        options,
+        size_before=size_before,
+        transforms=path_taken,
+        feed_source=feed_source,
+        failure_fix="rerun with --skip-pass NAME for the pass that changes results, or --no-onnxsim",
+    )
+    return report, proto

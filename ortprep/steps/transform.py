@@ -1,0 +1,110 @@
+"""What every model-to-model step shares: the output path, the reference run, verification,
+the atomic write (never a partial or unverified output unless asked), and the report fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+
+from ortprep.findings import Finding
+from ortprep.model import ModelHandle
+from ortprep.report import StepReport
+from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
+from ortprep.runtime.isolated import RunOutcome
+from ortprep.steps.verify import VerifyResult, model_bytes, node_count, run_model
+
+NOT_VERIFIED = {
+    "loads": None,
+    "max_abs_diff": None,
+    "max_rel_diff": None,
+    "cosine": None,
+    "passed": None,
+    "outputs": [],
+    "error": None,
+}
+
+
+@dataclass
+class VerifyOptions:
+    """How a transform's result is checked and written."""
+
+    verify: bool = True
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # feed shapes for symbolic inputs
+    dims: dict[str, int] = field(default_factory=dict)  # sizes of named symbolic dims
+    inputs: Path | None = None  # .npz of real inputs
+    keep_failed: bool = False
+    force: bool = False
+
+
+def default_output(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name.removesuffix(".onnx") + suffix)
+
+
+def make_feeds(handle: ModelHandle, options: VerifyOptions) -> tuple[dict[str, np.ndarray], str]:
+    specs = input_specs(handle.proto)
+    if options.inputs is not None:
+        return load_feeds(options.inputs, specs), str(options.inputs)
+    return random_feeds(specs, seed=0, shapes=options.shapes, dims=options.dims), "random (seed 0)"
+
+
+def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepReport) -> RunOutcome | None:
+    """Run the original; when it cannot run, say so (the result then goes unverified)."""
+    outcome = run_model(original, feeds)
+    if outcome.ok:
+        return outcome
+    report.add(
+        Finding.of(
+            "CNV007",
+            f"the original model does not run on ONNX Runtime's CPU EP ({outcome.status}: {outcome.message[:200]}); "
+            "the result cannot be verified against it",
+            fix="check it: ortprep check MODEL --ep cpu; pass --inputs FILE.npz if the inputs are the problem",
+        )
+    )
+    return None
+
+
+def finish(
+    report: StepReport,
+    handle: ModelHandle,
+    original: ModelProto,
+    result: ModelProto | None,
+    dest: Path,
+    verify_result: VerifyResult | None,
+    options: VerifyOptions,
+    *,
+    size_before: int,
+    transforms: list[dict[str, Any]],
+    feed_source: str | None,
+    failure_fix: str,
+    extra: dict[str, Any] | None = None,
+) -> Path | None:
+    """Record a verification failure, write the result unless it failed, fill the report."""
+    failed = verify_result is not None and not verify_result.passed
+    if failed:
+        if not verify_result.loads or verify_result.error:
+            what = f"the result does not load or run ({verify_result.error})"
+        else:
+            what = f"outputs differ (lowest cosine {verify_result.cosine}, max abs diff {verify_result.max_abs_diff})"
+        report.add(Finding.of("CNV006", f"verification failed: {what}", fix=failure_fix))
+    written = None
+    if result is not None and (not failed or options.keep_failed):
+        keep_external = True if handle.external_files else None
+        written = ModelHandle(proto=result, path=None).save(dest, force=options.force, external_data=keep_external)
+        report.artifacts.append(str(written))
+    report.data = {
+        "input": str(handle.path),
+        "output": str(written) if written else None,
+        "transforms": transforms,
+        "nodes_before": node_count(original),
+        "nodes_after": node_count(result) if result is not None else None,
+        "size_before": size_before,
+        "size_after": model_bytes(written) if written else None,
+        "verify": verify_result.to_record() if verify_result else dict(NOT_VERIFIED),
+        "inputs": feed_source,
+        **(extra or {}),
+    }
+    return written

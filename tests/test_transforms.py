@@ -1,0 +1,380 @@
+"""convert / simplify / optimize: each result loads, computes the same thing, and is written
+only when verified."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import models
+from cli_helpers import invoke
+from conftest import SAMPLES
+from ortprep.model import ModelHandle
+from ortprep.steps.convert import ConvertOptions, convert_model
+
+
+def saved(tmp_path: Path, model: onnx.ModelProto, name: str = "m.onnx") -> Path:
+    path = tmp_path / name
+    onnx.save_model(model, str(path))
+    return path
+
+
+def run(path: Path, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    wanted = {i.name: i.type for i in session.get_inputs()}
+    cast = {k: v.astype(np.float16) if wanted[k] == "tensor(float16)" else v for k, v in feeds.items()}
+    return [np.asarray(o, dtype=np.float64) if o.dtype.kind == "f" else o for o in session.run(None, cast)]
+
+
+def fp16(tmp_path: Path, model: onnx.ModelProto, ep: str = "cuda", **extra) -> dict:
+    source = saved(tmp_path, model)
+    report, _ = convert_model(ModelHandle.open(source), tmp_path / "out.onnx", ConvertOptions(fp16=True, ep=ep, **extra))
+    return report.to_record()
+
+
+def kept(record: dict) -> set[str]:
+    return {k["name"] for k in record["kept_fp32_nodes"]}
+
+
+def codes(record: dict) -> set[str]:
+    return {f["code"] for f in record["findings"]}
+
+
+def assert_verified(record: dict, tmp_path: Path) -> None:
+    assert record["verify"]["loads"] is True
+    assert record["verify"]["passed"] is True, record["verify"]
+    assert record["verify"]["cosine"] >= 0.999
+    assert Path(record["output"]) == tmp_path / "out.onnx"
+    onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+
+
+# ---------------------------------------------------------------- the shapes that break naive FP16
+
+
+def test_cast_to_float_inside_attention_is_repaired(tmp_path):
+    model = models.fp16_cast_in_attention()
+    # The converter alone leaves the Cast at float32 while its input became float16: ORT refuses it.
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naive = float16.convert_float_to_float16(onnx.load_from_string(model.SerializeToString()), keep_io_types=True)
+    with pytest.raises(Exception, match="Type"):
+        ort.InferenceSession(naive.SerializeToString(), providers=["CPUExecutionProvider"])
+    record = fp16(tmp_path, model)
+    assert_verified(record, tmp_path)
+    cast = next(n for n in onnx.load(str(tmp_path / "out.onnx")).graph.node if n.name == "cast_scores")
+    assert cast.attribute[0].i == onnx.TensorProto.FLOAT16
+
+
+def test_if_with_float_branches(tmp_path):
+    record = fp16(tmp_path, models.fp16_if_float_branches())
+    assert_verified(record, tmp_path)
+    result = onnx.load(str(tmp_path / "out.onnx"))
+    branch = next(n for n in result.graph.node if n.op_type == "If")
+    then_graph = next(a.g for a in branch.attribute if a.name == "then_branch")
+    assert then_graph.initializer[0].data_type == onnx.TensorProto.FLOAT16  # the branch really is FP16
+    x = np.array([-1.0, 0.5, 2.0, 3.0], np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "cond": np.array(cond)}
+        np.testing.assert_allclose(run(tmp_path / "out.onnx", feeds)[0], run(tmp_path / "m.onnx", feeds)[0], atol=1e-3)
+
+
+def test_resize_with_float_scales_stays_fp32(tmp_path):
+    record = fp16(tmp_path, models.fp16_resize_float_scales())
+    assert_verified(record, tmp_path)
+    assert "resize" in kept(record)
+    assert "conv" not in kept(record)
+
+
+def test_lstm_then_matmul_gemm_on_cpu(tmp_path):
+    record = fp16(tmp_path, models.fp16_lstm_then_matmul_gemm(), ep="cpu")
+    assert_verified(record, tmp_path)
+    # ORT's CPU EP has no float16 LSTM, MatMul or Gemm kernels
+    assert {"lstm", "matmul", "gemm"} <= kept(record)
+    assert "CNV008" in codes(record)
+
+
+def test_lstm_then_matmul_gemm_on_cuda(tmp_path):
+    record = fp16(tmp_path, models.fp16_lstm_then_matmul_gemm(), ep="cuda")
+    assert_verified(record, tmp_path)
+    assert "lstm" not in kept(record)
+    assert "CNV008" not in codes(record)
+
+
+def test_overflowing_activations_stay_fp32(tmp_path):
+    record = fp16(tmp_path, models.fp16_overflowing_activations())
+    assert_verified(record, tmp_path)
+    assert {"square", "sum", "norm"} <= kept(record)
+    assert "scale_up" not in kept(record)
+    assert "CNV003" in codes(record)
+
+
+def test_batchnorm_with_huge_variance_is_folded(tmp_path):
+    model = models.fp16_batchnorm_huge_variance()
+    record = fp16(tmp_path, model)
+    assert_verified(record, tmp_path)
+    assert "CNV001" in codes(record)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
+    assert "BatchNormalization" not in ops
+    # onnxconverter-common alone clamps the variance to 10000 and the output drifts
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naive = float16.convert_float_to_float16(onnx.load_from_string(model.SerializeToString()), keep_io_types=True)
+    onnx.save_model(naive, str(tmp_path / "naive.onnx"))
+    x = {"x": np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)}
+    reference = run(tmp_path / "m.onnx", x)[0].ravel()
+    drifted = run(tmp_path / "naive.onnx", x)[0].ravel()
+    assert np.dot(reference, drifted) / (np.linalg.norm(reference) * np.linalg.norm(drifted)) < 0.999
+
+
+def test_cancellation_needs_mixed_precision(tmp_path):
+    record = fp16(tmp_path, models.fp16_cancellation())
+    assert_verified(record, tmp_path)
+    assert {"mm1", "mm2"} <= kept(record)
+    assert "CNV009" in codes(record)
+
+
+def test_tiny_weights_reported(tmp_path):
+    record = fp16(tmp_path, models.tiny_weights())
+    assert "CNV002" in codes(record)
+    assert "CNV002" not in codes(fp16(tmp_path, models.fp16_resize_float_scales()))
+
+
+def test_io_types_default_and_fp16_io(tmp_path):
+    record = fp16(tmp_path, models.fp16_resize_float_scales())
+    assert onnx.load(record["output"]).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    record = fp16(tmp_path, models.fp16_resize_float_scales(), keep_io_types=False)
+    assert onnx.load(record["output"]).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert record["verify"]["passed"]
+
+
+def test_block_op_and_block_node(tmp_path):
+    record = fp16(tmp_path, models.fp16_cast_in_attention(), block_ops=("Softmax",), block_nodes=("qk",))
+    assert_verified(record, tmp_path)
+    assert {"softmax", "qk"} <= kept(record)
+
+
+# ---------------------------------------------------------------- failures, crashes, refusals
+
+
+def test_crash_in_ort_becomes_a_finding(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTPREP_TEST_CRASH_WORKER", "fp16")  # every run of a model holding FP16 weights aborts
+    record = fp16(tmp_path, models.fp16_resize_float_scales())
+    assert "CNV005" in codes(record)
+    # what was tried next: the nodes were kept in FP32 until ORT ran it
+    assert record["verify"]["passed"] is True
+    assert "conv" in kept(record)
+
+
+def test_failed_verification_writes_nothing(tmp_path):
+    source = saved(tmp_path, models.relu())
+    result = invoke("convert", source, "--fp16", "--min-cosine", "1.5", "--shape", "x=2,4", "--json")
+    assert result.exit_code == 1
+    record = result.json()
+    assert record["output"] is None and record["verify"]["passed"] is False
+    assert "CNV006" in codes(record)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    kept_result = invoke("convert", source, "--fp16", "--min-cosine", "1.5", "--shape", "x=2,4", "--keep-failed")
+    assert kept_result.exit_code == 1 and (tmp_path / "m.fp16.onnx").exists()
+
+
+def test_unverifiable_original_is_reported(tmp_path, samples):
+    record = invoke("convert", samples / "custom_op.onnx", "--fp16", "-o", tmp_path / "c.onnx", "--json").json()
+    assert "CNV007" in codes(record) and record["verify"]["passed"] is None
+    assert "CNV007" not in codes(fp16(tmp_path, models.fp16_resize_float_scales()))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--fp16", "-o", "{tmp}/missing/out.onnx"], "does not exist"),
+        (["--fp16", "-o", "{model}"], "is the input model"),
+        ([], "nothing to do"),
+        (["--fix-dim", "nosuchdim=1"], "no symbolic dimension named 'nosuchdim'"),
+        (["--fix-shape", "x=1,2,3"], "rank 2"),
+        (["--fp16", "--inputs", "{tmp}/feeds.npz"], "has no array for input 'x'"),
+        (["--fp16", "--ep", "gpu9000"], "unknown execution provider"),
+    ],
+)
+def test_convert_bad_input(tmp_path, args, message):
+    model = saved(tmp_path, models.relu())
+    np.savez(tmp_path / "feeds.npz", wrong=np.zeros((1, 4), np.float32))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = invoke("convert", model, *[a.format(tmp=tmp_path, model=model) for a in args])
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_force_overwrites_input(tmp_path):
+    model = saved(tmp_path, models.fp16_resize_float_scales())
+    result = invoke("convert", model, "--fp16", "--ep", "cuda", "-o", model, "--force")
+    assert result.exit_code == 0, result.stderr
+    weights = {t.name: t.data_type for t in onnx.load(str(model)).graph.initializer}
+    assert weights["w"] == onnx.TensorProto.FLOAT16
+
+
+# ---------------------------------------------------------------- opset, shapes, Conv1D
+
+
+def test_conv1d_sample_ready_for_dml_npu(tmp_path, samples):
+    out = tmp_path / "audio.npu.onnx"
+    result = invoke(
+        "convert", samples / "conv1d_audio.onnx", "--fp16", "--conv1d-to-conv2d", "--fix-dim", "batch=1",
+        "--ep", "dml-npu", "-o", out, "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    record = result.json()
+    assert record["verify"]["passed"] is True
+    checked = invoke("check", out, "--ep", "dml-npu", "--json")
+    assert checked.exit_code == 0
+    errors = [f for f in checked.json()["findings"] if f["severity"] == "error"]
+    assert errors == []
+    # and the same numbers as the original, independently of ortprep's own verification
+    audio = np.random.default_rng(5).standard_normal((1, 1, 1024)).astype(np.float32)
+    np.testing.assert_allclose(run(out, {"audio": audio})[0], run(samples / "conv1d_audio.onnx", {"audio": audio})[0], atol=2e-2)
+
+
+def test_conv1d_rewrite_alone_is_exact(tmp_path, samples):
+    record = invoke("convert", samples / "conv1d_audio.onnx", "--conv1d-to-conv2d", "-o", tmp_path / "c.onnx", "--json").json()
+    assert record["verify"]["passed"] is True and record["verify"]["max_abs_diff"] < 1e-5
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "c.onnx")).graph.node]
+    assert ops.count("Conv") == 2 and "Unsqueeze" in ops
+    checked = invoke("check", tmp_path / "c.onnx", "--ep", "dml-npu", "--json").json()
+    assert "NPU003" not in {f["code"] for f in checked["findings"]}
+
+
+def test_fix_shape_and_fix_dim(tmp_path, samples):
+    record = invoke(
+        "convert", samples / "transformer_block.onnx", "--fix-shape", "hidden=2,5,64", "-o", tmp_path / "t.onnx", "--json"
+    ).json()
+    assert record["verify"]["passed"] is True
+    dims = [d.dim_value for d in onnx.load(str(tmp_path / "t.onnx")).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, 5, 64]
+    out_dims = [d.dim_value for d in onnx.load(str(tmp_path / "t.onnx")).graph.output[0].type.tensor_type.shape.dim]
+    assert out_dims == [2, 5, 64]
+    record = invoke("convert", samples / "transformer_block.onnx", "--fix-dim", "batch=1", "--fix-dim", "sequence=7",
+                    "-o", tmp_path / "d.onnx", "--json").json()
+    assert record["verify"]["passed"] is True
+    assert invoke("check", tmp_path / "d.onnx", "--ep", "qnn", "--json").json()["results"][0]["findings"][0]["code"] != "SHP001"
+
+
+def test_opset_conversion(tmp_path, samples):
+    record = invoke("convert", samples / "cnn.onnx", "--opset", "19", "-o", tmp_path / "o.onnx", "--json").json()
+    assert record["verify"]["passed"] is True and record["verify"]["max_abs_diff"] < 1e-5
+    assert onnx.load(str(tmp_path / "o.onnx")).opset_import[0].version == 19
+    down = invoke("convert", samples / "cnn.onnx", "--opset", "13", "-o", tmp_path / "d.onnx")
+    assert down.exit_code == 2 and "version converter cannot take this model from opset 17 to 13" in down.stderr
+    assert not (tmp_path / "d.onnx").exists()
+
+
+def test_combined_transforms_in_one_call(tmp_path, samples):
+    record = invoke("convert", samples / "cnn.onnx", "--opset", "18", "--fp16", "--ep", "dml", "-o", tmp_path / "x.onnx", "--json").json()
+    assert [t["transform"] for t in record["transforms"]] == ["opset", "fp16"]
+    assert record["verify"]["passed"] is True
+
+
+# ---------------------------------------------------------------- external data, simplify, optimize
+
+
+def _external_sample(tmp_path: Path) -> Path:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("mlp.onnx", "mlp.onnx.data"):
+        (folder / name).write_bytes((SAMPLES / "external_data" / name).read_bytes())
+    return folder / "mlp.onnx"
+
+
+@pytest.mark.parametrize("command", [["simplify"], ["optimize", "--level", "extended"], ["convert", "--fp16", "--ep", "cuda"]])
+def test_external_data_in_and_out(tmp_path, command):
+    source = _external_sample(tmp_path)
+    before = {p.name: p.read_bytes() for p in source.parent.iterdir()}
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = invoke(command[0], source, *command[1:], "-o", out_dir / "result.onnx", "--json")
+    assert result.exit_code == 0, result.stderr
+    record = result.json()
+    assert record["verify"]["passed"] is True
+    assert sorted(p.name for p in out_dir.iterdir()) == ["result.onnx", "result.onnx.data"]
+    assert ModelHandle.open(out_dir / "result.onnx").external_files[0].location == "result.onnx.data"
+    x = np.random.default_rng(9).standard_normal((3, 64)).astype(np.float32)
+    np.testing.assert_allclose(run(out_dir / "result.onnx", {"x": x})[0], run(source, {"x": x})[0], atol=5e-2 if "--fp16" in command else 1e-4)
+    assert {p.name: p.read_bytes() for p in source.parent.iterdir()} == before
+
+
+def test_simplify_folds_and_reports_nodes(tmp_path, samples):
+    record = invoke("simplify", samples / "cnn.onnx", "-o", tmp_path / "s.onnx", "--json").json()
+    assert record["schema"] == "ortprep.simplify/1"
+    assert record["nodes_before"] == 9 and record["nodes_after"] < 9  # BatchNormalization folded into Conv
+    assert record["verify"]["max_abs_diff"] < 1e-4
+    assert [t["transform"] for t in record["transforms"]] == ["onnxsim", "onnxoptimizer"]
+
+
+def test_simplify_falls_back_when_onnxsim_cannot(tmp_path, samples, monkeypatch):
+    import ortprep.steps.simplify as simplify_module
+
+    monkeypatch.setattr(simplify_module, "AUTO_EXTERNAL_THRESHOLD", 100)  # treat the model as over 2 GB
+    from ortprep.steps.simplify import SimplifyOptions, simplify_model
+
+    report, _ = simplify_model(ModelHandle.open(samples / "cnn.onnx"), tmp_path / "s.onnx", SimplifyOptions())
+    record = report.to_record()
+    assert record["transforms"][0] == {"transform": "onnxsim skipped", "detail": "the model is over 2 GB, which onnxsim cannot serialize"}
+    assert "SIM001" in codes(record) and record["verify"]["passed"] is True
+    monkeypatch.undo()
+    assert "SIM001" not in codes(invoke("simplify", samples / "cnn.onnx", "-o", tmp_path / "t.onnx", "--json").json())
+
+
+def test_optimize_levels(tmp_path, samples):
+    extended = invoke("optimize", samples / "transformer_block.onnx", "-o", tmp_path / "e.onnx", "--json").json()
+    assert extended["schema"] == "ortprep.optimize/1" and extended["verify"]["passed"] is True
+    assert "OPT001" not in codes(extended)
+    full = invoke("optimize", samples / "cnn.onnx", "--level", "all", "-o", tmp_path / "a.onnx", "--json").json()
+    assert "OPT001" in codes(full) and full["verify"]["passed"] is True
+
+
+def test_optimize_failure_is_reported(tmp_path, samples):
+    result = invoke("optimize", samples / "custom_op.onnx", "-o", tmp_path / "c.onnx", "--json")
+    assert result.exit_code == 1
+    assert "OPT002" in codes(result.json())
+    assert not (tmp_path / "c.onnx").exists()
+
+
+def test_convert_json_schema(tmp_path, samples):
+    record = invoke("convert", samples / "cnn.onnx", "--fp16", "--ep", "dml", "-o", tmp_path / "f.onnx", "--json").json()
+    for key in ("schema", "input", "output", "nodes_before", "nodes_after", "size_before", "size_after", "verify", "kept_fp32_nodes", "findings"):
+        assert key in record
+    assert record["schema"] == "ortprep.convert/1"
+    assert set(record["verify"]) >= {"loads", "max_abs_diff", "max_rel_diff", "cosine", "passed"}
+    assert record["size_after"] < record["size_before"]
+    json.dumps(record)
+
+
+# Each transform code, and the tests above that raise it (and, where it makes sense, do not).
+TRANSFORM_CODE_TESTS = {
+    "CNV001": test_batchnorm_with_huge_variance_is_folded,
+    "CNV002": test_tiny_weights_reported,
+    "CNV003": test_overflowing_activations_stay_fp32,
+    "CNV005": test_crash_in_ort_becomes_a_finding,
+    "CNV006": test_failed_verification_writes_nothing,
+    "CNV007": test_unverifiable_original_is_reported,
+    "CNV008": test_lstm_then_matmul_gemm_on_cpu,
+    "CNV009": test_cancellation_needs_mixed_precision,
+    "SIM001": test_simplify_falls_back_when_onnxsim_cannot,
+    "OPT001": test_optimize_levels,
+    "OPT002": test_optimize_failure_is_reported,
+}
+
+
+def test_every_transform_code_has_a_case():
+    from ortprep.findings import CATALOGUE
+
+    assert {c for c in CATALOGUE if c.startswith(("CNV", "SIM", "OPT"))} == set(TRANSFORM_CODE_TESTS)

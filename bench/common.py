@@ -94,9 +94,15 @@ def table(rows: list[tuple[str, Measurement]]) -> str:
     return "\n".join(lines)
 
 
-def chain_model(folder: Path, blocks: int, width: int) -> Path:
+def chain_model(folder: Path, blocks: int, width: int, realistic: bool = False) -> Path:
     """``blocks`` x (MatMul, Add, Relu, Mul): 4 * blocks nodes, float32 MatMul weights of
-    width x width each in one external file (streamed to disk, so 1 GB needs little memory)."""
+    width x width each in one external file (streamed to disk, so 1 GB needs little memory).
+
+    By default the weights are random bytes (enough for tools that read the graph only);
+    ``realistic`` draws He-initialized weights so that activations stay finite through the chain."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
     data_name = "model.onnx.data"
@@ -106,7 +112,10 @@ def chain_model(folder: Path, blocks: int, width: int) -> Path:
     with open(folder / data_name, "wb") as data:
         for index in range(blocks):
             offset = data.tell()
-            data.write(os.urandom(nbytes))
+            if realistic:
+                data.write((rng.standard_normal((width, width)) * np.sqrt(2.0 / width)).astype(np.float32).tobytes())
+            else:
+                data.write(os.urandom(nbytes))
             weight = TensorProto(name=f"W{index}", data_type=TensorProto.FLOAT, dims=[width, width])
             weight.data_location = TensorProto.EXTERNAL
             for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(nbytes))):
@@ -121,7 +130,7 @@ def chain_model(folder: Path, blocks: int, width: int) -> Path:
                 helper.make_node("Mul", [f"r{index}", "scale"], [f"y{index}"], name=f"mul{index}"),
             ]
             x = f"y{index}"
-    initializers.append(helper.make_tensor("scale", TensorProto.FLOAT, [], [0.5]))
+    initializers.append(helper.make_tensor("scale", TensorProto.FLOAT, [], [1.0 if realistic else 0.5]))
     graph = helper.make_graph(
         nodes,
         "chain",

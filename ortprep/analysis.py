@@ -98,9 +98,43 @@ def _facts_from_type(type_proto: TypeProto) -> tuple[str | None, Shape | None]:
     return dtype, shape
 
 
+# Initializers up to this size keep their values in the skeleton: shape inference reads small
+# integer tensors (Reshape shapes, axes) to propagate shapes.
+SKELETON_KEEP_BYTES = 4096
+
+
+def skeleton(proto: ModelProto) -> ModelProto:
+    """The model without its large weights (dims and types kept), for shape inference.
+
+    Avoids copying and serializing every weight byte when the weights are loaded."""
+    result = ModelProto()
+    for name in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(result, name, getattr(proto, name))
+    result.opset_import.extend(proto.opset_import)
+    result.functions.extend(proto.functions)
+    graph, source = result.graph, proto.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    graph.sparse_initializer.extend(source.sparse_initializer)
+    for tensor in source.initializer:
+        if len(tensor.raw_data) <= SKELETON_KEEP_BYTES:
+            graph.initializer.append(tensor)
+            continue
+        stub = graph.initializer.add()
+        stub.name, stub.data_type = tensor.name, tensor.data_type
+        stub.dims.extend(tensor.dims)
+        stub.data_location = TensorProto.EXTERNAL
+        entry = stub.external_data.add()
+        entry.key, entry.value = "location", "<not loaded>"
+    return result
+
+
 def _infer(proto: ModelProto) -> ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(skeleton(proto), check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; partial facts are still useful
         log.info("onnx shape inference failed (%s); using the model's own value_info", exc)
         return proto

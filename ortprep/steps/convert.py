@@ -24,6 +24,7 @@ from ortprep.steps.verify import (
     VerifyResult,
     float_intermediates,
     model_bytes,
+    node_count,
     run_model,
     run_with_intermediates,
     verify_run,
@@ -179,7 +180,8 @@ class _Fp16Run:
 
 def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOptions) -> tuple[StepReport, ModelProto | None]:
     """Apply the requested transforms, verify, and write ``output`` only when verification passes
-    (or ``keep_failed``). Returns the report and the written model."""
+    (or ``keep_failed``). Returns the report and the written model. The handle's model is
+    transformed in place (its file is not touched)."""
     if not options.any_transform():
         raise UsageError("nothing to do", hint="give at least one of --fp16, --opset, --fix-shape, --fix-dim, --conv1d-to-conv2d")
     if handle.path is None:
@@ -200,10 +202,12 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
     report = StepReport(step="convert", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     handle.load_weights()
-    original = ModelProto()
-    original.CopyFrom(handle.proto)
-    proto = ModelProto()
-    proto.CopyFrom(handle.proto)
+    nodes_before = node_count(handle.proto)
+    # The reference run comes first: after it the transforms change handle.proto in place
+    # (a copy would hold every weight twice).
+    feeds, feed_source = make_feeds(handle, checks)
+    reference = reference_run(handle.proto, feeds, report) if options.verify else None
+    proto = handle.proto
     applied: list[dict[str, Any]] = []
 
     if options.opset:
@@ -220,8 +224,6 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
         proto = rewrites.propagate_static_shapes(working.proto)
         applied.append({"transform": "conv1d_to_conv2d", "detail": f"{len(names)} node(s): {', '.join(names)}"})
 
-    feeds, feed_source = make_feeds(handle, checks)
-    reference = reference_run(original, feeds, report) if options.verify else None
     verify_result: VerifyResult | None = None
     kept: list[fp16_step.KeptNode] = []
     if options.fp16:
@@ -238,7 +240,7 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
     written = finish(
         report,
         handle,
-        original,
+        nodes_before,
         proto,
         dest,
         verify_result,

@@ -16,7 +16,7 @@ from ortprep.model import ModelHandle, check_output_path
 from ortprep.report import StepReport
 from ortprep.runtime.isolated import run_isolated
 from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
-from ortprep.steps.verify import Gate, VerifyResult, model_bytes, run_model, save_temp, verify_run
+from ortprep.steps.verify import Gate, VerifyResult, model_bytes, node_count, run_model, save_temp, verify_run
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOp
             )
         )
     handle.load_weights()
-    original = ModelProto()
-    original.CopyFrom(handle.proto)
+    original = handle.proto
     with tempfile.TemporaryDirectory(prefix="ortprep-optimize-") as tmp:
         folder = Path(tmp)
         source = save_temp(original, folder, "source.onnx")
@@ -71,7 +70,7 @@ def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOp
                     fix="check the model first: ortprep check MODEL --ep cpu",
                 )
             )
-            finish(report, handle, original, None, dest, None, options, size_before=size_before,
+            finish(report, handle, node_count(original), None, dest, None, options, size_before=size_before,
                    transforms=[], feed_source=None, failure_fix="")
             return report, None
         proto = onnx.load(str(target))  # loads ORT's external data from the temp folder
@@ -84,7 +83,7 @@ def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOp
     finish(
         report,
         handle,
-        original,
+        node_count(original),
         proto,
         dest,
         verify_result,

@@ -16,7 +16,7 @@ from ortprep.findings import Finding
 from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle, check_output_path
 from ortprep.report import StepReport
 from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
-from ortprep.steps.verify import EXACT_GATE, VerifyResult, model_bytes, run_model, verify_run
+from ortprep.steps.verify import EXACT_GATE, VerifyResult, model_bytes, node_count, run_model, verify_run
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,11 @@ def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOp
     report = StepReport(step="simplify", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     handle.load_weights()
-    original = ModelProto()
-    original.CopyFrom(handle.proto)
-    proto = ModelProto()
-    proto.CopyFrom(handle.proto)
+    original = handle.proto
+    nodes_before = node_count(original)
+    feeds, feed_source = make_feeds(handle, options)
+    reference = reference_run(original, feeds, report) if options.verify else None
+    proto = original  # onnxsim and onnxoptimizer return new models
     path_taken: list[dict[str, str]] = []
     if options.use_onnxsim:
         simplified, why = run_onnxsim(proto, handle)
@@ -96,16 +97,13 @@ def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOp
         else:
             path_taken.append({"transform": "onnxoptimizer skipped", "detail": why})
             report.add(Finding.of("SIM001", f"onnxoptimizer could not run ({why})", fix="nothing needed"))
-    feeds, feed_source = make_feeds(handle, options)
     verify_result: VerifyResult | None = None
-    if options.verify:
-        reference = reference_run(original, feeds, report)
-        if reference is not None:
-            verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
+    if reference is not None:
+        verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
     finish(
         report,
         handle,
-        original,
+        nodes_before,
         proto,
         dest,
         verify_result,

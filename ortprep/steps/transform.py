@@ -70,7 +70,7 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
 def finish(
     report: StepReport,
     handle: ModelHandle,
-    original: ModelProto,
+    nodes_before: int,
     result: ModelProto | None,
     dest: Path,
     verify_result: VerifyResult | None,
@@ -99,7 +99,7 @@ def finish(
         "input": str(handle.path),
         "output": str(written) if written else None,
         "transforms": transforms,
-        "nodes_before": node_count(original),
+        "nodes_before": nodes_before,
         "nodes_after": node_count(result) if result is not None else None,
         "size_before": size_before,
         "size_after": model_bytes(written) if written else None,

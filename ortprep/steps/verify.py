@@ -123,22 +123,17 @@ def float_intermediates(proto: ModelProto) -> list[str]:
     return [name for node in proto.graph.node for name in node.output if name and name not in graph_outputs]
 
 
-def with_outputs(proto: ModelProto, names: list[str]) -> ModelProto:
-    """A copy of ``proto`` that also returns ``names`` (intermediate tensors) as outputs."""
-    copy = ModelProto()
-    copy.CopyFrom(proto)
-    present = {v.name for v in copy.graph.output}
-    for name in names:
-        if name not in present:
-            copy.graph.output.append(onnx.ValueInfoProto(name=name))
-    return copy
-
-
 def run_with_intermediates(proto: ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> RunOutcome:
-    """Run and return graph outputs plus ``names``."""
-    exposed = with_outputs(proto, names)
-    wanted = [v.name for v in proto.graph.output] + [n for n in names if n not in {v.name for v in proto.graph.output}]
-    return run_model(exposed, feeds, outputs=wanted)
+    """Run and return graph outputs plus ``names``. The outputs are added to ``proto`` only for
+    the time it takes to save it (a copy would duplicate every weight)."""
+    present = {v.name for v in proto.graph.output}
+    extra = [n for n in dict.fromkeys(names) if n not in present]
+    original_count = len(proto.graph.output)
+    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
+    try:
+        return run_model(proto, feeds, outputs=[v.name for v in proto.graph.output])
+    finally:
+        del proto.graph.output[original_count:]
 
 
 def node_count(proto: ModelProto) -> int:

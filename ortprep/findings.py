@@ -80,6 +80,15 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("SIM001", "a simplifier (onnxsim or onnxoptimizer) could not run; the other's result is used", Severity.WARNING),
         FindingKind("OPT001", "level 'all' output is specific to this machine and the CPU EP", Severity.WARNING),
         FindingKind("OPT002", "ONNX Runtime could not optimize the model", Severity.ERROR),
+        # QNT: quantization
+        FindingKind("QNT001", "calibration on random data", Severity.WARNING),
+        FindingKind("QNT002", "nothing was quantized", Severity.ERROR),
+        FindingKind("QNT003", "the quantized model is not smaller", Severity.ERROR),
+        FindingKind("QNT004", "the quantized model is slower on this CPU", Severity.WARNING),
+        FindingKind("QNT005", "accuracy gate failed", Severity.ERROR),
+        FindingKind("QNT006", "nodes kept in float by --auto-exclude", Severity.INFO),
+        FindingKind("QNT007", "quantization pre-processing failed", Severity.WARNING),
+        FindingKind("QNT009", "weights in Constant nodes moved to initializers", Severity.INFO),
     )
 }
 

@@ -357,3 +357,41 @@ def tiny_weights() -> onnx.ModelProto:
         [numpy_helper.from_array(np.array([1e-9, 2e-9, 0.5, 1.0], np.float32), "eps")],
     )
     return _model17(graph)
+
+
+def outlier_sensitive(width: int = 64) -> onnx.ModelProto:
+    """An MLP in which h = relu(x @ W0) @ W1 + bias carries one huge channel (bias 1000): a
+    per-tensor 8-bit range for h has no room for the small values, and the readout W2 ignores
+    the outlier channel, so its output depends on exactly those values. "readout" is the
+    outlier-sensitive node; the layers around it quantize well."""
+    rng = np.random.default_rng(6)
+
+    def weight(rows, cols, scale):
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    bias = np.zeros(width, np.float32)
+    bias[0] = 1000.0
+    w2 = weight(width, width, 0.1)
+    w2[0, :] = 0.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W0"], ["a"], name="embed"),
+            helper.make_node("Relu", ["a"], ["a_act"], name="embed_relu"),
+            helper.make_node("MatMul", ["a_act", "W1"], ["m"], name="project"),
+            helper.make_node("Add", ["m", "bias"], ["h"], name="add_outlier"),
+            helper.make_node("MatMul", ["h", "W2"], ["r"], name="readout"),
+            helper.make_node("Relu", ["r"], ["r_act"], name="readout_relu"),
+            helper.make_node("MatMul", ["r_act", "W3"], ["y"], name="head"),
+        ],
+        "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [
+            numpy_helper.from_array(weight(width, width, 0.2), "W0"),
+            numpy_helper.from_array(weight(width, width, 0.1), "W1"),
+            numpy_helper.from_array(bias, "bias"),
+            numpy_helper.from_array(w2, "W2"),
+            numpy_helper.from_array(weight(width, 8, 0.2), "W3"),
+        ],
+    )
+    return make(graph)

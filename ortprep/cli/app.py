@@ -109,12 +109,14 @@ def _register() -> None:
     from ortprep.cli import check as check_cmd
     from ortprep.cli import convert as convert_cmd
     from ortprep.cli import inspect as inspect_cmd
+    from ortprep.cli import quantize as quantize_cmd
     from ortprep.cli import simplify as simplify_cmd
 
     inspect_cmd.register(app)
     check_cmd.register(app)
     convert_cmd.register(app)
     simplify_cmd.register(app)
+    quantize_cmd.register(app)
 
 
 _register()

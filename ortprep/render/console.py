@@ -224,3 +224,35 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
         if len(kept) > 40:
             console.print(f"... and {len(kept) - 40} more (see --json)")
     render_grouped_findings(record["findings"], console)
+
+
+def render_quantize(record: dict[str, Any], console: Console) -> None:
+    preset = record["preset"]
+    console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
+    console.print(
+        f"{record['mode']} {record['format']}: activations {preset['activation_type']}, weights {preset['weight_type']}"
+        f"{' per channel' if preset['per_channel'] else ''}, preset {preset['ep']} ({escape(preset['reason'])})"
+    )
+    calibration = record["calibration"]
+    if calibration["source"] and record["mode"] == "static":
+        console.print(f"calibration: {calibration['samples']} samples from {escape(calibration['source'])} ({calibration['kind']}), method {preset['method']}")
+    elif calibration["source"]:
+        console.print(f"evaluation data: {escape(calibration['source'])} ({calibration['kind']})")
+    console.print(f"pre-processing: {escape(record['preprocess'])}")
+    console.print(
+        f"quantized ops {record['quantized_ops']}, weights {record['quantized_weights']}; size "
+        f"{human_bytes(record['size_before'])} -> {human_bytes(record['size_after'])}"
+    )
+    verify = record["verify"]
+    if verify["passed"] is None:
+        console.print("evaluation: not run (no held-back samples)")
+    else:
+        verdict = "[green]passed[/]" if verify["passed"] else "[red]failed[/]"
+        console.print(
+            f"evaluation on {record['evaluation_samples']} held-back sample(s) {verdict}: lowest cosine {_number(verify['cosine'])}, "
+            f"max abs diff {_number(verify['max_abs_diff'])}, top-1 agreement {_number(verify['top1_agreement'])}, "
+            f"latency int8/fp32 {_number(verify['latency_ratio'], 3)}"
+        )
+    if record["excluded_nodes"]:
+        console.print("kept in float: " + ", ".join(escape(n["name"]) for n in record["excluded_nodes"]))
+    render_grouped_findings(record["findings"], console)

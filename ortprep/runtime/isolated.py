@@ -28,9 +28,11 @@ _PYTHON_NOISE = ("Fatal Python error", "Extension modules", "Current thread", "T
 class RunOutcome:
     status: str  # "ok", "failed" (ORT raised), "crashed" (signal), "timeout"
     message: str = ""
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # of the first (or only) sample
     stage: str | None = None  # where it stopped: import, session, run
     providers: list[str] = field(default_factory=list)
+    samples: list[dict[str, np.ndarray]] = field(default_factory=list)  # outputs per sample
+    latency_ms: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -46,7 +48,7 @@ def _signal_name(code: int) -> str:
 
 def run_isolated(
     model: Path,
-    feeds: dict[str, np.ndarray],
+    feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]],
     *,
     providers: list[str] | None = None,
     outputs: list[str] | None = None,
@@ -54,17 +56,23 @@ def run_isolated(
     optimization: str = "default",
     optimized_model: Path | None = None,
     optimized_data: str | None = None,
+    latency_runs: int = 0,
 ) -> RunOutcome:
     """Create a session for ``model`` and run it on ``feeds`` in a child process. With
     ``optimized_model``, only create the session, letting ORT write its optimized graph there."""
     require_ort()
+    feeds_list = feeds if isinstance(feeds, list) else [feeds]
     with tempfile.TemporaryDirectory(prefix="ortprep-run-") as tmp:
         folder = Path(tmp)
-        np.savez(folder / "inputs.npz", **feeds)
+        inputs_list = []
+        for index, sample in enumerate(feeds_list):
+            np.savez(folder / f"inputs{index}.npz", **sample)
+            inputs_list.append(str(folder / f"inputs{index}.npz"))
         request = {
             "model": str(model),
             "providers": providers or ["CPUExecutionProvider"],
-            "inputs": str(folder / "inputs.npz"),
+            "inputs_list": inputs_list,
+            "latency_runs": latency_runs,
             "results": str(folder / "results.npz"),
             "status": str(folder / "status.json"),
             "outputs": outputs,
@@ -95,11 +103,16 @@ def run_isolated(
             return RunOutcome("failed", status.get("error", "unknown error"), stage=status.get("stage"))
         if optimized_model is not None:
             return RunOutcome("ok", stage="session", providers=status.get("providers", []))
+        names = status["output_names"]
         with np.load(folder / "results.npz", allow_pickle=False) as data:
-            values = [data[f"o{i}"] for i in range(len(status["output_names"]))]
+            samples = [
+                {name: data[f"s{s}_o{i}"] for i, name in enumerate(names)} for s in range(status["samples"])
+            ]
         return RunOutcome(
             "ok",
-            outputs=dict(zip(status["output_names"], values)),
+            outputs=samples[0] if samples else {},
             stage="run",
             providers=status.get("providers", []),
+            samples=samples,
+            latency_ms=status.get("latency_ms", []),
         )

@@ -78,15 +78,26 @@ def main(request_path: str) -> int:
             status["ok"] = True
             write_status()
             return 0
-        with np.load(request["inputs"], allow_pickle=False) as data:
-            feeds = {key: data[key] for key in data.files}
         names = request.get("outputs") or [o.name for o in session.get_outputs()]
         status["stage"] = "run"
-        started = time.perf_counter()
-        values = session.run(names, feeds)
-        status["run_seconds"] = time.perf_counter() - started
-        np.savez(request["results"], **{f"o{i}": np.asarray(v) for i, v in enumerate(values)})
+        results = {}
+        for sample, inputs_path in enumerate(request["inputs_list"]):
+            with np.load(inputs_path, allow_pickle=False) as data:
+                feeds = {key: data[key] for key in data.files}
+            started = time.perf_counter()
+            values = session.run(names, feeds)
+            status["run_seconds"] = time.perf_counter() - started
+            results.update({f"s{sample}_o{i}": np.asarray(v) for i, v in enumerate(values)})
+            if sample == 0 and request.get("latency_runs"):
+                timings = []
+                for _ in range(request["latency_runs"]):
+                    started = time.perf_counter()
+                    session.run(names, feeds)
+                    timings.append((time.perf_counter() - started) * 1000.0)
+                status["latency_ms"] = timings
+        np.savez(request["results"], **results)
         status["output_names"] = names
+        status["samples"] = len(request["inputs_list"])
         status["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the parent as data
         status["ok"] = False

@@ -1,0 +1,237 @@
+"""quantize: static and dynamic on real samples, presets, the accuracy verdict, bad calibration input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import models
+from cli_helpers import invoke
+from conftest import SAMPLES
+
+
+def write_samples(folder: Path, name: str, shape: tuple, count: int, seed: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        np.savez(folder / f"sample{index:03d}.npz", **{name: rng.standard_normal(shape).astype(np.float32)})
+    return folder
+
+
+def quantize(*args) -> tuple[int, dict, str]:
+    result = invoke("quantize", *args, "--json")
+    record = result.json() if result.stdout.strip() else {}
+    return result.exit_code, record, result.stderr
+
+
+def codes(record: dict) -> set[str]:
+    return {f["code"] for f in record["findings"]}
+
+
+def op_types(path: str) -> list[str]:
+    return [n.op_type for n in onnx.load(path).graph.node]
+
+
+def test_static_cnn(tmp_path):
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 10)
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert code == 0, record
+    assert record["schema"] == "ortprep.quantize/1" and record["mode"] == "static" and record["format"] == "qdq"
+    assert record["calibration"] == {"samples": 8, "source": str(calib), "kind": "npz-files"}
+    assert record["evaluation_samples"] == 2
+    assert record["verify"]["passed"] is True and record["verify"]["cosine"] >= 0.99
+    assert record["verify"]["top1_agreement"] is not None and record["verify"]["latency_ratio"] > 0
+    assert record["quantized_ops"] >= 3 and record["quantized_weights"] >= 3
+    assert "QuantizeLinear" in op_types(record["output"])
+    assert record["preset"]["ep"] == "cpu" and record["preset"]["per_channel"] is True
+
+
+def test_static_transformer_block(tmp_path):
+    calib = write_samples(tmp_path / "calib", "hidden", (2, 8, 64), 10)
+    code, record, _ = quantize(SAMPLES / "transformer_block.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert code == 0, record
+    assert record["verify"]["passed"] is True
+    assert record["size_after"] < record["size_before"]
+
+
+def test_dynamic_transformer_block(tmp_path):
+    data = write_samples(tmp_path / "data", "hidden", (1, 8, 64), 4)
+    code, record, _ = quantize(SAMPLES / "transformer_block.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "q.onnx")
+    assert code == 0, record
+    assert record["mode"] == "dynamic" and record["evaluation_samples"] == 4
+    assert "MatMulInteger" in op_types(record["output"]) or "DynamicQuantizeLinear" in op_types(record["output"])
+    assert record["verify"]["passed"] is True
+
+
+def test_dynamic_cnn_for_gpu_has_no_conv_integer(tmp_path):
+    data = write_samples(tmp_path / "data", "image", (1, 3, 32, 32), 3)
+    code, cpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "cpu.onnx", "--min-cosine", "0.5")
+    assert "ConvInteger" in op_types(cpu["output"])
+    code, gpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--ep", "cuda", "--calib", data, "-o", tmp_path / "gpu.onnx")
+    assert gpu["verify"]["passed"] is True
+    assert "ConvInteger" not in op_types(gpu["output"])
+    # only the small Gemm is left to quantize, so the model does not shrink: said plainly
+    assert code == 1 and "QNT003" in codes(gpu) and "QNT003" not in codes(cpu)
+
+
+def test_presets_and_overrides(tmp_path):
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 5)
+    _, trt, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "tensorrt", "--calib", calib, "-o", tmp_path / "t.onnx")
+    assert trt["preset"]["activation_type"] == "int8" and trt["preset"]["weight_type"] == "int8"
+    zero_points = [t for t in onnx.load(trt["output"]).graph.initializer if t.name.endswith("zero_point")]
+    assert zero_points and all(onnx.numpy_helper.to_array(t).max() == 0 for t in zero_points)  # symmetric
+    _, qnn, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "qnn", "--calib", calib, "-o", tmp_path / "n.onnx")
+    assert qnn["preset"]["activation_type"] == "uint16"
+    _, override, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--per-tensor", "--activation-type", "int8", "-o", tmp_path / "o.onnx")
+    assert override["preset"]["per_channel"] is False and override["preset"]["activation_type"] == "int8"
+
+
+def test_qnn_needs_static_shapes(tmp_path):
+    calib = write_samples(tmp_path / "calib", "hidden", (1, 8, 64), 3)
+    result = invoke("quantize", SAMPLES / "transformer_block.onnx", "--static", "--ep", "qnn", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert result.exit_code == 2
+    assert "static shapes" in result.stderr and "--fix-dim" in result.stderr
+
+
+def test_outlier_sensitive_node_auto_exclude(tmp_path):
+    model = tmp_path / "outlier.onnx"
+    onnx.save_model(models.outlier_sensitive(), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 64), 20)
+    code, plain, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "plain.onnx")
+    assert code == 1 and plain["verify"]["passed"] is False and plain["output"] is None
+    gate = next(f for f in plain["findings"] if f["code"] == "QNT005")
+    assert "readout" in gate["message"]
+    code, fixed, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "-o", tmp_path / "fixed.onnx")
+    assert code == 0, fixed
+    assert fixed["verify"]["cosine"] > plain["verify"]["cosine"] + 0.5
+    assert "readout" in {n["name"] for n in fixed["excluded_nodes"]}
+    assert fixed["quantized_ops"] >= 2  # the rest is still quantized
+    assert "QNT006" in codes(fixed)
+
+
+def test_constant_node_weights_are_quantized(tmp_path):
+    model = models.matmul_weights()
+    weight = model.graph.initializer.pop()
+    model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["W"], value=weight, name="weight_constant"))
+    path = tmp_path / "constant.onnx"
+    onnx.save_model(model, str(path))
+    calib = write_samples(tmp_path / "calib", "x", (2, 32), 5)
+    code, record, _ = quantize(path, "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert code == 0, record
+    assert "QNT009" in codes(record) and record["quantized_weights"] >= 1
+
+
+def test_random_calibration_is_flagged(tmp_path):
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", tmp_path / "q.onnx")
+    assert code == 0 and "QNT001" in codes(record)
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 5)
+    _, real, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "r.onnx")
+    assert "QNT001" not in codes(real)
+
+
+def test_stacked_npz_and_npy_folder(tmp_path):
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "stacked.npz", image=rng.standard_normal((6, 1, 3, 32, 32)).astype(np.float32))
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", tmp_path / "stacked.npz", "-o", tmp_path / "a.onnx")
+    assert code == 0 and record["calibration"]["kind"] == "npz-stacked" and record["calibration"]["samples"] == 5
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    for index in range(4):
+        np.save(folder / f"{index}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", folder, "-o", tmp_path / "b.onnx", "--samples", "3")
+    assert code == 0 and record["calibration"]["kind"] == "npy-files" and record["calibration"]["samples"] == 2
+
+
+def _bad_calibration(tmp_path: Path, case: str) -> Path:
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    if case == "wrong name":
+        np.savez(folder / "a.npz", picture=rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    elif case == "wrong shape":
+        np.savez(folder / "a.npz", image=rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    elif case == "wrong dtype":
+        np.savez(folder / "a.npz", image=rng.standard_normal((1, 3, 32, 32)))
+    elif case == "corrupt npz":
+        (folder / "a.npz").write_bytes(b"PK\x03\x04 this is not a zip archive")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("wrong name", "no array for model input 'image'"),
+        ("wrong shape", "has shape [1, 3, 16, 16]"),
+        ("wrong dtype", "is float64"),
+        ("empty folder", "has no .npz, .npy or image files"),
+        ("corrupt npz", "cannot read calibration file"),
+    ],
+)
+def test_bad_calibration_input(tmp_path, monkeypatch, case, message):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    calib = _bad_calibration(tmp_path, case)
+    out = tmp_path / "q.onnx"
+    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", out)
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 4
+    assert not out.exists()
+    assert os.listdir(work) == []
+
+
+def test_nothing_written_to_working_directory(tmp_path, monkeypatch):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 5)
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert code == 0
+    assert os.listdir(work) == []
+
+
+def test_static_needs_calibration(tmp_path):
+    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "-o", tmp_path / "q.onnx")
+    assert result.exit_code == 2 and "--calib" in result.stderr
+    both = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--dynamic")
+    assert both.exit_code == 2 and "choose one of --static or --dynamic" in both.stderr
+
+
+def test_nothing_quantized_is_an_error(tmp_path):
+    model = tmp_path / "relu.onnx"
+    onnx.save_model(models.single_node("Relu", [("x", 1, [1, 8])], [("y", 1, [1, 8])]), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 8), 5)
+    code, record, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert code == 1 and "QNT002" in codes(record) and record["quantized_ops"] == 0
+    cnn_calib = write_samples(tmp_path / "cnn", "image", (1, 3, 32, 32), 5)
+    assert "QNT002" not in codes(quantize(SAMPLES / "cnn.onnx", "--static", "--calib", cnn_calib, "-o", tmp_path / "c.onnx")[1])
+
+
+def test_latency_finding():
+    from ortprep.steps.quantize import Evaluation, latency_finding
+
+    slower = Evaluation(1.0, 0.0, 1.0, 1.5, 2.0, 3.0, True)
+    faster = Evaluation(1.0, 0.0, 1.0, 0.5, 2.0, 1.0, True)
+    assert latency_finding(slower).code == "QNT004" and "3.000 ms vs 2.000 ms" in latency_finding(slower).message
+    assert latency_finding(faster) is None and latency_finding(None) is None
+
+
+def test_preprocessing_failure_is_reported(tmp_path):
+    data = write_samples(tmp_path / "data", "x", (1, 8), 2)
+    code, record, _ = quantize(SAMPLES / "custom_op.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "q.onnx")
+    assert "QNT007" in codes(record)
+    assert "QNT005" in codes(record) and code == 1  # the float model itself cannot run: no verdict
+    clean = write_samples(tmp_path / "clean", "image", (1, 3, 32, 32), 4)
+    assert "QNT007" not in codes(quantize(SAMPLES / "cnn.onnx", "--static", "--calib", clean, "-o", tmp_path / "c.onnx")[1])
+
+
+def test_every_quantize_code_has_a_case():
+    from ortprep.findings import CATALOGUE
+
+    covered = {"QNT001", "QNT002", "QNT003", "QNT004", "QNT005", "QNT006", "QNT007", "QNT009"}
+    assert {c for c in CATALOGUE if c.startswith("QNT")} == covered

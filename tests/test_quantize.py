@@ -235,3 +235,22 @@ def test_every_quantize_code_has_a_case():
 
     covered = {"QNT001", "QNT002", "QNT003", "QNT004", "QNT005", "QNT006", "QNT007", "QNT009"}
     assert {c for c in CATALOGUE if c.startswith("QNT")} == covered
+
+
+def test_progress_reports_calibration_and_evaluation(tmp_path):
+    from ortprep.model import ModelHandle
+    from ortprep.steps.quantize import QuantizeOptions, quantize_model
+
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 10)
+    seen = []
+    quantize_model(ModelHandle.open(SAMPLES / "cnn.onnx"), tmp_path / "q.onnx",
+                   QuantizeOptions(mode="static", calib=str(calib)), progress=lambda *event: seen.append(event))
+    assert ("calibrating", 8, 8) in seen
+    assert seen[-1] == ("evaluating", 1, 1)
+
+
+def test_progress_bar_quiet_without_terminal():
+    from ortprep.cli.output import progress_bar
+
+    with progress_bar(quiet=False) as callback:  # pytest's stderr is not a terminal
+        assert callback is None

@@ -91,3 +91,25 @@ def run_transform(
     emit(record, as_json=json_output, human=render_transform)
     if step.fails(fail_on.severity()):
         raise typer.Exit(int(ExitCode.GATE_FAILED))
+
+
+@contextlib.contextmanager
+def progress_bar(*, quiet: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A Rich progress bar on stderr fed by ``callback(stage, done, total)``; None when quiet."""
+    if not interactive(quiet):
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("ortprep: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr_console(), transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def callback(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        yield callback

@@ -9,7 +9,7 @@ import typer
 
 from ortprep.cli.app import error_boundary
 from ortprep.cli.options import FailOn, FailOnOpt, ForceOpt, JsonOpt, KeepFailedOpt, ModelArg, OutputOpt, ReportOpt
-from ortprep.cli.output import check_report_path, emit, progress_for, write_report
+from ortprep.cli.output import check_report_path, emit, progress_bar, write_report
 from ortprep.errors import ExitCode, UsageError
 
 
@@ -124,8 +124,8 @@ def quantize_command(
     report_path = check_report_path(report, model)
     require_ort()
     handle = ModelHandle.open(model)
-    with progress_for("quantizing (calibration and evaluation)", quiet=json_output):
-        step = quantize_model(handle, output, options)
+    with progress_bar(quiet=json_output) as progress:
+        step = quantize_model(handle, output, options, progress=progress)
     record = step.to_record()
     write_report(report_path, record)
     emit(record, as_json=json_output, human=render_quantize)

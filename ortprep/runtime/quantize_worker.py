@@ -27,11 +27,13 @@ class StreamingReader:
     """A CalibrationDataReader over CalibrationSet samples, read one at a time; supports the
     ranges ORT's strided calibration asks for."""
 
-    def __init__(self, calibration, indices: list[int]) -> None:
+    def __init__(self, calibration, indices: list[int], progress_path: str | None = None) -> None:
         self.calibration = calibration
         self.indices = indices
         self.window = (0, len(indices))
         self.position = 0
+        self.progress_path = progress_path
+        self.read = 0
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -45,6 +47,11 @@ class StreamingReader:
             return None
         sample = self.calibration.sample(self.indices[self.position])
         self.position += 1
+        self.read += 1
+        if self.progress_path:
+            # The parent polls this file to draw its progress bar.
+            with open(self.progress_path, "w", encoding="utf-8") as out:
+                out.write(f"{self.read} {len(self.indices)}")
         return sample
 
     def rewind(self) -> None:
@@ -82,7 +89,7 @@ def main(request_path: str) -> int:
             quantize_dynamic(request["model"], request["output"], **common)
         else:
             calibration = CalibrationSet.from_json(request["calibration"])
-            reader = StreamingReader(calibration, request["calibration_indices"])
+            reader = StreamingReader(calibration, request["calibration_indices"], request.get("progress"))
             extra = dict(common.pop("extra_options"))
             extra["CalibStridedMinMax"] = _stride(len(reader))
             methods = {

@@ -14,6 +14,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,8 +180,12 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
     return {"quantized_ops": ops, "quantized_weights": weights}
 
 
+ProgressCallback = Callable[[str, int, int], None]
+
+
 def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings: dict, calibration: CalibrationSet | None,
-                   indices: list[int], exclude_nodes: list[str], exclude_ops: tuple[str, ...], big: bool) -> tuple[bool, str]:
+                   indices: list[int], exclude_nodes: list[str], exclude_ops: tuple[str, ...], big: bool,
+                   progress: ProgressCallback | None = None) -> tuple[bool, str]:
     op_types = settings["op_types"]
     if exclude_ops:
         if op_types is None:
@@ -197,23 +203,42 @@ def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings
         "calibration": calibration.to_json() if calibration else None,
         "calibration_indices": indices,
         "options": {**settings, "op_types": op_types, "exclude_nodes": exclude_nodes, "external_data": big},
+        "progress": str(workdir / "quantize-progress.txt"),
     }
     request_path = workdir / "quantize-request.json"
     request_path.write_text(json.dumps(request), encoding="utf-8")
-    try:
-        child = subprocess.run([sys.executable, "-m", "ortprep.runtime.quantize_worker", str(request_path)],
-                               cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return False, f"the quantizer did not finish within {TIMEOUT:.0f} s"
+    child = subprocess.Popen([sys.executable, "-m", "ortprep.runtime.quantize_worker", str(request_path)],
+                             cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    while child.poll() is None:
+        if time.monotonic() - started > TIMEOUT:
+            child.kill()
+            child.wait()
+            return False, f"the quantizer did not finish within {TIMEOUT:.0f} s"
+        if progress is not None:
+            done_total = _read_progress(Path(request["progress"]))
+            if done_total:
+                progress("calibrating", *done_total)
+        time.sleep(0.1)
+    child.stderr_text = child.stderr.read() if child.stderr else ""
+    child.stderr.close()
     status_path = workdir / "quantize-status.json"
     if child.returncode != 0 or not status_path.exists():
-        return False, f"the quantizer's process died (exit {child.returncode}): {child.stderr.strip()[-300:]}"
+        return False, f"the quantizer's process died (exit {child.returncode}): {child.stderr_text.strip()[-300:]}"
     status = json.loads(status_path.read_text(encoding="utf-8"))
     status_path.unlink()
     if not status["ok"]:
         log.debug("quantizer traceback:\n%s", status.get("traceback"))
         return False, f"{status.get('type')}: {status.get('error')}"
     return True, ""
+
+
+def _read_progress(path: Path) -> tuple[int, int] | None:
+    try:
+        done, total = path.read_text(encoding="utf-8").split()
+        return int(done), int(total)
+    except (OSError, ValueError):
+        return None
 
 
 def _preprocess(workdir: Path, source: Path, report: StepReport) -> tuple[Path, str]:
@@ -383,7 +408,11 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
     )
 
 
-def quantize_model(handle: ModelHandle, output: Path | None, options: QuantizeOptions) -> StepReport:
+def quantize_model(
+    handle: ModelHandle, output: Path | None, options: QuantizeOptions, progress: ProgressCallback | None = None
+) -> StepReport:
+    """Quantize ``handle``'s model and write ``output`` when the accuracy gate passes.
+    ``progress(stage, done, total)`` is called during calibration and evaluation."""
     if options.mode not in ("static", "dynamic"):
         raise UsageError("choose --static or --dynamic")
     if handle.path is None:
@@ -446,12 +475,16 @@ def quantize_model(handle: ModelHandle, output: Path | None, options: QuantizeOp
         eval_feeds = list(eval_set.samples(eval_indices)) if (eval_set is not None and options.verify) else []
         for round_number in range(1, options.max_exclude_rounds + 2):
             ok, error = _run_quantizer(workdir, float_path, result_path, options.mode, settings, calibration, calib_indices,
-                                       excluded, options.exclude_ops, big)
+                                       excluded, options.exclude_ops, big, progress)
             if not ok:
                 raise UsageError(f"quantization failed: {error}", hint="see --exclude-op / --exclude-node, or try --no-preprocess")
             if not eval_feeds:
                 break
+            if progress is not None:
+                progress("evaluating", 0, 1)
             evaluation = evaluate(float_path, result_path, eval_feeds, options.min_cosine)
+            if progress is not None:
+                progress("evaluating", 1, 1)
             if evaluation.passed or not options.auto_exclude or round_number > options.max_exclude_rounds:
                 break
             culprits = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded), limit=2)

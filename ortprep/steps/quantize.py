@@ -220,6 +220,9 @@ def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings
             if done_total:
                 progress("calibrating", *done_total)
         time.sleep(0.1)
+    final = _read_progress(Path(request["progress"])) if progress is not None else None
+    if final:
+        progress("calibrating", *final)
     child.stderr_text = child.stderr.read() if child.stderr else ""
     child.stderr.close()
     status_path = workdir / "quantize-status.json"

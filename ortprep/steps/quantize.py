@@ -207,8 +207,11 @@ def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings
     }
     request_path = workdir / "quantize-request.json"
     request_path.write_text(json.dumps(request), encoding="utf-8")
-    child = subprocess.Popen([sys.executable, "-m", "ortprep.runtime.quantize_worker", str(request_path)],
-                             cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr goes to a file: a pipe nobody reads while polling could fill up and stall the child.
+    stderr_path = workdir / "quantize-stderr.txt"
+    with open(stderr_path, "w", encoding="utf-8") as stderr_file:
+        child = subprocess.Popen([sys.executable, "-m", "ortprep.runtime.quantize_worker", str(request_path)],
+                                 cwd=workdir, stdout=subprocess.DEVNULL, stderr=stderr_file)
     started = time.monotonic()
     while child.poll() is None:
         if time.monotonic() - started > TIMEOUT:
@@ -223,11 +226,10 @@ def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings
     final = _read_progress(Path(request["progress"])) if progress is not None else None
     if final:
         progress("calibrating", *final)
-    child.stderr_text = child.stderr.read() if child.stderr else ""
-    child.stderr.close()
+    stderr_text = stderr_path.read_text(encoding="utf-8", errors="replace")
     status_path = workdir / "quantize-status.json"
     if child.returncode != 0 or not status_path.exists():
-        return False, f"the quantizer's process died (exit {child.returncode}): {child.stderr_text.strip()[-300:]}"
+        return False, f"the quantizer's process died (exit {child.returncode}): {stderr_text.strip()[-300:]}"
     status = json.loads(status_path.read_text(encoding="utf-8"))
     status_path.unlink()
     if not status["ok"]:

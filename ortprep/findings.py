@@ -89,6 +89,24 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT006", "nodes kept in float by --auto-exclude", Severity.INFO),
         FindingKind("QNT007", "quantization pre-processing failed", Severity.WARNING),
         FindingKind("QNT009", "weights in Constant nodes moved to initializers", Severity.INFO),
+        # LOD: the runtime's word (load)
+        FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
+        FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),
+        FindingKind("LOD003", "the EP's process crashed or hung", Severity.ERROR),
+        FindingKind("LOD004", "session creation or the run failed", Severity.ERROR),
+        FindingKind("LOD005", "nodes fell back to the CPU", Severity.WARNING),
+        FindingKind("LOD006", "outputs differ from the CPU EP's", Severity.ERROR),
+        FindingKind("LOD007", "NaN or Inf in outputs", Severity.ERROR),
+        # DOC: the machine (doctor); SCN: pitfalls in code (doctor --scan)
+        FindingKind("DOC001", "several ONNX Runtime packages installed side by side", Severity.ERROR),
+        FindingKind("DOC002", "a CUDA/TensorRT library the EP needs does not load", Severity.ERROR),
+        FindingKind("DOC003", "no int8 dot-product instructions on this CPU", Severity.INFO),
+        FindingKind("DOC004", "another CUDA context owner next to ORT's GPU EPs", Severity.WARNING),
+        FindingKind("DOC005", "ONNX Runtime is not importable", Severity.ERROR),
+        FindingKind("SCN001", "pycuda.autoinit in a program using ORT's CUDA/TensorRT EP", Severity.WARNING),
+        FindingKind("SCN002", "InferenceSession without providers=", Severity.WARNING),
+        FindingKind("SCN003", "EPs that cannot share one session", Severity.ERROR),
+        FindingKind("SCN004", "two ONNX Runtime flavours required side by side", Severity.ERROR),
     )
 }
 

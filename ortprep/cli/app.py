@@ -108,7 +108,9 @@ def _global(
 def _register() -> None:
     from ortprep.cli import check as check_cmd
     from ortprep.cli import convert as convert_cmd
+    from ortprep.cli import doctor as doctor_cmd
     from ortprep.cli import inspect as inspect_cmd
+    from ortprep.cli import load as load_cmd
     from ortprep.cli import quantize as quantize_cmd
     from ortprep.cli import simplify as simplify_cmd
 
@@ -117,6 +119,8 @@ def _register() -> None:
     convert_cmd.register(app)
     simplify_cmd.register(app)
     quantize_cmd.register(app)
+    load_cmd.register(app)
+    doctor_cmd.register(app)
 
 
 _register()

@@ -256,3 +256,50 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
     if record["excluded_nodes"]:
         console.print("kept in float: " + ", ".join(escape(n["name"]) for n in record["excluded_nodes"]))
     render_grouped_findings(record["findings"], console)
+
+
+STATUS_STYLE = {"ok": "green", "fallback": "yellow", "failed": "red", "crashed": "red", "timeout": "red", "unavailable": "dim"}
+
+
+def render_load(record: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]{escape(str(record['model']))}[/]  (available: {', '.join(record['available'])})")
+    table = Table(title="Execution providers")
+    for column in ("EP", "status", "nodes on EP", "outputs match", "median ms", "p90 ms"):
+        table.add_column(column)
+    for result in record["results"]:
+        latency = result.get("latency_ms") or {}
+        on_ep = f"{result['nodes_on_ep']}/{result['nodes_total']}" if result.get("nodes_total") else "-"
+        match = {True: "yes", False: "[red]no[/]", None: "-"}[result.get("outputs_match")]
+        style = STATUS_STYLE.get(result["status"], "")
+        table.add_row(
+            result["ep"], f"[{style}]{result['status']}[/]", on_ep, match,
+            _number(latency.get("median"), 4), _number(latency.get("p90"), 4),
+        )
+    console.print(table)
+    for result in record["results"]:
+        if result.get("message"):
+            console.print(f"{escape(result['ep'])}: {escape(result['message'])}", highlight=False)
+        for op in result.get("profile", []):
+            console.print(f"  {result['ep']} {op['op_type']}: {op['share'] * 100:.1f}% ({op['microseconds']} us)", highlight=False)
+    render_grouped_findings(record["findings"], console)
+
+
+def render_doctor(record: dict[str, Any], console: Console) -> None:
+    if "scan" in record:
+        console.print(f"scanned {record['scan']['files']} file(s) under {escape(record['scan']['path'])}")
+        render_findings(record["findings"], console)
+        return
+    ort = record["onnxruntime"]
+    console.print(f"ortprep {record['ortprep']}, Python {record['python']} on {record['platform']}")
+    console.print(f"onnx {record['onnx']['version']} (opset <= {record['onnx']['max_opset']})")
+    dists = ", ".join(f"{d['name']} {d['version']}" for d in ort["distributions"]) or "none"
+    console.print(f"onnxruntime {ort['version'] or 'not importable'} (opset <= {ort['max_opset']}); packages: {dists}")
+    console.print("available EPs: " + (", ".join(ort["providers"]) or "none"))
+    table = Table(title="GPU libraries (CUDA and TensorRT EPs)")
+    for column in ("library", "file", "loads", "detail"):
+        table.add_column(column)
+    for lib in record["libraries"]:
+        table.add_row(lib["label"], lib["file"], "yes" if lib["loaded"] else "no", escape(lib["detail"]))
+    console.print(table)
+    console.print("CPU int8-related features: " + (", ".join(record["cpu"]["features"]) or "none found"))
+    render_findings(record["findings"], console)

@@ -1,0 +1,139 @@
+"""Child process for `ortprep load`: one execution provider, one model.
+
+    python -m ortprep.runtime.load_worker REQUEST.json
+
+1. a session with the EP alone and CPU fallback disabled: does the whole model run there?
+2. a session with CPU fallback and ORT's graph assignment record (optimizations off, so node
+   names are the model's own): which node went where;
+3. runs on the inputs: outputs, NaN/Inf, latency after a warm-up; optionally ORT's profiler.
+A crash or a hang ends only this process; the parent reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def _clean(message: str) -> str:
+    text = message.strip().removeprefix("[ONNXRuntimeError] : ")
+    text = re.sub(r"^\d+ : [A-Z_]+ : ", "", text)
+    text = re.sub(r"/onnxruntime_src/\S+:\d+ ", "", text)  # build paths say nothing to the user
+    return " ".join(text.split())[:600]
+
+
+def _options(ort, request: dict, *, strict: bool = False, record: bool = False, profile_prefix: str | None = None):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if request.get("custom_op_library"):
+        options.register_custom_ops_library(request["custom_op_library"])
+    if strict and request["provider"] != "CPUExecutionProvider":
+        # (ORT refuses the flag when the CPU EP itself is the one asked for.)
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if record:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return options
+
+
+def _providers(request: dict, with_cpu: bool) -> list:
+    provider = request["provider"]
+    entry = (provider, request.get("provider_options") or {})
+    if provider == "CPUExecutionProvider" or not with_cpu:
+        return [entry]
+    return [entry, "CPUExecutionProvider"]
+
+
+def _top_ops(profile_path: str, limit: int = 10) -> list[dict]:
+    with open(profile_path, encoding="utf-8") as handle:
+        events = json.load(handle)
+    per_op: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            per_op[event.get("args", {}).get("op_name", "?")] += event.get("dur", 0)
+    total = sum(per_op.values()) or 1.0
+    ranked = sorted(per_op.items(), key=lambda item: -item[1])[:limit]
+    return [{"op_type": op, "microseconds": us, "share": round(us / total, 4)} for op, us in ranked]
+
+
+def main(request_path: str) -> int:
+    with open(request_path, encoding="utf-8") as handle:
+        request = json.load(handle)
+    status: dict = {"stage": "import"}
+    try:
+        hook = os.environ.get("ORTPREP_TEST_LOAD_HOOK", "")
+        if hook == f"crash:{request['provider']}":
+            os.abort()  # test hook: a child that dies
+        if hook == f"hang:{request['provider']}":
+            time.sleep(3600)  # test hook: a child that hangs
+        import onnxruntime as ort
+
+        status["stage"] = "session"
+        strict_session = None
+        try:
+            strict_session = ort.InferenceSession(
+                request["model"], _options(ort, request, strict=True), providers=_providers(request, with_cpu=False)
+            )
+            status["strict"] = {"ok": True}
+        except Exception as exc:  # noqa: BLE001 - the message is the result
+            status["strict"] = {"ok": False, "error": _clean(str(exc))}
+        try:
+            recorded = ort.InferenceSession(
+                request["model"], _options(ort, request, record=True), providers=_providers(request, with_cpu=True)
+            )
+            assignment = {}
+            for subgraph in recorded.get_provider_graph_assignment_info():
+                for node in subgraph.get_nodes():
+                    assignment[node.name] = subgraph.ep_name
+            status["assignment"] = assignment
+            del recorded
+        except Exception as exc:  # noqa: BLE001
+            status["assignment_error"] = _clean(str(exc))
+        profile_prefix = os.path.join(request["workdir"], "profile") if request.get("profile") else None
+        if strict_session is not None and not profile_prefix:
+            session = strict_session
+        else:
+            session = ort.InferenceSession(
+                request["model"],
+                _options(ort, request, profile_prefix=profile_prefix),
+                providers=_providers(request, with_cpu=not status["strict"]["ok"]),
+            )
+        status["session_providers"] = session.get_providers()
+        status["stage"] = "run"
+        with np.load(request["inputs"], allow_pickle=False) as data:
+            feeds = {key: data[key] for key in data.files}
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(names, feeds)  # also the warm-up
+        timings = []
+        for _ in range(max(1, request.get("runs", 10))):
+            started = time.perf_counter()
+            session.run(names, feeds)
+            timings.append((time.perf_counter() - started) * 1000.0)
+        status["latency_ms"] = timings
+        status["nonfinite"] = [
+            name for name, value in zip(names, values) if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all()
+        ]
+        np.savez(request["results"], **{f"o{i}": np.asarray(v) for i, v in enumerate(values)})
+        status["output_names"] = names
+        if profile_prefix:
+            status["profile"] = _top_ops(session.end_profiling())
+        status["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+        status["ok"] = False
+        status["error"] = _clean(str(exc)) or type(exc).__name__
+    with open(request["status"], "w", encoding="utf-8") as out:
+        json.dump(status, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

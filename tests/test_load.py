@@ -1,0 +1,196 @@
+"""load and doctor, on the CPU EP (the only one CI has); GPU runs skip with a reason."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import models
+from cli_helpers import invoke
+from conftest import SAMPLES
+
+
+def load(*args, env=None) -> tuple[int, dict, str]:
+    result = invoke("load", *args, "--json", env=env)
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
+
+
+@pytest.mark.parametrize("name", ["cnn.onnx", "transformer_block.onnx", "control_flow.onnx", "external_data/mlp.onnx"])
+def test_cpu_ok_on_samples(name):
+    code, record, _ = load(SAMPLES / name, "--ep", "cpu")
+    assert code == 0, record
+    assert record["schema"] == "ortprep.load/1"
+    result = record["results"][0]
+    assert result["ep"] == "cpu" and result["status"] == "ok"
+    assert result["nodes_on_ep"] == result["nodes_total"] > 0 and result["fallback_nodes"] == []
+    assert result["latency_ms"]["median"] > 0 and result["latency_ms"]["p90"] >= result["latency_ms"]["median"]
+    assert result["nonfinite_outputs"] == []
+
+
+def test_session_failure_is_a_status(samples):
+    code, record, _ = load(samples / "custom_op.onnx", "--ep", "cpu")
+    assert code == 1
+    result = record["results"][0]
+    assert result["status"] == "failed" and "FancyActivation" in result["message"]
+    assert "[ONNXRuntimeError]" not in result["message"]
+
+
+def test_crash_and_hang_leave_other_eps_reported(samples):
+    code, record, stderr = load(samples / "cnn.onnx", "--ep", "cpu", "--ep", "cuda", env={"ORTPREP_TEST_LOAD_HOOK": "crash:CPUExecutionProvider"})
+    statuses = {r["ep"]: r["status"] for r in record["results"]}
+    assert statuses == {"cpu": "crashed", "cuda": "unavailable"}
+    assert "SIGABRT" in record["results"][0]["message"]
+    assert code == 3  # an EP asked for is missing; the crash is reported too
+    assert "LOD003" in {f["code"] for f in record["findings"]}
+    code, record, _ = load(samples / "cnn.onnx", "--ep", "cpu", "--timeout", "2", env={"ORTPREP_TEST_LOAD_HOOK": "hang:CPUExecutionProvider"})
+    assert code == 1 and record["results"][0]["status"] == "timeout"
+
+
+def test_unavailable_ep_exit_3_one_line(samples):
+    result = invoke("load", samples / "cnn.onnx", "--ep", "cuda")
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CUDAExecutionProvider is not available" in lines[0] and "onnxruntime-gpu" in lines[0]
+
+
+def test_outputs_compared_with_cpu_and_profile(samples):
+    code, record, _ = load(samples / "transformer_block.onnx", "--profile", "--runs", "3")
+    assert code == 0
+    cpu = next(r for r in record["results"] if r["ep"] == "cpu")
+    ops = [p["op_type"] for p in cpu["profile"]]
+    assert "MatMul" in ops and len(ops) <= 10
+    assert abs(sum(p["share"] for p in cpu["profile"]) - 1.0) < 0.05
+
+
+def test_inputs_file_and_bad_provider_option(tmp_path, samples):
+    np.savez(tmp_path / "in.npz", image=np.ones((1, 3, 32, 32), np.float32))
+    code, record, _ = load(samples / "cnn.onnx", "--ep", "cpu", "--inputs", tmp_path / "in.npz")
+    assert code == 0
+    bad = invoke("load", samples / "cnn.onnx", "--provider-option", "cuda-device_id=0")
+    assert bad.exit_code == 2 and "EP:KEY=VALUE" in bad.stderr
+
+
+def test_prediction_disagreement_is_reported(samples):
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.model import ModelHandle
+    from ortprep.steps.load import _prediction_findings
+
+    handle = ModelHandle.open(samples / "cnn.onnx")
+    # check predicts every node of the CNN on TensorRT; an assignment record that says otherwise:
+    assignment = {n.name: "TensorrtExecutionProvider" for n in handle.graph.node}
+    assert _prediction_findings(handle, resolve_ep("tensorrt"), assignment) == []
+    assignment["gap"] = "CPUExecutionProvider"
+    findings = _prediction_findings(handle, resolve_ep("tensorrt"), assignment)
+    assert [(f.code, f.node) for f in findings] == [("LOD001", "gap")]
+
+
+def test_nan_outputs_are_reported(tmp_path):
+    path = tmp_path / "sqrt.onnx"
+    onnx.save_model(models.single_node("Sqrt", [("x", 1, [1, 4])], [("y", 1, [1, 4])]), str(path))
+    np.savez(tmp_path / "neg.npz", x=np.array([[-1.0, 4.0, 9.0, 16.0]], np.float32))
+    code, record, _ = load(path, "--ep", "cpu", "--inputs", tmp_path / "neg.npz")
+    assert code == 1 and record["results"][0]["nonfinite_outputs"] == ["y"]
+    assert "LOD007" in {f["code"] for f in record["findings"]}
+    np.savez(tmp_path / "pos.npz", x=np.array([[1.0, 4.0, 9.0, 16.0]], np.float32))
+    code, record, _ = load(path, "--ep", "cpu", "--inputs", tmp_path / "pos.npz")
+    assert code == 0 and "LOD007" not in {f["code"] for f in record["findings"]}
+
+
+def test_output_comparison_tolerances():
+    from ortprep.steps.load import _compare
+
+    reference = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.0005], np.float32)})[0] is True
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.1], np.float32)})[0] is False
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float16)})[0] is True  # float16 is looser
+    assert _compare(reference, {"y": np.array([1.0, 2.0], np.float32)})[0] is False
+    assert _compare(None, {"y": reference["y"]}) == (None, None)
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA EP in this ONNX Runtime (CI has no GPU)")
+def test_cuda_runs_samples():
+    code, record, _ = load(SAMPLES / "cnn.onnx", "--ep", "cuda")
+    assert record["results"][0]["status"] in ("ok", "fallback") and record["results"][0]["outputs_match"] is True
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def test_doctor_reports_runtime():
+    result = invoke("doctor", "--json")
+    assert result.exit_code == 0, result.stdout
+    record = result.json()
+    assert record["schema"] == "ortprep.doctor/1"
+    assert record["onnxruntime"]["version"] == ort.__version__
+    assert "CPUExecutionProvider" in record["onnxruntime"]["providers"]
+    assert {lib["name"] for lib in record["libraries"]} == {"cudart", "cublas", "cublasLt", "cudnn", "nvinfer"}
+    assert record["onnxruntime"]["max_opset"] >= 17
+
+
+def test_doctor_without_ort():
+    code = "import sys; sys.modules['onnxruntime'] = None; sys.argv = ['ortprep', 'doctor', '--json']\nfrom ortprep.cli.app import main\nmain()"
+    import subprocess
+
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    record = json.loads(child.stdout)
+    assert "DOC005" in {f["code"] for f in record["findings"]} and child.returncode == 1
+
+
+SCRIPTS = {
+    "pycuda_user.py": """
+        import pycuda.autoinit
+        import onnxruntime as ort
+        session = ort.InferenceSession("m.onnx", providers=["TensorrtExecutionProvider", "CUDAExecutionProvider"])
+    """,
+    "no_providers.py": """
+        import onnxruntime as ort
+
+        def make():
+            return ort.InferenceSession("m.onnx")
+    """,
+    "mixed.py": """
+        import onnxruntime as ort
+        eps = [("DmlExecutionProvider", {}), "CUDAExecutionProvider"]
+        session = ort.InferenceSession("m.onnx", providers=eps)
+    """,
+    "clean.py": """
+        import onnxruntime as ort
+        session = ort.InferenceSession("m.onnx", providers=["DmlExecutionProvider", "CPUExecutionProvider"])
+        other = ort.InferenceSession("m.onnx", None, ["CPUExecutionProvider"])
+    """,
+}
+
+
+def test_doctor_scan_finds_each_pitfall_once(tmp_path):
+    for name, text in SCRIPTS.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "requirements.txt").write_text("numpy\nonnxruntime==1.31.1\nonnxruntime-gpu==1.31.1  # for CUDA\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "ignored.py").write_text("import onnxruntime as ort\nort.InferenceSession('x')\n")
+    result = invoke("doctor", "--scan", tmp_path, "--json")
+    assert result.exit_code == 1
+    found = sorted((f["code"], f["source"]) for f in result.json()["findings"])
+    assert found == [
+        ("SCN001", "pycuda_user.py:2"),
+        ("SCN002", "no_providers.py:5"),
+        ("SCN003", "mixed.py:4"),
+        ("SCN004", "requirements.txt:3"),
+    ]
+
+
+def test_doctor_scan_clean_script_gives_nothing(tmp_path):
+    (tmp_path / "clean.py").write_text(textwrap.dedent(SCRIPTS["clean.py"]))
+    (tmp_path / "requirements.txt").write_text("onnxruntime-gpu>=1.17\n")
+    result = invoke("doctor", "--scan", tmp_path, "--json")
+    assert result.exit_code == 0 and result.json()["findings"] == []
+
+
+def test_doctor_scan_missing_path(tmp_path):
+    result = invoke("doctor", "--scan", tmp_path / "nope")
+    assert result.exit_code == 2 and "nothing to scan" in result.stderr

@@ -194,3 +194,8 @@ def test_doctor_scan_clean_script_gives_nothing(tmp_path):
 def test_doctor_scan_missing_path(tmp_path):
     result = invoke("doctor", "--scan", tmp_path / "nope")
     assert result.exit_code == 2 and "nothing to scan" in result.stderr
+
+
+def test_missing_custom_op_library(tmp_path, samples):
+    result = invoke("load", samples / "cnn.onnx", "--custom-op-library", tmp_path / "libnope.so")
+    assert result.exit_code == 2 and "custom-op library not found" in result.stderr

@@ -254,3 +254,18 @@ def test_progress_bar_quiet_without_terminal():
 
     with progress_bar(quiet=False) as callback:  # pytest's stderr is not a terminal
         assert callback is None
+
+
+def test_image_calibration_needs_pillow(tmp_path):
+    pytest.importorskip("numpy")
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Pillow is installed here: the missing-dependency path cannot be shown")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "cat.png").write_bytes(b"\x89PNG\r\n\x1a\n not really an image")
+    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", folder, "-o", tmp_path / "q.onnx")
+    assert result.exit_code == 3 and "Pillow" in result.stderr

@@ -5,7 +5,7 @@ The library is usable without the CLI::
     import ortprep
     handle = ortprep.load_model("model.onnx")        # graph only, no weight bytes read
     report = ortprep.inspect(handle)                 # StepReport
-    print(report.to_record()["opsets"])
+    opsets = report.to_record()["opsets"]
 """
 
 from __future__ import annotations

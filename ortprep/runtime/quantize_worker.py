@@ -118,4 +118,4 @@ def main(request_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    main(sys.argv[1])  # a child entry point: its result goes back through the status file

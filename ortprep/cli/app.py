@@ -112,6 +112,7 @@ def _register() -> None:
     from ortprep.cli import inspect as inspect_cmd
     from ortprep.cli import load as load_cmd
     from ortprep.cli import quantize as quantize_cmd
+    from ortprep.cli import run as run_cmd
     from ortprep.cli import simplify as simplify_cmd
 
     inspect_cmd.register(app)
@@ -121,6 +122,7 @@ def _register() -> None:
     quantize_cmd.register(app)
     load_cmd.register(app)
     doctor_cmd.register(app)
+    run_cmd.register(app)
 
 
 _register()

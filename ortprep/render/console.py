@@ -303,3 +303,25 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
     console.print(table)
     console.print("CPU int8-related features: " + (", ".join(record["cpu"]["features"]) or "none found"))
     render_findings(record["findings"], console)
+
+
+def render_run(record: dict[str, Any], console: Console) -> None:
+    verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"
+    console.print(f"[bold]{escape(record['config'])}[/]: {verdict}")
+    table = Table(title="Pipeline")
+    for column in ("step", "result", "errors", "warnings", "model"):
+        table.add_column(column)
+    for step in record["steps"]:
+        findings = step["report"]["findings"] if step["report"] else []
+        style = {"passed": "green", "failed": "red", "skipped": "dim"}[step["status"]]
+        table.add_row(
+            escape(step["name"]), f"[{style}]{step['status']}[/]",
+            str(sum(1 for f in findings if f["severity"] == "error")),
+            str(sum(1 for f in findings if f["severity"] == "warning")),
+            escape(step["model"].rsplit("/", 1)[-1]),
+        )
+    console.print(table)
+    for step in record["steps"]:
+        if step["report"] and step["report"]["findings"]:
+            console.print(f"\n[bold]{escape(step['name'])}[/]")
+            render_grouped_findings(step["report"]["findings"], console)

@@ -11,7 +11,6 @@ from typing import Any
 
 from rich.console import Console
 
-from ortprep.model import atomic_write_bytes, check_output_path
 from ortprep.render.json import dumps
 
 
@@ -39,11 +38,15 @@ def check_report_path(report_path: Path | None, model_path: Path) -> Path | None
     """Validate --report before any work: never the model itself, even with --force."""
     if report_path is None:
         return None
+    from ortprep.model import check_output_path
+
     return check_output_path(report_path, input_path=model_path, force=False)
 
 
 def write_report(report_path: Path | None, record: dict[str, Any]) -> None:
     if report_path is not None:
+        from ortprep.model import atomic_write_bytes
+
         atomic_write_bytes(report_path, dumps(record).encode("utf-8"))
 
 

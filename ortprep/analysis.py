@@ -140,6 +140,23 @@ def _infer(proto: ModelProto) -> ModelProto:
         return proto
 
 
+def _symbolic_infer(proto: ModelProto) -> ModelProto | None:
+    """ONNX Runtime's symbolic shape inference, which knows ORT's contrib ops (com.microsoft) that
+    onnx cannot type. It needs sympy, which ortprep does not require: None without it, or when it
+    fails."""
+    try:
+        import sympy  # noqa: F401
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        log.info("symbolic shape inference unavailable (needs onnxruntime and sympy)")
+        return None
+    try:
+        return SymbolicShapeInference.infer_shapes(skeleton(proto), auto_merge=True, guess_output_rank=True)
+    except Exception as exc:  # noqa: BLE001 - it raises many types on models it cannot follow
+        log.info("symbolic shape inference failed: %s", exc)
+        return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _schema(op: str, opset: int, domain: str) -> onnx.defs.OpSchema | None:
     try:
@@ -169,6 +186,19 @@ class ModelAnalysis:
                     known = self.values.get(node.output[0])
                     if known is not None:
                         self.values[node.output[0]] = ValueFacts(known.dtype, known.shape, True)
+        self.symbolic_used = False
+        untyped = [o for _, g in iter_graphs(handle.graph) for n in g.node for o in n.output if o and o not in self.values]
+        if untyped:
+            # onnx gave up on some values (contrib ops, missing schemas): ask ORT's symbolic inference.
+            symbolic = _symbolic_infer(handle.proto)
+            if symbolic is not None:
+                for _, graph in iter_graphs(symbolic.graph):
+                    for value in list(graph.value_info) + list(graph.output):
+                        if value.name not in self.values:
+                            dtype, shape = _facts_from_type(value.type)
+                            if dtype:
+                                self.values[value.name] = ValueFacts(dtype, shape)
+                                self.symbolic_used = True
         self.graphs: list[GraphInfo] = []
         self._collect(handle.graph, "")
 

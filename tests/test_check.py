@@ -282,3 +282,16 @@ def test_generated_tables_carry_sources():
         assert table["sources"], path.name
         for entry in table["entries"]:
             assert entry["src"] in table["sources"], (path.name, entry)
+
+
+def test_symbolic_shape_inference_types_contrib_outputs(tmp_path):
+    pytest.importorskip("sympy", reason="ORT's symbolic shape inference needs sympy (installed by the dev extra)")
+    from onnx import TensorProto, helper
+
+    model = models.contrib_op()
+    model.graph.node.append(helper.make_node("Relu", ["y"], ["z"], name="after"))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    path = saved(tmp_path, model)
+    assert onnx.shape_inference.infer_shapes(model).graph.value_info == []  # onnx alone cannot type 'y'
+    analysis = ModelAnalysis(ModelHandle.open(path))
+    assert analysis.symbolic_used and analysis.values["y"].dtype == "float"

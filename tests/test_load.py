@@ -77,16 +77,18 @@ def test_inputs_file_and_bad_provider_option(tmp_path, samples):
 
 
 def test_prediction_disagreement_is_reported(samples):
+    from ortprep.analysis import ModelAnalysis
     from ortprep.eps.registry import resolve_ep
     from ortprep.model import ModelHandle
     from ortprep.steps.load import _prediction_findings
 
     handle = ModelHandle.open(samples / "cnn.onnx")
+    analysis = ModelAnalysis(handle)
     # check predicts every node of the CNN on TensorRT; an assignment record that says otherwise:
     assignment = {n.name: "TensorrtExecutionProvider" for n in handle.graph.node}
-    assert _prediction_findings(handle, resolve_ep("tensorrt"), assignment) == []
+    assert _prediction_findings(analysis, resolve_ep("tensorrt"), assignment) == []
     assignment["gap"] = "CPUExecutionProvider"
-    findings = _prediction_findings(handle, resolve_ep("tensorrt"), assignment)
+    findings = _prediction_findings(analysis, resolve_ep("tensorrt"), assignment)
     assert [(f.code, f.node) for f in findings] == [("LOD001", "gap")]
 
 

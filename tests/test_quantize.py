@@ -257,12 +257,9 @@ def test_progress_bar_quiet_without_terminal():
 
 
 def test_image_calibration_needs_pillow(tmp_path):
-    pytest.importorskip("numpy")
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    import importlib.util
+
+    if importlib.util.find_spec("PIL") is not None:
         pytest.skip("Pillow is installed here: the missing-dependency path cannot be shown")
     folder = tmp_path / "images"
     folder.mkdir()

@@ -120,8 +120,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
         partitions += result.partitions
         copies += result.copies
         offset += count
-    on_cpu_device = all(spec.device == "cpu" and spec.name == "cpu" for spec in target)
-    if on_cpu_device:
+    if all(spec.name == "cpu" for spec in target):
         copies = 0  # the CPU EP is the fallback itself: nothing to copy
 
     placed = [a for a in assignment if a != FOLDED]

@@ -78,6 +78,9 @@ class _Fp16Run:
         self.gate = Gate(min_cosine=options.min_cosine)
         self.repairs: list[str] = []
         self.rounds = 0
+        # FP32 values of every intermediate tensor on the feeds: measured once, for the activation
+        # scan, and reused by every round that localizes a failure.
+        self.source_activations = None
 
     def kept(self, converted: ModelProto) -> list[fp16_step.KeptNode]:
         from onnxconverter_common.float16 import DEFAULT_OP_BLOCK_LIST
@@ -136,13 +139,16 @@ class _Fp16Run:
         names = [n for n in float_intermediates(self.source)]
         present = {out for node in converted.graph.node for out in node.output}
         names = [n for n in names if n in present]
-        original = run_with_intermediates(self.source, self.feeds, names)
+        if self.source_activations is None:
+            self.source_activations = run_with_intermediates(self.source, self.feeds, float_intermediates(self.source))
+        original = self.source_activations
         candidate = run_with_intermediates(converted, self.feeds, names)
         if not original.ok:
             return {}
         bad: set[str] = set()
+        compared = set(names) | {v.name for v in self.source.graph.output}
         for name, value in original.outputs.items():
-            if value.dtype.kind != "f":
+            if name not in compared or value.dtype.kind != "f":
                 continue
             other = candidate.outputs.get(name) if candidate.ok else None
             if other is None or not self.gate.passes(compare_arrays(name, value, other), value):
@@ -296,6 +302,7 @@ def _fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: 
         )
     if reference is not None:
         activations = run_with_intermediates(proto, feeds, float_intermediates(proto))
+        run.source_activations = activations
         if activations.ok:
             flagged = fp16_step.activation_overflow_nodes(proto, activations.outputs)
             for name, peak in flagged.items():

@@ -127,11 +127,11 @@ def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndar
     return match, worst
 
 
-def _prediction_findings(handle: ModelHandle, spec: EpSpec, assignment: dict[str, str]) -> list[Finding]:
+def _prediction_findings(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[str, str]) -> list[Finding]:
     """Where ORT's placement disagrees with what `check` predicted for this EP."""
     from ortprep.steps.check import check_target
 
-    record, _ = check_target(ModelAnalysis(handle), (spec,))
+    record, _ = check_target(analysis, (spec,))
     predicted_fallback = set(record["fallback_nodes"])
     findings = []
     for node, ep in sorted(assignment.items()):
@@ -179,6 +179,7 @@ def load_model(handle: ModelHandle, options: LoadOptions) -> StepReport:
             if provider in available:
                 raw[provider] = run_ep(handle.path, provider, feeds_path, options, workdir)
         reference = raw.get(cpu, {}).get("outputs") if raw.get(cpu, {}).get("ok") else None
+        analysis: ModelAnalysis | None = None
         for provider in wanted:
             spec = spec_for_provider(provider)
             name = spec.name if spec else provider
@@ -189,12 +190,14 @@ def load_model(handle: ModelHandle, options: LoadOptions) -> StepReport:
                 report.add(Finding.of("LOD002", f"{name}: {provider} is not available here", ep=name,
                                       fix=INSTALL.get(provider, "install an ONNX Runtime build with it")))
                 continue
-            results.append(_result(handle, name, spec, provider, raw[provider], reference, options, report))
+            if analysis is None:
+                analysis = ModelAnalysis(handle)  # shared by every EP's comparison with check
+            results.append(_result(analysis, name, spec, provider, raw[provider], reference, options, report))
     report.data = {"model": str(handle.path), "available": available, "results": results}
     return report
 
 
-def _result(handle, name, spec, provider, status, reference, options, report) -> dict[str, Any]:
+def _result(analysis, name, spec, provider, status, reference, options, report) -> dict[str, Any]:
     record: dict[str, Any] = {"ep": name, "provider": provider}
     if status.get("status") in ("crashed", "timeout"):
         record.update(status=status["status"], message=status["message"])
@@ -237,6 +240,6 @@ def _result(handle, name, spec, provider, status, reference, options, report) ->
         report.add(Finding.of("LOD007", f"{name}: NaN or Inf in outputs {', '.join(record['nonfinite_outputs'])}", ep=name,
                               fix="check the inputs (--inputs) and FP16 overflow (ortprep convert --fp16 reports it)"))
     if spec is not None and assignment:
-        for finding in _prediction_findings(handle, spec, assignment):
+        for finding in _prediction_findings(analysis, spec, assignment):
             report.add(finding)
     return record

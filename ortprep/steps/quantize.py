@@ -31,7 +31,7 @@ from ortprep.report import StepReport
 from ortprep.runtime.calibration import CalibrationSet, ImageOptions, discover, split
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs
-from ortprep.runtime.isolated import run_isolated
+from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.steps.fp16 import ensure_node_names
 from ortprep.steps.transform import default_output
 from ortprep.steps.verify import float_intermediates, model_bytes, save_temp
@@ -287,8 +287,14 @@ def _top1(reference: np.ndarray, candidate: np.ndarray) -> float | None:
     return float(np.mean(np.argmax(reference, axis=-1) == np.argmax(candidate, axis=-1)))
 
 
-def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float) -> Evaluation:
-    reference = run_isolated(float_model, feeds, latency_runs=LATENCY_RUNS)
+def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
+             cache: dict[str, RunOutcome] | None = None) -> Evaluation:
+    """Run both models on ``feeds`` and compare. ``cache`` keeps the float model's run between
+    rounds (only the quantized model changes)."""
+    cache = {} if cache is None else cache
+    if "evaluation" not in cache:
+        cache["evaluation"] = run_isolated(float_model, feeds, latency_runs=LATENCY_RUNS)
+    reference = cache["evaluation"]
     candidate = run_isolated(quant_model, feeds, latency_runs=LATENCY_RUNS)
     if not reference.ok or not candidate.ok:
         which = "float" if not reference.ok else "quantized"
@@ -326,7 +332,8 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     )
 
 
-def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarray], excluded: set[str], limit: int = 5) -> list[tuple[str, str, float]]:
+def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarray], excluded: set[str], limit: int = 5,
+                cache: dict[str, RunOutcome] | None = None) -> list[tuple[str, str, float]]:
     """(node, op, cosine) of the nodes where the quantization error starts, worst first.
 
     Every tensor both models compute is compared. A node of the quantized model is blamed when
@@ -347,7 +354,10 @@ def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarra
     # Compare what consumers read: the dequantized value where the tensor is quantized (a Relu
     # folded into a Q/DQ range only shows there).
     seen = {name: dequantized.get(name, name) for name in names}
-    reference = run_isolated(_with_outputs(float_model, names), feeds)
+    cache = {} if cache is None else cache
+    if "intermediates" not in cache:
+        cache["intermediates"] = run_isolated(_with_outputs(float_model, names), feeds)
+    reference = cache["intermediates"]
     candidate = run_isolated(_with_outputs(quant_model, list(seen.values())), feeds)
     if not reference.ok or not candidate.ok:
         return []
@@ -478,6 +488,7 @@ def quantize_model(
         result_path = workdir / "quantized.onnx"
         evaluation: Evaluation | None = None
         eval_feeds = list(eval_set.samples(eval_indices)) if (eval_set is not None and options.verify) else []
+        float_runs: dict[str, RunOutcome] = {}
         for round_number in range(1, options.max_exclude_rounds + 2):
             ok, error = _run_quantizer(workdir, float_path, result_path, options.mode, settings, calibration, calib_indices,
                                        excluded, options.exclude_ops, big, progress)
@@ -487,12 +498,12 @@ def quantize_model(
                 break
             if progress is not None:
                 progress("evaluating", 0, 1)
-            evaluation = evaluate(float_path, result_path, eval_feeds, options.min_cosine)
+            evaluation = evaluate(float_path, result_path, eval_feeds, options.min_cosine, float_runs)
             if progress is not None:
                 progress("evaluating", 1, 1)
             if evaluation.passed or not options.auto_exclude or round_number > options.max_exclude_rounds:
                 break
-            culprits = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded), limit=2)
+            culprits = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded), limit=2, cache=float_runs)
             if not culprits:
                 break
             for name, op_type, cosine in culprits:
@@ -504,7 +515,7 @@ def quantize_model(
             report.add(Finding.of("QNT002", "nothing was quantized: no op computes on quantized data",
                                   fix="check --exclude-op/--exclude-node, and that the model's weights are initializers"))
         if evaluation is not None and not evaluation.passed:
-            worst = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded)) if evaluation.error is None else []
+            worst = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded), cache=float_runs) if evaluation.error is None else []
             names = ", ".join(f"{n} ({op}, cosine {c:.4f})" for n, op, c in worst) or "none found"
             what = evaluation.error or f"lowest output cosine {evaluation.cosine:.4f} is below {options.min_cosine}"
             report.add(Finding.of("QNT005", f"accuracy gate failed: {what}; worst nodes: {names}",

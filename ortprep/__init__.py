@@ -4,21 +4,28 @@ The library is usable without the CLI::
 
     import ortprep
     handle = ortprep.load_model("model.onnx")        # graph only, no weight bytes read
-    report = ortprep.inspect(handle)                 # StepReport
-    opsets = report.to_record()["opsets"]
+    result = ortprep.inspect(handle)                 # StepResult
+    opsets = result.to_record()["opsets"]
+
+    result = ortprep.convert("m.onnx", "m.fp16.onnx", fp16=True, ep="cuda")
+    run = ortprep.run_pipeline("ortprep.toml")       # RunReport
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from ortprep.model import ModelHandle
-    from ortprep.report import StepReport
+    from ortprep.report import RunReport, StepResult
 
-__all__ = ["__version__", "load_model", "inspect", "check", "convert", "simplify", "optimize", "quantize", "test_load", "doctor"]
+__all__ = [
+    "__version__", "load_model", "run_step", "inspect", "check", "convert", "simplify", "optimize", "quantize",
+    "test_load", "doctor", "run_pipeline",
+]
 
 
 def load_model(path, *, load_weights: bool = False) -> "ModelHandle":
@@ -28,73 +35,66 @@ def load_model(path, *, load_weights: bool = False) -> "ModelHandle":
     return ModelHandle.open(path, load_weights=load_weights)
 
 
-def inspect(model, *, hash_data: bool = False) -> "StepReport":
+def run_step(name: str, model=None, output=None, *, force: bool = False, **options: Any) -> "StepResult":
+    """Run one step by name on a model (a path or a ModelHandle). ``options`` are the step's
+    config keys (``ortprep.steps.options``), validated exactly as the command line and config are."""
+    from ortprep.model import ModelHandle
+    from ortprep.steps import options_class, step_class
+    from ortprep.steps.base import StepContext
+
+    settings = options_class(name).from_values(options, where=name)
+    step = step_class(name)(settings)
+    step.prepare()
+    handle = model if isinstance(model, ModelHandle) or model is None else ModelHandle.open(model)
+    return step.run(handle, StepContext(output=Path(output) if output else None, force=force))
+
+
+def inspect(model, *, hash_data: bool = False) -> "StepResult":
     """Inspect a model (a path or a ModelHandle) without reading its weights."""
-    from ortprep.model import ModelHandle
-    from ortprep.steps.inspect import inspect_model
-
-    handle = model if isinstance(model, ModelHandle) else ModelHandle.open(model)
-    return inspect_model(handle, hash_data=hash_data)
+    return run_step("inspect", model, hash_data=hash_data)
 
 
-def check(model, eps: list[str]) -> "StepReport":
-    """Check a model (a path or a ModelHandle) against EP targets (names, or comma lists for one
-    session) without reading its weights."""
-    from ortprep.model import ModelHandle
-    from ortprep.steps.check import check_model
-
-    handle = model if isinstance(model, ModelHandle) else ModelHandle.open(model)
-    return check_model(handle, eps)
+def check(model, eps: list[str]) -> "StepResult":
+    """Check a model against EP targets (names, or comma lists for one session), without reading
+    its weights."""
+    return run_step("check", model, eps=eps)
 
 
-def _handle(model):
-    from ortprep.model import ModelHandle
-
-    return model if isinstance(model, ModelHandle) else ModelHandle.open(model)
-
-
-def convert(model, output=None, **options) -> "StepReport":
-    """Transform and verify (see ``ortprep.steps.convert.ConvertOptions`` for the options), e.g.
-    ``ortprep.convert("m.onnx", "m.fp16.onnx", fp16=True, ep="cuda")``."""
-    from ortprep.steps.convert import ConvertOptions, convert_model
-
-    return convert_model(_handle(model), output, ConvertOptions(**options))[0]
+def convert(model, output=None, **options: Any) -> "StepResult":
+    """Transform and verify, e.g. ``ortprep.convert("m.onnx", "m.fp16.onnx", fp16=True, ep="cuda")``."""
+    return run_step("convert", model, output, **options)
 
 
-def simplify(model, output=None, **options) -> "StepReport":
-    """onnxsim + onnxoptimizer, verified (options: ``ortprep.steps.simplify.SimplifyOptions``)."""
-    from ortprep.steps.simplify import SimplifyOptions, simplify_model
-
-    return simplify_model(_handle(model), output, SimplifyOptions(**options))[0]
+def simplify(model, output=None, **options: Any) -> "StepResult":
+    """onnxsim + onnxoptimizer, verified."""
+    return run_step("simplify", model, output, **options)
 
 
-def optimize(model, output=None, **options) -> "StepReport":
-    """ORT offline optimization, verified (options: ``ortprep.steps.optimize.OptimizeOptions``)."""
-    from ortprep.steps.optimize import OptimizeOptions, optimize_model
-
-    return optimize_model(_handle(model), output, OptimizeOptions(**options))[0]
+def optimize(model, output=None, **options: Any) -> "StepResult":
+    """ORT offline optimization, verified."""
+    return run_step("optimize", model, output, **options)
 
 
-def quantize(model, output=None, **options) -> "StepReport":
-    """Quantize with a verdict, e.g. ``ortprep.quantize("m.onnx", mode="static", calib="data/")``
-    (options: ``ortprep.steps.quantize.QuantizeOptions``)."""
-    from ortprep.steps.quantize import QuantizeOptions, quantize_model
-
-    return quantize_model(_handle(model), output, QuantizeOptions(**options))
+def quantize(model, output=None, **options: Any) -> "StepResult":
+    """Quantize with a verdict, e.g. ``ortprep.quantize("m.onnx", mode="static", calib="data/")``."""
+    return run_step("quantize", model, output, **options)
 
 
-def test_load(model, **options) -> "StepReport":
-    """Load and run on each available EP (options: ``ortprep.steps.load.LoadOptions``)."""
-    from ortprep.steps.load import LoadOptions, load_model as run_load
-
-    return run_load(_handle(model), LoadOptions(**options))
+def test_load(model, **options: Any) -> "StepResult":
+    """Load and run on each available EP."""
+    return run_step("load", model, **options)
 
 
 test_load.__test__ = False  # not a pytest test, despite the name
 
 
-def doctor(scan_path=None) -> "StepReport":
+def doctor(scan_path=None) -> "StepResult":
     """The machine's ORT setup, or (with ``scan_path``) pitfalls in the code under it."""
-    from ortprep.steps.doctor import doctor as run_doctor, scan
+    return run_step("doctor", None, scan=scan_path)
 
-    return scan(scan_path) if scan_path is not None else run_doctor()
+
+def run_pipeline(config) -> "RunReport":
+    """Read, validate and run a pipeline file (``ortprep.toml``); returns the RunReport."""
+    from ortprep.pipeline import run_pipeline as run
+
+    return run(Path(config))

@@ -123,6 +123,7 @@ class Finding:
     ep: str | None = None
     fix: str | None = None
     source: str | None = None
+    target: str | None = None  # check: the target (one session's EP list) the finding belongs to
 
     @classmethod
     def of(cls, code: str, message: str, *, severity: Severity | None = None, **fields: str | None) -> "Finding":

@@ -1,5 +1,6 @@
-"""The CI pipeline: a TOML file in a model repository names the model and the steps; each step
-is the same library call its command makes, and the model a step writes feeds the next.
+"""Pipelines: ordered steps over one model. A command line is a one-step pipeline; a model
+repository's ``ortprep.toml`` is a longer one. Both are validated the same way, before any step
+runs, and both run through :meth:`Pipeline.run` into one :class:`~ortprep.report.RunReport`.
 
     model = "models/net.onnx"
     output_dir = "build"          # optional; default build/ beside this file
@@ -15,12 +16,11 @@ is the same library call its command makes, and the model a step writes feeds th
     ep = "dml-npu"
     fix_dims = { batch = 1 }
 
-Everything is validated before any step runs; the run stops at the first failing step.
+The run stops at the first failing step; the steps after it are reported as skipped.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,60 +28,74 @@ from typing import Any
 
 from ortprep.errors import UsageError
 from ortprep.findings import Severity
-from ortprep.model import ModelHandle
-from ortprep.report import StepReport
+from ortprep.options import relative_path
+from ortprep.report import RunReport, StepOutcome
+from ortprep.steps import NO_MODEL, REGISTRY, WRITES_MODEL, options_class, step_class
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-SCHEMA = "ortprep.run/1"
-TOP_LEVEL_KEYS = {"model", "output_dir", "fail_on", "steps"}
+TOP_LEVEL_KEYS = ("model", "output_dir", "fail_on", "steps")
+STEP_KEYS = ("run", "name", "fail_on", "output")  # beside the step's own options
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING, "info": Severity.INFO, "never": None}
-PATH_KEYS = {"inputs", "calib", "eval", "custom_op_library"}  # resolved against the config's folder
 
 
-def _options_class(step: str):
-    from ortprep.steps.convert import ConvertOptions
-    from ortprep.steps.load import LoadOptions
-    from ortprep.steps.optimize import OptimizeOptions
-    from ortprep.steps.quantize import QuantizeOptions
-    from ortprep.steps.simplify import SimplifyOptions
-
-    return {
-        "convert": ConvertOptions,
-        "simplify": SimplifyOptions,
-        "optimize": OptimizeOptions,
-        "quantize": QuantizeOptions,
-        "load": LoadOptions,
-    }.get(step)
+def parse_fail_on(value: Any, where: str) -> Severity | None:
+    if value not in FAIL_ON:
+        raise UsageError(f"{where}: fail_on is {value!r}", hint="use error, warning, info or never")
+    return FAIL_ON[value]
 
 
-STEP_KEYS = {"inspect": {"hash_data"}, "check": {"eps"}}
-WRITES_MODEL = ("convert", "simplify", "optimize", "quantize")
-# Options a config may not set: they belong to the command line, or would let a step overwrite its input.
-RESERVED = {"force", "image"}
+def fail_on_name(severity: Severity | None) -> str:
+    return "never" if severity is None else severity.label
 
 
 @dataclass
-class StepConfig:
-    run: str
-    options: dict[str, Any]
-    fail_on: Severity | None
-    output: Path | None = None
+class PipelineStep:
+    """One step of a pipeline: the step (with validated options), its gate and its output."""
+
+    step: Any  # ortprep.steps.base.Step
+    fail_on: Severity | None = Severity.ERROR
+    output: Path | None = None  # model-writing steps; None: the pipeline's default
     label: str = ""
 
+    @property
+    def name(self) -> str:
+        return self.step.name
+
 
 @dataclass
-class PipelineConfig:
-    path: Path
-    model: Path
-    output_dir: Path
-    steps: list[StepConfig] = field(default_factory=list)
+class Pipeline:
+    """Steps over one model, validated before any runs."""
+
+    steps: list[PipelineStep]
+    model: Path | None
+    output_dir: Path | None = None  # where unnamed outputs go (None: each step's default, beside the input)
+    config: Path | None = None
+    force: bool = False  # a command line's --force: an output may replace the input model
+    single_command: bool = False
+    default_fail_on: Severity | None = Severity.ERROR
+    progress: Any = None  # callback(stage, done, total) for progress bars
+    _prepared: bool = field(default=False, repr=False)
+
+    # --- building ------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: Path) -> "PipelineConfig":
+    def single(cls, name: str, options: Any, model: Path | None, *, output: Path | None = None,
+               fail_on: Severity | None = Severity.ERROR, force: bool = False) -> "Pipeline":
+        """The one-step pipeline a command line stands for."""
+        step = step_class(name)(options)
+        pipeline = cls(steps=[PipelineStep(step, fail_on, output, label=name)], model=model, force=force,
+                       single_command=True, default_fail_on=fail_on)
+        pipeline.validate()
+        return pipeline
+
+    @classmethod
+    def from_toml(cls, path: Path) -> "Pipeline":
+        """Read and validate a pipeline file: unknown keys, bad values and unknown EPs exit 2 here,
+        before any step runs or any file is written."""
         path = Path(path)
         if not path.is_file():
             raise UsageError(f"pipeline config not found: {path}", hint="write an ortprep.toml (see docs/pipeline.md)")
@@ -92,124 +106,171 @@ class PipelineConfig:
         return cls.from_dict(raw, path)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], path: Path) -> "PipelineConfig":
+    def from_dict(cls, raw: dict[str, Any], path: Path) -> "Pipeline":
         base = path.parent.resolve()
-        unknown = set(raw) - TOP_LEVEL_KEYS
+        unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
         if unknown:
-            raise UsageError(f"{path.name}: unknown top-level key(s) {', '.join(sorted(unknown))}",
-                             hint=f"valid keys: {', '.join(sorted(TOP_LEVEL_KEYS))}")
-        if "model" not in raw:
-            raise UsageError(f"{path.name}: no 'model'", hint='add model = "path/to/model.onnx"')
-        default_fail = _fail_on(raw.get("fail_on", "error"), f"{path.name}: fail_on")
-        steps_raw = raw.get("steps") or []
-        if not isinstance(steps_raw, list) or not steps_raw:
+            raise UsageError(f"{path.name}: unknown top-level key(s) {', '.join(unknown)}",
+                             hint=f"valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+        default_fail = parse_fail_on(raw.get("fail_on", "error"), path.name)
+        entries = raw.get("steps") or []
+        if not isinstance(entries, list) or not entries:
             raise UsageError(f"{path.name}: no steps", hint='add [[steps]] tables, e.g. run = "check"')
-        config = cls(path=path, model=(base / raw["model"]).resolve(), output_dir=(base / raw.get("output_dir", "build")).resolve())
-        for index, entry in enumerate(steps_raw, start=1):
-            config.steps.append(_step(entry, index, base, default_fail, path.name))
-        return config
+        steps = [_step_from_config(entry, index, base, default_fail, path.name) for index, entry in enumerate(entries, 1)]
+        needs_model = any(s.name not in NO_MODEL for s in steps)
+        if needs_model and "model" not in raw:
+            raise UsageError(f"{path.name}: no 'model'", hint='add model = "path/to/model.onnx"')
+        model = (base / raw["model"]).resolve() if "model" in raw else None
+        output_dir = (base / raw.get("output_dir", "build")).resolve()
+        pipeline = cls(steps=steps, model=model, output_dir=output_dir, config=path.resolve(), default_fail_on=default_fail)
+        pipeline.validate()
+        return pipeline
+
+    # --- checks before any work ----------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Everything that can be checked without running: the model opens, outputs are writable
+        and never the input, each step's environment is there."""
+        from ortprep.model import ModelHandle, check_output_path
+
+        if any(s.name not in NO_MODEL for s in self.steps):
+            if self.model is None:
+                raise UsageError("no model given", hint="usage: ortprep COMMAND MODEL ...")
+            ModelHandle.open(self.model)  # a bad model fails before any step, or any folder is made
+        for index, entry in enumerate(self.steps):
+            if entry.name in WRITES_MODEL:
+                dest = self.output_for(index)
+                parent_made_later = self.output_dir is not None and dest.parent == self.output_dir
+                if not parent_made_later:
+                    check_output_path(dest, input_path=self.model, force=self.force)
+                elif self.model is not None and dest.resolve() == self.model.resolve():
+                    raise UsageError(f"step {index + 1} would write over the model {self.model}", hint="choose another output")
+
+    def output_for(self, index: int, model: Path | None = None) -> Path:
+        """Where step ``index`` writes: its own output, the run's output folder, or beside the input."""
+        entry = self.steps[index]
+        if entry.output is not None:
+            return entry.output
+        source = model or self.model
+        if self.output_dir is not None:
+            return self.output_dir / f"{source.stem}.{index + 1}-{entry.name}.onnx"
+        return entry.step.default_output(source)
+
+    # --- running -------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """The environment checks of every step (e.g. ONNX Runtime installed), before any runs."""
+        if not self._prepared:
+            for entry in self.steps:
+                entry.step.prepare()
+            self._prepared = True
+
+    def run(self) -> RunReport:
+        """Run the steps in order; the model a step writes feeds the next."""
+        from ortprep.model import ModelHandle
+        from ortprep.steps.base import StepContext
+
+        self.prepare()
+        model = self.model
+        report = RunReport(config=str(self.config) if self.config else None, model=str(self.model) if self.model else None,
+                           final_model=None, single_command=self.single_command)
+        if self.output_dir is not None and any(s.name in WRITES_MODEL for s in self.steps):
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        failed = False
+        for index, entry in enumerate(self.steps):
+            shown = str(model) if model is not None and entry.name not in NO_MODEL else None
+            if failed:
+                report.steps.append(StepOutcome(entry.label, entry.name, "skipped", shown))
+                continue
+            if self.progress is not None and not self.single_command:
+                self.progress(entry.label, index, len(self.steps))
+            handle = ModelHandle.open(model) if entry.name not in NO_MODEL else None
+            output = self.output_for(index, model) if entry.name in WRITES_MODEL else None
+            result = entry.step.run(handle, StepContext(output=output, force=self.force, progress=self.progress))
+            status = "failed" if result.fails(entry.fail_on) or result.missing else "passed"
+            if entry.name in WRITES_MODEL and result.output is None:
+                status = "failed"  # nothing to hand to the next step
+            report.steps.append(StepOutcome(entry.label, entry.name, status, shown, result))
+            if status == "failed":
+                failed = True
+            elif result.output is not None:
+                model = Path(result.output)
+        report.final_model = str(model) if model is not None else None
+        return report
+
+    # --- writing out ---------------------------------------------------------------------------
+
+    def to_config(self, config_path: Path) -> dict[str, Any]:
+        """The pipeline file that runs these steps to the same result, paths relative to its folder."""
+        base = Path(config_path).resolve().parent
+        document: dict[str, Any] = {}
+        if self.model is not None:
+            document["model"] = relative_path(self.model, base)
+        steps = []
+        for index, entry in enumerate(self.steps):
+            table: dict[str, Any] = {"run": entry.name}
+            if entry.label and entry.label != entry.name:
+                table["name"] = entry.label
+            if entry.fail_on != Severity.ERROR:
+                table["fail_on"] = fail_on_name(entry.fail_on)
+            if entry.name in WRITES_MODEL and self.model is not None:
+                table["output"] = relative_path(self.output_for(index), base)
+            table.update(entry.step.options.to_config(base))
+            steps.append(table)
+        document["steps"] = steps
+        return document
 
 
-def _fail_on(value: Any, where: str) -> Severity | None:
-    if value not in FAIL_ON:
-        raise UsageError(f"{where} is {value!r}", hint="use error, warning, info or never")
-    return FAIL_ON[value]
-
-
-def _step(entry: dict[str, Any], index: int, base: Path, default_fail: Severity | None, file_name: str) -> StepConfig:
+def _step_from_config(entry: Any, index: int, base: Path, default_fail: Severity | None, file_name: str) -> PipelineStep:
     where = f"{file_name}: step {index}"
     if not isinstance(entry, dict) or "run" not in entry:
-        raise UsageError(f"{where} has no 'run'", hint="run = one of inspect, check, convert, simplify, optimize, quantize, load")
+        raise UsageError(f"{where} has no 'run'", hint="run = one of " + ", ".join(REGISTRY))
     run = entry["run"]
-    options_class = _options_class(run)
-    allowed = STEP_KEYS.get(run) if options_class is None else {f.name for f in dataclasses.fields(options_class)} - RESERVED
-    if allowed is None:
-        raise UsageError(f"{where}: unknown step {run!r}", hint="use inspect, check, convert, simplify, optimize, quantize or load")
-    options = {k: v for k, v in entry.items() if k not in ("run", "fail_on", "output", "name")}
-    unknown = set(options) - allowed
-    if unknown:
-        raise UsageError(f"{where} ({run}): unknown option(s) {', '.join(sorted(unknown))}",
-                         hint=f"valid options: {', '.join(sorted(allowed))}")
-    for key in PATH_KEYS & set(options):
-        if options[key] != "random":
-            options[key] = (base / options[key]).resolve()
-    if run == "check":
-        from ortprep.eps.registry import resolve_target
-
-        if not options.get("eps"):
-            raise UsageError(f"{where} (check): no eps", hint='add eps = ["dml"]')
-        for target in options["eps"]:
-            resolve_target(target)
-    if options_class is not None:
-        try:
-            options_class(**options)  # type errors surface here, before anything runs
-        except TypeError as exc:
-            raise UsageError(f"{where} ({run}): {exc}", hint="see docs/pipeline.md") from exc
+    if run not in REGISTRY:
+        raise UsageError(f"{where}: unknown step {run!r}", hint="use one of: " + ", ".join(REGISTRY))
+    where = f"{where} ({run})"
+    values = {k: v for k, v in entry.items() if k not in STEP_KEYS}
+    options = options_class(run).from_values(values, where=where, base=base)
+    if "output" in entry and run not in WRITES_MODEL:
+        raise UsageError(f"{where}: 'output' is only for steps that write a model", hint="remove it")
     output = (base / entry["output"]).resolve() if "output" in entry else None
-    return StepConfig(run=run, options=options, fail_on=_fail_on(entry.get("fail_on", _name_of(default_fail)), f"{where}: fail_on"),
-                      output=output, label=entry.get("name") or f"{index}. {run}")
+    fail_on = parse_fail_on(entry.get("fail_on", fail_on_name(default_fail)), where)
+    step = step_class(run)(options)
+    return PipelineStep(step, fail_on, output, label=entry.get("name") or f"{index}. {run}")
 
 
-def _name_of(severity: Severity | None) -> str:
-    return "never" if severity is None else severity.label
+def dump_toml(document: dict[str, Any]) -> str:
+    """TOML for a pipeline document (strings, numbers, booleans, lists and small tables)."""
+    lines = [f"{key} = {_toml_value(value)}" for key, value in document.items() if key != "steps"]
+    for table in document.get("steps", []):
+        lines += ["", "[[steps]]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+    return "\n".join(lines) + "\n"
 
 
-def _run_step(step: StepConfig, model: Path, output: Path) -> StepReport:
-    from ortprep.steps.check import check_model
-    from ortprep.steps.convert import convert_model
-    from ortprep.steps.inspect import inspect_model
-    from ortprep.steps.load import load_model
-    from ortprep.steps.optimize import optimize_model
-    from ortprep.steps.quantize import quantize_model
-    from ortprep.steps.simplify import simplify_model
-
-    handle = ModelHandle.open(model)
-    options = dict(step.options)
-    if step.run == "inspect":
-        return inspect_model(handle, **options)
-    if step.run == "check":
-        return check_model(handle, options["eps"])
-    options_class = _options_class(step.run)
-    settings = options_class(**options)
-    if step.run == "load":
-        return load_model(handle, settings)
-    settings.force = True  # outputs live in output_dir and are rewritten on every run
-    runner = {"convert": convert_model, "simplify": simplify_model, "optimize": optimize_model}
-    if step.run == "quantize":
-        return quantize_model(handle, output, settings)
-    return runner[step.run](handle, output, settings)[0]
+def _toml_key(key: str) -> str:
+    bare = key.replace("-", "").replace("_", "").isalnum()
+    return key if bare and key else _toml_value(key)
 
 
-def run_pipeline(config: PipelineConfig, progress=None) -> dict[str, Any]:
-    """Run the steps in order; returns the run record (schema ortprep.run/1)."""
-    model = config.model
-    ModelHandle.open(model)  # a bad model fails before any step, or any folder is made
-    config.output_dir.mkdir(parents=True, exist_ok=True)
-    steps: list[dict[str, Any]] = []
-    failed = False
-    for index, step in enumerate(config.steps):
-        if failed:
-            steps.append({"name": step.label, "run": step.run, "status": "skipped", "model": str(model), "report": None})
-            continue
-        if progress is not None:
-            progress(step.label, index, len(config.steps))
-        output = step.output or config.output_dir / f"{model.stem}.{index + 1}-{step.run}.onnx"
-        report = _run_step(step, model, output)
-        record = report.to_record()
-        status = "failed" if report.fails(step.fail_on) else "passed"
-        written = record.get("output")
-        if step.run in WRITES_MODEL and not written:
-            status = "failed"  # nothing to hand to the next step
-        steps.append({"name": step.label, "run": step.run, "status": status, "model": str(model), "report": record})
-        if status == "failed":
-            failed = True
-        elif step.run in WRITES_MODEL:
-            model = Path(written)
-    return {
-        "schema": SCHEMA,
-        "config": str(config.path),
-        "model": str(config.model),
-        "final_model": str(model),
-        "passed": not failed,
-        "steps": steps,
-    }
+def _toml_value(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def run_pipeline(config: Path | str, progress=None) -> RunReport:
+    """Read, validate and run a pipeline file; returns its RunReport."""
+    pipeline = Pipeline.from_toml(Path(config))
+    pipeline.progress = progress
+    return pipeline.run()

@@ -22,8 +22,16 @@ from ortprep.steps.check import check_model
 ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 
 
+def with_findings(record: dict, index: int = 0) -> dict:
+    """A check result with its target's findings (the JSON lists each finding once, at top level)."""
+    result = dict(record["results"][index])
+    result["findings"] = [f for f in record["findings"] if f["target"] == result["ep"]]
+    assert len(result["findings"]) == result["finding_count"]
+    return result
+
+
 def result_of(path: Path, ep: str) -> dict:
-    return check_model(ModelHandle.open(path), [ep]).to_record()["results"][0]
+    return with_findings(check_model(ModelHandle.open(path), [ep]).to_record())
 
 
 def codes(result: dict) -> set[str]:
@@ -154,7 +162,7 @@ def test_dml_npu_on_fp32_cnn_cli():
     result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "dml-npu", "--json")
     assert result.exit_code == 1
     record = result.json()
-    npu = next(f for f in record["results"][0]["findings"] if f["code"] == "NPU001")
+    npu = next(f for f in with_findings(record)["findings"] if f["code"] == "NPU001")
     assert npu["severity"] == "error"
     assert "ortprep convert" in npu["fix"] and "--fp16" in npu["fix"]
 
@@ -162,7 +170,7 @@ def test_dml_npu_on_fp32_cnn_cli():
 def test_openvino_dml_combination_cli():
     result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "openvino-cpu,dml", "--json")
     assert result.exit_code == 1
-    target = result.json()["results"][0]
+    target = with_findings(result.json())
     assert target["ep"] == "openvino-cpu,dml" and target["verdict"] == "none"
     combo = [f for f in target["findings"] if f["code"] == "CMB001"]
     assert combo and "memcpy" in combo[0]["message"] and "one session per EP" in combo[0]["fix"]
@@ -171,7 +179,7 @@ def test_openvino_dml_combination_cli():
 def test_repeated_ep_flags_are_separate_targets():
     record = invoke("check", SAMPLES / "cnn.onnx", "--ep", "openvino-cpu", "--ep", "dml", "--json").json()
     assert [r["ep"] for r in record["results"]] == ["openvino-cpu", "dml"]
-    assert all("CMB001" not in codes(r) for r in record["results"])
+    assert all("CMB001" not in codes(with_findings(record, i)) for i in range(2))
 
 
 def test_fallback_node_named_and_counted(tmp_path):
@@ -250,11 +258,12 @@ def test_check_json_schema_and_fail_on(samples):
     result = invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack", "--json")
     assert result.exit_code == 0  # fallbacks are warnings
     record = result.json()
-    assert record["schema"] == "ortprep.check/1"
+    assert record["schema"] == "ortprep.check/2"
     target = record["results"][0]
-    for key in ("ep", "nodes", "supported_nodes", "partitions", "copies", "fallback_nodes", "verdict", "findings"):
+    for key in ("ep", "nodes", "supported_nodes", "partitions", "copies", "fallback_nodes", "verdict", "finding_count"):
         assert key in target
-    assert set(target["findings"][0]) == {"code", "severity", "message", "node", "op_type", "ep", "fix", "source"}
+    assert "findings" not in target  # each finding once, at top level, tagged with its target
+    assert set(record["findings"][0]) == {"code", "severity", "message", "node", "op_type", "ep", "fix", "source", "target"}
     assert invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack", "--fail-on", "warning").exit_code == 1
     assert invoke("check", samples / "cnn.onnx", "--ep", "cpu", "--fail-on", "warning").exit_code == 0
 
@@ -278,10 +287,26 @@ def test_bad_model_exit_2(tmp_path):
 def test_generated_tables_carry_sources():
     data = Path(__file__).resolve().parents[1] / "ortprep" / "eps" / "data"
     for path in sorted(data.glob("*.json")):
+        if path.name == "eps.json":
+            continue  # the EP facts, not an op table: see test_ep_facts_carry_sources
         table = json.loads(path.read_text())
         assert table["sources"], path.name
         for entry in table["entries"]:
             assert entry["src"] in table["sources"], (path.name, entry)
+
+
+def test_ep_facts_carry_sources():
+    from ortprep.eps.registry import ep_facts
+
+    facts = ep_facts()
+    for entry in facts["eps"]:
+        for key in ("install", "quantize", "static_shapes", "fp16_io"):
+            if key in entry and key != "static_shapes":
+                assert entry[key]["source"] in facts["sources"], (entry["name"], key)
+        if "static_shapes" in entry:
+            table = json.loads((Path(__file__).resolve().parents[1] / "ortprep" / "eps" / "data" / f"{entry['name']}.json").read_text())
+            assert any(c["id"] == entry["static_shapes"]["constraint"] for c in table["constraints"]), entry["name"]
+    assert facts["gpu_libraries"]["source"] in facts["sources"]
 
 
 def test_symbolic_shape_inference_types_contrib_outputs(tmp_path):

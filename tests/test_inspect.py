@@ -120,6 +120,7 @@ def test_golden_json(samples, name):
     golden = GOLDEN / f"inspect_{name.removesuffix('.onnx')}.json"
     if os.environ.get("ORTPREP_UPDATE_GOLDEN"):
         golden.write_text(json.dumps(record, indent=2) + "\n")
+        pytest.fail(f"golden file {golden.name} rewritten; review the diff and rerun without ORTPREP_UPDATE_GOLDEN")
     assert record == json.loads(golden.read_text())
 
 

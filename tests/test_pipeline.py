@@ -50,7 +50,7 @@ def test_pipeline_passes_and_chains_models(tmp_path):
     result = invoke("run", config, "--json", "--junit", tmp_path / "junit.xml", "--markdown", tmp_path / "summary.md")
     assert result.exit_code == 0, result.stdout
     record = result.json()
-    assert record["schema"] == "ortprep.run/1" and record["passed"] is True
+    assert record["schema"] == "ortprep.run/2" and record["passed"] is True
     assert [s["status"] for s in record["steps"]] == ["passed"] * 4
     converted = tmp_path / "build" / "conv1d_audio.2-convert.onnx"
     assert record["final_model"] == str(converted) and converted.exists()
@@ -94,7 +94,7 @@ def test_failing_gate_stops_the_run(tmp_path):
         ('model = "cnn.onnx"\n[[steps]]\nrun = "compile"\n', "unknown step 'compile'"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "convert"\nfp17 = true\n', "unknown option(s) fp17"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\neps = ["gpu9000"]\n', "unknown execution provider 'gpu9000'"),
-        ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\n', "no eps"),
+        ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\n', "no EP given"),
         ('model = "cnn.onnx"\nfail_on = "sometimes"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "fail_on is 'sometimes'"),
         ('model = "cnn.onnx"\n', "no steps"),
         ('model = "missing.onnx"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "model file not found"),

@@ -199,7 +199,9 @@ def test_static_needs_calibration(tmp_path):
     result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "-o", tmp_path / "q.onnx")
     assert result.exit_code == 2 and "--calib" in result.stderr
     both = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--dynamic")
-    assert both.exit_code == 2 and "choose one of --static or --dynamic" in both.stderr
+    assert both.exit_code == 2 and "--dynamic conflicts with --mode static" in both.stderr
+    neither = invoke("quantize", SAMPLES / "cnn.onnx")
+    assert neither.exit_code == 2 and "no quantization mode" in neither.stderr
 
 
 def test_nothing_quantized_is_an_error(tmp_path):
@@ -239,7 +241,8 @@ def test_every_quantize_code_has_a_case():
 
 def test_progress_reports_calibration_and_evaluation(tmp_path):
     from ortprep.model import ModelHandle
-    from ortprep.steps.quantize import QuantizeOptions, quantize_model
+    from ortprep.steps.options import QuantizeOptions
+    from ortprep.steps.quantize import quantize_model
 
     calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 10)
     seen = []

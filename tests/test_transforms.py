@@ -16,7 +16,7 @@ import models
 from cli_helpers import invoke
 from conftest import SAMPLES
 from ortprep.model import ModelHandle
-from ortprep.steps.convert import ConvertOptions, convert_model
+import ortprep
 
 
 def saved(tmp_path: Path, model: onnx.ModelProto, name: str = "m.onnx") -> Path:
@@ -34,8 +34,7 @@ def run(path: Path, feeds: dict) -> list[np.ndarray]:
 
 def fp16(tmp_path: Path, model: onnx.ModelProto, ep: str = "cuda", **extra) -> dict:
     source = saved(tmp_path, model)
-    report, _ = convert_model(ModelHandle.open(source), tmp_path / "out.onnx", ConvertOptions(fp16=True, ep=ep, **extra))
-    return report.to_record()
+    return ortprep.convert(source, tmp_path / "out.onnx", fp16=True, ep=ep, **extra).to_record()
 
 
 def kept(record: dict) -> set[str]:
@@ -265,7 +264,7 @@ def test_fix_shape_and_fix_dim(tmp_path, samples):
     record = invoke("convert", samples / "transformer_block.onnx", "--fix-dim", "batch=1", "--fix-dim", "sequence=7",
                     "-o", tmp_path / "d.onnx", "--json").json()
     assert record["verify"]["passed"] is True
-    assert invoke("check", tmp_path / "d.onnx", "--ep", "qnn", "--json").json()["results"][0]["findings"][0]["code"] != "SHP001"
+    assert invoke("check", tmp_path / "d.onnx", "--ep", "qnn", "--json").json()["findings"][0]["code"] != "SHP001"
 
 
 def test_opset_conversion(tmp_path, samples):
@@ -323,9 +322,8 @@ def test_simplify_falls_back_when_onnxsim_cannot(tmp_path, samples, monkeypatch)
     import ortprep.steps.simplify as simplify_module
 
     monkeypatch.setattr(simplify_module, "AUTO_EXTERNAL_THRESHOLD", 100)  # treat the model as over 2 GB
-    from ortprep.steps.simplify import SimplifyOptions, simplify_model
 
-    report, _ = simplify_model(ModelHandle.open(samples / "cnn.onnx"), tmp_path / "s.onnx", SimplifyOptions())
+    report = ortprep.simplify(samples / "cnn.onnx", tmp_path / "s.onnx")
     record = report.to_record()
     assert record["transforms"][0] == {"transform": "onnxsim skipped", "detail": "the model is over 2 GB, which onnxsim cannot serialize"}
     assert "SIM001" in codes(record) and record["verify"]["passed"] is True

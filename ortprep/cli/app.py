@@ -105,23 +105,32 @@ def _global(
     logging.basicConfig(level=level, stream=sys.stderr, format="ortprep: %(levelname)s: %(message)s")
 
 
-def _register() -> None:
-    from ortprep.cli import check as check_cmd
-    from ortprep.cli import convert as convert_cmd
-    from ortprep.cli import doctor as doctor_cmd
-    from ortprep.cli import inspect as inspect_cmd
-    from ortprep.cli import load as load_cmd
-    from ortprep.cli import quantize as quantize_cmd
-    from ortprep.cli import run as run_cmd
-    from ortprep.cli import simplify as simplify_cmd
+def _list_eps(kwargs: dict[str, Any]) -> bool:
+    """check --list-eps answers without a model."""
+    from ortprep.cli.output import emit
+    from ortprep.render.console import render_eps
+    from ortprep.steps.check import list_eps
 
-    inspect_cmd.register(app)
-    check_cmd.register(app)
-    convert_cmd.register(app)
-    simplify_cmd.register(app)
-    quantize_cmd.register(app)
-    load_cmd.register(app)
-    doctor_cmd.register(app)
+    if kwargs.pop("list_eps", False):
+        emit(list_eps(), as_json=kwargs["json_output"], human=render_eps)
+        return True
+    return False
+
+
+def _register() -> None:
+    import inspect
+
+    from ortprep.cli import run as run_cmd
+    from ortprep.cli.commands import build_command
+    from ortprep.steps import REGISTRY
+
+    list_eps = inspect.Parameter("list_eps", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+        False, "--list-eps", help="List the EPs and their tables' sources, and exit."))
+    for name in REGISTRY:
+        if name == "check":
+            app.command(name)(build_command(name, extra=[list_eps], before=_list_eps))
+        else:
+            app.command(name)(build_command(name))
     run_cmd.register(app)
 
 

@@ -34,22 +34,6 @@ def emit(
         human(record, stdout_console())
 
 
-def check_report_path(report_path: Path | None, model_path: Path) -> Path | None:
-    """Validate --report before any work: never the model itself, even with --force."""
-    if report_path is None:
-        return None
-    from ortprep.model import check_output_path
-
-    return check_output_path(report_path, input_path=model_path, force=False)
-
-
-def write_report(report_path: Path | None, record: dict[str, Any]) -> None:
-    if report_path is not None:
-        from ortprep.model import atomic_write_bytes
-
-        atomic_write_bytes(report_path, dumps(record).encode("utf-8"))
-
-
 def interactive(quiet: bool) -> bool:
     """Progress display only on a terminal, never in CI or with --json."""
     return not quiet and sys.stderr.isatty() and not os.environ.get("CI")
@@ -63,37 +47,6 @@ def progress_for(label: str, *, quiet: bool) -> Iterator[None]:
         return
     with stderr_console().status(f"ortprep: {label}..."):
         yield
-
-
-def run_transform(
-    step_function: Callable[[Any], Any],
-    model: Path,
-    *,
-    verify: bool,
-    report: Path | None,
-    json_output: bool,
-    fail_on,
-    label: str,
-) -> None:
-    """Shared tail of convert/simplify/optimize: open, run with a spinner, render, gate."""
-    import typer
-
-    from ortprep.errors import ExitCode
-    from ortprep.model import ModelHandle
-    from ortprep.render.console import render_transform
-    from ortprep.runtime.providers import require_ort
-
-    report_path = check_report_path(report, model)
-    if verify:
-        require_ort()
-    handle = ModelHandle.open(model)
-    with progress_for(label, quiet=json_output):
-        step = step_function(handle)
-    record = step.to_record()
-    write_report(report_path, record)
-    emit(record, as_json=json_output, human=render_transform)
-    if step.fails(fail_on.severity()):
-        raise typer.Exit(int(ExitCode.GATE_FAILED))
 
 
 @contextlib.contextmanager
@@ -116,3 +69,70 @@ def progress_bar(*, quiet: bool) -> Iterator[Callable[[str, int, int], None] | N
             bar.update(tasks[stage], completed=done, total=total)
 
         yield callback
+
+
+def _check_report_paths(paths: list[Path | None], model: Path | None) -> None:
+    from ortprep.model import check_output_path
+
+    for path in paths:
+        if path is not None:
+            check_output_path(path, input_path=model, force=False)
+
+
+def run_and_render(name: str, options_cls, given: dict[str, Any]) -> None:
+    """The one path of every step command: options -> one-step pipeline -> run -> report files,
+    stdout (human or JSON) and the exit code."""
+    import typer
+
+    from ortprep.cli.commands import option_values
+    from ortprep.pipeline import Pipeline, dump_toml
+
+    model = given.get("model")
+    options = options_cls.from_values(option_values(options_cls, given), where=name)
+    pipeline = Pipeline.single(name, options, model, output=given.get("output"), fail_on=given["fail_on"].severity(),
+                               force=bool(given.get("force")))
+    emit_config = given.get("emit_config")
+    if emit_config is not None:
+        from ortprep.model import atomic_write_bytes
+
+        _check_report_paths([emit_config], model)
+        atomic_write_bytes(emit_config, dump_toml(pipeline.to_config(emit_config)).encode("utf-8"))
+        sys.stderr.write(f"ortprep: wrote {emit_config}; run it with: ortprep run {emit_config}\n")
+        return
+    code = execute(pipeline, as_json=given["json_output"], report=given.get("report"), junit=given.get("junit"),
+                   markdown=given.get("markdown"))
+    if code:
+        raise typer.Exit(int(code))
+
+
+def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path | None = None,
+            markdown: Path | None = None) -> int:
+    """Run a pipeline with a progress display, write the report files, print the report; returns
+    the exit code."""
+    from ortprep.model import atomic_write_bytes
+    from ortprep.render.console import render_run_report
+    from ortprep.render.junit import render_junit
+    from ortprep.render.markdown import render_markdown
+
+    _check_report_paths([report, junit, markdown], pipeline.model)
+    pipeline.prepare()
+    single = pipeline.steps[0].step if pipeline.single_command else None
+    if single is not None and single.name != "quantize":
+        with progress_for(single.progress_label or f"running {single.name}", quiet=as_json or single.progress_label is None):
+            run_report = pipeline.run()
+    else:
+        with progress_bar(quiet=as_json) as progress:
+            pipeline.progress = progress
+            run_report = pipeline.run()
+    document = run_report.document()
+    if report is not None:
+        atomic_write_bytes(report, dumps(document).encode("utf-8"))
+    records = run_report.to_records()
+    if junit is not None:
+        atomic_write_bytes(junit, render_junit(records).encode("utf-8"))
+    if markdown is not None:
+        atomic_write_bytes(markdown, render_markdown(records).encode("utf-8"))
+    emit(document, as_json=as_json, human=lambda _record, console: render_run_report(records, console, single=run_report.single_command))
+    for message in run_report.missing:
+        sys.stderr.write(f"ortprep: error: {message}\n")
+    return int(run_report.exit_code())

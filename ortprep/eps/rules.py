@@ -184,26 +184,17 @@ def _dynamic_inputs(analysis: ModelAnalysis) -> list[str]:
     return described
 
 
-STATIC_SHAPE_SOURCES = {
-    "dml-npu": ("DML-007", "NPUs compile a fixed-shape graph; free dimensions keep nodes out of it"),
-    "dml": ("DML-007", "DirectML optimizes best with shapes known at session creation"),
-    "qnn": ("QNN-001", "QNN EP does not support dynamic shapes"),
-    "openvino-npu": ("OV-003", "the NPU needs a static model (reshape_input or disable_dynamic_shapes)"),
-    "coreml": ("MOB-001", "CoreML partitions need fixed input sizes"),
-    "nnapi": ("MOB-001", "NNAPI partitions need fixed input sizes"),
-    "xnnpack": ("XNN-001", "XNNPACK needs C, H, W known at session creation"),
-}
 
 
 def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[Finding]:
     findings: list[Finding] = []
     opset = analysis.opsets.get("ai.onnx")
-    shape_rule = STATIC_SHAPE_SOURCES.get(spec.name)
+    shape_rule = spec.static_shapes
     if shape_rule:
         dynamic = _dynamic_inputs(analysis)
         if dynamic:
-            severity = Severity.parse(spec.static_shapes) if spec.static_shapes else Severity.INFO
-            constraint_id, why = shape_rule
+            severity = Severity.parse(shape_rule.severity)
+            constraint_id, why = shape_rule.constraint, shape_rule.why
             findings.append(
                 Finding.of(
                     "SHP001",
@@ -239,14 +230,14 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                 source=constraint_source(table, "DMLNPU-003"),
             )
         )
-    if spec.name in DML_EPS and opset is not None and opset > table.extra.get("max_opset", 20):
+    if spec.name in DML_EPS and opset is not None and opset > table.extra["max_opset"]:
         findings.append(
             Finding.of(
                 "DML004",
-                f"{spec.name}: model opset {opset} is above the opset {table.extra.get('max_opset', 20)} that "
+                f"{spec.name}: model opset {opset} is above the opset {table.extra['max_opset']} that "
                 "DirectML 1.15 documents; newer ops may be unsupported or slow",
                 ep=spec.name,
-                fix=f"ortprep convert MODEL --opset {table.extra.get('max_opset', 20)}",
+                fix=f"ortprep convert MODEL --opset {table.extra['max_opset']}",
                 source=constraint_source(table, "DML-006"),
             )
         )
@@ -263,7 +254,7 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
             )
         )
     if spec.name == "tensorrt" and opset is not None:
-        low, high = table.extra.get("opset_range", [9, 20])
+        low, high = table.extra["opset_range"]
         if not low <= opset <= high:
             findings.append(
                 Finding.of(

@@ -141,7 +141,7 @@ def render_check(record: dict[str, Any], console: Console) -> None:
     console.print(summary)
     for result in record["results"]:
         console.print(f"\n[bold]{escape(result['ep'])}[/]")
-        render_grouped_findings(result["findings"], console)
+        render_grouped_findings([f for f in record["findings"] if f.get("target") == result["ep"]], console)
 
 
 def render_grouped_findings(findings: list[dict[str, Any]], console: Console, examples: int = 3) -> None:
@@ -305,9 +305,34 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
     render_findings(record["findings"], console)
 
 
+STEP_RENDERERS = {
+    "inspect": render_inspect,
+    "check": render_check,
+    "convert": render_transform,
+    "simplify": render_transform,
+    "optimize": render_transform,
+    "quantize": render_quantize,
+    "load": render_load,
+    "doctor": render_doctor,
+}
+
+
+def render_step(run: str, record: dict[str, Any], console: Console) -> None:
+    STEP_RENDERERS[run](record, console)
+
+
+def render_run_report(records: dict[str, Any], console: Console, *, single: bool = False) -> None:
+    """A command's own report, or a pipeline's summary table and each step's findings."""
+    if single and len(records["steps"]) == 1 and records["steps"][0]["report"] is not None:
+        step = records["steps"][0]
+        render_step(step["run"], step["report"], console)
+        return
+    render_run(records, console)
+
+
 def render_run(record: dict[str, Any], console: Console) -> None:
     verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"
-    console.print(f"[bold]{escape(record['config'])}[/]: {verdict}")
+    console.print(f"[bold]{escape(str(record['config']))}[/]: {verdict}")
     table = Table(title="Pipeline")
     for column in ("step", "result", "errors", "warnings", "model"):
         table.add_column(column)
@@ -318,7 +343,7 @@ def render_run(record: dict[str, Any], console: Console) -> None:
             escape(step["name"]), f"[{style}]{step['status']}[/]",
             str(sum(1 for f in findings if f["severity"] == "error")),
             str(sum(1 for f in findings if f["severity"] == "warning")),
-            escape(step["model"].rsplit("/", 1)[-1]),
+            escape((step["model"] or "-").rsplit("/", 1)[-1]),
         )
     console.print(table)
     for step in record["steps"]:

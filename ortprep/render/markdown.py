@@ -15,7 +15,7 @@ def render_markdown(record: dict[str, Any]) -> str:
     lines = [
         f"## ortprep: {'passed' if record['passed'] else 'failed'}",
         "",
-        f"Model `{record['model']}` (config `{record['config']}`)",
+        f"Model `{record['model']}`" + (f" (config `{record['config']}`)" if record.get("config") else ""),
         "",
         "| step | result | errors | warnings |",
         "|---|---|---:|---:|",

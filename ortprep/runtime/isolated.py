@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ortprep.runtime.children import run_child
 from ortprep.runtime.providers import require_ort
 
 log = logging.getLogger(__name__)
@@ -37,13 +35,6 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 def run_isolated(
@@ -81,23 +72,15 @@ def run_isolated(
             "optimized_data": optimized_data,
         }
         (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
-        try:
-            child = subprocess.run(
-                [sys.executable, "-m", "ortprep.runtime.worker", str(folder / "request.json")],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env={**os.environ, "PYTHONFAULTHANDLER": "0"},
-            )
-        except subprocess.TimeoutExpired:
+        child = run_child("ortprep.runtime.worker", folder / "request.json", timeout=timeout)
+        if child.timed_out:
             return RunOutcome("timeout", f"no answer within {timeout:.0f} s")
         status_path = folder / "status.json"
-        if child.returncode < 0 or not status_path.exists():
+        if child.returncode != 0 or not status_path.exists():
             stderr_tail = " ".join(
                 line for line in child.stderr.strip().splitlines()[-6:] if line.strip() and not line.startswith(_PYTHON_NOISE)
-            )[:300]
-            how = _signal_name(child.returncode) if child.returncode < 0 else f"exit code {child.returncode}"
-            return RunOutcome("crashed", f"ONNX Runtime's process died ({how}){': ' + stderr_tail if stderr_tail else ''}")
+            )
+            return RunOutcome("crashed", f"ONNX Runtime's process died ({child.how_it_died()}){': ' + stderr_tail if stderr_tail else ''}")
         status = json.loads(status_path.read_text(encoding="utf-8"))
         if not status.get("ok"):
             return RunOutcome("failed", status.get("error", "unknown error"), stage=status.get("stage"))

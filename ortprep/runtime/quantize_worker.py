@@ -75,17 +75,22 @@ def main(request_path: str) -> int:
 
         from ortprep.runtime.calibration import CalibrationSet
 
-        types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int16": QuantType.QInt16, "uint16": QuantType.QUInt16}
         options = request["options"]
+        types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int16": QuantType.QInt16, "uint16": QuantType.QUInt16}
         common = dict(
             op_types_to_quantize=options.get("op_types") or None,
-            per_channel=options["per_channel"],
-            weight_type=types[options["weight_type"]],
+            per_channel=options.get("per_channel", False),
+            weight_type=types[options.get("weight_type", "int8")],
             nodes_to_exclude=options.get("exclude_nodes") or None,
             use_external_data_format=options.get("external_data", False),
             extra_options=options.get("extra_options") or {},
         )
-        if request["mode"] == "dynamic":
+        if request["mode"] == "preprocess":
+            from onnxruntime.quantization.preprocess import quant_pre_process
+
+            quant_pre_process(request["model"], request["output"], skip_symbolic_shape=not options["symbolic"],
+                              save_as_external_data=options["external_data"])
+        elif request["mode"] == "dynamic":
             quantize_dynamic(request["model"], request["output"], **common)
         else:
             calibration = CalibrationSet.from_json(request["calibration"])

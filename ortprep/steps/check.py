@@ -6,7 +6,9 @@ Reads no weight bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
@@ -15,12 +17,15 @@ from ortprep.eps.registry import EPS, EpSpec, resolve_target
 from ortprep.eps.rules import NodeVerdict, combination_findings, evaluate_node, model_findings
 from ortprep.eps.tables import SupportLevel, SupportTable, load_table, match
 from ortprep.findings import Finding, Severity
+from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
-from ortprep.report import StepReport
+from ortprep.steps.options import CheckOptions
+from ortprep.steps.base import Step, StepContext
+from ortprep.report import StepResult
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "ortprep.check/1"
+SCHEMA = "ortprep.check/2"
 EPS_SCHEMA = "ortprep.eps/1"
 
 # Findings that mean no session can be created at all.
@@ -180,9 +185,9 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
         "macs": {"known": macs_total, "on_ep": macs_on_ep},
         "mac_share": round(macs_on_ep / macs_total, 4) if macs_total else None,
         "verdict": verdict,
-        "findings": [f.to_record() for f in findings],
+        "finding_count": len(findings),
     }
-    return record, findings
+    return record, [dataclasses.replace(f, target=label) for f in findings]
 
 
 def _runtime_opset_findings(analysis: ModelAnalysis) -> list[Finding]:
@@ -203,12 +208,12 @@ def _runtime_opset_findings(analysis: ModelAnalysis) -> list[Finding]:
     ]
 
 
-def check_model(handle: ModelHandle, targets: list[str]) -> StepReport:
+def check_model(handle: ModelHandle, targets: list[str]) -> StepResult:
     """Check a model against each target. A target is an EP name, or a comma-separated priority
     list for one session ("openvino-cpu,dml")."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
     analysis = ModelAnalysis(handle)
-    report = StepReport(step="check", schema=SCHEMA)
+    report = StepResult(step="check", schema=SCHEMA)
     results = []
     for target in resolved:
         record, findings = check_target(analysis, target)
@@ -237,3 +242,11 @@ def list_eps() -> dict[str, Any]:
             }
         )
     return {"schema": EPS_SCHEMA, "eps": entries}
+
+
+class CheckStep(Step):
+    name = "check"
+    Options = CheckOptions
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return check_model(model, self.options.eps)

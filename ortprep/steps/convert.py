@@ -3,8 +3,9 @@ result verified against the original before it is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,18 @@ from onnx import ModelProto
 
 from ortprep.errors import UsageError
 from ortprep.findings import Finding, Severity
-from ortprep.model import ModelHandle, check_output_path
-from ortprep.report import StepReport
+from ortprep.eps.registry import resolve_ep
+from ortprep.model import ModelHandle
+from ortprep.steps.options import MAX_ROUNDS, ConvertOptions
+from ortprep.runtime.providers import require_ort
+from ortprep.steps.base import Step, StepContext, output_path
+from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
-from ortprep.steps import fp16 as fp16_step
-from ortprep.steps import rewrites
-from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
-from ortprep.steps.verify import (
+from ortprep.transforms import fp16 as fp16_step
+from ortprep.transforms import rewrites
+from ortprep.transforms.common import finish, make_feeds, reference_run
+from ortprep.transforms.fp16 import KeepReason
+from ortprep.transforms.verify import (
     EXACT_GATE,
     Gate,
     VerifyResult,
@@ -33,48 +39,22 @@ from ortprep.steps.verify import (
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.convert/1"
-MAX_ROUNDS = 8
-
-
-@dataclass
-class ConvertOptions:
-    fp16: bool = False
-    ep: str = "cpu"
-    keep_io_types: bool | None = None  # None: the EP's default (fp16 I/O for NPUs)
-    block_ops: tuple[str, ...] = ()
-    block_nodes: tuple[str, ...] = ()
-    opset: int | None = None
-    fix_shapes: dict[str, list[int]] = field(default_factory=dict)
-    fix_dims: dict[str, int] = field(default_factory=dict)
-    conv1d_to_conv2d: bool = False
-    shapes: dict[str, list[int]] = field(default_factory=dict)  # feed shapes for verification only
-    inputs: Path | None = None
-    min_cosine: float = 0.999
-    verify: bool = True
-    keep_failed: bool = False
-    force: bool = False
-    max_rounds: int = MAX_ROUNDS
-
-    def any_transform(self) -> bool:
-        return bool(self.fp16 or self.opset or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d)
 
 
 class _Fp16Run:
     """The FP16 loop: convert, load, compare; keep the nodes responsible in FP32; repeat."""
 
-    def __init__(self, proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepReport) -> None:
+    def __init__(self, proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult) -> None:
         self.source = proto
         self.options = options
         self.feeds = feeds
         self.reference = reference
         self.report = report
-        self.keep_io = (
-            options.keep_io_types
-            if options.keep_io_types is not None
-            else fp16_step.default_keep_io_types(options.ep)
-        )
+        self.keep_io = options.keep_io_types if options.keep_io_types is not None else not resolve_ep(options.ep).fp16_io
         self.block_ops: dict[str, str] = {op: "--block-op" for op in options.block_ops}
         self.block_nodes: dict[str, str] = {name: "--block-node" for name in options.block_nodes}
+        # Why each node in block_nodes is there, as data (the text above is for people).
+        self.keep_reasons: dict[str, KeepReason] = {name: KeepReason.ASKED for name in options.block_nodes}
         self.gate = Gate(min_cosine=options.min_cosine)
         self.repairs: list[str] = []
         self.rounds = 0
@@ -117,11 +97,17 @@ class _Fp16Run:
             culprits = self._culprits(converted, last)
             if not culprits:
                 break
-            for name, reason in culprits.items():
-                self.block_nodes[name] = reason
+            for name, (why, reason) in culprits.items():
+                self.keep(name, why, reason)
         return converted, last
 
-    def _culprits(self, converted: ModelProto, result: VerifyResult) -> dict[str, str]:
+    def keep(self, name: str, why: KeepReason, text: str, *, replace: bool = True) -> None:
+        """Keep node ``name`` in FP32 from the next round on."""
+        if replace or name not in self.block_nodes:
+            self.block_nodes[name] = text
+            self.keep_reasons[name] = why
+
+    def _culprits(self, converted: ModelProto, result: VerifyResult) -> dict[str, tuple[KeepReason, str]]:
         if result.status == "crashed":
             self.report.add(
                 Finding.of(
@@ -134,7 +120,7 @@ class _Fp16Run:
             )
         return self._localize(converted)
 
-    def _localize(self, converted: ModelProto) -> dict[str, str]:
+    def _localize(self, converted: ModelProto) -> dict[str, tuple[KeepReason, str]]:
         """Compare every intermediate tensor; the nodes where the error starts stay FP32."""
         names = [n for n in float_intermediates(self.source)]
         present = {out for node in converted.graph.node for out in node.output}
@@ -153,7 +139,7 @@ class _Fp16Run:
             other = candidate.outputs.get(name) if candidate.ok else None
             if other is None or not self.gate.passes(compare_arrays(name, value, other), value):
                 bad.add(name)
-        culprits: dict[str, str] = {}
+        culprits: dict[str, tuple[KeepReason, str]] = {}
         first_bad = None
         for node in self.source.graph.node:
             if node.name in self.block_nodes:
@@ -163,9 +149,9 @@ class _Fp16Run:
                 continue
             first_bad = first_bad or node
             if not any(i in bad for i in node.input):
-                culprits[node.name] = "its FP16 output differs from FP32 beyond the gate"
+                culprits[node.name] = (KeepReason.ERROR_STARTS, "its FP16 output differs from FP32 beyond the gate")
         if not culprits and first_bad is not None:
-            culprits[first_bad.name] = "first node whose FP16 output differs beyond the gate"
+            culprits[first_bad.name] = (KeepReason.ERROR_STARTS, "first node whose FP16 output differs beyond the gate")
         if not culprits:
             # The error starts in nodes already kept in FP32: what feeds them (e.g. two FP16 weights
             # whose difference matters) goes to FP32 too.
@@ -175,37 +161,20 @@ class _Fp16Run:
                     for name in node.input:
                         upstream = producers.get(name)
                         if upstream is not None and upstream.name not in self.block_nodes:
-                            culprits[upstream.name] = f"feeds '{node.name}', whose output differs even in FP32"
+                            culprits[upstream.name] = (KeepReason.FEEDS_KEPT, f"feeds '{node.name}', whose output differs even in FP32")
         if not culprits and not candidate.ok:
             # Fails without a node to blame: keep every remaining float node of the main graph in FP32.
             for node in self.source.graph.node:
                 if node.name not in self.block_nodes:
-                    culprits[node.name] = f"ORT could not run the FP16 model ({candidate.message[:120]})"
+                    culprits[node.name] = (KeepReason.NO_RUN, f"ORT could not run the FP16 model ({candidate.message[:120]})")
         return culprits
 
 
-def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOptions) -> tuple[StepReport, ModelProto | None]:
-    """Apply the requested transforms, verify, and write ``output`` only when verification passes
-    (or ``keep_failed``). Returns the report and the written model. The handle's model is
-    transformed in place (its file is not touched)."""
-    if not options.any_transform():
-        raise UsageError("nothing to do", hint="give at least one of --fp16, --opset, --fix-shape, --fix-dim, --conv1d-to-conv2d")
-    if handle.path is None:
-        raise UsageError("convert needs a model file")
-    dest = check_output_path(
-        Path(output) if output else default_output(handle.path, ".fp16.onnx" if options.fp16 else ".converted.onnx"),
-        input_path=handle.path,
-        force=options.force,
-    )
-    checks = VerifyOptions(
-        verify=options.verify,
-        shapes={**options.fix_shapes, **options.shapes},
-        dims=options.fix_dims,
-        inputs=options.inputs,
-        keep_failed=options.keep_failed,
-        force=options.force,
-    )
-    report = StepReport(step="convert", schema=SCHEMA)
+def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, force: bool = False) -> StepResult:
+    """Apply the requested transforms, verify, and write ``dest`` only when verification passes
+    (or ``keep_failed``). The handle's model is transformed in place (its file is not touched)."""
+    checks = dataclasses.replace(options, shapes={**options.fix_shapes, **options.shapes}, dims={**options.fix_dims, **options.dims})
+    report = StepResult(step="convert", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     handle.load_weights()
     nodes_before = node_count(handle.proto)
@@ -213,22 +182,7 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
     # (a copy would hold every weight twice).
     feeds, feed_source = make_feeds(handle, checks)
     reference = reference_run(handle.proto, feeds, report) if options.verify else None
-    proto = handle.proto
-    applied: list[dict[str, Any]] = []
-
-    if options.opset:
-        proto = rewrites.convert_opset(proto, options.opset)
-        applied.append({"transform": "opset", "detail": f"opset {options.opset}"})
-    if options.fix_dims or options.fix_shapes:
-        changes = rewrites.fix_dims(proto, options.fix_dims) if options.fix_dims else []
-        changes += rewrites.fix_shapes(proto, options.fix_shapes) if options.fix_shapes else []
-        proto = rewrites.propagate_static_shapes(proto)
-        applied.append({"transform": "fix_shape", "detail": "; ".join(changes)})
-    if options.conv1d_to_conv2d:
-        working = ModelHandle(proto=proto, path=None)
-        names = rewrites.conv1d_to_conv2d(working)
-        proto = rewrites.propagate_static_shapes(working.proto)
-        applied.append({"transform": "conv1d_to_conv2d", "detail": f"{len(names)} node(s): {', '.join(names)}"})
+    proto, applied = _rewrite(handle.proto, options)
 
     verify_result: VerifyResult | None = None
     kept: list[fp16_step.KeptNode] = []
@@ -251,16 +205,37 @@ def convert_model(handle: ModelHandle, output: Path | None, options: ConvertOpti
         dest,
         verify_result,
         checks,
+        force=force,
         size_before=size_before,
         transforms=applied,
         feed_source=feed_source,
         failure_fix=fix,
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
-    return report, proto if written else None
+    report.output = written
+    return report
 
 
-def _fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepReport):
+def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, list[dict[str, Any]]]:
+    """The graph rewrites before FP16: opset, static shapes, 1-D to 2-D."""
+    applied: list[dict[str, Any]] = []
+    if options.opset:
+        proto = rewrites.convert_opset(proto, options.opset)
+        applied.append({"transform": "opset", "detail": f"opset {options.opset}"})
+    if options.fix_dims or options.fix_shapes:
+        changes = rewrites.fix_dims(proto, options.fix_dims) if options.fix_dims else []
+        changes += rewrites.fix_shapes(proto, options.fix_shapes) if options.fix_shapes else []
+        proto = rewrites.propagate_static_shapes(proto)
+        applied.append({"transform": "fix_shape", "detail": "; ".join(changes)})
+    if options.conv1d_to_conv2d:
+        working = ModelHandle(proto=proto, path=None)
+        names = rewrites.conv1d_to_conv2d(working)
+        proto = rewrites.propagate_static_shapes(working.proto)
+        applied.append({"transform": "conv1d_to_conv2d", "detail": f"{len(names)} node(s): {', '.join(names)}"})
+    return proto, applied
+
+
+def _fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult):
     fp16_step.ensure_node_names(proto)
     scan = fp16_step.scan_constants(proto)
     overflow_names = {name for name, _ in scan.overflow}
@@ -280,7 +255,7 @@ def _fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: 
     for name, _ in remaining:
         for node in proto.graph.node:
             if name in node.input:
-                run.block_nodes[node.name] = f"reads constant '{name}' beyond FP16's range"
+                run.keep(node.name, KeepReason.CONSTANT_RANGE, f"reads constant '{name}' beyond FP16's range")
     for name, tiny, total in scan.underflow:
         report.add(
             Finding.of(
@@ -306,7 +281,7 @@ def _fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: 
         if activations.ok:
             flagged = fp16_step.activation_overflow_nodes(proto, activations.outputs)
             for name, peak in flagged.items():
-                run.block_nodes.setdefault(name, f"activations reach {peak:.4g}, beyond FP16's safe range")
+                run.keep(name, KeepReason.ACTIVATION_RANGE, f"activations reach {peak:.4g}, beyond FP16's safe range", replace=False)
             if flagged:
                 report.add(
                     Finding.of(
@@ -324,13 +299,32 @@ def _fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: 
         if not any(k.name == name for k in kept):
             op_type = next((n.op_type for n in proto.graph.node if n.name == name), "?")
             kept.append(fp16_step.KeptNode(name, op_type, reason))
-    if result is not None and result.passed and any(r.startswith("its FP16") or r.startswith("first node") for r in run.block_nodes.values()):
+    localized = sum(1 for why in run.keep_reasons.values() if why == KeepReason.ERROR_STARTS)
+    if result is not None and result.passed and localized:
         report.add(
             Finding.of(
                 "CNV009",
                 f"verification passed with mixed precision after {run.rounds} round(s): "
-                f"{sum(1 for r in run.block_nodes.values() if 'gate' in r)} node(s) kept in FP32",
+                f"{localized} node(s) kept in FP32",
                 fix="see kept_fp32_nodes",
             )
         )
     return converted, result, kept
+
+
+class ConvertStep(Step):
+    name = "convert"
+    Options = ConvertOptions
+    writes_model = True
+    progress_label = "converting"
+
+    def prepare(self) -> None:
+        if self.options.verify:
+            require_ort()
+
+    def default_output(self, model: Path) -> Path:
+        suffix = ".fp16.onnx" if self.options.fp16 else ".converted.onnx"
+        return model.with_name(model.name.removesuffix(".onnx") + suffix)
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -12,6 +12,7 @@ import logging
 import platform
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,30 +20,18 @@ import onnx
 
 from ortprep import __version__
 from ortprep.findings import Finding
-from ortprep.report import StepReport
+from ortprep.eps.registry import gpu_libraries
+from ortprep.errors import UsageError
+from ortprep.model import ModelHandle
+from ortprep.steps.options import DoctorOptions
+from ortprep.report import StepResult
+from ortprep.steps.base import Step, StepContext
 from ortprep.runtime.providers import import_ort, installed_ort_distributions, ort_max_opset
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.doctor/1"
 
-# What the CUDA and TensorRT EPs load at session creation (ORT 1.2x GPU wheels: CUDA 12, cuDNN 9, TensorRT 10).
-GPU_LIBRARIES = {
-    "linux": [
-        ("cudart", "libcudart.so.12", "CUDA runtime"),
-        ("cublas", "libcublas.so.12", "cuBLAS"),
-        ("cublasLt", "libcublasLt.so.12", "cuBLASLt"),
-        ("cudnn", "libcudnn.so.9", "cuDNN"),
-        ("nvinfer", "libnvinfer.so.10", "TensorRT"),
-    ],
-    "windows": [
-        ("cudart", "cudart64_12.dll", "CUDA runtime"),
-        ("cublas", "cublas64_12.dll", "cuBLAS"),
-        ("cublasLt", "cublasLt64_12.dll", "cuBLASLt"),
-        ("cudnn", "cudnn64_9.dll", "cuDNN"),
-        ("nvinfer", "nvinfer_10.dll", "TensorRT"),
-    ],
-}
 CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 
 
@@ -93,8 +82,8 @@ def _installed(name: str) -> str | None:
         return None
 
 
-def doctor() -> StepReport:
-    report = StepReport(step="doctor", schema=SCHEMA)
+def doctor() -> StepResult:
+    report = StepResult(step="doctor", schema=SCHEMA)
     ort = import_ort()
     distributions = installed_ort_distributions()
     providers = [p for p in ort.get_available_providers()] if ort else []
@@ -123,7 +112,7 @@ def doctor() -> StepReport:
     system = "windows" if platform.system() == "Windows" else "linux"
     libraries = []
     gpu_wanted = any(p in providers for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
-    for key, file_name, label in GPU_LIBRARIES[system]:
+    for key, file_name, label in gpu_libraries(system):
         loaded, detail = probe_library(file_name)
         libraries.append({"name": key, "file": file_name, "label": label, "loaded": loaded, "detail": detail})
         if gpu_wanted and not loaded and (key != "nvinfer" or "TensorrtExecutionProvider" in providers):
@@ -288,8 +277,8 @@ def _scan_requirements(path: Path, shown: str) -> list[Finding]:
     return []
 
 
-def scan(root: Path) -> StepReport:
-    report = StepReport(step="doctor", schema=SCHEMA)
+def scan(root: Path) -> StepResult:
+    report = StepResult(step="doctor", schema=SCHEMA)
     root = Path(root)
     files = 0
     for path in _files(root, ("*.py",)):
@@ -304,3 +293,12 @@ def scan(root: Path) -> StepReport:
             report.add(finding)
     report.data = {"scan": {"path": str(root), "files": files}}
     return report
+
+
+class DoctorStep(Step):
+    name = "doctor"
+    Options = DoctorOptions
+    needs_model = False
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return scan(self.options.scan) if self.options.scan is not None else doctor()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -23,7 +24,9 @@ from ortprep.model import (
     tensor_elements,
     tensor_nbytes,
 )
-from ortprep.report import StepReport
+from ortprep.steps.options import InspectOptions
+from ortprep.report import StepResult
+from ortprep.steps.base import Step, StepContext
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +220,7 @@ def _findings(handle: ModelHandle, data: dict[str, Any]) -> list[Finding]:
     return findings
 
 
-def inspect_model(handle: ModelHandle, *, hash_data: bool = False) -> StepReport:
+def inspect_model(handle: ModelHandle, *, hash_data: bool = False) -> StepResult:
     """Describe a model: IR, opsets, I/O, node and op counts, weights, external data, checker result."""
     proto = handle.proto
     opsets = handle.opsets()
@@ -252,8 +255,15 @@ def inspect_model(handle: ModelHandle, *, hash_data: bool = False) -> StepReport
         "checker": {"passed": passed, "error": error},
         "runtime": _runtime_facts(),
     }
-    report = StepReport(step="inspect", schema=SCHEMA, data=data)
+    report = StepResult(step="inspect", schema=SCHEMA, data=data)
     for finding in _findings(handle, data):
         report.add(finding)
     return report
 
+
+class InspectStep(Step):
+    name = "inspect"
+    Options = InspectOptions
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return inspect_model(model, hash_data=self.options.hash_data)

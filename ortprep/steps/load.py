@@ -5,56 +5,32 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ortprep.analysis import ModelAnalysis
-from ortprep.eps.registry import EPS, EpSpec, resolve_ep
+from ortprep.eps.registry import EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
-from ortprep.report import StepReport
+from ortprep.steps.options import DEFAULT_TIMEOUT, LoadOptions
+from ortprep.report import StepResult
+from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import require_ort
+from ortprep.steps.base import Step, StepContext
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.load/1"
-DEFAULT_TIMEOUT = 300.0
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
-INSTALL = {
-    "CUDAExecutionProvider": "pip install onnxruntime-gpu (in place of onnxruntime), with CUDA 12 and cuDNN 9 libraries",
-    "TensorrtExecutionProvider": "pip install onnxruntime-gpu, with TensorRT 10 libraries (libnvinfer) on the library path",
-    "DmlExecutionProvider": "pip install onnxruntime-directml (Windows only), in place of onnxruntime",
-    "OpenVINOExecutionProvider": "pip install onnxruntime-openvino, in place of onnxruntime",
-    "QNNExecutionProvider": "pip install onnxruntime-qnn (Windows on Arm), in place of onnxruntime",
-    "CoreMLExecutionProvider": "use the macOS onnxruntime wheel",
-    "NnapiExecutionProvider": "use the Android ONNX Runtime package",
-    "XnnpackExecutionProvider": "build ONNX Runtime with --use_xnnpack (not in the PyPI wheels)",
-}
-
-
-@dataclass
-class LoadOptions:
-    eps: list[str] = field(default_factory=list)  # empty: every available EP
-    inputs: Path | None = None
-    shapes: dict[str, list[int]] = field(default_factory=dict)
-    runs: int = 10
-    provider_options: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> options
-    timeout: float = DEFAULT_TIMEOUT
-    no_fallback: bool = False
-    profile: bool = False
-    custom_op_library: Path | None = None
 
 
 def available_providers() -> list[str]:
@@ -62,15 +38,12 @@ def available_providers() -> list[str]:
     return [p for p in ort.get_available_providers() if p != "AzureExecutionProvider"]
 
 
-def spec_for_provider(provider: str) -> EpSpec | None:
-    return next((spec for spec in EPS if spec.provider == provider), None)
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
+def _provider_options(options: LoadOptions, provider: str) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for name, values in options.provider_options.items():
+        if resolve_ep(name).provider == provider:
+            merged.update(values)
+    return merged
 
 
 def run_ep(model: Path, provider: str, feeds_path: Path, options: LoadOptions, workdir: Path) -> dict[str, Any]:
@@ -80,7 +53,7 @@ def run_ep(model: Path, provider: str, feeds_path: Path, options: LoadOptions, w
     request = {
         "model": str(model),
         "provider": provider,
-        "provider_options": options.provider_options.get(provider, {}),
+        "provider_options": _provider_options(options, provider),
         "custom_op_library": str(options.custom_op_library) if options.custom_op_library else None,
         "inputs": str(feeds_path),
         "results": str(folder / "results.npz"),
@@ -90,17 +63,12 @@ def run_ep(model: Path, provider: str, feeds_path: Path, options: LoadOptions, w
         "workdir": str(folder),
     }
     (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
-    try:
-        child = subprocess.run(
-            [sys.executable, "-m", "ortprep.runtime.load_worker", str(folder / "request.json")],
-            capture_output=True, text=True, timeout=options.timeout,
-        )
-    except subprocess.TimeoutExpired:
+    child = run_child("ortprep.runtime.load_worker", folder / "request.json", timeout=options.timeout)
+    if child.timed_out:
         return {"status": "timeout", "message": f"no answer within {options.timeout:g} s (hung in ORT or the EP)"}
     status_path = folder / "status.json"
     if child.returncode != 0 or not status_path.exists():
-        how = _signal_name(child.returncode) if child.returncode < 0 else f"exit code {child.returncode}"
-        return {"status": "crashed", "message": f"the process running {provider} died ({how})"}
+        return {"status": "crashed", "message": f"the process running {provider} died ({child.how_it_died()})"}
     status = json.loads(status_path.read_text(encoding="utf-8"))
     if status.get("ok"):
         with np.load(folder / "results.npz", allow_pickle=False) as data:
@@ -149,7 +117,7 @@ def _prediction_findings(analysis: ModelAnalysis, spec: EpSpec, assignment: dict
     return findings
 
 
-def load_model(handle: ModelHandle, options: LoadOptions) -> StepReport:
+def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     """Run the model on each requested (or every available) EP and report per EP."""
     if handle.path is None:
         raise UsageError("load needs a model file")
@@ -157,7 +125,7 @@ def load_model(handle: ModelHandle, options: LoadOptions) -> StepReport:
     if options.eps:
         wanted = []
         for name in options.eps:
-            provider = name if name.endswith("ExecutionProvider") else resolve_ep(name).provider
+            provider = resolve_ep(name).provider
             if provider not in wanted:
                 wanted.append(provider)
     else:
@@ -166,7 +134,7 @@ def load_model(handle: ModelHandle, options: LoadOptions) -> StepReport:
         raise UsageError(f"custom-op library not found: {options.custom_op_library}", hint="pass the path of the .so/.dll")
     specs = input_specs(handle.proto)
     feeds = load_feeds(options.inputs, specs) if options.inputs else random_feeds(specs, seed=0, shapes=options.shapes)
-    report = StepReport(step="load", schema=SCHEMA)
+    report = StepResult(step="load", schema=SCHEMA)
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
         workdir = Path(tmp)
@@ -184,11 +152,11 @@ def load_model(handle: ModelHandle, options: LoadOptions) -> StepReport:
             spec = spec_for_provider(provider)
             name = spec.name if spec else provider
             if provider not in available:
-                results.append({"ep": name, "provider": provider, "status": "unavailable",
-                                "message": f"{provider} is not available in this ONNX Runtime ({', '.join(available)}); "
-                                           f"{INSTALL.get(provider, 'install an ONNX Runtime build with it')}"})
-                report.add(Finding.of("LOD002", f"{name}: {provider} is not available here", ep=name,
-                                      fix=INSTALL.get(provider, "install an ONNX Runtime build with it")))
+                hint = spec.install_hint if spec else "install an ONNX Runtime build with it"
+                message = f"{provider} is not available in this ONNX Runtime ({', '.join(available)}); {hint}"
+                results.append({"ep": name, "provider": provider, "status": "unavailable", "message": message})
+                report.add(Finding.of("LOD002", f"{name}: {provider} is not available here", ep=name, fix=hint))
+                report.missing.append(message)
                 continue
             if analysis is None:
                 analysis = ModelAnalysis(handle)  # shared by every EP's comparison with check
@@ -243,3 +211,18 @@ def _result(analysis, name, spec, provider, status, reference, options, report) 
         for finding in _prediction_findings(analysis, spec, assignment):
             report.add(finding)
     return record
+
+
+class LoadStep(Step):
+    name = "load"
+    Options = LoadOptions
+    progress_label = "loading on each EP"
+
+    def prepare(self) -> None:
+        require_ort()
+        library = self.options.custom_op_library
+        if library is not None and not Path(library).is_file():
+            raise UsageError(f"custom-op library not found: {library}", hint="pass the path of the .so/.dll")
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return load_on_eps(model, self.options)

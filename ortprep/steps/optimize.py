@@ -8,40 +8,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from onnx import ModelProto
 
-from ortprep.errors import UsageError
 from ortprep.findings import Finding, Severity
-from ortprep.model import ModelHandle, check_output_path
-from ortprep.report import StepReport
+from ortprep.model import ModelHandle
+from ortprep.steps.options import OptimizeOptions
+from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
-from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
-from ortprep.steps.verify import Gate, VerifyResult, model_bytes, node_count, run_model, save_temp, verify_run
+from ortprep.runtime.providers import require_ort
+from ortprep.steps.base import Step, StepContext, output_path
+from ortprep.transforms.common import VerifyOptions, finish, make_feeds, reference_run
+from ortprep.transforms.verify import Gate, VerifyResult, model_bytes, node_count, run_model, save_temp, verify_run
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.optimize/1"
-LEVELS = ("basic", "extended", "all")
 # Fusions reorder float arithmetic: a little looser than simplify's gate.
 OPTIMIZE_GATE = Gate(min_cosine=0.99999, max_abs=1e-3)
 
 
-@dataclass
-class OptimizeOptions(VerifyOptions):
-    level: str = "extended"
-
-
-def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOptions) -> tuple[StepReport, ModelProto | None]:
-    if options.level not in LEVELS:
-        raise UsageError(f"unknown optimization level '{options.level}'", hint="use basic, extended or all")
-    if handle.path is None:
-        raise UsageError("optimize needs a model file")
-    dest = check_output_path(
-        Path(output) if output else default_output(handle.path, f".opt-{options.level}.onnx"),
-        input_path=handle.path,
-        force=options.force,
-    )
-    report = StepReport(step="optimize", schema=SCHEMA)
+def optimize_model(handle: ModelHandle, dest: Path, options: OptimizeOptions, *, force: bool = False) -> StepResult:
+    """ORT's offline optimization of ``handle``'s model; writes ``dest`` when verification passes."""
+    report = StepResult(step="optimize", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     if options.level == "all":
         report.add(
@@ -70,9 +57,9 @@ def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOp
                     fix="check the model first: ortprep check MODEL --ep cpu",
                 )
             )
-            finish(report, handle, node_count(original), None, dest, None, options, size_before=size_before,
-                   transforms=[], feed_source=None, failure_fix="")
-            return report, None
+            finish(report, handle, node_count(original), None, dest, None, options, force=force,
+                   size_before=size_before, transforms=[], feed_source=None, failure_fix="")
+            return report
         proto = onnx.load(str(target))  # loads ORT's external data from the temp folder
     feeds, feed_source = make_feeds(handle, options)
     verify_result: VerifyResult | None = None
@@ -80,7 +67,7 @@ def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOp
         reference = reference_run(original, feeds, report)
         if reference is not None:
             verify_result = verify_run(reference, run_model(proto, feeds), OPTIMIZE_GATE)
-    finish(
+    report.output = finish(
         report,
         handle,
         node_count(original),
@@ -88,10 +75,27 @@ def optimize_model(handle: ModelHandle, output: Path | None, options: OptimizeOp
         dest,
         verify_result,
         options,
+        force=force,
         size_before=size_before,
         transforms=[{"transform": "ort-optimize", "detail": f"level {options.level}"}],
         feed_source=feed_source,
         failure_fix="use a lower --level",
         extra={"level": options.level},
     )
-    return report, proto
+    return report
+
+
+class OptimizeStep(Step):
+    name = "optimize"
+    Options = OptimizeOptions
+    writes_model = True
+    progress_label = "optimizing"
+
+    def prepare(self) -> None:
+        require_ort()
+
+    def default_output(self, model: Path) -> Path:
+        return model.with_name(model.name.removesuffix(".onnx") + f".opt-{self.options.level}.onnx")
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return optimize_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

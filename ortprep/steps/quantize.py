@@ -11,11 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,68 +23,26 @@ from onnx import ModelProto, TensorProto
 
 from ortprep.errors import UsageError
 from ortprep.findings import Finding
-from ortprep.model import ModelHandle, check_output_path, iter_graphs
-from ortprep.report import StepReport
+from ortprep.eps.registry import EPS, resolve_ep
+from ortprep.model import ModelHandle, iter_graphs
+from ortprep.steps.options import DEFAULT_MIN_COSINE, MODES, QuantizeOptions
+from ortprep.report import StepResult
 from ortprep.runtime.calibration import CalibrationSet, ImageOptions, discover, split
+from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs
 from ortprep.runtime.isolated import RunOutcome, run_isolated
-from ortprep.steps.fp16 import ensure_node_names
-from ortprep.steps.transform import default_output
-from ortprep.steps.verify import float_intermediates, model_bytes, save_temp
+from ortprep.runtime.providers import require_ort
+from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
+from ortprep.transforms.fp16 import ensure_node_names
+from ortprep.transforms.verify import float_intermediates, model_bytes, save_temp
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.quantize/1"
-DEFAULT_MIN_COSINE = 0.99
 LATENCY_RUNS = 10
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
-GPU_EPS = ("cuda", "dml", "tensorrt", "qnn", "openvino")
 TIMEOUT = 1800.0
-
-
-@dataclass(frozen=True)
-class Preset:
-    format: str
-    activation_type: str
-    weight_type: str
-    per_channel: bool
-    symmetric: bool
-    reason: str
-
-
-PRESETS = {
-    "cpu": Preset("qdq", "uint8", "int8", True, False, "ORT's CPU EP runs QDQ with uint8 activations and int8 per-channel weights fastest (VNNI/AVX2 int8 kernels)"),
-    "dml": Preset("qdq", "uint8", "int8", False, False, "DirectML takes QDQ graphs and fuses them; its QOperator coverage is narrower"),
-    "qnn": Preset("qdq", "uint16", "uint8", False, False, "QNN HTP recommends uint16 activations with uint8 weights in QDQ form; shapes must be static"),
-    "tensorrt": Preset("qdq", "int8", "int8", True, True, "TensorRT builds INT8 engines from symmetric int8 Q/DQ"),
-    "cuda": Preset("qdq", "int8", "int8", True, True, "CUDA's int8 paths expect symmetric int8 QDQ"),
-    "openvino": Preset("qdq", "uint8", "int8", True, False, "OpenVINO reads QDQ models and runs them with its own int8 kernels"),
-}
-
-
-@dataclass
-class QuantizeOptions:
-    mode: str  # "static" or "dynamic"
-    calib: str | None = None  # path, or "random"
-    eval: str | None = None
-    ep: str = "cpu"
-    format: str | None = None
-    per_channel: bool | None = None
-    method: str = "minmax"
-    weight_type: str | None = None
-    activation_type: str | None = None
-    exclude_ops: tuple[str, ...] = ()
-    exclude_nodes: tuple[str, ...] = ()
-    samples: int | None = None
-    preprocess: bool = True
-    image: ImageOptions | None = None
-    min_cosine: float = DEFAULT_MIN_COSINE
-    auto_exclude: bool = False
-    max_exclude_rounds: int = 4
-    keep_failed: bool = False
-    force: bool = False
-    verify: bool = True
 
 
 @dataclass
@@ -117,13 +72,16 @@ class Evaluation:
 
 
 def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
-    preset_name = "openvino" if options.ep.startswith("openvino") else options.ep
-    if preset_name not in PRESETS:
-        raise UsageError(f"no quantization preset for '{options.ep}'", hint=f"use one of: {', '.join(PRESETS)}")
-    preset = PRESETS[preset_name]
+    """The EP's preset with the explicit overrides applied."""
+    spec = resolve_ep(options.ep)
+    preset = spec.quantize
+    if preset is None:
+        raise UsageError(f"no quantization preset for '{options.ep}'")
     settings = {
-        "preset": preset_name,
+        "preset": spec.name,
         "preset_reason": preset.reason,
+        "preset_source": preset.source,
+        "requires_static_shapes": preset.requires_static_shapes,
         "format": options.format or preset.format,
         "per_channel": preset.per_channel if options.per_channel is None else options.per_channel,
         "weight_type": options.weight_type or preset.weight_type,
@@ -135,9 +93,9 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
     if options.mode == "dynamic":
         if settings["format"] == "qdq" and options.format is None:
             settings["format"] = "qoperator"  # dynamic quantization writes QOperator-style ops
-        if preset_name in GPU_EPS:
-            # ConvInteger has no GPU kernels: keep dynamic quantization to MatMul-style ops.
-            settings["op_types"] = ["MatMul", "Gemm", "Attention", "LSTM", "EmbedLayerNormalization", "Gather"]
+        if preset.dynamic_op_types:
+            # e.g. ConvInteger has no GPU kernels: keep dynamic quantization to MatMul-style ops.
+            settings["op_types"] = list(preset.dynamic_op_types)
     return settings
 
 
@@ -180,9 +138,6 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
     return {"quantized_ops": ops, "quantized_weights": weights}
 
 
-ProgressCallback = Callable[[str, int, int], None]
-
-
 def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings: dict, calibration: CalibrationSet | None,
                    indices: list[int], exclude_nodes: list[str], exclude_ops: tuple[str, ...], big: bool,
                    progress: ProgressCallback | None = None) -> tuple[bool, str]:
@@ -207,29 +162,21 @@ def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings
     }
     request_path = workdir / "quantize-request.json"
     request_path.write_text(json.dumps(request), encoding="utf-8")
-    # stderr goes to a file: a pipe nobody reads while polling could fill up and stall the child.
-    stderr_path = workdir / "quantize-stderr.txt"
-    with open(stderr_path, "w", encoding="utf-8") as stderr_file:
-        child = subprocess.Popen([sys.executable, "-m", "ortprep.runtime.quantize_worker", str(request_path)],
-                                 cwd=workdir, stdout=subprocess.DEVNULL, stderr=stderr_file)
-    started = time.monotonic()
-    while child.poll() is None:
-        if time.monotonic() - started > TIMEOUT:
-            child.kill()
-            child.wait()
-            return False, f"the quantizer did not finish within {TIMEOUT:.0f} s"
-        if progress is not None:
-            done_total = _read_progress(Path(request["progress"]))
-            if done_total:
-                progress("calibrating", *done_total)
-        time.sleep(0.1)
-    final = _read_progress(Path(request["progress"])) if progress is not None else None
-    if final:
-        progress("calibrating", *final)
-    stderr_text = stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    def poll() -> None:
+        done_total = _read_progress(Path(request["progress"])) if progress is not None else None
+        if done_total:
+            progress("calibrating", *done_total)
+
+    child = run_child("ortprep.runtime.quantize_worker", request_path, timeout=TIMEOUT, cwd=workdir, poll=poll,
+                      stderr_file=workdir / "quantize-stderr.txt")
+    if child.timed_out:
+        return False, f"the quantizer did not finish within {TIMEOUT:.0f} s"
+    poll()
+    stderr_text = child.stderr
     status_path = workdir / "quantize-status.json"
     if child.returncode != 0 or not status_path.exists():
-        return False, f"the quantizer's process died (exit {child.returncode}): {stderr_text.strip()[-300:]}"
+        return False, f"the quantizer's process died ({child.how_it_died()}): {stderr_text.strip()[-300:]}"
     status = json.loads(status_path.read_text(encoding="utf-8"))
     status_path.unlink()
     if not status["ok"]:
@@ -246,7 +193,7 @@ def _read_progress(path: Path) -> tuple[int, int] | None:
         return None
 
 
-def _preprocess(workdir: Path, source: Path, report: StepReport) -> tuple[Path, str]:
+def _preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, str]:
     """ORT's quantization pre-processing (shape inference, graph optimization), in a child."""
     target = workdir / "preprocessed.onnx"
     try:
@@ -255,19 +202,21 @@ def _preprocess(workdir: Path, source: Path, report: StepReport) -> tuple[Path, 
         symbolic = True
     except ImportError:
         symbolic = False
-    code = (
-        "import sys; from onnxruntime.quantization.preprocess import quant_pre_process; "
-        "quant_pre_process(sys.argv[1], sys.argv[2], skip_symbolic_shape=sys.argv[3] == '0', "
-        "save_as_external_data=sys.argv[4] == '1')"
-    )
-    big = source.with_name(source.name + ".data").exists()
-    child = subprocess.run(
-        [sys.executable, "-c", code, str(source), str(target), "1" if symbolic else "0", "1" if big else "0"],
-        cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    if child.returncode != 0 or not target.exists():
-        tail = (child.stderr.strip().splitlines() or ["no message"])[-1][:300]
-        report.add(Finding.of("QNT007", f"pre-processing failed ({tail}); quantizing the model as it is",
+    request = {
+        "workdir": str(workdir),
+        "model": str(source),
+        "output": str(target),
+        "mode": "preprocess",
+        "status": str(workdir / "preprocess-status.json"),
+        "options": {"symbolic": symbolic, "external_data": source.with_name(source.name + ".data").exists()},
+    }
+    request_path = workdir / "preprocess-request.json"
+    request_path.write_text(json.dumps(request), encoding="utf-8")
+    child = run_child("ortprep.runtime.quantize_worker", request_path, timeout=TIMEOUT, cwd=workdir)
+    status = json.loads(Path(request["status"]).read_text(encoding="utf-8")) if Path(request["status"]).exists() else {}
+    if not status.get("ok") or not target.exists():
+        reason = status.get("error") or f"its process died ({child.how_it_died()})"
+        report.add(Finding.of("QNT007", f"pre-processing failed ({reason}); quantizing the model as it is",
                               fix="pass --no-preprocess to skip it, or simplify the model first"))
         return source, "skipped (failed)"
     detail = "ORT optimization and onnx shape inference"
@@ -423,30 +372,29 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
     )
 
 
-def quantize_model(
-    handle: ModelHandle, output: Path | None, options: QuantizeOptions, progress: ProgressCallback | None = None
-) -> StepReport:
-    """Quantize ``handle``'s model and write ``output`` when the accuracy gate passes.
-    ``progress(stage, done, total)`` is called during calibration and evaluation."""
-    if options.mode not in ("static", "dynamic"):
-        raise UsageError("choose --static or --dynamic")
-    if handle.path is None:
-        raise UsageError("quantize needs a model file")
-    dest = check_output_path(Path(output) if output else default_output(handle.path, ".int8.onnx"), input_path=handle.path, force=options.force)
-    settings = resolve_settings(options)
+@dataclass
+class DataPlan:
+    """Which samples calibrate and which evaluate."""
+
+    calibration: CalibrationSet | None
+    calib_indices: list[int]
+    eval_set: CalibrationSet | None
+    eval_indices: list[int]
+
+
+def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str, Any], report: StepResult) -> DataPlan:
+    """Check the data against the model (names, shapes, dtypes) before any work; split it."""
     specs = input_specs(handle.proto)
-    if settings["preset"] == "qnn":
+    if settings["requires_static_shapes"]:
         dynamic = [s.name for s in specs if s.shape is None or any(not isinstance(d, int) or d <= 0 for d in s.shape)]
         if dynamic:
             raise UsageError(
-                f"the QNN preset needs static shapes; dynamic inputs: {', '.join(dynamic)}",
+                f"the {settings['preset']} preset needs static shapes; dynamic inputs: {', '.join(dynamic)}",
                 hint="fix them first: ortprep convert MODEL --fix-dim NAME=VALUE -o MODEL.static.onnx",
             )
-    if options.mode == "static" and not options.calib:
-        raise UsageError("static quantization needs calibration data", hint="pass --calib DIR (or --calib random to accept random data)")
-    report = StepReport(step="quantize", schema=SCHEMA)
-    calibration = discover(options.calib, specs, image=options.image) if options.calib else None
-    evaluation_set = discover(options.eval, specs, image=options.image) if options.eval else None
+    image = options.image()
+    calibration = discover(str(options.calib), specs, image=image) if options.calib else None
+    evaluation_set = discover(str(options.eval), specs, image=image) if options.eval else None
     if calibration is not None and calibration.kind == "random":
         used_for = "calibration" if options.mode == "static" else "the evaluation"
         report.add(Finding.of("QNT001", f"{used_for} used random data: the result says little about real inputs",
@@ -462,9 +410,18 @@ def quantize_model(
         else:
             calib_indices = list(range(count))
     if evaluation_set is not None:
-        eval_set, eval_indices = evaluation_set, list(range(evaluation_set.count))
-    else:
-        eval_set = calibration
+        return DataPlan(calibration, calib_indices, evaluation_set, list(range(evaluation_set.count)))
+    return DataPlan(calibration, calib_indices, calibration, eval_indices)
+
+
+def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
+                   progress: ProgressCallback | None = None) -> StepResult:
+    """Quantize ``handle``'s model and write ``dest`` when the accuracy gate passes.
+    ``progress(stage, done, total)`` is called during calibration and evaluation."""
+    settings = resolve_settings(options)
+    report = StepResult(step="quantize", schema=SCHEMA)
+    plan = plan_data(handle, options, settings, report)
+    calibration, calib_indices, eval_set, eval_indices = plan.calibration, plan.calib_indices, plan.eval_set, plan.eval_indices
 
     size_before = model_bytes(handle.path)
     handle.load_weights()
@@ -529,7 +486,7 @@ def quantize_model(
         failed = evaluation is not None and not evaluation.passed
         written = None
         if not failed or options.keep_failed:
-            written = ModelHandle(proto=quantized, path=None).save(dest, force=options.force, external_data=True if big else None)
+            written = ModelHandle(proto=quantized, path=None).save(dest, force=force, external_data=True if big else None)
             report.artifacts.append(str(written))
         size_after = model_bytes(written) if written else model_bytes(result_path)
         if size_after >= size_before:
@@ -541,7 +498,8 @@ def quantize_model(
         "mode": options.mode,
         "format": settings["format"],
         "preset": {"ep": settings["preset"], "reason": settings["preset_reason"], "activation_type": settings["activation_type"],
-                   "weight_type": settings["weight_type"], "per_channel": settings["per_channel"], "method": settings["method"]},
+                   "weight_type": settings["weight_type"], "per_channel": settings["per_channel"], "method": settings["method"],
+                   "source": settings["preset_source"]},
         "preprocess": preprocess_detail,
         "size_before": size_before,
         "size_after": size_after,
@@ -556,4 +514,18 @@ def quantize_model(
         "excluded_nodes": [{"name": n, "reason": "--exclude-node"} for n in options.exclude_nodes]
         + [{"name": a["name"], "reason": f"--auto-exclude round {a['round']}: output cosine {a['cosine']:.4f}", "op_type": a["op_type"]} for a in auto_excluded],
     }
+    report.output = written
     return report
+
+
+class QuantizeStep(Step):
+    name = "quantize"
+    Options = QuantizeOptions
+    writes_model = True
+    default_suffix = ".int8.onnx"
+
+    def prepare(self) -> None:
+        require_ort()
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)

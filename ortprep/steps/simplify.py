@@ -6,28 +6,23 @@ shapes it cannot infer; then what can be done is done, and the report names the 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from onnx import ModelProto
 
-from ortprep.errors import UsageError
 from ortprep.findings import Finding
-from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle, check_output_path
-from ortprep.report import StepReport
-from ortprep.steps.transform import VerifyOptions, default_output, finish, make_feeds, reference_run
-from ortprep.steps.verify import EXACT_GATE, VerifyResult, model_bytes, node_count, run_model, verify_run
+from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle
+from ortprep.steps.options import SimplifyOptions
+from ortprep.report import StepResult
+from ortprep.runtime.providers import require_ort
+from ortprep.steps.base import Step, StepContext, output_path
+from ortprep.transforms.common import finish, make_feeds, reference_run
+from ortprep.transforms.verify import EXACT_GATE, VerifyResult, model_bytes, node_count, run_model, verify_run
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.simplify/1"
-
-
-@dataclass
-class SimplifyOptions(VerifyOptions):
-    use_onnxsim: bool = True
-    use_onnxoptimizer: bool = True
-    skip_passes: list[str] = field(default_factory=list)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -60,13 +55,9 @@ def run_onnxoptimizer(proto: ModelProto, skip: list[str]) -> tuple[ModelProto | 
         return None, f"onnxoptimizer failed: {_first_line(exc)}"
 
 
-def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOptions) -> tuple[StepReport, ModelProto | None]:
-    if handle.path is None:
-        raise UsageError("simplify needs a model file")
-    dest = check_output_path(
-        Path(output) if output else default_output(handle.path, ".sim.onnx"), input_path=handle.path, force=options.force
-    )
-    report = StepReport(step="simplify", schema=SCHEMA)
+def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *, force: bool = False) -> StepResult:
+    """onnxsim and onnxoptimizer on ``handle``'s model; writes ``dest`` when verification passes."""
+    report = StepResult(step="simplify", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     handle.load_weights()
     original = handle.proto
@@ -75,7 +66,7 @@ def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOp
     reference = reference_run(original, feeds, report) if options.verify else None
     proto = original  # onnxsim and onnxoptimizer return new models
     path_taken: list[dict[str, str]] = []
-    if options.use_onnxsim:
+    if options.onnxsim:
         simplified, why = run_onnxsim(proto, handle)
         if simplified is not None:
             proto = simplified
@@ -89,8 +80,8 @@ def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOp
                     fix="nothing needed; for custom ops, simplify a model without them or register their library",
                 )
             )
-    if options.use_onnxoptimizer:
-        optimized, why = run_onnxoptimizer(proto, options.skip_passes)
+    if options.onnxoptimizer:
+        optimized, why = run_onnxoptimizer(proto, list(options.skip_passes))
         if optimized is not None:
             proto = optimized
             path_taken.append({"transform": "onnxoptimizer", "detail": "fuse and eliminate passes"})
@@ -100,7 +91,7 @@ def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOp
     verify_result: VerifyResult | None = None
     if reference is not None:
         verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
-    finish(
+    report.output = finish(
         report,
         handle,
         nodes_before,
@@ -108,9 +99,25 @@ def simplify_model(handle: ModelHandle, output: Path | None, options: SimplifyOp
         dest,
         verify_result,
         options,
+        force=force,
         size_before=size_before,
         transforms=path_taken,
         feed_source=feed_source,
         failure_fix="rerun with --skip-pass NAME for the pass that changes results, or --no-onnxsim",
     )
-    return report, proto
+    return report
+
+
+class SimplifyStep(Step):
+    name = "simplify"
+    Options = SimplifyOptions
+    writes_model = True
+    progress_label = "simplifying"
+    default_suffix = ".sim.onnx"
+
+    def prepare(self) -> None:
+        if self.options.verify:
+            require_ort()
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return simplify_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import onnx
@@ -34,7 +35,6 @@ ACTIVATION_LIMIT = FP16_MAX / 2
 
 # NPUs take FP16 inputs directly (the DirectML NPU sample feeds FP16); everywhere else the
 # caller's float32 arrays keep working when the I/O stays float32.
-FP16_IO_EPS = ("dml-npu",)
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,15 @@ class KeptNode:
         return {"name": self.name, "op_type": self.op_type, "reason": self.reason}
 
 
-def default_keep_io_types(ep: str) -> bool:
-    return ep not in FP16_IO_EPS
+class KeepReason(str, Enum):
+    """Why a node stays in FP32."""
+
+    ASKED = "asked"  # --block-node
+    CONSTANT_RANGE = "constant_range"  # reads a constant beyond FP16's range
+    ACTIVATION_RANGE = "activation_range"  # activations beyond FP16's range on the test inputs
+    ERROR_STARTS = "error_starts"  # its FP16 output is where the error against FP32 starts
+    FEEDS_KEPT = "feeds_kept"  # feeds a kept node whose output differs even in FP32
+    NO_RUN = "no_run"  # ORT could not run the FP16 model and no node could be blamed
 
 
 def _float_arrays(graph) -> dict[str, np.ndarray]:

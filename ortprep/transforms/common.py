@@ -3,7 +3,7 @@ the atomic write (never a partial or unverified output unless asked), and the re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +12,11 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
-from ortprep.report import StepReport
+from ortprep.steps.options import VerifyOptions
+from ortprep.report import StepResult
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.isolated import RunOutcome
-from ortprep.steps.verify import VerifyResult, model_bytes, node_count, run_model
+from ortprep.transforms.verify import VerifyResult, model_bytes, node_count, run_model
 
 NOT_VERIFIED = {
     "loads": None,
@@ -28,22 +29,6 @@ NOT_VERIFIED = {
 }
 
 
-@dataclass
-class VerifyOptions:
-    """How a transform's result is checked and written."""
-
-    verify: bool = True
-    shapes: dict[str, list[int]] = field(default_factory=dict)  # feed shapes for symbolic inputs
-    dims: dict[str, int] = field(default_factory=dict)  # sizes of named symbolic dims
-    inputs: Path | None = None  # .npz of real inputs
-    keep_failed: bool = False
-    force: bool = False
-
-
-def default_output(path: Path, suffix: str) -> Path:
-    return path.with_name(path.name.removesuffix(".onnx") + suffix)
-
-
 def make_feeds(handle: ModelHandle, options: VerifyOptions) -> tuple[dict[str, np.ndarray], str]:
     specs = input_specs(handle.proto)
     if options.inputs is not None:
@@ -51,7 +36,7 @@ def make_feeds(handle: ModelHandle, options: VerifyOptions) -> tuple[dict[str, n
     return random_feeds(specs, seed=0, shapes=options.shapes, dims=options.dims), "random (seed 0)"
 
 
-def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepReport) -> RunOutcome | None:
+def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult) -> RunOutcome | None:
     """Run the original; when it cannot run, say so (the result then goes unverified)."""
     outcome = run_model(original, feeds)
     if outcome.ok:
@@ -68,7 +53,7 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
 
 
 def finish(
-    report: StepReport,
+    report: StepResult,
     handle: ModelHandle,
     nodes_before: int,
     result: ModelProto | None,
@@ -76,6 +61,7 @@ def finish(
     verify_result: VerifyResult | None,
     options: VerifyOptions,
     *,
+    force: bool,
     size_before: int,
     transforms: list[dict[str, Any]],
     feed_source: str | None,
@@ -93,7 +79,7 @@ def finish(
     written = None
     if result is not None and (not failed or options.keep_failed):
         keep_external = True if handle.external_files else None
-        written = ModelHandle(proto=result, path=None).save(dest, force=options.force, external_data=keep_external)
+        written = ModelHandle(proto=result, path=None).save(dest, force=force, external_data=keep_external)
         report.artifacts.append(str(written))
     report.data = {
         "input": str(handle.path),

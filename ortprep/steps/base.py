@@ -1,0 +1,62 @@
+"""The Step protocol: a name, a typed Options dataclass, and one ``run(model, ctx)``.
+
+Every command and every ``[[steps]]`` entry of a pipeline file is one of these; the registry in
+``ortprep.steps`` maps names to classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ortprep.model import ModelHandle
+from ortprep.options import StepOptions
+from ortprep.report import StepResult
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+@dataclass
+class StepContext:
+    """What a step gets besides its options: where to write, and how to report progress."""
+
+    output: Path | None = None  # model-writing steps: the output path (None: the step's default)
+    force: bool = False  # allow the output to be the input model
+    progress: ProgressCallback | None = None
+
+
+class Step:
+    """Base of every step. Subclasses set ``name`` and ``Options`` and implement ``run``."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[StepOptions]]
+    writes_model: ClassVar[bool] = False
+    needs_model: ClassVar[bool] = True
+    progress_label: ClassVar[str | None] = None  # a spinner label, for steps without a progress bar
+    default_suffix: ClassVar[str] = ".out.onnx"
+
+    def __init__(self, options: StepOptions | None = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    def prepare(self) -> None:
+        """Checks of the environment before any work (e.g. ONNX Runtime present)."""
+
+    def default_output(self, model: Path) -> Path:
+        """Where the output goes when none is given: beside the input, with the step's suffix."""
+        return model.with_name(model.name.removesuffix(".onnx") + self.default_suffix)
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        raise NotImplementedError
+
+
+def output_path(step: Step, model: ModelHandle, ctx: StepContext) -> Path:
+    """The validated output path of a model-writing step (never the input unless ``force``)."""
+    from ortprep.errors import UsageError
+    from ortprep.model import check_output_path
+
+    if model.path is None:
+        raise UsageError(f"{step.name} needs a model file")
+    dest = ctx.output if ctx.output is not None else step.default_output(model.path)
+    return check_output_path(dest, input_path=model.path, force=ctx.force)

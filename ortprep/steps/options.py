@@ -1,0 +1,194 @@
+"""The options of every step, as data: field types, defaults, help text and validation.
+
+Kept apart from the steps themselves so that the command line can be built (and ``--help``
+answered) without importing onnx, numpy or ONNX Runtime. Config keys are the field names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ortprep.errors import UsageError
+from ortprep.options import Kind, StepOptions, option
+
+MAX_ROUNDS = 8  # convert --fp16: mixed-precision rounds
+LEVELS = ("basic", "extended", "all")  # optimize
+MODES = ("static", "dynamic")  # quantize
+DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
+DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
+
+
+@dataclass
+class VerifyOptions(StepOptions):
+    """How a transform's result is checked and written (shared by convert, simplify, optimize)."""
+
+    shapes: dict[str, list[int]] = option(
+        {}, "Feed shape of a symbolic input for the verification run: NAME=DIMS (repeatable).", Kind.SHAPES,
+        flags=("--shape", "--shapes"), metavar="NAME=DIMS")
+    dims: dict[str, int] = option(
+        {}, "Size of a named symbolic dimension for the verification run: NAME=SIZE (repeatable).", Kind.DIMS,
+        flags=("--dim", "--dims"), metavar="NAME=SIZE")
+    inputs: Path | None = option(None, "Verify on these inputs (.npz, one array per input).", Kind.PATH)
+    verify: bool = option(True, "Run the original and the result in ORT and compare before writing.", Kind.FLAG)
+    keep_failed: bool = option(False, "Write the output even when verification fails.", Kind.FLAG)
+
+
+@dataclass
+class InspectOptions(StepOptions):
+    """Options of ``inspect`` (config keys = field names)."""
+
+    hash_data: bool = option(False, "Also sha256 the external-data files (reads them).", Kind.FLAG)
+
+
+@dataclass
+class CheckOptions(StepOptions):
+    """Options of ``check`` (config keys = field names)."""
+
+    eps: list[str] = option([], "Target EP (repeatable: separate targets); a comma list is one session's priority "
+                            "list, e.g. openvino-cpu,dml.", Kind.TARGETS, flags=("--ep", "--eps"), metavar="EP")
+
+    def validate(self, where: str) -> None:
+        if not self.eps:
+            raise UsageError(f"{where}: no EP given", hint='name a target: --ep dml, or eps = ["dml"] in a config; '
+                             "ortprep check --list-eps lists them")
+
+
+@dataclass
+class ConvertOptions(VerifyOptions):
+    """Options of ``convert`` (config keys = field names)."""
+
+    fp16: bool = option(False, "Convert float32 to float16, verified, with mixed precision where needed.", Kind.FLAG)
+    ep: str = option("cpu", "Target EP: ops it has no FP16 kernel for stay FP32; sets the FP16 I/O default.", Kind.EP)
+    keep_io_types: bool | None = option(
+        None, "Keep float32 inputs/outputs (default), or make them float16 (the default for EPs that feed FP16, e.g. dml-npu).",
+        Kind.TRISTATE, off_flag="--fp16-io")
+    block_ops: tuple[str, ...] = option((), "Op type to keep in FP32 (repeatable).", Kind.NAMES,
+                                        flags=("--block-op", "--block-ops"), metavar="OP")
+    block_nodes: tuple[str, ...] = option((), "Node name to keep in FP32 (repeatable).", Kind.NAMES,
+                                          flags=("--block-node", "--block-nodes"), metavar="NODE")
+    opset: int | None = option(None, "Convert to this opset (onnx version converter).", Kind.INT, minimum=1)
+    fix_shapes: dict[str, list[int]] = option({}, "Make an input static: NAME=1,3,224,224 (repeatable).", Kind.SHAPES,
+                                              flags=("--fix-shape", "--fix-shapes"), metavar="NAME=DIMS")
+    fix_dims: dict[str, int] = option({}, "Fix a named symbolic dimension: batch=1 (repeatable).", Kind.DIMS,
+                                      flags=("--fix-dim", "--fix-dims"), metavar="NAME=SIZE")
+    conv1d_to_conv2d: bool = option(False, "Rewrite 1-D Conv/ConvTranspose/pooling as 2-D.", Kind.FLAG)
+    min_cosine: float = option(0.999, "FP16 gate: lowest cosine similarity per output.", Kind.FLOAT, minimum=-1.0)
+    max_rounds: int = option(MAX_ROUNDS, "FP16: most mixed-precision rounds before giving up.", Kind.INT, minimum=1)
+
+    def any_transform(self) -> bool:
+        return bool(self.fp16 or self.opset or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d)
+
+    def validate(self, where: str) -> None:
+        if not self.any_transform():
+            raise UsageError(f"{where}: nothing to do",
+                             hint="give at least one of fp16, opset, fix_shapes, fix_dims, conv1d_to_conv2d "
+                                  "(--fp16, --opset, --fix-shape, --fix-dim, --conv1d-to-conv2d)")
+
+
+@dataclass
+class SimplifyOptions(VerifyOptions):
+    """Options of ``simplify`` (config keys = field names)."""
+
+    onnxsim: bool = option(True, "Use onnxsim (constant folding, shape inference).", Kind.FLAG)
+    onnxoptimizer: bool = option(True, "Use onnxoptimizer's fuse-and-eliminate passes.", Kind.FLAG)
+    skip_passes: tuple[str, ...] = option((), "onnxoptimizer pass to leave out (repeatable).", Kind.NAMES,
+                                          flags=("--skip-pass", "--skip-passes"), metavar="PASS")
+
+
+@dataclass
+class OptimizeOptions(VerifyOptions):
+    """Options of ``optimize`` (config keys = field names)."""
+
+    level: str = option("extended", "ORT graph optimization level.", Kind.TEXT, choices=LEVELS)
+
+
+@dataclass
+class QuantizeOptions(StepOptions):
+    """Options of ``quantize`` (config keys = field names)."""
+
+    mode: str | None = option(None, "static (calibrated activations) or dynamic (weights only, activations at run time).",
+                              Kind.TEXT, choices=MODES, shortcuts=(("--static", "static"), ("--dynamic", "dynamic")))
+    calib: str | Path | None = option(None, "Calibration data: folder of .npz/.npy/images, a stacked .npz, or 'random'.",
+                                      Kind.DATA, metavar="DATA")
+    eval: str | Path | None = option(None, "Evaluation data (same forms as calib); default: every fifth calibration "
+                                     "sample, held back.", Kind.DATA, metavar="DATA")
+    ep: str = option("cpu", "Target EP: sets the preset (format, types, per-channel).", Kind.EP)
+    format: str | None = option(None, "Override the preset's format.", Kind.TEXT, choices=("qdq", "qoperator"))
+    per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",
+                                      Kind.TRISTATE, off_flag="--per-tensor")
+    method: str = option("minmax", "Calibration method.", Kind.TEXT, choices=("minmax", "entropy", "percentile"))
+    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT, choices=("int8", "uint8"))
+    activation_type: str | None = option(None, "Override the preset's activation type.", Kind.TEXT,
+                                         choices=("uint8", "int8", "uint16"))
+    exclude_ops: tuple[str, ...] = option((), "Op type to leave in float (repeatable).", Kind.NAMES,
+                                          flags=("--exclude-op", "--exclude-ops"), metavar="OP")
+    exclude_nodes: tuple[str, ...] = option((), "Node to leave in float (repeatable).", Kind.NAMES,
+                                            flags=("--exclude-node", "--exclude-nodes"), metavar="NODE")
+    samples: int | None = option(None, "Use at most this many calibration samples.", Kind.INT, minimum=1)
+    preprocess: bool = option(True, "Run ORT's quantization pre-processing first.", Kind.FLAG)
+    image_size: tuple[float, ...] | None = option(None, "Image calibration: H,W.", Kind.FLOATS, metavar="H,W")
+    mean: tuple[float, ...] | None = option(None, "Image calibration: per-channel mean (after scaling to 0..1).",
+                                            Kind.FLOATS, metavar="M,M,M")
+    std: tuple[float, ...] | None = option(None, "Image calibration: per-channel std.", Kind.FLOATS, metavar="S,S,S")
+    layout: str = option("nchw", "Image calibration: nchw or nhwc.", Kind.TEXT, choices=("nchw", "nhwc"))
+    min_cosine: float = option(DEFAULT_MIN_COSINE, "Accuracy gate: lowest cosine per output on held-back samples.",
+                               Kind.FLOAT, minimum=-1.0)
+    auto_exclude: bool = option(False, "Keep the nodes where the error starts in float and re-quantize until the "
+                                "gate passes.", Kind.FLAG)
+    max_exclude_rounds: int = option(4, "Most --auto-exclude rounds.", Kind.INT, minimum=1)
+    keep_failed: bool = option(False, "Write the output even when the accuracy gate fails.", Kind.FLAG)
+    verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)
+
+    def validate(self, where: str) -> None:
+        if self.mode is None:
+            raise UsageError(f"{where}: no quantization mode", hint='set mode = "static" or "dynamic" (--static or --dynamic)')
+        from ortprep.eps.registry import EPS, resolve_ep
+
+        spec = resolve_ep(self.ep)
+        if spec.quantize is None:
+            with_presets = ", ".join(s.name for s in EPS if s.quantize is not None)
+            raise UsageError(f"{where}: no quantization preset for '{self.ep}'", hint=f"use one of: {with_presets}")
+        if self.mode == "static" and not self.calib:
+            raise UsageError(f"{where}: static quantization needs calibration data",
+                             hint="pass --calib DIR, calib = \"DIR\" in a config (or 'random' to accept random data)")
+        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
+            raise UsageError(f"{where}: image_size needs two positive numbers", hint="e.g. --image-size 224,224")
+
+    def image(self):
+        """The image-calibration settings (runtime.calibration.ImageOptions)."""
+        from ortprep.runtime.calibration import ImageOptions
+
+        size = (int(self.image_size[0]), int(self.image_size[1])) if self.image_size else None
+        return ImageOptions(size=size, mean=self.mean or (0.0, 0.0, 0.0), std=self.std or (1.0, 1.0, 1.0), layout=self.layout)
+
+
+@dataclass
+class LoadOptions(StepOptions):
+    """Options of ``load`` (config keys = field names)."""
+
+    eps: list[str] = option([], "EP to test (repeatable); default: every available one.", Kind.EP_LIST,
+                            flags=("--ep", "--eps"), metavar="EP")
+    inputs: Path | None = option(None, "Run on these inputs (.npz, one array per input).", Kind.PATH)
+    shapes: dict[str, list[int]] = option({}, "Shape of a symbolic input: NAME=DIMS (repeatable).", Kind.SHAPES,
+                                          flags=("--shape", "--shapes"), metavar="NAME=DIMS")
+    runs: int = option(10, "Timed runs after the warm-up.", Kind.INT, minimum=1)
+    provider_options: dict[str, dict[str, str]] = option(
+        {}, "An EP's session option: EP:KEY=VALUE (repeatable).", Kind.PROVIDER_OPTIONS,
+        flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
+    timeout: float = option(DEFAULT_TIMEOUT, "Seconds per EP before it counts as hung.", Kind.FLOAT, minimum=0.1)
+    no_fallback: bool = option(False, "Fail when any node falls back to the CPU.", Kind.FLAG, off_flag="--fallback-ok")
+    profile: bool = option(False, "ORT's profiler: the ten ops taking the most time, per EP.", Kind.FLAG)
+    custom_op_library: Path | None = option(None, "Register this custom-op library in every session.", Kind.PATH)
+
+
+@dataclass
+class DoctorOptions(StepOptions):
+    """Options of ``doctor`` (config keys = field names)."""
+
+    scan: Path | None = option(None, "Read the Python and requirements files under PATH for ORT pitfalls (never runs "
+                               "them).", Kind.PATH)
+
+    def validate(self, where: str) -> None:
+        if self.scan is not None and not Path(self.scan).exists():
+            raise UsageError(f"{where}: nothing to scan at {self.scan}", hint="pass a folder or a .py file")

@@ -1,0 +1,1 @@
+"""Graph work the steps share: FP16 internals, rewrites, verification of a result."""

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
 from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parents[1]

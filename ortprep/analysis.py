@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto
 
-from ortprep.model import ModelHandle, dtype_name, iter_graphs, normalize_domain, subgraphs_of
+from ortprep.model import (
+    ModelHandle,
+    dtype_name,
+    iter_graphs,
+    normalize_domain,
+    subgraphs_of,
+)
 
 log = logging.getLogger(__name__)
 

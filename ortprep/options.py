@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ortprep.errors import UsageError
 
@@ -71,9 +71,19 @@ def default_of(field: dataclasses.Field) -> Any:
     return field.default_factory()  # type: ignore[misc]
 
 
-def cli_flag(field: dataclasses.Field) -> str:
+def cli_flags(field: dataclasses.Field) -> list[str]:
+    """The command-line spellings of a field: its own flags, and always the config key in kebab case."""
     spec = spec_of(field)
-    return spec.flags[0] if spec.flags else "--" + field.name.replace("_", "-")
+    own = "--" + field.name.replace("_", "-")
+    flags = list(spec.flags) or [own]
+    if own not in flags:
+        flags.append(own)
+    return flags
+
+
+def off_flag(field: dataclasses.Field) -> str:
+    """The negative flag of a FLAG/TRISTATE field."""
+    return spec_of(field).off_flag or "--no-" + field.name.replace("_", "-")
 
 
 # --- reading one value -------------------------------------------------------------------------
@@ -266,8 +276,6 @@ def relative_path(path: Path, base: Path) -> str:
 class StepOptions:
     """Base of every step's Options. Subclasses are dataclasses of :func:`option` fields and may
     override :meth:`validate` for checks that involve several fields."""
-
-    step_name: ClassVar[str] = ""
 
     @classmethod
     def fields(cls) -> list[dataclasses.Field]:

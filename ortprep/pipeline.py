@@ -76,7 +76,6 @@ class Pipeline:
     config: Path | None = None
     force: bool = False  # a command line's --force: an output may replace the input model
     single_command: bool = False
-    default_fail_on: Severity | None = Severity.ERROR
     progress: Any = None  # callback(stage, done, total) for progress bars
     _prepared: bool = field(default=False, repr=False)
 
@@ -88,7 +87,7 @@ class Pipeline:
         """The one-step pipeline a command line stands for."""
         step = step_class(name)(options)
         pipeline = cls(steps=[PipelineStep(step, fail_on, output, label=name)], model=model, force=force,
-                       single_command=True, default_fail_on=fail_on)
+                       single_command=True)
         pipeline.validate()
         return pipeline
 
@@ -122,7 +121,7 @@ class Pipeline:
             raise UsageError(f"{path.name}: no 'model'", hint='add model = "path/to/model.onnx"')
         model = (base / raw["model"]).resolve() if "model" in raw else None
         output_dir = (base / raw.get("output_dir", "build")).resolve()
-        pipeline = cls(steps=steps, model=model, output_dir=output_dir, config=path.resolve(), default_fail_on=default_fail)
+        pipeline = cls(steps=steps, model=model, output_dir=output_dir, config=path.resolve())
         pipeline.validate()
         return pipeline
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -10,8 +11,80 @@ SAMPLES = ROOT / "sample_models"
 sys.path.insert(0, str(ROOT / "tests"))
 
 SAMPLE_MODELS = sorted(p for p in SAMPLES.rglob("*.onnx"))
+HAVE_ORT = importlib.util.find_spec("onnxruntime") is not None
+
+# Finding codes no test on this kind of machine can raise, and why. Every other code in the
+# catalogue must be raised by at least one test of a full run (checked at the end of the session).
+ENVIRONMENT_ONLY = {
+    "DOC001": "needs two ONNX Runtime flavours installed side by side",
+    "DOC002": "needs onnxruntime-gpu with a CUDA/TensorRT library missing",
+    "DOC004": "needs pycuda or another CUDA context owner installed next to onnxruntime-gpu",
+    "LOD005": "needs an EP besides the CPU EP, which this ONNX Runtime build does not have",
+    "LOD006": "needs an EP besides the CPU EP to compare with the CPU EP's outputs",
+}
+RAISED_CODES: set[str] = set()
+
+# Test modules that need ONNX Runtime for most of their cases; without it they skip (never fail
+# at collection). Modules not listed run without ORT.
+NEEDS_ORT = {"test_transforms.py", "test_quantize.py", "test_load.py", "test_pipeline.py", "test_api.py",
+             "test_parity.py", "test_check.py"}
+
+
+def saw_codes(record: dict) -> None:
+    """Count the findings of a report made in a child process (the hook below sees only this one)."""
+    RAISED_CODES.update(f["code"] for f in record.get("findings", []))
 
 
 @pytest.fixture
 def samples() -> Path:
     return SAMPLES
+
+
+def pytest_configure(config):
+    """Record every finding code a test makes ortprep raise."""
+    from ortprep.findings import Finding
+
+    original = Finding.of.__func__
+
+    def recording(cls, code, message, **fields):
+        RAISED_CODES.add(code)
+        return original(cls, code, message, **fields)
+
+    Finding.of = classmethod(recording)
+
+
+def pytest_ignore_collect(collection_path, config):
+    # Modules that import onnxruntime at the top would fail at collection without it.
+    if not HAVE_ORT and collection_path.name in NEEDS_ORT:
+        return True
+    return None
+
+
+def pytest_report_header(config):
+    return None if HAVE_ORT else "onnxruntime is not installed: " + ", ".join(sorted(NEEDS_ORT)) + " are skipped"
+
+
+def _full_run(session) -> bool:
+    config = session.config
+    args = [Path(a).resolve() for a in config.args]
+    return (args == [ROOT / "tests"] and not config.option.keyword and not config.option.markexpr
+            and not config.option.lf and not getattr(config.option, "deselect", None) and HAVE_ORT
+            and not config.option.collectonly)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A full run must raise every catalogued finding code at least once."""
+    from ortprep.findings import CATALOGUE
+
+    if exitstatus != 0 or not _full_run(session):
+        return
+    missing = sorted(set(CATALOGUE) - RAISED_CODES - set(ENVIRONMENT_ONLY))
+    stale = sorted(set(ENVIRONMENT_ONLY) & RAISED_CODES)
+    if missing or stale:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line("")
+        if missing:
+            reporter.write_line(f"finding codes no test raised: {', '.join(missing)}", red=True)
+        if stale:
+            reporter.write_line(f"codes listed as environment-only but raised: {', '.join(stale)}", red=True)
+        session.exitstatus = 1

@@ -141,13 +141,6 @@ def test_finding_raised_and_not(tmp_path, code):
     assert code not in codes(quiet), quiet["findings"]
 
 
-def test_every_check_code_has_a_case():
-    from ortprep.findings import CATALOGUE
-
-    check_codes = {c for c in CATALOGUE if c.startswith(("EP", "DML", "NPU", "SHP", "QNN", "TRT", "CMB"))}
-    assert check_codes == set(CASES)
-
-
 def test_mod002_in_check(tmp_path):
     limit = ort_max_opset()
     newer = result_of(saved(tmp_path, _relu_at(limit + 1), "newer.onnx"), "dml")

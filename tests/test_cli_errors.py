@@ -138,3 +138,50 @@ def test_debug_env_shows_traceback(tmp_path):
     assert result.exit_code == 2
     assert "Traceback" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("ortprep: error: model file not found")
+
+
+# ---------------------------------------------------------------- the error boundary's own mapping
+
+
+def _boundary_app(exc: BaseException):
+    import typer
+
+    from ortprep.cli.app import error_boundary
+
+    app = typer.Typer()
+
+    @app.command()
+    @error_boundary
+    def boom() -> None:
+        raise exc
+
+    return app
+
+
+@pytest.mark.parametrize("exc, code, text", [
+    (__import__("ortprep.errors", fromlist=["UsageError"]).UsageError("bad flag", hint="use --good"), 2, "bad flag; use --good"),
+    (__import__("ortprep.errors", fromlist=["ModelReadError"]).ModelReadError("cannot read m.onnx"), 2, "cannot read m.onnx"),
+    (__import__("ortprep.errors", fromlist=["EnvironmentMissingError"]).EnvironmentMissingError("no ORT"), 3, "no ORT"),
+    (MemoryError(), 3, "out of memory"),
+    (KeyError("x" * 500), 4, "internal error (KeyError"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+])
+def test_error_boundary_maps_exceptions_to_exit_codes(exc, code, text):
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(_boundary_app(exc), [])
+    assert result.exit_code == code
+    assert text in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    debug = CliRunner().invoke(_boundary_app(exc), [], env={"ORTPREP_DEBUG": "1"})
+    assert debug.exit_code == code
+    if code not in (130,):
+        assert "Traceback" in debug.stderr
+
+
+def test_exit_codes_documented():
+    from ortprep.errors import ExitCode
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    for code in ExitCode:
+        assert f"| {int(code)} |" in doc, code

@@ -13,6 +13,7 @@ import pytest
 
 import models
 from cli_helpers import invoke
+from conftest import saw_codes
 from conftest import SAMPLES
 
 
@@ -141,6 +142,7 @@ def test_doctor_without_ort():
 
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     record = json.loads(child.stdout)
+    saw_codes(record)
     assert "DOC005" in {f["code"] for f in record["findings"]} and child.returncode == 1
 
 
@@ -201,3 +203,13 @@ def test_doctor_scan_missing_path(tmp_path):
 def test_missing_custom_op_library(tmp_path, samples):
     result = invoke("load", samples / "cnn.onnx", "--custom-op-library", tmp_path / "libnope.so")
     assert result.exit_code == 2 and "custom-op library not found" in result.stderr
+
+
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="the VNNI rule is for x86 CPUs")
+def test_doc003_without_int8_instructions(monkeypatch):
+    import ortprep.steps.doctor as doctor_module
+
+    monkeypatch.setattr(doctor_module, "cpu_features", lambda: ["avx2"])
+    assert "DOC003" in {f.code for f in doctor_module.doctor().findings}
+    monkeypatch.setattr(doctor_module, "cpu_features", lambda: ["avx2", "avx512_vnni"])
+    assert "DOC003" not in {f.code for f in doctor_module.doctor().findings}

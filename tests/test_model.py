@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import ortprep.model as model_module
@@ -16,6 +15,7 @@ from ortprep.model import ModelHandle, check_output_path, is_external, iter_node
 
 
 def run(path: Path, feeds: dict) -> list[np.ndarray]:
+    ort = pytest.importorskip("onnxruntime", reason="running the saved model needs ONNX Runtime")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
 

@@ -354,25 +354,3 @@ def test_convert_json_schema(tmp_path, samples):
     assert set(record["verify"]) >= {"loads", "max_abs_diff", "max_rel_diff", "cosine", "passed"}
     assert record["size_after"] < record["size_before"]
     json.dumps(record)
-
-
-# Each transform code, and the tests above that raise it (and, where it makes sense, do not).
-TRANSFORM_CODE_TESTS = {
-    "CNV001": test_batchnorm_with_huge_variance_is_folded,
-    "CNV002": test_tiny_weights_reported,
-    "CNV003": test_overflowing_activations_stay_fp32,
-    "CNV005": test_crash_in_ort_becomes_a_finding,
-    "CNV006": test_failed_verification_writes_nothing,
-    "CNV007": test_unverifiable_original_is_reported,
-    "CNV008": test_lstm_then_matmul_gemm_on_cpu,
-    "CNV009": test_cancellation_needs_mixed_precision,
-    "SIM001": test_simplify_falls_back_when_onnxsim_cannot,
-    "OPT001": test_optimize_levels,
-    "OPT002": test_optimize_failure_is_reported,
-}
-
-
-def test_every_transform_code_has_a_case():
-    from ortprep.findings import CATALOGUE
-
-    assert {c for c in CATALOGUE if c.startswith(("CNV", "SIM", "OPT"))} == set(TRANSFORM_CODE_TESTS)

@@ -17,11 +17,7 @@ import typer
 
 from ortprep.cli.app import error_boundary
 from ortprep.cli.options import FailOn
-from ortprep.options import Kind, cli_flag, default_of, spec_of
-
-# Options every step command has, beside its own.
-COMMON = ("model", "output", "force", "json_output", "report", "junit", "markdown", "fail_on", "emit_config")
-
+from ortprep.options import Kind, cli_flags, default_of, off_flag, spec_of
 
 METAVARS = {Kind.INT: "N", Kind.FLOAT: "X", Kind.PATH: "PATH", Kind.DATA: "DATA", Kind.EP: "EP", Kind.TEXT: "TEXT",
             Kind.NAMES: "NAME", Kind.FLOATS: "X,Y,..."}
@@ -31,27 +27,18 @@ def _enum(name: str, choices: tuple[str, ...]) -> type[Enum]:
     return Enum(name, {choice: choice for choice in choices}, type=str)  # type: ignore[return-value]
 
 
-def _flags(field: dataclasses.Field) -> list[str]:
-    spec = spec_of(field)
-    own = "--" + field.name.replace("_", "-")
-    flags = list(spec.flags) or [own]
-    if own not in flags:
-        flags.append(own)  # the config key always works as a flag too
-    return flags
-
-
 def _parameter(field: dataclasses.Field) -> inspect.Parameter:
     """One Typer parameter for an Options field. Values arrive as strings (or bools) and are
     converted by the same code that reads config files."""
     spec = spec_of(field)
     default = default_of(field)
-    flags = _flags(field)
+    flags = cli_flags(field)
     common: dict[str, Any] = {"help": spec.help, "show_default": False}
-    metavar = spec.metavar or METAVARS.get(spec.kind)
+    metavar = spec.metavar or ("|".join(spec.choices) if spec.choices else METAVARS.get(spec.kind))
     if metavar:
         common["metavar"] = metavar
     if spec.kind in (Kind.FLAG, Kind.TRISTATE):
-        off = spec.off_flag or "--no-" + field.name.replace("_", "-")
+        off = off_flag(field)
         declarations = [f"{flags[0]}/{off}"] + [f for f in flags[1:]]
         if spec.kind == Kind.FLAG:
             common["show_default"] = flags[0] if default else off
@@ -123,7 +110,7 @@ def option_values(options_cls, given: dict[str, Any]) -> dict[str, Any]:
                 if value is not None and value != choice:
                     from ortprep.errors import UsageError
 
-                    raise UsageError(f"{flag} conflicts with {cli_flag(field)} {value}", hint="choose one")
+                    raise UsageError(f"{flag} conflicts with {cli_flags(field)[0]} {value}", hint="choose one")
                 value = choice
         if isinstance(value, Enum):
             value = value.value

@@ -55,7 +55,13 @@ def progress_bar(*, quiet: bool) -> Iterator[Callable[[str, int, int], None] | N
     if not interactive(quiet):
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     with Progress(
         TextColumn("ortprep: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -51,10 +51,6 @@ class EpSpec:
     quantize: QuantizePreset | None = None
     fp16_io: bool = False  # the EP's own samples feed float16 inputs/outputs
 
-    @property
-    def table_name(self) -> str:
-        return self.name
-
 
 @lru_cache(maxsize=1)
 def ep_facts() -> dict[str, Any]:

@@ -45,26 +45,6 @@ def input_specs(proto: ModelProto) -> list[InputSpec]:
     return specs
 
 
-def parse_dims(text: str) -> list[int]:
-    try:
-        dims = [int(part) for part in text.replace("x", ",").split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"bad dimensions '{text}'", hint="write them as 1,3,224,224") from None
-    if not dims or any(d <= 0 for d in dims):
-        raise UsageError(f"bad dimensions '{text}'", hint="every dimension must be a positive integer")
-    return dims
-
-
-def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
-    result = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise UsageError(f"bad {what} '{item}'", hint=f"write it as NAME=VALUE, e.g. {'input=1,3,224,224' if what == '--shape' else 'batch=1'}")
-        result[name.strip()] = value.strip()
-    return result
-
-
 def concrete_shape(
     spec: InputSpec, shapes: dict[str, list[int]] | None = None, dims: dict[str, int] | None = None
 ) -> tuple[int, ...]:

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
 from ortprep.eps.partition import CPU, FOLDED, partition_graph
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
-from ortprep.eps.rules import NodeVerdict, combination_findings, evaluate_node, model_findings
+from ortprep.eps.rules import (
+    NodeVerdict,
+    combination_findings,
+    evaluate_node,
+    model_findings,
+)
 from ortprep.eps.tables import SupportLevel, SupportTable, load_table, match
 from ortprep.findings import Finding, Severity
-from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
-from ortprep.steps.options import CheckOptions
-from ortprep.steps.base import Step, StepContext
 from ortprep.report import StepResult
+from ortprep.steps.base import Step, StepContext
+from ortprep.steps.options import CheckOptions
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +90,16 @@ def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> lis
     return [evaluate_node(spec, table, node, match(table, node)) for node in analysis.all_nodes()]
 
 
-def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[dict[str, Any], list[Finding]]:
-    """Check one target (one session's EP priority list) and return its result record and findings."""
-    tables = {spec.name: load_table(spec.name) for spec in target}
-    cpu_table = load_table("cpu")
+def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[str, SupportTable]) -> tuple[list[int], list[Finding]]:
+    """Which EP of the target takes each node (index into the target, CPU or FOLDED), and the
+    per-node findings."""
     nodes = analysis.all_nodes()
     per_ep = [_verdicts(spec, tables[spec.name], analysis) for spec in target]
-    cpu_levels = (
-        [v.level for v in per_ep[0]]
-        if target[0].name == "cpu"
-        else [match(cpu_table, node).level for node in nodes]
-    )
-    label = ",".join(spec.name for spec in target)
+    if target[0].name == "cpu":
+        cpu_levels = [v.level for v in per_ep[0]]
+    else:
+        cpu_table = load_table("cpu")
+        cpu_levels = [match(cpu_table, node).level for node in nodes]
     assignment: list[int] = []
     findings: list[Finding] = []
     for position, node in enumerate(nodes):
@@ -115,10 +116,13 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
             if verdict.level == SupportLevel.CONDITIONAL:
                 findings.append(_node_finding(target[chosen], node, verdict, cpu_runs_it))
             findings.extend(verdict.extra)
+    return assignment, findings
 
-    # Partitions and copies, graph by graph (ORT partitions each subgraph on its own).
-    partitions = copies = 0
-    offset = 0
+
+def _partitions(analysis: ModelAnalysis, assignment: list[int], target: tuple[EpSpec, ...]) -> tuple[int, int]:
+    """(EP partitions, tensor copies between EP and CPU), graph by graph: ORT partitions each
+    subgraph on its own."""
+    partitions = copies = offset = 0
     for graph in analysis.graphs:
         count = len(graph.nodes)
         result = partition_graph(graph.graph, assignment[offset : offset + count])
@@ -127,51 +131,53 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
         offset += count
     if all(spec.name == "cpu" for spec in target):
         copies = 0  # the CPU EP is the fallback itself: nothing to copy
+    return partitions, copies
 
-    placed = [a for a in assignment if a != FOLDED]
-    supported = sum(1 for a in placed if a != CPU)
+
+def _coverage_finding(label: str, nodes_placed: int, supported: int, fallback: list[str], partitions: int,
+                      copies: int, first_ep: str) -> Finding | None:
+    if not nodes_placed or first_ep == "cpu":
+        return None
+    if supported == 0:
+        return Finding.of("EP007", f"{label}: none of the {nodes_placed} nodes runs on the EP; the whole model would "
+                          "run on the CPU", ep=label, fix="see the per-node findings; convert or replace the ops the EP lacks")
+    if fallback:
+        return Finding.of("EP006", f"{label}: {len(fallback)} of {nodes_placed} nodes fall back to the CPU; the EP gets "
+                          f"{partitions} partition(s), with {copies} tensor copies between EP and CPU per run", ep=label,
+                          fix="replace the fallback ops, or check the cost: ortprep load MODEL --ep " + first_ep)
+    return None
+
+
+def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
+    blocked = any(f.code in SESSION_BLOCKERS for f in findings)
+    has_error = any(f.severity >= Severity.ERROR for f in findings)
+    if blocked or (nodes_placed and supported == 0):
+        return "none"
+    if supported == nodes_placed and not has_error:
+        return "full"
+    return "partial"
+
+
+def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[dict[str, Any], list[Finding]]:
+    """Check one target (one session's EP priority list) and return its result record and findings."""
+    tables = {spec.name: load_table(spec.name) for spec in target}
+    label = ",".join(spec.name for spec in target)
+    nodes = analysis.all_nodes()
+    assignment, findings = _assign(analysis, target, tables)
+    partitions, copies = _partitions(analysis, assignment, target)
+    nodes_placed = sum(1 for a in assignment if a != FOLDED)
+    supported = sum(1 for a in assignment if a >= 0)
     fallback = [node.name for node, a in zip(nodes, assignment) if a == CPU]
-    macs_total = macs_on_ep = 0
-    for node, a in zip(nodes, assignment):
-        macs = node_macs(node)
-        if macs is not None:
-            macs_total += macs
-            macs_on_ep += macs if a >= 0 else 0
-    nodes_placed = len(placed)
-
+    known = [(node_macs(node), a) for node, a in zip(nodes, assignment)]
+    macs_total = sum(m for m, _ in known if m is not None)
+    macs_on_ep = sum(m for m, a in known if m is not None and a >= 0)
     for spec in target:
         findings.extend(model_findings(spec, tables[spec.name], analysis))
     findings.extend(combination_findings(target, tables))
     findings.extend(_runtime_opset_findings(analysis))
-    if nodes_placed and target[0].name != "cpu":
-        if supported == 0:
-            findings.append(
-                Finding.of(
-                    "EP007",
-                    f"{label}: none of the {nodes_placed} nodes runs on the EP; the whole model would run on the CPU",
-                    ep=label,
-                    fix="see the per-node findings; convert or replace the ops the EP lacks",
-                )
-            )
-        elif fallback:
-            findings.append(
-                Finding.of(
-                    "EP006",
-                    f"{label}: {len(fallback)} of {nodes_placed} nodes fall back to the CPU; the EP gets "
-                    f"{partitions} partition(s), with {copies} tensor copies between EP and CPU per run",
-                    ep=label,
-                    fix="replace the fallback ops, or check the cost: ortprep load MODEL --ep " + target[0].name,
-                )
-            )
-
-    blocked = any(f.code in SESSION_BLOCKERS for f in findings)
-    has_error = any(f.severity >= Severity.ERROR for f in findings)
-    if blocked or (nodes_placed and supported == 0):
-        verdict = "none"
-    elif supported == nodes_placed and not has_error:
-        verdict = "full"
-    else:
-        verdict = "partial"
+    coverage = _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
+    if coverage is not None:
+        findings.append(coverage)
     record = {
         "ep": label,
         "providers": [spec.provider for spec in target] + ([] if target[-1].name == "cpu" else ["CPUExecutionProvider"]),
@@ -184,7 +190,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
         "node_share": round(supported / nodes_placed, 4) if nodes_placed else None,
         "macs": {"known": macs_total, "on_ep": macs_on_ep},
         "mac_share": round(macs_on_ep / macs_total, 4) if macs_total else None,
-        "verdict": verdict,
+        "verdict": _verdict(findings, nodes_placed, supported),
         "finding_count": len(findings),
     }
     return record, [dataclasses.replace(f, target=label) for f in findings]

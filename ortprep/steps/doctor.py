@@ -12,21 +12,23 @@ import logging
 import platform
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from ortprep import __version__
-from ortprep.findings import Finding
 from ortprep.eps.registry import gpu_libraries
-from ortprep.errors import UsageError
+from ortprep.findings import Finding
 from ortprep.model import ModelHandle
-from ortprep.steps.options import DoctorOptions
 from ortprep.report import StepResult
+from ortprep.runtime.providers import (
+    import_ort,
+    installed_ort_distributions,
+    ort_max_opset,
+)
 from ortprep.steps.base import Step, StepContext
-from ortprep.runtime.providers import import_ort, installed_ort_distributions, ort_max_opset
+from ortprep.steps.options import DoctorOptions
 
 log = logging.getLogger(__name__)
 

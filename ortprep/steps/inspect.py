@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -24,9 +23,9 @@ from ortprep.model import (
     tensor_elements,
     tensor_nbytes,
 )
-from ortprep.steps.options import InspectOptions
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
+from ortprep.steps.options import InspectOptions
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,11 @@ def _checker(handle: ModelHandle) -> tuple[bool, str | None]:
 
 
 def _runtime_facts() -> dict[str, Any]:
-    from ortprep.runtime.providers import import_ort, installed_ort_distributions, ort_max_opset
+    from ortprep.runtime.providers import (
+        import_ort,
+        installed_ort_distributions,
+        ort_max_opset,
+    )
 
     ort = import_ort()
     return {

@@ -7,7 +7,6 @@ import json
 import logging
 import statistics
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ from ortprep.eps.registry import EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
-from ortprep.steps.options import DEFAULT_TIMEOUT, LoadOptions
 from ortprep.report import StepResult
 from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import Step, StepContext
+from ortprep.steps.options import LoadOptions
 
 log = logging.getLogger(__name__)
 

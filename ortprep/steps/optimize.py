@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
-from ortprep.steps.options import OptimizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
 from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import Step, StepContext, output_path
-from ortprep.transforms.common import VerifyOptions, finish, make_feeds, reference_run
-from ortprep.transforms.verify import Gate, VerifyResult, model_bytes, node_count, run_model, save_temp, verify_run
+from ortprep.steps.options import OptimizeOptions
+from ortprep.transforms.common import finish, make_feeds, reference_run
+from ortprep.transforms.verify import (
+    Gate,
+    VerifyResult,
+    model_bytes,
+    node_count,
+    run_model,
+    save_temp,
+    verify_run,
+)
 
 log = logging.getLogger(__name__)
 

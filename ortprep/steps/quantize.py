@@ -12,7 +12,6 @@ import json
 import logging
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,19 +20,19 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto
 
+from ortprep.eps.registry import resolve_ep
 from ortprep.errors import UsageError
 from ortprep.findings import Finding
-from ortprep.eps.registry import EPS, resolve_ep
 from ortprep.model import ModelHandle, iter_graphs
-from ortprep.steps.options import DEFAULT_MIN_COSINE, MODES, QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.runtime.calibration import CalibrationSet, ImageOptions, discover, split
+from ortprep.runtime.calibration import CalibrationSet, discover, split
 from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
+from ortprep.steps.options import QuantizeOptions
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import float_intermediates, model_bytes, save_temp
 
@@ -144,7 +143,11 @@ def _run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings
     op_types = settings["op_types"]
     if exclude_ops:
         if op_types is None:
-            from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry, IntegerOpsRegistry
+            from onnxruntime.quantization.registry import (
+                IntegerOpsRegistry,
+                QDQRegistry,
+                QLinearOpsRegistry,
+            )
 
             registry = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if settings["format"] == "qdq" else QLinearOpsRegistry)
             op_types = list(registry)
@@ -414,6 +417,46 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     return DataPlan(calibration, calib_indices, calibration, eval_indices)
 
 
+@dataclass
+class Rounds:
+    """What the quantize / evaluate / exclude rounds ended with."""
+
+    evaluation: Evaluation | None
+    excluded: list[str]
+    auto_excluded: list[dict]
+
+
+def _quantize_rounds(workdir: Path, float_path: Path, result_path: Path, options: QuantizeOptions, settings: dict,
+                     plan: DataPlan, eval_feeds: list, float_runs: dict, big: bool,
+                     progress: ProgressCallback | None) -> Rounds:
+    """Quantize, evaluate on the held-back samples, and with --auto-exclude keep the worst nodes in
+    float and try again (at most ``max_exclude_rounds`` more times)."""
+    excluded: list[str] = list(options.exclude_nodes)
+    auto_excluded: list[dict] = []
+    evaluation: Evaluation | None = None
+    for round_number in range(1, options.max_exclude_rounds + 2):
+        ok, error = _run_quantizer(workdir, float_path, result_path, options.mode, settings, plan.calibration,
+                                   plan.calib_indices, excluded, options.exclude_ops, big, progress)
+        if not ok:
+            raise UsageError(f"quantization failed: {error}", hint="see --exclude-op / --exclude-node, or try --no-preprocess")
+        if not eval_feeds:
+            break
+        if progress is not None:
+            progress("evaluating", 0, 1)
+        evaluation = evaluate(float_path, result_path, eval_feeds, options.min_cosine, float_runs)
+        if progress is not None:
+            progress("evaluating", 1, 1)
+        if evaluation.passed or not options.auto_exclude or round_number > options.max_exclude_rounds:
+            break
+        culprits = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded), limit=2, cache=float_runs)
+        if not culprits:
+            break
+        for name, op_type, cosine in culprits:
+            excluded.append(name)
+            auto_excluded.append({"name": name, "op_type": op_type, "cosine": cosine, "round": round_number})
+    return Rounds(evaluation, excluded, auto_excluded)
+
+
 def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
                    progress: ProgressCallback | None = None) -> StepResult:
     """Quantize ``handle``'s model and write ``dest`` when the accuracy gate passes.
@@ -440,32 +483,12 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         preprocess_detail = "skipped (--no-preprocess)"
         if options.preprocess:
             float_path, preprocess_detail = _preprocess(workdir, float_path, report)
-        excluded: list[str] = list(options.exclude_nodes)
-        auto_excluded: list[dict] = []
         result_path = workdir / "quantized.onnx"
-        evaluation: Evaluation | None = None
         eval_feeds = list(eval_set.samples(eval_indices)) if (eval_set is not None and options.verify) else []
         float_runs: dict[str, RunOutcome] = {}
-        for round_number in range(1, options.max_exclude_rounds + 2):
-            ok, error = _run_quantizer(workdir, float_path, result_path, options.mode, settings, calibration, calib_indices,
-                                       excluded, options.exclude_ops, big, progress)
-            if not ok:
-                raise UsageError(f"quantization failed: {error}", hint="see --exclude-op / --exclude-node, or try --no-preprocess")
-            if not eval_feeds:
-                break
-            if progress is not None:
-                progress("evaluating", 0, 1)
-            evaluation = evaluate(float_path, result_path, eval_feeds, options.min_cosine, float_runs)
-            if progress is not None:
-                progress("evaluating", 1, 1)
-            if evaluation.passed or not options.auto_exclude or round_number > options.max_exclude_rounds:
-                break
-            culprits = worst_nodes(float_path, result_path, eval_feeds[0], set(excluded), limit=2, cache=float_runs)
-            if not culprits:
-                break
-            for name, op_type, cosine in culprits:
-                excluded.append(name)
-                auto_excluded.append({"name": name, "op_type": op_type, "cosine": cosine, "round": round_number})
+        rounds = _quantize_rounds(workdir, float_path, result_path, options, settings, plan, eval_feeds, float_runs, big,
+                                  progress)
+        evaluation, excluded, auto_excluded = rounds.evaluation, rounds.excluded, rounds.auto_excluded
         quantized = onnx.load(str(result_path))
         stats = quantization_stats(quantized)
         if stats["quantized_ops"] == 0:

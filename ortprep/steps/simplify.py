@@ -6,19 +6,25 @@ shapes it cannot infer; then what can be done is done, and the report names the 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle
-from ortprep.steps.options import SimplifyOptions
 from ortprep.report import StepResult
 from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import Step, StepContext, output_path
+from ortprep.steps.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
-from ortprep.transforms.verify import EXACT_GATE, VerifyResult, model_bytes, node_count, run_model, verify_run
+from ortprep.transforms.verify import (
+    EXACT_GATE,
+    VerifyResult,
+    model_bytes,
+    node_count,
+    run_model,
+    verify_run,
+)
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,6 @@ the atomic write (never a partial or unverified output unless asked), and the re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,10 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
-from ortprep.steps.options import VerifyOptions
 from ortprep.report import StepResult
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.isolated import RunOutcome
+from ortprep.steps.options import VerifyOptions
 from ortprep.transforms.verify import VerifyResult, model_bytes, node_count, run_model
 
 NOT_VERIFIED = {

@@ -261,15 +261,3 @@ def clear_stale_value_info(proto: ModelProto) -> list[str]:
         count += len(graph.value_info)
         del graph.value_info[:]
     return [f"dropped {count} stale value_info entries"] if count else []
-
-
-def fp16_tensor_share(proto: ModelProto) -> float:
-    """Share of float initializer bytes stored as FP16."""
-    half = full = 0
-    for _, graph in iter_graphs(proto.graph):
-        for tensor in graph.initializer:
-            if tensor.data_type == TensorProto.FLOAT16:
-                half += 1
-            elif tensor.data_type == TensorProto.FLOAT:
-                full += 1
-    return half / (half + full) if half + full else 0.0

@@ -43,7 +43,6 @@ class Gate:
         return True
 
 
-FP16_GATE = Gate(min_cosine=0.999)
 EXACT_GATE = Gate(min_cosine=0.99999, max_abs=1e-4)
 
 

@@ -1,6 +1,6 @@
-"""Generate ortprep/eps/data/*.json from the raw per-EP facts in ../shared/ep-support/.
+"""Generate ortprep/eps/data/*.json from a folder of raw per-EP facts (kept outside this repository).
 
-    .venv/bin/python tools/gen_ep_tables.py [--src ../shared/ep-support] [--out ortprep/eps/data]
+    .venv/bin/python tools/gen_ep_tables.py --src FACTS_DIR [--out ortprep/eps/data]
 
 One JSON file per table. Every entry carries ``src``, a key into the file's ``sources`` map,
 which names where the fact came from and at which version. The raw files are not committed;
@@ -329,7 +329,8 @@ def generate(src: Path, out: Path) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "ep-support")
+    parser.add_argument("--src", type=Path, required=True,
+                        help="folder of raw per-EP facts (CSV/JSON/Markdown with SOURCES.md)")
     parser.add_argument("--out", type=Path, default=ROOT / "ortprep" / "eps" / "data")
     args = parser.parse_args()
     for path in generate(args.src, args.out):

@@ -36,12 +36,18 @@ class Step:
     needs_model: ClassVar[bool] = True
     progress_label: ClassVar[str | None] = None  # a spinner label, for steps without a progress bar
     default_suffix: ClassVar[str] = ".out.onnx"
+    needs_ort: ClassVar[str] = "never"  # "always", or "to_verify" (only when options.verify is on)
 
     def __init__(self, options: StepOptions | None = None) -> None:
         self.options = options if options is not None else self.Options()
 
     def prepare(self) -> None:
-        """Checks of the environment before any work (e.g. ONNX Runtime present)."""
+        """Checks of the environment before any work: ONNX Runtime present where the step needs it
+        (EnvironmentMissingError, exit 3, with the install line)."""
+        if self.needs_ort == "always" or (self.needs_ort == "to_verify" and getattr(self.options, "verify", False)):
+            from ortprep.runtime.providers import require_ort
+
+            require_ort()
 
     def default_output(self, model: Path) -> Path:
         """Where the output goes when none is given: beside the input, with the step's suffix."""

@@ -12,7 +12,6 @@ from onnx import ModelProto
 
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
@@ -102,11 +101,8 @@ class ConvertStep(Step):
     name = "convert"
     Options = ConvertOptions
     writes_model = True
+    needs_ort = "to_verify"
     progress_label = "converting"
-
-    def prepare(self) -> None:
-        if self.options.verify:
-            require_ort()
 
     def default_output(self, model: Path) -> Path:
         suffix = ".fp16.onnx" if self.options.fp16 else ".converted.onnx"

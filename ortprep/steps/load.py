@@ -129,8 +129,6 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                 wanted.append(provider)
     else:
         wanted = list(available)
-    if options.custom_op_library is not None and not Path(options.custom_op_library).is_file():
-        raise UsageError(f"custom-op library not found: {options.custom_op_library}", hint="pass the path of the .so/.dll")
     specs = input_specs(handle.proto)
     feeds = load_feeds(options.inputs, specs) if options.inputs else random_feeds(specs, seed=0, shapes=options.shapes)
     report = StepResult(step="load", schema=SCHEMA)
@@ -216,12 +214,7 @@ class LoadStep(Step):
     name = "load"
     Options = LoadOptions
     progress_label = "loading on each EP"
-
-    def prepare(self) -> None:
-        require_ort()
-        library = self.options.custom_op_library
-        if library is not None and not Path(library).is_file():
-            raise UsageError(f"custom-op library not found: {library}", hint="pass the path of the .so/.dll")
+    needs_ort = "always"
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return load_on_eps(model, self.options)

@@ -12,7 +12,6 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
-from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import OptimizeOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
@@ -96,10 +95,8 @@ class OptimizeStep(Step):
     name = "optimize"
     Options = OptimizeOptions
     writes_model = True
+    needs_ort = "always"
     progress_label = "optimizing"
-
-    def prepare(self) -> None:
-        require_ort()
 
     def default_output(self, model: Path) -> Path:
         return model.with_name(model.name.removesuffix(".onnx") + f".opt-{self.options.level}.onnx")

@@ -181,6 +181,11 @@ class LoadOptions(StepOptions):
     profile: bool = option(False, "ORT's profiler: the ten ops taking the most time, per EP.", Kind.FLAG)
     custom_op_library: Path | None = option(None, "Register this custom-op library in every session.", Kind.PATH)
 
+    def validate(self, where: str) -> None:
+        if self.custom_op_library is not None and not Path(self.custom_op_library).is_file():
+            raise UsageError(f"{where}: custom-op library not found: {self.custom_op_library}",
+                             hint="pass the path of the .so/.dll")
+
 
 @dataclass
 class DoctorOptions(StepOptions):

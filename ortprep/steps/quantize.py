@@ -30,7 +30,6 @@ from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs
 from ortprep.runtime.isolated import RunOutcome, run_isolated
-from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
 from ortprep.steps.options import QuantizeOptions
 from ortprep.transforms.fp16 import ensure_node_names
@@ -545,10 +544,8 @@ class QuantizeStep(Step):
     name = "quantize"
     Options = QuantizeOptions
     writes_model = True
+    needs_ort = "always"
     default_suffix = ".int8.onnx"
-
-    def prepare(self) -> None:
-        require_ort()
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)

@@ -13,7 +13,6 @@ from onnx import ModelProto
 from ortprep.findings import Finding
 from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle
 from ortprep.report import StepResult
-from ortprep.runtime.providers import require_ort
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
@@ -118,12 +117,9 @@ class SimplifyStep(Step):
     name = "simplify"
     Options = SimplifyOptions
     writes_model = True
+    needs_ort = "to_verify"
     progress_label = "simplifying"
     default_suffix = ".sim.onnx"
-
-    def prepare(self) -> None:
-        if self.options.verify:
-            require_ort()
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return simplify_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

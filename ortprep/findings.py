@@ -97,6 +97,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD005", "nodes fell back to the CPU", Severity.WARNING),
         FindingKind("LOD006", "outputs differ from the CPU EP's", Severity.ERROR),
         FindingKind("LOD007", "NaN or Inf in outputs", Severity.ERROR),
+        FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
         # DOC: the machine (doctor); SCN: pitfalls in code (doctor --scan)
         FindingKind("DOC001", "several ONNX Runtime packages installed side by side", Severity.ERROR),
         FindingKind("DOC002", "a CUDA/TensorRT library the EP needs does not load", Severity.ERROR),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -37,6 +38,7 @@ class Kind(str, Enum):
     DIMS = "dims"  # NAME=1 (repeatable) / { NAME = 1 }
     FLOATS = "floats"  # 0.5,0.5,0.5 / [0.5, 0.5, 0.5]
     PROVIDER_OPTIONS = "provider_options"  # EP:KEY=VALUE (repeatable) / { EP = { KEY = "VALUE" } }
+    RUNTIMES = "runtimes"  # EP=PYTHON (repeatable) / { EP = "env/bin/python" }: where an EP's ORT lives
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,19 @@ def convert_value(field: dataclasses.Field, value: Any, where: str, base: Path |
         return tuple(_float(where, key, v) for v in items)
     if kind == Kind.PROVIDER_OPTIONS:
         return _provider_options(where, key, value)
+    if kind == Kind.RUNTIMES:
+        from ortprep.eps.registry import resolve_ep
+
+        runtimes = {}
+        for ep, python in _assignments(where, key, value, "openvino-cpu=.venv-openvino/bin/python").items():
+            name = _in_context(where, lambda ep=ep: resolve_ep(ep).name)
+            path = Path(str(python))
+            path = (base / path) if base is not None and not path.is_absolute() else path
+            if not path.is_file():
+                raise UsageError(f"{where}: {key}.{name}: no Python interpreter at {path}",
+                                 hint="give the python of an environment with that EP's ONNX Runtime, e.g. ENV/bin/python")
+            runtimes[name] = Path(os.path.abspath(path))
+        return runtimes
     raise AssertionError(f"unhandled option kind {kind}")
 
 
@@ -259,6 +274,8 @@ def config_value(field: dataclasses.Field, value: Any, base: Path) -> Any:
         return relative_path(value, base)
     if isinstance(value, tuple):
         return list(value)
+    if isinstance(value, dict):
+        return {k: (relative_path(v, base) if isinstance(v, Path) else v) for k, v in value.items()}
     return value
 
 

@@ -57,7 +57,7 @@ def test_unavailable_ep_exit_3_one_line(samples):
     result = invoke("load", samples / "cnn.onnx", "--ep", "cuda")
     assert result.exit_code == 3
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "CUDAExecutionProvider is not available" in lines[0] and "onnxruntime-gpu" in lines[0]
+    assert len(lines) == 1 and "cuda: not available" in lines[0] and "onnxruntime-gpu" in lines[0]
 
 
 def test_outputs_compared_with_cpu_and_profile(samples):
@@ -81,16 +81,21 @@ def test_prediction_disagreement_is_reported(samples):
     from ortprep.analysis import ModelAnalysis
     from ortprep.eps.registry import resolve_ep
     from ortprep.model import ModelHandle
-    from ortprep.steps.load import _prediction_findings
+    from ortprep.steps.load import compare_with_check
 
     handle = ModelHandle.open(samples / "cnn.onnx")
     analysis = ModelAnalysis(handle)
     # check predicts every node of the CNN on TensorRT; an assignment record that says otherwise:
-    assignment = {n.name: "TensorrtExecutionProvider" for n in handle.graph.node}
-    assert _prediction_findings(analysis, resolve_ep("tensorrt"), assignment) == []
-    assignment["gap"] = "CPUExecutionProvider"
-    findings = _prediction_findings(analysis, resolve_ep("tensorrt"), assignment)
-    assert [(f.code, f.node) for f in findings] == [("LOD001", "gap")]
+    names = [n.name for n in handle.graph.node]
+    assignment = {name: "TensorrtExecutionProvider" for name in names}
+    comparison, findings = compare_with_check(analysis, resolve_ep("tensorrt"), assignment, [["TensorrtExecutionProvider", 9]])
+    assert findings == [] and comparison["node_agreement"] == 1.0 and comparison["actual_verdict"] == "full"
+    assignment[names[2]] = "CPUExecutionProvider"
+    assignment["fused_by_the_optimizer"] = "CPUExecutionProvider"  # not in the file: not compared
+    comparison, findings = compare_with_check(analysis, resolve_ep("tensorrt"), assignment, [])
+    assert [(f.code, f.node) for f in findings] == [("LOD001", names[2])]
+    assert comparison["nodes_compared"] == len(names) and comparison["actual_verdict"] == "partial"
+    assert comparison["differing_op_types"] == {handle.graph.node[2].op_type: 1}
 
 
 def test_nan_outputs_are_reported(tmp_path):

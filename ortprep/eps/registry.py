@@ -8,7 +8,7 @@ The facts live in ``data/eps.json``, each with its source.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -50,6 +50,7 @@ class EpSpec:
     static_shapes: StaticShapeRule | None = None
     quantize: QuantizePreset | None = None
     fp16_io: bool = False  # the EP's own samples feed float16 inputs/outputs
+    session_options: dict[str, str] = field(default_factory=dict, hash=False)  # provider options ortprep sets
 
 
 @lru_cache(maxsize=1)
@@ -84,6 +85,7 @@ def _spec(entry: dict[str, Any]) -> EpSpec:
             requires_static_shapes=quant.get("requires_static_shapes", False),
         ) if quant else None,
         fp16_io=bool(entry.get("fp16_io", {}).get("value", False)),
+        session_options=dict(entry.get("session_options", {}).get("value", {})),
     )
 
 

@@ -129,26 +129,20 @@ def load_table(ep: str, *, prefer_runtime: bool = True) -> SupportTable:
 
 
 def _cpu_table_from_runtime() -> SupportTable | None:
-    from ortprep.runtime.providers import import_ort
+    from ortprep.runtime.providers import import_ort, probe_runtime
 
-    ort = import_ort()
-    if ort is None:
+    if import_ort() is None:
         return None
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-        kernels = state.get_all_opkernel_def()
-    except Exception as exc:  # noqa: BLE001 - older or unusual builds lack the call
-        log.debug("kernel registry unavailable (%s); using the generated CPU table", exc)
+    # In a child: some builds (onnxruntime-openvino 1.24.1) crash inside get_all_opkernel_def.
+    probe = probe_runtime(kernels=True)
+    if not probe.ok or probe.kernels is None:
+        log.debug("kernel registry unavailable (%s); using the generated CPU table", probe.error)
         return None
     merged: dict[tuple[str, str, int, int], dict[str, set[str]]] = {}
-    for kernel in kernels:
-        if kernel.provider != "CPUExecutionProvider":
-            continue
-        start, end = kernel.version_range
-        key = (normalize_domain(kernel.domain), kernel.op_name, start, end)
+    for domain, op_name, (start, end), type_constraints in probe.kernels:
+        key = (normalize_domain(domain), op_name, start, end)
         constraints = merged.setdefault(key, {})
-        for name, types in kernel.type_constraints.items():
+        for name, types in type_constraints.items():
             constraints.setdefault(name, set()).update(t.removeprefix("tensor(").removesuffix(")") if t.startswith("tensor(") else t for t in types)
     entries = [
         TableEntry(
@@ -161,7 +155,7 @@ def _cpu_table_from_runtime() -> SupportTable | None:
         )
         for (domain, op, start, end), constraints in merged.items()
     ]
-    version = getattr(ort, "__version__", "?")
+    version = probe.version or "?"
     return SupportTable(
         ep="cpu",
         granularity="kernel",

@@ -42,15 +42,21 @@ def run_child(
     cwd: Path | None = None,
     poll: Callable[[], None] | None = None,
     stderr_file: Path | None = None,
+    python: str | None = None,
 ) -> ChildResult:
     """Run ``python -m module request`` and wait at most ``timeout`` seconds. ``poll`` is called
     about ten times a second while it runs (e.g. to feed a progress bar). stderr is kept in a file
-    (never a pipe nobody reads while polling)."""
+    (never a pipe nobody reads while polling). ``python`` runs the child under another interpreter
+    (an environment with another ONNX Runtime flavour); ortprep's own package is put on its path."""
     log_path = stderr_file or request.with_suffix(".stderr.txt")
     env = {**os.environ, "PYTHONFAULTHANDLER": "0"}
+    if python is not None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     with open(log_path, "w", encoding="utf-8") as err:
         child = subprocess.Popen(
-            [sys.executable, "-m", module, str(request)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env=env
+            [python or sys.executable, "-m", module, str(request)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
+            env=env,
         )
         started = time.monotonic()
         try:

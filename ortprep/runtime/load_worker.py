@@ -3,8 +3,9 @@
     python -m ortprep.runtime.load_worker REQUEST.json
 
 1. a session with the EP alone and CPU fallback disabled: does the whole model run there?
-2. a session with CPU fallback and ORT's graph assignment record (optimizations off, so node
-   names are the model's own): which node went where;
+2. sessions with CPU fallback and ORT's graph assignment record, at the optimization level a
+   user's session gets by default (and, on request, with optimizations off): which node went
+   where, in how many EP subgraphs;
 3. runs on the inputs: outputs, NaN/Inf, latency after a warm-up; optionally ORT's profiler.
 A crash or a hang ends only this process; the parent reports it.
 """
@@ -25,32 +26,67 @@ def _clean(message: str) -> str:
     text = message.strip().removeprefix("[ONNXRuntimeError] : ")
     text = re.sub(r"^\d+ : [A-Z_]+ : ", "", text)
     text = re.sub(r"/onnxruntime_src/\S+:\d+ ", "", text)  # build paths say nothing to the user
-    return " ".join(text.split())[:600]
+    return " ".join(text.split())
 
 
-def _options(ort, request: dict, *, strict: bool = False, record: bool = False, profile_prefix: str | None = None):
+def _options(ort, request: dict, *, strict: bool = False, record: str | None = None, profile_prefix: str | None = None,
+             verbose: bool = False):
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 0 if verbose else 3
     if request.get("custom_op_library"):
         options.register_custom_ops_library(request["custom_op_library"])
     if strict and request["provider"] != "CPUExecutionProvider":
         # (ORT refuses the flag when the CPU EP itself is the one asked for.)
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    if record:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if record is not None:
+        if record == "off":
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
+    plugin = request.get("plugin")
+    if plugin:
+        # A plugin EP is reached only through its devices: a providers= entry would silently give a
+        # CPU-only session.
+        wanted = plugin.get("device_metadata") or {}
+        devices = [d for d in ort.get_ep_devices() if d.ep_name == request["provider"]
+                   and all(d.ep_metadata.get(k) == v for k, v in wanted.items())]
+        if not devices:
+            raise RuntimeError(f"{request['provider']} offers no device matching {wanted or 'any'} here")
+        options.add_provider_for_devices(devices, request.get("provider_options") or {})
     return options
 
 
-def _providers(request: dict, with_cpu: bool) -> list:
+def _session(ort, request: dict, options, *, with_cpu: bool):
+    if request.get("plugin"):
+        return ort.InferenceSession(request["model"], sess_options=options)
     provider = request["provider"]
     entry = (provider, request.get("provider_options") or {})
-    if provider == "CPUExecutionProvider" or not with_cpu:
-        return [entry]
-    return [entry, "CPUExecutionProvider"]
+    providers = [entry] if provider == "CPUExecutionProvider" or not with_cpu else [entry, "CPUExecutionProvider"]
+    return ort.InferenceSession(request["model"], options, providers=providers)
+
+
+def _record(ort, request: dict, level: str) -> dict:
+    """Which EP took which node, and in how many subgraphs, at one optimization level."""
+    verbose = bool(request.get("verbose_record")) and level == "default"
+    if verbose:
+        sys.stderr.write("ORTPREP-VERBOSE-BEGIN\n")
+        sys.stderr.flush()
+    try:
+        session = _session(ort, request, _options(ort, request, record=level, verbose=verbose), with_cpu=True)
+    finally:
+        if verbose:
+            sys.stderr.flush()
+            sys.stderr.write("ORTPREP-VERBOSE-END\n")
+            sys.stderr.flush()
+    assignment, subgraphs = {}, []
+    for subgraph in session.get_provider_graph_assignment_info():
+        names = [node.name for node in subgraph.get_nodes()]
+        subgraphs.append([subgraph.ep_name, len(names)])
+        for name in names:
+            assignment[name] = subgraph.ep_name
+    return {"assignment": assignment, "subgraphs": subgraphs}
 
 
 def _top_ops(profile_path: str, limit: int = 10) -> list[dict]:
@@ -77,36 +113,28 @@ def main(request_path: str) -> int:
             time.sleep(3600)  # test hook: a child that hangs
         import onnxruntime as ort
 
+        plugin = request.get("plugin")
+        if plugin:
+            ort.register_execution_provider_library(request["provider"], plugin["library"])
         status["stage"] = "session"
         strict_session = None
         try:
-            strict_session = ort.InferenceSession(
-                request["model"], _options(ort, request, strict=True), providers=_providers(request, with_cpu=False)
-            )
+            strict_session = _session(ort, request, _options(ort, request, strict=True), with_cpu=False)
             status["strict"] = {"ok": True}
         except Exception as exc:  # noqa: BLE001 - the message is the result
             status["strict"] = {"ok": False, "error": _clean(str(exc))}
-        try:
-            recorded = ort.InferenceSession(
-                request["model"], _options(ort, request, record=True), providers=_providers(request, with_cpu=True)
-            )
-            assignment = {}
-            for subgraph in recorded.get_provider_graph_assignment_info():
-                for node in subgraph.get_nodes():
-                    assignment[node.name] = subgraph.ep_name
-            status["assignment"] = assignment
-            del recorded
-        except Exception as exc:  # noqa: BLE001
-            status["assignment_error"] = _clean(str(exc))
+        status["placement"] = {}
+        for level in request.get("levels", ["default"]):
+            try:
+                status["placement"][level] = _record(ort, request, level)
+            except Exception as exc:  # noqa: BLE001
+                status["placement"][level] = {"error": _clean(str(exc))}
         profile_prefix = os.path.join(request["workdir"], "profile") if request.get("profile") else None
         if strict_session is not None and not profile_prefix:
             session = strict_session
         else:
-            session = ort.InferenceSession(
-                request["model"],
-                _options(ort, request, profile_prefix=profile_prefix),
-                providers=_providers(request, with_cpu=not status["strict"]["ok"]),
-            )
+            session = _session(ort, request, _options(ort, request, profile_prefix=profile_prefix),
+                               with_cpu=not status["strict"]["ok"])
         status["session_providers"] = session.get_providers()
         status["stage"] = "run"
         with np.load(request["inputs"], allow_pickle=False) as data:

@@ -11,8 +11,9 @@ import functools
 import importlib.metadata
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 from ortprep.errors import EnvironmentMissingError
 
@@ -32,11 +33,12 @@ ORT_FLAVOURS: dict[str, str] = {
     "ort-nightly-directml": "directml (nightly)",
 }
 # Distributions whose names start like ORT's but are add-ons, not runtimes.
-_NOT_RUNTIMES = ("onnxruntime-extensions", "onnxruntime-genai", "onnxruntime-tools")
+_NOT_RUNTIMES = ("onnxruntime-extensions", "onnxruntime-genai", "onnxruntime-tools", "onnxruntime-ep-")
 
 INSTALL_HINT = (
     "install one ONNX Runtime flavour: pip install 'ortprep[cpu]' "
-    "(or 'ortprep[gpu]', 'ortprep[directml]', 'ortprep[openvino]'); inside this repo: .venv/bin/pip install onnxruntime"
+    "(or 'ortprep[gpu]', 'ortprep[directml]', 'ortprep[openvino]', 'ortprep[qnn]'); inside this repo: "
+    ".venv/bin/pip install onnxruntime"
 )
 
 
@@ -58,9 +60,91 @@ def installed_ort_distributions() -> list[OrtDistribution]:
         name = _normalize(dist.metadata.get("Name") or "")
         if not (name.startswith("onnxruntime") or name.startswith("ort-nightly")) or name.startswith(_NOT_RUNTIMES):
             continue
+        if is_plugin_package(name, dist.version):
+            continue  # a plugin EP next to onnxruntime, not a runtime of its own
         flavour = ORT_FLAVOURS.get(name, name.removeprefix("onnxruntime-"))
         found[name] = OrtDistribution(name=name, version=dist.version, flavour=flavour)
     return sorted(found.values(), key=lambda d: d.name)
+
+
+def plugin_table() -> list[dict[str, Any]]:
+    """The plugin EP packages ortprep knows (``eps/data/eps.json``)."""
+    from ortprep.eps.registry import ep_facts
+
+    return ep_facts()["plugins"]
+
+
+def is_plugin_package(name: str, version: str) -> bool:
+    """True for plugin EP packages: they go next to onnxruntime and never clash with it
+    (onnxruntime-qnn 1.x was a full ORT build; 2.x is a plugin)."""
+    for entry in plugin_table():
+        if _normalize(entry["distribution"]) == _normalize(name):
+            return _major(version) >= int(entry["min_version"])
+    return _normalize(name).startswith("onnxruntime-ep-")
+
+
+def _major(version: str) -> int:
+    match = re.match(r"(\d+)", version)
+    return int(match.group(1)) if match else 0
+
+
+@dataclass
+class RuntimeProbe:
+    """What one ONNX Runtime environment can run: asked in a child process of that environment."""
+
+    python: str | None  # None: this interpreter
+    ok: bool
+    version: str | None = None
+    providers: list[str] = field(default_factory=list)  # built into that ORT
+    plugins: list[dict[str, Any]] = field(default_factory=list)  # known plugin packages found there
+    kernels: list | None = None
+    error: str | None = None
+
+    def plugin_for(self, provider: str) -> dict[str, Any] | None:
+        return next((p for p in self.plugins if p["provider"] == provider and p.get("registered")), None)
+
+    def devices_for(self, ep_name: str) -> list[dict[str, Any]]:
+        """The plugin devices an ortprep EP name would use (e.g. openvino-cpu: ov_device CPU)."""
+        from ortprep.eps.registry import resolve_ep
+
+        spec = resolve_ep(ep_name)
+        plugin = self.plugin_for(spec.provider)
+        entry = next((e for e in plugin_table() if e["provider"] == spec.provider), None)
+        if plugin is None or entry is None or spec.name not in entry["eps"]:
+            return []
+        wanted = entry["eps"][spec.name]["device_metadata"]
+        return [d for d in plugin.get("devices", []) if all(d["ep_metadata"].get(k) == v for k, v in wanted.items())]
+
+    def runs(self, ep_name: str) -> bool:
+        """Can a session put nodes on this EP here (built in, or a plugin device for it)?"""
+        from ortprep.eps.registry import resolve_ep
+
+        spec = resolve_ep(ep_name)
+        return spec.provider in self.providers or bool(self.devices_for(spec.name))
+
+
+@functools.lru_cache(maxsize=8)
+def probe_runtime(python: str | None = None, kernels: bool = False) -> RuntimeProbe:
+    """Ask an ORT environment (this one, or the interpreter ``python``) in a child process what it
+    can run: providers, plugin packages with their devices, optionally the CPU kernel registry."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from ortprep.runtime.children import run_child
+
+    with tempfile.TemporaryDirectory(prefix="ortprep-probe-") as tmp:
+        folder = Path(tmp)
+        request = {"plugins": plugin_table(), "kernels": kernels, "status": str(folder / "status.json")}
+        (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
+        child = run_child("ortprep.runtime.probe_worker", folder / "request.json", timeout=120, python=python)
+        status_path = folder / "status.json"
+        if not status_path.exists():
+            tail = " ".join(child.stderr.strip().splitlines()[-3:])
+            return RuntimeProbe(python, False, error=f"the probe died ({child.how_it_died()}){': ' + tail if tail else ''}")
+        status = json.loads(status_path.read_text(encoding="utf-8"))
+    return RuntimeProbe(python, bool(status.get("ok")), status.get("version"), status.get("providers", []),
+                        status.get("plugins", []), status.get("kernels"), status.get("error"))
 
 
 def import_ort() -> ModuleType | None:

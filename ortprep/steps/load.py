@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ortprep.analysis import ModelAnalysis
-from ortprep.eps.registry import EpSpec, resolve_ep, spec_for_provider
-from ortprep.errors import UsageError
+from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
+from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
-from ortprep.runtime.providers import require_ort
+from ortprep.runtime.providers import INSTALL_HINT, RuntimeProbe, plugin_table, probe_runtime
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.options import LoadOptions
 
@@ -32,27 +34,56 @@ SCHEMA = "ortprep.load/1"
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
 
 
-def available_providers() -> list[str]:
-    ort = require_ort()
-    return [p for p in ort.get_available_providers() if p != "AzureExecutionProvider"]
+@dataclass
+class EpRuntime:
+    """Where one EP of a load runs: which interpreter (None: this one), which provider, plugin."""
+
+    spec: EpSpec
+    python: str | None
+    probe: RuntimeProbe
+    plugin: dict[str, Any] | None  # {"library", "device_metadata"} for plugin EPs
+
+    @property
+    def available(self) -> bool:
+        return self.probe.ok and self.probe.runs(self.spec.name)
 
 
-def _provider_options(options: LoadOptions, provider: str) -> dict[str, str]:
-    merged: dict[str, str] = {}
+def ep_runtime(spec: EpSpec, options: LoadOptions) -> EpRuntime:
+    """The environment that runs ``spec``: the one named by --runtime, else this one."""
+    python = options.runtimes.get(spec.name)
+    probe = probe_runtime(str(python) if python else None)
+    plugin = None
+    if probe.ok and spec.provider not in probe.providers and probe.devices_for(spec.name):
+        found = probe.plugin_for(spec.provider)
+        entry = next(e for e in plugin_table() if e["provider"] == spec.provider)
+        defaults = {key: (found.get("paths", {}).get(value[1:], value) if value.startswith("@") else value)
+                    for key, value in entry["eps"][spec.name]["options"].items()}
+        plugin = {"library": found["library"], "device_metadata": entry["eps"][spec.name]["device_metadata"],
+                  "options": defaults, "package": f"{entry['distribution']} {found.get('version') or ''}".strip()}
+    return EpRuntime(spec, str(python) if python else None, probe, plugin)
+
+
+def _session_options(options: LoadOptions, target: EpRuntime) -> dict[str, str]:
+    """The EP's options: its defaults (QNN's HTP backend, OpenVINO's device), then the user's."""
+    merged: dict[str, str] = dict(target.spec.session_options)
+    if target.plugin:
+        merged = {**target.plugin["options"]}
     for name, values in options.provider_options.items():
-        if resolve_ep(name).provider == provider:
+        if resolve_ep(name).name == target.spec.name or (resolve_ep(name).provider == target.spec.provider
+                                                          and name not in {s.name for s in EPS}):
             merged.update(values)
     return merged
 
 
-def run_ep(model: Path, provider: str, feeds_path: Path, options: LoadOptions, workdir: Path) -> dict[str, Any]:
+def run_ep(model: Path, target: EpRuntime, feeds_path: Path, options: LoadOptions, workdir: Path) -> dict[str, Any]:
     """One EP in a child process; returns the child's status plus outputs (or a crash/timeout)."""
-    folder = workdir / provider
+    folder = workdir / target.spec.name
     folder.mkdir()
     request = {
         "model": str(model),
-        "provider": provider,
-        "provider_options": _provider_options(options, provider),
+        "provider": target.spec.provider,
+        "provider_options": _session_options(options, target),
+        "plugin": target.plugin,
         "custom_op_library": str(options.custom_op_library) if options.custom_op_library else None,
         "inputs": str(feeds_path),
         "results": str(folder / "results.npz"),
@@ -60,19 +91,45 @@ def run_ep(model: Path, provider: str, feeds_path: Path, options: LoadOptions, w
         "runs": options.runs,
         "profile": options.profile,
         "workdir": str(folder),
+        "levels": ["default", "off"] if options.placement_off else ["default"],
+        "verbose_record": target.spec.provider == "QNNExecutionProvider",
     }
     (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
-    child = run_child("ortprep.runtime.load_worker", folder / "request.json", timeout=options.timeout)
+    child = run_child("ortprep.runtime.load_worker", folder / "request.json", timeout=options.timeout,
+                      python=target.python)
     if child.timed_out:
         return {"status": "timeout", "message": f"no answer within {options.timeout:g} s (hung in ORT or the EP)"}
     status_path = folder / "status.json"
     if child.returncode != 0 or not status_path.exists():
-        return {"status": "crashed", "message": f"the process running {provider} died ({child.how_it_died()})"}
+        tail = " ".join(line for line in child.stderr.strip().splitlines()[-4:] if "ORTPREP-VERBOSE" not in line)
+        return {"status": "crashed", "message": f"the process running {target.spec.name} died ({child.how_it_died()})"
+                                                 + (f": {tail}" if tail else "")}
     status = json.loads(status_path.read_text(encoding="utf-8"))
+    status["rejections"] = ep_rejections(child.stderr)
     if status.get("ok"):
         with np.load(folder / "results.npz", allow_pickle=False) as data:
             status["outputs"] = {name: data[f"o{i}"] for i, name in enumerate(status["output_names"])}
     return status
+
+
+_REJECTION = re.compile(r"Validation FAILED for \d+ nodes in OrtNodeUnit \((?P<unit>[^)]*)\)\s*:\s*"
+                        r"(?P<nodes>(?:\s*Operator type: \S+ Node name: .*? Node index: \d+\s*)+)"
+                        r"\s*REASON : (?P<reason>[^\n]*)")
+_NODE = re.compile(r"Operator type: (?P<op>\S+) Node name: (?P<name>.*?) Node index: \d+")
+
+
+def ep_rejections(log_text: str) -> dict[str, dict[str, str]]:
+    """Per-node rejections an EP wrote to its verbose log (QNN: "Validation FAILED ... REASON"),
+    from the recorded session only: node name -> {"op_type", "reason"}."""
+    begin, end = log_text.find("ORTPREP-VERBOSE-BEGIN"), log_text.find("ORTPREP-VERBOSE-END")
+    if begin < 0:
+        return {}
+    text = log_text[begin: end if end > begin else None]
+    found: dict[str, dict[str, str]] = {}
+    for match in _REJECTION.finditer(text):
+        for node in _NODE.finditer(match.group("nodes")):
+            found.setdefault(node.group("name"), {"op_type": node.group("op"), "reason": match.group("reason").strip()})
+    return found
 
 
 def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray]) -> tuple[bool | None, float | None]:
@@ -94,76 +151,99 @@ def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndar
     return match, worst
 
 
-def _prediction_findings(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[str, str]) -> list[Finding]:
-    """Where ORT's placement disagrees with what `check` predicted for this EP."""
+def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[str, str],
+                       subgraphs: list[list]) -> tuple[dict[str, Any], list[Finding]]:
+    """check's prediction next to what the EP claimed for the same file: node-level agreement over
+    the nodes both know, partitions on both sides, verdicts, and the op types where they differ."""
     from ortprep.steps.check import check_target
 
-    record, _ = check_target(analysis, (spec,))
-    predicted_fallback = set(record["fallback_nodes"])
+    predicted, _ = check_target(analysis, (spec,))
+    predicted_fallback = set(predicted["fallback_nodes"])
+    op_of = {node.name: node.op_type for node in analysis.all_nodes()}
+    compared = agree = 0
+    differing: dict[str, int] = {}
     findings = []
     for node, ep in sorted(assignment.items()):
+        if node not in op_of:
+            continue  # a node the optimizer made; check never saw it
+        compared += 1
         on_cpu = ep == "CPUExecutionProvider" and spec.provider != "CPUExecutionProvider"
-        if on_cpu and node not in predicted_fallback:
-            findings.append(Finding.of(
-                "LOD001", f"node '{node}' ran on the CPU, but check predicted it on {spec.name}", node=node, ep=spec.name,
-                fix="a gap in ortprep's table or rules for this EP: please report it with the model",
-            ))
-        elif not on_cpu and node in predicted_fallback:
-            findings.append(Finding.of(
-                "LOD001", f"node '{node}' ran on {ep}, but check predicted a CPU fallback", node=node, ep=spec.name,
-                fix="a gap in ortprep's table or rules for this EP: please report it with the model",
-            ))
-    return findings
+        if on_cpu == (node in predicted_fallback):
+            agree += 1
+            continue
+        differing[op_of[node]] = differing.get(op_of[node], 0) + 1
+        what = (f"node '{node}' ({op_of[node]}) ran on the CPU, but check predicted it on {spec.name}" if on_cpu
+                else f"node '{node}' ({op_of[node]}) ran on {ep}, but check predicted a CPU fallback")
+        findings.append(Finding.of("LOD001", what, node=node, op_type=op_of[node], ep=spec.name,
+                                   fix="a gap in ortprep's table or rules for this EP: please report it with the model"))
+    on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
+    actual_verdict = "none" if on_ep == 0 else "full" if on_ep == len(assignment) else "partial"
+    comparison = {
+        "nodes_compared": compared,
+        "node_agreement": round(agree / compared, 4) if compared else None,
+        "predicted_partitions": predicted["partitions"],
+        "actual_partitions": sum(1 for ep, _ in subgraphs if ep == spec.provider),
+        "predicted_verdict": predicted["verdict"],
+        "actual_verdict": actual_verdict,
+        "differing_op_types": dict(sorted(differing.items(), key=lambda kv: -kv[1])),
+    }
+    return comparison, findings
 
 
 def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     """Run the model on each requested (or every available) EP and report per EP."""
     if handle.path is None:
         raise UsageError("load needs a model file")
-    available = available_providers()
+    local = probe_runtime()
+    if not local.ok:
+        raise EnvironmentMissingError(f"ONNX Runtime does not start here: {local.error}", hint=INSTALL_HINT)
     if options.eps:
-        wanted = []
-        for name in options.eps:
-            provider = resolve_ep(name).provider
-            if provider not in wanted:
-                wanted.append(provider)
+        specs = [resolve_ep(name) for name in options.eps]
     else:
-        wanted = list(available)
-    specs = input_specs(handle.proto)
-    feeds = load_feeds(options.inputs, specs) if options.inputs else random_feeds(specs, seed=0, shapes=options.shapes)
+        specs = [s for s in EPS if local.runs(s.name) and spec_for_provider(s.provider) is s or
+                 (s.provider not in local.providers and local.devices_for(s.name))]
+        specs += [resolve_ep(name) for name in options.runtimes if resolve_ep(name) not in specs]
+    targets = [ep_runtime(spec, options) for spec in specs]
+    cpu = ep_runtime(resolve_ep("cpu"), options)
+    inputs = input_specs(handle.proto)
+    feeds = load_feeds(options.inputs, inputs) if options.inputs else random_feeds(inputs, seed=0, shapes=options.shapes)
     report = StepResult(step="load", schema=SCHEMA)
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
         workdir = Path(tmp)
         feeds_path = workdir / "inputs.npz"
         np.savez(feeds_path, **feeds)
-        cpu = "CPUExecutionProvider"
-        raw: dict[str, dict] = {}
-        order = ([cpu] if cpu in available else []) + [p for p in wanted if p != cpu]
-        for provider in order:
-            if provider in available:
-                raw[provider] = run_ep(handle.path, provider, feeds_path, options, workdir)
-        reference = raw.get(cpu, {}).get("outputs") if raw.get(cpu, {}).get("ok") else None
+        raw: dict[str, dict] = {"cpu": run_ep(handle.path, cpu, feeds_path, options, workdir)}
+        for target in targets:
+            if target.available and target.spec.name not in raw:
+                raw[target.spec.name] = run_ep(handle.path, target, feeds_path, options, workdir)
+        reference = raw["cpu"].get("outputs") if raw["cpu"].get("ok") else None
         analysis: ModelAnalysis | None = None
-        for provider in wanted:
-            spec = spec_for_provider(provider)
-            name = spec.name if spec else provider
-            if provider not in available:
-                hint = spec.install_hint if spec else "install an ONNX Runtime build with it"
-                message = f"{provider} is not available in this ONNX Runtime ({', '.join(available)}); {hint}"
-                results.append({"ep": name, "provider": provider, "status": "unavailable", "message": message})
-                report.add(Finding.of("LOD002", f"{name}: {provider} is not available here", ep=name, fix=hint))
+        for target in targets:
+            name = target.spec.name
+            if not target.available:
+                where = f"the environment of {target.python}" if target.python else "this environment"
+                why = target.probe.error or f"{target.spec.provider} is neither built into ONNX Runtime " \
+                      f"{target.probe.version} nor offered by a plugin package with a device for {name}"
+                message = f"{name}: not available in {where} ({why}); {target.spec.install_hint}"
+                results.append({"ep": name, "provider": target.spec.provider, "status": "unavailable", "message": message})
+                report.add(Finding.of("LOD002", f"{name}: {target.spec.provider} is not available here", ep=name,
+                                      fix=target.spec.install_hint))
                 report.missing.append(message)
                 continue
             if analysis is None:
                 analysis = ModelAnalysis(handle)  # shared by every EP's comparison with check
-            results.append(_result(analysis, name, spec, provider, raw[provider], reference, options, report))
+            results.append(_result(analysis, target, raw[name], reference, options, report))
+    available = [s.name for s in EPS if local.runs(s.name)]
     report.data = {"model": str(handle.path), "available": available, "results": results}
     return report
 
 
-def _result(analysis, name, spec, provider, status, reference, options, report) -> dict[str, Any]:
-    record: dict[str, Any] = {"ep": name, "provider": provider}
+def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference, options: LoadOptions,
+            report: StepResult) -> dict[str, Any]:
+    spec, name, provider = target.spec, target.spec.name, target.spec.provider
+    record: dict[str, Any] = {"ep": name, "provider": provider, "runtime": target.python or "this environment",
+                              "package": target.plugin["package"] if target.plugin else None}
     if status.get("status") in ("crashed", "timeout"):
         record.update(status=status["status"], message=status["message"])
         report.add(Finding.of("LOD003", f"{name}: {status['message']}", ep=name,
@@ -174,7 +254,9 @@ def _result(analysis, name, spec, provider, status, reference, options, report) 
         report.add(Finding.of("LOD004", f"{name}: session creation or the run failed: {record['message']}", ep=name,
                               fix=f"ortprep check MODEL --ep {name} explains unsupported parts"))
         return record
-    assignment = status.get("assignment", {})
+    placement = status.get("placement", {})
+    default = placement.get("default", {})
+    assignment = default.get("assignment", {})
     on_ep = [n for n, ep in assignment.items() if ep == provider]
     fallback = sorted(n for n, ep in assignment.items() if ep != provider)
     strict_ok = status["strict"]["ok"]
@@ -186,6 +268,8 @@ def _result(analysis, name, spec, provider, status, reference, options, report) 
         nodes_total=len(assignment) or None,
         nodes_on_ep=len(on_ep) if assignment else None,
         fallback_nodes=fallback,
+        subgraphs=default.get("subgraphs"),
+        placement_off=_placement_summary(placement.get("off"), provider),
         outputs_match=match,
         max_abs_diff=max_abs,
         nonfinite_outputs=status.get("nonfinite", []),
@@ -204,10 +288,35 @@ def _result(analysis, name, spec, provider, status, reference, options, report) 
     if record["nonfinite_outputs"]:
         report.add(Finding.of("LOD007", f"{name}: NaN or Inf in outputs {', '.join(record['nonfinite_outputs'])}", ep=name,
                               fix="check the inputs (--inputs) and FP16 overflow (ortprep convert --fp16 reports it)"))
-    if spec is not None and assignment:
-        for finding in _prediction_findings(analysis, spec, assignment):
+    rejected = status.get("rejections", {})
+    if rejected:
+        record["rejected_nodes"] = rejected
+        for node, why in sorted(rejected.items()):
+            report.add(Finding.of("LOD008", f"{name} rejected node '{node}' ({why['op_type']}): {why['reason']}",
+                                  node=node, op_type=why["op_type"], ep=name,
+                                  fix=_rejection_fix(why["reason"], name)))
+    if assignment and provider != "CPUExecutionProvider":
+        comparison, findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []))
+        record["check_comparison"] = comparison
+        for finding in findings:
             report.add(finding)
     return record
+
+
+def _placement_summary(level: dict | None, provider: str) -> dict[str, Any] | None:
+    if not level:
+        return None
+    if "error" in level:
+        return {"error": level["error"]}
+    assignment = level.get("assignment", {})
+    return {"nodes_total": len(assignment), "nodes_on_ep": sum(1 for ep in assignment.values() if ep == provider),
+            "subgraphs": level.get("subgraphs")}
+
+
+def _rejection_fix(reason: str, ep: str) -> str:
+    if "shape" in reason.lower():
+        return "make every shape static: ortprep convert MODEL --fix-shape INPUT=DIMS (or --fix-dim NAME=SIZE)"
+    return f"replace the op or accept the CPU fallback; ortprep check MODEL --ep {ep} lists the alternatives"
 
 
 class LoadStep(Step):

@@ -180,6 +180,12 @@ class LoadOptions(StepOptions):
     no_fallback: bool = option(False, "Fail when any node falls back to the CPU.", Kind.FLAG, off_flag="--fallback-ok")
     profile: bool = option(False, "ORT's profiler: the ten ops taking the most time, per EP.", Kind.FLAG)
     custom_op_library: Path | None = option(None, "Register this custom-op library in every session.", Kind.PATH)
+    runtimes: dict[str, Path] = option({}, "Run an EP under another environment's Python (its own ONNX Runtime "
+                                       "flavour): EP=PYTHON (repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.",
+                                       Kind.RUNTIMES, flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
+    placement_off: bool = option(False, "Also record placement with graph optimizations off (node names as in the "
+                                 "file); placement is always recorded at the default level a user's session gets.",
+                                 Kind.FLAG)
 
     def validate(self, where: str) -> None:
         if self.custom_op_library is not None and not Path(self.custom_op_library).is_file():

@@ -1,13 +1,18 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# onnxruntime-openvino is its own ONNX Runtime build and clashes with the CPU wheel, so it lives in
+# its own environment; ortprep load --runtime openvino-cpu=$(OPENVINO_VENV)/bin/python reaches it.
+OPENVINO_VENV := .venv-openvino
 
 .PHONY: install test samples bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[cpu,qnn,dev]'
+	$(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_VENV)/bin/python -m pip install --quiet onnxruntime-openvino numpy
 
 test:
 	$(BIN)/python -m pytest -q
@@ -19,4 +24,4 @@ bench:
 	$(BIN)/python bench/bench_inspect.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OPENVINO_VENV) build *.egg-info

@@ -65,7 +65,9 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("NPU003", "1-D convolution or pooling on a DirectML NPU", Severity.WARNING),
         FindingKind("NPU004", "DirectML NPUs run a validated set of models only", Severity.INFO),
         FindingKind("SHP001", "dynamic input dimensions on an EP that wants static shapes", Severity.WARNING),
-        FindingKind("QNN001", "float model on the QNN HTP backend", Severity.ERROR),
+        FindingKind("QNN001", "float model on the QNN HTP backend", Severity.WARNING),
+        FindingKind("QNN002", "QNN rejects a node whose tensors lack a static shape", Severity.WARNING),
+        FindingKind("QNN003", "graph-input Q / graph-output DQ stay on the CPU with QNN's defaults", Severity.INFO),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -313,3 +314,50 @@ def test_symbolic_shape_inference_types_contrib_outputs(tmp_path):
     assert onnx.shape_inference.infer_shapes(model).graph.value_info == []  # onnx alone cannot type 'y'
     analysis = ModelAnalysis(ModelHandle.open(path))
     assert analysis.symbolic_used and analysis.values["y"].dtype == "float"
+
+
+def _branches(cpu_between: bool) -> onnx.ModelProto:
+    """x -> a -> [det] -> c and x -> b -> c: a node (c) that joins two EP groups."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="a"),
+        helper.make_node("Sigmoid", ["x"], ["b"], name="b"),
+    ]
+    if cpu_between:
+        nodes.append(helper.make_node("Neg", ["a"], ["a2"], name="between"))
+    nodes.append(helper.make_node("Add", ["a2" if cpu_between else "a", "b"], ["y"], name="c"))
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_node_joining_two_ep_groups_makes_one_partition(tmp_path):
+    graph = ModelAnalysis(ModelHandle.open(saved(tmp_path, _branches(False)))).graphs[0].graph
+    joined = partition_graph(graph, [0, 0, 0])
+    assert joined.partitions == 1 and set(joined.partition_of) == {0}
+    # With a CPU node between a and c, c cannot join a's group (the fused node would feed the CPU
+    # node that feeds it): a and b form one partition, c a second, as ORT's partitioner makes them.
+    graph = ModelAnalysis(ModelHandle.open(saved(tmp_path, _branches(True), "cpu.onnx"))).graphs[0].graph
+    split = partition_graph(graph, [0, 0, -1, 0])
+    assert split.partitions == 2 and split.partition_of == [0, 0, -1, 1]
+
+
+def test_qdq_weights_do_not_split_partitions(tmp_path):
+    """Every weight of a QDQ model has its own DequantizeLinear; they all join the EP's one group."""
+    from onnx import helper, numpy_helper
+
+    nodes, inits = [], []
+    current = "x"
+    for i in range(4):
+        inits += [numpy_helper.from_array(np.full((2, 2), i + 1, np.int8), f"w{i}_q"),
+                  numpy_helper.from_array(np.array(0.1, np.float32), f"w{i}_s")]
+        nodes.append(helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_s"], [f"w{i}"], name=f"dq{i}"))
+        nodes.append(helper.make_node("MatMul", [current, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+        current = f"m{i}"
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info(current, TensorProto.FLOAT, [2, 2])], inits)
+    path = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert partition_graph(ModelAnalysis(ModelHandle.open(path)).graphs[0].graph, [0] * 8).partitions == 1

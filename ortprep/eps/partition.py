@@ -1,13 +1,13 @@
 """The EP's view of a graph: groups of supported nodes, fallbacks, and copies between devices.
 
-ORT hands an EP the nodes it claims and fuses connected ones into partitions; a group may
-not be merged when a path leaves it and comes back (that would make a cycle between the
-fused node and the CPU nodes in between). This module reproduces that grouping greedily in
-topological order, with bit sets so that it stays linear-ish on graphs of 10,000 nodes.
+ORT hands an EP the nodes it claims and groups them into partitions with a topological walk
+(onnxruntime/core/providers/partitioning_utils.cc, CreateSupportedPartitionNodeGroups). This
+module follows the same rule, one walk per EP (linear in nodes and edges).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from onnx import GraphProto
@@ -28,46 +28,65 @@ def _producers(graph: GraphProto) -> dict[str, int]:
 
 
 def partition_graph(graph: GraphProto, assignment: list[int]) -> PartitionResult:
-    """Group EP nodes of one graph (not its subgraphs) into partitions.
+    """Group EP nodes of one graph (not its subgraphs) into partitions, as ORT's partitioner does.
 
     ``assignment[i]`` is the index of the EP that takes node i (its position in the session's
-    priority list), or CPU. Nodes are expected in topological order, as ONNX requires.
+    priority list), CPU or FOLDED. For each EP, nodes are visited in a topological order; a node
+    the EP takes joins the open group, and a node it does not take is visited at once unless it
+    consumes an output of the group (then it waits for the next group). The group closes only when
+    nothing but such waiting nodes is left. So independent EP nodes (the DequantizeLinear of every
+    weight in a QDQ model, a CPU Q node on a graph input) never split a partition, and a new
+    partition starts only where the way on passes through a node the EP does not take.
     """
-    produced_by = _producers(graph)
+    consumers, pending = _edges(graph, assignment)
     partition_of = [-1] * len(graph.node)
-    partition_ep: list[int] = []
-    # up[i]: partitions upstream of node i; outside[i]: those reaching i through a node outside them
-    up = [0] * len(graph.node)
-    outside = [0] * len(graph.node)
+    partitions = 0
+    for ep in sorted({a for a in assignment if a >= 0}):
+        waiting = list(pending)
+        ready = deque(i for i, a in enumerate(assignment) if a != FOLDED and waiting[i] == 0)
+        next_group: deque[int] = deque()
+        border: set[int] = set()
+        group_size = 0
+        while ready or next_group:
+            if not ready:
+                group_size = 0  # only nodes that need the group's outputs are left: close it
+                border.clear()
+                ready, next_group = next_group, deque()
+                continue
+            index = ready.popleft()
+            taken = assignment[index] == ep
+            if not taken and index in border:
+                next_group.append(index)
+                continue
+            if taken:
+                if group_size == 0:
+                    partitions += 1
+                group_size += 1
+                partition_of[index] = partitions - 1
+                border.discard(index)
+            for consumer in consumers[index]:
+                if taken:
+                    border.add(consumer)
+                waiting[consumer] -= 1
+                if waiting[consumer] == 0:
+                    ready.append(consumer)
+    return PartitionResult(partitions=partitions, copies=count_copies(graph, assignment), partition_of=partition_of)
+
+
+def _edges(graph: GraphProto, assignment: list[int]) -> tuple[list[list[int]], list[int]]:
+    """Consumers of each node, and how many producer nodes each node waits for (folded
+    constants, graph inputs, initializers and outer-scope values are there from the start)."""
+    produced_by = _producers(graph)
+    consumers: list[list[int]] = [[] for _ in graph.node]
+    pending = [0] * len(graph.node)
     for index, node in enumerate(graph.node):
-        direct: list[int] = []
-        reach = 0
-        through = 0
         if assignment[index] == FOLDED:
             continue
-        for name in node.input:
-            producer = produced_by.get(name)
-            if producer is None or assignment[producer] == FOLDED:
-                continue
-            own = partition_of[producer]
-            own_bit = (1 << own) if own >= 0 else 0
-            reach |= up[producer] | own_bit
-            through |= outside[producer] | (up[producer] & ~own_bit)
-            if own >= 0:
-                direct.append(own)
-        if assignment[index] >= 0:
-            joinable = [p for p in direct if partition_ep[p] == assignment[index] and not (through >> p) & 1]
-            if joinable:
-                chosen = min(joinable)
-            else:
-                chosen = len(partition_ep)
-                partition_ep.append(assignment[index])
-            partition_of[index] = chosen
-            # Other direct partitions now reach this node's partition through it.
-            through |= reach & ~(1 << chosen)
-        up[index] = reach
-        outside[index] = through
-    return PartitionResult(partitions=len(partition_ep), copies=count_copies(graph, assignment), partition_of=partition_of)
+        for producer in {produced_by[name] for name in node.input if name in produced_by}:
+            if assignment[producer] != FOLDED and producer != index:
+                consumers[producer].append(index)
+                pending[index] += 1
+    return consumers, pending
 
 
 def count_copies(graph: GraphProto, assignment: list[int]) -> int:

@@ -34,6 +34,7 @@ class NodeVerdict:
     src: str | None
     code: str | None = None  # finding code when the node does not (fully) run on the EP
     extra: list[Finding] = field(default_factory=list)
+    severity: Severity | None = None  # of the fallback finding, when the rule knows it better
     dml: dict | None = None  # the DML registration facts of the matched kernel
 
 
@@ -127,8 +128,36 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
 # --------------------------------------------------------------------------- per node
 
 
-def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match) -> NodeVerdict:
-    """A table match, adjusted by the EP's node rules."""
+# --------------------------------------------------------------------------- QNN (measured)
+
+QNN_MEASURED = "measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP backend (x86 simulator), 2026-11-22"
+
+
+def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str]) -> NodeVerdict:
+    """What the real QNN EP rejects although its op table lists the op (see docs/eps.md)."""
+    if node.graph_id > 0:
+        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "nodes inside If/Loop/Scan bodies never reach QNN",
+                           QNN_MEASURED, "EP001")
+    values = [v for v in node.inputs + node.outputs if v is not None and not v.is_initializer]
+    named = [n for n in list(node.node.input) + list(node.node.output) if n]
+    if any(not _static(v) for v in values) or len(values) + sum(1 for v in node.inputs if v is not None and v.is_initializer) < len(named):
+        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN needs a static shape on every tensor "
+                           "(QNN: \"Cannot get shape\")", QNN_MEASURED, "QNN002")
+    if node.op_type == "QuantizeLinear" and node.node.input[0] in graph_inputs:
+        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "the QuantizeLinear of a graph input stays on the CPU "
+                           "unless the QNN option offload_graph_io_quantization is 1", QNN_MEASURED, "QNN003",
+                           severity=Severity.INFO)
+    if node.op_type == "DequantizeLinear" and node.node.output[0] in graph_outputs:
+        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "the DequantizeLinear of a graph output stays on the CPU "
+                           "unless the QNN option offload_graph_io_quantization is 1", QNN_MEASURED, "QNN003",
+                           severity=Severity.INFO)
+    return verdict
+
+
+def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,
+                  graph_io: tuple[set[str], set[str]] = (set(), set())) -> NodeVerdict:
+    """A table match, adjusted by the EP's node rules. ``graph_io``: the main graph's input and
+    output names."""
     code = {
         SupportLevel.UNSUPPORTED_OP: "EP001",
         SupportLevel.UNSUPPORTED_OPSET: "EP002",
@@ -149,6 +178,8 @@ def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Matc
                 source=found.src,
             )
         )
+    if spec.name == "qnn" and found.level.runs_on_ep:
+        verdict = _qnn_node(node, verdict, *graph_io)
     if spec.name in DML_EPS and found.level.runs_on_ep and found.entry is not None and found.entry.dml:
         verdict.dml = found.entry.dml
         verdict = _dml_node(spec, table, node, verdict)
@@ -246,11 +277,12 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
             Finding.of(
                 "QNN001",
                 "qnn: the model computes in floating point and has no QuantizeLinear/DequantizeLinear; the HTP "
-                "(NPU) backend runs QDQ-quantized models, so float ops stay off the NPU "
-                "(or run as FP16 only with enable_htp_fp16_precision=1)",
+                "backend takes float ops and computes them in FP16 (measured: float models ran wholly on the HTP "
+                "simulator), but QNN documents QDQ models as the HTP path, and FP16 arithmetic on the device may "
+                "lose accuracy the simulator's result does not show",
                 ep=spec.name,
-                fix="ortprep quantize MODEL --static --ep qnn --calib DATA",
-                source=constraint_source(table, "QNN-002"),
+                fix="ortprep quantize MODEL --static --ep qnn --calib DATA, then ortprep load MODEL --ep qnn",
+                source=constraint_source(table, "QNN-002") + "; " + QNN_MEASURED,
             )
         )
     if spec.name == "tensorrt" and opset is not None:

@@ -72,7 +72,7 @@ def _node_finding(spec: EpSpec, node: NodeInfo, verdict: NodeVerdict, cpu_runs_i
     return Finding.of(
         code,
         f"node '{node.name}' ({node.domain}:{node.op_type}) is not supported by {spec.name}: {verdict.reason}; {consequence}",
-        severity=_fallback_severity(spec, cpu_runs_it),
+        severity=verdict.severity or _fallback_severity(spec, cpu_runs_it),
         node=node.name,
         op_type=node.op_type,
         ep=spec.name,
@@ -87,7 +87,9 @@ def is_folded(node: NodeInfo) -> bool:
 
 
 def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
-    return [evaluate_node(spec, table, node, match(table, node)) for node in analysis.all_nodes()]
+    graph = analysis.handle.graph
+    graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
+    return [evaluate_node(spec, table, node, match(table, node), graph_io) for node in analysis.all_nodes()]
 
 
 def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[str, SupportTable]) -> tuple[list[int], list[Finding]]:

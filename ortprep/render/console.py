@@ -295,6 +295,14 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
     dists = ", ".join(f"{d['name']} {d['version']}" for d in ort["distributions"]) or "none"
     console.print(f"onnxruntime {ort['version'] or 'not importable'} (opset <= {ort['max_opset']}); packages: {dists}")
     console.print("available EPs: " + (", ".join(ort["providers"]) or "none"))
+    eps = Table(title="Execution providers")
+    for column in ("EP", "available", "through", "package", "devices", "why not"):
+        eps.add_column(column)
+    for row in record.get("eps", []):
+        devices = ", ".join(f"{d['type']} {d['vendor']}".strip() for d in row["devices"]) or "-"
+        eps.add_row(row["ep"], "[green]yes[/]" if row["available"] else "no", row["via"] or "-",
+                    escape(row["package"] or "-"), escape(devices), escape(row["why_not"] or ""))
+    console.print(eps)
     table = Table(title="GPU libraries (CUDA and TensorRT EPs)")
     for column in ("library", "file", "loads", "detail"):
         table.add_column(column)

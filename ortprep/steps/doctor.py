@@ -84,7 +84,55 @@ def _installed(name: str) -> str | None:
         return None
 
 
-def doctor() -> StepResult:
+def _requires_ort(distribution: str) -> str | None:
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return next((r.split(";")[0].strip() for r in requirements if re.match(r"onnxruntime\b(?![-_])", r)), None)
+
+
+def execution_providers(runtimes: dict[str, Path] | None = None) -> list[dict[str, Any]]:
+    """Every EP ortprep knows, and whether (and through what) this machine can run it: built into
+    the installed ORT, a plugin package with a device for it, or another environment (--runtime)."""
+    from ortprep.eps.registry import EPS
+    from ortprep.runtime.providers import plugin_table, probe_runtime
+
+    runtimes = runtimes or {}
+    local = probe_runtime()
+    plugins = {entry["provider"]: entry for entry in plugin_table()}
+    rows = []
+    for spec in EPS:
+        python = runtimes.get(spec.name)
+        probe = probe_runtime(str(python)) if python else local
+        row: dict[str, Any] = {"ep": spec.name, "provider": spec.provider, "runtime": str(python) if python else None,
+                               "available": probe.ok and probe.runs(spec.name), "via": None, "package": None,
+                               "devices": [], "requires": None, "why_not": None}
+        entry = plugins.get(spec.provider)
+        found = probe.plugin_for(spec.provider) or next((p for p in probe.plugins if p["provider"] == spec.provider
+                                                          and p.get("installed")), None)
+        if probe.ok and spec.provider in probe.providers:
+            row.update(via="built in", package=f"onnxruntime {probe.version}")
+        elif found is not None and entry is not None:
+            row.update(via="plugin", package=f"{entry['distribution']} {found.get('version') or ''}".strip(),
+                       devices=probe.devices_for(spec.name) if spec.name in entry["eps"] else [],
+                       requires=_requires_ort(entry["distribution"]) if python is None else None)
+            if not row["devices"]:
+                offered = [d.get("ep_metadata") for d in found.get("devices", [])]
+                row["why_not"] = (found.get("error") or f"{entry['distribution']} is installed but offers no device "
+                                  f"for {spec.name} here (devices offered: {offered or 'none'})")
+        elif not probe.ok:
+            row["why_not"] = probe.error
+        else:
+            row["why_not"] = "not installed"
+            row["install"] = spec.install_hint
+        rows.append(row)
+    return rows
+
+
+def doctor(runtimes: dict[str, Path] | None = None) -> StepResult:
+    """This machine's ORT setup: packages, EPs (built in, plugin, other environments), GPU
+    libraries, CPU int8 features, known clashes."""
     report = StepResult(step="doctor", schema=SCHEMA)
     ort = import_ort()
     distributions = installed_ort_distributions()
@@ -145,6 +193,7 @@ def doctor() -> StepResult:
             fix="create and push the CUDA context explicitly and share it, or keep them in separate processes; "
             "ortprep doctor --scan PATH finds the code that does this",
         ))
+    data["eps"] = execution_providers(runtimes)
     data["known_bad_combinations"] = [
         "DmlExecutionProvider with any non-CPU EP in one session (\"DML EP can only be used with CPU EPs\")",
         "OpenVINOExecutionProvider with DmlExecutionProvider in one session (\"doesn't support memcpy\")",
@@ -303,4 +352,4 @@ class DoctorStep(Step):
     needs_model = False
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return scan(self.options.scan) if self.options.scan is not None else doctor()
+        return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes)

@@ -199,6 +199,9 @@ class DoctorOptions(StepOptions):
 
     scan: Path | None = option(None, "Read the Python and requirements files under PATH for ORT pitfalls (never runs "
                                "them).", Kind.PATH)
+    runtimes: dict[str, Path] = option({}, "Also ask another environment's ONNX Runtime about an EP: EP=PYTHON "
+                                       "(repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
+                                       metavar="EP=PYTHON")
 
     def validate(self, where: str) -> None:
         if self.scan is not None and not Path(self.scan).exists():

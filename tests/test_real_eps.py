@@ -1,0 +1,138 @@
+"""Proof on real EPs that run on a plain x86 Linux machine: QNN's HTP backend (the x86 simulator
+in onnxruntime-qnn 2.x, a plugin next to onnxruntime) and OpenVINO's CPU device (the
+onnxruntime-openvino wheel, in its own environment .venv-openvino). `make install` sets up both;
+without them these tests skip with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_helpers import invoke
+from conftest import ROOT, SAMPLES
+
+HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
+OPENVINO_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
+needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn is not installed (make install adds it)")
+needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON.exists(),
+                                    reason="no .venv-openvino with onnxruntime-openvino (make install creates it)")
+pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the simulators are x86 builds")
+
+
+@pytest.fixture(scope="module")
+def qdq_cnn(tmp_path_factory) -> Path:
+    """The CNN sample quantized with the QNN preset (QDQ, uint16 activations, static shapes)."""
+    folder = tmp_path_factory.mktemp("qdq")
+    calib = folder / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(10):
+        np.savez(calib / f"s{index}.npz", image=rng.random((1, 3, 32, 32), dtype=np.float32))
+    out = folder / "cnn.qdq.onnx"
+    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--ep", "qnn", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def _only(record: dict) -> dict:
+    assert len(record["results"]) == 1
+    return record["results"][0]
+
+
+def codes(record: dict) -> set[str]:
+    return {f["code"] for f in record["findings"]}
+
+
+@needs_qnn
+def test_qdq_sample_on_the_real_qnn_htp_simulator(qdq_cnn):
+    result = invoke("load", qdq_cnn, "--ep", "qnn", "--runs", "2", "--json")
+    record = result.json()
+    qnn = _only(record)
+    assert qnn["status"] == "fallback" and qnn["package"].startswith("onnxruntime-qnn 2.")
+    # All but the graph-input Q and graph-output DQ run on QNN, in one subgraph; outputs match the CPU EP.
+    assert qnn["nodes_on_ep"] / qnn["nodes_total"] >= 0.9
+    assert sorted(qnn["fallback_nodes"]) == ["image_QuantizeLinear", "logits_DequantizeLinear"]
+    assert [ep for ep, _ in qnn["subgraphs"]].count("QNNExecutionProvider") == 1
+    assert qnn["outputs_match"] is True
+    # QNN's own reason for the two CPU nodes is captured; check predicted exactly this placement.
+    assert "configured to not take Q nodes" in qnn["rejected_nodes"]["image_QuantizeLinear"]["reason"]
+    comparison = qnn["check_comparison"]
+    assert comparison["node_agreement"] == 1.0 and comparison["differing_op_types"] == {}
+    assert comparison["predicted_partitions"] == comparison["actual_partitions"] == 1
+    assert comparison["predicted_verdict"] == comparison["actual_verdict"] == "partial"
+    assert "LOD001" not in codes(record) and result.exit_code == 0
+
+
+@needs_qnn
+def test_qnn_rejection_names_the_node_and_the_reason():
+    """Dynamic shapes: QNN rejects every node ("Cannot get shape"); check predicts the same."""
+    record = invoke("load", SAMPLES / "transformer_block.onnx", "--ep", "qnn", "--runs", "1", "--json").json()
+    qnn = _only(record)
+    assert qnn["nodes_on_ep"] == 0
+    rejected = qnn["rejected_nodes"]
+    assert rejected["ln1"] == {"op_type": "LayerNormalization", "reason": "Cannot get shape of input 0"}
+    finding = next(f for f in record["findings"] if f["code"] == "LOD008" and f["node"] == "ln1")
+    assert "Cannot get shape" in finding["message"] and "--fix-shape" in finding["fix"]
+    assert qnn["check_comparison"]["node_agreement"] == 1.0
+    assert qnn["check_comparison"]["predicted_verdict"] == qnn["check_comparison"]["actual_verdict"] == "none"
+
+
+@needs_qnn
+def test_float_model_runs_on_qnn_htp():
+    """Measured: the simulator takes the float CNN whole (QNN001 is a warning, not an error)."""
+    record = invoke("load", SAMPLES / "cnn.onnx", "--ep", "qnn", "--runs", "1", "--json").json()
+    qnn = _only(record)
+    assert qnn["status"] == "ok" and qnn["nodes_on_ep"] == qnn["nodes_total"] and qnn["outputs_match"] is True
+    check = invoke("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--json").json()
+    assert check["results"][0]["verdict"] == "full" and "QNN001" in codes(check)
+
+
+@needs_openvino
+def test_qdq_sample_on_real_openvino_cpu(qdq_cnn, tmp_path):
+    result = invoke("load", qdq_cnn, "--ep", "openvino-cpu", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}",
+                    "--runs", "2", "--json")
+    assert result.exit_code == 0, result.stdout
+    ov = _only(result.json())
+    assert ov["status"] == "ok" and ov["nodes_on_ep"] == ov["nodes_total"] > 20
+    assert ov["outputs_match"] is True and ov["runtime"] == str(OPENVINO_PYTHON)
+    assert ov["check_comparison"]["node_agreement"] == 1.0
+    assert ov["check_comparison"]["predicted_partitions"] == ov["check_comparison"]["actual_partitions"] == 1
+    # The same through a config file, with the runtime path relative to it.
+    shutil.copy(qdq_cnn, tmp_path / "m.onnx")
+    relative = os.path.relpath(OPENVINO_PYTHON, tmp_path)
+    (tmp_path / "ortprep.toml").write_text(
+        f'model = "m.onnx"\n[[steps]]\nrun = "load"\neps = ["openvino"]\nruns = 1\n'
+        f'runtimes = {{ openvino = "{relative}" }}\n')
+    run = invoke("run", tmp_path / "ortprep.toml", "--json")
+    assert run.exit_code == 0 and run.json()["steps"][0]["report"]["results"][0]["status"] == "ok"
+
+
+def test_unknown_runtime_path_is_a_usage_error(tmp_path):
+    result = invoke("load", SAMPLES / "cnn.onnx", "--runtime", f"openvino-cpu={tmp_path / 'nope' / 'python'}")
+    assert result.exit_code == 2 and "no Python interpreter" in result.stderr
+
+
+@needs_qnn
+def test_doctor_lists_the_qnn_plugin_without_a_clash():
+    record = invoke("doctor", "--json").json()
+    assert "DOC001" not in codes(record)
+    assert [d["name"] for d in record["onnxruntime"]["distributions"]] == ["onnxruntime"]
+    qnn = next(row for row in record["eps"] if row["ep"] == "qnn")
+    assert qnn["available"] and qnn["via"] == "plugin" and qnn["package"].startswith("onnxruntime-qnn 2.")
+    assert qnn["devices"] and qnn["requires"] and qnn["requires"].startswith("onnxruntime")
+    cuda = next(row for row in record["eps"] if row["ep"] == "cuda")
+    assert not cuda["available"] and "onnxruntime-gpu" in cuda["install"]
+
+
+def test_plugin_packages_are_not_flavours():
+    from ortprep.runtime.providers import is_plugin_package
+
+    assert is_plugin_package("onnxruntime-qnn", "2.7.0") and not is_plugin_package("onnxruntime-qnn", "1.22.0")
+    assert is_plugin_package("onnxruntime-ep-openvino", "1.8.1")
+    assert not is_plugin_package("onnxruntime-gpu", "1.32.0")

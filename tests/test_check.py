@@ -361,3 +361,27 @@ def test_qdq_weights_do_not_split_partitions(tmp_path):
                               [helper.make_tensor_value_info(current, TensorProto.FLOAT, [2, 2])], inits)
     path = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert partition_graph(ModelAnalysis(ModelHandle.open(path)).graphs[0].graph, [0] * 8).partitions == 1
+
+
+def test_constant_subgraphs_are_folded_like_ort(tmp_path):
+    """ORT folds nodes whose inputs are all constant (and Shape of a static tensor) before any EP
+    sees the graph; check counts neither as placed nor as fallbacks. Q/DQ are never folded."""
+    from onnx import helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Reshape", ["w", "shape"], ["w2"], name="fold_reshape"),  # constant inputs: folded
+        helper.make_node("Shape", ["x"], ["xs"], name="fold_shape"),  # static input: folded
+        helper.make_node("DequantizeLinear", ["q", "s"], ["dq"], name="keep_dq"),  # never folded
+        helper.make_node("Add", ["x", "w2"], ["a"], name="keep_add"),
+        helper.make_node("Mul", ["a", "dq"], ["y"], name="keep_mul"),
+    ]
+    inits = [numpy_helper.from_array(np.ones(4, np.float32), "w"), numpy_helper.from_array(np.array([1, 4]), "shape"),
+             numpy_helper.from_array(np.ones((1, 4), np.int8), "q"), numpy_helper.from_array(np.array(0.5, np.float32), "s")]
+    graph = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("xs", TensorProto.INT64, [2])], inits)
+    path = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    result = result_of(path, "cpu")
+    assert result["nodes"] == 3 and result["verdict"] == "full"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    del session  # ORT takes the model as it is: the folded nodes are not an error

@@ -26,7 +26,7 @@ def load(*args, env=None) -> tuple[int, dict, str]:
 def test_cpu_ok_on_samples(name):
     code, record, _ = load(SAMPLES / name, "--ep", "cpu")
     assert code == 0, record
-    assert record["schema"] == "ortprep.load/1"
+    assert record["schema"] == "ortprep.load/2"
     result = record["results"][0]
     assert result["ep"] == "cpu" and result["status"] == "ok"
     assert result["nodes_on_ep"] == result["nodes_total"] > 0 and result["fallback_nodes"] == []

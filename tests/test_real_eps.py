@@ -136,3 +136,16 @@ def test_plugin_packages_are_not_flavours():
     assert is_plugin_package("onnxruntime-qnn", "2.7.0") and not is_plugin_package("onnxruntime-qnn", "1.22.0")
     assert is_plugin_package("onnxruntime-ep-openvino", "1.8.1")
     assert not is_plugin_package("onnxruntime-gpu", "1.32.0")
+
+
+@needs_openvino
+def test_a_crash_inside_ort_stays_in_the_probe_child():
+    """onnxruntime-openvino 1.24.1 dies with SIGSEGV in get_all_opkernel_def; ortprep asks in a child."""
+    from ortprep.runtime.providers import probe_runtime
+
+    crashed = probe_runtime(str(OPENVINO_PYTHON), kernels=True)
+    if crashed.ok:
+        pytest.skip("this onnxruntime-openvino build no longer crashes in its kernel registry")
+    assert "died" in crashed.error
+    fine = probe_runtime(str(OPENVINO_PYTHON))
+    assert fine.ok and "OpenVINOExecutionProvider" in fine.providers and fine.runs("openvino-cpu")

@@ -81,9 +81,32 @@ def _node_finding(spec: EpSpec, node: NodeInfo, verdict: NodeVerdict, cpu_runs_i
     )
 
 
-def is_folded(node: NodeInfo) -> bool:
-    """Constant nodes become initializers when ORT loads the model; no EP runs them."""
-    return node.op_type == "Constant" and node.domain == "ai.onnx"
+# Never constant-folded by ORT: Q/DQ stay for QDQ-aware EPs, random ops must not be frozen.
+NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUniform", "RandomNormalLike",
+              "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def folded_nodes(analysis: ModelAnalysis) -> set[int]:
+    """Positions (in ``analysis.all_nodes()``) of nodes no EP runs: Constant nodes, and nodes
+    ORT's constant folding (optimization level basic, before partitioning) computes away at
+    session creation: all inputs constant, or Shape of a static tensor."""
+    folded: set[int] = set()
+    constant = {t.name for t in analysis.handle.graph.initializer}
+    position = 0
+    for graph in analysis.graphs:
+        constant |= {t.name for t in graph.graph.initializer}
+        for node in graph.nodes:
+            inputs = [name for name in node.node.input if name]
+            static_shape = (node.op_type == "Shape" and node.inputs and node.inputs[0] is not None
+                            and node.inputs[0].shape is not None
+                            and all(isinstance(d, int) and d > 0 for d in node.inputs[0].shape))
+            if (node.op_type == "Constant" and node.domain == "ai.onnx") or static_shape or (
+                    node.domain == "ai.onnx" and node.op_type not in NOT_FOLDED and not node.has_subgraphs
+                    and inputs and all(name in constant for name in inputs)):
+                folded.add(position)
+                constant.update(name for name in node.node.output if name)
+            position += 1
+    return folded
 
 
 def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
@@ -104,8 +127,9 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
         cpu_levels = [match(cpu_table, node).level for node in nodes]
     assignment: list[int] = []
     findings: list[Finding] = []
+    folded = folded_nodes(analysis)
     for position, node in enumerate(nodes):
-        if is_folded(node):
+        if position in folded:
             assignment.append(FOLDED)
             continue
         chosen = next((i for i, verdicts in enumerate(per_ep) if verdicts[position].level.runs_on_ep), CPU)

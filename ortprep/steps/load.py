@@ -29,7 +29,7 @@ from ortprep.steps.options import LoadOptions
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "ortprep.load/1"
+SCHEMA = "ortprep.load/2"
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
 

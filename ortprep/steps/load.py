@@ -249,13 +249,24 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         report.add(Finding.of("LOD003", f"{name}: {status['message']}", ep=name,
                               fix="run ortprep check MODEL --ep " + name + " and ortprep doctor; the other EPs were still tested"))
         return record
-    if not status.get("ok"):
-        record.update(status="failed", message=status.get("error") or status.get("strict", {}).get("error", "failed"))
-        report.add(Finding.of("LOD004", f"{name}: session creation or the run failed: {record['message']}", ep=name,
-                              fix=f"ortprep check MODEL --ep {name} explains unsupported parts"))
-        return record
     placement = status.get("placement", {})
     default = placement.get("default", {})
+    if not status.get("ok"):
+        record.update(status="failed", message=status.get("error") or status.get("strict", {}).get("error", "failed"))
+        stage = "the run" if status.get("stage") == "run" else "session creation"
+        report.add(Finding.of("LOD004", f"{name}: {stage} failed: {record['message']}", ep=name,
+                              fix="check the inputs (--inputs, --shape NAME=DIMS)" if stage == "the run"
+                              else f"ortprep check MODEL --ep {name} explains unsupported parts"))
+        if default.get("assignment") and provider != "CPUExecutionProvider":
+            # The session was created, so the EP's placement is known even though the run failed.
+            assignment = default["assignment"]
+            record.update(nodes_total=len(assignment),
+                          nodes_on_ep=sum(1 for ep in assignment.values() if ep == provider),
+                          subgraphs=default.get("subgraphs"))
+            record["check_comparison"], findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []))
+            for finding in findings:
+                report.add(finding)
+        return record
     assignment = default.get("assignment", {})
     on_ep = [n for n, ep in assignment.items() if ep == provider]
     fallback = sorted(n for n, ep in assignment.items() if ep != provider)

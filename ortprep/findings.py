@@ -100,6 +100,10 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD006", "outputs differ from the CPU EP's", Severity.ERROR),
         FindingKind("LOD007", "NaN or Inf in outputs", Severity.ERROR),
         FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
+        # CMP: compile (EPContext models)
+        FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
+        FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
+        FindingKind("CMP003", "nodes stay outside the EPContext nodes", Severity.INFO),
         # DOC: the machine (doctor); SCN: pitfalls in code (doctor --scan)
         FindingKind("DOC001", "several ONNX Runtime packages installed side by side", Severity.ERROR),
         FindingKind("DOC002", "a CUDA/TensorRT library the EP needs does not load", Severity.ERROR),

@@ -149,3 +149,47 @@ def test_a_crash_inside_ort_stays_in_the_probe_child():
     assert "died" in crashed.error
     fine = probe_runtime(str(OPENVINO_PYTHON))
     assert fine.ok and "OpenVINOExecutionProvider" in fine.providers and fine.runs("openvino-cpu")
+
+
+@needs_qnn
+def test_qnn_compile_round_trip(qdq_cnn, tmp_path):
+    out = tmp_path / "cnn.ctx.onnx"
+    result = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", out, "--json")
+    assert result.exit_code == 0, result.stdout
+    record = result.json()
+    assert record["schema"] == "ortprep.compile/1" and record["output"] == str(out) and out.exists()
+    assert record["ep_context_nodes"] == 1 and record["partitions"][0]["source"] == "QNNExecutionProvider"
+    assert record["compatibility"]["QNNExecutionProvider"].startswith("v")  # the EP's compatibility string
+    assert record["outputs"][0]["within_tolerance"] is True and record["outputs"][0]["cosine"] > 0.999
+    assert "CMP003" in codes(record)  # graph-input Q / output DQ stay outside, on the CPU
+    assert not list(tmp_path.glob(".ortprep-tmp*"))  # nothing left from the atomic write
+    # The compiled model loads and runs on QNN, through load too.
+    loaded = _only(invoke("load", out, "--ep", "qnn", "--runs", "1", "--json").json())
+    assert loaded["status"] == "fallback" and "QNNExecutionProvider" in [ep for ep, _ in loaded["subgraphs"]]
+    # Steps that change a model refuse a compiled one with one line, and write nothing.
+    for args in (["convert", out, "--fp16"], ["quantize", out, "--dynamic"], ["simplify", out]):
+        refused = invoke(*args, "-o", tmp_path / "x.onnx")
+        assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
+        assert "compiled EPContext model (QNNExecutionProvider)" in refused.stderr
+        assert not (tmp_path / "x.onnx").exists()
+
+
+@needs_qnn
+def test_compile_refuses_what_it_cannot_compile(tmp_path):
+    bad_ep = invoke("compile", SAMPLES / "cnn.onnx", "--ep", "cuda")
+    assert bad_ep.exit_code == 2 and "compiles EPContext models for qnn" in bad_ep.stderr
+    # A dynamic model: QNN takes no node, so nothing is compiled, and nothing is written.
+    result = invoke("compile", SAMPLES / "transformer_block.onnx", "--ep", "qnn", "-o", tmp_path / "t.onnx", "--json")
+    assert result.exit_code == 1 and "CMP001" in codes(result.json()) and not (tmp_path / "t.onnx").exists()
+
+
+@needs_openvino
+def test_openvino_compile_failure_is_a_finding(qdq_cnn, tmp_path):
+    result = invoke("compile", qdq_cnn, "--ep", "openvino-cpu", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}",
+                    "-o", tmp_path / "ov.onnx", "--json")
+    record = result.json()
+    if result.exit_code == 0:
+        assert record["outputs"][0]["within_tolerance"] is True  # a release that reloads its own context
+        return
+    assert result.exit_code == 1 and "CMP001" in codes(record) and not (tmp_path / "ov.onnx").exists()
+    assert record["stage"] == "reload" and "source model" in next(f["fix"] for f in record["findings"] if f["code"] == "CMP001")

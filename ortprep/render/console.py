@@ -313,6 +313,19 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
     render_findings(record["findings"], console)
 
 
+def render_compile(record: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
+    console.print(f"EP {record['ep']} ({escape(record.get('package') or record.get('runtime') or '')}): "
+                  f"{record.get('ep_context_nodes', 0)} EPContext node(s), {record.get('other_nodes', 0)} other node(s)")
+    for ep, info in (record.get("compatibility") or {}).items():
+        console.print(f"compatibility {escape(ep)}: {escape(info)}")
+    for output in record.get("outputs") or []:
+        verdict = "[green]within tolerance[/]" if output["within_tolerance"] else "[red]differs[/]"
+        console.print(f"output {escape(output['name'])}: {verdict}, max abs diff {_number(output['max_abs_diff'])}, "
+                      f"cosine {_number(output['cosine'])}")
+    render_grouped_findings(record["findings"], console)
+
+
 STEP_RENDERERS = {
     "inspect": render_inspect,
     "check": render_check,
@@ -322,6 +335,7 @@ STEP_RENDERERS = {
     "quantize": render_quantize,
     "load": render_load,
     "doctor": render_doctor,
+    "compile": render_compile,
 }
 
 

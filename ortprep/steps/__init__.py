@@ -25,6 +25,7 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
     "optimize": ("ortprep.steps.optimize", "OptimizeStep", "OptimizeOptions"),
     "quantize": ("ortprep.steps.quantize", "QuantizeStep", "QuantizeOptions"),
     "load": ("ortprep.steps.load", "LoadStep", "LoadOptions"),
+    "compile": ("ortprep.steps.compile", "CompileStep", "CompileOptions"),
     "doctor": ("ortprep.steps.doctor", "DoctorStep", "DoctorOptions"),
 }
 
@@ -37,9 +38,10 @@ SUMMARIES = {
     "optimize": "ONNX Runtime offline graph optimization, written beside the output and verified.",
     "quantize": "Quantize with real calibration data, an EP preset and an accuracy verdict.",
     "load": "Load and run the model on each available EP: fallbacks, crashes, output match, latency.",
+    "compile": "Compile an EPContext model for QNN or OpenVINO (ORT's compile API), reload it and compare outputs.",
     "doctor": "This machine's ONNX Runtime setup: packages, EPs, GPU libraries, CPU int8 support, pitfalls.",
 }
-WRITES_MODEL = ("convert", "simplify", "optimize", "quantize")
+WRITES_MODEL = ("convert", "simplify", "optimize", "quantize", "compile")
 NO_MODEL = ("doctor",)
 
 

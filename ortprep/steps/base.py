@@ -66,3 +66,18 @@ def output_path(step: Step, model: ModelHandle, ctx: StepContext) -> Path:
         raise UsageError(f"{step.name} needs a model file")
     dest = ctx.output if ctx.output is not None else step.default_output(model.path)
     return check_output_path(dest, input_path=model.path, force=ctx.force)
+
+
+def refuse_ep_context(handle: ModelHandle, step: str) -> None:
+    """Steps that change a model cannot work on a compiled EPContext model (its graph is an EP's binary)."""
+    import onnx
+
+    from ortprep.errors import UsageError
+
+    sources = sorted({onnx.helper.get_attribute_value(a).decode() if isinstance(onnx.helper.get_attribute_value(a), bytes)
+                      else str(onnx.helper.get_attribute_value(a))
+                      for node in handle.graph.node if node.op_type == "EPContext" for a in node.attribute if a.name == "source"})
+    if any(node.op_type == "EPContext" for node in handle.graph.node):
+        raise UsageError(f"{handle.path} is a compiled EPContext model ({', '.join(sources) or 'an EP'}); {step} cannot "
+                         "change what is inside it",
+                         hint=f"run ortprep {step} on the source model, then ortprep compile the result again")

@@ -12,7 +12,7 @@ from onnx import ModelProto
 
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.steps.base import Step, StepContext, output_path
+from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms import rewrites
@@ -109,4 +109,5 @@ class ConvertStep(Step):
         return model.with_name(model.name.removesuffix(".onnx") + suffix)
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        refuse_ep_context(model, self.name)
         return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

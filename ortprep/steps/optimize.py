@@ -12,7 +12,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
-from ortprep.steps.base import Step, StepContext, output_path
+from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.options import OptimizeOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.verify import (
@@ -102,4 +102,5 @@ class OptimizeStep(Step):
         return model.with_name(model.name.removesuffix(".onnx") + f".opt-{self.options.level}.onnx")
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        refuse_ep_context(model, self.name)
         return optimize_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -206,3 +206,30 @@ class DoctorOptions(StepOptions):
     def validate(self, where: str) -> None:
         if self.scan is not None and not Path(self.scan).exists():
             raise UsageError(f"{where}: nothing to scan at {self.scan}", hint="pass a folder or a .py file")
+
+
+
+COMPILE_EPS = ("qnn", "openvino-cpu", "openvino-gpu", "openvino-npu")  # EPs whose EPContext output ortprep writes
+
+
+@dataclass
+class CompileOptions(StepOptions):
+    """Options of ``compile`` (config keys = field names)."""
+
+    ep: str = option("qnn", "EP to compile for: qnn or openvino-cpu|gpu|npu.", Kind.EP)
+    inputs: Path | None = option(None, "Compare on these inputs (.npz, one array per input).", Kind.PATH)
+    shapes: dict[str, list[int]] = option({}, "Shape of a symbolic input for the comparison run: NAME=DIMS (repeatable).",
+                                          Kind.SHAPES, flags=("--shape", "--shapes"), metavar="NAME=DIMS")
+    provider_options: dict[str, dict[str, str]] = option(
+        {}, "An EP's session option: EP:KEY=VALUE (repeatable).", Kind.PROVIDER_OPTIONS,
+        flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
+    runtimes: dict[str, Path] = option({}, "Compile under another environment's Python (its own ONNX Runtime flavour): "
+                                       "EP=PYTHON (repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
+                                       metavar="EP=PYTHON")
+    timeout: float = option(DEFAULT_TIMEOUT, "Seconds before the compile counts as hung.", Kind.FLOAT, minimum=0.1)
+    keep_failed: bool = option(False, "Write the output even when the compiled model's outputs differ.", Kind.FLAG)
+
+    def validate(self, where: str) -> None:
+        if self.ep not in COMPILE_EPS:
+            raise UsageError(f"{where}: ortprep compiles EPContext models for {', '.join(COMPILE_EPS)}, not {self.ep}",
+                             hint="choose --ep qnn or --ep openvino-cpu")

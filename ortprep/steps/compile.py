@@ -1,0 +1,136 @@
+"""compile: an EPContext model for an NPU-style EP (QNN, OpenVINO) through ORT's compile API, the
+form NPU deployments load without compiling at start-up. The result is reloaded on the same EP and
+its outputs compared with the source model's on the CPU EP before it is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortprep.eps.registry import resolve_ep
+from ortprep.findings import Finding
+from ortprep.model import ModelHandle
+from ortprep.report import StepResult
+from ortprep.runtime.children import run_child
+from ortprep.runtime.compare import compare_arrays
+from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
+from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
+from ortprep.steps.load import LoadOptions, _session_options, ep_runtime
+from ortprep.steps.options import CompileOptions
+
+SCHEMA = "ortprep.compile/1"
+TOLERANCE = 1e-2  # of the output's scale: compiled NPU graphs may compute in lower precision
+
+
+def ep_context_facts(path: Path) -> dict[str, Any]:
+    """What a compiled model says about itself: EPContext nodes, SDK versions, compatibility strings."""
+    model = onnx.load(str(path), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.op_type == "EPContext"]
+    facts = {
+        "ep_context_nodes": len(nodes),
+        "other_nodes": len(model.graph.node) - len(nodes),
+        "compatibility": {p.key.removeprefix("ep_compatibility_info."): p.value for p in model.metadata_props
+                          if p.key.startswith("ep_compatibility_info.")},
+        "partitions": [],
+    }
+    for node in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "ep_cache_context"}
+        facts["partitions"].append({key: (value.decode() if isinstance(value, bytes) else value) for key, value in attrs.items()
+                                    if key in ("source", "ep_sdk_version", "partition_name", "embed_mode", "main_context")})
+    return facts
+
+
+def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, force: bool = False) -> StepResult:
+    """Compile ``handle``'s model for ``options.ep``; write ``dest`` when the reloaded result
+    matches the source model on the CPU EP."""
+    report = StepResult(step="compile", schema=SCHEMA)
+    spec = resolve_ep(options.ep)
+    load_like = LoadOptions(provider_options=options.provider_options, runtimes=options.runtimes)
+    target = ep_runtime(spec, load_like)
+    data: dict[str, Any] = {"input": str(handle.path), "output": None, "ep": spec.name,
+                            "runtime": target.python or "this environment",
+                            "package": target.plugin["package"] if target.plugin else None}
+    if not target.available:
+        message = f"{spec.name}: not available here; {spec.install_hint}"
+        report.add(Finding.of("LOD002", message, ep=spec.name, fix=spec.install_hint))
+        report.missing.append(message)
+        report.data = data
+        return report
+    specs = input_specs(handle.proto)
+    feeds = load_feeds(options.inputs, specs) if options.inputs else random_feeds(specs, seed=0, shapes=options.shapes)
+    with tempfile.TemporaryDirectory(prefix="ortprep-compile-") as tmp, \
+            tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
+        folder = Path(tmp)
+        np.savez(folder / "inputs.npz", **feeds)
+        compiled = Path(staging) / dest.name
+        request = {"model": str(handle.path), "output": str(compiled), "provider": spec.provider,
+                   "provider_options": _session_options(load_like, target), "plugin": target.plugin,
+                   "inputs": str(folder / "inputs.npz"), "results": str(folder / "results.npz"),
+                   "status": str(folder / "status.json")}
+        (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
+        child = run_child("ortprep.runtime.compile_worker", folder / "request.json", timeout=options.timeout,
+                          python=target.python)
+        status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").exists() else {
+            "ok": False, "stage": "compile", "error": f"the process died ({child.how_it_died()})"}
+        if compiled.exists():
+            data.update(ep_context_facts(compiled))
+        comparison = None
+        if status.get("ok"):
+            with np.load(folder / "results.npz", allow_pickle=False) as arrays:
+                comparison = [_compare(name, arrays[f"r{i}"], arrays[f"c{i}"]) for i, name in enumerate(status["output_names"])]
+        data["stage"] = status.get("stage")
+        data["error"] = status.get("error")
+        data["outputs"] = comparison
+        passed = bool(comparison) and all(c["within_tolerance"] for c in comparison)
+        if not status.get("ok"):
+            what = {"compile": "compiling failed", "reload": "the compiled model does not load",
+                    "run": "the compiled model does not run"}.get(status.get("stage"), "compile failed")
+            fix = (f"ortprep load MODEL --ep {spec.name} shows what the EP takes; a model the EP takes no node of "
+                   "cannot be compiled" if status.get("stage") == "compile" else
+                   "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
+                   "source model, which the EP compiles at load, or compile with another release of the EP")
+            report.add(Finding.of("CMP001", f"{spec.name}: {what}: {status.get('error')}", ep=spec.name, fix=fix))
+        elif not passed:
+            report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
+                                  "on the CPU EP beyond tolerance", ep=spec.name,
+                                  fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"))
+        if data.get("other_nodes"):
+            report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
+                                  "node(s) and run on the CPU EP", ep=spec.name,
+                                  fix=f"ortprep load MODEL --ep {spec.name} names them and why"))
+        if status.get("ok") and (passed or options.keep_failed):
+            os.replace(compiled, dest)
+            data["output"] = str(dest)
+            report.artifacts.append(str(dest))
+            report.output = dest
+    report.data = data
+    return report
+
+
+def _compare(name: str, reference: np.ndarray, candidate: np.ndarray) -> dict[str, Any]:
+    diff = compare_arrays(name, reference, candidate)
+    scale = max(1.0, float(np.abs(reference).max())) if reference.size and reference.dtype.kind == "f" else 1.0
+    ok = diff.shape_match and diff.max_abs_diff is not None and not diff.nonfinite and diff.max_abs_diff <= TOLERANCE * scale
+    return {"name": name, "max_abs_diff": diff.max_abs_diff, "cosine": diff.cosine, "within_tolerance": bool(ok)}
+
+
+class CompileStep(Step):
+    name = "compile"
+    Options = CompileOptions
+    writes_model = True
+    needs_ort = "always"
+    progress_label = "compiling"
+    default_suffix = ".ctx.onnx"
+
+    def default_output(self, model: Path) -> Path:
+        return model.with_name(model.name.removesuffix(".onnx") + f".{self.options.ep}.ctx.onnx")
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        refuse_ep_context(model, self.name)
+        return compile_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

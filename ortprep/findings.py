@@ -47,6 +47,8 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("MOD006", "ONNX Runtime is not installed", Severity.INFO),
         FindingKind("MOD007", "IR version newer than the installed onnx package knows", Severity.WARNING),
         FindingKind("MOD008", "no opset imported for the default ONNX domain", Severity.WARNING),
+        FindingKind("MOD009", "IR version newer than the ONNX Runtime loads", Severity.ERROR),
+        FindingKind("MOD010", "opset newer than the named ONNX Runtime release implements", Severity.ERROR),
         # EP: what an execution provider's tables say about nodes (severity depends on the EP)
         FindingKind("EP001", "the EP has no kernel for the op", Severity.WARNING),
         FindingKind("EP002", "the node's opset version is outside the EP's registered range", Severity.WARNING),

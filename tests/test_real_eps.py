@@ -193,3 +193,27 @@ def test_openvino_compile_failure_is_a_finding(qdq_cnn, tmp_path):
         return
     assert result.exit_code == 1 and "CMP001" in codes(record) and not (tmp_path / "ov.onnx").exists()
     assert record["stage"] == "reload" and "source model" in next(f["fix"] for f in record["findings"] if f["code"] == "CMP001")
+
+
+@needs_qnn
+def test_the_qnn_path_end_to_end(tmp_path):
+    """float -> static shapes -> QDQ with the QNN preset -> the real QNN HTP simulator, with the
+    three-way comparison that tells quantization loss from EP error."""
+    static = tmp_path / "tb.static.onnx"
+    assert invoke("convert", SAMPLES / "transformer_block.onnx", "--fix-shape", "hidden=1,16,64", "-o", static).exit_code == 0
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(1)
+    for index in range(10):
+        np.savez(calib / f"s{index}.npz", hidden=rng.standard_normal((1, 16, 64)).astype(np.float32))
+    qdq = tmp_path / "tb.qdq.onnx"
+    quantized = invoke("quantize", static, "--static", "--calib", calib, "--ep", "qnn", "-o", qdq, "--json")
+    assert quantized.exit_code == 0, quantized.stdout
+    assert quantized.json()["preset"]["activation_type"] == "uint16"
+    result = invoke("load", qdq, "--ep", "qnn", "--reference", static, "--runs", "1", "--json")
+    qnn = _only(result.json())
+    assert qnn["nodes_on_ep"] / qnn["nodes_total"] > 0.9 and qnn["outputs_match"] is True
+    three = qnn["three_way"]
+    assert three["ep"]["cosine"] > 0.9999  # int8 on QNN against int8 on the CPU EP: the EP adds ~nothing
+    assert three["quantization"]["cosine"] > 0.99 and three["total"]["cosine"] > 0.99
+    assert three["ep"]["max_abs_diff"] < three["quantization"]["max_abs_diff"]  # the loss is quantization's

@@ -279,6 +279,15 @@ def render_load(record: dict[str, Any], console: Console) -> None:
     for result in record["results"]:
         if result.get("message"):
             console.print(f"{escape(result['ep'])}: {escape(result['message'])}", highlight=False)
+        three = result.get("three_way")
+        if three:
+            parts = []
+            for key, label in (("quantization", "quantization (CPU: model vs float)"), ("ep", "EP error (EP vs CPU)"),
+                               ("total", "total (EP vs float)")):
+                pair = three.get(key)
+                if pair:
+                    parts.append(f"{label}: cosine {_number(pair['cosine'])}, max abs {_number(pair['max_abs_diff'])}")
+            console.print(f"{escape(result['ep'])}: " + "; ".join(parts), highlight=False)
         for op in result.get("profile", []):
             console.print(f"  {result['ep']} {op['op_type']}: {op['share'] * 100:.1f}% ({op['microseconds']} us)", highlight=False)
     render_grouped_findings(record["findings"], console)
@@ -295,6 +304,12 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
     dists = ", ".join(f"{d['name']} {d['version']}" for d in ort["distributions"]) or "none"
     console.print(f"onnxruntime {ort['version'] or 'not importable'} (opset <= {ort['max_opset']}); packages: {dists}")
     console.print("available EPs: " + (", ".join(ort["providers"]) or "none"))
+    if ort.get("max_ir_version") is not None:
+        console.print(f"the installed ONNX Runtime loads IR <= {ort['max_ir_version']}, opset <= {ort['max_opset']}")
+    if record.get("target_runtime"):
+        target = record["target_runtime"]
+        console.print(f"ONNX Runtime {target['version']} loads IR <= {target['max_ir_version']}, opset <= "
+                      f"{target['max_opset']} ({escape(target['source'])})")
     eps = Table(title="Execution providers")
     for column in ("EP", "available", "through", "package", "devices", "why not"):
         eps.add_column(column)

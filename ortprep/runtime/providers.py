@@ -170,6 +170,30 @@ def require_ort() -> ModuleType:
 
 
 @functools.lru_cache(maxsize=1)
+def ort_max_ir() -> int | None:
+    """Highest ONNX IR version the installed ORT loads, found by loading tiny models (opset 7)."""
+    ort = import_ort()
+    if ort is None:
+        return None
+    from onnx import TensorProto, helper
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    best = None
+    for ir_version in range(3, 20):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)], ir_version=ir_version)
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - any refusal means "not this IR version"
+            continue
+        best = ir_version
+    return best
+
+
+@functools.lru_cache(maxsize=1)
 def ort_max_opset(max_probe: int = 64) -> int | None:
     """Highest default-domain opset the installed ORT accepts, found by loading tiny models.
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
 from ortprep.eps.partition import CPU, FOLDED, partition_graph
+from ortprep.eps.runtimes import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
 from ortprep.eps.rules import (
     NodeVerdict,
@@ -32,7 +33,7 @@ SCHEMA = "ortprep.check/2"
 EPS_SCHEMA = "ortprep.eps/1"
 
 # Findings that mean no session can be created at all.
-SESSION_BLOCKERS = ("MOD002", "CMB001")
+SESSION_BLOCKERS = ("MOD002", "MOD009", "MOD010", "CMB001")
 
 FIXES = {
     "EP001": "replace {op} with ops {ep} supports, or accept the CPU fallback",
@@ -184,7 +185,8 @@ def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
     return "partial"
 
 
-def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[dict[str, Any], list[Finding]]:
+def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
+                 ort_version: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Check one target (one session's EP priority list) and return its result record and findings."""
     tables = {spec.name: load_table(spec.name) for spec in target}
     label = ",".join(spec.name for spec in target)
@@ -200,7 +202,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
     for spec in target:
         findings.extend(model_findings(spec, tables[spec.name], analysis))
     findings.extend(combination_findings(target, tables))
-    findings.extend(_runtime_opset_findings(analysis))
+    findings.extend(runtime_findings(analysis.handle.proto.ir_version, analysis.opsets.get("ai.onnx"), ort_version))
     coverage = _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
     if coverage is not None:
         findings.append(coverage)
@@ -222,25 +224,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...]) -> tuple[d
     return record, [dataclasses.replace(f, target=label) for f in findings]
 
 
-def _runtime_opset_findings(analysis: ModelAnalysis) -> list[Finding]:
-    from ortprep.runtime.providers import import_ort, ort_max_opset
-
-    opset = analysis.opsets.get("ai.onnx")
-    limit = ort_max_opset()
-    if opset is None or limit is None or opset <= limit:
-        return []
-    ort = import_ort()
-    return [
-        Finding.of(
-            "MOD002",
-            f"model uses opset {opset}; the installed ONNX Runtime {getattr(ort, '__version__', '?')} supports up to {limit}",
-            fix=f"upgrade ONNX Runtime, or convert down: ortprep convert MODEL --opset {limit}",
-            source="probe of the installed onnxruntime",
-        )
-    ]
-
-
-def check_model(handle: ModelHandle, targets: list[str]) -> StepResult:
+def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None = None) -> StepResult:
     """Check a model against each target. A target is an EP name, or a comma-separated priority
     list for one session ("openvino-cpu,dml")."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
@@ -248,7 +232,7 @@ def check_model(handle: ModelHandle, targets: list[str]) -> StepResult:
     report = StepResult(step="check", schema=SCHEMA)
     results = []
     for target in resolved:
-        record, findings = check_target(analysis, target)
+        record, findings = check_target(analysis, target, ort_version)
         results.append(record)
         for finding in findings:
             report.add(finding)
@@ -281,4 +265,4 @@ class CheckStep(Step):
     Options = CheckOptions
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return check_model(model, self.options.eps)
+        return check_model(model, self.options.eps, self.options.ort_version)

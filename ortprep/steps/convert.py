@@ -10,6 +10,7 @@ from typing import Any
 
 from onnx import ModelProto
 
+from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
@@ -84,6 +85,12 @@ def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, li
     if options.opset:
         proto = rewrites.convert_opset(proto, options.opset)
         applied.append({"transform": "opset", "detail": f"opset {options.opset}"})
+    if options.ir_version:
+        if options.ir_version > proto.ir_version:
+            raise UsageError(f"the model already has IR version {proto.ir_version}; --ir-version only stamps an older one",
+                             hint=f"give a version below {proto.ir_version}, or leave --ir-version out")
+        applied.append({"transform": "ir_version", "detail": f"IR {proto.ir_version} -> {options.ir_version}"})
+        proto.ir_version = options.ir_version
     if options.fix_dims or options.fix_shapes:
         changes = rewrites.fix_dims(proto, options.fix_dims) if options.fix_dims else []
         changes += rewrites.fix_shapes(proto, options.fix_shapes) if options.fix_shapes else []

@@ -130,7 +130,7 @@ def execution_providers(runtimes: dict[str, Path] | None = None) -> list[dict[st
     return rows
 
 
-def doctor(runtimes: dict[str, Path] | None = None) -> StepResult:
+def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = None) -> StepResult:
     """This machine's ORT setup: packages, EPs (built in, plugin, other environments), GPU
     libraries, CPU int8 features, known clashes."""
     report = StepResult(step="doctor", schema=SCHEMA)
@@ -194,6 +194,14 @@ def doctor(runtimes: dict[str, Path] | None = None) -> StepResult:
             "ortprep doctor --scan PATH finds the code that does this",
         ))
     data["eps"] = execution_providers(runtimes)
+    from ortprep.runtime.providers import ort_max_ir
+
+    data["onnxruntime"]["max_ir_version"] = ort_max_ir()
+    if ort_version is not None:
+        from ortprep.eps.runtimes import release_limits
+
+        limits = release_limits(ort_version)
+        data["target_runtime"] = {"version": ort_version, **limits}
     data["known_bad_combinations"] = [
         "DmlExecutionProvider with any non-CPU EP in one session (\"DML EP can only be used with CPU EPs\")",
         "OpenVINOExecutionProvider with DmlExecutionProvider in one session (\"doesn't support memcpy\")",
@@ -352,4 +360,4 @@ class DoctorStep(Step):
     needs_model = False
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes)
+        return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes, self.options.ort_version)

@@ -23,6 +23,7 @@ from ortprep.model import (
     tensor_elements,
     tensor_nbytes,
 )
+from ortprep.eps.runtimes import runtime_findings
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.options import InspectOptions
@@ -127,6 +128,7 @@ def _runtime_facts() -> dict[str, Any]:
     from ortprep.runtime.providers import (
         import_ort,
         installed_ort_distributions,
+        ort_max_ir,
         ort_max_opset,
     )
 
@@ -139,10 +141,11 @@ def _runtime_facts() -> dict[str, Any]:
         "onnxruntime": getattr(ort, "__version__", None) if ort else None,
         "onnxruntime_distributions": [d.name for d in installed_ort_distributions()],
         "ort_max_opset": ort_max_opset(),
+        "ort_max_ir_version": ort_max_ir(),
     }
 
 
-def _findings(handle: ModelHandle, data: dict[str, Any]) -> list[Finding]:
+def _findings(handle: ModelHandle, data: dict[str, Any], ort_version: str | None = None) -> list[Finding]:
     findings: list[Finding] = []
     runtime = data["runtime"]
     opsets = data["opsets"]
@@ -164,17 +167,8 @@ def _findings(handle: ModelHandle, data: dict[str, Any]) -> list[Finding]:
                 fix="re-export with an explicit opset (e.g. torch.onnx.export(..., opset_version=17))",
             )
         )
+    findings.extend(runtime_findings(data["ir_version"], default_opset, ort_version))
     if default_opset is not None:
-        if runtime["ort_max_opset"] is not None and default_opset > runtime["ort_max_opset"]:
-            findings.append(
-                Finding.of(
-                    "MOD002",
-                    f"model uses opset {default_opset}; the installed ONNX Runtime {runtime['onnxruntime']} "
-                    f"supports up to {runtime['ort_max_opset']}",
-                    fix=f"upgrade ONNX Runtime, or convert down: ortprep convert MODEL --opset {runtime['ort_max_opset']}",
-                    source="probe of the installed onnxruntime",
-                )
-            )
         if default_opset > runtime["onnx_max_opset"]:
             findings.append(
                 Finding.of(
@@ -223,7 +217,7 @@ def _findings(handle: ModelHandle, data: dict[str, Any]) -> list[Finding]:
     return findings
 
 
-def inspect_model(handle: ModelHandle, *, hash_data: bool = False) -> StepResult:
+def inspect_model(handle: ModelHandle, *, hash_data: bool = False, ort_version: str | None = None) -> StepResult:
     """Describe a model: IR, opsets, I/O, node and op counts, weights, external data, checker result."""
     proto = handle.proto
     opsets = handle.opsets()
@@ -259,7 +253,7 @@ def inspect_model(handle: ModelHandle, *, hash_data: bool = False) -> StepResult
         "runtime": _runtime_facts(),
     }
     report = StepResult(step="inspect", schema=SCHEMA, data=data)
-    for finding in _findings(handle, data):
+    for finding in _findings(handle, data, ort_version):
         report.add(finding)
     return report
 
@@ -269,4 +263,4 @@ class InspectStep(Step):
     Options = InspectOptions
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return inspect_model(model, hash_data=self.options.hash_data)
+        return inspect_model(model, hash_data=self.options.hash_data, ort_version=self.options.ort_version)

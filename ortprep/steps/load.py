@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "ortprep.load/2"
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
+QUANTIZED_TOLERANCE = 1e-2
 
 
 @dataclass
@@ -132,7 +133,11 @@ def ep_rejections(log_text: str) -> dict[str, dict[str, str]]:
     return found
 
 
-def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray]) -> tuple[bool | None, float | None]:
+def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray],
+             quantized: bool = False) -> tuple[bool | None, float | None]:
+    """Do the EP's outputs match the CPU EP's? Float32 within 1e-3 of the output's scale (at least
+    1), float16 1e-2; a quantized (QDQ) model within QUANTIZED_TOLERANCE, since an EP's integer
+    arithmetic may round a step differently from the CPU EP's."""
     if reference is None:
         return None, None
     worst, match = 0.0, True
@@ -145,6 +150,8 @@ def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndar
             return False, None
         scale = max(1.0, float(np.abs(value).max())) if value.size and value.dtype.kind == "f" else 1.0
         tolerance = TOLERANCE.get(str(other.dtype), 1e-3) if value.dtype.kind == "f" else 0.0
+        if quantized and value.dtype.kind == "f":
+            tolerance = max(tolerance, QUANTIZED_TOLERANCE)
         worst = max(worst, diff.max_abs_diff)
         if diff.nonfinite or diff.max_abs_diff > tolerance * scale:
             match = False
@@ -218,6 +225,7 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
             if target.available and target.spec.name not in raw:
                 raw[target.spec.name] = run_ep(handle.path, target, feeds_path, options, workdir)
         reference = raw["cpu"].get("outputs") if raw["cpu"].get("ok") else None
+        float_outputs = _float_reference(options, feeds, report)
         analysis: ModelAnalysis | None = None
         for target in targets:
             name = target.spec.name
@@ -233,7 +241,10 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                 continue
             if analysis is None:
                 analysis = ModelAnalysis(handle)  # shared by every EP's comparison with check
-            results.append(_result(analysis, target, raw[name], reference, options, report))
+            record = _result(analysis, target, raw[name], reference, options, report)
+            if float_outputs is not None and raw[name].get("ok"):
+                record["three_way"] = three_way(float_outputs, reference, raw[name]["outputs"])
+            results.append(record)
     available = [s.name for s in EPS if local.runs(s.name)]
     report.data = {"model": str(handle.path), "available": available, "results": results}
     return report
@@ -271,7 +282,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     on_ep = [n for n, ep in assignment.items() if ep == provider]
     fallback = sorted(n for n, ep in assignment.items() if ep != provider)
     strict_ok = status["strict"]["ok"]
-    match, max_abs = (None, None) if provider == "CPUExecutionProvider" else _compare(reference, status["outputs"])
+    quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in analysis.all_nodes())
+    match, max_abs = (None, None) if provider == "CPUExecutionProvider" else _compare(reference, status["outputs"], quantized)
     latencies = status.get("latency_ms", [])
     record.update(
         status="ok" if strict_ok and not fallback else "fallback",
@@ -312,6 +324,39 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         for finding in findings:
             report.add(finding)
     return record
+
+
+def _float_reference(options: LoadOptions, feeds: dict[str, np.ndarray], report: StepResult) -> dict | None:
+    """The float model's outputs on the CPU EP, for the three-way comparison."""
+    if options.reference is None:
+        return None
+    from ortprep.runtime.isolated import run_isolated
+
+    outcome = run_isolated(Path(options.reference), feeds)
+    if not outcome.ok:
+        report.add(Finding.of("LOD004", f"the reference model does not run on the CPU EP ({outcome.message})",
+                              fix="pass the float model the tested one came from, with the same inputs"))
+        return None
+    return outcome.outputs
+
+
+def _pair(reference: dict | None, candidate: dict | None) -> dict[str, Any] | None:
+    """Lowest cosine and largest abs difference over the outputs both have."""
+    if not reference or not candidate:
+        return None
+    diffs = [compare_arrays(name, value, candidate[name]) for name, value in reference.items()
+             if name in candidate and value.dtype.kind == "f"]
+    diffs = [d for d in diffs if d.shape_match and d.max_abs_diff is not None]
+    if not diffs:
+        return None
+    cosines = [d.cosine for d in diffs if d.cosine is not None]
+    return {"cosine": min(cosines) if cosines else None, "max_abs_diff": max(d.max_abs_diff for d in diffs)}
+
+
+def three_way(float_cpu: dict, model_cpu: dict | None, model_ep: dict) -> dict[str, Any]:
+    """Float on CPU, this model on CPU, this model on the EP: what quantization costs, what the EP
+    adds, and the two together."""
+    return {"quantization": _pair(float_cpu, model_cpu), "ep": _pair(model_cpu, model_ep), "total": _pair(float_cpu, model_ep)}
 
 
 def _placement_summary(level: dict | None, provider: str) -> dict[str, Any] | None:

@@ -13,6 +13,16 @@ from ortprep.errors import UsageError
 from ortprep.options import Kind, StepOptions, option
 
 MAX_ROUNDS = 8  # convert --fp16: mixed-precision rounds
+
+
+def _known_release(version: str | None, where: str) -> None:
+    if version is not None:
+        from ortprep.eps.runtimes import release_limits
+
+        try:
+            release_limits(version)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
 LEVELS = ("basic", "extended", "all")  # optimize
 MODES = ("static", "dynamic")  # quantize
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
@@ -39,6 +49,11 @@ class InspectOptions(StepOptions):
     """Options of ``inspect`` (config keys = field names)."""
 
     hash_data: bool = option(False, "Also sha256 the external-data files (reads them).", Kind.FLAG)
+    ort_version: str | None = option(None, "Also check against this ONNX Runtime release (e.g. 1.24, the one that "
+                                     "ships your EP): the IR versions and opsets it loads.", Kind.TEXT, metavar="X.Y")
+
+    def validate(self, where: str) -> None:
+        _known_release(self.ort_version, where)
 
 
 @dataclass
@@ -47,8 +62,11 @@ class CheckOptions(StepOptions):
 
     eps: list[str] = option([], "Target EP (repeatable: separate targets); a comma list is one session's priority "
                             "list, e.g. openvino-cpu,dml.", Kind.TARGETS, flags=("--ep", "--eps"), metavar="EP")
+    ort_version: str | None = option(None, "Also check against this ONNX Runtime release (e.g. 1.24, the one that "
+                                     "ships your EP): the IR versions and opsets it loads.", Kind.TEXT, metavar="X.Y")
 
     def validate(self, where: str) -> None:
+        _known_release(self.ort_version, where)
         if not self.eps:
             raise UsageError(f"{where}: no EP given", hint='name a target: --ep dml, or eps = ["dml"] in a config; '
                              "ortprep check --list-eps lists them")
@@ -68,6 +86,8 @@ class ConvertOptions(VerifyOptions):
     block_nodes: tuple[str, ...] = option((), "Node name to keep in FP32 (repeatable).", Kind.NAMES,
                                           flags=("--block-node", "--block-nodes"), metavar="NODE")
     opset: int | None = option(None, "Convert to this opset (onnx version converter).", Kind.INT, minimum=1)
+    ir_version: int | None = option(None, "Stamp this (older) ONNX IR version, for a runtime that refuses newer ones; "
+                                    "verified like every transform.", Kind.INT, minimum=3)
     fix_shapes: dict[str, list[int]] = option({}, "Make an input static: NAME=1,3,224,224 (repeatable).", Kind.SHAPES,
                                               flags=("--fix-shape", "--fix-shapes"), metavar="NAME=DIMS")
     fix_dims: dict[str, int] = option({}, "Fix a named symbolic dimension: batch=1 (repeatable).", Kind.DIMS,
@@ -77,13 +97,13 @@ class ConvertOptions(VerifyOptions):
     max_rounds: int = option(MAX_ROUNDS, "FP16: most mixed-precision rounds before giving up.", Kind.INT, minimum=1)
 
     def any_transform(self) -> bool:
-        return bool(self.fp16 or self.opset or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d)
+        return bool(self.fp16 or self.opset or self.ir_version or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d)
 
     def validate(self, where: str) -> None:
         if not self.any_transform():
             raise UsageError(f"{where}: nothing to do",
-                             hint="give at least one of fp16, opset, fix_shapes, fix_dims, conv1d_to_conv2d "
-                                  "(--fp16, --opset, --fix-shape, --fix-dim, --conv1d-to-conv2d)")
+                             hint="give at least one of fp16, opset, ir_version, fix_shapes, fix_dims, conv1d_to_conv2d "
+                                  "(--fp16, --opset, --ir-version, --fix-shape, --fix-dim, --conv1d-to-conv2d)")
 
 
 @dataclass
@@ -183,11 +203,16 @@ class LoadOptions(StepOptions):
     runtimes: dict[str, Path] = option({}, "Run an EP under another environment's Python (its own ONNX Runtime "
                                        "flavour): EP=PYTHON (repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.",
                                        Kind.RUNTIMES, flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
+    reference: Path | None = option(None, "The float model this one was quantized (or converted) from: each EP's "
+                                    "result then tells quantization loss (CPU int8 vs float) apart from EP error "
+                                    "(EP vs CPU int8).", Kind.PATH)
     placement_off: bool = option(False, "Also record placement with graph optimizations off (node names as in the "
                                  "file); placement is always recorded at the default level a user's session gets.",
                                  Kind.FLAG)
 
     def validate(self, where: str) -> None:
+        if self.reference is not None and not Path(self.reference).is_file():
+            raise UsageError(f"{where}: reference model not found: {self.reference}", hint="pass the float model's path")
         if self.custom_op_library is not None and not Path(self.custom_op_library).is_file():
             raise UsageError(f"{where}: custom-op library not found: {self.custom_op_library}",
                              hint="pass the path of the .so/.dll")
@@ -203,7 +228,11 @@ class DoctorOptions(StepOptions):
                                        "(repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
                                        metavar="EP=PYTHON")
 
+    ort_version: str | None = option(None, "Also show what this ONNX Runtime release loads (IR version, opset).",
+                                     Kind.TEXT, metavar="X.Y")
+
     def validate(self, where: str) -> None:
+        _known_release(self.ort_version, where)
         if self.scan is not None and not Path(self.scan).exists():
             raise UsageError(f"{where}: nothing to scan at {self.scan}", hint="pass a folder or a .py file")
 

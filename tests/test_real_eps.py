@@ -217,3 +217,45 @@ def test_the_qnn_path_end_to_end(tmp_path):
     assert three["ep"]["cosine"] > 0.9999  # int8 on QNN against int8 on the CPU EP: the EP adds ~nothing
     assert three["quantization"]["cosine"] > 0.99 and three["total"]["cosine"] > 0.99
     assert three["ep"]["max_abs_diff"] < three["quantization"]["max_abs_diff"]  # the loss is quantization's
+
+
+LOADS = "import sys, onnxruntime as ort; ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])"
+
+
+def test_ir14_model_against_ort_124(tmp_path):
+    """onnx 1.23 writes IR 14; ONNX Runtime 1.24 (the release that ships several EP packages) loads
+    IR <= 13. check names it, convert --ir-version fixes it, and ORT 1.24 loads the fix."""
+    import subprocess
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=14)
+    path = tmp_path / "ir14.onnx"
+    onnx.save(model, str(path))
+    record = invoke("check", path, "--ep", "cpu", "--ort-version", "1.24", "--json").json()
+    finding = next(f for f in record["findings"] if f["code"] == "MOD009")
+    assert finding["severity"] == "error" and "ONNX Runtime 1.24" in finding["message"] and "--ir-version 13" in finding["fix"]
+    assert "measured" in finding["source"] and record["results"][0]["verdict"] == "none"
+    assert "MOD009" in codes(invoke("inspect", path, "--ort-version", "1.24", "--json").json())
+    assert "MOD009" not in codes(invoke("check", path, "--ep", "cpu", "--json").json())  # the installed ORT loads it
+    fixed = tmp_path / "ir13.onnx"
+    converted = invoke("convert", path, "--ir-version", "13", "-o", fixed, "--json")
+    assert converted.exit_code == 0 and converted.json()["verify"]["passed"] is True
+    assert onnx.load(str(fixed)).ir_version == 13
+    assert "MOD009" not in codes(invoke("check", fixed, "--ep", "cpu", "--ort-version", "1.24", "--json").json())
+    if OPENVINO_PYTHON.exists():  # onnxruntime-openvino 1.24.1: the real release
+        refused = subprocess.run([str(OPENVINO_PYTHON), "-c", LOADS, str(path)], capture_output=True, text=True)
+        assert refused.returncode != 0 and "IR version" in refused.stderr + refused.stdout
+        loaded = subprocess.run([str(OPENVINO_PYTHON), "-c", LOADS, str(fixed)], capture_output=True, text=True)
+        assert loaded.returncode == 0, loaded.stderr
+
+
+def test_ort_version_must_be_known():
+    result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "cpu", "--ort-version", "0.9")
+    assert result.exit_code == 2 and "no data for ONNX Runtime 0.9" in result.stderr and "1.24" in result.stderr
+    doctor = invoke("doctor", "--ort-version", "1.24", "--json").json()
+    assert doctor["target_runtime"]["max_ir_version"] == 13 and doctor["onnxruntime"]["max_ir_version"] >= 13

@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from importlib import resources
 from typing import Any
@@ -107,11 +107,57 @@ def _read_json(name: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def load_table(ep: str, *, prefer_runtime: bool = True) -> SupportTable:
-    """The support table of an EP (by canonical name)."""
+    """The support table of an EP (by canonical name): the installed ORT's kernel registry for the
+    CPU, the measured table over the documented one where a measurement exists (qnn,
+    openvino-cpu), the documented table otherwise."""
     if ep == "cpu" and prefer_runtime:
         runtime = _cpu_table_from_runtime()
         if runtime is not None:
             return runtime
+    table = load_documented_table(ep)
+    measured = _read_measured(ep)
+    return _with_measurement(table, measured) if measured else table
+
+
+def _read_measured(ep: str) -> dict[str, Any] | None:
+    path = resources.files("ortprep.eps").joinpath(f"data/measured/{ep}.json")
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+_ONNX_DTYPE = {"float32": "float", "float64": "double", "bool": "bool", "str": "string", "object": "string"}
+
+
+def _with_measurement(table: SupportTable, measured: dict[str, Any]) -> SupportTable:
+    """Ops the EP took in a probe are supported (added where the documents miss them); ops it took
+    in none of its probes are unsupported, with the EP's own reason."""
+    source = measured["source"]
+    sources = {**table.sources, "measured": {"what": source["what"],
+                                             "version": f"{source['package']}, {source['backend']}, {source['date']}".strip(", ")}}
+    entries = {key: list(value) for key, value in table.entries.items()}
+    rejected: dict[tuple[str, str], str] = {}
+    for name, facts in measured["ops"].items():
+        domain, op = name.split(":", 1)
+        key = (normalize_domain(domain), op)
+        if facts["ran"] or facts["qdq_ran"]:
+            # Input-0 dtypes that ran, when some other dtype was refused (float also covers Q/DQ models,
+            # whose DQ outputs are float).
+            ran = [_ONNX_DTYPE.get(t, t) for t in facts["dtypes_ran"]] + (["float"] if facts["qdq_ran"] else [])
+            types = {"*": tuple(sorted(set(ran)))} if facts["dtypes_failed"] and ran else None
+            if key not in entries:
+                entries[key] = [TableEntry(domain=key[0], op=op, since=None, until=None, types=types, src="measured")]
+            elif types is not None:
+                entries[key] = [replace(entry, types=types, src="measured") for entry in entries[key]]
+        else:
+            entries.pop(key, None)
+            reason = facts["reasons"][0] if facts["reasons"] else "the EP did not claim the node"
+            rejected[key] = f"took none of {facts['probes'] + facts['qdq_probes']} single-op probes ({reason[:160]})"
+    return SupportTable(ep=table.ep, granularity=table.granularity, sources=sources, entries=entries,
+                        constraints=table.constraints, extra={**table.extra, "measured_rejected": rejected})
+
+
+@functools.lru_cache(maxsize=None)
+def load_documented_table(ep: str) -> SupportTable:
+    """The table generated from the EP's documents and source (tools/gen_ep_tables.py)."""
     raw = _read_json(ep)
     entries_raw = _read_json(raw["entries_from"])["entries"] if raw.get("entries_from") else raw["entries"]
     extra = {k: v for k, v in raw.items() if k not in ("ep", "granularity", "sources", "entries", "constraints")}
@@ -248,6 +294,9 @@ def match(table: SupportTable, node) -> Match:
             )
         if node.domain not in ("ai.onnx", "ai.onnx.ml") and not node.domain.startswith("com.microsoft"):
             return Match(SupportLevel.UNKNOWN, f"custom domain '{node.domain}': no table knows {node.op_type}")
+        measured = table.extra.get("measured_rejected", {}).get((normalize_domain(node.domain), node.op_type))
+        if measured:
+            return Match(SupportLevel.UNSUPPORTED_OP, f"{table.ep} {measured}", src=table.source_text("measured"))
         return Match(SupportLevel.UNSUPPORTED_OP, f"{table.ep} has no {node.domain}:{node.op_type}")
     if table.granularity == "kernel" and node.since is not None:
         covering = [e for e in entries if e.covers(node.since)]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import re
 import shutil
@@ -61,11 +62,16 @@ CASES = {
                               "-o", "{tmp}/out.onnx"], "out.onnx"),
     "load": ("cnn.onnx", ["load", "--ep", "cpu", "--runs", "2", "--provider-option", "cpu:intra_op_num_threads=1"], None),
     "doctor": (None, ["doctor", "--scan", "{tmp}/code"], None),
+    "compile": ("cnn.onnx", ["compile", "--ep", "qnn", "-o", "{tmp}/out.onnx"], "out.onnx"),
 }
+# The EP's compiled context is not byte-stable from one compile to the next.
+SAME_FILES_EXCEPT = {"compile"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_command_line_and_config_agree(tmp_path, name):
+    if name == "compile" and importlib.util.find_spec("onnxruntime_qnn") is None:
+        pytest.skip("compile needs an EP that compiles: onnxruntime-qnn is not installed")
     model_name, args, written = CASES[name]
     calib_folder(tmp_path / "calib")
     (tmp_path / "code").mkdir()
@@ -97,7 +103,9 @@ def test_command_line_and_config_agree(tmp_path, name):
     assert run["schema"] == "ortprep.run/2" and len(run["steps"]) == 1
     assert normalized(run["steps"][0]["report"]) == normalized(direct.json())
     if output:
-        assert digest(output) == direct_output
+        assert output.exists()
+        if name not in SAME_FILES_EXCEPT:
+            assert digest(output) == direct_output
     if model:
         assert digest(model) == before
 

@@ -91,7 +91,7 @@ def test_failing_gate_stops_the_run(tmp_path):
     "config, message",
     [
         ('model = "cnn.onnx"\ncolour = "blue"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "unknown top-level key(s) colour"),
-        ('model = "cnn.onnx"\n[[steps]]\nrun = "compile"\n', "unknown step 'compile'"),
+        ('model = "cnn.onnx"\n[[steps]]\nrun = "compress"\n', "unknown step 'compress'"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "convert"\nfp17 = true\n', "unknown option(s) fp17"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\neps = ["gpu9000"]\n', "unknown execution provider 'gpu9000'"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\n', "no EP given"),

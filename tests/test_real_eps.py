@@ -259,3 +259,51 @@ def test_ort_version_must_be_known():
     assert result.exit_code == 2 and "no data for ONNX Runtime 0.9" in result.stderr and "1.24" in result.stderr
     doctor = invoke("doctor", "--ort-version", "1.24", "--json").json()
     assert doctor["target_runtime"]["max_ir_version"] == 13 and doctor["onnxruntime"]["max_ir_version"] >= 13
+
+
+def test_opset_newer_than_the_named_release(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "op26.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)], ir_version=10), str(path))
+    record = invoke("check", path, "--ep", "cpu", "--ort-version", "1.24", "--json").json()
+    finding = next(f for f in record["findings"] if f["code"] == "MOD010")
+    assert "up to 25" in finding["message"] and "--opset 25" in finding["fix"]
+    assert "MOD010" not in codes(invoke("check", path, "--ep", "cpu", "--ort-version", "1.26", "--json").json())
+
+
+@needs_qnn
+def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeypatch):
+    import ortprep.steps.compile as compile_step
+
+    monkeypatch.setattr(compile_step, "TOLERANCE", 0.0)  # any difference at all counts
+    result = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--json")
+    assert result.exit_code == 1 and "CMP002" in codes(result.json()) and not (tmp_path / "c.onnx").exists()
+    kept = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--keep-failed", "--json")
+    assert kept.exit_code == 1 and (tmp_path / "c.onnx").exists()
+
+
+def test_measured_tables_are_what_check_uses():
+    """The QNN and OpenVINO tables come from the probe tool: check takes the measurement over the
+    documents, and names the measurement when it rejects an op the documents list."""
+    import json
+
+    from ortprep.eps.tables import load_documented_table, load_table
+
+    for ep in ("qnn", "openvino-cpu"):
+        measured = json.loads((ROOT / "ortprep" / "eps" / "data" / "measured" / f"{ep}.json").read_text())
+        assert measured["source"]["probes"] > 1000 and (ROOT / "docs" / f"measured-{ep}.md").exists()
+        table, documented = load_table(ep), load_documented_table(ep)
+        assert "measured" in table.sources
+        never = [name for name, facts in measured["ops"].items() if not facts["ran"] and not facts["qdq_ran"]
+                 and documented.lookup(*name.split(":", 1)) and "Linear" not in name]
+        assert never
+        for name in never:  # documented, never taken: kept, but under the measured condition
+            entries = table.lookup(*name.split(":", 1))
+            assert entries and all(e.src == "measured" and "single-op probes" in e.condition for e in entries)
+        taken = [name for name, facts in measured["ops"].items() if facts["ran"] or facts["qdq_ran"]]
+        assert taken and all(table.lookup(*name.split(":", 1)) for name in taken)

@@ -60,15 +60,35 @@ def cases(max_opset: int) -> list[dict]:
         node = model.graph.node[0]
         if not node.name:
             node.name = "probe"
-        found.append({"name": case.name, "model": model, "inputs": inputs, "outputs": case.data_sets[0][1],
-                      "op": node.op_type, "domain": node.domain or "ai.onnx", "opset": opset})
+        base = {"name": case.name, "inputs": inputs, "outputs": case.data_sets[0][1], "op": node.op_type,
+                "domain": node.domain or "ai.onnx", "opset": opset}
+        found.append({**base, "model": model, "constant_params": False})
+        if len(model.graph.input) > 1:
+            # The form models use: the data input fed at run time, the others (weights, scales,
+            # shapes) constant initializers, as EPs such as QNN require.
+            found.append({**base, "model": _params_constant(model, inputs), "inputs": inputs[:1], "constant_params": True})
     return found
 
 
+def _params_constant(model: onnx.ModelProto, inputs: list[np.ndarray]) -> onnx.ModelProto:
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    graph = result.graph
+    for value, data in list(zip(graph.input, inputs))[1:]:
+        graph.initializer.append(numpy_helper.from_array(data, value.name))
+    keep = graph.input[0]
+    del graph.input[:]
+    graph.input.append(keep)
+    return result
+
+
 def _qparams(values: np.ndarray) -> tuple[float, int]:
-    low, high = float(min(values.min(), 0.0)), float(max(values.max(), 0.0))
+    finite = values[np.isfinite(values)] if values.size else values
+    if finite.size == 0:
+        return 1.0, 128
+    low, high = float(min(finite.min(), 0.0)), float(max(finite.max(), 0.0))
     scale = (high - low) / 255.0 or 1.0
-    return scale, int(round(-low / scale))
+    return scale, int(min(255, max(0, round(-low / scale))))
 
 
 def qdq_wrapped(case: dict) -> onnx.ModelProto | None:
@@ -78,6 +98,7 @@ def qdq_wrapped(case: dict) -> onnx.ModelProto | None:
     model.CopyFrom(case["model"])
     graph = model.graph
     node = graph.node[0]
+    weights = _quantize_initializers(graph, node)
     floats_in = [(i, value) for i, value in enumerate(graph.input) if value.type.tensor_type.elem_type == TensorProto.FLOAT]
     floats_out = [(i, value) for i, value in enumerate(graph.output) if value.type.tensor_type.elem_type == TensorProto.FLOAT]
     if not floats_in or len(floats_out) != len(graph.output) or case["opset"] < 13:
@@ -106,10 +127,41 @@ def qdq_wrapped(case: dict) -> onnx.ModelProto | None:
                                   numpy_helper.from_array(np.array(zero, np.uint8), f"{value.name}_oz")])
         tail += [helper.make_node("QuantizeLinear", [inner, f"{value.name}_os", f"{value.name}_oz"], [f"{value.name}_oq"]),
                  helper.make_node("DequantizeLinear", [f"{value.name}_oq", f"{value.name}_os", f"{value.name}_oz"], [value.name])]
-    nodes = new_nodes + [node] + tail
+    nodes = weights + new_nodes + [node] + tail
     del graph.node[:]
     graph.node.extend(nodes)
     return model
+
+
+BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def _quantize_initializers(graph, node) -> list:
+    """Float initializers the node reads become uint8 (int32 for a Conv/Gemm bias) + DequantizeLinear."""
+    by_name = {t.name: t for t in graph.initializer}
+    added = []
+    input_scale = None
+    for position, name in enumerate(list(node.input)):
+        tensor = by_name.get(name)
+        if tensor is None or tensor.data_type != TensorProto.FLOAT:
+            continue
+        values = numpy_helper.to_array(tensor)
+        if node.op_type in BIAS_OPS and position == 2:
+            scale = (input_scale or 1.0) * 0.02
+            quantized = np.round(values / scale).astype(np.int32)
+            zero = np.array(0, np.int32)
+        else:
+            scale, zero_point = _qparams(values)
+            quantized = np.clip(np.round(values / scale) + zero_point, 0, 255).astype(np.uint8)
+            zero = np.array(zero_point, np.uint8)
+            input_scale = scale if position == 1 else input_scale
+        graph.initializer.remove(tensor)
+        graph.initializer.extend([numpy_helper.from_array(quantized, f"{name}_wq"),
+                                  numpy_helper.from_array(np.array(scale, np.float32), f"{name}_ws"),
+                                  numpy_helper.from_array(zero, f"{name}_wz")])
+        added.append(helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_wdq"]))
+        node.input[position] = f"{name}_wdq"
+    return added
 
 
 def run_probes(spec, target, options: LoadOptions, work: Path, models: list[dict]) -> dict[str, dict]:

@@ -128,8 +128,9 @@ _ONNX_DTYPE = {"float32": "float", "float64": "double", "bool": "bool", "str": "
 
 
 def _with_measurement(table: SupportTable, measured: dict[str, Any]) -> SupportTable:
-    """Ops the EP took in a probe are supported (added where the documents miss them); ops it took
-    in none of its probes are unsupported, with the EP's own reason."""
+    """Ops the EP took in a probe are supported (added where the documents miss them, restricted to
+    the input dtypes that ran where others were refused); documented ops it took in none of its
+    probes become conditional on the measured reason; undocumented ones it never took stay out."""
     source = measured["source"]
     sources = {**table.sources, "measured": {"what": source["what"],
                                              "version": f"{source['package']}, {source['backend']}, {source['date']}".strip(", ")}}
@@ -147,10 +148,18 @@ def _with_measurement(table: SupportTable, measured: dict[str, Any]) -> SupportT
                 entries[key] = [TableEntry(domain=key[0], op=op, since=None, until=None, types=types, src="measured")]
             elif types is not None:
                 entries[key] = [replace(entry, types=types, src="measured") for entry in entries[key]]
+        elif op in ("QuantizeLinear", "DequantizeLinear"):
+            continue  # where a Q/DQ runs depends on its position (graph I/O or inside): the rules decide
         else:
-            entries.pop(key, None)
             reason = facts["reasons"][0] if facts["reasons"] else "the EP did not claim the node"
-            rejected[key] = f"took none of {facts['probes'] + facts['qdq_probes']} single-op probes ({reason[:160]})"
+            measured_note = (f"the EP took none of {facts['probes'] + facts['qdq_probes']} single-op probes "
+                             f"({reason[:160]}); prove it with ortprep load MODEL --ep {table.ep}")
+            if key in entries:
+                # onnx's single-op cases are not every model's form (LayerNormalization's ask for all three
+                # outputs, for one), so a documented op is kept, under the measured condition.
+                entries[key] = [replace(entry, condition=measured_note, src="measured") for entry in entries[key]]
+            else:
+                rejected[key] = measured_note
     return SupportTable(ep=table.ep, granularity=table.granularity, sources=sources, entries=entries,
                         constraints=table.constraints, extra={**table.extra, "measured_rejected": rejected})
 
@@ -296,7 +305,8 @@ def match(table: SupportTable, node) -> Match:
             return Match(SupportLevel.UNKNOWN, f"custom domain '{node.domain}': no table knows {node.op_type}")
         measured = table.extra.get("measured_rejected", {}).get((normalize_domain(node.domain), node.op_type))
         if measured:
-            return Match(SupportLevel.UNSUPPORTED_OP, f"{table.ep} {measured}", src=table.source_text("measured"))
+            return Match(SupportLevel.UNSUPPORTED_OP, f"{table.ep} has no {node.domain}:{node.op_type}; {measured}",
+                         src=table.source_text("measured"))
         return Match(SupportLevel.UNSUPPORTED_OP, f"{table.ep} has no {node.domain}:{node.op_type}")
     if table.granularity == "kernel" and node.since is not None:
         covering = [e for e in entries if e.covers(node.since)]

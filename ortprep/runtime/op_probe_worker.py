@@ -23,8 +23,11 @@ def probe(ort, request: dict, model: dict) -> dict:
         session = _session(ort, request, options, with_cpu=True)
     except Exception as exc:  # noqa: BLE001 - the refusal is the result
         return {"id": model["id"], "claimed": False, "ran": False, "error": " ".join(str(exc).split())[:400]}
-    claimed = any(request["provider"] == subgraph.ep_name and model["node"] in [n.name for n in subgraph.get_nodes()]
-                  for subgraph in session.get_provider_graph_assignment_info())
+    # By op type, not name: an EP's layout pass (QNN prefers NHWC) replaces the node with a renamed one.
+    placed = [(subgraph.ep_name, node.op_type) for subgraph in session.get_provider_graph_assignment_info()
+              for node in subgraph.get_nodes()]
+    claimed = any(ep == request["provider"] and op == model["op"] for ep, op in placed) and not any(
+        ep != request["provider"] and op == model["op"] for ep, op in placed)
     result = {"id": model["id"], "claimed": claimed, "ran": False, "error": None}
     try:
         with np.load(model["inputs"], allow_pickle=False) as data:

@@ -11,18 +11,14 @@ import sys
 
 import numpy as np
 
+from ortprep.runtime.load_worker import add_plugin_ep
+
 
 def _session_options(ort, request: dict):
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    plugin = request.get("plugin")
-    if plugin:
-        wanted = plugin.get("device_metadata") or {}
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == request["provider"]
-                   and all(d.ep_metadata.get(k) == v for k, v in wanted.items())]
-        if not devices:
-            raise RuntimeError(f"{request['provider']} offers no device matching {wanted or 'any'} here")
-        options.add_provider_for_devices(devices, request.get("provider_options") or {})
+    if request.get("plugin"):
+        add_plugin_ep(ort, request, options)
     else:
         options.add_provider(request["provider"], request.get("provider_options") or {})
     return options

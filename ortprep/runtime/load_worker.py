@@ -45,17 +45,20 @@ def _options(ort, request: dict, *, strict: bool = False, record: str | None = N
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    plugin = request.get("plugin")
-    if plugin:
-        # A plugin EP is reached only through its devices: a providers= entry would silently give a
-        # CPU-only session.
-        wanted = plugin.get("device_metadata") or {}
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == request["provider"]
-                   and all(d.ep_metadata.get(k) == v for k, v in wanted.items())]
-        if not devices:
-            raise RuntimeError(f"{request['provider']} offers no device matching {wanted or 'any'} here")
-        options.add_provider_for_devices(devices, request.get("provider_options") or {})
+    if request.get("plugin"):
+        add_plugin_ep(ort, request, options)
     return options
+
+
+def add_plugin_ep(ort, request: dict, options) -> None:
+    """Add a registered plugin EP to session options through its devices: a providers= entry
+    would silently give a CPU-only session."""
+    wanted = request["plugin"].get("device_metadata") or {}
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == request["provider"]
+               and all(d.ep_metadata.get(k) == v for k, v in wanted.items())]
+    if not devices:
+        raise RuntimeError(f"{request['provider']} offers no device matching {wanted or 'any'} here")
+    options.add_provider_for_devices(devices, request.get("provider_options") or {})
 
 
 def _session(ort, request: dict, options, *, with_cpu: bool):

@@ -69,9 +69,8 @@ def _session_options(options: LoadOptions, target: EpRuntime) -> dict[str, str]:
     merged: dict[str, str] = dict(target.spec.session_options)
     if target.plugin:
         merged = {**target.plugin["options"]}
-    for name, values in options.provider_options.items():
-        if resolve_ep(name).name == target.spec.name or (resolve_ep(name).provider == target.spec.provider
-                                                          and name not in {s.name for s in EPS}):
+    for name, values in options.provider_options.items():  # keys are canonical EP names (see Kind.PROVIDER_OPTIONS)
+        if name == target.spec.name:
             merged.update(values)
     return merged
 

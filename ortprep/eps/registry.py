@@ -124,6 +124,7 @@ def spec_for_provider(provider: str) -> EpSpec | None:
     return next((spec for spec in EPS if spec.provider == provider), None)
 
 
-def gpu_libraries(system: str) -> list[tuple[str, str, str]]:
-    """(key, file name, label) of the libraries the CUDA and TensorRT EPs load, for 'linux' or 'windows'."""
-    return [tuple(entry) for entry in ep_facts()["gpu_libraries"].get(system, [])]  # type: ignore[misc]
+def gpu_libraries(system: str, cuda_major: int = 12) -> list[tuple[str, str, str]]:
+    """(key, file name, label) of the libraries the CUDA and TensorRT EPs load, for 'linux' or
+    'windows', for an onnxruntime-gpu built with CUDA ``cuda_major``."""
+    return [(key, name.format(cuda=cuda_major), label) for key, name, label in ep_facts()["gpu_libraries"].get(system, [])]

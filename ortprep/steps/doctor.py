@@ -84,6 +84,16 @@ def _installed(name: str) -> str | None:
         return None
 
 
+def _cuda_major() -> int:
+    """The CUDA major version the installed onnxruntime-gpu was built with (12 when it does not say)."""
+    try:
+        from onnxruntime.capi import build_and_package_info
+
+        return int(str(getattr(build_and_package_info, "cuda_version", "12")).split(".")[0])
+    except (ImportError, ValueError):
+        return 12
+
+
 def _requires_ort(distribution: str) -> str | None:
     try:
         requirements = importlib.metadata.requires(distribution) or []
@@ -162,7 +172,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
     system = "windows" if platform.system() == "Windows" else "linux"
     libraries = []
     gpu_wanted = any(p in providers for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
-    for key, file_name, label in gpu_libraries(system):
+    for key, file_name, label in gpu_libraries(system, _cuda_major()):
         loaded, detail = probe_library(file_name)
         libraries.append({"name": key, "file": file_name, "label": label, "loaded": loaded, "detail": detail})
         if gpu_wanted and not loaded and (key != "nvinfer" or "TensorrtExecutionProvider" in providers):

@@ -16,6 +16,7 @@ import numpy as np
 
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
+from ortprep.eps.tables import load_table
 from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
@@ -184,16 +185,33 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
                                    fix="a gap in ortprep's table or rules for this EP: please report it with the model"))
     on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
     actual_verdict = "none" if on_ep == 0 else "full" if on_ep == len(assignment) else "partial"
+    if load_table(spec.name).granularity == "kernel":
+        # A kernel EP (CUDA, DirectML, XNNPACK) lists each node as its own subgraph in the record; its
+        # partitions are the groups its nodes form, counted the way check counts them.
+        actual_partitions = _kernel_partitions(analysis, assignment, spec.provider)
+    else:
+        actual_partitions = sum(1 for ep, _ in subgraphs if ep == spec.provider)
     comparison = {
         "nodes_compared": compared,
         "node_agreement": round(agree / compared, 4) if compared else None,
         "predicted_partitions": predicted["partitions"],
-        "actual_partitions": sum(1 for ep, _ in subgraphs if ep == spec.provider),
+        "actual_partitions": actual_partitions,
         "predicted_verdict": predicted["verdict"],
         "actual_verdict": actual_verdict,
         "differing_op_types": dict(sorted(differing.items(), key=lambda kv: -kv[1])),
     }
     return comparison, findings
+
+
+def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], provider: str) -> int:
+    from ortprep.eps.partition import CPU, FOLDED, partition_graph
+
+    total = 0
+    for graph in analysis.graphs:
+        placed = [FOLDED if node.name not in assignment else (0 if assignment[node.name] == provider else CPU)
+                  for node in graph.nodes]
+        total += partition_graph(graph.graph, placed).partitions
+    return total
 
 
 def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
@@ -285,8 +303,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     match, max_abs = (None, None) if provider == "CPUExecutionProvider" else _compare(reference, status["outputs"], quantized)
     latencies = status.get("latency_ms", [])
     record.update(
-        status="ok" if strict_ok and not fallback else "fallback",
-        message="" if strict_ok else f"with CPU fallback disabled: {status['strict'].get('error', '')}",
+        status="ok" if strict_ok is not False and not fallback else "fallback",
+        message="" if strict_ok is not False else f"with CPU fallback disabled: {status['strict'].get('error', '')}",
         nodes_total=len(assignment) or None,
         nodes_on_ep=len(on_ep) if assignment else None,
         fallback_nodes=fallback,
@@ -301,8 +319,12 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         record["profile"] = status["profile"]
     if record["status"] == "fallback":
         listed = f" ({', '.join(fallback[:5])}{', ...' if len(fallback) > 5 else ''})" if fallback else ""
-        report.add(Finding.of("LOD005", f"{name}: {len(fallback)} node(s) fell back to the CPU{listed}", ep=name,
-                              fix=f"ortprep check MODEL --ep {name} lists what to change",
+        silent = not on_ep and spec.device == "gpu"
+        report.add(Finding.of("LOD005", f"{name}: {len(fallback)} node(s) fell back to the CPU{listed}"
+                              + ("; the EP took no node at all, which is what a GPU EP does when a library it needs "
+                                 "does not load" if silent else ""), ep=name,
+                              fix="ortprep doctor checks the CUDA/cuDNN/TensorRT libraries" if silent
+                              else f"ortprep check MODEL --ep {name} lists what to change",
                               severity=Severity.ERROR if options.no_fallback else Severity.WARNING))
     if match is False:
         report.add(Finding.of("LOD006", f"{name}: outputs differ from the CPU EP's beyond tolerance (max abs diff {max_abs})", ep=name,

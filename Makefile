@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # its own environment; ortprep load --runtime openvino-cpu=$(OPENVINO_VENV)/bin/python reaches it.
 OPENVINO_VENV := .venv-openvino
 
-.PHONY: install test samples bench clean
+.PHONY: install test samples bench fuzz clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ samples:
 
 bench:
 	$(BIN)/python bench/bench_inspect.py
+
+fuzz:
+	$(BIN)/python tools/fuzz.py --cases 2000
 
 clean:
 	rm -rf $(VENV) $(OPENVINO_VENV) build *.egg-info

@@ -67,7 +67,7 @@ def _full_run(session) -> bool:
     config = session.config
     args = [Path(a).resolve() for a in config.args]
     return (args == [ROOT / "tests"] and not config.option.keyword and not config.option.markexpr
-            and not config.option.lf and not getattr(config.option, "deselect", None) and HAVE_ORT
+            and not getattr(config.option, "lf", False) and not getattr(config.option, "deselect", None) and HAVE_ORT
             and not config.option.collectonly)
 
 

@@ -62,8 +62,11 @@ def error_boundary(command: F) -> F:
         except (typer.Exit, typer.Abort):
             raise
         except KeyboardInterrupt:
-            sys.stderr.write("ortprep: interrupted\n")
+            sys.stderr.write("ortprep: interrupted; nothing was written\n")
             raise typer.Exit(130) from None
+        except Terminated:
+            sys.stderr.write("ortprep: terminated; nothing was written\n")
+            raise typer.Exit(143) from None
         except Exception as exc:  # noqa: BLE001 - this is the boundary
             for exc_type, describe in ERROR_TABLE:
                 if isinstance(exc, exc_type):
@@ -137,6 +140,18 @@ def _register() -> None:
 _register()
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that temp files and child processes are cleaned up
+    on the way out as they are for Ctrl-C (not an Exception: library code must not swallow it)."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise Terminated()
+
+
 def main() -> None:
     """Console-script entry point."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app()

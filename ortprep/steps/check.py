@@ -25,6 +25,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
+from ortprep.validity import checker_result
 from ortprep.steps.options import CheckOptions
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ SCHEMA = "ortprep.check/2"
 EPS_SCHEMA = "ortprep.eps/1"
 
 # Findings that mean no session can be created at all.
-SESSION_BLOCKERS = ("MOD002", "MOD009", "MOD010", "CMB001")
+SESSION_BLOCKERS = ("MOD001", "MOD002", "MOD009", "MOD010", "CMB001")
 
 FIXES = {
     "EP001": "replace {op} with ops {ep} supports, or accept the CPU fallback",
@@ -203,6 +204,10 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
         findings.extend(model_findings(spec, tables[spec.name], analysis))
     findings.extend(combination_findings(target, tables))
     findings.extend(runtime_findings(analysis.handle.proto.ir_version, analysis.opsets.get("ai.onnx"), ort_version))
+    passed, error = checker_result(analysis.handle)
+    if not passed:
+        findings.append(Finding.of("MOD001", f"onnx.checker rejects the model ({error}); ONNX Runtime will not load it",
+                                   fix="re-export the model, or fix what the checker names", source="onnx.checker"))
     coverage = _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
     if coverage is not None:
         findings.append(coverage)

@@ -13,6 +13,7 @@ from onnx import ModelProto
 from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
+from ortprep.validity import require_valid
 from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
@@ -117,4 +118,5 @@ class ConvertStep(Step):
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         refuse_ep_context(model, self.name)
+        require_valid(model, self.name)
         return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

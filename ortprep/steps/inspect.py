@@ -11,6 +11,7 @@ from onnx import TypeProto, ValueInfoProto
 
 from ortprep import __version__
 from ortprep.findings import Finding
+from ortprep.validity import checker_result
 from ortprep.model import (
     ORT_CONTRIB_DOMAINS,
     STANDARD_DOMAINS,
@@ -108,20 +109,6 @@ def _initializer_stats(handle: ModelHandle) -> tuple[dict[str, dict[str, int]], 
             constants["bytes"] += tensor_nbytes(stored.tensor)
     ordered = dict(sorted(by_dtype.items(), key=lambda item: -item[1]["bytes"]))
     return ordered, parameters, constants
-
-
-def _checker(handle: ModelHandle) -> tuple[bool, str | None]:
-    """Run onnx.checker (with shape inference). By path when there is one: the C++ checker then
-    reads the model file itself and only checks that external data files exist."""
-    try:
-        if handle.path is not None and handle.path.is_file():
-            onnx.checker.check_model(str(handle.path), full_check=True)
-        else:
-            onnx.checker.check_model(handle.proto, full_check=True)
-    except Exception as exc:  # noqa: BLE001 - the checker raises several types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return False, first[:400]
-    return True, None
 
 
 def _runtime_facts() -> dict[str, Any]:
@@ -225,7 +212,7 @@ def inspect_model(handle: ModelHandle, *, hash_data: bool = False, ort_version: 
     used_domains = set(histogram) | set(opsets)
     custom_domains = sorted(d for d in used_domains if d not in STANDARD_DOMAINS)
     by_dtype, parameters, constants = _initializer_stats(handle)
-    passed, error = _checker(handle)
+    passed, error = checker_result(handle)
     data: dict[str, Any] = {
         "model": {
             "path": str(handle.path) if handle.path else None,

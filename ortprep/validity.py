@@ -1,0 +1,59 @@
+"""Is the model one that ONNX Runtime would load at all? onnx's full checker (structure, SSA names,
+topological order, opset imports, attribute types, shape inference) is the gate every step passes
+first: `check` reports a refused model as an error finding with verdict none, and the steps that
+load, change or run a model stop with one line (exit 2) before doing anything."""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+
+from ortprep.errors import ModelReadError
+from ortprep.model import ModelHandle
+
+
+class InvalidModelError(ModelReadError):
+    """A model that onnx's checker (and so ONNX Runtime) refuses."""
+
+
+def checker_result(handle: ModelHandle) -> tuple[bool, str | None]:
+    """(passed, the checker's first line). By path when there is one: the C++ checker then reads
+    the model file itself and only checks that external data files exist."""
+    return _check(str(handle.path) if handle.path is not None and handle.path.is_file() else None, handle)
+
+
+@functools.lru_cache(maxsize=32)
+def _check_path(path: str, mtime: float, size: int) -> tuple[bool, str | None]:
+    try:
+        onnx.checker.check_model(path, full_check=True)
+    except Exception as exc:  # noqa: BLE001 - the checker raises several types
+        return False, _first_line(exc)
+    return True, None
+
+
+def _check(path: str | None, handle: ModelHandle) -> tuple[bool, str | None]:
+    if path is not None:
+        from pathlib import Path
+
+        stat = Path(path).stat()
+        return _check_path(path, stat.st_mtime, stat.st_size)
+    try:
+        onnx.checker.check_model(handle.proto, full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        return False, _first_line(exc)
+    return True, None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def require_valid(handle: ModelHandle, step: str) -> None:
+    """Stop a step that loads, changes or runs a model the checker refuses, with one line."""
+    passed, error = checker_result(handle)
+    if not passed:
+        raise InvalidModelError(f"{handle.path}: onnx.checker rejects the model ({error}); {step} needs a valid model",
+                                hint=f"ortprep check {handle.path} --ep cpu shows it; re-export the model or fix what the "
+                                "checker names")

@@ -1,0 +1,80 @@
+"""Ctrl-C and SIGTERM during long work: one line, exit 130/143, no partial output, no temp files in
+the output folder or the working directory, no child process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import ROOT, SAMPLES
+
+
+def big_model(path: Path) -> Path:
+    """24 MatMuls over 512x512 weights: FP16 conversion with verification takes seconds."""
+    rng = np.random.default_rng(0)
+    nodes, inits, current = [], [], "x"
+    for i in range(24):
+        inits.append(numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32) * 0.05, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [current, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"))
+        current = f"t{i}"
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 512])],
+                              [helper.make_tensor_value_info(current, TensorProto.FLOAT, [64, 512])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds child processes through /proc")
+@pytest.mark.parametrize("how, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("command", ["convert", "load"])
+def test_interrupt_leaves_nothing_behind(tmp_path, how, code, command):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    work = tmp_path / "cwd"
+    work.mkdir()
+    marker = f"ORTPREP_TEST_MARKER={uuid.uuid4().hex}"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "PYTHONPATH": str(ROOT)}
+    if command == "convert":
+        args = ["convert", str(big_model(tmp_path / "big.onnx")), "--fp16", "-o", str(out_dir / "big.fp16.onnx")]
+    else:
+        args = ["load", str(SAMPLES / "transformer_block.onnx"), "--ep", "cpu", "--runs", "100000000",
+                "--report", str(out_dir / "report.json")]
+    child = subprocess.Popen([sys.executable, "-m", "ortprep", *args], cwd=work, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(processes_with(marker)) < 2 and time.monotonic() < deadline:  # wait for the ORT child
+        time.sleep(0.05)
+    assert len(processes_with(marker)) >= 2, "the work never reached its child process"
+    time.sleep(0.5)
+    child.send_signal(how)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == code, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and ("interrupted" in lines[0] or "terminated" in lines[0]), stderr
+    deadline = time.monotonic() + 10
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(marker) == []  # no orphaned worker
+    assert list(out_dir.iterdir()) == [] and list(work.iterdir()) == []  # no output, no temp files

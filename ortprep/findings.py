@@ -49,6 +49,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("MOD008", "no opset imported for the default ONNX domain", Severity.WARNING),
         FindingKind("MOD009", "IR version newer than the ONNX Runtime loads", Severity.ERROR),
         FindingKind("MOD010", "opset newer than the named ONNX Runtime release implements", Severity.ERROR),
+        FindingKind("MOD011", "a domain imported more than once", Severity.WARNING),
         # EP: what an execution provider's tables say about nodes (severity depends on the EP)
         FindingKind("EP001", "the EP has no kernel for the op", Severity.WARNING),
         FindingKind("EP002", "the node's opset version is outside the EP's registered range", Severity.WARNING),
@@ -92,6 +93,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT005", "accuracy gate failed", Severity.ERROR),
         FindingKind("QNT006", "nodes kept in float by --auto-exclude", Severity.INFO),
         FindingKind("QNT007", "quantization pre-processing failed", Severity.WARNING),
+        FindingKind("QNT008", "ONNX Runtime's quantizer failed", Severity.ERROR),
         FindingKind("QNT009", "weights in Constant nodes moved to initializers", Severity.INFO),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),

@@ -57,3 +57,40 @@ def require_valid(handle: ModelHandle, step: str) -> None:
         raise InvalidModelError(f"{handle.path}: onnx.checker rejects the model ({error}); {step} needs a valid model",
                                 hint=f"ortprep check {handle.path} --ep cpu shows it; re-export the model or fix what the "
                                 "checker names")
+
+
+def converter_defects(handle: ModelHandle) -> list:
+    """Defects that converters are known to write and that onnx's checker lets through."""
+    from collections import Counter
+
+    from ortprep.findings import Finding
+
+    counts = Counter(entry.domain or "ai.onnx" for entry in handle.proto.opset_import)
+    findings = []
+    for domain, count in sorted(counts.items()):
+        if count > 1:
+            versions = sorted({e.version for e in handle.proto.opset_import if (e.domain or "ai.onnx") == domain})
+            findings.append(Finding.of(
+                "MOD011", f"the model imports domain '{domain}' {count} times (versions {', '.join(map(str, versions))}); "
+                "ONNX Runtime's quantizer and some EPs refuse it ('Failed to find proper ai.onnx domain')",
+                fix="ortprep convert MODEL --repair -o MODEL.fixed.onnx (removes identical duplicates, verified)"
+                if len(versions) == 1 else f"re-export with one opset for '{domain}', or ortprep convert MODEL --opset N",
+                source="ONNX IR: each domain is imported once"))
+    return findings
+
+
+def drop_duplicate_imports(proto) -> list[str]:
+    """Remove opset imports that repeat a domain with the same version (safe); returns what was done."""
+    seen: set[tuple[str, int]] = set()
+    keep, dropped = [], []
+    for entry in proto.opset_import:
+        key = (entry.domain, entry.version)
+        if key in seen:
+            dropped.append(f"{entry.domain or 'ai.onnx'} {entry.version}")
+            continue
+        seen.add(key)
+        keep.append(entry)
+    if dropped:
+        del proto.opset_import[:]
+        proto.opset_import.extend(keep)
+    return dropped

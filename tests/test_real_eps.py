@@ -307,3 +307,26 @@ def test_measured_tables_are_what_check_uses():
             assert entries and all(e.src == "measured" and "single-op probes" in e.condition for e in entries)
         taken = [name for name, facts in measured["ops"].items() if facts["ran"] or facts["qdq_ran"]]
         assert taken and all(table.lookup(*name.split(":", 1)) for name in taken)
+
+
+def test_domain_imported_twice(tmp_path):
+    """A defect some converters write: onnx's checker and ORT accept it, ORT's quantizer does not."""
+    import onnx
+
+    model = onnx.load(str(SAMPLES / "cnn.onnx"))
+    extra = model.opset_import.add()
+    extra.domain, extra.version = "", model.opset_import[0].version
+    path = tmp_path / "twice.onnx"
+    onnx.save(model, str(path))
+    for args in (["inspect", path], ["check", path, "--ep", "cpu"]):
+        finding = next(f for f in invoke(*args, "--json").json()["findings"] if f["code"] == "MOD011")
+        assert "imports domain 'ai.onnx' 2 times" in finding["message"] and "--repair" in finding["fix"]
+    quantized = invoke("quantize", path, "--dynamic", "--calib", "random", "-o", tmp_path / "q.onnx", "--json")
+    assert quantized.exit_code == 1 and not (tmp_path / "q.onnx").exists()  # a finding with JSON, not exit 2 or 4
+    failure = next(f for f in quantized.json()["findings"] if f["code"] == "QNT008")
+    assert "Failed to find proper ai.onnx domain" in failure["message"]
+    repaired = invoke("convert", path, "--repair", "-o", tmp_path / "fixed.onnx", "--json")
+    assert repaired.exit_code == 0 and repaired.json()["verify"]["passed"] is True
+    assert len(onnx.load(str(tmp_path / "fixed.onnx")).opset_import) == 1
+    assert invoke("quantize", tmp_path / "fixed.onnx", "--dynamic", "--calib", "random", "-o", tmp_path / "q.onnx").exit_code in (0, 1)
+    assert (tmp_path / "q.onnx").exists()

@@ -114,7 +114,7 @@ def main(request_path: str) -> int:
             )
         status["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the parent as data
-        status["error"] = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+        status["error"] = " ".join(str(exc).split()) or type(exc).__name__
         status["type"] = type(exc).__name__
         status["traceback"] = traceback.format_exc()[-2000:]
     with open(request["status"], "w", encoding="utf-8") as out:

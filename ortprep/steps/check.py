@@ -25,7 +25,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
-from ortprep.validity import checker_result
+from ortprep.validity import checker_result, converter_defects
 from ortprep.steps.options import CheckOptions
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
         findings.extend(model_findings(spec, tables[spec.name], analysis))
     findings.extend(combination_findings(target, tables))
     findings.extend(runtime_findings(analysis.handle.proto.ir_version, analysis.opsets.get("ai.onnx"), ort_version))
+    findings.extend(converter_defects(analysis.handle))
     passed, error = checker_result(analysis.handle)
     if not passed:
         findings.append(Finding.of("MOD001", f"onnx.checker rejects the model ({error}); ONNX Runtime will not load it",

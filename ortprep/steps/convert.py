@@ -13,7 +13,7 @@ from onnx import ModelProto
 from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.validity import require_valid
+from ortprep.validity import drop_duplicate_imports, require_valid
 from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
@@ -83,11 +83,14 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
 def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, list[dict[str, Any]]]:
     """The graph rewrites before FP16: opset, static shapes, 1-D to 2-D."""
     applied: list[dict[str, Any]] = []
+    dropped = drop_duplicate_imports(proto)
+    if dropped:
+        applied.append({"transform": "repair", "detail": f"dropped repeated opset import(s): {', '.join(dropped)}"})
     if options.opset:
         proto = rewrites.convert_opset(proto, options.opset)
         applied.append({"transform": "opset", "detail": f"opset {options.opset}"})
     if options.ir_version:
-        if options.ir_version > proto.ir_version:
+        if options.ir_version > proto.ir_version:  # equal: a no-op stamp
             raise UsageError(f"the model already has IR version {proto.ir_version}; --ir-version only stamps an older one",
                              hint=f"give a version below {proto.ir_version}, or leave --ir-version out")
         applied.append({"transform": "ir_version", "detail": f"IR {proto.ir_version} -> {options.ir_version}"})

@@ -11,7 +11,7 @@ from onnx import TypeProto, ValueInfoProto
 
 from ortprep import __version__
 from ortprep.findings import Finding
-from ortprep.validity import checker_result
+from ortprep.validity import checker_result, converter_defects
 from ortprep.model import (
     ORT_CONTRIB_DOMAINS,
     STANDARD_DOMAINS,
@@ -155,6 +155,7 @@ def _findings(handle: ModelHandle, data: dict[str, Any], ort_version: str | None
             )
         )
     findings.extend(runtime_findings(data["ir_version"], default_opset, ort_version))
+    findings.extend(converter_defects(handle))
     if default_opset is not None:
         if default_opset > runtime["onnx_max_opset"]:
             findings.append(

@@ -59,7 +59,7 @@ def optimize_model(handle: ModelHandle, dest: Path, options: OptimizeOptions, *,
             report.add(
                 Finding.of(
                     "OPT002",
-                    f"ONNX Runtime could not optimize the model ({outcome.status}: {outcome.message[:300]})",
+                    f"ONNX Runtime could not optimize the model ({outcome.status}: {outcome.message})",
                     severity=Severity.ERROR,
                     fix="check the model first: ortprep check MODEL --ep cpu",
                 )

@@ -251,7 +251,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     if not reference.ok or not candidate.ok:
         which = "float" if not reference.ok else "quantized"
         message = reference.message if not reference.ok else candidate.message
-        return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message[:300]}")
+        return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message}")
     per_output: dict[str, list] = {}
     for ref_sample, cand_sample in zip(reference.samples, candidate.samples):
         for name, value in ref_sample.items():
@@ -424,6 +424,7 @@ class Rounds:
     evaluation: Evaluation | None
     excluded: list[str]
     auto_excluded: list[dict]
+    failure: str | None = None  # ORT's quantizer raised or died: its whole message
 
 
 def _quantize_rounds(workdir: Path, float_path: Path, result_path: Path, options: QuantizeOptions, settings: dict,
@@ -438,7 +439,7 @@ def _quantize_rounds(workdir: Path, float_path: Path, result_path: Path, options
         ok, error = _run_quantizer(workdir, float_path, result_path, options.mode, settings, plan.calibration,
                                    plan.calib_indices, excluded, options.exclude_ops, big, progress)
         if not ok:
-            raise UsageError(f"quantization failed: {error}", hint="see --exclude-op / --exclude-node, or try --no-preprocess")
+            return Rounds(evaluation, excluded, auto_excluded, failure=error)
         if not eval_feeds:
             break
         if progress is not None:
@@ -489,6 +490,24 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         rounds = _quantize_rounds(workdir, float_path, result_path, options, settings, plan, eval_feeds, float_runs, big,
                                   progress)
         evaluation, excluded, auto_excluded = rounds.evaluation, rounds.excluded, rounds.auto_excluded
+        if rounds.failure is not None:
+            report.add(Finding.of("QNT008", f"ONNX Runtime's quantizer failed on this model: {rounds.failure}",
+                                  fix="--exclude-op / --exclude-node for the op it names, --no-preprocess, or check the "
+                                  "model first: ortprep check MODEL --ep cpu"))
+            report.data = {"input": str(handle.path), "output": None, "mode": options.mode, "format": settings["format"],
+                           "preset": {"ep": settings["preset"], "reason": settings["preset_reason"],
+                                      "activation_type": settings["activation_type"], "weight_type": settings["weight_type"],
+                                      "per_channel": settings["per_channel"], "method": settings["method"],
+                                      "source": settings["preset_source"]},
+                           "preprocess": preprocess_detail, "size_before": size_before, "size_after": None,
+                           "size_ratio": None, "calibration": {"samples": len(calib_indices),
+                                                               "source": calibration.source if calibration else None,
+                                                               "kind": calibration.kind if calibration else None},
+                           "evaluation_samples": len(eval_feeds), "verify": {"cosine": None, "max_abs_diff": None,
+                                                                             "top1_agreement": None, "latency_ratio": None,
+                                                                             "passed": None},
+                           "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": []}
+            return report
         quantized = onnx.load(str(result_path))
         stats = quantization_stats(quantized)
         if stats["quantized_ops"] == 0:

@@ -33,7 +33,7 @@ SCHEMA = "ortprep.simplify/1"
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run_onnxsim(proto: ModelProto, handle: ModelHandle) -> tuple[ModelProto | None, str]:

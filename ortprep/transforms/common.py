@@ -43,7 +43,7 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
     report.add(
         Finding.of(
             "CNV007",
-            f"the original model does not run on ONNX Runtime's CPU EP ({outcome.status}: {outcome.message[:200]}); "
+            f"the original model does not run on ONNX Runtime's CPU EP ({outcome.status}: {outcome.message}); "
             "the result cannot be verified against it",
             fix="check it: ortprep check MODEL --ep cpu; pass --inputs FILE.npz if the inputs are the problem",
         )

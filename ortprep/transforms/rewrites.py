@@ -28,7 +28,7 @@ def convert_opset(proto: ModelProto, target: int) -> ModelProto:
     except Exception as exc:  # noqa: BLE001 - the converter raises several types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(
-            f"onnx's version converter cannot take this model from opset {current} to {target}: {first[:300]}",
+            f"onnx's version converter cannot take this model from opset {current} to {target}: {first}",
             hint="try a nearer opset, or re-export the model at the opset you need",
         ) from exc
 

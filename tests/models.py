@@ -396,3 +396,25 @@ def outlier_sensitive(width: int = 64) -> onnx.ModelProto:
         ],
     )
     return make(graph)
+
+
+def zipmap_classifier() -> onnx.ModelProto:
+    """What skl2onnx writes for a classifier: LinearClassifier, then ZipMap into a sequence of
+    maps {class: probability} (a non-tensor output)."""
+    nodes = [
+        helper.make_node("LinearClassifier", ["X"], ["label", "scores"], domain="ai.onnx.ml", name="linear",
+                         classlabels_ints=[0, 1, 2], coefficients=[0.5, -0.2, 0.1, 0.3] * 3,
+                         intercepts=[0.1, -0.1, 0.0], multi_class=0, post_transform="SOFTMAX"),
+        helper.make_node("ZipMap", ["scores"], ["probabilities"], domain="ai.onnx.ml", name="zipmap",
+                         classlabels_int64s=[0, 1, 2]),
+    ]
+    map_type = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    graph = helper.make_graph(
+        nodes, "classifier", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+         helper.make_value_info("probabilities", helper.make_sequence_type_proto(map_type))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)],
+                              ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -330,3 +330,27 @@ def test_domain_imported_twice(tmp_path):
     assert len(onnx.load(str(tmp_path / "fixed.onnx")).opset_import) == 1
     assert invoke("quantize", tmp_path / "fixed.onnx", "--dynamic", "--calib", "random", "-o", tmp_path / "q.onnx").exit_code in (0, 1)
     assert (tmp_path / "q.onnx").exists()
+
+
+def test_converter_written_classifier_with_zipmap(tmp_path):
+    """A scikit-learn-style pipeline whose output is a sequence of maps goes through every command
+    without an internal error; the maps are compared like tensors (flattened, keys in order)."""
+    import models
+
+    path = tmp_path / "clf.onnx"
+    __import__("onnx").save(models.zipmap_classifier(), str(path))
+    outputs = {o["name"]: o for o in invoke("inspect", path, "--json").json()["outputs"]}
+    assert outputs["probabilities"]["kind"].startswith("sequence(map(")
+    assert invoke("check", path, "--ep", "cpu", "--json").json()["results"][0]["verdict"] == "full"
+    loaded = invoke("load", path, "--ep", "cpu", "--runs", "2", "--json")
+    assert loaded.exit_code == 0, loaded.stdout
+    assert loaded.json()["results"][0]["status"] == "ok"
+    for args in (["convert", path, "--fp16", "-o", tmp_path / "c.onnx"],
+                 ["convert", path, "--fix-dim", "N=2", "-o", tmp_path / "d.onnx"],
+                 ["quantize", path, "--dynamic", "--calib", "random", "-o", tmp_path / "q.onnx"],
+                 ["simplify", path, "-o", tmp_path / "s.onnx"]):
+        result = invoke(*args, "--json")
+        assert result.exit_code in (0, 1), (args[0], result.stderr)
+        assert "internal error" not in result.stderr and result.json()["schema"].startswith("ortprep.")
+    fixed = invoke("convert", path, "--fix-dim", "N=2", "-o", tmp_path / "e.onnx", "--json").json()
+    assert fixed["verify"]["passed"] is True and fixed["verify"]["outputs"][1]["max_abs_diff"] == 0.0

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from ortprep.runtime.load_worker import add_plugin_ep
+from ortprep.runtime.values import portable
 
 
 def _session_options(ort, request: dict):
@@ -46,8 +47,8 @@ def main(request_path: str) -> int:
         names = [o.name for o in compiled.get_outputs()]
         values = compiled.run(names, feeds)
         reference = ort.InferenceSession(request["model"], providers=["CPUExecutionProvider"]).run(names, feeds)
-        np.savez(request["results"], **{f"c{i}": np.asarray(v) for i, v in enumerate(values)},
-                 **{f"r{i}": np.asarray(v) for i, v in enumerate(reference)})
+        np.savez(request["results"], **{f"c{i}": portable(v) for i, v in enumerate(values)},
+                 **{f"r{i}": portable(v) for i, v in enumerate(reference)})
         status["output_names"] = names
         status["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the parent as data

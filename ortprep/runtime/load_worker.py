@@ -21,6 +21,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from ortprep.runtime.values import is_tensor, portable
+
 
 def _clean(message: str) -> str:
     text = message.strip().removeprefix("[ONNXRuntimeError] : ")
@@ -146,17 +148,19 @@ def main(request_path: str) -> int:
         with np.load(request["inputs"], allow_pickle=False) as data:
             feeds = {key: data[key] for key in data.files}
         names = [o.name for o in session.get_outputs()]
-        values = session.run(names, feeds)  # also the warm-up
+        values = raw_values = session.run(names, feeds)  # also the warm-up
         timings = []
         for _ in range(max(1, request.get("runs", 10))):
             started = time.perf_counter()
             session.run(names, feeds)
             timings.append((time.perf_counter() - started) * 1000.0)
         status["latency_ms"] = timings
+        values = [portable(v) for v in values]
+        status["non_tensor_outputs"] = [name for name, value in zip(names, raw_values) if not is_tensor(value)]
         status["nonfinite"] = [
-            name for name, value in zip(names, values) if np.asarray(value).dtype.kind == "f" and not np.isfinite(value).all()
+            name for name, value in zip(names, values) if value.dtype.kind == "f" and not np.isfinite(value).all()
         ]
-        np.savez(request["results"], **{f"o{i}": np.asarray(v) for i, v in enumerate(values)})
+        np.savez(request["results"], **{f"o{i}": v for i, v in enumerate(values)})
         status["output_names"] = names
         if profile_prefix:
             status["profile"] = _top_ops(session.end_profiling())

@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from ortprep.runtime.values import portable
+
 
 def _clean(message: str) -> str:
     # ORT prefixes errors with its error code and a source path; keep the useful part.
@@ -87,7 +89,7 @@ def main(request_path: str) -> int:
             started = time.perf_counter()
             values = session.run(names, feeds)
             status["run_seconds"] = time.perf_counter() - started
-            results.update({f"s{sample}_o{i}": np.asarray(v) for i, v in enumerate(values)})
+            results.update({f"s{sample}_o{i}": portable(v) for i, v in enumerate(values)})
             if sample == 0 and request.get("latency_runs"):
                 timings = []
                 for _ in range(request["latency_runs"]):

@@ -104,6 +104,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD006", "outputs differ from the CPU EP's", Severity.ERROR),
         FindingKind("LOD007", "NaN or Inf in outputs", Severity.ERROR),
         FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
+        FindingKind("LOD009", "inputs were guessed and none of the guesses ran", Severity.WARNING),
         # CMP: compile (EPContext models)
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),

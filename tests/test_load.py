@@ -218,3 +218,32 @@ def test_doc003_without_int8_instructions(monkeypatch):
     assert "DOC003" in {f.code for f in doctor_module.doctor().findings}
     monkeypatch.setattr(doctor_module, "cpu_features", lambda: ["avx2", "avx512_vnni"])
     assert "DOC003" not in {f.code for f in doctor_module.doctor().findings}
+
+
+def _conv1d_needing(length: int, tmp_path) -> Path:
+    """A 1-D convolution with kernel ``length``: the dynamic input must be at least that long."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.ones((1, 1, length), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["audio", "w"], ["y"], name="conv")], "g",
+                              [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 1, "samples"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, None])], [weights])
+    path = tmp_path / f"conv{length}.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_load_guesses_inputs_until_one_runs(tmp_path):
+    code, record, _ = load(_conv1d_needing(40, tmp_path), "--ep", "cpu")
+    assert code == 0 and record["results"][0]["status"] == "ok"
+    assert record["inputs"] == {"source": "random (seed 0), dims guessed", "shapes": {"audio": [1, 1, 64]}}
+
+
+def test_load_says_the_inputs_were_guessed(tmp_path):
+    code, record, _ = load(_conv1d_needing(1000, tmp_path), "--ep", "cpu")
+    result = record["results"][0]
+    assert result["status"] == "inputs_guessed" and "pass --shape NAME=DIMS" in result["message"]
+    assert "audio=1,1,8" in result["message"] and code == 0  # a warning, not a failure
+    assert [f["code"] for f in record["findings"]] == ["LOD009"]
+    code, record, _ = load(_conv1d_needing(1000, tmp_path), "--ep", "cpu", "--shape", "audio=1,1,1024")
+    assert code == 0 and record["results"][0]["status"] == "ok" and record["inputs"]["source"] == "random (seed 0)"

@@ -258,7 +258,7 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
     render_grouped_findings(record["findings"], console)
 
 
-STATUS_STYLE = {"ok": "green", "fallback": "yellow", "failed": "red", "crashed": "red", "timeout": "red", "unavailable": "dim"}
+STATUS_STYLE = {"ok": "green", "fallback": "yellow", "inputs_guessed": "yellow", "failed": "red", "crashed": "red", "timeout": "red", "unavailable": "dim"}
 
 
 def render_load(record: dict[str, Any], console: Console) -> None:

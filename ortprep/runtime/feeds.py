@@ -46,7 +46,8 @@ def input_specs(proto: ModelProto) -> list[InputSpec]:
 
 
 def concrete_shape(
-    spec: InputSpec, shapes: dict[str, list[int]] | None = None, dims: dict[str, int] | None = None
+    spec: InputSpec, shapes: dict[str, list[int]] | None = None, dims: dict[str, int] | None = None,
+    other: int | None = None,
 ) -> tuple[int, ...]:
     if shapes and spec.name in shapes:
         return tuple(shapes[spec.name])
@@ -60,13 +61,24 @@ def concrete_shape(
             result.append(dim)
         elif isinstance(dim, str) and dims and dim in dims:
             result.append(dims[dim])
-        elif isinstance(dim, str) and SEQUENCE_LIKE.search(dim):
+        elif isinstance(dim, str) and SEQUENCE_LIKE.search(dim) and other is None:
             result.append(DEFAULT_SEQUENCE)
         elif (isinstance(dim, str) and BATCH_LIKE.search(dim)) or index == 0:
             result.append(DEFAULT_BATCH)
         else:
-            result.append(DEFAULT_OTHER)
+            result.append(other or DEFAULT_OTHER)
     return tuple(result)
+
+
+# Sizes tried, in order, for dynamic dims a model does not name (after the defaults): common
+# image and audio sizes that are multiples of 32, as detectors and strided front-ends need.
+GUESSES = (None, 64, 224, 640)
+
+
+def has_guessed_dims(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None) -> bool:
+    """Whether random feeds for these inputs would have to guess a dimension."""
+    return any(spec.shape is not None and spec.name not in (shapes or {})
+               and any(not (isinstance(d, int) and d > 0) for d in spec.shape) for spec in specs)
 
 
 def random_feeds(
@@ -75,6 +87,7 @@ def random_feeds(
     seed: int = 0,
     shapes: dict[str, list[int]] | None = None,
     dims: dict[str, int] | None = None,
+    other: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded random inputs: normal floats, small non-negative integers (safe as indices), bools."""
     rng = np.random.default_rng(seed)
@@ -85,7 +98,7 @@ def random_feeds(
                 f"input '{spec.name}' is not a tensor; random inputs cannot be made for it",
                 hint="pass real inputs with --inputs FILE.npz",
             )
-        shape = concrete_shape(spec, shapes, dims)
+        shape = concrete_shape(spec, shapes, dims, other)
         if spec.dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.dtype.kind in "iu":

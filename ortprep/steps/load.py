@@ -23,7 +23,7 @@ from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
-from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
+from ortprep.runtime.feeds import GUESSES, has_guessed_dims, input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import INSTALL_HINT, RuntimeProbe, plugin_table, probe_runtime
 from ortprep.validity import require_valid
 from ortprep.steps.base import Step, StepContext
@@ -231,7 +231,13 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     targets = [ep_runtime(spec, options) for spec in specs]
     cpu = ep_runtime(resolve_ep("cpu"), options)
     inputs = input_specs(handle.proto)
-    feeds = load_feeds(options.inputs, inputs) if options.inputs else random_feeds(inputs, seed=0, shapes=options.shapes)
+    guessed = options.inputs is None and has_guessed_dims(inputs, options.shapes)
+    if options.inputs:
+        feeds, guess_failed = load_feeds(options.inputs, inputs), False
+    elif guessed:
+        feeds, guess_failed = _guess_feeds(handle.path, inputs, options)
+    else:
+        feeds, guess_failed = random_feeds(inputs, seed=0, shapes=options.shapes), False
     report = StepResult(step="load", schema=SCHEMA)
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
@@ -259,17 +265,41 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                 continue
             if analysis is None:
                 analysis = ModelAnalysis(handle)  # shared by every EP's comparison with check
-            record = _result(analysis, target, raw[name], reference, options, report)
+            record = _result(analysis, target, raw[name], reference, options, report,
+                             guessed_inputs=_shapes_of(feeds) if guess_failed else None)
             if float_outputs is not None and raw[name].get("ok"):
                 record["three_way"] = three_way(float_outputs, reference, raw[name]["outputs"])
             results.append(record)
     available = [s.name for s in EPS if local.runs(s.name)]
-    report.data = {"model": str(handle.path), "available": available, "results": results}
+    source = str(options.inputs) if options.inputs else "random (seed 0), dims guessed" if guessed else "random (seed 0)"
+    report.data = {"model": str(handle.path), "available": available,
+                   "inputs": {"source": source, "shapes": _shapes_of(feeds)}, "results": results}
     return report
 
 
+def _shapes_of(feeds: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    return {name: list(value.shape) for name, value in feeds.items()}
+
+
+def _guess_feeds(model: Path, inputs, options: LoadOptions) -> tuple[dict[str, np.ndarray], bool]:
+    """Inputs for a model with dynamic dims the user did not give: the default sizes first, then
+    common larger ones, the first that the CPU EP runs. (feeds, True) when none ran."""
+    from ortprep.runtime.isolated import run_isolated
+
+    first = None
+    for other in GUESSES:
+        feeds = random_feeds(inputs, seed=0, shapes=options.shapes, other=other)
+        first = first or feeds
+        outcome = run_isolated(model, feeds, timeout=options.timeout)
+        if outcome.ok:
+            return feeds, False
+        if outcome.stage != "run":
+            return first, False  # the session itself fails: not a matter of inputs
+    return first, True
+
+
 def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference, options: LoadOptions,
-            report: StepResult) -> dict[str, Any]:
+            report: StepResult, guessed_inputs: dict[str, list[int]] | None = None) -> dict[str, Any]:
     spec, name, provider = target.spec, target.spec.name, target.spec.provider
     record: dict[str, Any] = {"ep": name, "provider": provider, "runtime": target.python or "this environment",
                               "package": target.plugin["package"] if target.plugin else None}
@@ -280,6 +310,14 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         return record
     placement = status.get("placement", {})
     default = placement.get("default", {})
+    if not status.get("ok") and guessed_inputs is not None and status.get("stage") == "run":
+        shown = " ".join(f"{name}={','.join(map(str, dims))}" for name, dims in guessed_inputs.items())
+        record.update(status="inputs_guessed", message=f"inputs guessed ({shown}) and the model does not run with them: "
+                      f"{status.get('error')}; pass --shape NAME=DIMS or --inputs FILE.npz")
+        report.add(Finding.of("LOD009", f"{name}: the model's inputs have dynamic dims and no guess ran ({shown}); "
+                              "the model is not shown to fail", ep=name,
+                              fix="pass the sizes it expects: ortprep load MODEL --shape NAME=DIMS (or --inputs FILE.npz)"))
+        return record
     if not status.get("ok"):
         record.update(status="failed", message=status.get("error") or status.get("strict", {}).get("error", "failed"))
         stage = "the run" if status.get("stage") == "run" else "session creation"

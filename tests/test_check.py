@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -264,8 +265,8 @@ def test_check_json_schema_and_fail_on(samples):
 
 def test_human_output_groups_findings(samples):
     result = invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack")
-    assert "7 x Add" in result.stdout
-    assert result.stdout.count("EP001") == 5  # one line per op, not per node
+    assert "Add 7" in result.stdout and "the EP has no kernel for the op" in result.stdout
+    assert result.stdout.count("EP001") == 1  # one line per cause, not per node or op
 
 
 def test_check_without_model_or_ep():
@@ -385,3 +386,32 @@ def test_constant_subgraphs_are_folded_like_ort(tmp_path):
     assert result["nodes"] == 3 and result["verdict"] == "full"
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     del session  # ORT takes the model as it is: the folded nodes are not an error
+
+
+def _human_check(path: Path, ep: str) -> str:
+    import io
+
+    from rich.console import Console
+
+    from ortprep.render.console import render_check
+
+    buffer = io.StringIO()
+    render_check(check_model(ModelHandle.open(path), [ep]).to_record(), Console(file=buffer, width=200, color_system=None, soft_wrap=True))
+    return buffer.getvalue().replace(str(path.parent), "<dir>")
+
+
+def test_check_report_reads_as_a_diagnosis(tmp_path):
+    """Dynamic dims and FP32 on a DirectML NPU: one line per cause, a pasteable fix naming the input
+    and its sizes, and a summary that agrees with the verdict."""
+    model = tmp_path / "conv1d_audio.onnx"
+    model.write_bytes((SAMPLES / "conv1d_audio.onnx").read_bytes())
+    text = _human_check(model, "dml-npu")
+    golden = Path(__file__).parent / "golden" / "check_conv1d_audio_dml_npu.txt"
+    if os.environ.get("ORTPREP_UPDATE_GOLDEN"):
+        golden.write_text(text)
+        pytest.fail(f"golden file {golden.name} rewritten; review the diff and rerun without ORTPREP_UPDATE_GOLDEN")
+    assert text == golden.read_text()
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("  error")] == ["DML001", "NPU001", "SHP001"]
+    assert "--fix-shape audio=1,1,1024" in text and "NAME=VALUE" not in text
+    assert "dml-npu: not as it is" in text and "3 problem(s) block it" in text and "partial" in text
+    assert "5 problems: 3 errors, 1 warning, 1 note; 8 nodes affected" in text

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import Counter
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from ortprep.findings import CATALOGUE
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -121,14 +125,34 @@ def _percent(share: float | None) -> str:
 VERDICT_STYLE = {"full": "green", "partial": "yellow", "none": "red"}
 
 
+def answer(result: dict[str, Any], findings: list[dict[str, Any]]) -> str:
+    """One line: will the model run on this target, and why not."""
+    blocking = sorted({f["code"] for f in findings if f["severity"] == "error"})
+    fallbacks = len(result["fallback_nodes"])
+    fused = ""
+    if "fused_nodes" in result:
+        fused = f"; {result['fused_nodes']} of {result['nodes']} in the fused DirectML graph"
+    if result["verdict"] == "none":
+        why = ", ".join(blocking) or "no node runs on it"
+        return f"no: it runs nowhere on {result['ep']} as it is ({why})"
+    if blocking:
+        return (f"not as it is: {result['supported_nodes']}/{result['nodes']} nodes are {result['ep']} ops, but "
+                f"{len(blocking)} problem(s) block it ({', '.join(blocking)}){fused}")
+    if fallbacks:
+        return (f"yes, with {fallbacks} CPU fallback(s): {result['partitions']} partition(s), "
+                f"{result['copies']} copies per run{fused}")
+    return f"yes: every node runs on {result['ep']}{fused}"
+
+
 def render_check(record: dict[str, Any], console: Console) -> None:
-    """A summary table per target, then findings grouped by target, code and op."""
+    """A summary table per target, then each target's answer and its findings, one per cause."""
     console.print(f"[bold]{escape(str(record['model']))}[/]")
     summary = Table(title="Execution providers")
-    for column in ("EP", "nodes on EP", "partitions", "fallbacks", "copies", "MACs on EP", "verdict"):
+    for column in ("EP", "EP takes", "partitions", "fallbacks", "copies", "MACs on EP", "blocking", "verdict"):
         summary.add_column(column, justify="left" if column in ("EP", "verdict") else "right")
     for result in record["results"]:
         style = VERDICT_STYLE.get(result["verdict"], "")
+        findings = [f for f in record["findings"] if f.get("target") == result["ep"]]
         summary.add_row(
             result["ep"],
             f"{result['supported_nodes']}/{result['nodes']} ({_percent(result['node_share'])})",
@@ -136,12 +160,62 @@ def render_check(record: dict[str, Any], console: Console) -> None:
             str(len(result["fallback_nodes"])),
             str(result["copies"]),
             _percent(result["mac_share"]),
+            str(len({f["code"] for f in findings if f["severity"] == "error"})),
             f"[{style}]{result['verdict']}[/]",
         )
     console.print(summary)
     for result in record["results"]:
-        console.print(f"\n[bold]{escape(result['ep'])}[/]")
-        render_grouped_findings([f for f in record["findings"] if f.get("target") == result["ep"]], console)
+        findings = [f for f in record["findings"] if f.get("target") == result["ep"]]
+        console.print(f"\n[bold]{escape(result['ep'])}[/]: {escape(answer(result, findings))}", highlight=False)
+        render_causes(findings, console)
+
+
+_NODE_PREFIX = re.compile(r"^node '[^']*' \([^)]*\) ")
+
+
+def render_causes(findings: list[dict[str, Any]], console: Console, examples: int = 3) -> None:
+    """One line per cause (code, fix and source alike), with the op types and nodes it covers."""
+    if not findings:
+        console.print("  No findings.")
+        return
+    order = {"error": 0, "warning": 1, "info": 2}
+    causes: dict[tuple, list[dict[str, Any]]] = {}
+    for finding in findings:
+        fix = finding.get("fix")
+        if fix and finding.get("op_type"):
+            fix = fix.replace(finding["op_type"], "{op}")  # a fix that names the op is still one cause
+        causes.setdefault((finding["severity"], finding["code"], fix, finding.get("source")), []).append(finding)
+    verbose = logging.getLogger().getEffectiveLevel() <= logging.INFO
+    nodes: set[str] = set()
+    for (severity, code, fix, source), members in sorted(causes.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1])):
+        style = SEVERITY_STYLE.get(severity, "")
+        first = members[0]
+        named = [m for m in members if m.get("node")]
+        nodes.update(m["node"] for m in named)
+        ops = Counter(m.get("op_type") or "?" for m in named)
+        if fix and "{op}" in fix:
+            fix = fix.replace("{op}", first["op_type"] if len(ops) == 1 else "these ops")
+        if len(named) > 1:
+            what = ", ".join(f"{op} {n}" if n > 1 else op for op, n in ops.most_common())
+            stripped = {_NODE_PREFIX.sub("", m["message"]) for m in named}
+            cause = stripped.pop() if len(stripped) == 1 else CATALOGUE[code].title
+            text = f"{len(named)} nodes ({what}): {cause}"
+            shown = ", ".join(m["node"] for m in named[:examples]) + (f", ... ({len(named) - examples} more)" if len(named) > examples else "")
+        else:
+            text, shown = first["message"], None
+        console.print(f"  [{style}]{severity:<7}[/] {code}  {escape(text)}", highlight=False)
+        if shown:
+            console.print(f"           e.g. {escape(shown)}", highlight=False)
+        if fix:
+            console.print(f"           fix: {escape(fix)}", highlight=False)
+        if source:
+            short = source if verbose else source.split(" (")[0].split(": ")[0]
+            console.print(f"           source: {escape(short)}", highlight=False, style="dim")
+    counts = Counter(severity for (severity, *_rest) in causes)
+    words = {"error": "error", "warning": "warning", "info": "note"}
+    parts = [f"{counts[s]} {words[s]}{'s' if counts[s] > 1 else ''}" for s in ("error", "warning", "info") if counts[s]]
+    console.print(f"  {len(causes)} problem{'s' if len(causes) != 1 else ''}: {', '.join(parts)}"
+                  + (f"; {len(nodes)} node{'s' if len(nodes) != 1 else ''} affected" if nodes else ""))
 
 
 def render_grouped_findings(findings: list[dict[str, Any]], console: Console, examples: int = 3) -> None:

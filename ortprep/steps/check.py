@@ -237,13 +237,54 @@ def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None
     analysis = ModelAnalysis(handle)
     report = StepResult(step="check", schema=SCHEMA)
     results = []
+    shown = str(handle.path) if handle.path else "MODEL"
+    static_fix = static_shape_fix(analysis, shown)
     for target in resolved:
         record, findings = check_target(analysis, target, ort_version)
+        if any(spec.name in ("dml", "dml-npu") for spec in target):
+            outside = {f.node for f in findings if f.code in ("DML001", "DML002") and f.node}
+            record["fused_nodes"] = record["supported_nodes"] - len(outside)
         results.append(record)
         for finding in findings:
-            report.add(finding)
+            report.add(_pasteable(finding, shown, static_fix))
     report.data = {"model": str(handle.path) if handle.path else None, "results": results}
     return report
+
+
+def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
+    """A convert command that makes every dynamic input static, with sizes guessed from the
+    dimension names (batch 1, sequence 128, spatial 640), or None when all are static."""
+    from ortprep.runtime.feeds import BATCH_LIKE, SEQUENCE_LIKE
+
+    parts = []
+    for name, facts in analysis.graph_inputs():
+        if facts.shape is None or all(isinstance(d, int) and d > 0 for d in facts.shape):
+            continue
+        dims = []
+        for index, dim in enumerate(facts.shape):
+            if isinstance(dim, int) and dim > 0:
+                dims.append(dim)
+            elif index == 0 or (isinstance(dim, str) and BATCH_LIKE.search(dim)):
+                dims.append(1)
+            elif isinstance(dim, str) and SEQUENCE_LIKE.search(dim):
+                dims.append(128)
+            else:
+                dims.append(640 if len(facts.shape) == 4 and index >= 2 else 256)
+        parts.append(f"--fix-shape {name}={','.join(map(str, dims))}")
+    if not parts:
+        return None
+    stem = model.removesuffix(".onnx")
+    return f"ortprep convert {model} {' '.join(parts)} -o {stem}.static.onnx (pick the sizes you deploy with)"
+
+
+def _pasteable(finding: Finding, model: str, static_fix: str | None) -> Finding:
+    """A fix the user can paste: the real model path, and real inputs and sizes for static shapes."""
+    fix = finding.fix
+    if fix and finding.code in ("SHP001", "DML001", "QNN002") and static_fix:
+        fix = static_fix + ("; then fold constant inputs: ortprep simplify" if finding.code == "DML001" else "")
+    elif fix:
+        fix = fix.replace("MODEL.", model.removesuffix(".onnx") + ".").replace("MODEL", model)
+    return dataclasses.replace(finding, fix=fix)
 
 
 def list_eps() -> dict[str, Any]:

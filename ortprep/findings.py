@@ -109,6 +109,9 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
         FindingKind("CMP003", "nodes stay outside the EPContext nodes", Severity.INFO),
+        # RUN: the command itself
+        FindingKind("RUN001", "the command stopped before it could report (bad input, missing environment, internal error)",
+                    Severity.ERROR),
         # DOC: the machine (doctor); SCN: pitfalls in code (doctor --scan)
         FindingKind("DOC001", "several ONNX Runtime packages installed side by side", Severity.ERROR),
         FindingKind("DOC002", "a CUDA/TensorRT library the EP needs does not load", Severity.ERROR),

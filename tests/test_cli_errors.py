@@ -96,7 +96,11 @@ def _assert_one_clean_error(result, expected: str) -> None:
     assert 1 <= len(lines) <= 4, result.stderr
     assert "Traceback" not in result.stderr
     assert expected in result.stderr
-    assert result.stdout == ""
+    if result.stdout:  # --json: one error document, the failure as a finding
+        import json
+
+        document = json.loads(result.stdout)
+        assert document["exit_code"] == 2 and expected in document["findings"][0]["message"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removeprefix("case_"))
@@ -185,3 +189,14 @@ def test_exit_codes_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     for code in ExitCode:
         assert f"| {int(code)} |" in doc, code
+
+
+def test_json_is_printed_even_when_the_command_fails(tmp_path):
+    import json
+
+    result = invoke("check", tmp_path / "missing.onnx", "--ep", "cpu", "--json")
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["schema"] == "ortprep.error/1" and document["exit_code"] == 2
+    assert document["findings"][0]["code"] == "RUN001" and "not found" in document["findings"][0]["message"]
+    assert not invoke("check", tmp_path / "missing.onnx", "--ep", "cpu").stdout  # without --json: stderr only

@@ -32,9 +32,9 @@ def _memory_error(exc: BaseException) -> tuple[str, ExitCode]:
 
 
 def _internal_error(exc: BaseException) -> tuple[str, ExitCode]:
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    detail = " ".join(str(exc).split())
     return (
-        f"internal error ({type(exc).__name__}{': ' + detail[:200] if detail else ''}); "
+        f"internal error ({type(exc).__name__}{': ' + detail if detail else ''}); "
         "rerun with ORTPREP_DEBUG=1 for the traceback and report it",
         ExitCode.INTERNAL,
     )
@@ -46,6 +46,16 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[BaseException], tuple[str
     (MemoryError, _memory_error),
     (Exception, _internal_error),
 ]
+
+
+def _error_document(exc: BaseException, message: str, code: ExitCode) -> None:
+    """With --json, stdout still carries one JSON document: the failure as a finding."""
+    from ortprep.findings import Finding
+    from ortprep.render.json import dumps
+
+    finding = Finding.of("RUN001", message, fix="see the message; ORTPREP_DEBUG=1 shows the traceback of an internal error")
+    sys.stdout.write(dumps({"schema": "ortprep.error/1", "exit_code": int(code), "error_type": type(exc).__name__,
+                            "findings": [finding.to_record()]}))
 
 
 def debug_enabled() -> bool:
@@ -75,6 +85,8 @@ def error_boundary(command: F) -> F:
             if debug_enabled():
                 traceback.print_exc(file=sys.stderr)
             sys.stderr.write(f"ortprep: error: {message}\n")
+            if kwargs.get("json_output"):
+                _error_document(exc, message, code)
             raise typer.Exit(int(code)) from None
 
     return wrapper  # type: ignore[return-value]

@@ -109,6 +109,32 @@ def subgraphs_of(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
                 yield f"{attr.name}[{index}]", graph
 
 
+def _require_text(proto: ModelProto, path: Path) -> None:
+    """ONNX text fields are UTF-8; protobuf hands back bytes where they are not (a corrupt or
+    hand-edited file). Refuse such a model with the field that is wrong, before anything trips on it."""
+    def bad(value) -> bool:
+        return isinstance(value, bytes)
+
+    for entry in proto.opset_import:
+        if bad(entry.domain):
+            raise ModelReadError(f"{path}: opset import domain {entry.domain!r} is not valid UTF-8; the file is corrupt",
+                                 hint="re-export the model")
+    for scope, graph in iter_graphs(proto.graph):
+        for index, node in enumerate(graph.node):
+            for field_name in ("op_type", "domain", "name"):
+                if bad(getattr(node, field_name)):
+                    raise ModelReadError(
+                        f"{path}: node {index}{' in ' + scope if scope else ''} has {field_name} that is not valid "
+                        f"UTF-8 ({getattr(node, field_name)!r}); the file is corrupt", hint="re-export the model")
+            if any(bad(name) for name in list(node.input) + list(node.output)):
+                raise ModelReadError(f"{path}: node {index} names a tensor that is not valid UTF-8; the file is corrupt",
+                                     hint="re-export the model")
+        for value in list(graph.input) + list(graph.output) + list(graph.value_info) + list(graph.initializer):
+            if bad(value.name):
+                raise ModelReadError(f"{path}: a tensor name is not valid UTF-8 ({value.name!r}); the file is corrupt",
+                                     hint="re-export the model")
+
+
 def iter_graphs(graph: GraphProto, scope: str = "") -> Iterator[tuple[str, GraphProto]]:
     """The graph and all its subgraphs, depth first, each with a scope path ("" for the main graph)."""
     yield scope, graph
@@ -351,6 +377,7 @@ class ModelHandle:
         but only read when ``load_weights`` is True."""
         path = Path(os.path.abspath(path))
         proto = parse_model(_read_model_bytes(path), path)
+        _require_text(proto, path)
         external = scan_external_data(proto, path.parent)
         handle = cls(proto=proto, path=path, weights_loaded=not external, external_files=external)
         if load_weights:

@@ -39,6 +39,19 @@ def _run(tmp_path, seed: str, case: int, command: str):
     return kind
 
 
+def test_text_that_is_not_utf8(tmp_path):
+    """The str/bytes case: protobuf hands back bytes for a text field that is not valid UTF-8, and
+    inspect used to sort them with str (exit 4). Now every command refuses the file in one line."""
+    data = (SAMPLES / "cnn.onnx").read_bytes()
+    at = data.find(b"Relu")
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data[:at] + b"Rel\xff" + data[at + 4:])
+    for args in (["inspect", path], ["check", path, "--ep", "cpu"], ["convert", path, "--fp16", "-o", tmp_path / "o.onnx"]):
+        result = invoke(*args)
+        assert result.exit_code == 2 and "not valid UTF-8" in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("seed, case, command", REGRESSIONS)
 def test_regressions(tmp_path, seed, case, command):
     _run(tmp_path, seed, case, command)
@@ -48,3 +61,38 @@ def test_regressions(tmp_path, seed, case, command):
 def test_bounded_fuzz(tmp_path, command):
     kinds = {_run(tmp_path, SEEDS[case % len(SEEDS)], case, command) for case in range(3 * len(MUTATIONS))}
     assert kinds == set(MUTATIONS)  # every mutation was tried
+
+
+def _invalid(kind: str):
+    import onnx
+    from onnx import TensorProto, helper
+
+    a = helper.make_node("Relu", ["x"], ["a"], name="first")
+    b = helper.make_node("Neg", ["a"], ["b"], name="second")
+    if kind == "duplicate_name":
+        b = helper.make_node("Neg", ["a"], ["a"], name="second")  # 'a' defined twice
+    elif kind == "cycle":
+        a = helper.make_node("Relu", ["b"], ["a"], name="first")  # first reads second's output
+    elif kind == "dangling_input":
+        b = helper.make_node("Add", ["a", "nowhere"], ["b"], name="second")
+    graph = helper.make_graph([a, b], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("b" if kind != "duplicate_name" else "a", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("kind", ["duplicate_name", "cycle", "dangling_input"])
+def test_invalid_models_are_errors_everywhere(tmp_path, kind):
+    import onnx
+
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(_invalid(kind), str(path))
+    check = invoke("check", path, "--ep", "cpu", "--ep", "dml", "--json").json()
+    assert all(r["verdict"] == "none" for r in check["results"])
+    assert {f["code"] for f in check["findings"] if f["severity"] == "error"} >= {"MOD001"}
+    assert invoke("inspect", path).exit_code == 1
+    for args in (["convert", path, "--fp16"], ["simplify", path], ["optimize", path], ["load", path, "--ep", "cpu"],
+                 ["quantize", path, "--dynamic", "--calib", "random"]):
+        result = invoke(*args, "-o", tmp_path / "o.onnx") if args[0] != "load" else invoke(*args)
+        assert result.exit_code == 2, (args[0], result.stderr)
+        assert "onnx.checker rejects the model" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "o.onnx").exists()

@@ -158,3 +158,33 @@ def test_iter_nodes_reaches_subgraphs(samples):
     assert ("", "choose") in scoped
     assert ("/choose.then_branch", "then_add") in scoped
     assert ("/repeat.body", "body_add") in scoped
+
+
+def test_weights_beyond_memory_are_refused_with_the_numbers(tmp_path):
+    """A model whose external weights (here a sparse 200 GiB file) cannot fit: the steps that load
+    weights stop before any work with exit 3; inspect and check, which read no weights, still work."""
+    from onnx import TensorProto, helper
+
+    from cli_helpers import invoke
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 18, 1 << 16])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(4 << 34))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1 << 18])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1 << 16])], [weight])
+    model = folder / "big.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    with open(folder / "w.bin", "wb") as data:
+        data.truncate(4 << 34)  # sparse: takes no disk
+    for args in (["convert", model, "--fp16", "-o", tmp_path / "o.onnx"], ["load", model, "--ep", "cpu"]):
+        result = invoke(*args)
+        assert result.exit_code == 3, result.stderr
+        assert "GiB of tensors in memory" in result.stderr and "GiB available" in result.stderr
+        assert not (tmp_path / "o.onnx").exists()
+    assert invoke("inspect", model).exit_code in (0, 1)
+    assert invoke("check", model, "--ep", "cpu").exit_code in (0, 1)

@@ -178,6 +178,14 @@ def discover(path: str, specs: list[InputSpec], *, image: ImageOptions | None = 
     if location.is_file():
         if location.suffix != ".npz":
             raise UsageError(f"calibration file {location} is not a .npz", hint="pass a .npz or a folder of samples")
+        from ortprep.validity import available_memory
+
+        available = available_memory()
+        if available is not None and location.stat().st_size > available // 2:
+            raise UsageError(
+                f"calibration file {location.name} holds {location.stat().st_size / 2**30:.1f} GiB, read whole; this "
+                f"machine has {available / 2**30:.1f} GiB available",
+                hint="split it into a folder of .npz files (one sample each), which is read one sample at a time")
         arrays = _load_npz(location)
         counts = set()
         for spec in specs:

@@ -20,7 +20,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
-from ortprep.validity import require_valid
+from ortprep.validity import require_memory, require_valid
 from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.load import LoadOptions, _session_options, ep_runtime
 from ortprep.steps.options import CompileOptions
@@ -135,4 +135,5 @@ class CompileStep(Step):
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         refuse_ep_context(model, self.name)
         require_valid(model, self.name)
+        require_memory(model, self.name, 1.0)
         return compile_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

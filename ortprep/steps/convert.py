@@ -13,7 +13,7 @@ from onnx import ModelProto
 from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.validity import drop_duplicate_imports, require_valid
+from ortprep.validity import drop_duplicate_imports, require_memory, require_valid
 from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
@@ -122,4 +122,5 @@ class ConvertStep(Step):
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         refuse_ep_context(model, self.name)
         require_valid(model, self.name)
+        require_memory(model, self.name, 2.0)
         return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

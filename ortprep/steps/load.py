@@ -25,7 +25,7 @@ from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import GUESSES, has_guessed_dims, input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import INSTALL_HINT, RuntimeProbe, plugin_table, probe_runtime
-from ortprep.validity import require_valid
+from ortprep.validity import require_memory, require_valid
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.options import LoadOptions
 
@@ -443,4 +443,5 @@ class LoadStep(Step):
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         require_valid(model, self.name)
+        require_memory(model, self.name, 1.0)
         return load_on_eps(model, self.options)

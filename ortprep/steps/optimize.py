@@ -12,7 +12,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
-from ortprep.validity import require_valid
+from ortprep.validity import require_memory, require_valid
 from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
 from ortprep.steps.options import OptimizeOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
@@ -105,4 +105,5 @@ class OptimizeStep(Step):
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         refuse_ep_context(model, self.name)
         require_valid(model, self.name)
+        require_memory(model, self.name, 2.0)
         return optimize_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -21,7 +21,7 @@ samples:
 	$(BIN)/python sample_models/build.py
 
 bench:
-	$(BIN)/python bench/bench_inspect.py
+	$(BIN)/python bench/run_all.py
 
 fuzz:
 	$(BIN)/python tools/fuzz.py --cases 2000

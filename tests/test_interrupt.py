@@ -48,7 +48,7 @@ def processes_with(marker: str) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds child processes through /proc")
 @pytest.mark.parametrize("how, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-@pytest.mark.parametrize("command", ["convert", "load"])
+@pytest.mark.parametrize("command", ["convert", "quantize", "load"])
 def test_interrupt_leaves_nothing_behind(tmp_path, how, code, command):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -58,6 +58,9 @@ def test_interrupt_leaves_nothing_behind(tmp_path, how, code, command):
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "PYTHONPATH": str(ROOT)}
     if command == "convert":
         args = ["convert", str(big_model(tmp_path / "big.onnx")), "--fp16", "-o", str(out_dir / "big.fp16.onnx")]
+    elif command == "quantize":
+        args = ["quantize", str(big_model(tmp_path / "big.onnx")), "--static", "--calib", "random", "--method", "entropy",
+                "-o", str(out_dir / "big.int8.onnx")]
     else:
         args = ["load", str(SAMPLES / "transformer_block.onnx"), "--ep", "cpu", "--runs", "100000000",
                 "--report", str(out_dir / "report.json")]

@@ -64,7 +64,6 @@ def test_bounded_fuzz(tmp_path, command):
 
 
 def _invalid(kind: str):
-    import onnx
     from onnx import TensorProto, helper
 
     a = helper.make_node("Relu", ["x"], ["a"], name="first")

@@ -354,3 +354,12 @@ def test_converter_written_classifier_with_zipmap(tmp_path):
         assert "internal error" not in result.stderr and result.json()["schema"].startswith("ortprep.")
     fixed = invoke("convert", path, "--fix-dim", "N=2", "-o", tmp_path / "e.onnx", "--json").json()
     assert fixed["verify"]["passed"] is True and fixed["verify"]["outputs"][1]["max_abs_diff"] == 0.0
+
+
+@needs_openvino
+def test_runtime_flag_repeats():
+    record = invoke("doctor", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}", "--runtime", f"openvino-gpu={OPENVINO_PYTHON}",
+                    "--json").json()
+    rows = {row["ep"]: row for row in record["eps"]}
+    assert rows["openvino-cpu"]["runtime"] == rows["openvino-gpu"]["runtime"] == str(OPENVINO_PYTHON)
+    assert rows["openvino-cpu"]["available"] and rows["openvino-cpu"]["via"] == "built in"

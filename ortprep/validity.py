@@ -50,11 +50,40 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def require_valid(handle: ModelHandle, step: str) -> None:
-    """Stop a step that loads, changes or runs a model the checker refuses, with one line."""
+def runtime_refusal(handle: ModelHandle) -> str | None:
+    """Why ONNX Runtime refuses to load the model (asked in a child process, only when onnx's
+    checker has refused it already), or None when it loads. Without ORT the checker decides."""
     passed, error = checker_result(handle)
-    if not passed:
-        raise InvalidModelError(f"{handle.path}: onnx.checker rejects the model ({error}); {step} needs a valid model",
+    if passed:
+        return None
+    if handle.path is None:
+        return error
+    return _ort_refusal(str(handle.path), handle.path.stat().st_mtime) and error
+
+
+@functools.lru_cache(maxsize=32)
+def _ort_refusal(path: str, mtime: float) -> bool:
+    import tempfile
+    from pathlib import Path
+
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.runtime.providers import import_ort
+
+    if import_ort() is None:
+        return True
+    with tempfile.TemporaryDirectory(prefix="ortprep-validity-") as tmp:
+        outcome = run_isolated(Path(path), {}, optimization="disable", optimized_model=Path(tmp) / "loaded.onnx",
+                               optimized_data="loaded.onnx.data")
+    return not outcome.ok
+
+
+def require_valid(handle: ModelHandle, step: str) -> None:
+    """Stop a step that loads, changes or runs a model that onnx's checker and ONNX Runtime both
+    refuse, with one line."""
+    error = runtime_refusal(handle)
+    if error:
+        raise InvalidModelError(f"{handle.path}: onnx.checker rejects the model ({error}) and ONNX Runtime does not load "
+                                f"it; {step} needs a valid model",
                                 hint=f"ortprep check {handle.path} --ep cpu shows it; re-export the model or fix what the "
                                 "checker names")
 

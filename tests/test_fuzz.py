@@ -95,3 +95,44 @@ def test_invalid_models_are_errors_everywhere(tmp_path, kind):
         assert result.exit_code == 2, (args[0], result.stderr)
         assert "onnx.checker rejects the model" in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "o.onnx").exists()
+
+
+def test_checker_only_complaint_is_a_warning_when_ort_loads_it(tmp_path):
+    """A graph output typed without a shape field: onnx's checker refuses it, ONNX Runtime loads it.
+    check warns (MOD001 warning, verdict full); the other steps go on."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "noshape.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(Exception):
+        onnx.checker.check_model(str(path), full_check=True)
+    record = invoke("check", path, "--ep", "cpu", "--json").json()
+    finding = next(f for f in record["findings"] if f["code"] == "MOD001")
+    assert finding["severity"] == "warning" and "loads it anyway" in finding["message"]
+    assert record["results"][0]["verdict"] == "full"
+    assert invoke("load", path, "--ep", "cpu", "--runs", "1").exit_code == 0
+
+
+def test_fixed_shapes_pass_the_checker(tmp_path):
+    """convert --fix-dim once left outputs typed without a shape (onnx's checker refused its own output)."""
+    import onnx
+
+    out = tmp_path / "static.onnx"
+    assert invoke("convert", SAMPLES / "transformer_block.onnx", "--fix-dim", "batch=1", "--fix-dim", "sequence=16",
+                  "-o", out).exit_code == 0
+    onnx.checker.check_model(str(out), full_check=True)
+    # An op shape inference knows nothing about: its output keeps the shape it had.
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Foo", ["x"], ["y"], domain="com.example", name="foo")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    custom = tmp_path / "custom.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]),
+              str(custom))
+    assert invoke("convert", custom, "--fix-dim", "batch=1", "--no-verify", "-o", tmp_path / "c.onnx").exit_code == 0
+    onnx.checker.check_model(str(tmp_path / "c.onnx"), full_check=True)

@@ -25,7 +25,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
-from ortprep.validity import checker_result, converter_defects
+from ortprep.validity import checker_result, converter_defects, runtime_refusal
 from ortprep.steps.options import CheckOptions
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ SCHEMA = "ortprep.check/2"
 EPS_SCHEMA = "ortprep.eps/1"
 
 # Findings that mean no session can be created at all.
-SESSION_BLOCKERS = ("MOD001", "MOD002", "MOD009", "MOD010", "CMB001")
+SESSION_BLOCKERS = ("MOD002", "MOD009", "MOD010", "CMB001")
 
 FIXES = {
     "EP001": "replace {op} with ops {ep} supports, or accept the CPU fallback",
@@ -177,7 +177,7 @@ def _coverage_finding(label: str, nodes_placed: int, supported: int, fallback: l
 
 
 def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
-    blocked = any(f.code in SESSION_BLOCKERS for f in findings)
+    blocked = any(f.code in SESSION_BLOCKERS or (f.code == "MOD001" and f.severity >= Severity.ERROR) for f in findings)
     has_error = any(f.severity >= Severity.ERROR for f in findings)
     if blocked or (nodes_placed and supported == 0):
         return "none"
@@ -207,8 +207,12 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
     findings.extend(converter_defects(analysis.handle))
     passed, error = checker_result(analysis.handle)
     if not passed:
-        findings.append(Finding.of("MOD001", f"onnx.checker rejects the model ({error}); ONNX Runtime will not load it",
-                                   fix="re-export the model, or fix what the checker names", source="onnx.checker"))
+        refused = runtime_refusal(analysis.handle)
+        findings.append(Finding.of(
+            "MOD001", f"onnx.checker rejects the model ({error}); "
+            + ("ONNX Runtime does not load it either" if refused else "ONNX Runtime loads it anyway, other tools may not"),
+            severity=Severity.ERROR if refused else Severity.WARNING,
+            fix="re-export the model, or fix what the checker names", source="onnx.checker"))
     coverage = _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
     if coverage is not None:
         findings.append(coverage)

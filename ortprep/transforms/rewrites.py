@@ -91,17 +91,31 @@ def fix_shapes(proto: ModelProto, shapes: dict[str, list[int]]) -> list[str]:
 
 
 def propagate_static_shapes(proto: ModelProto) -> ModelProto:
-    """Re-run shape inference after fixing inputs, so outputs and value_info become static too."""
+    """Re-run shape inference after fixing inputs, so outputs and value_info become static too.
+    What inference cannot shape keeps its old output shape, and a value_info without a shape is
+    dropped: onnx's checker refuses a tensor type without one."""
     for _, graph in iter_graphs(proto.graph):
         del graph.value_info[:]
+    old_outputs = {}
     for value in proto.graph.output:
         if value.type.WhichOneof("value") == "tensor_type":
+            old_outputs[value.name] = onnx.TypeProto()
+            old_outputs[value.name].CopyFrom(value.type)
             value.type.tensor_type.ClearField("shape")
     try:
-        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception as exc:  # noqa: BLE001
         log.info("shape inference after fixing shapes failed: %s", exc)
-        return proto
+        inferred = proto
+    for value in inferred.graph.output:
+        if value.name in old_outputs and not value.type.tensor_type.HasField("shape"):
+            value.type.CopyFrom(old_outputs[value.name])
+    for _, graph in iter_graphs(inferred.graph):
+        keep = [v for v in graph.value_info if v.type.WhichOneof("value") != "tensor_type" or v.type.tensor_type.HasField("shape")]
+        if len(keep) != len(graph.value_info):
+            del graph.value_info[:]
+            graph.value_info.extend(keep)
+    return inferred
 
 
 def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:

@@ -46,6 +46,7 @@ def run_step(name: str, model=None, output=None, *, force: bool = False, **optio
     step = step_class(name)(settings)
     step.prepare()
     handle = model if isinstance(model, ModelHandle) or model is None else ModelHandle.open(model)
+    step.admit(handle)
     return step.run(handle, StepContext(output=Path(output) if output else None, force=force))
 
 

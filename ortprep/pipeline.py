@@ -185,6 +185,7 @@ class Pipeline:
                 self.progress(entry.label, index, len(self.steps))
             handle = ModelHandle.open(model) if entry.name not in NO_MODEL else None
             output = self.output_for(index, model) if entry.name in WRITES_MODEL else None
+            entry.step.admit(handle)
             result = entry.step.run(handle, StepContext(output=output, force=self.force, progress=self.progress))
             status = "failed" if result.fails(entry.fail_on) or result.missing else "passed"
             if entry.name in WRITES_MODEL and result.output is None:

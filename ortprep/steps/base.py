@@ -37,6 +37,8 @@ class Step:
     progress_label: ClassVar[str | None] = None  # a spinner label, for steps without a progress bar
     default_suffix: ClassVar[str] = ".out.onnx"
     needs_ort: ClassVar[str] = "never"  # "always", or "to_verify" (only when options.verify is on)
+    memory_factor: ClassVar[float | None] = None  # holds the weights, about this many times: refuse what cannot fit
+    refuses_ep_context: ClassVar[bool] = False  # changes the model, so a compiled EPContext model is refused
 
     def __init__(self, options: StepOptions | None = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -48,6 +50,19 @@ class Step:
             from ortprep.runtime.providers import require_ort
 
             require_ort()
+
+    def admit(self, model: ModelHandle | None) -> None:
+        """The checks every model passes before this step runs: not a compiled EPContext model
+        (for steps that change it), a model ONNX Runtime loads, and weights that fit in memory.
+        Each refusal is one line (exit 2, or 3 for memory)."""
+        if model is None or self.memory_factor is None:
+            return
+        from ortprep.validity import require_memory, require_valid
+
+        if self.refuses_ep_context:
+            refuse_ep_context(model, self.name)
+        require_valid(model, self.name)
+        require_memory(model, self.name, self.memory_factor)
 
     def default_output(self, model: Path) -> Path:
         """Where the output goes when none is given: beside the input, with the step's suffix."""

@@ -20,8 +20,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
-from ortprep.validity import require_memory, require_valid
-from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
+from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.load import LoadOptions, _session_options, ep_runtime
 from ortprep.steps.options import CompileOptions
 
@@ -124,6 +123,8 @@ def _compare(name: str, reference: np.ndarray, candidate: np.ndarray) -> dict[st
 class CompileStep(Step):
     name = "compile"
     Options = CompileOptions
+    memory_factor = 1.0
+    refuses_ep_context = True
     writes_model = True
     needs_ort = "always"
     progress_label = "compiling"
@@ -133,7 +134,4 @@ class CompileStep(Step):
         return model.with_name(model.name.removesuffix(".onnx") + f".{self.options.ep}.ctx.onnx")
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        refuse_ep_context(model, self.name)
-        require_valid(model, self.name)
-        require_memory(model, self.name, 1.0)
         return compile_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -13,8 +13,8 @@ from onnx import ModelProto
 from ortprep.errors import UsageError
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.validity import drop_duplicate_imports, require_memory, require_valid
-from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
+from ortprep.validity import drop_duplicate_imports
+from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms import rewrites
@@ -111,6 +111,8 @@ def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, li
 class ConvertStep(Step):
     name = "convert"
     Options = ConvertOptions
+    memory_factor = 2.0
+    refuses_ep_context = True
     writes_model = True
     needs_ort = "to_verify"
     progress_label = "converting"
@@ -120,7 +122,4 @@ class ConvertStep(Step):
         return model.with_name(model.name.removesuffix(".onnx") + suffix)
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        refuse_ep_context(model, self.name)
-        require_valid(model, self.name)
-        require_memory(model, self.name, 2.0)
         return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -25,7 +25,6 @@ from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import GUESSES, has_guessed_dims, input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import INSTALL_HINT, RuntimeProbe, plugin_table, probe_runtime
-from ortprep.validity import require_memory, require_valid
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.options import LoadOptions
 
@@ -438,10 +437,9 @@ def _rejection_fix(reason: str, ep: str) -> str:
 class LoadStep(Step):
     name = "load"
     Options = LoadOptions
+    memory_factor = 1.0
     progress_label = "loading on each EP"
     needs_ort = "always"
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        require_valid(model, self.name)
-        require_memory(model, self.name, 1.0)
         return load_on_eps(model, self.options)

@@ -12,8 +12,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
-from ortprep.validity import require_memory, require_valid
-from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
+from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import OptimizeOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.verify import (
@@ -95,6 +94,8 @@ def optimize_model(handle: ModelHandle, dest: Path, options: OptimizeOptions, *,
 class OptimizeStep(Step):
     name = "optimize"
     Options = OptimizeOptions
+    memory_factor = 2.0
+    refuses_ep_context = True
     writes_model = True
     needs_ort = "always"
     progress_label = "optimizing"
@@ -103,7 +104,4 @@ class OptimizeStep(Step):
         return model.with_name(model.name.removesuffix(".onnx") + f".opt-{self.options.level}.onnx")
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        refuse_ep_context(model, self.name)
-        require_valid(model, self.name)
-        require_memory(model, self.name, 2.0)
         return optimize_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -30,8 +30,7 @@ from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs
 from ortprep.runtime.isolated import RunOutcome, run_isolated
-from ortprep.validity import require_memory, require_valid
-from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path, refuse_ep_context
+from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
 from ortprep.steps.options import QuantizeOptions
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import float_intermediates, model_bytes, save_temp
@@ -563,12 +562,11 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
 class QuantizeStep(Step):
     name = "quantize"
     Options = QuantizeOptions
+    memory_factor = 2.0
+    refuses_ep_context = True
     writes_model = True
     needs_ort = "always"
     default_suffix = ".int8.onnx"
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        refuse_ep_context(model, self.name)
-        require_valid(model, self.name)
-        require_memory(model, self.name, 2.0)
         return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)

@@ -13,8 +13,7 @@ from onnx import ModelProto
 from ortprep.findings import Finding
 from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle
 from ortprep.report import StepResult
-from ortprep.validity import require_memory, require_valid
-from ortprep.steps.base import Step, StepContext, output_path, refuse_ep_context
+from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.verify import (
@@ -117,13 +116,12 @@ def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *,
 class SimplifyStep(Step):
     name = "simplify"
     Options = SimplifyOptions
+    memory_factor = 2.0
+    refuses_ep_context = True
     writes_model = True
     needs_ort = "to_verify"
     progress_label = "simplifying"
     default_suffix = ".sim.onnx"
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        refuse_ep_context(model, self.name)
-        require_valid(model, self.name)
-        require_memory(model, self.name, 2.0)
         return simplify_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

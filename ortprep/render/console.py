@@ -218,38 +218,6 @@ def render_causes(findings: list[dict[str, Any]], console: Console, examples: in
                   + (f"; {len(nodes)} node{'s' if len(nodes) != 1 else ''} affected" if nodes else ""))
 
 
-def render_grouped_findings(findings: list[dict[str, Any]], console: Console, examples: int = 3) -> None:
-    """Findings with the same code, op and severity collapse into one line with a count."""
-    if not findings:
-        console.print("  No findings.")
-        return
-    order = {"error": 0, "warning": 1, "info": 2}
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for finding in findings:
-        key = (finding["severity"], finding["code"], finding.get("op_type"))
-        groups.setdefault(key, []).append(finding)
-    for (severity, code, op_type), members in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1], kv[0][2] or "")):
-        style = SEVERITY_STYLE.get(severity, "")
-        first = members[0]
-        if len(members) == 1 or not op_type:
-            console.print(f"  [{style}]{severity:<7}[/] {code}  {escape(first['message'])}", highlight=False)
-            for extra in members[1:]:
-                console.print(f"           {escape(extra['message'])}", highlight=False)
-        else:
-            names = [m["node"] for m in members if m.get("node")]
-            shown = ", ".join(names[:examples]) + (f", ... ({len(names) - examples} more)" if len(names) > examples else "")
-            console.print(
-                f"  [{style}]{severity:<7}[/] {code}  {len(members)} x {op_type}: {escape(first['message'])}", highlight=False
-            )
-            console.print(f"           nodes: {escape(shown)}", highlight=False)
-        if first.get("fix"):
-            console.print(f"           fix: {escape(first['fix'])}", highlight=False)
-        if first.get("source"):
-            console.print(f"           source: {escape(first['source'])}", highlight=False, style="dim")
-    counts = Counter(f["severity"] for f in findings)
-    console.print("  " + ", ".join(f"{counts[s]} {s}" for s in ("error", "warning", "info") if counts[s]))
-
-
 def render_eps(record: dict[str, Any], console: Console) -> None:
     table = Table(title="Execution providers ortprep checks")
     for column in ("name", "aliases", "ORT provider", "device", "ops", "table source"):
@@ -297,7 +265,7 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
         console.print(table)
         if len(kept) > 40:
             console.print(f"... and {len(kept) - 40} more (see --json)")
-    render_grouped_findings(record["findings"], console)
+    render_causes(record["findings"], console)
 
 
 def render_quantize(record: dict[str, Any], console: Console) -> None:
@@ -329,7 +297,7 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
         )
     if record["excluded_nodes"]:
         console.print("kept in float: " + ", ".join(escape(n["name"]) for n in record["excluded_nodes"]))
-    render_grouped_findings(record["findings"], console)
+    render_causes(record["findings"], console)
 
 
 STATUS_STYLE = {"ok": "green", "fallback": "yellow", "inputs_guessed": "yellow", "failed": "red", "crashed": "red", "timeout": "red", "unavailable": "dim"}
@@ -364,7 +332,7 @@ def render_load(record: dict[str, Any], console: Console) -> None:
             console.print(f"{escape(result['ep'])}: " + "; ".join(parts), highlight=False)
         for op in result.get("profile", []):
             console.print(f"  {result['ep']} {op['op_type']}: {op['share'] * 100:.1f}% ({op['microseconds']} us)", highlight=False)
-    render_grouped_findings(record["findings"], console)
+    render_causes(record["findings"], console)
 
 
 def render_doctor(record: dict[str, Any], console: Console) -> None:
@@ -412,7 +380,7 @@ def render_compile(record: dict[str, Any], console: Console) -> None:
         verdict = "[green]within tolerance[/]" if output["within_tolerance"] else "[red]differs[/]"
         console.print(f"output {escape(output['name'])}: {verdict}, max abs diff {_number(output['max_abs_diff'])}, "
                       f"cosine {_number(output['cosine'])}")
-    render_grouped_findings(record["findings"], console)
+    render_causes(record["findings"], console)
 
 
 STEP_RENDERERS = {
@@ -460,4 +428,4 @@ def render_run(record: dict[str, Any], console: Console) -> None:
     for step in record["steps"]:
         if step["report"] and step["report"]["findings"]:
             console.print(f"\n[bold]{escape(step['name'])}[/]")
-            render_grouped_findings(step["report"]["findings"], console)
+            render_causes(step["report"]["findings"], console)

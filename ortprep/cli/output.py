@@ -123,7 +123,7 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
     _check_report_paths([report, junit, markdown], pipeline.model)
     pipeline.prepare()
     single = pipeline.steps[0].step if pipeline.single_command else None
-    if single is not None and single.name != "quantize":
+    if single is not None and not single.reports_progress:
         with progress_for(single.progress_label or f"running {single.name}", quiet=as_json or single.progress_label is None):
             run_report = pipeline.run()
     else:

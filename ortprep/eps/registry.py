@@ -45,7 +45,6 @@ class EpSpec:
     device: str  # "cpu", "gpu" or "npu": where the EP's kernels run
     description: str
     aliases: tuple[str, ...] = ()
-    install_package: str | None = None
     install_hint: str = "install an ONNX Runtime build with it"
     static_shapes: StaticShapeRule | None = None
     quantize: QuantizePreset | None = None
@@ -74,7 +73,6 @@ def _spec(entry: dict[str, Any]) -> EpSpec:
         device=entry["device"],
         description=entry["description"],
         aliases=tuple(entry.get("aliases", ())),
-        install_package=install.get("package"),
         install_hint=install.get("hint", EpSpec.install_hint),
         static_shapes=StaticShapeRule(**shapes) if shapes else None,
         quantize=QuantizePreset(

@@ -35,6 +35,7 @@ class Step:
     writes_model: ClassVar[bool] = False
     needs_model: ClassVar[bool] = True
     progress_label: ClassVar[str | None] = None  # a spinner label, for steps without a progress bar
+    reports_progress: ClassVar[bool] = False  # calls ctx.progress(stage, done, total): a progress bar is drawn
     default_suffix: ClassVar[str] = ".out.onnx"
     needs_ort: ClassVar[str] = "never"  # "always", or "to_verify" (only when options.verify is on)
     memory_factor: ClassVar[float | None] = None  # holds the weights, about this many times: refuse what cannot fit

@@ -261,7 +261,7 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
         table.add_column("op")
         table.add_column("why")
         for node in kept[:40]:
-            table.add_row(escape(node["name"]), node["op_type"], escape(node["reason"]))
+            table.add_row(escape(node.get("path") or node["name"]), node["op_type"], escape(node["reason"]))
         console.print(table)
         if len(kept) > 40:
             console.print(f"... and {len(kept) - 40} more (see --json)")

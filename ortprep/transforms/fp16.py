@@ -24,6 +24,7 @@ from onnx import ModelProto, TensorProto, numpy_helper
 from ortprep.analysis import ModelAnalysis, formal_types
 from ortprep.eps.tables import load_table
 from ortprep.graphops import topological_sort
+from ortprep.transforms.fp16_types import drop_cast_round_trips, reconcile_types, run_converter
 from ortprep.model import ModelHandle, iter_graphs
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,11 @@ class KeptNode:
     name: str
     op_type: str
     reason: str
+    graph: str = ""  # the subgraph holding it ("/loop.body"), "" for the main graph
 
     def to_record(self) -> dict:
-        return {"name": self.name, "op_type": self.op_type, "reason": self.reason}
+        return {"name": self.name, "op_type": self.op_type, "reason": self.reason, "graph": self.graph,
+                "path": f"{self.graph}/{self.name}" if self.graph else self.name}
 
 
 class KeepReason(str, Enum):
@@ -56,6 +59,7 @@ class KeepReason(str, Enum):
     ERROR_STARTS = "error_starts"  # its FP16 output is where the error against FP32 starts
     FEEDS_KEPT = "feeds_kept"  # feeds a kept node whose output differs even in FP32
     NO_RUN = "no_run"  # ORT could not run the FP16 model and no node could be blamed
+    CRASH = "crash"  # ORT crashes on it in float16 (found by bisection)
 
 
 def _float_arrays(graph) -> dict[str, np.ndarray]:
@@ -210,19 +214,19 @@ def convert_once(
 
     source = ModelProto()
     source.CopyFrom(proto)
+    op_blocks = set(float16.DEFAULT_OP_BLOCK_LIST) | block_ops
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # range warnings are reported by scan_constants instead
-        converted = float16.convert_float_to_float16(
-            source,
-            min_positive_val=FP16_MIN_SUBNORMAL,
-            max_finite_val=FP16_MAX,
-            keep_io_types=keep_io_types,
-            op_block_list=sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | block_ops),
-            node_block_list=sorted(block_nodes),
-            check_fp16_ready=False,
-        )
+        converted = run_converter(source, keep_io_types=keep_io_types, op_block_list=op_blocks,
+                                  node_block_list=set(block_nodes), min_positive_val=FP16_MIN_SUBNORMAL,
+                                  max_finite_val=FP16_MAX)
+    original_casts = {n.name for _, g in iter_graphs(proto.graph) for n in g.node if n.op_type == "Cast"}
+    round_trips = sum(drop_cast_round_trips(g, original_casts) for _, g in iter_graphs(converted.graph))
     repairs = repair_casts(converted, proto, block_ops, block_nodes)
+    if round_trips:
+        repairs.append(f"removed {round_trips} float32 -> float16 -> float32 Cast round trip(s)")
     repairs += clear_stale_value_info(converted)
+    repairs += reconcile_types(converted, set(block_nodes), op_blocks)
     if topological_sort(converted.graph):
         # The converter sorts nodes without seeing what If/Loop bodies read from outside.
         repairs.append("re-sorted nodes so If/Loop/Scan come after the values their bodies read")

@@ -9,7 +9,7 @@ from onnx import ModelProto
 
 from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding, Severity
-from ortprep.model import ModelHandle
+from ortprep.model import ModelHandle, iter_graphs
 from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
 from ortprep.steps.options import ConvertOptions
@@ -52,15 +52,17 @@ class Fp16Search:
         from onnxconverter_common.float16 import DEFAULT_OP_BLOCK_LIST
 
         kept = []
-        for node in self.source.graph.node:
-            if node.name in self.block_nodes:
-                kept.append(fp16_step.KeptNode(node.name, node.op_type, self.block_nodes[node.name]))
-            elif node.op_type in self.block_ops:
-                kept.append(fp16_step.KeptNode(node.name, node.op_type, self.block_ops[node.op_type]))
-            elif node.op_type in DEFAULT_OP_BLOCK_LIST:
-                kept.append(
-                    fp16_step.KeptNode(node.name, node.op_type, "onnxconverter-common keeps this op in FP32")
-                )
+        for scope, graph in iter_graphs(self.source.graph):
+            for node in graph.node:
+                if node.name in self.block_nodes:
+                    reason = self.block_nodes[node.name]
+                elif node.op_type in self.block_ops:
+                    reason = self.block_ops[node.op_type]
+                elif node.op_type in DEFAULT_OP_BLOCK_LIST:
+                    reason = "onnxconverter-common keeps this op in FP32"
+                else:
+                    continue
+                kept.append(fp16_step.KeptNode(node.name, node.op_type, reason, scope))
         return kept
 
     def convert(self) -> tuple[ModelProto | None, VerifyResult | None]:

@@ -27,16 +27,23 @@ def _clean(message: str) -> str:
 
 
 def _test_crash_requested(model_path: str) -> bool:
-    """ORTPREP_TEST_CRASH_WORKER=1 crashes every run; =fp16 only runs of models holding float16."""
+    """ORTPREP_TEST_CRASH_WORKER=1 crashes every run; =fp16 only runs of models holding float16;
+    =fp16:OP only runs where an OP node computes on float16 (its first input is float16)."""
     wanted = os.environ.get("ORTPREP_TEST_CRASH_WORKER", "")
     if wanted == "1":
         return True
-    if wanted == "fp16":
-        import onnx
+    if not wanted.startswith("fp16"):
+        return False
+    import onnx
 
-        model = onnx.load(model_path, load_external_data=False)
+    model = onnx.load(model_path, load_external_data=False)
+    if wanted == "fp16":
         return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
-    return False
+    op_type = wanted.partition(":")[2]
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return any(node.op_type == op_type and types.get(node.input[0]) == onnx.TensorProto.FLOAT16 for node in model.graph.node)
 
 
 def main(request_path: str) -> int:

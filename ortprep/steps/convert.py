@@ -11,6 +11,7 @@ from typing import Any
 from onnx import ModelProto
 
 from ortprep.errors import UsageError
+from ortprep.findings import Finding
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.validity import drop_duplicate_imports
@@ -52,7 +53,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     kept: list[fp16_step.KeptNode] = []
     if options.fp16:
         proto, verify_result, kept = convert_to_fp16(proto, options, feeds, reference, report)
-        applied.append({"transform": "fp16", "detail": f"ep {options.ep}"})
+        applied.append({"transform": "fp16", "detail": f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures"})
     elif reference is not None:
         verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
 
@@ -76,6 +77,12 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         failure_fix=fix,
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
+    size_after = report.data.get("size_after")
+    if options.fp16 and size_after is not None and size_after >= 0.9 * size_before:
+        kept_weights = "" if options.ep is None else f"; {options.ep} keeps ops in FP32 whose weights stay float32"
+        report.add(Finding.of(
+            "CNV012", f"the FP16 model is not smaller ({size_after} bytes vs {size_before}){kept_weights}",
+            fix="see kept_fp32_nodes; without --ep every op with a float16 signature is converted"))
     report.output = written
     return report
 

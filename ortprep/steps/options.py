@@ -77,7 +77,8 @@ class ConvertOptions(VerifyOptions):
     """Options of ``convert`` (config keys = field names)."""
 
     fp16: bool = option(False, "Convert float32 to float16, verified, with mixed precision where needed.", Kind.FLAG)
-    ep: str = option("cpu", "Target EP: ops it has no FP16 kernel for stay FP32; sets the FP16 I/O default.", Kind.EP)
+    ep: str | None = option(None, "Target EP: ops it has no FP16 kernel for stay FP32; sets the FP16 I/O default. "
+                            "Without it: every op with a float16 signature in ONNX becomes FP16.", Kind.EP)
     keep_io_types: bool | None = option(
         None, "Keep float32 inputs/outputs (default), or make them float16 (the default for EPs that feed FP16, e.g. dml-npu).",
         Kind.TRISTATE, off_flag="--fp16-io")

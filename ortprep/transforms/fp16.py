@@ -97,55 +97,107 @@ def scan_constants(proto: ModelProto) -> RangeScan:
     return RangeScan(overflow, underflow)
 
 
-def fold_batchnorms(proto: ModelProto, tensors: set[str]) -> list[str]:
-    """Fold BatchNormalization nodes that read any of ``tensors`` into the Conv before them.
-
-    Only where it is exact: the Conv's output feeds this BN alone, and the Conv weight, bias
-    and the BN parameters are initializers. Returns the names of the folded BN nodes.
-    """
+def fold_batchnorms(proto: ModelProto, tensors: set[str] | None = None, ranks: dict[str, int] | None = None) -> list[str]:
+    """Fold inference-mode BatchNormalization nodes of the main graph whose parameters are
+    initializers (those reading any of ``tensors`` when given) into the Conv or ConvTranspose
+    before them, computed in float64. Where that is not exact (no such producer, or it feeds
+    others too) the BN becomes Mul + Add by the folded per-channel scale and shift, which stay in
+    FP16's range even when the variance does not. Returns the names of the folded BN nodes."""
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
     consumers = _consumers(graph)
     outputs = {v.name for v in graph.output}
     folded = []
+    replacements: dict[int, list[onnx.NodeProto]] = {}
     for bn in list(graph.node):
-        if bn.op_type != "BatchNormalization" or len(bn.input) < 5 or not tensors & set(bn.input[1:5]):
+        if bn.op_type != "BatchNormalization" or len(bn.input) < 5:
             continue
-        conv = producers.get(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or len(consumers.get(bn.input[0], [])) != 1 or bn.input[0] in outputs:
+        if tensors is not None and not tensors & set(bn.input[1:5]):
             continue
-        if len(bn.output) > 1 and any(bn.output[1:]):
-            continue  # training-mode outputs in use
-        names = [conv.input[1]] + list(bn.input[1:5]) + ([conv.input[2]] if len(conv.input) > 2 and conv.input[2] else [])
-        if not all(n in inits for n in names):
+        if not all(n in inits for n in bn.input[1:5]) or (len(bn.output) > 1 and any(bn.output[1:])):
+            continue  # parameters computed at run time, or training-mode outputs in use
+        if any(a.name == "training_mode" and a.i for a in bn.attribute):
             continue
         epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
         scale, shift, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:5])
-        bias = (
-            numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
-            if len(conv.input) > 2 and conv.input[2]
-            else np.zeros(weight.shape[0])
-        )
         factor = scale / np.sqrt(var + epsilon)
-        new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
-        new_bias = (bias - mean) * factor + shift
-        weight_name = f"{conv.name or conv.output[0]}.folded_weight"
-        bias_name = f"{conv.name or conv.output[0]}.folded_bias"
-        graph.initializer.extend(
-            [
-                numpy_helper.from_array(new_weight.astype(np.float32), weight_name),
-                numpy_helper.from_array(new_bias.astype(np.float32), bias_name),
+        offset = shift - mean * factor
+        label = bn.name or bn.output[0]
+        conv = producers.get(bn.input[0])
+        if conv is not None and _fold_into(conv, factor, offset, inits, graph, consumers, outputs, bn):
+            conv.output[0] = bn.output[0]
+            replacements[id(bn)] = []
+        else:
+            rank = (ranks or {}).get(bn.input[0]) or _rank(bn.input[0], graph)
+            if not rank or rank < 2:
+                continue  # unknown rank: the per-channel constants cannot be shaped
+            shape = (factor.shape[0],) + (1,) * (rank - 2)
+            graph.initializer.extend([
+                numpy_helper.from_array(factor.reshape(shape).astype(np.float32), f"{label}.folded_scale"),
+                numpy_helper.from_array(offset.reshape(shape).astype(np.float32), f"{label}.folded_shift"),
+            ])
+            replacements[id(bn)] = [
+                onnx.helper.make_node("Mul", [bn.input[0], f"{label}.folded_scale"], [f"{label}.scaled"], name=f"{label}/mul"),
+                onnx.helper.make_node("Add", [f"{label}.scaled", f"{label}.folded_shift"], [bn.output[0]], name=f"{label}/add"),
             ]
-        )
-        del conv.input[1:]
-        conv.input.extend([weight_name, bias_name])
-        conv.output[0] = bn.output[0]
-        graph.node.remove(bn)
-        folded.append(bn.name or bn.output[0])
-    _drop_unused_initializers(proto)
+        folded.append(label)
+    if replacements:
+        rebuilt = []
+        for node in graph.node:
+            rebuilt.extend(replacements.get(id(node), [node]))
+        del graph.node[:]
+        graph.node.extend(rebuilt)
+        _drop_unused_initializers(proto)
     return folded
+
+
+def tensor_ranks(proto: ModelProto) -> dict[str, int]:
+    """Ranks of the main graph's values from onnx shape inference, on a copy without weights."""
+    if proto.ByteSize() >= 2**28:
+        return {}  # a copy would double the weights in memory: use the value_info the model has
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # noqa: BLE001 - no ranks is a usable answer
+        return {}
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in list(inferred.graph.value_info) + list(inferred.graph.input)
+            if v.type.tensor_type.HasField("shape")}
+
+
+def _rank(name: str, graph) -> int | None:
+    for value in list(graph.value_info) + list(graph.input) + list(graph.output):
+        if value.name == name and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    return None
+
+
+def _fold_into(conv, factor, offset, inits, graph, consumers, outputs, bn) -> bool:
+    """Fold the BN's per-channel factor and offset into the Conv/ConvTranspose ``conv`` when exact."""
+    if conv.op_type not in ("Conv", "ConvTranspose") or len(consumers.get(bn.input[0], [])) != 1 or bn.input[0] in outputs:
+        return False
+    if len(conv.input) < 2 or conv.input[1] not in inits or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits):
+        return False
+    group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+    weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
+    if conv.op_type == "ConvTranspose":
+        if group != 1 or weight.shape[1] != factor.shape[0]:
+            return False
+        new_weight = weight * factor.reshape((1, -1) + (1,) * (weight.ndim - 2))
+    else:
+        if weight.shape[0] != factor.shape[0]:
+            return False
+        new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+    bias = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
+            if len(conv.input) > 2 and conv.input[2] else np.zeros(factor.shape[0]))
+    new_bias = bias * factor + offset
+    label = conv.name or conv.output[0]
+    graph.initializer.extend([
+        numpy_helper.from_array(new_weight.astype(np.float32), f"{label}.folded_weight"),
+        numpy_helper.from_array(new_bias.astype(np.float32), f"{label}.folded_bias"),
+    ])
+    del conv.input[1:]
+    conv.input.extend([f"{label}.folded_weight", f"{label}.folded_bias"])
+    return True
 
 
 def _drop_unused_initializers(proto: ModelProto) -> None:

@@ -16,6 +16,8 @@ from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms.fp16 import KeepReason
 from ortprep.transforms.verify import (
+    EXACT_GATE,
+    node_count,
     Gate,
     VerifyResult,
     float_intermediates,
@@ -36,7 +38,8 @@ class Fp16Search:
         self.feeds = feeds
         self.reference = reference
         self.report = report
-        self.keep_io = options.keep_io_types if options.keep_io_types is not None else not resolve_ep(options.ep).fp16_io
+        self.keep_io = (options.keep_io_types if options.keep_io_types is not None
+                        else not (options.ep is not None and resolve_ep(options.ep).fp16_io))
         self.block_ops: dict[str, str] = {op: "--block-op" for op in options.block_ops}
         self.block_nodes: dict[str, str] = {name: "--block-node" for name in options.block_nodes}
         # Why each node in block_nodes is there, as data (the text above is for people).
@@ -44,6 +47,7 @@ class Fp16Search:
         self.gate = Gate(min_cosine=options.min_cosine)
         self.repairs: list[str] = []
         self.rounds = 0
+        self.bisect_tries = 0
         # FP32 values of every intermediate tensor on the feeds: measured once, for the activation
         # scan, and reused by every round that localizes a failure.
         self.source_activations = None
@@ -65,29 +69,83 @@ class Fp16Search:
                 kept.append(fp16_step.KeptNode(node.name, node.op_type, reason, scope))
         return kept
 
+    def convert_with(self, extra_ops: set[str] = frozenset(), extra_nodes: set[str] = frozenset()) -> ModelProto:
+        converted, self.repairs = fp16_step.convert_once(
+            self.source,
+            keep_io_types=self.keep_io,
+            block_ops=set(self.block_ops) | set(extra_ops),
+            block_nodes=set(self.block_nodes) | set(extra_nodes),
+        )
+        return converted
+
     def convert(self) -> tuple[ModelProto | None, VerifyResult | None]:
         last: VerifyResult | None = None
         converted: ModelProto | None = None
+        bisected = False
         for self.rounds in range(1, self.options.max_rounds + 1):
-            converted, repairs = fp16_step.convert_once(
-                self.source,
-                keep_io_types=self.keep_io,
-                block_ops=set(self.block_ops),
-                block_nodes=set(self.block_nodes),
-            )
-            self.repairs = repairs
+            try:
+                converted = self.convert_with()
+            except Exception as error:  # noqa: BLE001 - the converter's failure becomes a finding
+                self.report.add(Finding.of(
+                    "CNV011", f"onnxconverter-common failed on this model ({type(error).__name__}: {error})",
+                    fix="keep the op types involved in FP32 with --block-op OP, and report the model to ortprep"))
+                return None, None
             if self.reference is None:
                 return converted, None
             candidate = run_model(converted, self.feeds)
             last = verify_run(self.reference, candidate, self.gate)
             if last.passed:
                 return converted, last
+            if last.status == "crashed" and not bisected:
+                bisected = True
+                self.report.add(Finding.of(
+                    "CNV005", f"ONNX Runtime crashed on the FP16 model ({last.error}); bisecting the op types and nodes "
+                    "that cause it", severity=Severity.WARNING,
+                    fix="if it persists: ortprep convert --fp16 --block-op OP for the op types involved"))
+                if self._bisect_crash(last.error or "crashed"):
+                    continue
             culprits = self._culprits(converted, last)
             if not culprits:
                 break
             for name, (why, reason) in culprits.items():
                 self.keep(name, why, reason)
         return converted, last
+
+    def _crashes(self, ops: set[str], nodes: set[str]) -> bool:
+        """Does ORT still die on the model converted with ``ops`` and ``nodes`` kept in FP32?"""
+        self.bisect_tries += 1
+        try:
+            model = self.convert_with(ops, nodes)
+        except Exception:  # noqa: BLE001 - a conversion that fails does not avoid the crash
+            return True
+        return run_model(model, self.feeds).status == "crashed"
+
+    def _bisect_crash(self, error: str) -> bool:
+        """Delta debugging: the fewest op types, then nodes, whose FP32-keeping avoids the crash.
+        Every try converts and runs in its own child. Returns True when the crash was avoided."""
+        candidates: dict[str, list[str]] = {}
+        for _, graph in iter_graphs(self.source.graph):
+            for node in graph.node:
+                if node.op_type in NEVER_BLAMED or node.name in self.block_nodes or node.op_type in self.block_ops:
+                    continue
+                candidates.setdefault(node.op_type, []).append(node.name)
+        if not candidates or self._crashes(set(candidates), set()):
+            return False
+        ops = ddmin(sorted(candidates), lambda subset: not self._crashes(set(subset), set()))
+        names = [name for op in ops for name in candidates[op]]
+        nodes = ddmin(names, lambda subset: not self._crashes(set(), set(subset)))
+        for name in nodes:
+            self.keep(name, KeepReason.CRASH, "ORT crashes on this op in float16")
+        self.report.add(Finding.of(
+            "CNV010",
+            f"ONNX Runtime crashed on the FP16 model ({error[:160]}); bisection ({self.bisect_tries} tries, each in its "
+            f"own process) found that keeping {len(nodes)} node(s) in FP32 avoids it: "
+            + ", ".join(f"{n} ({self._op_of(n)})" for n in nodes[:8]),
+            fix="nothing to do: ortprep kept them; report the crash to ONNX Runtime with the op types named"))
+        return True
+
+    def _op_of(self, name: str) -> str:
+        return next((n.op_type for _, g in iter_graphs(self.source.graph) for n in g.node if n.name == name), "?")
 
     def keep(self, name: str, why: KeepReason, text: str, *, replace: bool = True) -> None:
         """Keep node ``name`` in FP32 from the next round on."""
@@ -96,16 +154,6 @@ class Fp16Search:
             self.keep_reasons[name] = why
 
     def _culprits(self, converted: ModelProto, result: VerifyResult) -> dict[str, tuple[KeepReason, str]]:
-        if result.status == "crashed":
-            self.report.add(
-                Finding.of(
-                    "CNV005",
-                    f"ONNX Runtime crashed on the FP16 model ({result.error}); trying again with the nodes "
-                    "whose outputs differ kept in FP32",
-                    severity=Severity.WARNING,
-                    fix="if it persists: ortprep convert --fp16 --block-op OP for the op types involved",
-                )
-            )
         return self._localize(converted)
 
     def _localize(self, converted: ModelProto) -> dict[str, tuple[KeepReason, str]]:
@@ -130,17 +178,80 @@ class Fp16Search:
         return blame(self.source, bad, set(self.block_nodes), None if candidate.ok else candidate.message)
 
 
+NEVER_BLAMED = {"Cast", "Constant", "Identity", "Shape", "Size"}
+
+
+def ddmin(items: list, passes) -> list:
+    """The smallest subset of ``items`` (1-minimal) for which ``passes(subset)`` holds, given that it
+    holds for all of them (Zeller's delta debugging, on the passing side)."""
+    items = list(items)
+    chunks = 2
+    while len(items) >= 2:
+        size = -(-len(items) // chunks)
+        parts = [items[i:i + size] for i in range(0, len(items), size)]
+        for part in parts:
+            if passes(part):
+                items, chunks = part, 2
+                break
+        else:
+            for part in parts:
+                rest = [item for item in items if item not in part]
+                if rest and len(parts) > 2 and passes(rest):
+                    items, chunks = rest, max(chunks - 1, 2)
+                    break
+            else:
+                if chunks >= len(items):
+                    break
+                chunks = min(len(items), chunks * 2)
+    return items
+
+
+def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelProto:
+    """What the peers' best chain does first: BatchNormalization folded (into the Conv before it,
+    or into a per-channel Mul and Add computed in float64) and constants folded by onnxsim.
+    Verified with the tight gate against the original; whatever fails verification is not kept."""
+    from ortprep.steps.simplify import run_onnxsim
+
+    original = ModelProto()
+    original.CopyFrom(proto)
+    folded = fp16_step.fold_batchnorms(proto, ranks=fp16_step.tensor_ranks(proto))
+    steps = [f"{len(folded)} BatchNormalization node(s) folded"] if folded else []
+    simplified = None
+    if reference is not None:  # onnxsim's rewrites are only taken when they can be verified
+        simplified, _ = run_onnxsim(proto, ModelHandle(proto=proto, path=None))
+    candidates = ([(simplified, steps + ["constants folded (onnxsim)"])] if simplified is not None else []) + [(proto, steps)]
+    for candidate, done in candidates:
+        if not done:
+            continue
+        if reference is None:
+            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + " (exact arithmetic, not verified: "
+                                  "verification is off)", fix="nothing to do"))
+            return candidate
+        check = verify_run(reference, run_model(candidate, feeds), EXACT_GATE)
+        if check.passed:
+            removed = node_count(original) - node_count(candidate)
+            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + f" ({removed} node(s) fewer); verified "
+                                  f"against the original: max abs diff {check.max_abs_diff:.3g}", fix="nothing to do"))
+            return candidate
+    return original if folded else proto
+
+
 def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult):
     """FP16 with the range scans first (constants, activations), the EP's FP32-only ops kept, and
     the mixed-precision search; returns (converted model, verification, kept nodes)."""
     fp16_step.ensure_node_names(proto)
     scan = fp16_step.scan_constants(proto)
-    overflow_names = {name for name, _ in scan.overflow}
-    folded = fp16_step.fold_batchnorms(proto, overflow_names) if overflow_names else []
-    remaining = fp16_step.scan_constants(proto).overflow if folded else scan.overflow
+    proto = prefold(proto, feeds, reference, report)
+    fp16_step.ensure_node_names(proto)
+    remaining = fp16_step.scan_constants(proto).overflow
+    overflow_names = {name for name, _ in remaining}
+    if overflow_names:
+        # what prefolding left: BNs reading such constants whose rank is unknown, and the like
+        fp16_step.fold_batchnorms(proto, overflow_names)
+        remaining = fp16_step.scan_constants(proto).overflow
     run = Fp16Search(proto, options, feeds, reference, report)
     for name, peak in scan.overflow:
-        handled = "folded into the preceding Conv" if name not in {n for n, _ in remaining} else "kept in FP32 with its consumers"
+        handled = "folded away before conversion" if name not in {n for n, _ in remaining} else "kept in FP32 with its consumers"
         report.add(
             Finding.of(
                 "CNV001",
@@ -161,7 +272,12 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
                 fix="usually harmless; if accuracy suffers, --block-node the consumer",
             )
         )
-    ep_ops = fp16_step.ep_blocked_ops(ModelHandle(proto=proto, path=None), options.ep)
+    if options.ep is None:
+        report.add(Finding.of(
+            "CNV014", "FP16 for no particular EP: every op with a float16 signature in ONNX computes in FP16; ONNX Runtime's "
+            "CPU EP runs those it has no float16 kernel for (Conv, for one) through Casts to float32",
+            fix="name the EP you deploy to (--ep cuda, --ep dml, --ep cpu) to keep its FP32-only ops in FP32"))
+    ep_ops = fp16_step.ep_blocked_ops(ModelHandle(proto=proto, path=None), options.ep) if options.ep else {}
     for op, reason in ep_ops.items():
         run.block_ops.setdefault(op, reason)
     if ep_ops:

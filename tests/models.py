@@ -418,3 +418,136 @@ def zipmap_classifier() -> onnx.ModelProto:
                               ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def fp16_loop_gemm_body() -> onnx.ModelProto:
+    """A Loop whose body ends in a Gemm reading outer-scope weights (an RNN cell written as a Loop)."""
+    rng = np.random.default_rng(7)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond"], ["cond_out"], name="body/cond"),
+            helper.make_node("Tanh", ["v_in"], ["t"], name="body/tanh"),
+            helper.make_node("Gemm", ["t", "W", "b"], ["v_out"], name="/fc/Gemm"),
+        ],
+        "body",
+        [_vi("i", TensorProto.INT64, []), _vi("cond", TensorProto.BOOL, []), _vi("v_in", TensorProto.FLOAT, [1, 8])],
+        [_vi("cond_out", TensorProto.BOOL, []), _vi("v_out", TensorProto.FLOAT, [1, 8])],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "Win"], ["h"], name="embed"),
+            helper.make_node("Loop", ["trip", "", "h"], ["v"], body=body, name="loop"),
+            helper.make_node("Gemm", ["v", "Wout", "bout"], ["y"], name="head"),
+        ],
+        "loop_gemm",
+        [_vi("x", TensorProto.FLOAT, [1, 4])],
+        [_vi("y", TensorProto.FLOAT, [1, 3])],
+        [
+            numpy_helper.from_array(np.array(3, np.int64), "trip"),
+            numpy_helper.from_array((rng.standard_normal((4, 8)) * 0.5).astype(np.float32), "Win"),
+            numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.4).astype(np.float32), "W"),
+            numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+            numpy_helper.from_array(rng.standard_normal((8, 3)).astype(np.float32), "Wout"),
+            numpy_helper.from_array(np.zeros(3, np.float32), "bout"),
+        ],
+    )
+    return _model17(graph)
+
+
+def fp16_batchnorm_far_beyond_range() -> onnx.ModelProto:
+    """A detector-style head: Conv -> Relu -> BatchNormalization whose mean and variance are far
+    beyond FP16 (as Paddle exports carry) -> Sigmoid. onnxconverter-common clamps both to 65504,
+    which drives every logit far negative: its FP16 output is all zeros."""
+    rng = np.random.default_rng(8)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Relu", ["c"], ["r"], name="relu"),
+            helper.make_node("BatchNormalization", ["r", "s", "bb", "mean", "var"], ["n"], name="bn"),
+            helper.make_node("Sigmoid", ["n"], ["y"], name="head"),
+        ],
+        "bn_beyond",
+        [_vi("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [_vi("y", TensorProto.FLOAT, [1, 2, 16, 16])],
+        [
+            numpy_helper.from_array((rng.standard_normal((2, 3, 3, 3)) * 3000).astype(np.float32), "w"),
+            numpy_helper.from_array(np.zeros(2, np.float32), "cb"),
+            numpy_helper.from_array(np.full(2, 40.0, np.float32), "s"),
+            numpy_helper.from_array(np.full(2, 36.0, np.float32), "bb"),
+            numpy_helper.from_array(np.array([2e5, 3e5], np.float32), "mean"),
+            numpy_helper.from_array(np.array([4e10, 9e10], np.float32), "var"),
+        ],
+    )
+    return _model17(graph)
+
+
+def near_zero_detector() -> onnx.ModelProto:
+    """A score map whose Sigmoid sits near 0 unless the input has strong structure: on random
+    noise the output barely moves (about 1e-5), so cosine against it means nothing."""
+    rng = np.random.default_rng(9)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Sigmoid", ["c"], ["y"], name="head"),
+        ],
+        "near_zero",
+        [_vi("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [_vi("y", TensorProto.FLOAT, [1, 1, 16, 16])],
+        [
+            numpy_helper.from_array((rng.standard_normal((1, 3, 3, 3)) * 0.05).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([-12.0], np.float32), "b"),
+        ],
+    )
+    return _model17(graph)
+
+
+def fp16_cast_pair_output() -> onnx.ModelProto:
+    """An output rounded through float16 and back (Cast to float16, Cast to float), as exports of
+    mixed-precision models write it: onnxconverter-common raises on it when the I/O becomes FP16."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Cast", ["r"], ["h"], to=TensorProto.FLOAT16, name="to_half"),
+            helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="to_float"),
+        ],
+        "cast_pair",
+        [_vi("x", TensorProto.FLOAT, [1, 4])],
+        [_vi("y", TensorProto.FLOAT, [1, 4])],
+    )
+    return _model17(graph)
+
+
+def conv_classifier(width: int = 32) -> onnx.ModelProto:
+    """A small image classifier whose file is mostly Conv weights (about 60 KB)."""
+    rng = np.random.default_rng(10)
+
+    def weight(*shape):
+        fan_in = int(np.prod(shape[1:]))
+        return (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+            helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+            helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv2"),
+            helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+            helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], name="conv3"),
+            helper.make_node("GlobalAveragePool", ["c3"], ["p"], name="pool"),
+            helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+            helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], transB=1, name="fc"),
+        ],
+        "conv_classifier",
+        [_vi("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [_vi("logits", TensorProto.FLOAT, [1, 10])],
+        [
+            numpy_helper.from_array(weight(width // 2, 3, 3, 3), "w1"),
+            numpy_helper.from_array(np.zeros(width // 2, np.float32), "b1"),
+            numpy_helper.from_array(weight(width, width // 2, 3, 3), "w2"),
+            numpy_helper.from_array(np.zeros(width, np.float32), "b2"),
+            numpy_helper.from_array(weight(width, width, 3, 3), "w3"),
+            numpy_helper.from_array(np.zeros(width, np.float32), "b3"),
+            numpy_helper.from_array(weight(10, width), "wf"),
+            numpy_helper.from_array(np.zeros(10, np.float32), "bf"),
+        ],
+    )
+    return _model17(graph)

@@ -358,3 +358,106 @@ def test_convert_json_schema(tmp_path, samples):
     assert set(record["verify"]) >= {"loads", "max_abs_diff", "max_rel_diff", "cosine", "passed"}
     assert record["size_after"] < record["size_before"]
     json.dumps(record)
+
+
+# ---------------------------------------------------------------- FP16 that converges (issue 12)
+
+
+def test_crash_in_one_op_is_bisected_and_kept_fp32(tmp_path, monkeypatch):
+    # ORT 1.32 did not crash on any of 48 LSTM/GRU variants tried here, so the crash is injected:
+    # the worker aborts (SIGABRT) whenever an LSTM computes on float16, as the reported SIGSEGV did.
+    monkeypatch.setenv("ORTPREP_TEST_CRASH_WORKER", "fp16:LSTM")
+    record = fp16(tmp_path, models.fp16_lstm_then_matmul_gemm(), ep="cuda")
+    assert_verified(record, tmp_path)
+    reasons = {k["name"]: k["reason"] for k in record["kept_fp32_nodes"]}
+    assert reasons == {"lstm": "ORT crashes on this op in float16"}  # the Linear layers stay FP16
+    assert {"CNV005", "CNV010"} <= codes(record)
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in written.graph.initializer)
+
+
+def test_loop_whose_body_ends_in_gemm(tmp_path):
+    model = models.fp16_loop_gemm_body()
+    # the converter alone, keeping the CPU's FP32-only ops: the body's Gemm reads float16 weights
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naive = float16.convert_float_to_float16(onnx.load_from_string(model.SerializeToString()), keep_io_types=True,
+                                                 op_block_list=["Gemm", "MatMul", "Tanh"])
+    with pytest.raises(Exception, match="bound to different types"):
+        ort.InferenceSession(naive.SerializeToString(), providers=["CPUExecutionProvider"])
+    record = fp16(tmp_path, model, ep="cpu")
+    assert_verified(record, tmp_path)
+    paths = {k["path"] for k in record["kept_fp32_nodes"]}
+    assert {"/loop.body//fc/Gemm", "/loop.body/body/tanh", "head"} <= paths
+    x = {"x": np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run(tmp_path / "out.onnx", x)[0], run(tmp_path / "m.onnx", x)[0], atol=1e-3)
+
+
+def test_batchnorm_far_beyond_fp16_folded_first(tmp_path):
+    model = models.fp16_batchnorm_far_beyond_range()
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naive = float16.convert_float_to_float16(onnx.load_from_string(model.SerializeToString()), keep_io_types=True)
+    onnx.save_model(naive, str(tmp_path / "naive.onnx"))
+    onnx.save_model(model, str(tmp_path / "m.onnx"))
+    x = {"x": np.random.default_rng(0).random((1, 3, 16, 16)).astype(np.float32)}  # an image in 0..1
+    reference = run(tmp_path / "m.onnx", x)[0]
+    assert reference.min() > 0.01  # the float model answers
+    assert np.all(run(tmp_path / "naive.onnx", x)[0] == 0.0)  # naive FP16: all zeros
+    record = fp16(tmp_path, model)
+    assert_verified(record, tmp_path)
+    assert "CNV013" in codes(record) and "CNV001" in codes(record)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
+    assert "BatchNormalization" not in ops
+    np.testing.assert_allclose(run(tmp_path / "out.onnx", x)[0], reference, atol=2e-3)
+
+
+def test_near_zero_output_is_named_and_judged_by_absolute_error(tmp_path):
+    record = fp16(tmp_path, models.near_zero_detector())
+    assert_verified_abs = record["verify"]
+    assert assert_verified_abs["passed"] is True
+    output = assert_verified_abs["outputs"][0]
+    assert output["judged_by"].startswith("absolute error <= 0.01 (output flat within its range [0, 1]")
+    assert assert_verified_abs["cosine"] is None  # no output to judge by cosine
+    finding = next(f for f in record["findings"] if f["code"] == "VFY001")
+    assert "'y'" in finding["message"] and "--inputs" in finding["fix"]
+    # real-looking inputs that drive the score map: no finding, judged by cosine
+    strong = np.zeros((1, 3, 16, 16), np.float32)
+    strong[..., 4:12, 4:12] = 150.0  # a bright block
+    np.savez(tmp_path / "inputs.npz", x=strong)
+    record = fp16(tmp_path, models.near_zero_detector(), inputs=tmp_path / "inputs.npz", force=True)
+    assert "VFY001" not in codes(record)
+    assert record["verify"]["outputs"][0]["judged_by"] == "cosine" and record["verify"]["passed"]
+
+
+def test_fp16_without_ep_halves_a_conv_model(tmp_path):
+    source = saved(tmp_path, models.conv_classifier())
+    record = ortprep.convert(source, tmp_path / "out.onnx", fp16=True).to_record()
+    assert record["verify"]["passed"] is True
+    assert record["size_after"] <= 0.6 * record["size_before"]
+    assert "CNV014" in codes(record) and "CNV012" not in codes(record)
+    convs = [n for n in onnx.load(str(tmp_path / "out.onnx")).graph.node if n.op_type == "Conv"]
+    weights = {t.name: t.data_type for t in onnx.load(str(tmp_path / "out.onnx")).graph.initializer}
+    assert convs and all(weights[c.input[1]] == onnx.TensorProto.FLOAT16 for c in convs)
+    # --ep cpu asked for explicitly: the CPU EP's FP32-only Conv stays FP32, and that is a warning
+    record = ortprep.convert(source, tmp_path / "cpu.onnx", fp16=True, ep="cpu").to_record()
+    assert "CNV012" in codes(record) and "CNV008" in codes(record)
+
+
+def test_cast_pair_at_output_converts_with_fp16_io(tmp_path):
+    model = models.fp16_cast_pair_output()
+    from onnxconverter_common import float16
+
+    with pytest.raises(ValueError, match="downstream node of the second cast"):
+        float16.convert_float_to_float16(onnx.load_from_string(model.SerializeToString()), keep_io_types=False,
+                                         check_fp16_ready=False)
+    source = saved(tmp_path, model)
+    result = invoke("convert", source, "--fp16", "--fp16-io", "-o", tmp_path / "out.onnx", "--json")
+    assert result.exit_code == 0, result.output
+    record = result.json()
+    assert record["verify"]["passed"] is True
+    assert onnx.load(str(tmp_path / "out.onnx")).graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16

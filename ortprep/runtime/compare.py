@@ -18,6 +18,7 @@ class OutputDiff:
     cosine: float | None
     nonfinite: bool  # the candidate has NaN/Inf where the reference has none
     shape_match: bool
+    judged_by: str = "cosine"  # or "absolute error: ..." when the reference is degenerate
 
     def to_record(self) -> dict:
         return asdict(self)
@@ -61,3 +62,55 @@ def compare_outputs(reference: dict[str, np.ndarray], candidate: dict[str, np.nd
         else:
             diffs.append(compare_arrays(name, value, candidate[name]))
     return diffs
+
+
+# Ops whose output range is bounded whatever the input, and ops that pass values through.
+BOUNDED = {"Sigmoid": (0.0, 1.0), "HardSigmoid": (0.0, 1.0), "Softmax": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
+PASS_THROUGH = {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather",
+                "MaxPool", "Resize", "Upsample", "Split", "Expand", "Tile"}
+
+
+def output_bounds(proto) -> dict[str, tuple[float, float]]:
+    """Graph outputs whose range the graph bounds: made by Sigmoid/Softmax/Tanh (through ops that
+    only move or pick values)."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    bounds = {}
+    for value in proto.graph.output:
+        node = producers.get(value.name)
+        while node is not None and node.op_type in PASS_THROUGH and node.input:
+            node = producers.get(node.input[0])
+        if node is not None and node.op_type in BOUNDED and node.domain in ("", "ai.onnx"):
+            bounds[value.name] = BOUNDED[node.op_type]
+    return bounds
+
+
+@dataclass(frozen=True)
+class Degenerate:
+    """A reference output on which cosine similarity means nothing."""
+
+    what: str  # for people: "constant (0.5)", "near zero (peak 7.8e-04)", ...
+    scale: float  # what an absolute error is measured against
+
+
+def degenerate(reference: np.ndarray, bounds: tuple[float, float] | None = None) -> Degenerate | None:
+    """Whether the inputs leave this output flat: constant, near zero, or barely moving within
+    the range the graph bounds it to."""
+    values = np.asarray(reference)
+    if values.dtype.kind != "f" or values.size == 0:
+        return None
+    finite = values[np.isfinite(values)].astype(np.float64)
+    if finite.size == 0:
+        return None
+    spread = float(finite.max() - finite.min())
+    peak = float(np.abs(finite).max())
+    if bounds is not None:
+        width = bounds[1] - bounds[0]
+        if spread < 0.01 * width:
+            return Degenerate(f"flat within its range [{bounds[0]:g}, {bounds[1]:g}]: values {finite.min():.3g} to "
+                              f"{finite.max():.3g}", width)
+        return None
+    if peak < 1e-6:
+        return Degenerate(f"near zero (peak {peak:.2g})", 1e-6)
+    if spread <= 1e-6 * peak:
+        return Degenerate(f"constant ({finite.flat[0]:.4g})", peak)
+    return None

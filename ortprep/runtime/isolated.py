@@ -30,6 +30,8 @@ class RunOutcome:
     providers: list[str] = field(default_factory=list)
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)  # outputs per sample
     latency_ms: list[float] = field(default_factory=list)
+    # output name -> (low, high) where the graph bounds it (a Sigmoid, Softmax or Tanh makes it)
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

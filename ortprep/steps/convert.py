@@ -8,11 +8,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from onnx import ModelProto
+import numpy as np
+from onnx import ModelProto, TensorProto
 
 from ortprep.errors import UsageError
 from ortprep.findings import Finding
-from ortprep.model import ModelHandle
+from ortprep.model import ModelHandle, iter_graphs
 from ortprep.report import StepResult
 from ortprep.validity import drop_duplicate_imports
 from ortprep.steps.base import Step, StepContext, output_path
@@ -43,6 +44,8 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     size_before = model_bytes(handle.path)
     handle.load_weights()
     nodes_before = node_count(handle.proto)
+    float_weights = sum(4 * int(np.prod(t.dims)) for _, g in iter_graphs(handle.proto.graph) for t in g.initializer
+                        if t.data_type == TensorProto.FLOAT)
     # The reference run comes first: after it the transforms change handle.proto in place
     # (a copy would hold every weight twice).
     feeds, feed_source = make_feeds(handle, checks)
@@ -78,7 +81,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
     size_after = report.data.get("size_after")
-    if options.fp16 and size_after is not None and size_after >= 0.9 * size_before:
+    if options.fp16 and size_after is not None and float_weights >= size_before / 2 and size_after >= 0.9 * size_before:
         kept_weights = "" if options.ep is None else f"; {options.ep} keeps ops in FP32 whose weights stay float32"
         report.add(Finding.of(
             "CNV012", f"the FP16 model is not smaller ({size_after} bytes vs {size_before}){kept_weights}",

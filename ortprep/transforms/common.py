@@ -12,6 +12,7 @@ from onnx import ModelProto
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
+from ortprep.runtime.compare import output_bounds
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.isolated import RunOutcome
 from ortprep.steps.options import VerifyOptions
@@ -39,6 +40,7 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
     """Run the original; when it cannot run, say so (the result then goes unverified)."""
     outcome = run_model(original, feeds)
     if outcome.ok:
+        outcome.bounds = output_bounds(original)
         return outcome
     report.add(
         Finding.of(
@@ -69,6 +71,11 @@ def finish(
 ) -> Path | None:
     """Record a verification failure, write the result unless it failed, fill the report."""
     failed = verify_result is not None and not verify_result.passed
+    for name, what in (verify_result.degenerate if verify_result is not None else []):
+        report.add(Finding.of(
+            "VFY001", f"output '{name}' is {what} on the inputs used: cosine similarity means nothing there, so it was "
+            "judged by absolute error; these inputs do not exercise it",
+            fix="pass real inputs with --inputs FILE.npz (one array per input) to verify on data that moves this output"))
     if failed:
         if not verify_result.loads or verify_result.error:
             what = f"the result does not load or run ({verify_result.error})"

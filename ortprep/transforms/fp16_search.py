@@ -227,10 +227,12 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
             report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + " (exact arithmetic, not verified: "
                                   "verification is off)", fix="nothing to do"))
             return candidate
+        removed = node_count(original) - node_count(candidate)
+        if not folded and removed <= 0:
+            continue  # onnxsim found nothing to fold: keep the model as it was
         check = verify_run(reference, run_model(candidate, feeds), EXACT_GATE)
         if check.passed:
-            removed = node_count(original) - node_count(candidate)
-            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + f" ({removed} node(s) fewer); verified "
+            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + f" ({node_count(original)} -> {node_count(candidate)} nodes); verified "
                                   f"against the original: max abs diff {check.max_abs_diff:.3g}", fix="nothing to do"))
             return candidate
     return original if folded else proto

@@ -14,7 +14,7 @@ import onnx
 from onnx import ModelProto
 
 from ortprep.model import iter_graphs
-from ortprep.runtime.compare import OutputDiff, compare_outputs
+from ortprep.runtime.compare import OutputDiff, compare_outputs, degenerate
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,9 @@ class Gate:
 
     min_cosine: float
     max_abs: float | None = None  # relative to the reference's largest magnitude (at least 1)
+    # for degenerate reference outputs (constant, near zero): the largest absolute error, relative
+    # to the output's declared range or its own scale
+    degenerate_tol: float = 1e-2
 
     def passes(self, diff: OutputDiff, reference: np.ndarray | None = None) -> bool:
         if not diff.shape_match or diff.nonfinite or diff.cosine is None:
@@ -43,7 +46,7 @@ class Gate:
         return True
 
 
-EXACT_GATE = Gate(min_cosine=0.99999, max_abs=1e-4)
+EXACT_GATE = Gate(min_cosine=0.99999, max_abs=1e-4, degenerate_tol=1e-4)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class VerifyResult:
     outputs: list[OutputDiff] = field(default_factory=list)
     status: str = "ok"  # the candidate run's status: ok, failed, crashed, timeout
     error: str | None = None
+    degenerate: list[tuple[str, str]] = field(default_factory=list)  # (output, why cosine means nothing)
 
     def to_record(self) -> dict:
         return {
@@ -93,17 +97,30 @@ def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> Veri
     if not candidate.ok:
         return VerifyResult(loads=candidate.stage == "run", passed=False, status=candidate.status, error=candidate.message)
     diffs = compare_outputs(reference.outputs, candidate.outputs)
-    passed = all(gate.passes(d, reference.outputs.get(d.name)) for d in diffs)
-    cosines = [d.cosine for d in diffs if d.cosine is not None]
+    flat: list[tuple[str, str]] = []
+    verdicts = []
+    for diff in diffs:
+        ref = reference.outputs.get(diff.name)
+        flatness = degenerate(ref, reference.bounds.get(diff.name)) if ref is not None else None
+        if flatness is None:
+            verdicts.append(gate.passes(diff, ref))
+            continue
+        limit = gate.degenerate_tol * flatness.scale
+        diff.judged_by = f"absolute error <= {limit:.3g} (output {flatness.what})"
+        flat.append((diff.name, flatness.what))
+        verdicts.append(diff.shape_match and not diff.nonfinite and diff.max_abs_diff is not None
+                        and diff.max_abs_diff <= limit)
+    cosines = [d.cosine for d in diffs if d.cosine is not None and d.judged_by == "cosine"]
     abs_diffs = [d.max_abs_diff for d in diffs if d.max_abs_diff is not None]
     rel_diffs = [d.max_rel_diff for d in diffs if d.max_rel_diff is not None]
     return VerifyResult(
         loads=True,
-        passed=passed,
+        passed=all(verdicts),
         max_abs_diff=max(abs_diffs) if abs_diffs else None,
         max_rel_diff=max(rel_diffs) if rel_diffs else None,
         cosine=min(cosines) if cosines else None,
         outputs=diffs,
+        degenerate=flat,
     )
 
 

@@ -101,6 +101,11 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT007", "quantization pre-processing failed", Severity.WARNING),
         FindingKind("QNT008", "ONNX Runtime's quantizer failed", Severity.ERROR),
         FindingKind("QNT009", "weights in Constant nodes moved to initializers", Severity.INFO),
+        FindingKind("QNT010", "the model is already quantized", Severity.ERROR),
+        FindingKind("QNT011", "evaluated on seeded random inputs: proves little", Severity.WARNING),
+        FindingKind("QNT012", "per-channel needs opset 13: upgraded, or per-tensor", Severity.INFO),
+        FindingKind("QNT013", "pre-processing made the result worse: not used", Severity.INFO),
+        FindingKind("QNT014", "the verdict rests on fewer than 8 samples", Severity.WARNING),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

@@ -551,3 +551,84 @@ def conv_classifier(width: int = 32) -> onnx.ModelProto:
         ],
     )
     return _model17(graph)
+
+
+def vit_like(layers: int = 4, hidden: int = 64, tokens: int = 16, seed: int = 11, outliers: float = 60.0,
+             sharpness: float = 2.0, decomposed_norm: bool = False) -> onnx.ModelProto:
+    """A small ViT-style encoder: patch embedding, `layers` pre-norm blocks (LayerNormalization,
+    single-head attention with a sharp Softmax, a Relu MLP, residual Adds), a final norm and a
+    classifier head. Like trained ViTs, the residual stream carries a few outlier channels (large
+    constant offsets) that LayerNormalization removes again: a per-tensor 8-bit range for the
+    residual has little room left for the other channels. With ``decomposed_norm`` each
+    LayerNormalization is written out (ReduceMean, Sub, Mul, Sqrt, Div...) as exports below opset 17
+    write it."""
+    rng = np.random.default_rng(seed)
+    inits: list[onnx.TensorProto] = []
+
+    def add(name, values):
+        inits.append(numpy_helper.from_array(np.asarray(values, np.float32), name))
+        return name
+
+    def weight(name, rows, cols, scale=1.0):
+        return add(name, rng.standard_normal((rows, cols)) * scale / np.sqrt(rows))
+
+    outlier = np.zeros(hidden, np.float32)
+    outlier[[3, 17]] = [outliers, -0.75 * outliers]
+    # LayerNormalization weights nearly zero on the outlier channels (as trained ViTs learn them)
+    norm_weight = np.ones(hidden, np.float32)
+    norm_weight[[3, 17]] = 0.01
+    def norm(source: str, out: str, name: str) -> list[onnx.NodeProto]:
+        w, b = add(f"{out}.w", norm_weight), add(f"{out}.b", np.zeros(hidden))
+        if not decomposed_norm:
+            return [helper.make_node("LayerNormalization", [source, w, b], [out], axis=-1, name=name)]
+        eps = add(f"{out}.eps", np.array(1e-5))
+        return [
+            helper.make_node("ReduceMean", [source], [f"{out}.mu"], axes=[-1], name=f"{name}/mean"),
+            helper.make_node("Sub", [source, f"{out}.mu"], [f"{out}.d"], name=f"{name}/sub"),
+            helper.make_node("Mul", [f"{out}.d", f"{out}.d"], [f"{out}.d2"], name=f"{name}/square"),
+            helper.make_node("ReduceMean", [f"{out}.d2"], [f"{out}.var"], axes=[-1], name=f"{name}/var"),
+            helper.make_node("Add", [f"{out}.var", eps], [f"{out}.ve"], name=f"{name}/add_eps"),
+            helper.make_node("Sqrt", [f"{out}.ve"], [f"{out}.sd"], name=f"{name}/sqrt"),
+            helper.make_node("Div", [f"{out}.d", f"{out}.sd"], [f"{out}.n"], name=f"{name}/div"),
+            helper.make_node("Mul", [f"{out}.n", w], [f"{out}.nw"], name=f"{name}/scale"),
+            helper.make_node("Add", [f"{out}.nw", b], [out], name=f"{name}/shift"),
+        ]
+
+    nodes = [
+        helper.make_node("MatMul", ["patches", weight("embed.w", 48, hidden)], ["e"], name="embed"),
+        helper.make_node("Add", ["e", add("embed.b", outlier)], ["h0"], name="embed_bias"),
+    ]
+    stream = "h0"
+    for i in range(layers):
+        p = f"l{i}"
+        nodes += [
+            *norm(stream, f"{p}.ln1", f"{p}/ln1"),
+            helper.make_node("MatMul", [f"{p}.ln1", weight(f"{p}.q.w", hidden, hidden, sharpness)], [f"{p}.q"], name=f"{p}/q"),
+            helper.make_node("MatMul", [f"{p}.ln1", weight(f"{p}.k.w", hidden, hidden, sharpness)], [f"{p}.k"], name=f"{p}/k"),
+            helper.make_node("MatMul", [f"{p}.ln1", weight(f"{p}.v.w", hidden, hidden)], [f"{p}.v"], name=f"{p}/v"),
+            helper.make_node("Transpose", [f"{p}.k"], [f"{p}.kt"], perm=[0, 2, 1], name=f"{p}/kt"),
+            helper.make_node("MatMul", [f"{p}.q", f"{p}.kt"], [f"{p}.s"], name=f"{p}/qk"),
+            helper.make_node("Softmax", [f"{p}.s"], [f"{p}.a"], axis=-1, name=f"{p}/softmax"),
+            helper.make_node("MatMul", [f"{p}.a", f"{p}.v"], [f"{p}.c"], name=f"{p}/attend"),
+            helper.make_node("MatMul", [f"{p}.c", weight(f"{p}.o.w", hidden, hidden)], [f"{p}.o"], name=f"{p}/o"),
+            helper.make_node("Add", [stream, f"{p}.o"], [f"{p}.r1"], name=f"{p}/residual1"),
+            *norm(f"{p}.r1", f"{p}.ln2", f"{p}/ln2"),
+            helper.make_node("MatMul", [f"{p}.ln2", weight(f"{p}.f1.w", hidden, 2 * hidden)], [f"{p}.f1"], name=f"{p}/ffn1"),
+            helper.make_node("Relu", [f"{p}.f1"], [f"{p}.g"], name=f"{p}/relu"),
+            helper.make_node("MatMul", [f"{p}.g", weight(f"{p}.f2.w", 2 * hidden, hidden)], [f"{p}.f2"], name=f"{p}/ffn2"),
+            helper.make_node("Add", [f"{p}.r1", f"{p}.f2"], [f"{p}.out"], name=f"{p}/residual2"),
+        ]
+        stream = f"{p}.out"
+    nodes += [
+        *norm(stream, "final", "final_norm"),
+        helper.make_node("ReduceMean", ["final"], ["pooled"], axes=[1], keepdims=0, name="pool"),
+        helper.make_node("MatMul", ["pooled", weight("head.w", hidden, 10)], ["logits"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes, "vit_like",
+        [_vi("patches", TensorProto.FLOAT, [1, tokens, 48])],
+        [_vi("logits", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
+    return _model17(graph)
+

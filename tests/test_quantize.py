@@ -41,8 +41,12 @@ def test_static_cnn(tmp_path):
     code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
     assert code == 0, record
     assert record["schema"] == "ortprep.quantize/1" and record["mode"] == "static" and record["format"] == "qdq"
-    assert record["calibration"] == {"samples": 8, "source": str(calib), "kind": "npz-files"}
-    assert record["evaluation_samples"] == 2
+    # 10 samples: half calibrate, half evaluate (at least 8 held back only when 16 or more exist)
+    assert record["calibration"] == {"samples": 5, "source": str(calib), "kind": "npz-files"}
+    assert record["evaluation_samples"] == 5 and "QNT014" in codes(record)
+    spread = record["verify"]["spread"]
+    assert spread["samples"] == 5 and spread["min"] <= spread["median"] <= spread["max"]
+    assert spread["min"] == record["verify"]["cosine"]
     assert record["verify"]["passed"] is True and record["verify"]["cosine"] >= 0.99
     assert record["verify"]["top1_agreement"] is not None and record["verify"]["latency_ratio"] > 0
     assert record["quantized_ops"] >= 3 and record["quantized_weights"] >= 3
@@ -119,7 +123,7 @@ def test_constant_node_weights_are_quantized(tmp_path):
     model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["W"], value=weight, name="weight_constant"))
     path = tmp_path / "constant.onnx"
     onnx.save_model(model, str(path))
-    calib = write_samples(tmp_path / "calib", "x", (2, 32), 5)
+    calib = write_samples(tmp_path / "calib", "x", (2, 32), 24)
     code, record, _ = quantize(path, "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
     assert code == 0, record
     assert "QNT009" in codes(record) and record["quantized_weights"] >= 1
@@ -137,7 +141,7 @@ def test_stacked_npz_and_npy_folder(tmp_path):
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "stacked.npz", image=rng.standard_normal((6, 1, 3, 32, 32)).astype(np.float32))
     code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", tmp_path / "stacked.npz", "-o", tmp_path / "a.onnx")
-    assert code == 0 and record["calibration"]["kind"] == "npz-stacked" and record["calibration"]["samples"] == 5
+    assert code == 0 and record["calibration"]["kind"] == "npz-stacked" and record["calibration"]["samples"] == 3
     folder = tmp_path / "npy"
     folder.mkdir()
     for index in range(4):
@@ -237,11 +241,11 @@ def test_progress_reports_calibration_and_evaluation(tmp_path):
     from ortprep.steps.options import QuantizeOptions
     from ortprep.steps.quantize import quantize_model
 
-    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 10)
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 20)
     seen = []
     quantize_model(ModelHandle.open(SAMPLES / "cnn.onnx"), tmp_path / "q.onnx",
                    QuantizeOptions(mode="static", calib=str(calib)), progress=lambda *event: seen.append(event))
-    assert ("calibrating", 8, 8) in seen
+    assert ("calibrating", 10, 10) in seen  # 20 samples: 10 calibrate, 10 are held back
     assert seen[-1] == ("evaluating", 1, 1)
 
 

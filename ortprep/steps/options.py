@@ -158,9 +158,13 @@ class QuantizeOptions(StepOptions):
     layout: str = option("nchw", "Image calibration: nchw or nhwc.", Kind.TEXT, choices=("nchw", "nhwc"))
     min_cosine: float = option(DEFAULT_MIN_COSINE, "Accuracy gate: lowest cosine per output on held-back samples.",
                                Kind.FLOAT, minimum=-1.0)
-    auto_exclude: bool = option(False, "Keep the nodes where the error starts in float and re-quantize until the "
-                                "gate passes.", Kind.FLAG)
-    max_exclude_rounds: int = option(4, "Most --auto-exclude rounds.", Kind.INT, minimum=1)
+    auto_exclude: bool = option(False, "Search for the fewest nodes to keep in float that pass the gate: op-type rules "
+                                "first (kept when they help), then the nodes ranked by the error they add, bisected.",
+                                Kind.FLAG)
+    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first.", Kind.INT,
+                                     minimum=1)
+    max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
+                                    "nodes in float.", Kind.FLOAT, minimum=0.0)
     keep_failed: bool = option(False, "Write the output even when the accuracy gate fails.", Kind.FLAG)
     verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)
 

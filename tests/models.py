@@ -632,3 +632,39 @@ def vit_like(layers: int = 4, hidden: int = 64, tokens: int = 16, seed: int = 11
     )
     return _model17(graph)
 
+
+
+def conv_bn_uneven_channels(channels: int = 64) -> onnx.ModelProto:
+    """Conv -> BatchNormalization whose per-channel scales span 1e-3 to 1 -> Relu -> a Mul that
+    undoes the spread -> a 1x1 Conv. ORT's pre-processing folds the BN into the first Conv, whose
+    weights then span 1000x: 8-bit per-tensor weights wipe out the small channels. Quantized as
+    given, the first Conv's weights are even and the BN, Relu and Mul stay float (dynamic
+    quantization only quantizes Conv and MatMul)."""
+    rng = np.random.default_rng(12)
+    spread = np.geomspace(1e-3, 1.0, channels).astype(np.float32)
+    weight = (rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27)).astype(np.float32)
+    mix = (rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "s", "bb", "mean", "var"], ["n"], name="bn"),
+            helper.make_node("Relu", ["n"], ["r"], name="relu"),
+            helper.make_node("Mul", ["r", "undo"], ["u"], name="undo_scale"),
+            helper.make_node("Conv", ["u", "w2", "b2"], ["y"], name="mix"),
+        ],
+        "conv_bn_uneven",
+        [_vi("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [_vi("y", TensorProto.FLOAT, [1, channels, 16, 16])],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(np.zeros(channels, np.float32), "b"),
+            numpy_helper.from_array(spread, "s"),
+            numpy_helper.from_array(np.zeros(channels, np.float32), "bb"),
+            numpy_helper.from_array(np.zeros(channels, np.float32), "mean"),
+            numpy_helper.from_array(np.ones(channels, np.float32), "var"),
+            numpy_helper.from_array((1.0 / spread).reshape(channels, 1, 1), "undo"),
+            numpy_helper.from_array(mix, "w2"),
+            numpy_helper.from_array(np.zeros(channels, np.float32), "b2"),
+        ],
+    )
+    return _model17(graph)

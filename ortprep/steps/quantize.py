@@ -665,8 +665,8 @@ def _search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOpti
                 else QDQRegistry if trials.settings["format"] == "qdq" else QLinearOpsRegistry)
     ops = set(trials.settings["op_types"] or registry)
     # the share is of the nodes the quantizer would quantize
-    quantizable = sum(1 for node in proto.graph.node if node.op_type in ops)
-    search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable=max(quantizable, 1),
+    quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
+    search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
                     fixed=list(options.exclude_nodes))
     result = search.run(baseline)

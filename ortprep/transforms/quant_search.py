@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
 
 from ortprep.model import iter_graphs
@@ -92,7 +93,7 @@ class Search:
     with the nodes to keep in float so that it stays float (its producer and its consumers)."""
 
     def __init__(self, float_proto: onnx.ModelProto, attempt: Callable[[list[str], str], Trial],
-                 rank: Callable[[Trial, list[str]], list[tuple[str, str, float]]], *, quantizable: int,
+                 rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]], *, quantizable_nodes: set[str],
                  max_float_share: float, max_trials: int, fixed: list[str]) -> None:
         self.names = {n.name for _, g in iter_graphs(float_proto.graph) for n in g.node}
         self.float_proto = float_proto
@@ -100,6 +101,7 @@ class Search:
         self.rank = rank
         graph = float_proto.graph
         constants = {t.name for t in graph.initializer}
+        inits = {t.name: tuple(t.dims) for t in graph.initializer if int(np.prod(t.dims)) >= 16}
         producers = {out: node for node in graph.node for out in node.output}
         # A node kept in float still reads quantized values when the node that writes its input
         # is quantized (the quantizer puts Q/DQ on a tensor when either side is quantized): to
@@ -110,7 +112,12 @@ class Search:
             for node in graph.node
         }
         self.share = max_float_share
-        self.budget = max(1, int(max_float_share * quantizable))
+        # "worth it" is about the weights: at most this share of the quantizable weight elements
+        # may stay float (nodes without weights cost nothing here; QNT002 says when nothing at all
+        # ends up quantized)
+        self.cost = {node.name: sum(int(np.prod(inits[i])) for i in node.input if i in inits) for node in graph.node}
+        total = sum(self.cost[n.name] for n in graph.node if n.name in quantizable_nodes)
+        self.budget = max_float_share * total if total else float("inf")
         self.max_trials = max_trials
         self.fixed = list(fixed)
 
@@ -131,7 +138,7 @@ class Search:
             if current.passed:
                 break
             extra = [n for n in dict.fromkeys(m for name in names for m in self.closure.get(name, [name])) if n not in kept]
-            if not extra or len(kept) + len(extra) > self.budget:
+            if not extra or not self.fits(kept + extra):
                 continue
             outcome = trial(kept + extra, f"rule: {label}")
             if outcome is None:
@@ -157,17 +164,16 @@ class Search:
             def prefix(count: int, units=units) -> list[str]:
                 return list(dict.fromkeys(n for _, members, _ in units[:count] for n in members))
 
-            room = self.budget - len(kept)
             if not units:
                 result.best, result.stopped = current, "no quantized tensor left adds measurable error"
                 break
             high = len(units)
-            while high > 0 and len(prefix(high)) > room:
+            while high > 0 and not self.fits(kept + prefix(high)):
                 high -= 1
             if high <= 0:
                 result.best = current
-                result.stopped = (f"keeping more in float would leave less than {1 - self.share:.0%} of the quantized "
-                                  "nodes quantized")
+                result.stopped = (f"keeping more in float would leave less than {1 - self.share:.0%} of the weights "
+                                  "quantized")
                 break
             top = trial(kept + prefix(high), f"ranked (pass {passes}): worst {high} tensor(s), {len(prefix(high))} node(s)")
             if top is None:
@@ -199,6 +205,10 @@ class Search:
             current = top
         result.reasons = reasons
         return result
+
+    def fits(self, nodes: list[str]) -> bool:
+        unique = set(nodes)
+        return sum(self.cost.get(n, 0) for n in unique) <= self.budget
 
     def _units(self, current: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
         units = []

@@ -287,16 +287,29 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
     )
     verify = record["verify"]
     if verify["passed"] is None:
-        console.print("evaluation: not run (no held-back samples)")
+        console.print("evaluation: not run (--no-verify)")
     else:
         verdict = "[green]passed[/]" if verify["passed"] else "[red]failed[/]"
+        spread = verify.get("spread") or {}
+        across = (f" (per sample: min {_number(spread['min'])}, median {_number(spread['median'])}, max {_number(spread['max'])})"
+                  if spread else "")
         console.print(
-            f"evaluation on {record['evaluation_samples']} held-back sample(s) {verdict}: lowest cosine {_number(verify['cosine'])}, "
-            f"max abs diff {_number(verify['max_abs_diff'])}, top-1 agreement {_number(verify['top1_agreement'])}, "
-            f"latency int8/fp32 {_number(verify['latency_ratio'], 3)}"
+            f"evaluation on {record['evaluation_samples']} sample(s) from {escape(str(record.get('evaluation_inputs')))} "
+            f"{verdict}: lowest cosine {_number(verify['cosine'])}{across}, max abs diff {_number(verify['max_abs_diff'])}, "
+            f"top-1 agreement {_number(verify['top1_agreement'])}, latency int8/fp32 {_number(verify['latency_ratio'], 3)}"
         )
+    search = record.get("search")
+    if search:
+        table = Table(title=f"--auto-exclude trials (stopped: {escape(search['stopped'])})")
+        for column in ("trial", "nodes kept in float", "lowest cosine", "size ratio", "gate"):
+            table.add_column(column)
+        for trial in search["trials"]:
+            table.add_row(escape(trial["label"]), str(trial["kept_in_float"]), _number(trial["cosine"]),
+                          _number(trial["size_ratio"], 3), "pass" if trial["passed"] else "fail")
+        console.print(table)
     if record["excluded_nodes"]:
-        console.print("kept in float: " + ", ".join(escape(n["name"]) for n in record["excluded_nodes"]))
+        names = [escape(n["name"]) for n in record["excluded_nodes"]]
+        console.print(f"kept in float ({len(names)}): " + ", ".join(names[:30]) + (" ..." if len(names) > 30 else ""))
     render_causes(record["findings"], console)
 
 

@@ -103,16 +103,18 @@ def scene(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     for _ in range(int(rng.integers(3, 7))):
         color = rng.uniform(0, 255, 3).astype(np.float32)
         if rng.random() < 0.5:
-            y0, x0 = int(rng.integers(0, height - 20)), int(rng.integers(0, width - 20))
-            h, w = int(rng.integers(16, height // 2)), int(rng.integers(16, width // 2))
+            y0, x0 = int(rng.integers(0, max(1, height * 7 // 8))), int(rng.integers(0, max(1, width * 7 // 8)))
+            h = int(rng.integers(max(2, height // 16), max(3, height // 2)))
+            w = int(rng.integers(max(2, width // 16), max(3, width // 2)))
             image[:, y0:y0 + h, x0:x0 + w] = color[:, None, None]
         else:
-            cy, cx, r = rng.uniform(0, height), rng.uniform(0, width), rng.uniform(10, height / 4)
+            cy, cx, r = rng.uniform(0, height), rng.uniform(0, width), rng.uniform(height / 30, height / 4)
             mask = (yy - cy) ** 2 + (xx - cx) ** 2 < r ** 2
             image[:, mask] = color[:, None]
-    line_h = int(rng.integers(16, 28))
-    y = int(rng.integers(0, height - line_h))
-    image[:, y:y + line_h, 8:width - 8] = text_line(rng, line_h, width - 16)[None]
+    line_h = int(rng.integers(max(7, height // 20), max(8, min(28, height // 3))))
+    margin = max(1, width // 40)
+    y = int(rng.integers(0, max(1, height - line_h)))
+    image[:, y:y + line_h, margin:width - margin] = text_line(rng, line_h, width - 2 * margin)[None]
     image = np.stack([_blur(c) for c in image]) + rng.normal(0, 4.0, image.shape).astype(np.float32)
     return np.clip(image, 0, 255)
 

@@ -17,11 +17,17 @@ OUT = ROOT / "bench" / "out"
 VENV_BIN = Path(sys.executable).parent
 
 
-def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8, rows: int = 1024) -> Path:
+def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8, rows: int = 1024,
+                                realistic: bool = False) -> Path:
     """A MatMul fan-out whose weights (``total_bytes`` of random float32) live in one external file.
 
     Weight bytes are streamed to disk in chunks, so building a 1 GB model needs little memory.
+    ``realistic`` weights are normal, scaled 1/sqrt(rows) like trained layers; otherwise they are
+    random bytes (any float32 bit pattern: NaN, inf and 1e38 included), fine for reading speed.
     """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
     data_name = "model.onnx.data"
@@ -35,7 +41,10 @@ def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8
             remaining = nbytes
             while remaining:
                 chunk = min(remaining, 64 << 20)
-                data.write(os.urandom(chunk))
+                if realistic:
+                    data.write((rng.standard_normal(chunk // 4, dtype=np.float32) * np.float32(1 / np.sqrt(rows))).tobytes())
+                else:
+                    data.write(os.urandom(chunk))
                 remaining -= chunk
             tensor = TensorProto(name=f"W{index}", data_type=TensorProto.FLOAT, dims=[rows, cols])
             tensor.data_location = TensorProto.EXTERNAL
@@ -59,6 +68,7 @@ class Measurement:
     seconds: float  # median wall time
     peak_rss_mb: float  # max over runs of the child's peak resident set
     command: str
+    exit_code: int = 0  # of the last run (1: the command reported a failure, e.g. MemoryError)
 
 
 # Linux carries a process's peak RSS across fork and exec, so a child forked straight from
@@ -74,7 +84,7 @@ print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
 
 def measure(label: str, argv: list[str], runs: int = 3) -> Measurement:
     """Run ``argv`` ``runs`` times as a child; wall time (median) and the child's peak RSS."""
-    times, peaks = [], []
+    times, peaks, code = [], [], 0
     for _ in range(runs):
         start = time.perf_counter()
         launcher = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True)
@@ -83,13 +93,14 @@ def measure(label: str, argv: list[str], runs: int = 3) -> Measurement:
         if code not in (0, 1):
             raise RuntimeError(f"{label} failed ({code}): {launcher.stderr[-500:]}")
         peaks.append(maxrss_kib / 1024)
-    return Measurement(label, statistics.median(times), max(peaks), " ".join(argv))
+    return Measurement(label, statistics.median(times), max(peaks), " ".join(argv), code)
 
 
 def table(rows: list[tuple[str, Measurement]]) -> str:
     lines = ["| model | what | median time (s) | peak RSS (MB) |", "|---|---|---:|---:|"]
     for model, m in rows:
-        lines.append(f"| {model} | {m.label} | {m.seconds:.2f} | {m.peak_rss_mb:.0f} |")
+        failed = f" (exit {m.exit_code})" if m.exit_code else ""
+        lines.append(f"| {model} | {m.label}{failed} | {m.seconds:.2f} | {m.peak_rss_mb:.0f} |")
     return "\n".join(lines)
 
 

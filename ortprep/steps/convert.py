@@ -19,8 +19,8 @@ from ortprep.validity import drop_duplicate_imports
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
-from ortprep.transforms import rewrites
-from ortprep.transforms.common import finish, make_feeds, reference_run
+from ortprep.transforms import fp16_stream, rewrites
+from ortprep.transforms.common import NOT_VERIFIED, finish, make_feeds, reference_run
 from ortprep.transforms.fp16_search import convert_to_fp16
 from ortprep.transforms.verify import (
     EXACT_GATE,
@@ -41,6 +41,8 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     (or ``keep_failed``). The handle's model is transformed in place (its file is not touched)."""
     checks = dataclasses.replace(options, shapes={**options.fix_shapes, **options.shapes}, dims={**options.fix_dims, **options.dims})
     report = StepResult(step="convert", schema=SCHEMA)
+    if fp16_stream.streams(handle, options):
+        return convert_streamed(handle, dest, options, checks, report, force=force)
     size_before = model_bytes(handle.path)
     handle.load_weights()
     nodes_before = node_count(handle.proto)
@@ -90,6 +92,77 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     return report
 
 
+def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, checks: ConvertOptions, report: StepResult,
+                     *, force: bool) -> StepResult:
+    """FP16 of a model with more external weights than belong in memory: the graph converts
+    without them, the weights stream across (transforms/fp16_stream.py), and verification runs
+    both models from disk in child processes."""
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.transforms.verify import Gate, cast_feeds, verify_run
+
+    size_before = model_bytes(handle.path)
+    proto = handle.proto  # the graph; its external tensors are not loaded
+    nodes_before = node_count(proto)
+    fp16_step.ensure_node_names(proto)
+    block_ops = {op: "--block-op" for op in options.block_ops}
+    if options.ep:
+        block_ops.update({op: why for op, why in fp16_step.ep_blocked_ops(handle, options.ep).items() if op not in block_ops})
+    keep_io = options.keep_io_types if options.keep_io_types is not None else not (options.ep and resolve_ep(options.ep).fp16_io)
+    converted, repairs = fp16_step.convert_once(proto, keep_io_types=keep_io, block_ops=set(block_ops),
+                                                block_nodes=set(options.block_nodes))
+    staged, stats = fp16_stream.stage(handle, converted, dest, force=force)
+    verify_result = None
+    feeds, feed_source = make_feeds(handle, checks)
+    if options.verify:
+        reference = run_isolated(handle.path, feeds)
+        if reference.ok:
+            candidate = run_isolated(staged, cast_feeds(feeds, converted))
+            verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
+        else:
+            report.add(Finding.of("CNV007", f"the original model does not run on ONNX Runtime's CPU EP ({reference.status}: "
+                                  f"{reference.message}); the result cannot be verified against it",
+                                  fix="check it: ortprep check MODEL --ep cpu"))
+    if stats.overflow:
+        worst = max(stats.overflow, key=stats.overflow.get)
+        report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 (up to "
+                              f"{stats.overflow[worst]:.4g} in '{worst}'); clamped to 65504 while streaming (the streamed "
+                              "path keeps no nodes in FP32 for them)", fix="keep their consumers in FP32: --block-node NODE"))
+    if stats.underflow:
+        report.add(Finding.of("CNV002", f"{sum(stats.underflow.values())} weight values in {len(stats.underflow)} tensor(s) "
+                              "are smaller than FP16 can hold (2^-24) and become zero",
+                              fix="usually harmless; if accuracy suffers, --block-node the consumer"))
+    failed = verify_result is not None and not verify_result.passed
+    if failed:
+        what = (f"the result does not load or run ({verify_result.error})" if verify_result.error
+                else f"outputs differ (lowest cosine {verify_result.cosine})")
+        report.add(Finding.of("CNV006", f"verification failed: {what}",
+                              fix="keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search"))
+    written = fp16_stream.commit(staged, dest) if (not failed or options.keep_failed) else None
+    if written is None:
+        fp16_stream.discard(staged)
+    else:
+        report.artifacts.append(str(written))
+    kept = [fp16_step.KeptNode(n.name, n.op_type, block_ops.get(n.op_type) or "--block-node", scope)
+            for scope, g in iter_graphs(converted.graph) for n in g.node
+            if n.op_type in block_ops or n.name in options.block_nodes]
+    report.data = {
+        "input": str(handle.path), "output": str(written) if written else None,
+        "transforms": [{"transform": "fp16", "detail": (f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures")
+                        + f"; streamed: {stats.converted} tensor(s) halved, {stats.copied} copied, "
+                        f"{stats.bytes_in} -> {stats.bytes_out} bytes of external data"}],
+        "nodes_before": nodes_before, "nodes_after": node_count(converted), "size_before": size_before,
+        "size_after": model_bytes(written) if written else None,
+        "verify": verify_result.to_record() if verify_result else dict(NOT_VERIFIED),
+        "inputs": feed_source if options.verify else None,
+        "kept_fp32_nodes": [k.to_record() for k in kept],
+    }
+    for repair in repairs:
+        log.info("repair: %s", repair)
+    report.output = written
+    return report
+
+
 def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, list[dict[str, Any]]]:
     """The graph rewrites before FP16: opset, static shapes, 1-D to 2-D."""
     applied: list[dict[str, Any]] = []
@@ -130,6 +203,17 @@ class ConvertStep(Step):
     def default_output(self, model: Path) -> Path:
         suffix = ".fp16.onnx" if self.options.fp16 else ".converted.onnx"
         return model.with_name(model.name.removesuffix(".onnx") + suffix)
+
+    def admit(self, model: ModelHandle | None) -> None:
+        if model is not None and fp16_stream.streams(model, self.options):
+            # the streamed path holds one chunk of the weights at a time: no memory requirement
+            from ortprep.steps.base import refuse_ep_context
+            from ortprep.validity import require_valid
+
+            refuse_ep_context(model, self.name)
+            require_valid(model, self.name)
+            return
+        super().admit(model)
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -495,3 +495,21 @@ def test_fp16_streams_external_weights(tmp_path, monkeypatch):
     record = ortprep.convert(source, tmp_path / "fail.onnx", fp16=True, min_cosine=1.5).to_record()
     assert record["output"] is None and "CNV006" in codes(record)
     assert not any(p.name.startswith(".fail") or p.name.startswith("fail") for p in tmp_path.iterdir())
+
+
+def test_converter_failure_is_a_finding_not_exit_4(tmp_path, monkeypatch):
+    # Fault injected into one of onnxconverter-common's passes (no natural trigger is left: the
+    # one known, the Cast pair at an output, is handled above).
+    from onnxconverter_common import float16
+
+    def broken(graph, blocked):
+        raise ValueError("injected: the converter cannot handle this graph")
+
+    monkeypatch.setattr(float16, "process_value_info", broken)
+    source = saved(tmp_path, models.conv_classifier())
+    result = invoke("convert", source, "--fp16", "-o", tmp_path / "out.onnx", "--json")
+    assert result.exit_code == 1
+    record = result.json()
+    finding = next(f for f in record["findings"] if f["code"] == "CNV011")
+    assert "injected" in finding["message"] and record["output"] is None
+    assert not (tmp_path / "out.onnx").exists()

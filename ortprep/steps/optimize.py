@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.optimize/1"
 # Fusions reorder float arithmetic: a little looser than simplify's gate.
-OPTIMIZE_GATE = Gate(min_cosine=0.99999, max_abs=1e-3)
+OPTIMIZE_GATE = Gate(min_cosine=0.99999, max_abs=1e-3, degenerate_tol=1e-3)
 
 
 def optimize_model(handle: ModelHandle, dest: Path, options: OptimizeOptions, *, force: bool = False) -> StepResult:

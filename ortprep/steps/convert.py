@@ -106,6 +106,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     nodes_before = node_count(proto)
     fp16_step.ensure_node_names(proto)
     block_ops = {op: "--block-op" for op in options.block_ops}
+    block_ops.update({op: why for op, why in fp16_step.no_fp16_signature_ops(proto).items() if op not in block_ops})
     if options.ep:
         block_ops.update({op: why for op, why in fp16_step.ep_blocked_ops(handle, options.ep).items() if op not in block_ops})
     keep_io = options.keep_io_types if options.keep_io_types is not None else not (options.ep and resolve_ep(options.ep).fp16_io)

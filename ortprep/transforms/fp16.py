@@ -229,6 +229,33 @@ def ep_blocked_ops(handle: ModelHandle, ep: str) -> dict[str, str]:
     return blocked
 
 
+def no_fp16_signature_ops(proto: ModelProto) -> dict[str, str]:
+    """Op types in the model that ONNX defines with a float input that cannot be float16 (a fixed
+    tensor(float) input, or a type constraint with float but not float16): DynamicQuantizeLinear,
+    DequantizeLinear's scale before opset 19, and the like. Converting them makes an invalid model."""
+    opsets = {o.domain or "": o.version for o in proto.opset_import}
+    found: dict[str, str] = {}
+    for _, graph in iter_graphs(proto.graph):
+        for node in graph.node:
+            if node.op_type in found or node.op_type == "Cast":
+                continue
+            domain = "" if node.domain in ("", "ai.onnx") else node.domain
+            try:
+                schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, opsets.get("", 1)), domain)
+            except onnx.defs.SchemaError:
+                # a contrib or custom op (com.microsoft.DynamicQuantizeLSTM, say): its float16
+                # signature is unknown here, so it stays FP32
+                found[node.op_type] = f"no float16 signature known for {domain or 'ai.onnx'}.{node.op_type}"
+                continue
+            allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+            for formal in schema.inputs:
+                types = allowed.get(formal.type_str, {formal.type_str})
+                if "tensor(float)" in types and "tensor(float16)" not in types:
+                    found[node.op_type] = f"ONNX defines no float16 signature for {node.op_type} ('{formal.name}' is float only)"
+                    break
+    return found
+
+
 def activation_overflow_nodes(proto: ModelProto, activations: dict[str, np.ndarray]) -> dict[str, float]:
     """Top-level nodes reading or writing a float tensor beyond FP16's safe range on real inputs."""
     peaks = {

@@ -279,6 +279,8 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
             "CNV014", "FP16 for no particular EP: every op with a float16 signature in ONNX computes in FP16; ONNX Runtime's "
             "CPU EP runs those it has no float16 kernel for (Conv, for one) through Casts to float32",
             fix="name the EP you deploy to (--ep cuda, --ep dml, --ep cpu) to keep its FP32-only ops in FP32"))
+    for op, reason in fp16_step.no_fp16_signature_ops(proto).items():
+        run.block_ops.setdefault(op, reason)
     ep_ops = fp16_step.ep_blocked_ops(ModelHandle(proto=proto, path=None), options.ep) if options.ep else {}
     for op, reason in ep_ops.items():
         run.block_ops.setdefault(op, reason)

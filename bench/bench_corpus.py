@@ -369,12 +369,17 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     fetch(args.out)
+    saved = args.out / "results.json"
+    # with --only, the other models' rows of the last run are kept (and said so in the table)
+    previous = {row["model"]: row for row in json.loads(saved.read_text())} if args.only and saved.exists() else {}
     rows = []
     for case in CASES:
         if args.only and case.name not in args.only:
+            if case.name in previous:
+                rows.append(previous[case.name])
             continue
         rows.append(run_case(case, args.out))
-        (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+        saved.write_text(json.dumps(rows, indent=1))
     text = table(rows)
     (args.out / "table.md").write_text(text + "\n")
     print(text)

@@ -77,6 +77,7 @@ class Pipeline:
     force: bool = False  # a command line's --force: an output may replace the input model
     single_command: bool = False
     progress: Any = None  # callback(stage, done, total) for progress bars
+    ignore: frozenset[str] = frozenset()  # finding codes that do not fail a step (a repository config's [ignore])
     _prepared: bool = field(default=False, repr=False)
 
     # --- building ------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ class Pipeline:
             output = self.output_for(index, model) if entry.name in WRITES_MODEL else None
             entry.step.admit(handle)
             result = entry.step.run(handle, StepContext(output=output, force=self.force, progress=self.progress))
-            status = "failed" if result.fails(entry.fail_on) or result.missing else "passed"
+            status = "failed" if result.fails(entry.fail_on, self.ignore) or result.missing else "passed"
             if entry.name in WRITES_MODEL and result.output is None:
                 status = "failed"  # nothing to hand to the next step
             report.steps.append(StepOutcome(entry.label, entry.name, status, shown, result))

@@ -29,12 +29,13 @@ class StepResult:
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)
 
-    def worst(self) -> Severity | None:
-        return max((f.severity for f in self.findings), default=None)
+    def worst(self, ignore: frozenset[str] | set[str] = frozenset()) -> Severity | None:
+        return max((f.severity for f in self.findings if f.code not in ignore), default=None)
 
-    def fails(self, fail_on: Severity | None) -> bool:
-        """True when a finding is at or above ``fail_on`` (``None`` never fails)."""
-        worst = self.worst()
+    def fails(self, fail_on: Severity | None, ignore: frozenset[str] | set[str] = frozenset()) -> bool:
+        """True when a finding (whose code is not ignored) is at or above ``fail_on`` (``None``
+        never fails)."""
+        worst = self.worst(ignore)
         return fail_on is not None and worst is not None and worst >= fail_on
 
     def to_record(self) -> dict[str, Any]:

@@ -1,32 +1,148 @@
-"""ortprep run ortprep.toml: the pipeline a model repository's CI runs."""
+"""ortprep run / init / diff / merge: the CI gate of a model repository."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ortprep.cli.app import error_boundary
 from ortprep.cli.options import JsonOpt, ReportOpt
 
+JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.", show_default=False)]
+MarkdownOpt = Annotated[Path | None, typer.Option(
+    "--markdown", help="Also write a Markdown summary here (appended to $GITHUB_STEP_SUMMARY when that is set).",
+    show_default=False)]
+HtmlOpt = Annotated[Path | None, typer.Option("--html", help="Also write one self-contained HTML page per model here.",
+                                              show_default=False)]
+
 
 @error_boundary
 def run_command(
-    config: Annotated[Path, typer.Argument(help="The pipeline file (TOML).", show_default=False)] = Path("ortprep.toml"),
+    config: Annotated[Path, typer.Argument(help="ortprep.toml, a pyproject.toml with [tool.ortprep], or their folder.",
+                                           show_default=False)] = Path("."),
+    jobs: Annotated[int, typer.Option("-j", "--jobs", help="Models run in parallel (worker processes).", min=1)] = 1,
+    shard: Annotated[str | None, typer.Option("--shard", help="Run only shard K of N of the model x target pairs (K/N).",
+                                              show_default=False)] = None,
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="Fail on regressions against this stored report.",
+                                                  show_default=False)] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Accuracy regressions smaller than this are ignored.")] = 0.001,
     json_output: JsonOpt = False,
     report: ReportOpt = None,
-    junit: Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.", show_default=False)] = None,
-    markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", show_default=False)] = None,
+    junit: JunitOpt = None,
+    markdown: MarkdownOpt = None,
+    html: HtmlOpt = None,
 ) -> None:
-    """Run the steps of a pipeline file; exit 1 when a step fails its gate."""
+    """Run every model x target x step of a config; exit 1 when a step, a gate or the baseline fails."""
+    from ortprep import repo
     from ortprep.cli.output import execute
     from ortprep.pipeline import Pipeline
 
-    code = execute(Pipeline.from_toml(config), as_json=json_output, report=report, junit=junit, markdown=markdown)
-    if code:
-        raise typer.Exit(code)
+    raw, text = repo.read_raw(config)
+    if not repo.is_repo_config(raw):
+        if jobs != 1 or shard or baseline or html:
+            raise typer.BadParameter("-j, --shard, --baseline and --html need a repository config ([[models]], [targets])")
+        code = execute(Pipeline.from_dict(raw, text.path) if text.prefix else Pipeline.from_toml(text.path), as_json=json_output,
+                       report=report, junit=junit, markdown=markdown)
+        if code:
+            raise typer.Exit(code)
+        return
+    parsed = repo.parse(raw, text)
+    old = repo.read_report(baseline) if baseline else None
+    from ortprep.cli.output import progress_bar
+
+    with progress_bar(quiet=json_output) as progress:
+        document = repo.run_repo(parsed, jobs=jobs, shard=repo.parse_shard(shard), baseline=old, tolerance=tolerance,
+                                 progress=progress)
+    raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown, html=html))
+
+
+def finish(document: dict[str, Any], *, json_output: bool, report: Path | None, junit: Path | None,
+           markdown: Path | None, html: Path | None) -> int:
+    """Write the report files, print the summary (or the JSON), annotate GitHub Actions; the exit code."""
+    from ortprep.cli.output import dumps, emit
+    from ortprep.model import atomic_write_bytes
+    from ortprep.render.repo import annotations, render_repo_console, render_repo_junit, render_repo_markdown
+
+    if report is not None:
+        atomic_write_bytes(report, dumps(document).encode("utf-8"))
+    if junit is not None:
+        atomic_write_bytes(junit, render_repo_junit(document).encode("utf-8"))
+    text = render_repo_markdown(document)
+    if markdown is not None:
+        atomic_write_bytes(markdown, text.encode("utf-8"))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as out:
+            out.write(text)
+    if html is not None:
+        from ortprep.render.html import write_repo_pages
+
+        write_repo_pages(document, html)
+    emit(document, as_json=json_output, human=lambda record, console: render_repo_console(record, console))
+    if os.environ.get("GITHUB_ACTIONS") == "true" and not json_output:
+        for line in annotations(document):
+            sys.stdout.write(line + "\n")
+    if any(r.get("missing") for r in document["runs"]) and not any(not r["passed"] and not r.get("missing")
+                                                                   for r in document["runs"]):
+        return 3
+    return 0 if document["passed"] else 1
+
+
+@error_boundary
+def init_command(
+    folder: Annotated[Path, typer.Argument(help="The repository to scan for .onnx files.")] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing ortprep.toml.")] = False,
+) -> None:
+    """Write a starter ortprep.toml for the models found, with targets this machine can run."""
+    from ortprep.render.init import starter_config
+
+    path = folder / "ortprep.toml"
+    if path.exists() and not force:
+        raise typer.BadParameter(f"{path} exists; pass --force to replace it")
+    from ortprep.model import atomic_write_bytes
+
+    atomic_write_bytes(path, starter_config(folder).encode("utf-8"))
+    sys.stderr.write(f"ortprep: wrote {path}; run it with: ortprep run {folder}\n")
+
+
+@error_boundary
+def diff_command(
+    old: Annotated[Path, typer.Argument(help="The earlier report (ortprep run --report).")],
+    new: Annotated[Path, typer.Argument(help="The later report.")],
+    json_output: JsonOpt = False,
+) -> None:
+    """Which nodes moved between the EP and the CPU, and why; and every regression. Exit 1 on regressions."""
+    from ortprep import repo
+    from ortprep.cli.output import emit
+    from ortprep.render.repo import render_diff_console
+
+    document = repo.diff(repo.read_report(old), repo.read_report(new))
+    emit(document, as_json=json_output, human=render_diff_console)
+    raise typer.Exit(1 if document["regressions"] else 0)
+
+
+@error_boundary
+def merge_command(
+    reports: Annotated[list[Path], typer.Argument(help="The shards' reports (ortprep run --shard K/N --report FILE).")],
+    json_output: JsonOpt = False,
+    report: ReportOpt = None,
+    junit: JunitOpt = None,
+    markdown: MarkdownOpt = None,
+    html: HtmlOpt = None,
+) -> None:
+    """Combine shard reports into one JSON, JUnit, Markdown and HTML; exit 1 when any pair failed."""
+    from ortprep import repo
+
+    document = repo.merge([(str(p), repo.read_report(p)) for p in reports])
+    raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown, html=html))
 
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run_command)
+    app.command("init")(init_command)
+    app.command("diff")(diff_command)
+    app.command("merge")(merge_command)

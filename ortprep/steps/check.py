@@ -316,4 +316,10 @@ class CheckStep(Step):
     Options = CheckOptions
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return check_model(model, self.options.eps, self.options.ort_version)
+        result = check_model(model, self.options.eps, self.options.ort_version)
+        if self.options.html is not None and model.path is not None:
+            from ortprep.render.html import write_check_page
+
+            write_check_page(model.path, result.to_record(), self.options.html)
+            result.artifacts.append(str(self.options.html))
+        return result

@@ -64,6 +64,8 @@ class CheckOptions(StepOptions):
                             "list, e.g. openvino-cpu,dml.", Kind.TARGETS, flags=("--ep", "--eps"), metavar="EP")
     ort_version: str | None = option(None, "Also check against this ONNX Runtime release (e.g. 1.24, the one that "
                                      "ships your EP): the IR versions and opsets it loads.", Kind.TEXT, metavar="X.Y")
+    html: Path | None = option(None, "Also write a self-contained HTML page of the graph, each node coloured by where it "
+                               "runs on each target.", Kind.PATH, metavar="FILE")
 
     def validate(self, where: str) -> None:
         _known_release(self.ort_version, where)

@@ -557,6 +557,21 @@ def already_quantized(proto: ModelProto) -> str | None:
     return f"{listed}; {weights} 8-bit (or smaller) integer weight tensor(s)"
 
 
+SENTINEL = 1e30  # a constant at least this large is a stand-in for infinity, not a value
+
+
+def sentinel_readers(proto: ModelProto) -> list[str]:
+    """Nodes of the main graph that read a float constant holding inf, NaN or a sentinel magnitude:
+    quantizing their inputs would stretch an 8-bit range over it and erase every real value."""
+    bad = set()
+    for tensor in proto.graph.initializer:
+        if tensor.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE) and int(np.prod(tensor.dims)) <= 1 << 20:
+            values = onnx.numpy_helper.to_array(tensor)
+            if values.size and (not np.all(np.isfinite(values)) or float(np.abs(values).max()) >= SENTINEL):
+                bad.add(tensor.name)
+    return [node.name for node in proto.graph.node if bad & set(node.input)]
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     """A node's name, or OP#INDEX when it has none."""
     return node.name or f"{node.op_type}#{index}"
@@ -609,6 +624,7 @@ class Trials:
         self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
         self.count = 0
+        self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
         self.evaluations: dict[Path, Evaluation] = {}
         self.caches: dict[Path, dict] = {}
         self.failure: str | None = None
@@ -668,20 +684,21 @@ def _search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOpti
     quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
-                    fixed=list(options.exclude_nodes))
+                    fixed=list(trials.fixed), aim=options.min_cosine + (1 - options.min_cosine) / 2)
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
-    record = {"trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
+    record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
               "ranked": result.ranked[:50], "stopped": result.stopped}
     return result.best, record, result.reasons
 
 
 def _quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
                          plan: DataPlan, eval_feeds: list, big: bool, bounds: dict, progress: ProgressCallback | None,
-                         report: StepResult) -> Outcome:
+                         report: StepResult, sentinels: list[str]) -> Outcome:
     """The baseline on each source (pre-processed, as given), the better kept; then the search."""
     trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress)
-    baselines = [(label, path, trials.attempt(path, list(options.exclude_nodes), f"baseline ({label})"))
+    trials.fixed += [n for n in sentinels if n not in trials.fixed]
+    baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})"))
                  for label, path in sources]
     usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
     if not usable:
@@ -705,9 +722,11 @@ def _quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options
         proto = onnx.load(str(source), load_external_data=False)
         best, search_record, reasons = _search(trials, source, best, options, proto)
     excluded = [{"name": n, "reason": "--exclude-node"} for n in options.exclude_nodes]
+    excluded += [{"name": n, "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)"}
+                 for n in trials.fixed if n not in options.exclude_nodes]
     ops = {n.name: n.op_type for n in onnx.load(str(source), load_external_data=False).graph.node}
     excluded += [{"name": n, "op_type": ops.get(n, "?"), "reason": reasons.get(n, "auto-exclude")}
-                 for n in best.kept if n not in options.exclude_nodes]
+                 for n in best.kept if n not in trials.fixed]
     return Outcome(best, trials.evaluations.get(best.path), excluded, search_record, source=label)
 
 
@@ -778,6 +797,11 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             report.add(Finding.of("QNT009", f"{moved} weight(s) held in Constant nodes became initializers so they can be quantized",
                                   fix="nothing to do"))
         ensure_node_names(proto)
+        sentinels = sentinel_readers(proto)
+        if sentinels:
+            report.add(Finding.of("QNT015", f"{len(sentinels)} node(s) read a non-finite or sentinel constant (such as the -inf "
+                                  "of a safe maximum) that no 8-bit range can hold; they stay float: " + ", ".join(sentinels[:6]),
+                                  fix="nothing to do"))
         proto, settings = legal_settings(proto, settings, eval_feeds[0] if eval_feeds else None, report)
         big = handle.has_external_data()
         float_path = save_temp(proto, workdir, "float.onnx")
@@ -790,7 +814,8 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 _name_nodes(preprocessed)
                 # checked, not trusted: both are quantized and evaluated when there is data to judge by
                 sources = [("preprocessed", preprocessed)] + (sources if eval_feeds else [])
-        outcome = _quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report)
+        outcome = _quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report,
+                                       sentinels)
         if outcome.source == "as given" and options.preprocess and len(sources) > 1:
             preprocess_detail += "; not used: quantizing without it evaluated better"
         report.data = _base_record(handle, options, settings, size_before)

@@ -7,7 +7,8 @@ the held-back samples. The search:
 2. ranks every node still quantized by the error it adds (its output compared with the float
    model's against what its inputs already carried, the per-tensor comparison ORT's
    qdq_loss_debug makes) and bisects the ranked list for the fewest nodes that pass the gate;
-3. stops when the gate passes, or when passing would keep more than ``max_float_share`` of the
+3. stops when the gate passes with a margin (half-way from the gate to 1: a result chosen on a
+   few held-back samples must hold on others), or when passing would keep more than ``max_float_share`` of the
    quantized nodes in float, and says which.
 """
 
@@ -94,8 +95,9 @@ class Search:
 
     def __init__(self, float_proto: onnx.ModelProto, attempt: Callable[[list[str], str], Trial],
                  rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]], *, quantizable_nodes: set[str],
-                 max_float_share: float, max_trials: int, fixed: list[str]) -> None:
+                 max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None) -> None:
         self.names = {n.name for _, g in iter_graphs(float_proto.graph) for n in g.node}
+        self.aim = aim
         self.float_proto = float_proto
         self.attempt = attempt
         self.rank = rank
@@ -135,7 +137,7 @@ class Search:
             return outcome
 
         for label, names in rule_sets(self.float_proto):
-            if current.passed:
+            if self.ok(current):
                 break
             extra = [n for n in dict.fromkeys(m for name in names for m in self.closure.get(name, [name])) if n not in kept]
             if not extra or not self.fits(kept + extra):
@@ -151,8 +153,8 @@ class Search:
                 for name in extra:
                     reasons[name] = f"rule: {label} (cosine {_fmt(current.cosine)} -> {_fmt(outcome.cosine)})"
                 current = outcome
-        if current.passed:
-            result.best, result.stopped, result.reasons = current, "the gate passed", reasons
+        if self.ok(current):
+            result.best, result.stopped, result.reasons = current, "the gate passed with the margin", reasons
             return result
         passes = 0
         while True:
@@ -179,7 +181,7 @@ class Search:
             if top is None:
                 result.best, result.stopped = current, f"the trial limit ({self.max_trials}) was reached"
                 break
-            if top.passed:
+            if self.ok(top):
                 low, best = 0, top
                 while high - low > 1:
                     middle = (low + high) // 2
@@ -187,12 +189,12 @@ class Search:
                                     f"ranked (pass {passes}): worst {middle} tensor(s), {len(prefix(middle))} node(s)")
                     if outcome is None:
                         break
-                    if outcome.passed:
+                    if self.ok(outcome):
                         high, best = middle, outcome
                     else:
                         low = middle
                 self._explain(units[:high], reasons)
-                result.best, result.stopped = best, "the gate passed"
+                result.best, result.stopped = best, "the gate passed with the margin"
                 break
             if top.cosine is None or (current.cosine is not None and top.cosine <= current.cosine + IMPROVES):
                 result.best = current
@@ -205,6 +207,11 @@ class Search:
             current = top
         result.reasons = reasons
         return result
+
+    def ok(self, trial: Trial) -> bool:
+        """A trial the search accepts: it passes the gate, and its lowest cosine reaches ``aim``
+        (above the gate: the held-back samples are few, and the result must hold on others)."""
+        return trial.passed and (self.aim is None or trial.cosine is None or trial.cosine >= self.aim)
 
     def fits(self, nodes: list[str]) -> bool:
         unique = set(nodes)

@@ -25,7 +25,7 @@ RAISED_CODES: set[str] = set()
 
 # Test modules that need ONNX Runtime for most of their cases; without it they skip (never fail
 # at collection). Modules not listed run without ORT.
-NEEDS_ORT = {"test_transforms.py", "test_quantize.py", "test_load.py", "test_pipeline.py", "test_api.py",
+NEEDS_ORT = {"test_repo.py", "test_transforms.py", "test_quantize.py", "test_load.py", "test_pipeline.py", "test_api.py",
              "test_parity.py", "test_check.py"}
 
 

@@ -44,7 +44,10 @@ def run_command(
     raw, text = repo.read_raw(config)
     if not repo.is_repo_config(raw):
         if jobs != 1 or shard or baseline or html:
-            raise typer.BadParameter("-j, --shard, --baseline and --html need a repository config ([[models]], [targets])")
+            from ortprep.errors import UsageError
+
+            raise UsageError("-j, --shard, --baseline and --html need a repository config ([[models]], [targets])",
+                             hint="see docs/pipeline.md, or write one with: ortprep init")
         code = execute(Pipeline.from_dict(raw, text.path) if text.prefix else Pipeline.from_toml(text.path), as_json=json_output,
                        report=report, junit=junit, markdown=markdown)
         if code:
@@ -100,9 +103,11 @@ def init_command(
     """Write a starter ortprep.toml for the models found, with targets this machine can run."""
     from ortprep.render.init import starter_config
 
+    from ortprep.errors import UsageError
+
     path = folder / "ortprep.toml"
     if path.exists() and not force:
-        raise typer.BadParameter(f"{path} exists; pass --force to replace it")
+        raise UsageError(f"{path} exists", hint="pass --force to replace it")
     from ortprep.model import atomic_write_bytes
 
     atomic_write_bytes(path, starter_config(folder).encode("utf-8"))

@@ -228,7 +228,7 @@ def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = 
     for index, target in enumerate(targets):
         summary = target.get("summary") or {}
         rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
-        fallback = sorted(n for n, p in target["placement"].items() if p == "cpu")
+        fallback = sorted(target.get("fallback_all") or (n for n, p in target["placement"].items() if p == "cpu"))
         items = []
         for finding in target.get("findings", []):
             node = finding.get("node")
@@ -273,6 +273,7 @@ def target_from_check(model: Path, name: str, result: dict[str, Any], findings: 
     if load is not None:
         summary["load"] = load.get("status")
     return {"name": name, "ep": result["ep"], "placement": placement, "actual": actual, "summary": summary,
+            "fallback_all": sorted(fallback),  # subgraph nodes too (the drawing shows the main graph)
             "findings": [f for f in findings if f.get("target") in (None, result["ep"])]}
 
 

@@ -140,13 +140,17 @@ def _escape_command(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
+def _escape_property(text: str) -> str:
+    return _escape_command(text).replace(":", "%3A").replace(",", "%2C")
+
+
 def annotations(document: dict[str, Any]) -> list[str]:
     """GitHub Actions workflow commands: one ::error per failure, on the model file."""
     lines = []
     for run in _with_regressions(document):
         for failure in failures(run):
-            title = _escape_command(f"ortprep {run['target']}: {failure['step']}").replace(",", "%2C").replace("::", "%3A%3A")
-            lines.append(f"::error file={run['model']},title={title}::{_escape_command(failure['reason'])}")
+            title = _escape_property(f"ortprep {run['target']}: {failure['step']}")
+            lines.append(f"::error file={_escape_property(run['model'])},title={title}::{_escape_command(failure['reason'])}")
     return lines
 
 

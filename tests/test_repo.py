@@ -1,0 +1,261 @@
+"""The CI gate of a model repository: config, gates, JUnit/Markdown/HTML, baselines and diffs,
+shards and merges, init. Real models, real check (and load on the QNN simulator for init)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from xml.etree import ElementTree
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+from cli_helpers import invoke
+from conftest import SAMPLES
+
+
+def mlp(middle: str = "Relu", seed: int = 0) -> onnx.ModelProto:
+    """x -> MatMul -> MIDDLE -> MatMul, static shapes. QNN takes Relu, not Erf."""
+    rng = np.random.default_rng(seed)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"),
+         helper.make_node(middle, ["h"], ["a"], name="act"),
+         helper.make_node("MatMul", ["a", "W2"], ["y"], name="fc2")],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W1"),
+         numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W2")])
+    return models.make(graph)
+
+
+CONFIG = """output_dir = "build"
+
+[[models]]
+path = "models/*.onnx"
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.npu]
+ep = "qnn"
+min_node_share = {share}
+
+[[steps]]
+run = "check"
+"""
+
+
+def repository(tmp_path: Path, share: float = 0.95) -> Path:
+    folder = tmp_path / "repo"
+    (folder / "models").mkdir(parents=True)
+    onnx.save_model(mlp("Relu", 1), str(folder / "models" / "relu_mlp.onnx"))
+    onnx.save_model(mlp("Erf", 2), str(folder / "models" / "erf_mlp.onnx"))
+    onnx.save_model(mlp("Sigmoid", 3), str(folder / "models" / "sigmoid_mlp.onnx"))
+    (folder / "ortprep.toml").write_text(CONFIG.format(share=share))
+    return folder
+
+
+def test_model_repository_gate(tmp_path):
+    folder = repository(tmp_path)
+    junit, markdown = tmp_path / "junit.xml", tmp_path / "summary.md"
+    result = invoke("run", folder, "--junit", junit, "--markdown", markdown, "--report", tmp_path / "report.json")
+    assert result.exit_code == 1, result.stdout
+    suites = ElementTree.parse(junit).getroot()
+    cases = suites.findall(".//testcase")
+    assert len(cases) == 6  # 3 models x 2 targets x 1 step
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert [c.get("name") for c in failed] == ["models/erf_mlp.onnx :: 1. check :: npu"]
+    assert "min_node_share" in failed[0].find("failure").get("message")
+    text = markdown.read_text()
+    assert "`models/erf_mlp.onnx` | npu | gate min_node_share (check)" in text
+    assert "66.7% of the nodes on the EP, below 95% (CPU: act)" in text
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["schema"] == "ortprep.run/2" and report["kind"] == "repository"
+    assert report["summary"] == {"pairs": 6, "passed": 5, "failed": 1, "errors": 0}
+    # the gate relaxed: the same repository passes
+    (folder / "ortprep.toml").write_text(CONFIG.format(share=0.5))
+    assert invoke("run", folder).exit_code == 0
+
+
+def test_pyproject_table_and_github_outputs(tmp_path):
+    folder = repository(tmp_path)
+    text = (folder / "ortprep.toml").read_text()
+    (folder / "ortprep.toml").unlink()
+    body = re.sub(r"^\[(\[?)", lambda m: f"[{m.group(1)}tool.ortprep.", text, flags=re.M)
+    (folder / "pyproject.toml").write_text('[project]\nname = "zoo"\n\n[tool.ortprep]\n' + body)
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier content\n")
+    result = invoke("run", folder / "pyproject.toml", env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert result.exit_code == 1
+    assert "::error file=models/erf_mlp.onnx,title=ortprep npu%3A gate min_node_share (check)::" in result.stdout
+    appended = summary.read_text()
+    assert appended.startswith("earlier content\n") and "## ortprep: failed (5 of 6" in appended
+
+
+@pytest.mark.parametrize("edit, key, line", [
+    ('[targets.npu]\nep = "qnn"\nmin_node_sharez = 0.5\n', "targets.npu.min_node_sharez: unknown key", 11),
+    ('[targets.npu]\nep = "qnn"\nmin_node_share = "high"\n', "targets.npu.min_node_share: must be a number", 11),
+    ('[targets.npu]\nep = "qnn"\nmax_partitions = 1.5\n', "targets.npu.max_partitions: must be an integer", 11),
+])
+def test_config_errors_name_key_and_line(tmp_path, edit, key, line):
+    folder = repository(tmp_path)
+    text = (folder / "ortprep.toml").read_text()
+    text = re.sub(r'\[targets\.npu\]\nep = "qnn"\nmin_node_share = 0.95\n', edit, text)
+    (folder / "ortprep.toml").write_text(text)
+    result = invoke("run", folder, "--json")
+    assert result.exit_code == 2
+    assert f"ortprep.toml:{line}: {key}" in result.stderr
+    assert json.loads(result.stdout)["exit_code"] == 2
+    assert not (folder / "build").exists()  # nothing ran
+
+
+def test_glob_matching_nothing(tmp_path):
+    folder = repository(tmp_path)
+    (folder / "ortprep.toml").write_text(CONFIG.format(share=0.5).replace("models/*.onnx", "nets/*.onnx"))
+    result = invoke("run", folder)
+    assert result.exit_code == 2
+    assert "ortprep.toml:4: models.path: 'nets/*.onnx' matches no file" in result.stderr
+
+
+def test_ignore_needs_a_reason_and_a_known_code(tmp_path):
+    folder = repository(tmp_path)
+    base = CONFIG.format(share=0.5)
+    (folder / "ortprep.toml").write_text(base + '\n[ignore]\nEP001 = ""\n')
+    assert "ignore.EP001: needs a written reason" in invoke("run", folder).stderr
+    (folder / "ortprep.toml").write_text(base + '\n[ignore]\nXYZ999 = "no such code"\n')
+    assert "ignore.XYZ999: unknown finding code" in invoke("run", folder).stderr
+
+
+def test_ignored_code_does_not_fail_a_step(tmp_path):
+    folder = repository(tmp_path)
+    strict = 'fail_on = "warning"\n' + CONFIG.format(share=0.0)
+    (folder / "ortprep.toml").write_text(strict)
+    record = invoke("run", folder, "--json").json()
+    erf = next(r for r in record["runs"] if r["model"] == "models/erf_mlp.onnx" and r["target"] == "npu")
+    assert erf["steps"][0]["status"] == "failed"  # EP001 (warning): Erf is not on QNN
+    assert "EP001" in {f["code"] for f in erf["steps"][0]["report"]["findings"]}
+    reasons = ('\n[ignore]\nEP001 = "Erf runs on the CPU on purpose"\nEP006 = "the CPU island is accepted with EP001"\n'
+               'QNN001 = "float models are fine on the HTP simulator here"\n')
+    (folder / "ortprep.toml").write_text(strict + reasons)
+    record = invoke("run", folder, "--json").json()
+    assert record["passed"] is True
+
+
+def test_baseline_and_diff_name_the_node_that_moved(tmp_path):
+    folder = repository(tmp_path, share=0.5)
+    base = tmp_path / "base.json"
+    assert invoke("run", folder, "--report", base).exit_code == 0
+    # a change: the Relu model's activation becomes Erf, which QNN does not take
+    onnx.save_model(mlp("Erf", 1), str(folder / "models" / "relu_mlp.onnx"))
+    new = tmp_path / "new.json"
+    result = invoke("run", folder, "--baseline", base, "--report", new, "--json")
+    assert result.exit_code == 1
+    regressions = result.json()["regressions"]
+    moved = [r for r in regressions if r["kind"] == "fallback"]
+    assert len(moved) == 1 and moved[0]["model"] == "models/relu_mlp.onnx" and moved[0]["target"] == "npu"
+    assert moved[0]["nodes"][0]["node"] == "act" and moved[0]["nodes"][0]["reason"].startswith("EP001")
+    assert any(r["kind"] == "coverage" for r in regressions)
+    diff = invoke("diff", base, new, "--json")
+    assert diff.exit_code == 1
+    moves = diff.json()["moves"]
+    assert moves == [{"model": "models/relu_mlp.onnx", "target": "npu", "node": "act", "from": "qnn", "to": "cpu",
+                      "reason": moves[0]["reason"]}]
+    assert "Erf" in moves[0]["reason"]
+    human = invoke("diff", base, new)
+    assert "act" in human.stdout and "qnn -> cpu" in human.stdout
+
+
+def test_shards_merge_to_the_unsharded_verdict(tmp_path):
+    folder = tmp_path / "zoo"
+    (folder / "models").mkdir(parents=True)
+    for index in range(10):
+        onnx.save_model(mlp("Erf" if index == 3 else "Relu", index), str(folder / "models" / f"net{index:02d}.onnx"))
+    (folder / "ortprep.toml").write_text(CONFIG.format(share=0.9).replace('[targets.cpu]\nep = "cpu"\n\n', ""))
+    whole = invoke("run", folder, "--json", "-j", "2")
+    assert whole.exit_code == 1
+    reports = []
+    for shard in ("1/2", "2/2"):
+        path = tmp_path / f"shard{shard[0]}.json"
+        invoke("run", folder, "--shard", shard, "--report", path)
+        reports.append(path)
+    counts = [len(json.loads(p.read_text())["runs"]) for p in reports]
+    assert sum(counts) == 10 and all(counts)
+    merged = invoke("merge", *reports, "--json", "--junit", tmp_path / "merged.xml")
+    document = merged.json()
+    assert sorted(r["model"] for r in document["runs"]) == [f"models/net{i:02d}.onnx" for i in range(10)]
+    assert document["passed"] == whole.json()["passed"] is False
+    assert merged.exit_code == whole.exit_code == 1
+    assert [r["passed"] for r in document["runs"]] == [r["passed"] for r in whole.json()["runs"]]
+    assert len(ElementTree.parse(tmp_path / "merged.xml").getroot().findall(".//testcase")) == 10
+    # a pair in two reports is refused
+    assert invoke("merge", reports[0], reports[0]).exit_code == 2
+
+
+def test_html_page_names_every_node_and_marks_the_fallbacks(tmp_path):
+    page = tmp_path / "page.html"
+    result = invoke("check", SAMPLES / "control_flow.onnx", "--ep", "qnn", "--ep", "dml", "--html", page, "--json")
+    record = result.json()
+    text = page.read_text()
+    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text  # self-contained
+    graph = onnx.load(str(SAMPLES / "control_flow.onnx")).graph
+    names = [n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)]
+    for index, result_ in enumerate(record["results"]):
+        svg = re.search(rf'<svg class="graph" id="graph-{index}".*?</svg>', text, re.S).group(0)
+        drawn = {}
+        for cls, attrs in re.findall(r'<g class="([^"]*)" (data-nodes?="[^"]*")', svg):
+            members = re.search(r'="([^"]*)"', attrs).group(1).split(" ")
+            for member in members:
+                drawn[member] = cls.split()[1]
+        assert sorted(drawn) == sorted(names)  # every node of the main graph, once
+        # drawn on the CPU: exactly the JSON's fallback nodes of the main graph ...
+        assert {n for n, where in drawn.items() if where == "cpu"} == set(result_["fallback_nodes"]) & set(names)
+        # ... and the side panel lists every fallback node, those in If/Loop bodies included
+        panel = re.search(rf'<div class="target-info" data-section="{index}">.*?</div>\s*(?=<div class="target-info"|</aside>)', text, re.S).group(0)
+        assert set(re.findall(r'<li><a data-find="([^"]*)"', panel)) == set(result_["fallback_nodes"])
+    assert any(r["fallback_nodes"] for r in record["results"]), "the sample should have a fallback on one target"
+
+
+def test_html_for_a_run_and_a_large_graph(tmp_path):
+    folder = repository(tmp_path, share=0.5)
+    out = tmp_path / "pages"
+    assert invoke("run", folder, "--html", out).exit_code == 0
+    pages = sorted(p.name for p in out.iterdir())
+    assert pages == ["models__erf_mlp.html", "models__relu_mlp.html", "models__sigmoid_mlp.html"]
+    assert 'data-node="act"' in (out / "models__erf_mlp.html").read_text()
+    # 5,000 nodes: chains collapse, every name stays findable
+    from ortprep.render.html import render_page
+
+    chain = helper.make_graph([helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu{i}") for i in range(5000)],
+                              "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("t5000", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "chain.onnx"
+    onnx.save_model(models.make(chain), str(path))
+    placement = {f"relu{i}": ("cpu" if 2000 <= i < 2003 else "ep") for i in range(5000)}
+    html_text = render_page(path, [{"name": "npu", "ep": "qnn", "placement": placement, "actual": None,
+                                    "findings": [], "summary": {}}])
+    assert html_text.count('<g class="node') < 10  # collapsed
+    listed = set(" ".join(re.findall(r'data-nodes?="([^"]*)"', html_text)).split())
+    assert listed == set(placement)
+    assert len(html_text) < 2_000_000
+
+
+def test_init_then_run(tmp_path):
+    folder = tmp_path / "fresh"
+    (folder / "models").mkdir(parents=True)
+    onnx.save_model(mlp("Relu", 5), str(folder / "models" / "a.onnx"))
+    onnx.save_model(mlp("Sigmoid", 6), str(folder / "models" / "b.onnx"))
+    created = invoke("init", folder)
+    assert created.exit_code == 0 and (folder / "ortprep.toml").exists()
+    text = (folder / "ortprep.toml").read_text()
+    assert 'path = "models/*.onnx"' in text and "[targets.cpu]" in text and "# The gates." in text
+    result = invoke("run", folder, "--json")
+    assert result.exit_code == 0, result.stdout[-2000:]
+    record = result.json()
+    assert record["summary"]["pairs"] >= 2 and record["passed"]
+    assert invoke("init", folder).exit_code == 2  # not over an existing config without --force
+    shutil.rmtree(folder / "build", ignore_errors=True)

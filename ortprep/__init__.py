@@ -8,7 +8,7 @@ The library is usable without the CLI::
     opsets = result.to_record()["opsets"]
 
     result = ortprep.convert("m.onnx", "m.fp16.onnx", fp16=True, ep="cuda")
-    run = ortprep.run_pipeline("ortprep.toml")       # RunReport
+    run = ortprep.run_pipeline("ortprep.toml")       # RunReport, or a repository's run document
 """
 
 from __future__ import annotations
@@ -94,8 +94,17 @@ def doctor(scan_path=None) -> "StepResult":
     return run_step("doctor", None, scan=scan_path)
 
 
-def run_pipeline(config) -> "RunReport":
-    """Read, validate and run a pipeline file (``ortprep.toml``); returns the RunReport."""
-    from ortprep.pipeline import run_pipeline as run
+def run_pipeline(config, *, jobs: int = 1, shard: str | None = None, baseline=None) -> "RunReport | dict":
+    """Read, validate and run a config (``ortprep.toml``, a pyproject.toml with [tool.ortprep], or
+    their folder). A one-model pipeline returns its RunReport; a repository config ([[models]],
+    [targets]) returns the run document that ``ortprep run --json`` prints (``ortprep.run/2``,
+    kind repository), with ``jobs``, ``shard`` ("K/N") and ``baseline`` (a report's path) as the
+    command line takes them."""
+    from ortprep import repo
+    from ortprep.pipeline import Pipeline
 
-    return run(Path(config))
+    raw, text = repo.read_raw(Path(config))
+    if not repo.is_repo_config(raw):
+        return Pipeline.from_dict(raw, text.path).run()
+    old = repo.read_report(Path(baseline)) if baseline else None
+    return repo.run_repo(repo.parse(raw, text), jobs=jobs, shard=repo.parse_shard(shard), baseline=old)

@@ -259,3 +259,26 @@ def test_init_then_run(tmp_path):
     assert record["summary"]["pairs"] >= 2 and record["passed"]
     assert invoke("init", folder).exit_code == 2  # not over an existing config without --force
     shutil.rmtree(folder / "build", ignore_errors=True)
+
+
+def test_placement_gates_and_the_precommit_hook(tmp_path):
+    folder = repository(tmp_path, share=0.0)
+    text = (folder / "ortprep.toml").read_text().replace(
+        "min_node_share = 0.0", "min_node_share = 0.0\nmax_partitions = 1\nmax_fallback_nodes = 0\nno_cpu_island = true\nmin_mac_share = 0.5")
+    (folder / "ortprep.toml").write_text(text)
+    record = invoke("run", folder, "--json").json()
+    erf = next(r for r in record["runs"] if r["model"] == "models/erf_mlp.onnx" and r["target"] == "npu")
+    gates = {g["gate"]: g for g in erf["gates"]}
+    assert gates["max_partitions"]["value"] == 2 and not gates["max_partitions"]["passed"]
+    assert gates["max_fallback_nodes"]["value"] == 1 and not gates["max_fallback_nodes"]["passed"]
+    assert gates["no_cpu_island"]["value"] == ["act"] and not gates["no_cpu_island"]["passed"]
+    assert gates["min_mac_share"]["passed"]  # both MatMuls are on the EP
+    relu = next(r for r in record["runs"] if r["model"] == "models/relu_mlp.onnx" and r["target"] == "npu")
+    assert all(g["passed"] for g in relu["gates"])
+    # the pre-commit hook runs the config on the changed files only
+    import ortprep
+
+    assert invoke("hook", folder / "models" / "relu_mlp.onnx", "--config", folder).exit_code == 0
+    assert invoke("hook", folder / "models" / "erf_mlp.onnx", "--config", folder).exit_code == 1
+    document = ortprep.run_pipeline(folder)  # the Python API: the same document as --json
+    assert document["summary"] == record["summary"]

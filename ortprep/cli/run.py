@@ -146,8 +146,27 @@ def merge_command(
     raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown, html=html))
 
 
+@error_boundary
+def hook_command(
+    files: Annotated[list[Path], typer.Argument(help="Changed .onnx files (pre-commit passes them).")],
+    config: Annotated[Path, typer.Option("--config", help="The repository's config (or its folder).")] = Path("."),
+) -> None:
+    """For pre-commit: run the repository's config on the changed models only; exit 1 when one fails."""
+    from ortprep import repo
+
+    parsed = repo.load(config)
+    wanted = {Path(f).resolve() for f in files}
+    parsed.models = [m for m in parsed.models if m.path in wanted]
+    if not parsed.models:
+        sys.stderr.write("ortprep: none of the changed files is a model of the config\n")
+        raise typer.Exit(0)
+    document = repo.run_repo(parsed)
+    raise typer.Exit(finish(document, json_output=False, report=None, junit=None, markdown=None, html=None))
+
+
 def register(app: typer.Typer) -> None:
     app.command("run")(run_command)
     app.command("init")(init_command)
     app.command("diff")(diff_command)
     app.command("merge")(merge_command)
+    app.command("hook")(hook_command)

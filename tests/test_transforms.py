@@ -68,10 +68,9 @@ def test_cast_to_float_inside_attention_is_repaired(tmp_path):
         ort.InferenceSession(naive.SerializeToString(), providers=["CPUExecutionProvider"])
     record = fp16(tmp_path, model)
     assert_verified(record, tmp_path)
-    # onnxsim's prefolding removes the no-op Cast; without prefolding (verify off) it is repaired
-    assert "cast_scores" not in {n.name for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
-    assert "CNV013" in codes(record)
-    record = fp16(tmp_path, model, verify=False, force=True)
+    # nothing here for onnxsim to fold (no node reads only constants): it does not run, and the
+    # Cast is repaired to cast to float16
+    assert "CNV013" not in codes(record)
     cast = next(n for n in onnx.load(str(tmp_path / "out.onnx")).graph.node if n.name == "cast_scores")
     assert cast.attribute[0].i == onnx.TensorProto.FLOAT16
 

@@ -206,6 +206,20 @@ def ddmin(items: list, passes) -> list:
     return items
 
 
+def has_foldable(proto: ModelProto) -> bool:
+    """Is there anything for onnxsim to fold: a node whose inputs are all constants, or a Shape
+    (onnxsim folds it where shapes are static)? Skipping onnxsim otherwise saves its cost (it runs
+    the model in ORT) on graphs with nothing to fold."""
+    constants = {t.name for t in proto.graph.initializer}
+    constants |= {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
+    for node in proto.graph.node:
+        if node.op_type == "Constant":
+            continue
+        if node.op_type in ("Shape", "Size") or (node.input and all(not i or i in constants for i in node.input)):
+            return True
+    return False
+
+
 def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelProto:
     """What the peers' best chain does first: BatchNormalization folded (into the Conv before it,
     or into a per-channel Mul and Add computed in float64) and constants folded by onnxsim.
@@ -217,7 +231,7 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
     folded = fp16_step.fold_batchnorms(proto, ranks=fp16_step.tensor_ranks(proto))
     steps = [f"{len(folded)} BatchNormalization node(s) folded"] if folded else []
     simplified = None
-    if reference is not None:  # onnxsim's rewrites are only taken when they can be verified
+    if reference is not None and has_foldable(proto):  # onnxsim's rewrites are only taken when they can be verified
         simplified, _ = run_onnxsim(proto, ModelHandle(proto=proto, path=None))
     candidates = ([(simplified, steps + ["constants folded (onnxsim)"])] if simplified is not None else []) + [(proto, steps)]
     for candidate, done in candidates:

@@ -27,9 +27,12 @@ SCRIPTS = [
     ("## inspect reads no weights", "bench/bench_inspect.py"),
     ("## check on 10,000 nodes", "bench/bench_check.py"),
     ("## FP16 conversion", "bench/bench_fp16.py"),
+    ("## FP16 of weights that do not fit in memory", "bench/bench_fp16_stream.py"),
     ("## Quantization: calibration memory", "bench/bench_quantize.py"),
     ("## load overhead", "bench/bench_load.py"),
     ("## check against the real QNN and OpenVINO EPs", "bench/bench_check_vs_real.py"),
+    ("## Transforms on real models with realistic inputs", "bench/bench_corpus.py"),
+    ("## The repository gate: -j", "bench/bench_repo.py"),
 ]
 
 

@@ -19,8 +19,10 @@ import json
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import models_from_wheels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ORTPREP = [sys.executable, "-m", "ortprep"]
@@ -55,22 +57,7 @@ def ortprep(*args: str, timeout: float = 900) -> tuple[int, dict | None, str]:
 
 
 def fetch_real_models(out: Path) -> list[Path]:
-    wheels = out / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = []
-    for package, files in WHEELS.items():
-        name = package.split("==")[0].replace("-", "_")
-        have = list(wheels.glob(f"{name}-*.whl"))
-        if not have:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True)
-            have = list(wheels.glob(f"{name}-*.whl"))
-        with zipfile.ZipFile(have[0]) as wheel:
-            for inner, target in files.items():
-                path = out / "corpus" / target
-                if not path.exists():
-                    path.write_bytes(wheel.read(inner))
-                found.append(path)
-    return found
+    return models_from_wheels(out / "wheels", WHEELS, out / "corpus")
 
 
 def shapes_of(model: Path) -> list[str]:

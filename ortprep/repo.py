@@ -375,7 +375,13 @@ def judge(target: Target, steps: list[dict[str, Any]], model: Path) -> list[dict
     if target.gates.get("load_must_pass"):
         load = next((s for s in steps if s["run"] == "load"), None)
         outcome = next((r for r in ((load or {}).get("report") or {}).get("results", []) if r.get("ep") == target.ep), None)
-        if outcome is None or outcome.get("status") == "unavailable":
+        if load is None:
+            gates.append({"gate": "load_must_pass", "limit": True, "value": None, "passed": False, "step": "load",
+                          "reason": "no load step in the config: add [[steps]] run = \"load\""})
+        elif load["status"] == "skipped":
+            gates.append({"gate": "load_must_pass", "limit": True, "value": "skipped", "passed": False, "step": "load",
+                          "reason": "the load step did not run (an earlier step failed)"})
+        elif outcome is None or outcome.get("status") == "unavailable":
             gates.append({"gate": "load_must_pass", "limit": True, "value": "not available here", "passed": True,
                           "step": "load", "reason": f"{target.ep} is not available on this runner: not judged"})
         else:

@@ -111,4 +111,4 @@ def test_bad_config_exit_2(tmp_path, config, message):
 
 def test_missing_config(tmp_path):
     result = invoke("run", tmp_path / "ortprep.toml")
-    assert result.exit_code == 2 and "pipeline config not found" in result.stderr
+    assert result.exit_code == 2 and "config not found" in result.stderr and "ortprep init" in result.stderr

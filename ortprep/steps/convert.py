@@ -112,6 +112,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     keep_io = options.keep_io_types if options.keep_io_types is not None else not (options.ep and resolve_ep(options.ep).fp16_io)
     converted, repairs = fp16_step.convert_once(proto, keep_io_types=keep_io, block_ops=set(block_ops),
                                                 block_nodes=set(options.block_nodes))
+    fp16_stream.require_disk(handle, converted, dest)
     staged, stats = fp16_stream.stage(handle, converted, dest, force=force)
     verify_result = None
     feeds, feed_source = make_feeds(handle, checks)

@@ -66,6 +66,32 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorPro
        TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8}
 
 
+def output_bytes(source: ModelHandle, converted: ModelProto) -> int:
+    """Bytes the streamed data file will take: halved tensors at half their length, the rest whole."""
+    originals = {t.name: t for _, g in iter_graphs(source.graph) for t in g.initializer if is_external(t)}
+    total = 0
+    for _, graph in iter_graphs(converted.graph):
+        for tensor in graph.initializer:
+            if tensor.name in originals:
+                length = _length(originals[tensor.name])
+                halve = originals[tensor.name].data_type == TensorProto.FLOAT and tensor.data_type == TensorProto.FLOAT16
+                total += length // 2 if halve else length
+    return total
+
+
+def require_disk(source: ModelHandle, converted: ModelProto, dest: Path) -> None:
+    """Refuse, with the numbers, an output the destination's disk cannot hold (before writing any of it)."""
+    from ortprep.errors import EnvironmentMissingError
+
+    needed = output_bytes(source, converted)
+    folder = Path(dest).resolve().parent
+    free = shutil.disk_usage(folder if folder.exists() else Path.cwd()).free
+    if needed > free:
+        raise EnvironmentMissingError(
+            f"convert --fp16 would write {needed / 2**30:.1f} GiB of weights beside {Path(dest).name}; "
+            f"{folder} has {free / 2**30:.1f} GiB free", hint="write the output (-o) to a disk with room")
+
+
 def _to_fp16(values: np.ndarray, name: str, stats: StreamStats) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         return _clamped(values, name, stats)

@@ -20,7 +20,7 @@ from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms import fp16_stream, rewrites
-from ortprep.transforms.common import NOT_VERIFIED, finish, make_feeds, reference_run
+from ortprep.transforms.common import NOT_VERIFIED, finish, make_feeds, reference_run, reference_with_intermediates
 from ortprep.transforms.fp16_search import convert_to_fp16
 from ortprep.transforms.verify import (
     EXACT_GATE,
@@ -51,13 +51,19 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     # The reference run comes first: after it the transforms change handle.proto in place
     # (a copy would hold every weight twice).
     feeds, feed_source = make_feeds(handle, checks)
-    reference = reference_run(handle.proto, feeds, report) if options.verify else None
+    rewrites_graph = options.opset or options.ir_version or options.fix_dims or options.fix_shapes or options.conv1d_to_conv2d
+    activations = None
+    if options.verify and options.fp16 and not rewrites_graph:
+        # one run serves as the reference and as the FP16 activation scan
+        activations, reference = reference_with_intermediates(handle.proto, feeds, report)
+    else:
+        reference = reference_run(handle.proto, feeds, report) if options.verify else None
     proto, applied = _rewrite(handle.proto, options)
 
     verify_result: VerifyResult | None = None
     kept: list[fp16_step.KeptNode] = []
     if options.fp16:
-        proto, verify_result, kept = convert_to_fp16(proto, options, feeds, reference, report)
+        proto, verify_result, kept = convert_to_fp16(proto, options, feeds, reference, report, activations=activations)
         applied.append({"transform": "fp16", "detail": f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures"})
     elif reference is not None:
         verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)

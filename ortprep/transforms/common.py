@@ -53,6 +53,25 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
     return None
 
 
+def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult
+                                 ) -> tuple[RunOutcome | None, RunOutcome | None]:
+    """One run of the original for both the reference outputs and every intermediate tensor (the
+    FP16 activation scan reads them): (the full run, the run with graph outputs only), or
+    (None, None) when the original does not run (said as CNV007)."""
+    import dataclasses
+
+    from ortprep.transforms.verify import float_intermediates, run_with_intermediates
+
+    full = run_with_intermediates(original, feeds, float_intermediates(original))
+    if not full.ok:
+        reference_run(original, feeds, report)  # the plain run, for its message and the finding
+        return None, None
+    names = {v.name for v in original.graph.output}
+    reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names},
+                                    bounds=output_bounds(original))
+    return full, reference
+
+
 def finish(
     report: StepResult,
     handle: ModelHandle,

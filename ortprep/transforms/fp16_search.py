@@ -252,12 +252,17 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
     return original if folded else proto
 
 
-def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult):
+def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult, activations=None):
     """FP16 with the range scans first (constants, activations), the EP's FP32-only ops kept, and
-    the mixed-precision search; returns (converted model, verification, kept nodes)."""
+    the mixed-precision search; returns (converted model, verification, kept nodes).
+    ``activations``: a run of ``proto`` with every intermediate exposed, reused when prefolding
+    leaves the graph as it is."""
     fp16_step.ensure_node_names(proto)
     scan = fp16_step.scan_constants(proto)
+    before = [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node]
     proto = prefold(proto, feeds, reference, report)
+    if [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node] != before:
+        activations = None  # prefolding changed the graph: its intermediates are other tensors
     fp16_step.ensure_node_names(proto)
     remaining = fp16_step.scan_constants(proto).overflow
     overflow_names = {name for name, _ in remaining}
@@ -307,7 +312,8 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
             )
         )
     if reference is not None:
-        activations = run_with_intermediates(proto, feeds, float_intermediates(proto))
+        if activations is None:
+            activations = run_with_intermediates(proto, feeds, float_intermediates(proto))
         run.source_activations = activations
         if activations.ok:
             flagged = fp16_step.activation_overflow_nodes(proto, activations.outputs)

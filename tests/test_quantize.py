@@ -412,3 +412,34 @@ def test_sentinel_constant_readers_stay_float(tmp_path):
     assert "safe_max" in finding["message"]
     assert {"name": "safe_max", "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)"} in record["excluded_nodes"]
     assert record["verify"]["cosine"] > 0.99
+
+
+def test_percentile_calibration_is_tried_when_min_max_fails(tmp_path):
+    # one spike in one calibration sample stretches the min/max range of the input: every other
+    # value quantizes to zero. Percentile calibration leaves the spike out of the range.
+    rng = np.random.default_rng(0)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "W"], ["y"], name="project")], "spike",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16])],
+        [onnx.numpy_helper.from_array((rng.standard_normal((1024, 16)) / 32).astype(np.float32), "W")])
+    path = tmp_path / "spike.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    calib, held = tmp_path / "calib", tmp_path / "eval"
+    calib.mkdir()
+    held.mkdir()
+    for index in range(128):
+        x = rng.random((1, 1024)).astype(np.float32)
+        if index == 9:
+            x[0, 5] = 1000.0
+        np.savez(calib / f"{index:03d}.npz", x=x)
+    for index in range(8):
+        np.savez(held / f"{index:03d}.npz", x=rng.random((1, 1024)).astype(np.float32))
+    _, record, _ = quantize(path, "--static", "--calib", calib, "--eval", held, "--auto-exclude", "--keep-failed",
+                            "-o", tmp_path / "q.onnx")
+    finding = next(f for f in record["findings"] if f["code"] == "QNT016")
+    assert "percentile calibration kept" in finding["message"]
+    assert record["preset"]["method"] == "percentile"
+    trials = record["search"]["trials"]
+    assert trials[0]["label"] == "baseline (as given)" or trials[0]["label"].startswith("baseline")
+    assert trials[1]["label"] == "calibration: percentile" and trials[1]["cosine"] > trials[0]["cosine"] + 0.5

@@ -685,7 +685,7 @@ def _search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOpti
     quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
-                    fixed=list(trials.fixed), aim=options.min_cosine + (1 - options.min_cosine) / 2)
+                    fixed=list(trials.fixed), aim=options.min_cosine + (1 - options.min_cosine) / 2)  # as in _quantize_and_search
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
@@ -720,6 +720,8 @@ def _quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options
     search_record = None
     reasons: dict[str, str] = {}
     calibration: list[dict] = []
+    aim = options.min_cosine + (1 - options.min_cosine) / 2
+    searching = not best.passed and options.auto_exclude and bool(eval_feeds)
     if not best.passed and options.auto_exclude and eval_feeds and options.mode == "static" and settings["method"] == "minmax":
         # the calibration method first: min/max ranges stretched by rare values cost every node
         # precision (PaddleOCR's detector: 0.975 with min/max, 0.994 with percentile)
@@ -735,14 +737,14 @@ def _quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options
             if helped:
                 best = outcome
                 settings = trials.settings
-            if best.passed:
+            if best.passed and best.cosine is not None and best.cosine >= aim:
                 break
         trials.settings = settings
         if settings["method"] != "minmax":
             report.add(Finding.of("QNT016", f"{settings['method']} calibration kept: lowest cosine {_fmt(baseline_cosine)} "
                                   f"with min/max ranges, {_fmt(best.cosine)} with {settings['method']}",
                                   fix=f"nothing to do; --method {settings['method']} asks for it directly"))
-    if not best.passed and options.auto_exclude and eval_feeds:
+    if searching:  # once the search started it aims for the margin, whatever fixed the gate
         proto = onnx.load(str(source), load_external_data=False)
         best, search_record, reasons = _search(trials, source, best, options, proto)
     if calibration:

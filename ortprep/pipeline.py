@@ -21,7 +21,6 @@ The run stops at the first failing step; the steps after it are reported as skip
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,6 @@ from ortprep.findings import Severity
 from ortprep.options import relative_path
 from ortprep.report import RunReport, StepOutcome
 from ortprep.steps import NO_MODEL, REGISTRY, WRITES_MODEL, options_class, step_class
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 TOP_LEVEL_KEYS = ("model", "output_dir", "fail_on", "steps")
 STEP_KEYS = ("run", "name", "fail_on", "output")  # beside the step's own options
@@ -96,14 +90,13 @@ class Pipeline:
     def from_toml(cls, path: Path) -> "Pipeline":
         """Read and validate a pipeline file: unknown keys, bad values and unknown EPs exit 2 here,
         before any step runs or any file is written."""
-        path = Path(path)
-        if not path.is_file():
-            raise UsageError(f"pipeline config not found: {path}", hint="write an ortprep.toml (see docs/pipeline.md)")
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{path} is not valid TOML: {exc}", hint="fix the syntax") from exc
-        return cls.from_dict(raw, path)
+        from ortprep.repo import is_repo_config, read_raw
+
+        raw, text = read_raw(Path(path))  # ortprep.toml, or [tool.ortprep] of a pyproject.toml
+        if is_repo_config(raw):
+            raise UsageError(f"{text.path.name} is a repository config ([[models]], [targets]), not a one-model pipeline",
+                             hint=f"run it with: ortprep run {text.path}")
+        return cls.from_dict(raw, text.path)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], path: Path) -> "Pipeline":

@@ -146,10 +146,10 @@ def read_raw(path: Path) -> tuple[dict[str, Any], ConfigText]:
                 break
     if not path.is_file():
         raise UsageError(f"config not found: {path}", hint="write one with: ortprep init")
-    text = path.read_text(encoding="utf-8")
     try:
+        text = path.read_text(encoding="utf-8")
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path.name}: not valid TOML: {exc}", hint="fix the syntax") from exc
     if path.name == "pyproject.toml":
         raw = raw.get("tool", {}).get("ortprep")
@@ -345,8 +345,7 @@ def _slug(text: str) -> str:
 def judge(target: Target, steps: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
     """The target's gates against what the check and load steps measured."""
     gates = []
-    check = next((s["report"] for s in steps if s["run"] == "check" and s["report"]), None)
-    result = next((r for r in (check or {}).get("results", []) if r.get("ep") == target.ep), None)
+    result = placement_of({"steps": steps, "ep": target.ep})
     measured = {
         "min_node_share": ("node_share", lambda value, limit: value is not None and value >= limit),
         "min_mac_share": ("mac_share", lambda value, limit: value is None or value >= limit),
@@ -525,8 +524,14 @@ def merge(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 # --- baselines and diffs --------------------------------------------------------------------------
 
 
-def _placement(run: dict[str, Any]) -> dict[str, Any] | None:
-    check = next((s["report"] for s in run.get("steps", []) if s["run"] == "check" and s["report"]), None)
+def step_report(steps: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
+    """The report of the first step of kind ``run`` that produced one."""
+    return next((s["report"] for s in steps if s["run"] == run and s.get("report")), None)
+
+
+def placement_of(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The check result of a run's target (its placement), or None when no check ran."""
+    check = step_report(run.get("steps", []), "check")
     return next((r for r in (check or {}).get("results", []) if r.get("ep") == run["ep"]), None)
 
 
@@ -557,7 +562,7 @@ def _latency(run: dict[str, Any]) -> dict[str, float]:
 
 def _reasons(run: dict[str, Any]) -> dict[str, str]:
     """Node name -> why it is where it is, from the check's findings for this target."""
-    check = next((s["report"] for s in run.get("steps", []) if s["run"] == "check" and s["report"]), None)
+    check = step_report(run.get("steps", []), "check")
     reasons = {}
     for finding in (check or {}).get("findings", []):
         if finding.get("node") and finding.get("target") in (None, run["ep"]):
@@ -576,7 +581,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], tolerance: float = 0.001) 
         if key not in before:
             continue
         earlier = before[key]
-        a, b = _placement(earlier), _placement(run)
+        a, b = placement_of(earlier), placement_of(run)
 
         def add(kind: str, detail: str, **extra: Any) -> None:
             found.append({"model": run["model"], "target": run["target"], "kind": kind, "detail": detail, **extra})
@@ -614,7 +619,7 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     moves = []
     for run in new.get("runs", []):
         earlier = before.get((run["model"], run["target"]))
-        a, b = (_placement(earlier) if earlier else None), _placement(run)
+        a, b = (placement_of(earlier) if earlier else None), placement_of(run)
         if not a or not b:
             continue
         to_cpu = sorted(set(b.get("fallback_nodes", [])) - set(a.get("fallback_nodes", [])))

@@ -160,27 +160,32 @@ def test_iter_nodes_reaches_subgraphs(samples):
     assert ("/repeat.body", "body_add") in scoped
 
 
+def sparse_matmul(folder: Path, rows: int, cols: int) -> Path:
+    """x @ w with w (rows x cols float32) in an external file that is sparse: any size, no disk."""
+    from onnx import TensorProto, helper
+
+    folder.mkdir()
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[rows, cols])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(rows * cols * 4))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])], [weight])
+    model = folder / "big.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    with open(folder / "w.bin", "wb") as data:
+        data.truncate(rows * cols * 4)
+    return model
+
+
 def test_streamed_fp16_is_refused_when_the_disk_cannot_hold_it(tmp_path):
     """convert --fp16 streams weights beyond memory (no memory limit), but refuses up front an
     output the disk cannot hold: here 1 TiB of (sparse) float32 weights, 512 GiB to write."""
-    from onnx import TensorProto, helper
-
     from cli_helpers import invoke
 
-    folder = tmp_path / "m"
-    folder.mkdir()
-    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 20, 1 << 18])
-    weight.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(1 << 40))):
-        entry = weight.external_data.add()
-        entry.key, entry.value = key, value
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "huge",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1 << 20])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1 << 18])], [weight])
-    model = folder / "huge.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
-    with open(folder / "w.bin", "wb") as data:
-        data.truncate(1 << 40)  # sparse: takes no disk
+    model = sparse_matmul(tmp_path / "m", rows=1 << 20, cols=1 << 18)
     result = invoke("convert", model, "--fp16", "-o", tmp_path / "o.onnx")
     assert result.exit_code == 3, result.stderr
     assert "would write 512.0 GiB of weights" in result.stderr and "GiB free" in result.stderr
@@ -190,24 +195,9 @@ def test_streamed_fp16_is_refused_when_the_disk_cannot_hold_it(tmp_path):
 def test_weights_beyond_memory_are_refused_with_the_numbers(tmp_path):
     """A model whose external weights (here a sparse 200 GiB file) cannot fit: the steps that load
     weights stop before any work with exit 3; inspect and check, which read no weights, still work."""
-    from onnx import TensorProto, helper
-
     from cli_helpers import invoke
 
-    folder = tmp_path / "m"
-    folder.mkdir()
-    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 18, 1 << 16])
-    weight.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(4 << 34))):
-        entry = weight.external_data.add()
-        entry.key, entry.value = key, value
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "big",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1 << 18])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1 << 16])], [weight])
-    model = folder / "big.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
-    with open(folder / "w.bin", "wb") as data:
-        data.truncate(4 << 34)  # sparse: takes no disk
+    model = sparse_matmul(tmp_path / "m", rows=1 << 18, cols=1 << 16)
     for args in (["convert", model, "--opset", "18", "-o", tmp_path / "o.onnx"], ["load", model, "--ep", "cpu"]):
         result = invoke(*args)
         assert result.exit_code == 3, result.stderr

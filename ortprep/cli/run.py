@@ -48,8 +48,7 @@ def run_command(
 
             raise UsageError("-j, --shard, --baseline and --html need a repository config ([[models]], [targets])",
                              hint="see docs/pipeline.md, or write one with: ortprep init")
-        code = execute(Pipeline.from_dict(raw, text.path) if text.prefix else Pipeline.from_toml(text.path), as_json=json_output,
-                       report=report, junit=junit, markdown=markdown)
+        code = execute(Pipeline.from_dict(raw, text.path), as_json=json_output, report=report, junit=junit, markdown=markdown)
         if code:
             raise typer.Exit(code)
         return

@@ -214,10 +214,16 @@ SCRIPT = """
 """
 
 
-def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = None) -> str:
-    """The page for ``model``. Each target: {"name", "ep", "placement": {node: "ep"|"cpu"},
-    "actual": {node: "ep"|"cpu"} or None, "findings": [...], "summary": {...}}."""
-    graph = onnx.load(str(model), load_external_data=False).graph
+def read_graph(model: Path) -> onnx.GraphProto:
+    return onnx.load(str(model), load_external_data=False).graph
+
+
+def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = None,
+                graph: onnx.GraphProto | None = None) -> str:
+    """The page for ``model`` (whose ``graph`` the caller may have read already). Each target:
+    {"name", "ep", "placement": {node: "ep"|"cpu"}, "actual": {node: "ep"|"cpu"} or None,
+    "findings": [...], "summary": {...}}."""
+    graph = graph if graph is not None else read_graph(model)
     names = _names(graph)
     payload = {"model": str(model), "nodes": [{"name": n, "op_type": graph.node[i].op_type} for i, n in enumerate(names)],
                "targets": [{k: t.get(k) for k in ("name", "ep", "placement", "actual", "summary")} for t in targets]}
@@ -256,10 +262,9 @@ def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = 
             f'<script type="application/json" id="ortprep-data">{data}</script><script>{SCRIPT}</script></body></html>')
 
 
-def target_from_check(model: Path, name: str, result: dict[str, Any], findings: list[dict[str, Any]],
+def target_from_check(graph: onnx.GraphProto, name: str, result: dict[str, Any], findings: list[dict[str, Any]],
                       load: dict[str, Any] | None = None) -> dict[str, Any]:
     """A page target from a check result (and the load result of the same EP, when one ran)."""
-    graph = onnx.load(str(model), load_external_data=False).graph
     names = _names(graph)
     fallback = set(result.get("fallback_nodes") or [])
     placement = {n: ("cpu" if n in fallback else "ep") for n in names}
@@ -280,14 +285,16 @@ def target_from_check(model: Path, name: str, result: dict[str, Any], findings: 
 def write_check_page(model: Path, record: dict[str, Any], dest: Path) -> Path:
     from ortprep.model import atomic_write_bytes
 
-    targets = [target_from_check(model, r["ep"], r, record["findings"]) for r in record["results"]]
-    atomic_write_bytes(dest, render_page(model, targets).encode("utf-8"))
+    graph = read_graph(model)
+    targets = [target_from_check(graph, r["ep"], r, record["findings"]) for r in record["results"]]
+    atomic_write_bytes(dest, render_page(model, targets, graph=graph).encode("utf-8"))
     return dest
 
 
 def write_repo_pages(document: dict[str, Any], folder: Path) -> list[Path]:
     """One page per model of a repository run, a section per target."""
     from ortprep.model import atomic_write_bytes
+    from ortprep.repo import placement_of, step_report
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -296,19 +303,22 @@ def write_repo_pages(document: dict[str, Any], folder: Path) -> list[Path]:
         by_model.setdefault(run["model"], []).append(run)
     written = []
     for model, runs in sorted(by_model.items()):
-        targets = []
         path = Path(runs[0]["model_path"])
+        if not path.is_file():
+            continue
+        graph = read_graph(path)
+        targets = []
         for run in runs:
-            check = next((s["report"] for s in run.get("steps", []) if s["run"] == "check" and s.get("report")), None)
-            result = next((r for r in (check or {}).get("results", []) if r.get("ep") == run["ep"]), None)
+            result = placement_of(run)
             if result is None:
                 continue
-            load = next((s["report"] for s in run.get("steps", []) if s["run"] == "load" and s.get("report")), None)
-            loaded = next((r for r in (load or {}).get("results", []) if r.get("ep") == run["ep"]), None)
-            targets.append(target_from_check(path, run["target"], result, check["findings"], loaded))
-        if not targets or not path.is_file():
+            loaded = next((r for r in (step_report(run.get("steps", []), "load") or {}).get("results", [])
+                           if r.get("ep") == run["ep"]), None)
+            targets.append(target_from_check(graph, run["target"], result, step_report(run["steps"], "check")["findings"],
+                                             loaded))
+        if not targets:
             continue
         dest = folder / (model.replace("/", "__").removesuffix(".onnx") + ".html")
-        atomic_write_bytes(dest, render_page(path, targets, title=model).encode("utf-8"))
+        atomic_write_bytes(dest, render_page(path, targets, title=model, graph=graph).encode("utf-8"))
         written.append(dest)
     return written

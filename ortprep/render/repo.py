@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ortprep.repo import placement_of as _placement
+
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
@@ -129,11 +131,6 @@ def render_repo_markdown(document: dict[str, Any]) -> str:
                      f"| {share} | {parts} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
-
-
-def _placement(run: dict[str, Any]) -> dict[str, Any] | None:
-    check = next((s["report"] for s in run.get("steps", []) if s["run"] == "check" and s.get("report")), None)
-    return next((r for r in (check or {}).get("results", []) if r.get("ep") == run["ep"]), None)
 
 
 def _escape_command(text: str) -> str:

@@ -63,7 +63,14 @@ class Step:
         if self.refuses_ep_context:
             refuse_ep_context(model, self.name)
         require_valid(model, self.name)
-        require_memory(model, self.name, self.memory_factor)
+        factor = self.memory_needed(model)
+        if factor is not None:
+            require_memory(model, self.name, factor)
+
+    def memory_needed(self, model: ModelHandle) -> float | None:
+        """How many times the model's weights this step holds in memory for ``model`` (None: a
+        step that streams them, to which no memory limit applies)."""
+        return self.memory_factor
 
     def default_output(self, model: Path) -> Path:
         """Where the output goes when none is given: beside the input, with the step's suffix."""

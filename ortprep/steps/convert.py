@@ -20,8 +20,15 @@ from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms import fp16_stream, rewrites
-from ortprep.transforms.common import NOT_VERIFIED, finish, make_feeds, reference_run, reference_with_intermediates
-from ortprep.transforms.fp16_search import convert_to_fp16
+from ortprep.transforms.common import (
+    NOT_VERIFIED,
+    finish,
+    make_feeds,
+    reference_run,
+    reference_with_intermediates,
+    report_unverifiable,
+)
+from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
 from ortprep.transforms.verify import (
     EXACT_GATE,
     VerifyResult,
@@ -103,7 +110,6 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     """FP16 of a model with more external weights than belong in memory: the graph converts
     without them, the weights stream across (transforms/fp16_stream.py), and verification runs
     both models from disk in child processes."""
-    from ortprep.eps.registry import resolve_ep
     from ortprep.runtime.isolated import run_isolated
     from ortprep.transforms.verify import Gate, cast_feeds, verify_run
 
@@ -111,12 +117,8 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     proto = handle.proto  # the graph; its external tensors are not loaded
     nodes_before = node_count(proto)
     fp16_step.ensure_node_names(proto)
-    block_ops = {op: "--block-op" for op in options.block_ops}
-    block_ops.update({op: why for op, why in fp16_step.no_fp16_signature_ops(proto).items() if op not in block_ops})
-    if options.ep:
-        block_ops.update({op: why for op, why in fp16_step.ep_blocked_ops(handle, options.ep).items() if op not in block_ops})
-    keep_io = options.keep_io_types if options.keep_io_types is not None else not (options.ep and resolve_ep(options.ep).fp16_io)
-    converted, repairs = fp16_step.convert_once(proto, keep_io_types=keep_io, block_ops=set(block_ops),
+    block_ops = fp32_op_types(handle, options, report)
+    converted, repairs = fp16_step.convert_once(proto, keep_io_types=keeps_io_types(options), block_ops=set(block_ops),
                                                 block_nodes=set(options.block_nodes))
     fp16_stream.require_disk(handle, converted, dest)
     staged, stats = fp16_stream.stage(handle, converted, dest, force=force)
@@ -128,9 +130,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
             candidate = run_isolated(staged, cast_feeds(feeds, converted))
             verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
         else:
-            report.add(Finding.of("CNV007", f"the original model does not run on ONNX Runtime's CPU EP ({reference.status}: "
-                                  f"{reference.message}); the result cannot be verified against it",
-                                  fix="check it: ortprep check MODEL --ep cpu"))
+            report_unverifiable(reference, report)
     if stats.overflow:
         worst = max(stats.overflow, key=stats.overflow.get)
         report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 (up to "
@@ -212,16 +212,9 @@ class ConvertStep(Step):
         suffix = ".fp16.onnx" if self.options.fp16 else ".converted.onnx"
         return model.with_name(model.name.removesuffix(".onnx") + suffix)
 
-    def admit(self, model: ModelHandle | None) -> None:
-        if model is not None and fp16_stream.streams(model, self.options):
-            # the streamed path holds one chunk of the weights at a time: no memory requirement
-            from ortprep.steps.base import refuse_ep_context
-            from ortprep.validity import require_valid
-
-            refuse_ep_context(model, self.name)
-            require_valid(model, self.name)
-            return
-        super().admit(model)
+    def memory_needed(self, model: ModelHandle) -> float | None:
+        # the streamed path holds one chunk of the weights at a time
+        return None if fp16_stream.streams(model, self.options) else self.memory_factor
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return convert_model(model, output_path(self, model, ctx), self.options, force=ctx.force)

@@ -463,11 +463,15 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
 
 
 def _with_outputs(model: Path, names: list[str]) -> Path:
-    proto = onnx.load(str(model))
+    """A copy of ``model`` beside it with ``names`` added as outputs. Only the graph is read:
+    external weights stay where they are (the copy points at the same data file)."""
+    proto = onnx.load(str(model), load_external_data=False)
     present = {v.name for v in proto.graph.output}
     produced = {o for n in proto.graph.node for o in n.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present and n in produced)
-    return save_temp(proto, model.parent, model.stem + ".exposed.onnx")
+    path = model.parent / (model.stem + ".exposed.onnx")
+    onnx.save_model(proto, str(path))
+    return path
 
 
 def latency_finding(evaluation: Evaluation | None) -> Finding | None:
@@ -744,9 +748,9 @@ def _quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options
             report.add(Finding.of("QNT016", f"{settings['method']} calibration kept: lowest cosine {_fmt(baseline_cosine)} "
                                   f"with min/max ranges, {_fmt(best.cosine)} with {settings['method']}",
                                   fix=f"nothing to do; --method {settings['method']} asks for it directly"))
+    graph_only = onnx.load(str(source), load_external_data=False)
     if searching:  # once the search started it aims for the margin, whatever fixed the gate
-        proto = onnx.load(str(source), load_external_data=False)
-        best, search_record, reasons = _search(trials, source, best, options, proto)
+        best, search_record, reasons = _search(trials, source, best, options, graph_only)
     if calibration:
         search_record = search_record or {"aim": None, "trials": [best.to_record(max(model_bytes(source), 1))], "rules": [],
                                           "ranked": [], "stopped": "the gate passed"}
@@ -755,7 +759,7 @@ def _quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options
     excluded = [{"name": n, "reason": "--exclude-node"} for n in options.exclude_nodes]
     excluded += [{"name": n, "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)"}
                  for n in trials.fixed if n not in options.exclude_nodes]
-    ops = {n.name: n.op_type for n in onnx.load(str(source), load_external_data=False).graph.node}
+    ops = {n.name: n.op_type for n in graph_only.graph.node}
     excluded += [{"name": n, "op_type": ops.get(n, "?"), "reason": reasons.get(n, "auto-exclude")}
                  for n in best.kept if n not in trials.fixed]
     return Outcome(best, trials.evaluations.get(best.path), excluded, search_record, source=label,

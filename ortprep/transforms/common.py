@@ -42,6 +42,12 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
     if outcome.ok:
         outcome.bounds = output_bounds(original)
         return outcome
+    report_unverifiable(outcome, report)
+    return None
+
+
+def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
+    """CNV007: the original does not run, so the result goes unverified."""
     report.add(
         Finding.of(
             "CNV007",
@@ -50,7 +56,6 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
             fix="check it: ortprep check MODEL --ep cpu; pass --inputs FILE.npz if the inputs are the problem",
         )
     )
-    return None
 
 
 def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult
@@ -64,7 +69,7 @@ def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarr
 
     full = run_with_intermediates(original, feeds, float_intermediates(original))
     if not full.ok:
-        reference_run(original, feeds, report)  # the plain run, for its message and the finding
+        report_unverifiable(full, report)
         return None, None
     names = {v.name for v in original.graph.output}
     reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names},

@@ -38,8 +38,7 @@ class Fp16Search:
         self.feeds = feeds
         self.reference = reference
         self.report = report
-        self.keep_io = (options.keep_io_types if options.keep_io_types is not None
-                        else not (options.ep is not None and resolve_ep(options.ep).fp16_io))
+        self.keep_io = keeps_io_types(options)
         self.block_ops: dict[str, str] = {op: "--block-op" for op in options.block_ops}
         self.block_nodes: dict[str, str] = {name: "--block-node" for name in options.block_nodes}
         # Why each node in block_nodes is there, as data (the text above is for people).
@@ -178,6 +177,36 @@ class Fp16Search:
         return blame(self.source, bad, set(self.block_nodes), None if candidate.ok else candidate.message)
 
 
+def keeps_io_types(options: ConvertOptions) -> bool:
+    """Float32 inputs and outputs unless asked otherwise, or unless the EP feeds FP16 (dml-npu)."""
+    if options.keep_io_types is not None:
+        return options.keep_io_types
+    return not (options.ep is not None and resolve_ep(options.ep).fp16_io)
+
+
+def fp32_op_types(handle: ModelHandle, options: ConvertOptions, report: StepResult) -> dict[str, str]:
+    """Op types that stay FP32 before any verification, with why: --block-op, ops ONNX defines
+    without a float16 signature, and the target EP's FP32-only ops (CNV008); without an EP, the
+    note that the CPU EP runs some FP16 ops through Casts (CNV014). Reads the graph only."""
+    kept = {op: "--block-op" for op in options.block_ops}
+    for op, reason in fp16_step.no_fp16_signature_ops(handle.proto).items():
+        kept.setdefault(op, reason)
+    if options.ep is None:
+        report.add(Finding.of(
+            "CNV014", "FP16 for no particular EP: every op with a float16 signature in ONNX computes in FP16; ONNX Runtime's "
+            "CPU EP runs those it has no float16 kernel for (Conv, for one) through Casts to float32",
+            fix="name the EP you deploy to (--ep cuda, --ep dml, --ep cpu) to keep its FP32-only ops in FP32"))
+        return kept
+    ep_ops = fp16_step.ep_blocked_ops(handle, options.ep)
+    for op, reason in ep_ops.items():
+        kept.setdefault(op, reason)
+    if ep_ops:
+        report.add(Finding.of(
+            "CNV008", f"{len(ep_ops)} op type(s) stay FP32 because {options.ep} has no FP16 kernel for them: "
+            f"{', '.join(sorted(ep_ops))}", fix="convert for the EP you deploy to: --ep cuda, --ep dml or --ep dml-npu"))
+    return kept
+
+
 NEVER_BLAMED = {"Cast", "Constant", "Identity", "Shape", "Size"}
 
 
@@ -293,24 +322,8 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
                 fix="usually harmless; if accuracy suffers, --block-node the consumer",
             )
         )
-    if options.ep is None:
-        report.add(Finding.of(
-            "CNV014", "FP16 for no particular EP: every op with a float16 signature in ONNX computes in FP16; ONNX Runtime's "
-            "CPU EP runs those it has no float16 kernel for (Conv, for one) through Casts to float32",
-            fix="name the EP you deploy to (--ep cuda, --ep dml, --ep cpu) to keep its FP32-only ops in FP32"))
-    for op, reason in fp16_step.no_fp16_signature_ops(proto).items():
+    for op, reason in fp32_op_types(ModelHandle(proto=proto, path=None), options, report).items():
         run.block_ops.setdefault(op, reason)
-    ep_ops = fp16_step.ep_blocked_ops(ModelHandle(proto=proto, path=None), options.ep) if options.ep else {}
-    for op, reason in ep_ops.items():
-        run.block_ops.setdefault(op, reason)
-    if ep_ops:
-        report.add(
-            Finding.of(
-                "CNV008",
-                f"{len(ep_ops)} op type(s) stay FP32 because {options.ep} has no FP16 kernel for them: {', '.join(sorted(ep_ops))}",
-                fix="convert for the EP you deploy to: --ep cuda, --ep dml or --ep dml-npu",
-            )
-        )
     if reference is not None:
         if activations is None:
             activations = run_with_intermediates(proto, feeds, float_intermediates(proto))

@@ -37,7 +37,7 @@ def load_model(path, *, load_weights: bool = False) -> "ModelHandle":
 
 def run_step(name: str, model=None, output=None, *, force: bool = False, **options: Any) -> "StepResult":
     """Run one step by name on a model (a path or a ModelHandle). ``options`` are the step's
-    config keys (``ortprep.steps.options``), validated exactly as the command line and config are."""
+    config keys (``ortprep.options``), validated exactly as the command line and config are."""
     from ortprep.model import ModelHandle
     from ortprep.steps import options_class, step_class
     from ortprep.steps.base import StepContext

@@ -245,7 +245,7 @@ def test_preprocessing_failure_is_reported(tmp_path):
 
 def test_progress_reports_calibration_and_evaluation(tmp_path):
     from ortprep.model import ModelHandle
-    from ortprep.steps.options import QuantizeOptions
+    from ortprep.options import QuantizeOptions
     from ortprep.steps.quantize import quantize_model
 
     calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 20)

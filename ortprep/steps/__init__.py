@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ortprep.options import StepOptions
     from ortprep.steps.base import Step
 
-# name -> (module, step class, options class in ortprep.steps.options), in pipeline order.
+# name -> (module, step class, options class in ortprep.options), in pipeline order.
 REGISTRY: dict[str, tuple[str, str, str]] = {
     "inspect": ("ortprep.steps.inspect", "InspectStep", "InspectOptions"),
     "check": ("ortprep.steps.check", "CheckStep", "CheckOptions"),
@@ -54,7 +54,7 @@ def _known(name: str) -> tuple[str, str, str]:
 
 def options_class(name: str) -> type[StepOptions]:
     """The Options dataclass of a step (light: no onnx or ORT import)."""
-    from ortprep.steps import options
+    from ortprep import options
 
     return getattr(options, _known(name)[2])
 

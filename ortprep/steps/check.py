@@ -26,7 +26,7 @@ from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
 from ortprep.validity import checker_result, converter_defects, runtime_refusal
-from ortprep.steps.options import CheckOptions
+from ortprep.options import CheckOptions
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.load import LoadOptions, _session_options, ep_runtime
-from ortprep.steps.options import CompileOptions
+from ortprep.options import CompileOptions
 
 SCHEMA = "ortprep.compile/1"
 TOLERANCE = 1e-2  # of the output's scale: compiled NPU graphs may compute in lower precision

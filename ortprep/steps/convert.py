@@ -17,7 +17,7 @@ from ortprep.model import ModelHandle, iter_graphs
 from ortprep.report import StepResult
 from ortprep.validity import drop_duplicate_imports
 from ortprep.steps.base import Step, StepContext, output_path
-from ortprep.steps.options import ConvertOptions
+from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms import fp16_stream, rewrites
 from ortprep.transforms.common import (

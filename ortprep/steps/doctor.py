@@ -28,7 +28,7 @@ from ortprep.runtime.providers import (
     ort_max_opset,
 )
 from ortprep.steps.base import Step, StepContext
-from ortprep.steps.options import DoctorOptions
+from ortprep.options import DoctorOptions
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from ortprep.model import (
 from ortprep.eps.runtimes import runtime_findings
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
-from ortprep.steps.options import InspectOptions
+from ortprep.options import InspectOptions
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import GUESSES, has_guessed_dims, input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import INSTALL_HINT, RuntimeProbe, plugin_table, probe_runtime
 from ortprep.steps.base import Step, StepContext
-from ortprep.steps.options import LoadOptions
+from ortprep.options import LoadOptions
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.isolated import run_isolated
 from ortprep.steps.base import Step, StepContext, output_path
-from ortprep.steps.options import OptimizeOptions
+from ortprep.options import OptimizeOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.verify import (
     Gate,

@@ -31,7 +31,7 @@ from ortprep.runtime.compare import Degenerate, compare_arrays, degenerate, outp
 from ortprep.runtime.feeds import input_specs, random_feeds
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
-from ortprep.steps.options import QuantizeOptions
+from ortprep.options import QuantizeOptions
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.quant_search import Trial
 from ortprep.transforms.verify import float_intermediates, model_bytes, save_temp

@@ -14,7 +14,7 @@ from ortprep.findings import Finding
 from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext, output_path
-from ortprep.steps.options import SimplifyOptions
+from ortprep.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.verify import (
     EXACT_GATE,

@@ -15,7 +15,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.compare import output_bounds
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.isolated import RunOutcome
-from ortprep.steps.options import VerifyOptions
+from ortprep.options import VerifyOptions
 from ortprep.transforms.verify import VerifyResult, model_bytes, node_count, run_model
 
 NOT_VERIFIED = {

@@ -12,7 +12,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, iter_graphs
 from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
-from ortprep.steps.options import ConvertOptions
+from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms.fp16 import KeepReason
 from ortprep.transforms.verify import (

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ortprep.errors import UsageError
-from ortprep.options import Kind, StepOptions, option
+from ortprep.options.fields import Kind, StepOptions, option
 
 MAX_ROUNDS = 8  # convert --fp16: mixed-precision rounds
 

@@ -13,7 +13,7 @@ The library is usable without the CLI::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ortprep.version import __version__
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

@@ -478,8 +478,3 @@ def _file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def load_model(path: str | os.PathLike[str], *, load_weights: bool = False) -> ModelHandle:
-    """Open an ONNX model file safely (see ModelHandle.open)."""
-    return ModelHandle.open(path, load_weights=load_weights)

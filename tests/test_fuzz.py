@@ -7,7 +7,7 @@ import pytest
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.fuzz import MUTATIONS, mutate
+from tools.fuzz_cases import MUTATIONS, mutate
 
 SEEDS = ["cnn.onnx", "transformer_block.onnx", "control_flow.onnx", "conv1d_audio.onnx", "custom_op.onnx"]
 # Cases that once failed (seed, case number, command): kept as regression tests.

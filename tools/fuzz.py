@@ -3,7 +3,7 @@
     .venv/bin/python tools/fuzz.py [--cases N] [--commands inspect,check,convert,load]
 
 Exit 1 when a case failed; each failure is printed with its seed and case number, so
-`ortprep.fuzz.mutate(seed, case)` replays it.
+`tools.fuzz_cases.mutate(seed, case)` replays it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ortprep.fuzz import mutate  # noqa: E402
+from tools.fuzz_cases import mutate  # noqa: E402
 
 SEEDS = ["cnn.onnx", "transformer_block.onnx", "control_flow.onnx", "conv1d_audio.onnx", "custom_op.onnx"]
 COMMANDS = {

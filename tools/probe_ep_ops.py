@@ -219,7 +219,7 @@ def main() -> int:
     if not target.available:
         print(f"{spec.name} is not available here: {target.probe.error or 'no device'}", file=sys.stderr)
         return 3
-    from ortprep.eps.runtimes import release_limits
+    from ortprep.eps.ort_releases import release_limits
 
     max_opset = release_limits(target.probe.version)["max_opset"]
     found = cases(max_opset)[: args.limit or None]

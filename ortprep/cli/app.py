@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from ortprep import __version__
+from ortprep.version import __version__
 from ortprep.errors import ExitCode, OrtprepError
 
 F = TypeVar("F", bound=Callable[..., Any])

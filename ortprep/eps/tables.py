@@ -1,8 +1,8 @@
 """Support tables: which (domain, op, opset, dtypes) an execution provider takes.
 
 Tables are generated data (``eps/data/*.json``, see ``tools/gen_ep_tables.py``). For the CPU
-EP the installed ONNX Runtime's own kernel registry is used when present, since it is exact
-for that build.
+EP, ``ortprep.runtime.kernels`` builds the table from the installed ONNX Runtime's own kernel
+registry when there is one, since it is exact for that build.
 """
 
 from __future__ import annotations
@@ -106,14 +106,11 @@ def _read_json(name: str) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=None)
-def load_table(ep: str, *, prefer_runtime: bool = True) -> SupportTable:
-    """The support table of an EP (by canonical name): the installed ORT's kernel registry for the
-    CPU, the measured table over the documented one where a measurement exists (qnn,
-    openvino-cpu), the documented table otherwise."""
-    if ep == "cpu" and prefer_runtime:
-        runtime = _cpu_table_from_runtime()
-        if runtime is not None:
-            return runtime
+def load_table(ep: str) -> SupportTable:
+    """The generated support table of an EP (by canonical name): the measured table over the
+    documented one where a measurement exists (qnn, openvino-cpu), the documented table otherwise.
+    ``ortprep.runtime.kernels.support_table`` prefers the installed ORT's own kernel registry for
+    the CPU; this module never asks the installed runtime."""
     table = load_documented_table(ep)
     measured = _read_measured(ep)
     return _with_measurement(table, measured) if measured else table
@@ -180,42 +177,6 @@ def load_documented_table(ep: str) -> SupportTable:
         entries=_index([_entry(e) for e in entries_raw]),
         constraints=raw.get("constraints", []),
         extra=extra,
-    )
-
-
-def _cpu_table_from_runtime() -> SupportTable | None:
-    from ortprep.runtime.providers import import_ort, probe_runtime
-
-    if import_ort() is None:
-        return None
-    # In a child: some builds (onnxruntime-openvino 1.24.1) crash inside get_all_opkernel_def.
-    probe = probe_runtime(kernels=True)
-    if not probe.ok or probe.kernels is None:
-        log.debug("kernel registry unavailable (%s); using the generated CPU table", probe.error)
-        return None
-    merged: dict[tuple[str, str, int, int], dict[str, set[str]]] = {}
-    for domain, op_name, (start, end), type_constraints in probe.kernels:
-        key = (normalize_domain(domain), op_name, start, end)
-        constraints = merged.setdefault(key, {})
-        for name, types in type_constraints.items():
-            constraints.setdefault(name, set()).update(t.removeprefix("tensor(").removesuffix(")") if t.startswith("tensor(") else t for t in types)
-    entries = [
-        TableEntry(
-            domain=domain,
-            op=op,
-            since=start,
-            until=None if end >= OPEN_ENDED else end,
-            types={name: tuple(sorted(types)) for name, types in constraints.items()} or None,
-            src="ort-installed",
-        )
-        for (domain, op, start, end), constraints in merged.items()
-    ]
-    version = probe.version or "?"
-    return SupportTable(
-        ep="cpu",
-        granularity="kernel",
-        sources={"ort-installed": {"what": "installed onnxruntime kernel registry", "version": f"onnxruntime {version}"}},
-        entries=_index(entries),
     )
 
 

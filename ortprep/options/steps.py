@@ -17,7 +17,7 @@ MAX_ROUNDS = 8  # convert --fp16: mixed-precision rounds
 
 def _known_release(version: str | None, where: str) -> None:
     if version is not None:
-        from ortprep.eps.runtimes import release_limits
+        from ortprep.eps.ort_releases import release_limits
 
         try:
             release_limits(version)

@@ -178,7 +178,7 @@ def discover(path: str, specs: list[InputSpec], *, image: ImageOptions | None = 
     if location.is_file():
         if location.suffix != ".npz":
             raise UsageError(f"calibration file {location} is not a .npz", hint="pass a .npz or a folder of samples")
-        from ortprep.validity import available_memory
+        from ortprep.resources import available_memory
 
         available = available_memory()
         if available is not None and location.stat().st_size > available // 2:

@@ -32,8 +32,6 @@ class Step:
 
     name: ClassVar[str]
     Options: ClassVar[type[StepOptions]]
-    writes_model: ClassVar[bool] = False
-    needs_model: ClassVar[bool] = True
     progress_label: ClassVar[str | None] = None  # a spinner label, for steps without a progress bar
     reports_progress: ClassVar[bool] = False  # calls ctx.progress(stage, done, total): a progress bar is drawn
     default_suffix: ClassVar[str] = ".out.onnx"
@@ -58,7 +56,8 @@ class Step:
         Each refusal is one line (exit 2, or 3 for memory)."""
         if model is None or self.memory_factor is None:
             return
-        from ortprep.validity import require_memory, require_valid
+        from ortprep.resources import require_memory
+        from ortprep.validity import require_valid
 
         if self.refuses_ep_context:
             refuse_ep_context(model, self.name)

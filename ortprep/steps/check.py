@@ -12,7 +12,7 @@ from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
 from ortprep.eps.partition import CPU, FOLDED, partition_graph
-from ortprep.eps.runtimes import runtime_findings
+from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
 from ortprep.eps.rules import (
     NodeVerdict,
@@ -20,7 +20,8 @@ from ortprep.eps.rules import (
     evaluate_node,
     model_findings,
 )
-from ortprep.eps.tables import SupportLevel, SupportTable, load_table, match
+from ortprep.eps.tables import SupportLevel, SupportTable, match
+from ortprep.runtime.kernels import support_table
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
@@ -125,7 +126,7 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
     if target[0].name == "cpu":
         cpu_levels = [v.level for v in per_ep[0]]
     else:
-        cpu_table = load_table("cpu")
+        cpu_table = support_table("cpu")
         cpu_levels = [match(cpu_table, node).level for node in nodes]
     assignment: list[int] = []
     findings: list[Finding] = []
@@ -189,7 +190,7 @@ def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
 def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
                  ort_version: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Check one target (one session's EP priority list) and return its result record and findings."""
-    tables = {spec.name: load_table(spec.name) for spec in target}
+    tables = {spec.name: support_table(spec.name) for spec in target}
     label = ",".join(spec.name for spec in target)
     nodes = analysis.all_nodes()
     assignment, findings = _assign(analysis, target, tables)
@@ -295,7 +296,7 @@ def list_eps() -> dict[str, Any]:
     """The EPs ortprep knows, each with its table's source and version."""
     entries = []
     for spec in EPS:
-        table = load_table(spec.name)
+        table = support_table(spec.name)
         entries.append(
             {
                 "name": spec.name,

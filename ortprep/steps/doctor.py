@@ -17,7 +17,7 @@ from typing import Any
 
 import onnx
 
-from ortprep import __version__
+from ortprep.version import __version__
 from ortprep.eps.registry import gpu_libraries
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
@@ -208,7 +208,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
 
     data["onnxruntime"]["max_ir_version"] = ort_max_ir()
     if ort_version is not None:
-        from ortprep.eps.runtimes import release_limits
+        from ortprep.eps.ort_releases import release_limits
 
         limits = release_limits(ort_version)
         data["target_runtime"] = {"version": ort_version, **limits}
@@ -367,7 +367,6 @@ def scan(root: Path) -> StepResult:
 class DoctorStep(Step):
     name = "doctor"
     Options = DoctorOptions
-    needs_model = False
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes, self.options.ort_version)

@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 from onnx import TypeProto, ValueInfoProto
 
-from ortprep import __version__
+from ortprep.version import __version__
 from ortprep.findings import Finding
 from ortprep.validity import checker_result, converter_defects
 from ortprep.model import (
@@ -24,7 +24,7 @@ from ortprep.model import (
     tensor_elements,
     tensor_nbytes,
 )
-from ortprep.eps.runtimes import runtime_findings
+from ortprep.runtime.compat import runtime_findings
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext
 from ortprep.options import InspectOptions

@@ -16,7 +16,7 @@ import numpy as np
 
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
-from ortprep.eps.tables import load_table
+from ortprep.runtime.kernels import support_table
 from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
@@ -185,7 +185,7 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
                                    fix="a gap in ortprep's table or rules for this EP: please report it with the model"))
     on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
     actual_verdict = "none" if on_ep == 0 else "full" if on_ep == len(assignment) else "partial"
-    if load_table(spec.name).granularity == "kernel":
+    if support_table(spec.name).granularity == "kernel":
         # A kernel EP (CUDA, DirectML, XNNPACK) lists each node as its own subgraph in the record; its
         # partitions are the groups its nodes form, counted the way check counts them.
         actual_partitions = _kernel_partitions(analysis, assignment, spec.provider)

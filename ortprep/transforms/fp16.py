@@ -22,7 +22,7 @@ import onnx
 from onnx import ModelProto, TensorProto, numpy_helper
 
 from ortprep.analysis import ModelAnalysis, formal_types
-from ortprep.eps.tables import load_table
+from ortprep.runtime.kernels import support_table
 from ortprep.graphops import topological_sort
 from ortprep.transforms.fp16_types import drop_cast_round_trips, reconcile_types, run_converter
 from ortprep.model import ModelHandle, iter_graphs
@@ -211,7 +211,7 @@ def _drop_unused_initializers(proto: ModelProto) -> None:
 
 def ep_blocked_ops(handle: ModelHandle, ep: str) -> dict[str, str]:
     """Op types present in the model for which ``ep`` registers no float16 kernel."""
-    table = load_table(ep)
+    table = support_table(ep)
     blocked: dict[str, str] = {}
     analysis = ModelAnalysis(handle)
     for node in analysis.all_nodes():

@@ -1,38 +1,16 @@
-"""Which ONNX Runtime will load this model: the model's IR version and default-domain opset
-against the installed ORT (probed) and against a named release (``--ort-version``, from
-``data/ort_versions.json``, measured by tools/probe_ort_versions.py)."""
+"""Which ONNX Runtime will load this model: its IR version and default-domain opset against the
+installed ORT (probed) and against a named release (``--ort-version``, from the release table in
+``ortprep.eps.ort_releases``)."""
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from importlib import resources
-from typing import Any
-
-from ortprep.errors import UsageError
+from ortprep.eps.ort_releases import release_limits
 from ortprep.findings import Finding
-
-
-@lru_cache(maxsize=1)
-def release_table() -> dict[str, dict[str, Any]]:
-    text = resources.files("ortprep.eps").joinpath("data/ort_versions.json").read_text(encoding="utf-8")
-    return json.loads(text)["releases"]
-
-
-def release_limits(version: str) -> dict[str, Any]:
-    """{"max_ir_version", "max_opset", "source"} of an ORT release ("1.24" or "1.24.1")."""
-    minor = ".".join(version.strip().split(".")[:2])
-    table = release_table()
-    if minor not in table:
-        raise UsageError(f"no data for ONNX Runtime {version}",
-                         hint="known releases: " + ", ".join(table) + " (tools/probe_ort_versions.py measures more)")
-    return table[minor]
+from ortprep.runtime.providers import import_ort, ort_max_ir, ort_max_opset
 
 
 def runtime_findings(ir_version: int, opset: int | None, ort_version: str | None = None) -> list[Finding]:
     """Errors for a model the installed ORT, or the named release, refuses to load."""
-    from ortprep.runtime.providers import import_ort, ort_max_ir, ort_max_opset
-
     findings: list[Finding] = []
     ort = import_ort()
     targets = []

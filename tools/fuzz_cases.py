@@ -1,6 +1,7 @@
 """Mutated models for robustness runs: byte flips and protobuf-field mutations of a seed model.
 
-Used by tests/test_fuzz.py (a bounded run in make test) and tools/fuzz.py (make fuzz). Each
+Used by tests/test_fuzz.py (a bounded run in make test) and tools/fuzz.py (make fuzz); a test
+fixture, so it lives in tools/, not in the installed package. Each
 case is deterministic from (seed model, case number), so a failing case can be replayed.
 """
 

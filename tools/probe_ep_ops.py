@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from ortprep.eps.registry import resolve_ep  # noqa: E402
 from ortprep.eps.tables import load_documented_table  # noqa: E402
-from ortprep.runtime.children import run_child  # noqa: E402
+from ortprep.runtime.requests import OpProbe  # noqa: E402
+from ortprep.runtime.worker import workers_scope  # noqa: E402
 from ortprep.steps.load import LoadOptions, _session_options, ep_runtime  # noqa: E402
 
-BATCH = 40
+BATCH = 40  # progress is reported every BATCH models
 
 
 def cases(max_opset: int) -> list[dict]:
@@ -165,27 +166,24 @@ def _quantize_initializers(graph, node) -> list:
 
 
 def run_probes(spec, target, options: LoadOptions, work: Path, models: list[dict]) -> dict[str, dict]:
-    """Run models in batches of children; a child that dies loses only the model it died on."""
+    """One OpProbe request per model, on a worker of the EP's interpreter that lives for the whole
+    probe; a worker that dies loses only the model it died on (the next one starts afresh)."""
     results: dict[str, dict] = {}
-    pending = list(models)
-    while pending:
-        batch, pending = pending[:BATCH], pending[BATCH:]
-        out = work / f"results-{len(results)}.jsonl"
-        request = {"provider": spec.provider, "provider_options": _session_options(options, target), "plugin": target.plugin,
-                   "models": batch, "results": str(out)}
-        path = work / "request.json"
-        path.write_text(json.dumps(request))
-        child = run_child("ortprep.runtime.op_probe_worker", path, timeout=60 + 10 * len(batch), python=target.python)
-        seen = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-        finished = {r["id"]: r for r in seen if "claimed" in r}
-        results.update(finished)
-        started = [r["id"] for r in seen if r.get("started") and r["id"] not in finished]
-        for model_id in started:
-            results[model_id] = {"id": model_id, "claimed": False, "ran": False,
-                                 "error": f"the process died on it ({child.how_it_died()})"}
-        done = set(finished) | set(started)
-        pending = [m for m in batch if m["id"] not in done] + pending
-        print(f"  {len(results)} probed", file=sys.stderr, flush=True)
+    provider_options = _session_options(options, target)
+    with workers_scope() as pool:
+        for model in models:
+            with np.load(model["inputs"], allow_pickle=False) as data:
+                feeds = {key: data[key] for key in data.files}
+            request = OpProbe(model=model["path"], op=model["op"], feeds=feeds, provider=spec.provider,
+                              provider_options=provider_options, plugin=target.plugin)
+            reply = pool.call(request, python=target.python, timeout=60)
+            if reply.status in ("crashed", "timeout"):
+                results[model["id"]] = {"id": model["id"], "claimed": False, "ran": False,
+                                        "error": f"the process died on it ({reply.died})"}
+            else:
+                results[model["id"]] = {"id": model["id"], "claimed": reply.claimed, "ran": reply.ran, "error": reply.error}
+            if len(results) % BATCH == 0:
+                print(f"  {len(results)} probed", file=sys.stderr, flush=True)
     return results
 
 

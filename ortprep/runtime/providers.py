@@ -125,26 +125,17 @@ class RuntimeProbe:
 
 @functools.lru_cache(maxsize=8)
 def probe_runtime(python: str | None = None, kernels: bool = False) -> RuntimeProbe:
-    """Ask an ORT environment (this one, or the interpreter ``python``) in a child process what it
+    """Ask an ORT environment (this one, or the interpreter ``python``) in a worker process what it
     can run: providers, plugin packages with their devices, optionally the CPU kernel registry."""
-    import json
-    import tempfile
-    from pathlib import Path
+    from ortprep.runtime.requests import Probe
+    from ortprep.runtime.worker import call
 
-    from ortprep.runtime.children import run_child
-
-    with tempfile.TemporaryDirectory(prefix="ortprep-probe-") as tmp:
-        folder = Path(tmp)
-        request = {"plugins": plugin_table(), "kernels": kernels, "status": str(folder / "status.json")}
-        (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
-        child = run_child("ortprep.runtime.probe_worker", folder / "request.json", timeout=120, python=python)
-        status_path = folder / "status.json"
-        if not status_path.exists():
-            tail = " ".join(child.stderr.strip().splitlines()[-3:])
-            return RuntimeProbe(python, False, error=f"the probe died ({child.how_it_died()}){': ' + tail if tail else ''}")
-        status = json.loads(status_path.read_text(encoding="utf-8"))
-    return RuntimeProbe(python, bool(status.get("ok")), status.get("version"), status.get("providers", []),
-                        status.get("plugins", []), status.get("kernels"), status.get("error"))
+    reply = call(Probe(plugins=plugin_table(), kernels=kernels), python=python, timeout=120)
+    if reply.status in ("crashed", "timeout"):
+        tail = reply.stderr_tail
+        return RuntimeProbe(python, False, error=f"the probe died ({reply.died}){': ' + tail if tail else ''}")
+    return RuntimeProbe(python, reply.ok, reply.version, reply.providers, reply.plugins, reply.kernels,
+                        reply.message or None)
 
 
 def import_ort() -> ModuleType | None:

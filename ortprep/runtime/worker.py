@@ -1,119 +1,347 @@
-"""Child-process entry point that runs a model in ONNX Runtime.
+"""ORT workers: long-lived child processes that serve typed requests (see protocol.py and
+requests.py) and keep their sessions, so a crash or a hang in native code ends a worker, never
+ortprep.
 
-    python -m ortprep.runtime.worker REQUEST.json
+    python -m ortprep.runtime.worker      (started by WorkerPool; reads frames on stdin)
 
-The request names the model, the providers, an .npz of inputs and where to write the outputs
-and a status JSON. A crash in ORT kills only this process; the parent reads the signal.
+In ortprep's process:
+
+- :func:`call` sends one request. Inside :func:`workers_scope` (a pipeline's whole run) it goes to
+  the scope's pool, whose worker per interpreter and sessions outlive the call; outside any scope a
+  one-shot worker is started, used and closed.
+- A request that outlives its ``timeout`` kills its worker and answers "timeout"; a worker that
+  dies (a signal, an abort) answers "crashed" with how and the end of its stderr. The next request
+  starts a fresh worker.
+- :meth:`WorkerPool.run_many` runs requests on N workers of one interpreter at once, each crash
+  answering only its own request.
 """
 
 from __future__ import annotations
 
-import json
+import atexit
+import contextlib
+import contextvars
 import os
-import re
+import pickle
+import select
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
-import numpy as np
+from ortprep.runtime.protocol import Reply, Request, WorkerState, module_roots, read_frame, write_frame
 
-from ortprep.runtime.values import portable
-
-
-def _clean(message: str) -> str:
-    # ORT prefixes errors with its error code and a source path; keep the useful part.
-    text = message.strip().removeprefix("[ONNXRuntimeError] : ")
-    text = re.sub(r"^\d+ : [A-Z_]+ : ", "", text)
-    return " ".join(text.split())[:1000]
-
-
-def _test_crash_requested(model_path: str) -> bool:
-    """ORTPREP_TEST_CRASH_WORKER=1 crashes every run; =fp16 only runs of models holding float16;
-    =fp16:OP only runs where an OP node computes on float16 (its first input is float16)."""
-    wanted = os.environ.get("ORTPREP_TEST_CRASH_WORKER", "")
-    if wanted == "1":
-        return True
-    if not wanted.startswith("fp16"):
-        return False
-    import onnx
-
-    model = onnx.load(model_path, load_external_data=False)
-    if wanted == "fp16":
-        return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
-    op_type = wanted.partition(":")[2]
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    return any(node.op_type == op_type and types.get(node.input[0]) == onnx.TensorProto.FLOAT16 for node in model.graph.node)
+DEFAULT_TIMEOUT = 300.0
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+# Lines Python's fatal-error handler adds after a crash; they say nothing about the cause.
+_PYTHON_NOISE = ("Fatal Python error", "Extension modules", "Current thread", "Thread 0x", "  File ", "Python runtime state")
+_HEADER_SIZE = 8
 
 
-def main(request_path: str) -> int:
-    with open(request_path, encoding="utf-8") as handle:
-        request = json.load(handle)
-    status: dict = {"stage": "import"}
+def how_it_died(returncode: int | None) -> str:
+    if returncode is None:
+        return "timeout"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
 
-    def write_status() -> None:
-        with open(request["status"], "w", encoding="utf-8") as out:
-            json.dump(status, out)
 
-    try:
-        import onnxruntime as ort
+class Worker:
+    """One worker process of one interpreter (``python``; None: this one)."""
 
-        if _test_crash_requested(request["model"]):
-            os.abort()  # test hook: lets tests prove a crash becomes a status, not the tool's death
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        levels = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }
-        if request.get("optimization") in levels:
-            options.graph_optimization_level = levels[request["optimization"]]
-        if request.get("optimized_model"):
-            # Offline optimization: ORT writes the optimized graph (and its weights) while creating the session.
-            options.optimized_model_filepath = request["optimized_model"]
-            if request.get("optimized_data"):
-                options.add_session_config_entry(
-                    "session.optimized_model_external_initializers_file_name", request["optimized_data"]
-                )
-                options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        status["stage"] = "session"
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python
+        handle, self.log_path = tempfile.mkstemp(prefix="ortprep-worker-", suffix=".stderr.txt")
+        env = {**os.environ, "PYTHONFAULTHANDLER": "0"}
+        # ortprep itself must import under any interpreter (another environment's Python has no ortprep)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
         started = time.perf_counter()
-        session = ort.InferenceSession(request["model"], options, providers=request["providers"])
-        status["session_seconds"] = time.perf_counter() - started
-        status["providers"] = session.get_providers()
-        if request.get("optimized_model"):
-            status["ok"] = True
-            write_status()
+        try:
+            self.process = subprocess.Popen([python or sys.executable, "-m", "ortprep.runtime.worker"],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=handle, env=env)
+        finally:
+            os.close(handle)
+        self.start_seconds = time.perf_counter() - started
+        self.requests = 0
+        _LIVE.add(self)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def call(self, request: Request, *, timeout: float = DEFAULT_TIMEOUT, poll: Callable[[], None] | None = None) -> Reply:
+        """Send ``request``, wait at most ``timeout`` seconds for its reply. Any exception while
+        waiting (Ctrl-C) kills the worker before it propagates: no orphan."""
+        log_offset = os.path.getsize(self.log_path)
+        self.requests += 1
+        try:
+            envelope = {"roots": module_roots(request), "request": pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)}
+            try:
+                write_frame(self.process.stdin.fileno(), envelope)
+            except (BrokenPipeError, OSError):
+                return self._died(request, log_offset)
+            reply = self._receive(time.monotonic() + timeout, poll)
+        except TimeoutError:
+            self.kill()
+            return request.failure("timeout", f"no answer within {timeout:g} s", died="timeout")
+        except EOFError:
+            return self._died(request, log_offset)
+        except BaseException:
+            self.kill()
+            raise
+        return reply
+
+    def _receive(self, deadline: float, poll: Callable[[], None] | None):
+        fd = self.process.stdout.fileno()
+        buffer = bytearray()
+        needed = None
+        while True:
+            if needed is None and len(buffer) >= _HEADER_SIZE:
+                needed = _HEADER_SIZE + int.from_bytes(buffer[:_HEADER_SIZE], "little")
+            if needed is not None and len(buffer) >= needed:
+                return pickle.loads(memoryview(buffer)[_HEADER_SIZE:needed])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], min(0.1, remaining))
+            if poll is not None:
+                poll()
+            if ready:
+                chunk = os.read(fd, 1 << 24 if needed is None else max(1 << 16, min(1 << 26, needed - len(buffer))))
+                if not chunk:
+                    raise EOFError
+                buffer += chunk
+
+    def _died(self, request: Request, log_offset: int) -> Reply:
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        how = how_it_died(self.process.returncode)
+        tail = self.stderr_since(log_offset)
+        self.close()
+        return request.failure("crashed", f"the worker process died ({how}){': ' + tail if tail else ''}",
+                               died=how, stderr_tail=tail)
+
+    def stderr_since(self, offset: int, lines: int = 6) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as log:
+                log.seek(offset)
+                text = log.read()
+        except OSError:
+            return ""
+        kept = [line for line in text.strip().splitlines() if line.strip() and not line.startswith(_PYTHON_NOISE)]
+        return " ".join(kept[-lines:])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        with contextlib.suppress(Exception):
+            self.process.wait(timeout=10)
+        self.close()
+
+    def close(self) -> None:
+        """Ask the worker to end (end of its input), kill it if it does not, remove its log."""
+        for stream in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(Exception):
+                stream.close()
+        if self.process.poll() is None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log_path)
+        _LIVE.discard(self)
+
+
+_LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for worker in list(_LIVE):
+        with contextlib.suppress(Exception):
+            worker.kill()
+
+
+class WorkerPool:
+    """Workers by interpreter, reused across calls; each keeps its sessions. A crashed or timed-out
+    worker is dropped and the next call starts a fresh one."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str | None, list[Worker]] = {}
+        self._busy: set[Worker] = set()
+        self._lock = threading.Lock()
+        self.started = 0  # workers started, over the pool's life
+        self.start_seconds: list[float] = []
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _acquire(self, python: str | None) -> Worker:
+        with self._lock:
+            idle = self._idle.setdefault(python, [])
+            while idle:
+                worker = idle.pop()
+                if worker.alive:
+                    self._busy.add(worker)
+                    return worker
+            self.started += 1
+        worker = Worker(python)
+        with self._lock:
+            self.start_seconds.append(worker.start_seconds)
+            self._busy.add(worker)
+        return worker
+
+    def _release(self, worker: Worker) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+            if worker.alive:
+                self._idle.setdefault(worker.python, []).append(worker)
+
+    def call(self, request: Request, *, python: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+             poll: Callable[[], None] | None = None) -> Reply:
+        """Send ``request`` to a worker of ``python`` (None: this interpreter)."""
+        worker = self._acquire(str(python) if python else None)
+        try:
+            return worker.call(request, timeout=timeout, poll=poll)
+        finally:
+            self._release(worker)
+
+    def run_many(self, requests: Sequence[Request], jobs: int, on_done: Callable[[int, Reply], None] | None = None, *,
+                 python: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> list[Reply]:
+        """Run ``requests`` on up to ``jobs`` workers at once; replies in the requests' order.
+        ``on_done(index, reply)`` is called as each finishes (from the thread that waited on it)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        replies: list[Reply | None] = [None] * len(requests)
+
+        def one(index: int) -> None:
+            replies[index] = self.call(requests[index], python=python, timeout=timeout)
+            if on_done is not None:
+                on_done(index, replies[index])
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:
+            for future in [executor.submit(one, index) for index in range(len(requests))]:
+                future.result()
+        return replies  # type: ignore[return-value]
+
+    def sessions_created(self, python: str | None = None) -> Counter:
+        """Sessions built per model file (absolute path) by this pool's workers of ``python``."""
+        from ortprep.runtime.requests import Stats
+
+        total = Counter()
+        with self._lock:
+            workers = list(self._idle.get(str(python) if python else None, []))
+        for worker in workers:
+            reply = worker.call(Stats(), timeout=30)
+            if reply.ok:
+                total.update(reply.sessions_created)
+        return total
+
+    def close(self) -> None:
+        with self._lock:
+            workers = [w for ws in self._idle.values() for w in ws] + list(self._busy)
+            self._idle.clear()
+            self._busy.clear()
+        for worker in workers:
+            worker.close()
+
+
+_POOL: contextvars.ContextVar[WorkerPool | None] = contextvars.ContextVar("ortprep_worker_pool", default=None)
+
+
+@contextlib.contextmanager
+def workers_scope() -> Iterator[WorkerPool]:
+    """Every ORT call inside the block reuses one pool's workers and their sessions; the workers end
+    with the block. Nested scopes share the outer one's pool."""
+    current = _POOL.get()
+    if current is not None:
+        yield current
+        return
+    pool = WorkerPool()
+    token = _POOL.set(pool)
+    try:
+        yield pool
+    finally:
+        _POOL.reset(token)
+        pool.close()
+
+
+def current_pool() -> WorkerPool | None:
+    return _POOL.get()
+
+
+def call(request: Request, *, python: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+         poll: Callable[[], None] | None = None) -> Reply:
+    """Send ``request`` to a worker: the current scope's, or a one-shot one outside any scope."""
+    pool = _POOL.get()
+    if pool is not None:
+        return pool.call(request, python=python, timeout=timeout, poll=poll)
+    with WorkerPool() as one_shot:
+        return one_shot.call(request, python=python, timeout=timeout, poll=poll)
+
+
+# --- in the worker ------------------------------------------------------------------------------
+
+
+def _watch_parent(parent: int) -> None:
+    # Reparented (ortprep was killed outright): nobody will read the answer.
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def serve() -> int:
+    """The worker's loop: read a request, handle it, write its reply, until the input ends."""
+    # The protocol moves to private descriptors; fd 1 becomes stderr, because native libraries print to stdout.
+    channel_out = os.dup(1)
+    channel_in = os.dup(0)
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker ends
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    state = WorkerState()
+    while True:
+        try:
+            envelope = read_frame(channel_in)
+        except EOFError:
             return 0
-        names = request.get("outputs") or [o.name for o in session.get_outputs()]
-        status["stage"] = "run"
-        results = {}
-        for sample, inputs_path in enumerate(request["inputs_list"]):
-            with np.load(inputs_path, allow_pickle=False) as data:
-                feeds = {key: data[key] for key in data.files}
-            started = time.perf_counter()
-            values = session.run(names, feeds)
-            status["run_seconds"] = time.perf_counter() - started
-            results.update({f"s{sample}_o{i}": portable(v) for i, v in enumerate(values)})
-            if sample == 0 and request.get("latency_runs"):
-                timings = []
-                for _ in range(request["latency_runs"]):
-                    started = time.perf_counter()
-                    session.run(names, feeds)
-                    timings.append((time.perf_counter() - started) * 1000.0)
-                status["latency_ms"] = timings
-        np.savez(request["results"], **results)
-        status["output_names"] = names
-        status["samples"] = len(request["inputs_list"])
-        status["ok"] = True
-    except Exception as exc:  # noqa: BLE001 - reported to the parent as data
-        status["ok"] = False
-        status["error"] = _clean(str(exc)) or type(exc).__name__
-    write_status()
-    return 0
+        for root in envelope.get("roots", []):
+            if root not in sys.path:
+                sys.path.append(root)
+        try:
+            request = pickle.loads(envelope["request"])
+        except Exception as exc:  # noqa: BLE001 - a request this interpreter cannot read
+            write_frame(channel_out, Reply(status="failed", message=f"the worker could not read the request: "
+                                                                    f"{type(exc).__name__}: {exc}"))
+            continue
+        try:
+            reply = request.handle(state)
+        except Exception as exc:  # noqa: BLE001 - a handler's own failure is the request's answer
+            reply = request.failure("failed", f"{type(exc).__name__}: {exc}")
+        try:
+            write_frame(channel_out, reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            write_frame(channel_out, request.failure("failed", f"the reply could not be sent: {exc}"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])  # a child entry point: its result goes back through the status file
+    sys.exit(serve())

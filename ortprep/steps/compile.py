@@ -4,7 +4,6 @@ its outputs compared with the source model's on the CPU EP before it is written.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -17,9 +16,10 @@ from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
+from ortprep.runtime.requests import Compile
+from ortprep.runtime.worker import call
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.load import LoadOptions, _session_options, ep_runtime
 from ortprep.options import CompileOptions
@@ -64,26 +64,19 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         return report
     specs = input_specs(handle.proto)
     feeds = load_feeds(options.inputs, specs) if options.inputs else random_feeds(specs, seed=0, shapes=options.shapes)
-    with tempfile.TemporaryDirectory(prefix="ortprep-compile-") as tmp, \
-            tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
-        folder = Path(tmp)
-        np.savez(folder / "inputs.npz", **feeds)
+    with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
-        request = {"model": str(handle.path), "output": str(compiled), "provider": spec.provider,
-                   "provider_options": _session_options(load_like, target), "plugin": target.plugin,
-                   "inputs": str(folder / "inputs.npz"), "results": str(folder / "results.npz"),
-                   "status": str(folder / "status.json")}
-        (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
-        child = run_child("ortprep.runtime.compile_worker", folder / "request.json", timeout=options.timeout,
-                          python=target.python)
-        status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").exists() else {
-            "ok": False, "stage": "compile", "error": f"the process died ({child.how_it_died()})"}
+        request = Compile(model=os.path.abspath(handle.path), output=str(compiled.resolve()), provider=spec.provider,
+                          feeds=feeds, provider_options=_session_options(load_like, target), plugin=target.plugin)
+        reply = call(request, python=target.python, timeout=options.timeout)
+        status = {"ok": reply.ok, "stage": reply.stage if reply.status in ("ok", "failed") else "compile",
+                  "error": reply.message if reply.status == "failed" else
+                  f"the process died ({reply.died})" if not reply.ok else None}
         if compiled.exists():
             data.update(ep_context_facts(compiled))
         comparison = None
         if status.get("ok"):
-            with np.load(folder / "results.npz", allow_pickle=False) as arrays:
-                comparison = [_compare(name, arrays[f"r{i}"], arrays[f"c{i}"]) for i, name in enumerate(status["output_names"])]
+            comparison = [_compare(name, reply.reference[name], reply.compiled[name]) for name in reply.output_names]
         data["stage"] = status.get("stage")
         data["error"] = status.get("error")
         data["outputs"] = comparison

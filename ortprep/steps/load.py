@@ -1,10 +1,10 @@
-"""load: the runtime's word. Each EP runs the model in its own child process: does it load,
+"""load: the runtime's word. Each EP runs the model in a worker process (one per interpreter): does it load,
 does all of it run on that EP, what went where, do the outputs match the CPU's, how fast."""
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import re
 import statistics
 import tempfile
@@ -21,7 +21,6 @@ from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
-from ortprep.runtime.children import run_child
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import GUESSES, has_guessed_dims, input_specs, load_feeds, random_feeds
 from ortprep.runtime.providers import INSTALL_HINT, RuntimeProbe, plugin_table, probe_runtime
@@ -76,40 +75,39 @@ def _session_options(options: LoadOptions, target: EpRuntime) -> dict[str, str]:
     return merged
 
 
-def run_ep(model: Path, target: EpRuntime, feeds_path: Path, options: LoadOptions, workdir: Path) -> dict[str, Any]:
-    """One EP in a child process; returns the child's status plus outputs (or a crash/timeout)."""
+def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path) -> dict[str, Any]:
+    """One EP in a worker process (a Placement request); returns its answer as a dict, with the
+    outputs (or a crash/timeout)."""
+    from ortprep.runtime.requests import Placement
+    from ortprep.runtime.worker import call
+
     folder = workdir / target.spec.name
     folder.mkdir()
-    request = {
-        "model": str(model),
-        "provider": target.spec.provider,
-        "provider_options": _session_options(options, target),
-        "plugin": target.plugin,
-        "custom_op_library": str(options.custom_op_library) if options.custom_op_library else None,
-        "inputs": str(feeds_path),
-        "results": str(folder / "results.npz"),
-        "status": str(folder / "status.json"),
-        "runs": options.runs,
-        "profile": options.profile,
-        "workdir": str(folder),
-        "levels": ["default", "off"] if options.placement_off else ["default"],
-        "verbose_record": target.spec.provider == "QNNExecutionProvider",
-    }
-    (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
-    child = run_child("ortprep.runtime.load_worker", folder / "request.json", timeout=options.timeout,
-                      python=target.python)
-    if child.timed_out:
+    request = Placement(
+        model=os.path.abspath(model),
+        provider=target.spec.provider,
+        feeds=feeds,
+        provider_options=_session_options(options, target),
+        plugin=target.plugin,
+        custom_op_library=str(options.custom_op_library) if options.custom_op_library else None,
+        runs=options.runs,
+        profile=options.profile,
+        workdir=str(folder),
+        levels=["default", "off"] if options.placement_off else ["default"],
+        verbose_record=target.spec.provider == "QNNExecutionProvider",
+    )
+    reply = call(request, python=target.python, timeout=options.timeout)
+    if reply.status == "timeout":
         return {"status": "timeout", "message": f"no answer within {options.timeout:g} s (hung in ORT or the EP)"}
-    status_path = folder / "status.json"
-    if child.returncode != 0 or not status_path.exists():
-        tail = " ".join(line for line in child.stderr.strip().splitlines()[-4:] if "ORTPREP-VERBOSE" not in line)
-        return {"status": "crashed", "message": f"the process running {target.spec.name} died ({child.how_it_died()})"
-                                                 + (f": {tail}" if tail else "")}
-    status = json.loads(status_path.read_text(encoding="utf-8"))
-    status["rejections"] = ep_rejections(child.stderr)
-    if status.get("ok"):
-        with np.load(folder / "results.npz", allow_pickle=False) as data:
-            status["outputs"] = {name: data[f"o{i}"] for i, name in enumerate(status["output_names"])}
+    if reply.status == "crashed":
+        return {"status": "crashed", "message": f"the process running {target.spec.name} died ({reply.died})"
+                                                 + (f": {reply.stderr_tail}" if reply.stderr_tail else "")}
+    status = {key: value for key, value in reply.__dict__.items() if key not in ("status", "message", "verbose_log")}
+    status["ok"] = reply.ok
+    if not reply.ok:
+        status["error"] = reply.message
+        status.pop("outputs", None)
+    status["rejections"] = ep_rejections("ORTPREP-VERBOSE-BEGIN\n" + reply.verbose_log) if reply.verbose_log else {}
     return status
 
 
@@ -241,12 +239,10 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
         workdir = Path(tmp)
-        feeds_path = workdir / "inputs.npz"
-        np.savez(feeds_path, **feeds)
-        raw: dict[str, dict] = {"cpu": run_ep(handle.path, cpu, feeds_path, options, workdir)}
+        raw: dict[str, dict] = {"cpu": run_ep(handle.path, cpu, feeds, options, workdir)}
         for target in targets:
             if target.available and target.spec.name not in raw:
-                raw[target.spec.name] = run_ep(handle.path, target, feeds_path, options, workdir)
+                raw[target.spec.name] = run_ep(handle.path, target, feeds, options, workdir)
         reference = raw["cpu"].get("outputs") if raw["cpu"].get("ok") else None
         float_outputs = _float_reference(options, feeds, report)
         analysis: ModelAnalysis | None = None

@@ -1,0 +1,178 @@
+"""The one protocol between ortprep and its ORT workers: typed requests, typed replies, and the
+frames that carry them.
+
+A request is a dataclass with a ``handle(state) -> Reply`` method; the worker calls it and sends
+back what it returns, so a new kind of work (the pipeline's own requests included) needs no change
+here or in the worker. Its reply type says what a crash or a timeout answers. Frames are an 8-byte
+length and a pickle: numpy arrays travel as they are. Imports the standard library only (numpy
+and onnxruntime are imported by the handlers that need them), so every interpreter can serve it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import struct
+import sys
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+_HEADER = struct.Struct("<Q")
+# Sessions one worker keeps; more are closed oldest first (each holds its model's weights).
+MAX_SESSIONS = 4
+
+
+@dataclass
+class Reply:
+    """What a request answers. ``status``: ok; failed (the work raised: ``message`` says why, at
+    ``stage``); crashed (the worker died: how, and its stderr's last lines); timeout."""
+
+    status: str = "ok"
+    message: str = ""
+    stage: str | None = None
+    died: str | None = None  # crashed: how (SIGABRT, exit code 1); timeout: "timeout"
+    stderr_tail: str = ""  # crashed: the worker's last lines on stderr
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Request:
+    """Base of every request. Subclasses are dataclasses that implement :meth:`handle`; it runs in
+    the worker, where ``state`` keeps ORT, its sessions and the counters across requests."""
+
+    reply_type: ClassVar[type[Reply]] = Reply
+
+    def handle(self, state: WorkerState) -> Reply:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def failure(self, status: str, message: str, *, died: str | None = None, stderr_tail: str = "") -> Reply:
+        """The reply of this request's type for a request that never finished."""
+        return self.reply_type(status=status, message=message, died=died, stderr_tail=stderr_tail)
+
+
+@dataclass
+class CachedSession:
+    session: Any
+    graph_outputs: list[str]  # the model's own outputs (a session may expose intermediates too)
+    extra_outputs: frozenset[str] = frozenset()
+
+
+@dataclass
+class WorkerState:
+    """What a worker keeps between requests: onnxruntime, its sessions (by model file and
+    options), the plugin libraries it registered, and how many sessions it built per model."""
+
+    sessions: OrderedDict = field(default_factory=OrderedDict)
+    sessions_created: Counter = field(default_factory=Counter)
+    registered: set[str] = field(default_factory=set)
+    extras: dict[str, Any] = field(default_factory=dict)  # for requests defined elsewhere
+    _ort: Any = None
+
+    @property
+    def ort(self):
+        if self._ort is None:
+            import onnxruntime
+
+            self._ort = onnxruntime
+        return self._ort
+
+    def register_plugin(self, provider: str, library: str) -> None:
+        if provider not in self.registered:
+            self.ort.register_execution_provider_library(provider, library)
+            self.registered.add(provider)
+
+    def count_session(self, model: str) -> None:
+        self.sessions_created[os.path.abspath(model)] += 1
+
+    def cached(self, key: tuple) -> CachedSession | None:
+        self._forget_missing()
+        entry = self.sessions.get(key)
+        if entry is not None:
+            self.sessions.move_to_end(key)
+        return entry
+
+    def keep(self, key: tuple, entry: CachedSession) -> None:
+        self.sessions[key] = entry
+        self.sessions.move_to_end(key)
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+
+    def _forget_missing(self) -> None:
+        # Sessions of temporary models that are gone cannot be asked for again.
+        for key in [k for k in self.sessions if not os.path.exists(k[0])]:
+            del self.sessions[key]
+
+
+def model_key(path: str) -> tuple:
+    """A model file as the session cache knows it: path, size, modification time."""
+    absolute = os.path.abspath(path)
+    stat = os.stat(absolute)
+    return absolute, stat.st_size, stat.st_mtime_ns
+
+
+def clean_error(message: str) -> str:
+    """ORT's exception text without its error-code prefix and build paths."""
+    text = message.strip().removeprefix("[ONNXRuntimeError] : ")
+    text = re.sub(r"^\d+ : [A-Z_]+ : ", "", text)
+    text = re.sub(r"/onnxruntime_src/\S+:\d+ ", "", text)
+    return " ".join(text.split())
+
+
+# --- frames -------------------------------------------------------------------------------------
+
+
+def encode(message: Any) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+def write_frame(fd: int, message: Any) -> None:
+    view = memoryview(encode(message))
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_exactly(fd: int, count: int) -> bytes | None:
+    """``count`` bytes from ``fd`` (blocking), or None at end of file."""
+    chunks, remaining = [], count
+    while remaining:
+        chunk = os.read(fd, min(remaining, 1 << 24))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> Any:
+    """The next message on ``fd``; EOFError when the other side closed it."""
+    header = read_exactly(fd, _HEADER.size)
+    if header is None:
+        raise EOFError
+    payload = read_exactly(fd, _HEADER.unpack(header)[0])
+    if payload is None:
+        raise EOFError
+    return pickle.loads(payload)
+
+
+def module_roots(request: Request) -> list[str]:
+    """Folders to put on the worker's sys.path so that it can unpickle ``request``: the root its
+    class's module is imported from (a test module, a caller's package outside ortprep)."""
+    roots = []
+    for cls in type(request).__mro__:
+        module = sys.modules.get(cls.__module__)
+        filename = getattr(module, "__file__", None)
+        if not filename or cls.__module__ in ("__main__", "builtins"):
+            continue
+        root = os.path.dirname(os.path.abspath(filename))
+        depth = cls.__module__.count(".") + (1 if os.path.basename(filename) == "__init__.py" else 0)
+        for _ in range(depth):
+            root = os.path.dirname(root)
+        if root not in roots:
+            roots.append(root)
+    return roots

@@ -15,6 +15,7 @@ install:
 	$(OPENVINO_VENV)/bin/python -m pip install --quiet onnxruntime-openvino numpy
 
 test:
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 samples:

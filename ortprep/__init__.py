@@ -18,9 +18,11 @@ from ortprep.version import __version__
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortprep.report import RunReport
+
 if TYPE_CHECKING:  # pragma: no cover
     from ortprep.model import ModelHandle
-    from ortprep.report import RunReport, StepResult
+    from ortprep.report import StepResult
 
 __all__ = [
     "__version__", "load_model", "run_step", "inspect", "check", "convert", "simplify", "optimize", "quantize",
@@ -100,11 +102,7 @@ def run_pipeline(config, *, jobs: int = 1, shard: str | None = None, baseline=No
     [targets]) returns the run document that ``ortprep run --json`` prints (``ortprep.run/2``,
     kind repository), with ``jobs``, ``shard`` ("K/N") and ``baseline`` (a report's path) as the
     command line takes them."""
-    from ortprep import repo
-    from ortprep.pipeline import Pipeline
+    from ortprep.pipeline import run_pipeline as run
 
-    raw, text = repo.read_raw(Path(config))
-    if not repo.is_repo_config(raw):
-        return Pipeline.from_dict(raw, text.path).run()
-    old = repo.read_report(Path(baseline)) if baseline else None
-    return repo.run_repo(repo.parse(raw, text), jobs=jobs, shard=repo.parse_shard(shard), baseline=old)
+    result = run(Path(config), jobs=jobs, shard=shard, baseline=baseline)
+    return result if isinstance(result, RunReport) else result.to_records()

@@ -1,6 +1,8 @@
-"""Pipelines: ordered steps over one model. A command line is a one-step pipeline; a model
-repository's ``ortprep.toml`` is a longer one. Both are validated the same way, before any step
-runs, and both run through :meth:`Pipeline.run` into one :class:`~ortprep.report.RunReport`.
+"""Pipelines: ordered steps over one model. A command line is a one-step pipeline; a config's
+``[[steps]]`` a longer one; a model repository (``[[models]]`` x ``[targets]``) a list of them, one
+per model x target, each returning its :class:`~ortprep.report.RunReport` through the same
+:meth:`Pipeline.run`. Configs are read and validated completely by :mod:`ortprep.config` before
+any step runs.
 
     model = "models/net.onnx"
     output_dir = "build"          # optional; default build/ beside this file
@@ -10,61 +12,48 @@ runs, and both run through :meth:`Pipeline.run` into one :class:`~ortprep.report
     run = "check"
     eps = ["dml", "dml-npu"]
 
-    [[steps]]
-    run = "convert"
-    fp16 = true
-    ep = "dml-npu"
-    fix_dims = { batch = 1 }
-
 The run stops at the first failing step; the steps after it are reported as skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortprep.errors import UsageError
+from ortprep.config import (
+    FAIL_ON,
+    ModelEntry,
+    RepoConfig,
+    StepEntry,
+    Target,
+    fail_on_name,
+    for_target,
+    is_repo_config,
+    parse_pipeline,
+    parse_repository,
+    read_raw,
+    relative_to,
+    step_from_config,
+)
+from ortprep.errors import OrtprepError, UsageError
 from ortprep.findings import Severity
 from ortprep.options import relative_path
-from ortprep.report import RunReport, StepOutcome
-from ortprep.steps import NO_MODEL, REGISTRY, WRITES_MODEL, options_class, step_class
+from ortprep.report import RepositoryReport, RunReport, StepOutcome
+from ortprep.runtime.protocol import Reply, Request
+from ortprep.steps import NO_MODEL, WRITES_MODEL, step_class
 
-TOP_LEVEL_KEYS = ("model", "output_dir", "fail_on", "steps")
-STEP_KEYS = ("run", "name", "fail_on", "output")  # beside the step's own options
-FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING, "info": Severity.INFO, "never": None}
-
-
-def parse_fail_on(value: Any, where: str) -> Severity | None:
-    if value not in FAIL_ON:
-        raise UsageError(f"{where}: fail_on is {value!r}", hint="use error, warning, info or never")
-    return FAIL_ON[value]
-
-
-def fail_on_name(severity: Severity | None) -> str:
-    return "never" if severity is None else severity.label
-
-
-@dataclass
-class PipelineStep:
-    """One step of a pipeline: the step (with validated options), its gate and its output."""
-
-    step: Any  # ortprep.steps.base.Step
-    fail_on: Severity | None = Severity.ERROR
-    output: Path | None = None  # model-writing steps; None: the pipeline's default
-    label: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.step.name
+PipelineStep = StepEntry  # the name this module used before the config reader moved out
+PAIR_TIMEOUT = 6 * 3600.0  # seconds one model x target may take on a worker before it counts as hung
 
 
 @dataclass
 class Pipeline:
     """Steps over one model, validated before any runs."""
 
-    steps: list[PipelineStep]
+    steps: list[StepEntry]
     model: Path | None
     output_dir: Path | None = None  # where unnamed outputs go (None: each step's default, beside the input)
     config: Path | None = None
@@ -81,17 +70,15 @@ class Pipeline:
                fail_on: Severity | None = Severity.ERROR, force: bool = False) -> "Pipeline":
         """The one-step pipeline a command line stands for."""
         step = step_class(name)(options)
-        pipeline = cls(steps=[PipelineStep(step, fail_on, output, label=name)], model=model, force=force,
+        pipeline = cls(steps=[StepEntry(step, fail_on, output, label=name)], model=model, force=force,
                        single_command=True)
         pipeline.validate()
         return pipeline
 
     @classmethod
     def from_toml(cls, path: Path) -> "Pipeline":
-        """Read and validate a pipeline file: unknown keys, bad values and unknown EPs exit 2 here,
-        before any step runs or any file is written."""
-        from ortprep.repo import is_repo_config, read_raw
-
+        """Read and validate a one-model pipeline file: unknown keys, bad values and unknown EPs
+        exit 2 here, before any step runs or any file is written."""
         raw, text = read_raw(Path(path))  # ortprep.toml, or [tool.ortprep] of a pyproject.toml
         if is_repo_config(raw):
             raise UsageError(f"{text.path.name} is a repository config ([[models]], [targets]), not a one-model pipeline",
@@ -100,24 +87,24 @@ class Pipeline:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], path: Path) -> "Pipeline":
-        base = path.parent.resolve()
-        unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
-        if unknown:
-            raise UsageError(f"{path.name}: unknown top-level key(s) {', '.join(unknown)}",
-                             hint=f"valid keys: {', '.join(TOP_LEVEL_KEYS)}")
-        default_fail = parse_fail_on(raw.get("fail_on", "error"), path.name)
-        entries = raw.get("steps") or []
-        if not isinstance(entries, list) or not entries:
-            raise UsageError(f"{path.name}: no steps", hint='add [[steps]] tables, e.g. run = "check"')
-        steps = [_step_from_config(entry, index, base, default_fail, path.name) for index, entry in enumerate(entries, 1)]
-        needs_model = any(s.name not in NO_MODEL for s in steps)
-        if needs_model and "model" not in raw:
-            raise UsageError(f"{path.name}: no 'model'", hint='add model = "path/to/model.onnx"')
-        model = (base / raw["model"]).resolve() if "model" in raw else None
-        output_dir = (base / raw.get("output_dir", "build")).resolve()
+        steps, model, output_dir = parse_pipeline(raw, path)
         pipeline = cls(steps=steps, model=model, output_dir=output_dir, config=path.resolve())
         pipeline.validate()
         return pipeline
+
+    @classmethod
+    def for_pair(cls, config: RepoConfig, model: ModelEntry, target: Target, *, draw_graph: bool = False) -> "Pipeline":
+        """The pipeline of one model x target of a repository config: its steps with the target and
+        the model's settings filled in, writing under output_dir/MODEL/TARGET."""
+        base = config.path.parent
+        steps = []
+        for index, table in enumerate(config.steps):
+            filled = for_target(table, target, model)
+            if draw_graph and filled.get("run") == "check":
+                filled["graph"] = True
+            steps.append(step_from_config(filled, index + 1, base, FAIL_ON[config.fail_on], config.path.name))
+        folder = config.output_dir / _slug(relative_to(model.path, base)) / target.name
+        return cls(steps=steps, model=model.path, output_dir=folder, config=config.path, ignore=frozenset(config.ignore))
 
     # --- checks before any work ----------------------------------------------------------------
 
@@ -215,56 +202,134 @@ class Pipeline:
         return document
 
 
-def _step_from_config(entry: Any, index: int, base: Path, default_fail: Severity | None, file_name: str) -> PipelineStep:
-    where = f"{file_name}: step {index}"
-    if not isinstance(entry, dict) or "run" not in entry:
-        raise UsageError(f"{where} has no 'run'", hint="run = one of " + ", ".join(REGISTRY))
-    run = entry["run"]
-    if run not in REGISTRY:
-        raise UsageError(f"{where}: unknown step {run!r}", hint="use one of: " + ", ".join(REGISTRY))
-    where = f"{where} ({run})"
-    values = {k: v for k, v in entry.items() if k not in STEP_KEYS}
-    options = options_class(run).from_values(values, where=where, base=base)
-    if "output" in entry and run not in WRITES_MODEL:
-        raise UsageError(f"{where}: 'output' is only for steps that write a model", hint="remove it")
-    output = (base / entry["output"]).resolve() if "output" in entry else None
-    fail_on = parse_fail_on(entry.get("fail_on", fail_on_name(default_fail)), where)
-    step = step_class(run)(options)
-    return PipelineStep(step, fail_on, output, label=entry.get("name") or f"{index}. {run}")
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.removesuffix(".onnx")).strip("_") or "model"
 
 
-def dump_toml(document: dict[str, Any]) -> str:
-    """TOML for a pipeline document (strings, numbers, booleans, lists and small tables)."""
-    lines = [f"{key} = {_toml_value(value)}" for key, value in document.items() if key != "steps"]
-    for table in document.get("steps", []):
-        lines += ["", "[[steps]]"]
-        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
-    return "\n".join(lines) + "\n"
+# --- a repository: one pipeline per model x target ------------------------------------------------
 
 
-def _toml_key(key: str) -> str:
-    bare = key.replace("-", "").replace("_", "").isalnum()
-    return key if bare and key else _toml_value(key)
+def run_pair(config: RepoConfig, model: ModelEntry, target: Target, *, draw_graph: bool = False) -> RunReport:
+    """One model x target: its pipeline's RunReport, with the target's gates judged on it. A
+    failure that stops the pair before its steps (an unreadable model) is its ``error``; it never
+    ends the other pairs."""
+    from ortprep.gates import judge
+
+    label = relative_to(model.path, config.path.parent)
+    try:
+        pipeline = Pipeline.for_pair(config, model, target, draw_graph=draw_graph)
+        pipeline.validate()
+        report = pipeline.run()
+    except OrtprepError as exc:
+        report = RunReport(config=str(config.path), model=str(model.path), final_model=None)
+        report.error = f"{exc.args[0]}" + (f" ({exc.hint})" if getattr(exc, "hint", None) else "")
+    except Exception as exc:  # noqa: BLE001 - one pair's bug must not end the others; recorded
+        report = RunReport(config=str(config.path), model=str(model.path), final_model=None)
+        report.error = f"internal error: {type(exc).__name__}: {exc}"
+    report.target, report.ep, report.model_label = target.name, target.ep, label
+    if report.error is None:
+        report.gates = judge(target, [step.to_record() for step in report.steps])
+    return report
 
 
-def _toml_value(value: Any) -> str:
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (str, Path)):
-        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+@dataclass
+class PairReply(Reply):
+    report: RunReport | None = None
 
 
-def run_pipeline(config: Path | str, progress=None) -> RunReport:
-    """Read, validate and run a pipeline file; returns its RunReport."""
-    pipeline = Pipeline.from_toml(Path(config))
-    pipeline.progress = progress
-    return pipeline.run()
+@dataclass
+class RunPair(Request):
+    """One model x target, run in a worker process (``run -j N``: N workers of this interpreter)."""
+
+    config: RepoConfig
+    model: ModelEntry
+    target: Target
+    draw_graph: bool = False
+    reply_type = PairReply
+
+    def handle(self, state) -> PairReply:  # noqa: ARG002 - a pipeline needs no ORT state of its own
+        return PairReply(report=run_pair(self.config, self.model, self.target, draw_graph=self.draw_graph))
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise UsageError(f"--shard {text!r}: expected K/N with 1 <= K <= N", hint="e.g. --shard 1/4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def in_shard(pair: str, shard: tuple[int, int] | None) -> bool:
+    """Deterministic: a pair belongs to shard K of N by a hash of its model path and target."""
+    if shard is None:
+        return True
+    digest = int(hashlib.sha256(pair.encode("utf-8")).hexdigest()[:8], 16)
+    return digest % shard[1] == shard[0] - 1
+
+
+def pair_id(model: Path, target: str, config: Path) -> str:
+    return f"{relative_to(model, config.parent)}::{target}"
+
+
+def run_repository(config: RepoConfig, *, jobs: int = 1, shard: tuple[int, int] | None = None,
+                   baseline: dict[str, Any] | None = None, tolerance: float = 0.001, progress=None,
+                   draw_graph: bool = False) -> RepositoryReport:
+    """Every model x target of ``config`` (those of ``shard``), each its own pipeline; with
+    ``jobs`` > 1 they run on that many workers (ortprep.runtime), a crash ending only its pair."""
+    pairs = [(m, t) for m, t in config.pairs() if in_shard(pair_id(m.path, t.name, config.path), shard)]
+    reports: list[RunReport] = []
+    if jobs <= 1 or len(pairs) <= 1:
+        for index, (model, target) in enumerate(pairs):
+            if progress is not None:
+                progress("models", index, len(pairs))
+            reports.append(run_pair(config, model, target, draw_graph=draw_graph))
+    else:
+        reports = _run_on_workers(config, pairs, jobs, progress, draw_graph)
+    result = RepositoryReport(config=str(config.path), runs=reports, shard=shard)
+    if baseline is not None:
+        from ortprep.baseline import compare
+
+        result.regressions = compare(baseline, result.to_records(), tolerance)
+    return result
+
+
+def _run_on_workers(config: RepoConfig, pairs: list[tuple[ModelEntry, Target]], jobs: int, progress,
+                    draw_graph: bool) -> list[RunReport]:
+    from ortprep.runtime.worker import WorkerPool
+
+    requests = [RunPair(config, model, target, draw_graph) for model, target in pairs]
+    done = [0]
+
+    def on_done(_index: int, _reply: Reply) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress("models", done[0], len(pairs))
+
+    with WorkerPool() as pool:  # N workers of this interpreter: a crash or hang ends only its pair
+        replies = pool.run_many(requests, jobs, on_done, timeout=PAIR_TIMEOUT)
+    reports = []
+    for (model, target), reply in zip(pairs, replies):
+        report = getattr(reply, "report", None)
+        if report is None:  # the worker died or hung: the pair's error, the others go on
+            report = RunReport(config=str(config.path), model=str(model.path), final_model=None,
+                               target=target.name, ep=target.ep, model_label=relative_to(model.path, config.path.parent))
+            report.error = f"the worker running it {reply.status}: {reply.message}"
+        reports.append(report)
+    return reports
+
+
+def run_pipeline(config: Path | str, *, jobs: int = 1, shard: str | None = None, baseline: Path | str | None = None,
+                 progress=None) -> RunReport | RepositoryReport:
+    """Read, validate and run a config: a one-model pipeline's RunReport, or a repository's
+    RepositoryReport (a RunReport per model x target)."""
+    raw, text = read_raw(Path(config))
+    if not is_repo_config(raw):
+        pipeline = Pipeline.from_dict(raw, text.path)
+        pipeline.progress = progress
+        return pipeline.run()
+    from ortprep.baseline import read_report
+
+    old = read_report(Path(baseline)) if baseline else None
+    return run_repository(parse_repository(raw, text), jobs=jobs, shard=parse_shard(shard), baseline=old,
+                          progress=progress)

@@ -1,5 +1,7 @@
-"""Reports: what each step found and measured, and what a whole run did, in one form every
-renderer (console, JSON, JUnit, Markdown) reads through ``to_records()``."""
+"""Reports: what each step found and measured, what one pipeline run did (a ``RunReport``: one
+model, optionally for one target of a repository), and what a repository run did (a
+``RepositoryReport``: a list of RunReports). Every renderer (console, JSON, JUnit, Markdown, HTML,
+GitHub annotations) reads them through ``to_records()``; the helpers at the end read records."""
 
 from __future__ import annotations
 
@@ -68,17 +70,25 @@ class StepOutcome:
 
 @dataclass
 class RunReport:
-    """What a pipeline did: one outcome per step, in order. A command line is a one-step run."""
+    """What a pipeline did: one outcome per step, in order. A command line is a one-step run; a
+    repository run makes one per model x target, which also carries the target, its gates and the
+    error that stopped it before any step (if one did)."""
 
     config: str | None
     model: str | None
     final_model: str | None
     steps: list[StepOutcome] = field(default_factory=list)
     single_command: bool = False  # built from one command line: its document is the step's own
+    target: str | None = None  # repository runs: the target's name, its EP, the model as the config names it
+    ep: str | None = None
+    model_label: str | None = None
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
 
     @property
     def passed(self) -> bool:
-        return all(step.status == "passed" for step in self.steps)
+        return (self.error is None and all(step.status == "passed" for step in self.steps)
+                and all(gate["passed"] for gate in self.gates))
 
     @property
     def missing(self) -> list[str]:
@@ -86,9 +96,7 @@ class RunReport:
 
     def exit_code(self) -> ExitCode:
         """3 when something asked for is not installed, 1 when a gate failed, else 0."""
-        if self.missing:
-            return ExitCode.ENVIRONMENT
-        return ExitCode.OK if self.passed else ExitCode.GATE_FAILED
+        return exit_code([self])
 
     def to_records(self) -> dict[str, Any]:
         """The run document (schema ``ortprep.run/2``)."""
@@ -101,8 +109,86 @@ class RunReport:
             "steps": [step.to_record() for step in self.steps],
         }
 
+    def pair_record(self) -> dict[str, Any]:
+        """One model x target of a repository document (its ``runs`` entries)."""
+        return {"model": self.model_label or self.model, "model_path": self.model, "target": self.target, "ep": self.ep,
+                "passed": self.passed, "steps": [step.to_record() for step in self.steps], "gates": self.gates,
+                "error": self.error, "final_model": self.final_model, "missing": self.missing}
+
     def document(self) -> dict[str, Any]:
         """What ``--json`` prints: a command's own step document, or the run document."""
         if self.single_command and len(self.steps) == 1 and self.steps[0].result is not None:
             return self.steps[0].result.to_record()
         return self.to_records()
+
+
+def exit_code(runs: list[RunReport] | list[dict[str, Any]], regressions: bool = False) -> ExitCode:
+    """The one exit rule of every run: 1 when something failed for a reason other than a missing
+    package (a step, a gate, a baseline regression), else 3 when something asked for is not
+    installed, else 0. Takes RunReports or their records."""
+    def state(run) -> tuple[bool, bool]:
+        return (run.passed, bool(run.missing)) if isinstance(run, RunReport) else (run["passed"], bool(run.get("missing")))
+
+    states = [state(run) for run in runs]
+    if regressions or any(not passed and not missing for passed, missing in states):
+        return ExitCode.GATE_FAILED
+    if any(missing for _passed, missing in states):
+        return ExitCode.ENVIRONMENT
+    return ExitCode.OK
+
+
+@dataclass
+class RepositoryReport:
+    """A repository run: one RunReport per model x target (of a shard, or merged from shards),
+    and the regressions against a baseline."""
+
+    config: str | None
+    runs: list[RunReport] = field(default_factory=list)
+    shard: tuple[int, int] | None = None
+    regressions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_records(self) -> dict[str, Any]:
+        """The repository document (schema ``ortprep.run/2``, kind repository)."""
+        document = repository_document(self.config, [run.pair_record() for run in self.runs], self.shard)
+        document["regressions"] = self.regressions
+        document["passed"] = document["passed"] and not self.regressions
+        return document
+
+    def exit_code(self) -> ExitCode:
+        return exit_code(self.runs, bool(self.regressions))
+
+
+def repository_document(config: str | None, runs: list[dict[str, Any]], shard: tuple[int, int] | None = None,
+                        merged_from: list[str] | None = None) -> dict[str, Any]:
+    """The repository document from pair records (a run's, or those merged from shards)."""
+    runs = sorted(runs, key=lambda r: (r["model"], r["target"]))
+    failed = [r for r in runs if not r["passed"]]
+    return {
+        "schema": RUN_SCHEMA,
+        "kind": "repository",
+        "config": config,
+        "model": None,
+        "final_model": None,
+        "passed": not failed,
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+        "merged_from": merged_from,
+        "summary": {"pairs": len(runs), "passed": len(runs) - len(failed), "failed": len(failed),
+                    "errors": sum(1 for r in runs if r.get("error"))},
+        "runs": runs,
+        "steps": [],
+        "regressions": [],
+    }
+
+
+# --- reading records (renderers, gates and baselines share these) -----------------------------
+
+
+def step_report(steps: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
+    """The report of the first step of kind ``run`` that produced one."""
+    return next((s["report"] for s in steps if s["run"] == run and s.get("report")), None)
+
+
+def placement_of(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The check result of a pair record's target (its placement), or None when no check ran."""
+    check = step_report(run.get("steps", []), "check")
+    return next((r for r in (check or {}).get("results", []) if r.get("ep") == run["ep"]), None)

@@ -150,7 +150,7 @@ def test_debug_env_shows_traceback(tmp_path):
 def _boundary_app(exc: BaseException):
     import typer
 
-    from ortprep.cli.app import error_boundary
+    from ortprep.cli.boundary import error_boundary
 
     app = typer.Typer()
 

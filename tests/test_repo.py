@@ -228,16 +228,15 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
     assert pages == ["models__erf_mlp.html", "models__relu_mlp.html", "models__sigmoid_mlp.html"]
     assert 'data-node="act"' in (out / "models__erf_mlp.html").read_text()
     # 5,000 nodes: chains collapse, every name stays findable
+    from ortprep.eps.partition import graph_view
     from ortprep.render.html import render_page
 
     chain = helper.make_graph([helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu{i}") for i in range(5000)],
                               "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("t5000", TensorProto.FLOAT, [1, 4])])
-    path = tmp_path / "chain.onnx"
-    onnx.save_model(models.make(chain), str(path))
     placement = {f"relu{i}": ("cpu" if 2000 <= i < 2003 else "ep") for i in range(5000)}
-    html_text = render_page(path, [{"name": "npu", "ep": "qnn", "placement": placement, "actual": None,
-                                    "findings": [], "summary": {}}])
+    html_text = render_page("chain.onnx", graph_view(chain), [{"name": "npu", "ep": "qnn", "placement": placement,
+                                                              "actual": None, "findings": [], "summary": {}}])
     assert html_text.count('<g class="node') < 10  # collapsed
     listed = set(" ".join(re.findall(r'data-nodes?="([^"]*)"', html_text)).split())
     assert listed == set(placement)
@@ -282,3 +281,41 @@ def test_placement_gates_and_the_precommit_hook(tmp_path):
     assert invoke("hook", folder / "models" / "erf_mlp.onnx", "--config", folder).exit_code == 1
     document = ortprep.run_pipeline(folder)  # the Python API: the same document as --json
     assert document["summary"] == record["summary"]
+
+
+def test_a_bad_step_in_the_third_target_stops_before_any_model_is_touched(tmp_path):
+    """Every step is validated for every target before anything runs. compile takes its EP from the
+    target: fine for qnn and openvino-cpu, refused for cpu, the third target. The refusal comes from
+    validation (exit 2, file:line, the target named) before any output folder is made."""
+    folder = tmp_path / "repo"
+    (folder / "models").mkdir(parents=True)
+    onnx.save_model(mlp("Relu", 7), str(folder / "models" / "a.onnx"))
+    (folder / "ortprep.toml").write_text("""output_dir = "build"
+
+[[models]]
+path = "models/*.onnx"
+
+[targets.a]
+ep = "qnn"
+
+[targets.b]
+ep = "openvino-cpu"
+
+[targets.c]
+ep = "cpu"
+
+[[steps]]
+run = "check"
+
+[[steps]]
+run = "compile"
+""")
+    result = invoke("run", folder, "--json")
+    assert result.exit_code == 2, result.stdout[-1000:]
+    assert "ortprep.toml:18: " in result.stderr and "step 2 (compile)" in result.stderr and "target c" in result.stderr and "not cpu" in result.stderr
+    assert not (folder / "build").exists()
+    # the first two targets alone are a valid config
+    (folder / "ortprep.toml").write_text((folder / "ortprep.toml").read_text().replace('[targets.c]\nep = "cpu"\n', ""))
+    from ortprep.config import load_repository
+
+    assert [t.name for t in load_repository(folder).targets] == ["a", "b"]

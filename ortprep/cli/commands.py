@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from ortprep.cli.app import error_boundary
+from ortprep.cli.boundary import error_boundary
 from ortprep.cli.options import FailOn
+from ortprep.cli.output import check_report_paths, execute
 from ortprep.options import Kind, cli_flags, default_of, off_flag, spec_of
 
 METAVARS = {Kind.INT: "N", Kind.FLOAT: "X", Kind.PATH: "PATH", Kind.DATA: "DATA", Kind.EP: "EP", Kind.TEXT: "TEXT",
@@ -137,7 +139,6 @@ def build_command(name: str, *, extra: list[inspect.Parameter] = (), before=None
             params.extend(_shortcut_parameters(field))
 
     def command(**kwargs: Any) -> None:
-        from ortprep.cli.output import run_and_render
 
         if before is not None and before(kwargs):
             return
@@ -147,3 +148,27 @@ def build_command(name: str, *, extra: list[inspect.Parameter] = (), before=None
     command.__name__ = f"{name}_command"
     command.__doc__ = SUMMARIES[name]
     return error_boundary(command)
+
+
+def run_and_render(name: str, options_cls, given: dict[str, Any]) -> None:
+    """The one path of every step command: options -> one-step pipeline -> run -> report files,
+    stdout (human or JSON) and the exit code."""
+    from ortprep.config import dump_toml
+    from ortprep.pipeline import Pipeline
+
+    model = given.get("model")
+    options = options_cls.from_values(option_values(options_cls, given), where=name)
+    pipeline = Pipeline.single(name, options, model, output=given.get("output"), fail_on=given["fail_on"].severity(),
+                               force=bool(given.get("force")))
+    emit_config = given.get("emit_config")
+    if emit_config is not None:
+        from ortprep.model import atomic_write_bytes
+
+        check_report_paths([emit_config], model)
+        atomic_write_bytes(emit_config, dump_toml(pipeline.to_config(emit_config)).encode("utf-8"))
+        sys.stderr.write(f"ortprep: wrote {emit_config}; run it with: ortprep run {emit_config}\n")
+        return
+    code = execute(pipeline, as_json=given["json_output"], report=given.get("report"), junit=given.get("junit"),
+                   markdown=given.get("markdown"))
+    if code:
+        raise typer.Exit(int(code))

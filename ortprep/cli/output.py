@@ -77,38 +77,12 @@ def progress_bar(*, quiet: bool) -> Iterator[Callable[[str, int, int], None] | N
         yield callback
 
 
-def _check_report_paths(paths: list[Path | None], model: Path | None) -> None:
+def check_report_paths(paths: list[Path | None], model: Path | None) -> None:
     from ortprep.model import check_output_path
 
     for path in paths:
         if path is not None:
             check_output_path(path, input_path=model, force=False)
-
-
-def run_and_render(name: str, options_cls, given: dict[str, Any]) -> None:
-    """The one path of every step command: options -> one-step pipeline -> run -> report files,
-    stdout (human or JSON) and the exit code."""
-    import typer
-
-    from ortprep.cli.commands import option_values
-    from ortprep.pipeline import Pipeline, dump_toml
-
-    model = given.get("model")
-    options = options_cls.from_values(option_values(options_cls, given), where=name)
-    pipeline = Pipeline.single(name, options, model, output=given.get("output"), fail_on=given["fail_on"].severity(),
-                               force=bool(given.get("force")))
-    emit_config = given.get("emit_config")
-    if emit_config is not None:
-        from ortprep.model import atomic_write_bytes
-
-        _check_report_paths([emit_config], model)
-        atomic_write_bytes(emit_config, dump_toml(pipeline.to_config(emit_config)).encode("utf-8"))
-        sys.stderr.write(f"ortprep: wrote {emit_config}; run it with: ortprep run {emit_config}\n")
-        return
-    code = execute(pipeline, as_json=given["json_output"], report=given.get("report"), junit=given.get("junit"),
-                   markdown=given.get("markdown"))
-    if code:
-        raise typer.Exit(int(code))
 
 
 def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path | None = None,
@@ -120,7 +94,8 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
     from ortprep.render.junit import render_junit
     from ortprep.render.markdown import render_markdown
 
-    _check_report_paths([report, junit, markdown], pipeline.model)
+    pages = [getattr(entry.step.options, "html", None) for entry in pipeline.steps]
+    check_report_paths([report, junit, markdown, *pages], pipeline.model)
     pipeline.prepare()
     single = pipeline.steps[0].step if pipeline.single_command else None
     if single is not None and not single.reports_progress:
@@ -130,6 +105,7 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
         with progress_bar(quiet=as_json) as progress:
             pipeline.progress = progress
             run_report = pipeline.run()
+    _write_pages(pipeline, run_report)
     document = run_report.document()
     if report is not None:
         atomic_write_bytes(report, dumps(document).encode("utf-8"))
@@ -142,3 +118,15 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
     for message in run_report.missing:
         sys.stderr.write(f"ortprep: error: {message}\n")
     return int(run_report.exit_code())
+
+
+def _write_pages(pipeline, run_report) -> None:
+    """The placement page of each check step run with ``html``, drawn from its record."""
+    from ortprep.model import atomic_write_bytes
+    from ortprep.render.html import check_page
+
+    for entry, outcome in zip(pipeline.steps, run_report.steps):
+        page = getattr(entry.step.options, "html", None)
+        if page is not None and outcome.result is not None and "graph" in outcome.result.data:
+            atomic_write_bytes(page, check_page(outcome.result.to_record()).encode("utf-8"))
+            outcome.result.artifacts.append(str(page))

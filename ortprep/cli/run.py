@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ortprep.cli.app import error_boundary
+from ortprep.cli.boundary import error_boundary
 from ortprep.cli.options import JsonOpt, ReportOpt
 
 JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.", show_default=False)]
@@ -37,12 +37,13 @@ def run_command(
     html: HtmlOpt = None,
 ) -> None:
     """Run every model x target x step of a config; exit 1 when a step, a gate or the baseline fails."""
-    from ortprep import repo
+    from ortprep.baseline import read_report
     from ortprep.cli.output import execute
-    from ortprep.pipeline import Pipeline
+    from ortprep.config import is_repo_config, parse_repository, read_raw
+    from ortprep.pipeline import Pipeline, parse_shard, run_repository
 
-    raw, text = repo.read_raw(config)
-    if not repo.is_repo_config(raw):
+    raw, text = read_raw(config)
+    if not is_repo_config(raw):
         if jobs != 1 or shard or baseline or html:
             from ortprep.errors import UsageError
 
@@ -52,14 +53,15 @@ def run_command(
         if code:
             raise typer.Exit(code)
         return
-    parsed = repo.parse(raw, text)
-    old = repo.read_report(baseline) if baseline else None
+    parsed = parse_repository(raw, text)
+    old = read_report(baseline) if baseline else None
     from ortprep.cli.output import progress_bar
 
     with progress_bar(quiet=json_output) as progress:
-        document = repo.run_repo(parsed, jobs=jobs, shard=repo.parse_shard(shard), baseline=old, tolerance=tolerance,
-                                 progress=progress)
-    raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown, html=html))
+        result = run_repository(parsed, jobs=jobs, shard=parse_shard(shard), baseline=old, tolerance=tolerance,
+                                progress=progress, draw_graph=html is not None)
+    raise typer.Exit(finish(result.to_records(), json_output=json_output, report=report, junit=junit, markdown=markdown,
+                            html=html))
 
 
 def finish(document: dict[str, Any], *, json_output: bool, report: Path | None, junit: Path | None,
@@ -67,7 +69,12 @@ def finish(document: dict[str, Any], *, json_output: bool, report: Path | None, 
     """Write the report files, print the summary (or the JSON), annotate GitHub Actions; the exit code."""
     from ortprep.cli.output import dumps, emit
     from ortprep.model import atomic_write_bytes
-    from ortprep.render.repo import annotations, render_repo_console, render_repo_junit, render_repo_markdown
+    from ortprep.render.repo import (
+        annotations,
+        render_repo_console,
+        render_repo_junit,
+        render_repo_markdown,
+    )
 
     if report is not None:
         atomic_write_bytes(report, dumps(document).encode("utf-8"))
@@ -81,17 +88,18 @@ def finish(document: dict[str, Any], *, json_output: bool, report: Path | None, 
         with open(summary, "a", encoding="utf-8") as out:
             out.write(text)
     if html is not None:
-        from ortprep.render.html import write_repo_pages
+        from ortprep.render.html import repo_pages
 
-        write_repo_pages(document, html)
+        html.mkdir(parents=True, exist_ok=True)
+        for name, page in repo_pages(document).items():
+            atomic_write_bytes(html / name, page.encode("utf-8"))
     emit(document, as_json=json_output, human=lambda record, console: render_repo_console(record, console))
     if os.environ.get("GITHUB_ACTIONS") == "true" and not json_output:
         for line in annotations(document):
             sys.stdout.write(line + "\n")
-    if any(r.get("missing") for r in document["runs"]) and not any(not r["passed"] and not r.get("missing")
-                                                                   for r in document["runs"]):
-        return 3
-    return 0 if document["passed"] else 1
+    from ortprep.report import exit_code
+
+    return int(exit_code(document["runs"], bool(document.get("regressions"))))
 
 
 @error_boundary
@@ -100,9 +108,8 @@ def init_command(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing ortprep.toml.")] = False,
 ) -> None:
     """Write a starter ortprep.toml for the models found, with targets this machine can run."""
-    from ortprep.render.init import starter_config
-
     from ortprep.errors import UsageError
+    from ortprep.starter import starter_config
 
     path = folder / "ortprep.toml"
     if path.exists() and not force:
@@ -120,11 +127,11 @@ def diff_command(
     json_output: JsonOpt = False,
 ) -> None:
     """Which nodes moved between the EP and the CPU, and why; and every regression. Exit 1 on regressions."""
-    from ortprep import repo
+    from ortprep.baseline import diff, read_report
     from ortprep.cli.output import emit
     from ortprep.render.repo import render_diff_console
 
-    document = repo.diff(repo.read_report(old), repo.read_report(new))
+    document = diff(read_report(old), read_report(new))
     emit(document, as_json=json_output, human=render_diff_console)
     raise typer.Exit(1 if document["regressions"] else 0)
 
@@ -139,9 +146,9 @@ def merge_command(
     html: HtmlOpt = None,
 ) -> None:
     """Combine shard reports into one JSON, JUnit, Markdown and HTML; exit 1 when any pair failed."""
-    from ortprep import repo
+    from ortprep.baseline import merge, read_report
 
-    document = repo.merge([(str(p), repo.read_report(p)) for p in reports])
+    document = merge([(str(p), read_report(p)) for p in reports])
     raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown, html=html))
 
 
@@ -151,15 +158,16 @@ def hook_command(
     config: Annotated[Path, typer.Option("--config", help="The repository's config (or its folder).")] = Path("."),
 ) -> None:
     """For pre-commit: run the repository's config on the changed models only; exit 1 when one fails."""
-    from ortprep import repo
+    from ortprep.config import load_repository
+    from ortprep.pipeline import run_repository
 
-    parsed = repo.load(config)
+    parsed = load_repository(config)
     wanted = {Path(f).resolve() for f in files}
     parsed.models = [m for m in parsed.models if m.path in wanted]
     if not parsed.models:
         sys.stderr.write("ortprep: none of the changed files is a model of the config\n")
         raise typer.Exit(0)
-    document = repo.run_repo(parsed)
+    document = run_repository(parsed).to_records()
     raise typer.Exit(finish(document, json_output=False, report=None, junit=None, markdown=None, html=None))
 
 

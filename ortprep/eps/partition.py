@@ -118,3 +118,56 @@ def count_copies(graph: GraphProto, assignment: list[int]) -> int:
         if producer is not None and assignment[producer] >= 0:
             crossings.add((value.name, CPU))
     return len(crossings)
+
+
+def node_names(graph: GraphProto) -> list[str]:
+    """Each node's name, or OP#INDEX for an unnamed one (how reports name nodes)."""
+    return [n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)]
+
+
+def _links(graph: GraphProto) -> tuple[list[list[int]], list[list[int]]]:
+    producers = _producers(graph)
+    parents = [sorted({producers[x] for x in n.input if x in producers}) for n in graph.node]
+    children: list[list[int]] = [[] for _ in graph.node]
+    for child, ps in enumerate(parents):
+        for parent in ps:
+            children[parent].append(child)
+    return parents, children
+
+
+def cpu_islands(graph: GraphProto, fallback: list[str] | set[str]) -> list[str]:
+    """Fallback nodes with a node on the EP both before and after them (a round trip EP -> CPU ->
+    EP). Two linear walks over the node order, which the checker guarantees is topological."""
+    names = node_names(graph)
+    on_cpu = set(fallback)
+    parents, children = _links(graph)
+    on_ep = [names[i] not in on_cpu and node.op_type != "Constant" for i, node in enumerate(graph.node)]
+    ep_above = [False] * len(names)
+    for i in range(len(names)):
+        ep_above[i] = any(on_ep[p] or ep_above[p] for p in parents[i])
+    ep_below = [False] * len(names)
+    for i in reversed(range(len(names))):
+        ep_below[i] = any(on_ep[c] or ep_below[c] for c in children[i])
+    return [names[i] for i in range(len(names)) if names[i] in on_cpu and ep_above[i] and ep_below[i]]
+
+
+def partition_groups(graph: GraphProto, fallback: list[str] | set[str]) -> list[list[str]]:
+    """The names of the nodes in each EP partition of the main graph, grouped as ORT's partitioner
+    groups them (the rule ``partition_graph`` counts with)."""
+    names = node_names(graph)
+    on_cpu = set(fallback)
+    assignment = [FOLDED if node.op_type == "Constant" else (CPU if name in on_cpu else 0)
+                  for name, node in zip(names, graph.node)]
+    groups: dict[int, list[str]] = {}
+    for name, group in zip(names, partition_graph(graph, assignment).partition_of):
+        if group >= 0:
+            groups.setdefault(group, []).append(name)
+    return [groups[key] for key in sorted(groups)]
+
+
+def graph_view(graph: GraphProto) -> dict:
+    """What a drawing of the main graph needs, as plain data: the nodes (name, op type) in order
+    and the edges between them (producer index, consumer index)."""
+    parents, _children = _links(graph)
+    return {"nodes": [{"name": name, "op_type": node.op_type} for name, node in zip(node_names(graph), graph.node)],
+            "edges": [[parent, child] for child, ps in enumerate(parents) for parent in ps]}

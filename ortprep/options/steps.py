@@ -66,6 +66,8 @@ class CheckOptions(StepOptions):
                                      "ships your EP): the IR versions and opsets it loads.", Kind.TEXT, metavar="X.Y")
     html: Path | None = option(None, "Also write a self-contained HTML page of the graph, each node coloured by where it "
                                "runs on each target.", Kind.PATH, metavar="FILE")
+    graph: bool = option(False, "Put the main graph (nodes, edges, each target's partitions) into the report, for "
+                         "drawing it (--html and run --html set it).", Kind.FLAG, cli=False)
 
     def validate(self, where: str) -> None:
         _known_release(self.ort_version, where)

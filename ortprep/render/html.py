@@ -9,35 +9,32 @@ and a search box finds a node by name.
 
 The page carries its data as JSON (``<script id="ortprep-data">``); every node of the main graph
 is in it, and every node is either a ``<g class="node">`` or listed in a chain's ``data-nodes``.
+
+A pure function of the report: the check step puts the graph (nodes, edges) and each target's
+partitions into its record (``graph``, ``partition_groups``); nothing here reads a model.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
 from typing import Any
 
-import onnx
+from ortprep.report import placement_of, step_report
 
 NODE_W, NODE_H, GAP_X, GAP_Y = 150, 30, 40, 14
 PALETTE = ["#15803d", "#1d4ed8", "#7e22ce", "#0f766e", "#a16207", "#be185d", "#4338ca", "#065f46"]
 CHAIN_MIN = 4  # chains of at least this many nodes are drawn as one box
 
 
-def _names(graph: onnx.GraphProto) -> list[str]:
-    return [n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)]
-
-
-def layout(graph: onnx.GraphProto, placement: dict[str, str]) -> dict[str, Any]:
+def layout(view: dict[str, Any], placement: dict[str, str]) -> dict[str, Any]:
     """Boxes (single nodes or chains), their positions, and the edges between boxes."""
-    names = _names(graph)
-    producers = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    parents = [sorted({producers[x] for x in n.input if x in producers}) for n in graph.node]
-    children: list[list[int]] = [[] for _ in graph.node]
-    for child, ps in enumerate(parents):
-        for parent in ps:
-            children[parent].append(child)
+    names = [node["name"] for node in view["nodes"]]
+    parents: list[list[int]] = [[] for _ in names]
+    children: list[list[int]] = [[] for _ in names]
+    for parent, child in view["edges"]:
+        parents[child].append(parent)
+        children[parent].append(child)
     # chains: a run of nodes each the only child of the one before and the only parent of the next
     box_of = list(range(len(names)))
     boxes: list[list[int]] = []
@@ -81,32 +78,16 @@ def layout(graph: onnx.GraphProto, placement: dict[str, str]) -> dict[str, Any]:
             "height": (max(rows.values(), default=1)) * (NODE_H + GAP_Y) + 40}
 
 
-def partitions(graph: onnx.GraphProto, placement: dict[str, str]) -> list[list[str]]:
-    """The EP's partitions, grouped as ORT's partitioner groups them (ortprep.eps.partition, the
-    rule check counts partitions with)."""
-    from ortprep.eps.partition import CPU, FOLDED, partition_graph
-
-    names = _names(graph)
-    assignment = [FOLDED if node.op_type == "Constant" else (0 if placement.get(name) == "ep" else CPU)
-                  for name, node in zip(names, graph.node)]
-    partition_of = partition_graph(graph, assignment).partition_of
-    groups: dict[int, list[str]] = {}
-    for name, group in zip(names, partition_of):
-        if group >= 0:
-            groups.setdefault(group, []).append(name)
-    return [groups[key] for key in sorted(groups)]
-
-
-def _svg(graph: onnx.GraphProto, target: dict[str, Any], section: int) -> str:
+def _svg(view: dict[str, Any], target: dict[str, Any], section: int) -> str:
     predicted = target["placement"]
     actual = target.get("actual") or {}
-    drawn = layout(graph, predicted)
+    drawn = layout(view, predicted)
     names, boxes, position = drawn["names"], drawn["boxes"], drawn["position"]
-    ops = {name: graph.node[i].op_type for i, name in enumerate(names)}
+    ops = {node["name"]: node["op_type"] for node in view["nodes"]}
     out = [f'<svg class="graph" id="graph-{section}" viewBox="0 0 {drawn["width"]} {drawn["height"]}" '
            f'data-width="{drawn["width"]}" data-height="{drawn["height"]}" xmlns="http://www.w3.org/2000/svg">']
     # partitions: every EP node is outlined in its partition's colour (and carries its index)
-    partition_of = {name: index for index, group in enumerate(partitions(graph, predicted)) for name in group}
+    partition_of = {name: index for index, group in enumerate(target.get("partition_groups") or []) for name in group}
     for a, b in drawn["edges"]:
         (xa, ya), (xb, yb) = position[a], position[b]
         place_a = predicted.get(names[boxes[a][-1]])
@@ -214,22 +195,15 @@ SCRIPT = """
 """
 
 
-def read_graph(model: Path) -> onnx.GraphProto:
-    return onnx.load(str(model), load_external_data=False).graph
-
-
-def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = None,
-                graph: onnx.GraphProto | None = None) -> str:
-    """The page for ``model`` (whose ``graph`` the caller may have read already). Each target:
+def render_page(model: str, view: dict[str, Any], targets: list[dict[str, Any]], title: str | None = None) -> str:
+    """The page for ``model`` from its graph ``view`` (a check record's ``graph``). Each target:
     {"name", "ep", "placement": {node: "ep"|"cpu"}, "actual": {node: "ep"|"cpu"} or None,
-    "findings": [...], "summary": {...}}."""
-    graph = graph if graph is not None else read_graph(model)
-    names = _names(graph)
-    payload = {"model": str(model), "nodes": [{"name": n, "op_type": graph.node[i].op_type} for i, n in enumerate(names)],
+    "partition_groups": [[node, ...], ...], "findings": [...], "summary": {...}}."""
+    payload = {"model": model, "nodes": view["nodes"],
                "targets": [{k: t.get(k) for k in ("name", "ep", "placement", "actual", "summary")} for t in targets]}
     options = "".join(f'<option value="{i}">{html.escape(t["name"])} ({html.escape(t["ep"])})</option>'
                       for i, t in enumerate(targets))
-    svgs = "\n".join(_svg(graph, target, index) for index, target in enumerate(targets))
+    svgs = "\n".join(_svg(view, target, index) for index, target in enumerate(targets))
     panels = []
     for index, target in enumerate(targets):
         summary = target.get("summary") or {}
@@ -253,8 +227,8 @@ def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = 
               '<span style="border-color:#dc2626">red edge: EP&#8596;CPU copy</span>'
               '<span style="border-color:#1d4ed8;border-width:2px">outline colour: EP partition</span></div>')
     data = json.dumps(payload).replace("</", "<\\/")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title or model.name)} - ortprep</title>'
-            f'<style>{STYLE}</style></head><body><header><h1>{html.escape(title or model.name)}</h1>'
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title or _file_name(model))} - ortprep</title>'
+            f'<style>{STYLE}</style></head><body><header><h1>{html.escape(title or _file_name(model))}</h1>'
             f'<label>target <select id="target">{options}</select></label>'
             f'<input id="search" placeholder="find a node by name (Enter)" size="30"><button id="fit">whole graph</button>'
             f'{legend}</header>'
@@ -262,10 +236,14 @@ def render_page(model: Path, targets: list[dict[str, Any]], title: str | None = 
             f'<script type="application/json" id="ortprep-data">{data}</script><script>{SCRIPT}</script></body></html>')
 
 
-def target_from_check(graph: onnx.GraphProto, name: str, result: dict[str, Any], findings: list[dict[str, Any]],
+def _file_name(model: str) -> str:
+    return model.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def target_from_check(view: dict[str, Any], name: str, result: dict[str, Any], findings: list[dict[str, Any]],
                       load: dict[str, Any] | None = None) -> dict[str, Any]:
     """A page target from a check result (and the load result of the same EP, when one ran)."""
-    names = _names(graph)
+    names = [node["name"] for node in view["nodes"]]
     fallback = set(result.get("fallback_nodes") or [])
     placement = {n: ("cpu" if n in fallback else "ep") for n in names}
     actual = None
@@ -278,47 +256,37 @@ def target_from_check(graph: onnx.GraphProto, name: str, result: dict[str, Any],
     if load is not None:
         summary["load"] = load.get("status")
     return {"name": name, "ep": result["ep"], "placement": placement, "actual": actual, "summary": summary,
+            "partition_groups": result.get("partition_groups") or [],
             "fallback_all": sorted(fallback),  # subgraph nodes too (the drawing shows the main graph)
             "findings": [f for f in findings if f.get("target") in (None, result["ep"])]}
 
 
-def write_check_page(model: Path, record: dict[str, Any], dest: Path) -> Path:
-    from ortprep.model import atomic_write_bytes
-
-    graph = read_graph(model)
-    targets = [target_from_check(graph, r["ep"], r, record["findings"]) for r in record["results"]]
-    atomic_write_bytes(dest, render_page(model, targets, graph=graph).encode("utf-8"))
-    return dest
+def check_page(record: dict[str, Any]) -> str:
+    """The page of one check record (made with ``--html``, so it holds the graph)."""
+    view = record["graph"]
+    targets = [target_from_check(view, r["ep"], r, record["findings"]) for r in record["results"]]
+    return render_page(record.get("model") or "model", view, targets)
 
 
-def write_repo_pages(document: dict[str, Any], folder: Path) -> list[Path]:
-    """One page per model of a repository run, a section per target."""
-    from ortprep.model import atomic_write_bytes
-    from ortprep.repo import placement_of, step_report
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def repo_pages(document: dict[str, Any]) -> dict[str, str]:
+    """One page per model of a repository run (file name -> page), a section per target; models
+    whose check records hold no graph (no check step ran) get none."""
     by_model: dict[str, list[dict[str, Any]]] = {}
     for run in document["runs"]:
         by_model.setdefault(run["model"], []).append(run)
-    written = []
+    pages = {}
     for model, runs in sorted(by_model.items()):
-        path = Path(runs[0]["model_path"])
-        if not path.is_file():
-            continue
-        graph = read_graph(path)
-        targets = []
+        targets, view = [], None
         for run in runs:
             result = placement_of(run)
-            if result is None:
+            check = step_report(run.get("steps", []), "check")
+            if result is None or not (check or {}).get("graph"):
                 continue
+            view = check["graph"]
             loaded = next((r for r in (step_report(run.get("steps", []), "load") or {}).get("results", [])
                            if r.get("ep") == run["ep"]), None)
-            targets.append(target_from_check(graph, run["target"], result, step_report(run["steps"], "check")["findings"],
-                                             loaded))
-        if not targets:
-            continue
-        dest = folder / (model.replace("/", "__").removesuffix(".onnx") + ".html")
-        atomic_write_bytes(dest, render_page(path, targets, title=model, graph=graph).encode("utf-8"))
-        written.append(dest)
-    return written
+            targets.append(target_from_check(view, run["target"], result, check["findings"], loaded))
+        if targets:
+            pages[model.replace("/", "__").removesuffix(".onnx") + ".html"] = render_page(runs[0]["model_path"], view, targets,
+                                                                                      title=model)
+    return pages

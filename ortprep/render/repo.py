@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ortprep.repo import placement_of as _placement
+from ortprep.report import placement_of as _placement
 
 
 def _cell(text: str) -> str:

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
-from ortprep.eps.partition import CPU, FOLDED, partition_graph
+from ortprep.eps.partition import CPU, FOLDED, cpu_islands, graph_view, partition_groups, partition_graph
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
 from ortprep.eps.rules import (
@@ -226,6 +226,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
         "partitions": partitions,
         "copies": copies,
         "fallback_nodes": fallback,
+        "cpu_islands": cpu_islands(analysis.handle.graph, fallback),
         "node_share": round(supported / nodes_placed, 4) if nodes_placed else None,
         "macs": {"known": macs_total, "on_ep": macs_on_ep},
         "mac_share": round(macs_on_ep / macs_total, 4) if macs_total else None,
@@ -318,9 +319,9 @@ class CheckStep(Step):
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         result = check_model(model, self.options.eps, self.options.ort_version)
-        if self.options.html is not None and model.path is not None:
-            from ortprep.render.html import write_check_page
-
-            write_check_page(model.path, result.to_record(), self.options.html)
-            result.artifacts.append(str(self.options.html))
+        if self.options.html is not None or self.options.graph:
+            # What the placement page draws, as data: the renderer reads the report, not the model.
+            result.data["graph"] = graph_view(model.graph)
+            for record in result.data["results"]:
+                record["partition_groups"] = partition_groups(model.graph, record["fallback_nodes"])
         return result

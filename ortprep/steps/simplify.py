@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from onnx import ModelProto
 
 from ortprep.findings import Finding
-from ortprep.model import AUTO_EXTERNAL_THRESHOLD, ModelHandle
+from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
+from ortprep.transforms.simplify import run_onnxoptimizer, run_onnxsim
 from ortprep.transforms.verify import (
     EXACT_GATE,
     VerifyResult,
@@ -28,36 +28,6 @@ from ortprep.transforms.verify import (
 log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.simplify/1"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def run_onnxsim(proto: ModelProto, handle: ModelHandle) -> tuple[ModelProto | None, str]:
-    """(simplified model or None, why not)."""
-    if handle.estimated_size() > AUTO_EXTERNAL_THRESHOLD:
-        return None, "the model is over 2 GB, which onnxsim cannot serialize"
-    try:
-        import onnxsim
-
-        simplified, ok = onnxsim.simplify(proto)
-    except Exception as exc:  # noqa: BLE001 - onnxsim raises many types, all mean "could not"
-        return None, f"onnxsim failed: {_first_line(exc)}"
-    if not ok:
-        return None, "onnxsim's own check of its result failed"
-    return simplified, ""
-
-
-def run_onnxoptimizer(proto: ModelProto, skip: list[str]) -> tuple[ModelProto | None, str]:
-    try:
-        import onnxoptimizer
-
-        passes = [p for p in onnxoptimizer.get_fuse_and_elimination_passes() if p not in skip]
-        return onnxoptimizer.optimize(proto, passes), ""
-    except Exception as exc:  # noqa: BLE001
-        return None, f"onnxoptimizer failed: {_first_line(exc)}"
 
 
 def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *, force: bool = False) -> StepResult:

@@ -253,7 +253,7 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
     """What the peers' best chain does first: BatchNormalization folded (into the Conv before it,
     or into a per-channel Mul and Add computed in float64) and constants folded by onnxsim.
     Verified with the tight gate against the original; whatever fails verification is not kept."""
-    from ortprep.steps.simplify import run_onnxsim
+    from ortprep.transforms.simplify import run_onnxsim
 
     original = ModelProto()
     original.CopyFrom(proto)

@@ -27,7 +27,7 @@ def _glob_for(models: list[Path], folder: Path) -> list[str]:
 
 
 def starter_config(folder: Path) -> str:
-    from ortprep.repo import find_models
+    from ortprep.config import find_models
 
     folder = Path(folder)
     models = find_models(folder)

@@ -88,12 +88,15 @@ class WorkerState:
     def count_session(self, model: str) -> None:
         self.sessions_created[os.path.abspath(model)] += 1
 
-    def cached(self, key: tuple) -> CachedSession | None:
+    def cached(self, base: tuple, outputs: set[str]) -> CachedSession | None:
+        """A session whose key starts with ``base`` (the model file and options; the last element of
+        a key is the extra outputs) and that exposes ``outputs``."""
         self._forget_missing()
-        entry = self.sessions.get(key)
-        if entry is not None:
-            self.sessions.move_to_end(key)
-        return entry
+        for key, entry in self.sessions.items():
+            if key[:-1] == base and outputs <= entry.extra_outputs | set(entry.graph_outputs):
+                self.sessions.move_to_end(key)
+                return entry
+        return None
 
     def keep(self, key: tuple, entry: CachedSession) -> None:
         self.sessions[key] = entry

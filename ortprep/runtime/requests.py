@@ -119,7 +119,9 @@ def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
     """A session for ``spec``: from the cache when an equal one was built, else a new one (counted)."""
     key = None if spec.profile_prefix or spec.verbose else spec.key()
     if key is not None:
-        entry = state.cached(key)
+        # A session exposing more outputs serves a request for fewer (the reference run with every
+        # intermediate also serves the plain runs of the same model).
+        entry = state.cached(key[:-1], set(spec.extra_outputs))
         if entry is not None:
             return entry
     ort = state.ort

@@ -1,0 +1,185 @@
+"""The worker protocol (ortprep/runtime/worker.py): typed requests round trip with arrays, sessions
+are cached and counted, a crash or a hang answers only its own request and the next one gets a
+fresh worker, requests defined outside ortprep are served, N workers run at once, and another
+interpreter (the OpenVINO environment) serves a RunModel."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import models
+from conftest import ROOT
+from ortprep.runtime.protocol import Reply, Request, WorkerState
+from ortprep.runtime.requests import RunModel, Stats
+from ortprep.runtime.worker import WorkerPool, call, current_pool, workers_scope
+
+OPENVINO_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
+
+
+@dataclass
+class ScaleReply(Reply):
+    scaled: np.ndarray | None = None
+    pid: int = 0
+
+
+@dataclass
+class Scale(Request):
+    """A request the worker has never heard of: served because it brings its own handle()."""
+
+    reply_type = ScaleReply
+
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    factor: float = 2.0
+
+    def handle(self, state: WorkerState) -> ScaleReply:
+        state.extras["scaled"] = state.extras.get("scaled", 0) + 1
+        return ScaleReply(scaled=self.values * self.factor, pid=os.getpid())
+
+
+@dataclass
+class Sleep(Request):
+    seconds: float = 60.0
+
+    def handle(self, state: WorkerState) -> Reply:
+        time.sleep(self.seconds)
+        return Reply()
+
+
+@dataclass
+class Abort(Request):
+    def handle(self, state: WorkerState) -> Reply:
+        os.abort()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "zombie" in status.read_text())
+
+
+@pytest.fixture
+def matmul_model(tmp_path) -> tuple[Path, np.ndarray]:
+    proto = models.matmul_weights()
+    path = tmp_path / "matmul.onnx"
+    onnx.save(proto, str(path))
+    return path, onnx.numpy_helper.to_array(proto.graph.initializer[0])
+
+
+def test_run_model_round_trip_with_arrays(matmul_model):
+    path, weight = matmul_model
+    x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    reply = call(RunModel(model=str(path), feeds=[{"x": x}, {"x": 2 * x}], latency_runs=3))
+    assert reply.ok and reply.stage == "run" and reply.output_names == ["y"]
+    assert len(reply.samples) == 2 and len(reply.latency_ms) == 3
+    np.testing.assert_allclose(reply.samples[0]["y"], x @ weight, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(reply.samples[1]["y"], 2 * x @ weight, rtol=1e-5, atol=1e-5)
+    assert current_pool() is None  # a one-shot worker: started, used, closed
+
+
+def test_session_cache_reuses_and_counts(matmul_model, tmp_path):
+    path, _ = matmul_model
+    feeds = [{"x": np.ones((2, 32), np.float32)}]
+    with workers_scope() as pool:
+        first = call(RunModel(model=str(path), feeds=feeds))
+        second = call(RunModel(model=str(path), feeds=feeds))
+        intermediates = call(RunModel(model=str(path), feeds=feeds, extra_outputs=["y"]))
+        assert first.ok and second.ok and intermediates.ok
+        assert not first.cached_session and second.cached_session
+        assert pool.sessions_created() == {str(path): 1}
+        # a changed file is another model: a new session
+        onnx.save(models.matmul_weights(seed=3), str(path))
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+        third = call(RunModel(model=str(path), feeds=feeds))
+        assert not third.cached_session and pool.sessions_created() == {str(path): 2}
+        assert not np.allclose(third.samples[0]["y"], first.samples[0]["y"])
+        assert pool.started == 1  # one worker served all of it
+    assert list(tmp_path.iterdir()) == [path]  # no temporary model left beside it
+
+
+def test_crash_answers_crashed_and_next_request_gets_a_fresh_worker(matmul_model):
+    path, _ = matmul_model
+    with workers_scope() as pool:
+        before = call(Stats()).pid
+        crashed = call(RunModel(model=str(path), feeds=[{"x": np.ones((2, 32), np.float32)}], crash_hook="1"))
+        assert crashed.status == "crashed" and crashed.died == "SIGABRT", crashed
+        assert "died (SIGABRT)" in crashed.message
+        assert not _alive(before)
+        after = call(RunModel(model=str(path), feeds=[{"x": np.ones((2, 32), np.float32)}]))
+        assert after.ok and call(Stats()).pid != before
+        assert pool.started == 2
+
+
+def test_crash_hook_is_read_in_the_parent(monkeypatch, matmul_model):
+    path, _ = matmul_model
+    with workers_scope():
+        assert call(Stats()).ok  # the worker starts before the variable is set
+        monkeypatch.setenv("ORTPREP_TEST_CRASH_WORKER", "1")
+        assert call(RunModel(model=str(path), feeds=[{"x": np.ones((2, 32), np.float32)}])).status == "crashed"
+
+
+def test_hang_past_its_timeout_answers_timeout_and_leaves_no_process():
+    with workers_scope() as pool:
+        pid = call(Stats()).pid
+        started = time.monotonic()
+        reply = call(Sleep(seconds=60), timeout=1)
+        assert reply.status == "timeout" and reply.message == "no answer within 1 s"
+        assert time.monotonic() - started < 10
+        assert not _alive(pid)
+        assert call(Stats()).pid != pid and pool.started == 2
+
+
+def test_request_defined_outside_ortprep_is_served():
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with workers_scope():
+        first = call(Scale(values=values, factor=3.0))
+        second = call(Scale(values=values))
+    assert isinstance(first, ScaleReply) and first.ok
+    np.testing.assert_array_equal(first.scaled, values * 3.0)
+    np.testing.assert_array_equal(second.scaled, values * 2.0)
+    assert first.pid == second.pid != os.getpid()
+
+
+def test_run_many_isolates_a_crash_to_its_own_request():
+    values = np.ones(4, dtype=np.float32)
+    requests = [Scale(values=values, factor=1.0), Abort(), Scale(values=values, factor=2.0),
+                Scale(values=values, factor=3.0), Scale(values=values, factor=4.0)]
+    done = []
+    with WorkerPool() as pool:
+        replies = pool.run_many(requests, jobs=2, on_done=lambda index, reply: done.append(index))
+        assert sorted(done) == list(range(5))
+        assert [r.status for r in replies] == ["ok", "crashed", "ok", "ok", "ok"]
+        for reply, factor in zip([replies[0], *replies[2:]], (1.0, 2.0, 3.0, 4.0)):
+            np.testing.assert_array_equal(reply.scaled, values * factor)
+        assert 2 <= pool.started <= 3  # two at once, and at most one to replace the crashed one
+
+
+def test_run_many_runs_concurrently():
+    with WorkerPool() as pool:
+        pool.run_many([Scale(), Scale()], jobs=2)  # start both workers
+        started = time.monotonic()
+        replies = pool.run_many([Sleep(seconds=1.0), Sleep(seconds=1.0)], jobs=2)
+        elapsed = time.monotonic() - started
+    assert all(r.ok for r in replies) and elapsed < 1.8
+
+
+@pytest.mark.skipif(not OPENVINO_PYTHON.exists(), reason="no .venv-openvino (onnxruntime-openvino) next to the repository")
+def test_openvino_interpreter_serves_run_model(matmul_model):
+    path, weight = matmul_model
+    x = np.ones((2, 32), np.float32)
+    with workers_scope() as pool:
+        reply = call(RunModel(model=str(path), feeds=[{"x": x}], providers=["OpenVINOExecutionProvider", "CPUExecutionProvider"]),
+                     python=str(OPENVINO_PYTHON))
+        assert reply.ok, reply.message
+        assert reply.providers[0] == "OpenVINOExecutionProvider"
+        np.testing.assert_allclose(reply.samples[0]["y"], x @ weight, rtol=1e-3, atol=1e-3)
+        assert pool.sessions_created(python=str(OPENVINO_PYTHON)) == {str(path): 1}

@@ -88,7 +88,6 @@ class SimplifyStep(Step):
     Options = SimplifyOptions
     memory_factor = 2.0
     refuses_ep_context = True
-    writes_model = True
     needs_ort = "to_verify"
     progress_label = "simplifying"
     default_suffix = ".sim.onnx"

@@ -1,15 +1,19 @@
-"""The accuracy-aware search of `quantize --auto-exclude`: which nodes to keep in float.
+"""The accuracy search of `quantize --auto-exclude`: which nodes to keep in float.
 
-Each trial quantizes (in a child) with a set of nodes kept in float and evaluates the result on
-the held-back samples. The search:
-1. tries op-type rules known to matter (Softmax, LayerNormalization, the MatMuls of attention,
-   the heads that write the outputs), each kept only when it measurably helps;
-2. ranks every node still quantized by the error it adds (its output compared with the float
+Each trial quantizes (in the quantizer's child) with a set of nodes kept in float and evaluates
+the result on the held-back samples. Once the baseline fails the gate:
+0. a calibration method other than min/max (percentile) is tried, kept only when it helps;
+1. op-type rules known to matter (Softmax, LayerNormalization, the MatMuls of attention,
+   the heads that write the outputs) are tried, each kept only when it measurably helps;
+2. every node still quantized is ranked by the error it adds (its output compared with the float
    model's against what its inputs already carried, the per-tensor comparison ORT's
-   qdq_loss_debug makes) and bisects the ranked list for the fewest nodes that pass the gate;
-3. stops when the gate passes with a margin (half-way from the gate to 1: a result chosen on a
-   few held-back samples must hold on others), or when passing would keep more than ``max_float_share`` of the
-   quantized nodes in float, and says which.
+   qdq_loss_debug makes) and the ranked list is bisected for the fewest nodes that pass the gate;
+3. the search stops when the gate passes with a margin (half-way from the gate to 1: a result
+   chosen on a few held-back samples must hold on others), or when passing would keep more than
+   ``max_float_share`` of the quantized nodes in float, and says which.
+
+:class:`Search` holds the selection logic alone (trials and ranking are passed in);
+:class:`Trials` runs trials; :func:`run_search` wires them to a model.
 """
 
 from __future__ import annotations
@@ -20,14 +24,29 @@ from typing import Callable
 
 import numpy as np
 import onnx
+from onnx import ModelProto
 
 from ortprep.model import iter_graphs
+from ortprep.options import QuantizeOptions
+from ortprep.steps.base import ProgressCallback
+from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
+from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise
+from ortprep.steps.quantize.presets import quantizer_op_types
+from ortprep.transforms.verify import model_bytes
 
-IMPROVES = 1e-4  # a rule must raise the lowest cosine by at least this much to stay
+IMPROVES = 1e-4  # a rule (or a calibration method) must raise the lowest cosine by at least this much to stay
+NOISE_FLOOR = 0.02  # quantization noise (RMS over median magnitude) below which a tensor is not worth keeping float
+
+
+def margin_aim(min_cosine: float) -> float:
+    """The lowest cosine the search aims for: half-way from the gate to 1."""
+    return min_cosine + (1 - min_cosine) / 2
 
 
 @dataclass
 class Trial:
+    """One quantize-and-evaluate run: the nodes it kept float and how it did (``path``: its model)."""
+
     label: str
     kept: list[str]
     cosine: float | None
@@ -44,6 +63,8 @@ class Trial:
 
 @dataclass
 class SearchResult:
+    """What a search ended with, and how it got there (for the report)."""
+
     best: Trial
     trials: list[Trial] = field(default_factory=list)
     rules: list[dict] = field(default_factory=list)  # {"rule", "nodes", "cosine_before", "cosine_after", "kept"}
@@ -70,6 +91,7 @@ COMPUTE = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 def heads(proto: onnx.ModelProto) -> list[str]:
+    """The last Conv/ConvTranspose/MatMul/Gemm on each path back from a graph output."""
     graph = proto.graph
     producers = {out: node for node in graph.node for out in node.output}
     found: list[str] = []
@@ -151,7 +173,7 @@ class Search:
             if helped:
                 kept += extra
                 for name in extra:
-                    reasons[name] = f"rule: {label} (cosine {_fmt(current.cosine)} -> {_fmt(outcome.cosine)})"
+                    reasons[name] = f"rule: {label} (cosine {fmt_cosine(current.cosine)} -> {fmt_cosine(outcome.cosine)})"
                 current = outcome
         if self.ok(current):
             result.best, result.stopped, result.reasons = current, "the gate passed with the margin", reasons
@@ -244,5 +266,98 @@ class Search:
         return None
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
+class Trials:
+    """Quantize with some nodes kept in float, into a folder of its own, and evaluate."""
+
+    def __init__(self, workdir: Path, options: QuantizeOptions, settings: dict, plan: DataPlan, eval_feeds: list,
+                 big: bool, bounds: dict, progress: ProgressCallback | None) -> None:
+        self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
+        self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
+        self.count = 0
+        self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
+        self.evaluations: dict[Path, Evaluation] = {}
+        self.caches: dict[Path, dict] = {}
+        self.failure: str | None = None
+
+    def attempt(self, source: Path, kept: list[str], label: str) -> Trial:
+        self.count += 1
+        folder = self.workdir / f"trial{self.count}"
+        folder.mkdir()
+        output = folder / "quantized.onnx"
+        ok, error = run_quantizer(self.workdir, source, output, self.options.mode, self.settings, self.plan.calibration,
+                                  self.plan.calib_indices, kept, self.options.exclude_ops, self.big, self.progress)
+        if not ok:
+            self.failure = self.failure or error
+            return Trial(label, list(kept), None, False, 0, None, error)
+        evaluation = None
+        if self.eval_feeds:
+            if self.progress is not None:
+                self.progress("evaluating", 0, 1)
+            evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
+                                  self.caches.setdefault(source, {}), self.bounds)
+            if self.progress is not None:
+                self.progress("evaluating", 1, 1)
+            self.evaluations[output] = evaluation
+        passed = evaluation is None or evaluation.passed
+        return Trial(label, list(kept), evaluation.cosine if evaluation else None, passed, model_bytes(output), output,
+                     evaluation.error if evaluation else None)
+
+
+def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: float) -> tuple[Trial, list[dict]]:
+    """Calibration methods other than min/max, each kept only when it raises the lowest cosine:
+    min/max ranges stretched by rare values cost every node precision (PaddleOCR's detector:
+    0.975 with min/max, 0.994 with percentile). Leaves ``trials.settings`` on the method kept;
+    returns the best trial and a record per method tried."""
+    settings = trials.settings
+    records: list[dict] = []
+    # (entropy is not tried by itself: on a tensor whose range one spike stretched it took 520 s
+    # for a one-MatMul model; ask for it with --method entropy)
+    for method in ("percentile",):
+        trials.settings = {**settings, "method": method}
+        outcome = trials.attempt(source, list(trials.fixed), f"calibration: {method}")
+        helped = outcome.path is not None and outcome.cosine is not None and (
+            best.cosine is None or outcome.cosine > best.cosine + IMPROVES)
+        records.append({"method": method, "cosine": outcome.cosine, "passed": outcome.passed, "kept": helped})
+        if helped:
+            best = outcome
+            settings = trials.settings
+        if best.passed and best.cosine is not None and best.cosine >= aim:
+            break
+    trials.settings = settings
+    return best, records
+
+
+def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto
+               ) -> tuple[Trial, dict, dict[str, str]]:
+    """The search from ``baseline`` on the float model ``source`` (``proto``: its graph): the best
+    trial, the search's record for the report, and why each node it kept float was kept."""
+    float_graph = proto.graph
+    producers = {out: node.name for node in float_graph.node for out in node.output}
+    consumers: dict[str, list[str]] = {}
+    for node in float_graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.name)
+
+    def rank(trial: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
+        if trial.path is None:
+            return []
+        # the sample the trial did worst on (where calibration's ranges clip, say) and one more
+        cosines = trials.evaluations[trial.path].sample_cosines if trial.path in trials.evaluations else []
+        worst = cosines.index(min(cosines)) if cosines else 0
+        picked = [trials.eval_feeds[worst]] + [f for i, f in enumerate(trials.eval_feeds[:2]) if i != worst][:1]
+        noise = tensor_noise(source, trial.path, picked, cache=trials.caches.setdefault(source, {}))
+        # a tensor stays float only when the node writing it and every node reading it are float
+        return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), score)
+                for tensor, score in noise if score > NOISE_FLOOR]
+
+    ops = set(trials.settings["op_types"] or quantizer_op_types(options.mode, trials.settings["format"]))
+    # the share is of the nodes the quantizer would quantize
+    quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
+    search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
+                    max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
+                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine))
+    result = search.run(baseline)
+    size_before = max(model_bytes(source), 1)
+    record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
+              "ranked": result.ranked[:50], "stopped": result.stopped}
+    return result.best, record, result.reasons

@@ -1,0 +1,283 @@
+"""quantize: static (real calibration data) or dynamic, with EP presets and an accuracy verdict.
+
+The step's orchestration: resolve the EP's preset, plan the data, prepare the graph, quantize
+(pre-processed and as given), evaluate, search when asked, and report. The work lives beside it:
+``presets`` (the settings), ``calibrate`` (the data and the quantizer's child process), ``edits``
+(graph work), ``evaluate`` (model runs and the accuracy gate), ``search`` (--auto-exclude).
+
+The quantizer runs in a child process whose working directory is a private temp folder: a crash
+stays there, and so does every temp file. Calibration streams its samples. A share of the
+samples is held back and both models run on it; when the gate fails, the nodes where the error
+starts are named, and --auto-exclude keeps them in float and tries again.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from ortprep.findings import Finding
+from ortprep.model import ModelHandle
+from ortprep.options import QuantizeOptions
+from ortprep.report import StepResult
+from ortprep.runtime.compare import output_bounds
+from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
+from ortprep.steps.quantize.calibrate import DataPlan, evaluation_feeds, plan_data, preprocess
+from ortprep.steps.quantize.edits import (
+    already_quantized,
+    constants_to_initializers,
+    name_nodes,
+    quantization_stats,
+    sentinel_readers,
+    upgrade_opset,
+)
+from ortprep.steps.quantize.evaluate import (
+    Evaluation,
+    fmt_cosine,
+    latency_finding,
+    opset_upgrade_verified,
+    worst_nodes,
+)
+from ortprep.steps.quantize.presets import resolve_settings
+from ortprep.steps.quantize.search import Trial, Trials, margin_aim, run_search, try_calibration_methods
+from ortprep.transforms.fp16 import ensure_node_names
+from ortprep.transforms.verify import model_bytes, save_temp
+
+SCHEMA = "ortprep.quantize/1"
+PREPROCESS_MARGIN = 1e-3  # cosine by which quantizing without pre-processing must win to be chosen
+
+
+def legal_settings(proto: ModelProto, settings: dict, feeds: dict[str, np.ndarray] | None, report: StepResult
+                   ) -> tuple[ModelProto, dict]:
+    """Per-channel QDQ writes DequantizeLinear with an axis, which needs opset 13: upgrade the
+    opset (verified) or fall back to per-tensor, and say which."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if not (settings["per_channel"] and settings["format"] == "qdq" and opset < 13):
+        return proto, settings
+    upgraded = upgrade_opset(proto, 13)
+    if upgraded is not None and feeds is not None:
+        check = opset_upgrade_verified(proto, upgraded, feeds)
+        if check.passed:
+            report.add(Finding.of("QNT012", f"per-channel QDQ needs opset 13 (DequantizeLinear's axis); the model's opset "
+                                  f"{opset} was upgraded to 13 and verified (max abs diff {check.max_abs_diff:.3g})",
+                                  fix="nothing to do; --per-tensor keeps the opset"))
+            return upgraded, settings
+    report.add(Finding.of("QNT012", f"per-channel QDQ needs opset 13 (DequantizeLinear's axis) and the model's opset {opset} "
+                          "could not be upgraded with verification: weights are quantized per tensor",
+                          fix="upgrade it yourself (ortprep convert --opset 13) to get per-channel weights"))
+    return proto, {**settings, "per_channel": False}
+
+
+@dataclass
+class Outcome:
+    """What the trials ended with."""
+
+    trial: Trial | None
+    evaluation: Evaluation | None
+    excluded: list[dict]
+    search: dict | None = None
+    failure: str | None = None  # ORT's quantizer raised or died: its whole message
+    source: str = "preprocessed"
+    method: str = "minmax"  # the calibration method of the result
+
+
+def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
+                        plan: DataPlan, eval_feeds: list, big: bool, bounds: dict, progress: ProgressCallback | None,
+                        report: StepResult, sentinels: list[str]) -> Outcome:
+    """The baseline on each source (pre-processed, as given), the better kept; then the search."""
+    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress)
+    trials.fixed += [n for n in sentinels if n not in trials.fixed]
+    baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})"))
+                 for label, path in sources]
+    usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
+    if not usable:
+        return Outcome(None, None, [], failure=trials.failure)
+    chosen = usable[0]
+    if len(usable) > 1:
+        with_pre, without = usable[0], usable[1]
+        first, second = with_pre[2], without[2]
+        # without pre-processing wins when it passes where it fails, or is clearly more accurate
+        if (second.passed and not first.passed) or (second.passed == first.passed and second.cosine is not None
+                                                    and (first.cosine is None or second.cosine > first.cosine + PREPROCESS_MARGIN)):
+            chosen = without
+            report.add(Finding.of(
+                "QNT013", f"quantization pre-processing made the result worse (cosine {fmt_cosine(with_pre[2].cosine)} with it, "
+                f"{fmt_cosine(without[2].cosine)} without): the model is quantized as given",
+                fix="nothing to do; --no-preprocess skips the comparison"))
+    label, source, best = chosen
+    search_record = None
+    reasons: dict[str, str] = {}
+    calibration: list[dict] = []
+    aim = margin_aim(options.min_cosine)
+    searching = not best.passed and options.auto_exclude and bool(eval_feeds)
+    if not best.passed and options.auto_exclude and eval_feeds and options.mode == "static" and settings["method"] == "minmax":
+        # the calibration method first, then the nodes
+        baseline_cosine, first = best.cosine, best
+        best, calibration = try_calibration_methods(trials, source, best, aim)
+        settings = trials.settings
+        if settings["method"] != "minmax":
+            report.add(Finding.of("QNT016", f"{settings['method']} calibration kept: lowest cosine {fmt_cosine(baseline_cosine)} "
+                                  f"with min/max ranges, {fmt_cosine(best.cosine)} with {settings['method']}",
+                                  fix=f"nothing to do; --method {settings['method']} asks for it directly"))
+    graph_only = onnx.load(str(source), load_external_data=False)
+    if searching:  # once the search started it aims for the margin, whatever fixed the gate
+        best, search_record, reasons = run_search(trials, source, best, options, graph_only)
+    if calibration:
+        search_record = search_record or {"aim": None, "trials": [best.to_record(max(model_bytes(source), 1))], "rules": [],
+                                          "ranked": [], "stopped": "the gate passed"}
+        search_record["calibration"] = calibration
+        search_record["trials"].insert(0, first.to_record(max(model_bytes(source), 1)))
+    excluded = [{"name": n, "reason": "--exclude-node"} for n in options.exclude_nodes]
+    excluded += [{"name": n, "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)"}
+                 for n in trials.fixed if n not in options.exclude_nodes]
+    ops = {n.name: n.op_type for n in graph_only.graph.node}
+    excluded += [{"name": n, "op_type": ops.get(n, "?"), "reason": reasons.get(n, "auto-exclude")}
+                 for n in best.kept if n not in trials.fixed]
+    return Outcome(best, trials.evaluations.get(best.path), excluded, search_record, source=label,
+                   method=trials.settings["method"])
+
+
+def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, size_before: int) -> dict:
+    return {
+        "input": str(handle.path), "output": None, "mode": options.mode, "format": settings["format"],
+        "preset": {"ep": settings["preset"], "reason": settings["preset_reason"], "activation_type": settings["activation_type"],
+                   "weight_type": settings["weight_type"], "per_channel": settings["per_channel"], "method": settings["method"],
+                   "source": settings["preset_source"]},
+        "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
+        "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
+        "evaluation_inputs": None,
+        "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
+                   "passed": None},
+        "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None,
+    }
+
+
+def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
+                   progress: ProgressCallback | None = None) -> StepResult:
+    """Quantize ``handle``'s model and write ``dest`` when the accuracy gate passes.
+    ``progress(stage, done, total)`` is called during calibration and evaluation."""
+    settings = resolve_settings(options)
+    report = StepResult(step="quantize", schema=SCHEMA)
+    size_before = model_bytes(handle.path)
+    already = already_quantized(handle.proto)
+    if already is not None:
+        report.add(Finding.of("QNT010", f"the model is already quantized ({already}); quantizing it again would stack "
+                              "a second quantization on the first", fix="quantize the float model it was made from"))
+        report.data = _base_record(handle, options, settings, size_before)
+        return report
+    plan = plan_data(handle, options, settings, report)
+    calibration, calib_indices = plan.calibration, plan.calib_indices
+    handle.load_weights()
+    eval_feeds, eval_source = evaluation_feeds(handle, plan, options, report)
+    bounds = output_bounds(handle.proto)
+    with tempfile.TemporaryDirectory(prefix="ortprep-quantize-") as tmp:
+        workdir = Path(tmp)
+        proto = onnx.ModelProto()
+        proto.CopyFrom(handle.proto)
+        moved = constants_to_initializers(proto)
+        if moved:
+            report.add(Finding.of("QNT009", f"{moved} weight(s) held in Constant nodes became initializers so they can be quantized",
+                                  fix="nothing to do"))
+        ensure_node_names(proto)
+        sentinels = sentinel_readers(proto)
+        if sentinels:
+            report.add(Finding.of("QNT015", f"{len(sentinels)} node(s) read a non-finite or sentinel constant (such as the -inf "
+                                  "of a safe maximum) that no 8-bit range can hold; they stay float: " + ", ".join(sentinels[:6]),
+                                  fix="nothing to do"))
+        proto, settings = legal_settings(proto, settings, eval_feeds[0] if eval_feeds else None, report)
+        big = handle.has_external_data()
+        float_path = save_temp(proto, workdir, "float.onnx")
+        del proto
+        preprocess_detail = "skipped (--no-preprocess)"
+        sources = [("as given", float_path)]
+        if options.preprocess:
+            preprocessed, preprocess_detail = preprocess(workdir, float_path, report)
+            if preprocessed != float_path:
+                name_nodes(preprocessed)
+                # checked, not trusted: both are quantized and evaluated when there is data to judge by
+                sources = [("preprocessed", preprocessed)] + (sources if eval_feeds else [])
+        outcome = quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report,
+                                      sentinels)
+        settings = {**settings, "method": outcome.method}
+        if outcome.source == "as given" and options.preprocess and len(sources) > 1:
+            preprocess_detail += "; not used: quantizing without it evaluated better"
+        report.data = _base_record(handle, options, settings, size_before)
+        report.data.update({"preprocess": preprocess_detail, "evaluation_samples": len(eval_feeds),
+                            "evaluation_inputs": eval_source,
+                            "calibration": {"samples": len(calib_indices), "source": calibration.source if calibration else None,
+                                            "kind": calibration.kind if calibration else None}})
+        if outcome.trial is None:
+            report.add(Finding.of("QNT008", f"ONNX Runtime's quantizer failed on this model: {outcome.failure}",
+                                  fix="--exclude-op / --exclude-node for the op it names, --no-preprocess, or check the "
+                                  "model first: ortprep check MODEL --ep cpu"))
+            return report
+        result_path = outcome.trial.path
+        evaluation, excluded = outcome.evaluation, outcome.excluded
+        quantized = onnx.load(str(result_path))
+        stats = quantization_stats(quantized)
+        if stats["quantized_ops"] == 0:
+            report.add(Finding.of("QNT002", "nothing was quantized: no op computes on quantized data",
+                                  fix="check --exclude-op/--exclude-node, and that the model's weights are initializers"))
+        for name, what in (evaluation.degenerate if evaluation else []):
+            report.add(Finding.of(
+                "VFY001", f"output '{name}' is {what} on the evaluation samples: cosine similarity means nothing there, so "
+                "it was judged by absolute error; these samples do not exercise it",
+                fix="evaluate on real data that moves this output: --eval DATA"))
+        if evaluation is not None and not evaluation.passed:
+            worst = (worst_nodes(Path(float_path), result_path, eval_feeds[0], {e["name"] for e in excluded})
+                     if evaluation.error is None else [])
+            names = ", ".join(f"{n} ({op}, cosine {c:.4f})" for n, op, c in worst) or "none found"
+            what = evaluation.error or f"lowest output cosine {fmt_cosine(evaluation.cosine)} is below {options.min_cosine}"
+            stopped = f"; the search stopped: {outcome.search['stopped']}" if outcome.search else ""
+            report.add(Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {names}",
+                                  fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above"))
+        auto = [e for e in excluded if e["reason"] != "--exclude-node"]
+        if auto and evaluation is not None:
+            report.add(Finding.of("QNT006", f"--auto-exclude kept {len(auto)} node(s) in float ("
+                                  + ", ".join(e["name"] for e in auto[:12]) + ("..." if len(auto) > 12 else "")
+                                  + f"): lowest cosine {fmt_cosine(evaluation.cosine)}", fix="see excluded_nodes and search"))
+        slower = latency_finding(evaluation)
+        if slower is not None:
+            report.add(slower)
+        failed = evaluation is not None and not evaluation.passed
+        written = None
+        if not failed or options.keep_failed:
+            written = ModelHandle(proto=quantized, path=None).save(dest, force=force, external_data=True if big else None)
+            report.artifacts.append(str(written))
+        size_after = model_bytes(written) if written else model_bytes(result_path)
+        if size_after >= size_before:
+            report.add(Finding.of("QNT003", f"the quantized model is not smaller ({size_after} bytes vs {size_before})",
+                                  fix="few weights were quantized; check the findings above"))
+    report.data.update({
+        "output": str(written) if written else None,
+        "size_after": size_after,
+        "size_ratio": round(size_after / size_before, 4) if size_before else None,
+        "verify": evaluation.to_record() if evaluation else report.data["verify"],
+        "quantized_ops": stats["quantized_ops"],
+        "quantized_weights": stats["quantized_weights"],
+        "excluded_nodes": excluded,
+        "search": outcome.search,
+    })
+    report.output = written
+    return report
+
+
+class QuantizeStep(Step):
+    """The "quantize" step: :func:`quantize_model` on the pipeline's model."""
+
+    name = "quantize"
+    Options = QuantizeOptions
+    memory_factor = 2.0
+    refuses_ep_context = True
+    reports_progress = True
+    writes_model = True
+    needs_ort = "always"
+    default_suffix = ".int8.onnx"
+
+    def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)

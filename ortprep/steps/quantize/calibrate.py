@@ -1,0 +1,197 @@
+"""Calibration: the data quantize reads (which samples calibrate, which are held back to
+evaluate) and ORT's quantizer, driven in its child process (pre-processing and quantization).
+
+The quantizer runs in a child whose working directory is a private temp folder: a crash stays
+there, and so does every temp file. :func:`_run_quantizer_child` is the one place this package
+starts that child.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ortprep.errors import UsageError
+from ortprep.findings import Finding
+from ortprep.model import ModelHandle
+from ortprep.options import QuantizeOptions
+from ortprep.report import StepResult
+from ortprep.runtime.calibration import CalibrationSet, discover, split
+from ortprep.runtime.children import ChildResult, run_child
+from ortprep.runtime.feeds import input_specs, random_feeds
+from ortprep.steps.base import ProgressCallback
+from ortprep.steps.quantize.presets import quantizer_op_types
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = 1800.0
+MIN_EVAL_SAMPLES = 8  # fewer held-back samples than this and the verdict gets a warning
+RANDOM_EVAL_SAMPLES = 8
+
+
+def _run_quantizer_child(request: dict, request_path: Path, workdir: Path, *, poll: Callable[[], None] | None = None,
+                         stderr_file: Path | None = None) -> ChildResult:
+    """Write ``request`` to ``request_path`` and run ORT's quantizer on it in a child process, in
+    ``workdir``: the only process this module starts."""
+    request_path.write_text(json.dumps(request), encoding="utf-8")
+    return run_child("ortprep.runtime.quantize_worker", request_path, timeout=TIMEOUT, cwd=workdir, poll=poll,
+                     stderr_file=stderr_file)
+
+
+@dataclass
+class DataPlan:
+    """Which samples calibrate and which evaluate."""
+
+    calibration: CalibrationSet | None
+    calib_indices: list[int]
+    eval_set: CalibrationSet | None
+    eval_indices: list[int]
+
+
+def held_back_share(count: int) -> float:
+    """Every fifth sample is held back, but at least 8 when 16 or more exist (half of fewer)."""
+    wanted = max(count // 5, min(MIN_EVAL_SAMPLES, count // 2))
+    return wanted / count if count else 0.2
+
+
+def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str, Any], report: StepResult) -> DataPlan:
+    """Check the data against the model (names, shapes, dtypes) before any work; split it."""
+    specs = input_specs(handle.proto)
+    if settings["requires_static_shapes"]:
+        dynamic = [s.name for s in specs if s.shape is None or any(not isinstance(d, int) or d <= 0 for d in s.shape)]
+        if dynamic:
+            raise UsageError(
+                f"the {settings['preset']} preset needs static shapes; dynamic inputs: {', '.join(dynamic)}",
+                hint="fix them first: ortprep convert MODEL --fix-dim NAME=VALUE -o MODEL.static.onnx",
+            )
+    image = options.image()
+    calibration = discover(str(options.calib), specs, image=image) if options.calib else None
+    evaluation_set = discover(str(options.eval), specs, image=image) if options.eval else None
+    if calibration is not None and calibration.kind == "random":
+        used_for = "calibration" if options.mode == "static" else "the evaluation"
+        report.add(Finding.of("QNT001", f"{used_for} used random data: the result says little about real inputs",
+                              fix="pass real samples with --calib DIR"))
+    calib_indices: list[int] = []
+    eval_indices: list[int] = []
+    if calibration is not None:
+        count = min(calibration.count, options.samples) if options.samples else calibration.count
+        if options.mode == "dynamic":
+            eval_indices = list(range(count))  # dynamic quantization calibrates nothing: all samples evaluate
+        elif evaluation_set is None:
+            calib_indices, eval_indices = split(count, holdout=held_back_share(count))
+        else:
+            calib_indices = list(range(count))
+    if evaluation_set is not None:
+        return DataPlan(calibration, calib_indices, evaluation_set, list(range(evaluation_set.count)))
+    return DataPlan(calibration, calib_indices, calibration, eval_indices)
+
+
+def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptions, report: StepResult
+                     ) -> tuple[list[dict], str | None]:
+    """The held-back samples; without any, seeded inputs and a warning (never "not run")."""
+    if not options.verify:
+        return [], None
+    if plan.eval_set is not None and plan.eval_indices:
+        feeds = list(plan.eval_set.samples(plan.eval_indices))
+        if len(feeds) < MIN_EVAL_SAMPLES:
+            report.add(Finding.of("QNT014", f"the accuracy verdict rests on {len(feeds)} held-back sample(s); fewer than "
+                                  f"{MIN_EVAL_SAMPLES} say little about real inputs",
+                                  fix=f"give more samples (--calib with at least {2 * MIN_EVAL_SAMPLES}), or --eval DATA"))
+        return feeds, plan.eval_set.source
+    specs = input_specs(handle.proto)
+    feeds = [random_feeds(specs, seed=seed) for seed in range(RANDOM_EVAL_SAMPLES)]
+    report.add(Finding.of(
+        "QNT011", f"no evaluation data: the quantized model was evaluated on {RANDOM_EVAL_SAMPLES} seeded random inputs, "
+        "which prove little about real inputs", severity=None,
+        fix="pass real samples with --eval DATA (or --calib DATA); --fail-on warning makes this fail CI"))
+    return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples)"
+
+
+def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings: dict, calibration: CalibrationSet | None,
+                  indices: list[int], exclude_nodes: list[str], exclude_ops: tuple[str, ...], big: bool,
+                  progress: ProgressCallback | None = None) -> tuple[bool, str]:
+    """Quantize ``model`` into ``output`` (calibrating on ``indices`` of ``calibration`` in static
+    mode), keeping ``exclude_nodes`` and ``exclude_ops`` float: (True, "") or (False, why)."""
+    op_types = settings["op_types"]
+    if exclude_ops:
+        if op_types is None:
+            op_types = quantizer_op_types(mode, settings["format"])
+        op_types = [op for op in op_types if op not in exclude_ops]
+    request = {
+        "workdir": str(workdir),
+        "model": str(model),
+        "output": str(output),
+        "mode": mode,
+        "status": str(workdir / "quantize-status.json"),
+        "calibration": calibration.to_json() if calibration else None,
+        "calibration_indices": indices,
+        "options": {**settings, "op_types": op_types, "exclude_nodes": exclude_nodes, "external_data": big},
+        "progress": str(workdir / "quantize-progress.txt"),
+    }
+
+    def poll() -> None:
+        done_total = _read_progress(Path(request["progress"])) if progress is not None else None
+        if done_total:
+            progress("calibrating", *done_total)
+
+    child = _run_quantizer_child(request, workdir / "quantize-request.json", workdir, poll=poll,
+                                 stderr_file=workdir / "quantize-stderr.txt")
+    if child.timed_out:
+        return False, f"the quantizer did not finish within {TIMEOUT:.0f} s"
+    poll()
+    stderr_text = child.stderr
+    status_path = workdir / "quantize-status.json"
+    if child.returncode != 0 or not status_path.exists():
+        return False, f"the quantizer's process died ({child.how_it_died()}): {stderr_text.strip()[-300:]}"
+    status = json.loads(status_path.read_text(encoding="utf-8"))
+    status_path.unlink()
+    if not status["ok"]:
+        log.debug("quantizer traceback:\n%s", status.get("traceback"))
+        return False, f"{status.get('type')}: {status.get('error')}"
+    return True, ""
+
+
+def _read_progress(path: Path) -> tuple[int, int] | None:
+    try:
+        done, total = path.read_text(encoding="utf-8").split()
+        return int(done), int(total)
+    except (OSError, ValueError):
+        return None
+
+
+def preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, str]:
+    """ORT's quantization pre-processing (shape inference, graph optimization), in a child."""
+    target = workdir / "preprocessed.onnx"
+    try:
+        import sympy  # noqa: F401 - ORT's symbolic shape inference needs it
+
+        symbolic = True
+    except ImportError:
+        symbolic = False
+    request = {
+        "workdir": str(workdir),
+        "model": str(source),
+        "output": str(target),
+        "mode": "preprocess",
+        "status": str(workdir / "preprocess-status.json"),
+        "options": {"symbolic": symbolic, "external_data": source.with_name(source.name + ".data").exists()},
+    }
+    child = _run_quantizer_child(request, workdir / "preprocess-request.json", workdir)
+    status = json.loads(Path(request["status"]).read_text(encoding="utf-8")) if Path(request["status"]).exists() else {}
+    if not status.get("ok") or not target.exists():
+        reason = status.get("error") or f"its process died ({child.how_it_died()})"
+        report.add(Finding.of("QNT007", f"pre-processing failed ({reason}); quantizing the model as it is",
+                              fix="pass --no-preprocess to skip it, or simplify the model first"))
+        return source, "skipped (failed)"
+    detail = "ORT optimization and onnx shape inference"
+    if "Optimization Failed" in child.stderr:
+        # quant_pre_process swallows this failure and writes the model unoptimized.
+        report.add(Finding.of("QNT007", "pre-processing could not run ORT's optimizations on this model; quantizing it "
+                              "with shape inference only", fix="check the model: ortprep check MODEL --ep cpu"))
+        detail = "onnx shape inference only (ORT optimization failed)"
+    if not symbolic:
+        detail += " (symbolic shape inference skipped: it needs sympy)"
+    return target, detail

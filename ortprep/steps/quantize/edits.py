@@ -1,0 +1,123 @@
+"""Graph work of quantize, on ONNX protos only (no runs, no processes): the edits it makes to a
+model before and around the quantizer (Constant weights to initializers, node names, exposed
+intermediates, the opset upgrade per-channel QDQ needs) and what it reads off a graph (nodes that
+must stay float because they read a sentinel constant, whether a model is already quantized, what
+the quantizer quantized).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto
+
+from ortprep.errors import UsageError
+from ortprep.model import iter_graphs
+from ortprep.transforms.fp16 import ensure_node_names
+
+QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                 "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul", "QGemm", "QAttention", "DynamicQuantizeMatMul",
+                 "MatMulNBits", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool", "QLinearConcat"}
+INT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
+SENTINEL = 1e30  # a constant at least this large is a stand-in for infinity, not a value
+
+
+def constants_to_initializers(proto: ModelProto) -> int:
+    """Weights held in Constant nodes become initializers (ORT's quantizer wants initializers)."""
+    moved = 0
+    for _, graph in iter_graphs(proto.graph):
+        keep = []
+        for node in graph.node:
+            value = next((a for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None and len(node.attribute) == 1:
+                tensor = TensorProto()
+                tensor.CopyFrom(value.t)
+                tensor.name = node.output[0]
+                graph.initializer.append(tensor)
+                moved += 1
+            else:
+                keep.append(node)
+        if len(keep) != len(graph.node):
+            del graph.node[:]
+            graph.node.extend(keep)
+    return moved
+
+
+def name_nodes(path: Path) -> None:
+    """ORT's pre-processing leaves the nodes it creates unnamed: name them (OP_INDEX) in place."""
+    model = onnx.load(str(path), load_external_data=False)
+    if all(node.name for _, g in iter_graphs(model.graph) for node in g.node):
+        return
+    ensure_node_names(model)
+    onnx.save_model(model, str(path))
+
+
+def sentinel_readers(proto: ModelProto) -> list[str]:
+    """Nodes of the main graph that read a float constant holding inf, NaN or a sentinel magnitude:
+    quantizing their inputs would stretch an 8-bit range over it and erase every real value."""
+    bad = set()
+    for tensor in proto.graph.initializer:
+        if tensor.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE) and int(np.prod(tensor.dims)) <= 1 << 20:
+            values = onnx.numpy_helper.to_array(tensor)
+            if values.size and (not np.all(np.isfinite(values)) or float(np.abs(values).max()) >= SENTINEL):
+                bad.add(tensor.name)
+    return [node.name for node in proto.graph.node if bad & set(node.input)]
+
+
+def upgrade_opset(proto: ModelProto, version: int) -> ModelProto | None:
+    """A copy of ``proto`` converted to default-domain opset ``version``, or None when it cannot be
+    converted (per-channel QDQ writes DequantizeLinear with an axis, which needs opset 13)."""
+    from ortprep.transforms import rewrites
+
+    try:
+        return rewrites.convert_opset(proto, version)
+    except UsageError:
+        return None
+
+
+def with_outputs(model: Path, names: list[str]) -> Path:
+    """A copy of ``model`` beside it with ``names`` added as outputs. Only the graph is read:
+    external weights stay where they are (the copy points at the same data file)."""
+    proto = onnx.load(str(model), load_external_data=False)
+    present = {v.name for v in proto.graph.output}
+    produced = {o for n in proto.graph.node for o in n.output}
+    proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present and n in produced)
+    path = model.parent / (model.stem + ".exposed.onnx")
+    onnx.save_model(proto, str(path))
+    return path
+
+
+def already_quantized(proto: ModelProto) -> str | None:
+    """What shows that a model is already quantized (QDQ or QOperator nodes), or None."""
+    ops: dict[str, int] = {}
+    for _, graph in iter_graphs(proto.graph):
+        for node in graph.node:
+            if node.op_type in QUANTIZED_OPS:
+                ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    if not ops:
+        return None
+    weights = sum(1 for _, g in iter_graphs(proto.graph) for t in g.initializer if t.data_type in INT_TYPES and len(t.dims) >= 1
+                  and int(np.prod(t.dims)) > 1)
+    listed = ", ".join(f"{count} {op}" for op, count in sorted(ops.items(), key=lambda kv: -kv[1])[:5])
+    return f"{listed}; {weights} 8-bit (or smaller) integer weight tensor(s)"
+
+
+def quantization_stats(proto: ModelProto) -> dict[str, int]:
+    """Ops computed on quantized data, and quantized weights, over all graphs."""
+    dq_outputs = set()
+    ops = weights = 0
+    nodes = [n for _, g in iter_graphs(proto.graph) for n in g.node]
+    for node in nodes:
+        if node.op_type == "DequantizeLinear":
+            dq_outputs.update(node.output)
+    for node in nodes:
+        if node.op_type in QUANT_OPS:
+            continue
+        if node.op_type.startswith("QLinear") or node.op_type.endswith("Integer") or any(i in dq_outputs for i in node.input):
+            ops += 1
+    for _, graph in iter_graphs(proto.graph):
+        weights += sum(1 for t in graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4, TensorProto.UINT4) and len(t.dims) >= 1 and np.prod(t.dims) > 1)
+    return {"quantized_ops": ops, "quantized_weights": weights}

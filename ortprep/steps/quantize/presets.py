@@ -1,0 +1,60 @@
+"""The quantizer's settings: each EP's quantization preset, and the user's overrides applied to it.
+
+The presets themselves are data in ``ortprep/eps/data/eps.json`` (each with its source), read
+through ``ortprep.eps.registry``; this module names what they may hold and resolves one of them
+into the settings a quantizer run takes. No graph work and no processes here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ortprep.eps.registry import EPS, QuantizePreset, resolve_ep
+from ortprep.errors import UsageError
+from ortprep.options import QuantizeOptions
+
+FORMATS = ("qdq", "qoperator")
+# the types the quantizer's child maps to ORT's QuantType (ortprep.runtime.quantize_worker)
+QUANT_TYPES = ("int8", "uint8", "int16", "uint16")
+
+
+def presets() -> dict[str, QuantizePreset]:
+    """EP name -> its quantization preset, for every EP that has one."""
+    return {spec.name: spec.quantize for spec in EPS if spec.quantize is not None}
+
+
+def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
+    """The EP's preset with the explicit overrides applied."""
+    spec = resolve_ep(options.ep)
+    preset = spec.quantize
+    if preset is None:
+        raise UsageError(f"no quantization preset for '{options.ep}'")
+    settings = {
+        "preset": spec.name,
+        "preset_reason": preset.reason,
+        "preset_source": preset.source,
+        "requires_static_shapes": preset.requires_static_shapes,
+        "format": options.format or preset.format,
+        "per_channel": preset.per_channel if options.per_channel is None else options.per_channel,
+        "weight_type": options.weight_type or preset.weight_type,
+        "activation_type": options.activation_type or preset.activation_type,
+        "method": options.method,
+        "extra_options": {"ActivationSymmetric": True, "WeightSymmetric": True} if preset.symmetric else {},
+        "op_types": None,
+    }
+    if options.mode == "dynamic":
+        if settings["format"] == "qdq" and options.format is None:
+            settings["format"] = "qoperator"  # dynamic quantization writes QOperator-style ops
+        if preset.dynamic_op_types:
+            # e.g. ConvInteger has no GPU kernels: keep dynamic quantization to MatMul-style ops.
+            settings["op_types"] = list(preset.dynamic_op_types)
+    return settings
+
+
+def quantizer_op_types(mode: str, quant_format: str) -> list[str]:
+    """Every op type ORT's quantizer knows how to quantize in this mode and format (what it
+    quantizes when the settings name no op types)."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+    registry = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if quant_format == "qdq" else QLinearOpsRegistry)
+    return list(registry)

@@ -1,0 +1,311 @@
+"""quantize's parts on their own: presets as data, graph edits, the evaluation gate, the search's
+selection logic (trials and ranking given as numbers), the held-back share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+from conftest import HAVE_ORT
+from ortprep.eps.registry import EPS, resolve_ep, valid_names
+from ortprep.errors import UsageError
+from ortprep.options import QuantizeOptions
+from ortprep.steps.quantize.calibrate import held_back_share
+from ortprep.steps.quantize.edits import (
+    already_quantized,
+    constants_to_initializers,
+    name_nodes,
+    quantization_stats,
+    sentinel_readers,
+    with_outputs,
+)
+from ortprep.steps.quantize.presets import FORMATS, QUANT_TYPES, presets, resolve_settings
+from ortprep.steps.quantize.search import Search, Trial, margin_aim, rule_sets
+
+# --- presets -------------------------------------------------------------------------------------
+
+
+def test_presets_are_keyed_by_registry_ep_names():
+    table = presets()
+    assert set(table) <= set(valid_names())
+    assert set(table) == {spec.name for spec in EPS if spec.quantize is not None}
+    assert {"cpu", "cuda", "tensorrt", "dml", "qnn", "openvino-cpu"} <= set(table)
+    assert not {"coreml", "nnapi", "xnnpack"} & set(table)  # no preset: quantize refuses them
+    for name, preset in table.items():
+        assert resolve_ep(name).quantize is preset
+        assert preset.format in FORMATS, name
+        assert preset.activation_type in QUANT_TYPES and preset.weight_type in QUANT_TYPES, name
+        assert preset.reason and preset.source, name
+        assert preset.dynamic_op_types is None or (preset.dynamic_op_types and "Conv" not in preset.dynamic_op_types), name
+
+
+def test_presets_hold_the_documented_choices():
+    table = presets()
+    cpu, trt, qnn = table["cpu"], table["tensorrt"], table["qnn"]
+    assert (cpu.format, cpu.activation_type, cpu.weight_type, cpu.per_channel, cpu.symmetric) == ("qdq", "uint8", "int8", True, False)
+    assert (trt.activation_type, trt.weight_type, trt.symmetric) == ("int8", "int8", True)
+    assert (qnn.activation_type, qnn.weight_type, qnn.per_channel) == ("uint16", "uint8", False)
+    assert [name for name, preset in table.items() if preset.requires_static_shapes] == ["qnn"]
+
+
+def test_resolve_settings_applies_overrides_and_dynamic_rules():
+    static = resolve_settings(QuantizeOptions(mode="static", ep="trt"))  # an alias resolves to the EP's name
+    assert static["preset"] == "tensorrt" and static["format"] == "qdq" and static["op_types"] is None
+    assert static["extra_options"] == {"ActivationSymmetric": True, "WeightSymmetric": True}
+    override = resolve_settings(QuantizeOptions(mode="static", ep="cpu", per_channel=False, activation_type="int8"))
+    assert (override["per_channel"], override["activation_type"], override["weight_type"]) == (False, "int8", "int8")
+    dynamic = resolve_settings(QuantizeOptions(mode="dynamic", ep="cuda"))
+    assert dynamic["format"] == "qoperator"
+    assert dynamic["op_types"] == ["MatMul", "Gemm", "Attention", "LSTM", "EmbedLayerNormalization", "Gather"]
+    assert resolve_settings(QuantizeOptions(mode="dynamic", ep="cuda", format="qdq"))["format"] == "qdq"
+    with pytest.raises(UsageError, match="no quantization preset for 'coreml'"):
+        resolve_settings(QuantizeOptions(mode="static", ep="coreml"))
+
+
+# --- graph edits ---------------------------------------------------------------------------------
+
+
+def test_constants_to_initializers_gives_the_exact_graph():
+    weight = np.arange(12, dtype=np.float32).reshape(4, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["W"], name="weight", value=numpy_helper.from_array(weight)),
+         helper.make_node("MatMul", ["x", "W"], ["y"], name="project")],
+        "constant_weight",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = models.make(graph)
+    assert constants_to_initializers(model) == 1
+    assert [(n.name, n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == [
+        ("project", "MatMul", ["x", "W"], ["y"])]
+    assert [t.name for t in model.graph.initializer] == ["W"]
+    np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]), weight)
+    onnx.checker.check_model(model, full_check=True)
+    assert constants_to_initializers(model) == 0  # nothing left to move
+
+
+def test_with_outputs_exposes_only_what_the_graph_computes(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["mid"], name="relu"), helper.make_node("Neg", ["mid"], ["y"], name="neg")],
+        "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "chain.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    exposed = with_outputs(path, ["mid", "ghost", "y", "x"])
+    assert exposed == tmp_path / "chain.exposed.onnx"
+    assert [v.name for v in onnx.load(str(exposed)).graph.output] == ["y", "mid"]
+    assert [v.name for v in onnx.load(str(path)).graph.output] == ["y"]  # the original is untouched
+
+
+def test_name_nodes_names_unnamed_nodes_by_op_and_index(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"], name="negate"),
+         helper.make_node("Relu", ["b"], ["y"])],
+        "unnamed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "unnamed.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    name_nodes(path)
+    assert [n.name for n in onnx.load(str(path)).graph.node] == ["Relu_0", "negate", "Relu_2"]
+
+
+def test_sentinel_readers_are_the_nodes_reading_inf_nan_or_huge_constants():
+    graph = helper.make_graph(
+        [helper.make_node("Max", ["x", "minus_inf"], ["a"], name="safe_max"),
+         helper.make_node("Min", ["a", "huge"], ["b"], name="clip_huge"),
+         helper.make_node("Add", ["b", "one"], ["y"], name="plain_add")],
+        "sentinels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf"),
+         numpy_helper.from_array(np.array(3e38, np.float32), "huge"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    assert sentinel_readers(models.make(graph)) == ["safe_max", "clip_huge"]
+
+
+def test_already_quantized_and_stats_read_a_qdq_graph():
+    qdq = models.qdq_relu()
+    found = already_quantized(qdq)
+    assert found == "1 QuantizeLinear, 1 DequantizeLinear; 0 8-bit (or smaller) integer weight tensor(s)"
+    assert quantization_stats(qdq) == {"quantized_ops": 1, "quantized_weights": 0}  # the Relu reads the DQ
+    assert already_quantized(models.matmul_weights()) is None
+    assert quantization_stats(models.matmul_weights()) == {"quantized_ops": 0, "quantized_weights": 0}
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+
+def _matmul_then(tmp_path: Path, name: str, scale: float | None) -> Path:
+    """y = x @ W, optionally times ``scale`` (a second, distorted copy of the same model)."""
+    weight = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m" if scale is not None else "y"], name="matmul")]
+    inits = [numpy_helper.from_array(weight, "W")]
+    if scale is not None:
+        nodes.append(helper.make_node("Mul", ["m", "s"], ["y"], name="scale"))
+        inits.append(numpy_helper.from_array(np.array(scale, np.float32), "s"))
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])], inits)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    return path
+
+
+def _feeds(count: int = 4) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.random.default_rng(seed).standard_normal((2, 32)).astype(np.float32)} for seed in range(count)]
+
+
+@pytest.mark.skipif(not HAVE_ORT, reason="needs onnxruntime")
+def test_evaluate_identical_model_passes_the_gate(tmp_path):
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    reference = _matmul_then(tmp_path, "float", None)
+    same = _matmul_then(tmp_path, "same", None)
+    result = evaluate(reference, same, _feeds(), min_cosine=0.99)
+    assert result.passed is True and result.error is None
+    assert result.cosine == 1.0 and result.max_abs_diff == 0.0
+    assert result.sample_cosines == [1.0, 1.0, 1.0, 1.0]
+    assert result.spread == {"samples": 4, "min": 1.0, "median": 1.0, "max": 1.0}
+    assert [o["name"] for o in result.outputs] == ["y"] and result.outputs[0]["judged_by"] == "cosine"
+
+
+@pytest.mark.skipif(not HAVE_ORT, reason="needs onnxruntime")
+def test_evaluate_output_scaled_by_half(tmp_path):
+    # The gate is cosine per output, and cosine does not see scale: an output scaled by 0.5 passes
+    # it (as it did before quantize became a package); max_abs_diff shows the difference. A sign
+    # flip fails it.
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    reference = _matmul_then(tmp_path, "float", None)
+    feeds = _feeds()
+    halved = evaluate(reference, _matmul_then(tmp_path, "halved", 0.5), feeds, min_cosine=0.99)
+    assert halved.passed is True and halved.cosine == pytest.approx(1.0, abs=1e-9)
+    expected_abs = max(float(np.abs(f["x"] @ _weight()).max()) * 0.5 for f in feeds)
+    assert halved.max_abs_diff == pytest.approx(expected_abs, rel=1e-5)
+    flipped = evaluate(reference, _matmul_then(tmp_path, "flipped", -1.0), feeds, min_cosine=0.99)
+    assert flipped.passed is False and flipped.cosine == pytest.approx(-1.0, abs=1e-9)
+
+
+@pytest.mark.skipif(not HAVE_ORT, reason="needs onnxruntime")
+def test_evaluate_flat_output_scaled_by_half_fails_the_gate(tmp_path):
+    # an output the samples leave constant is judged by absolute error against its scale, so
+    # there halving it fails the gate
+    def constant_output(name: str, value: float) -> Path:
+        graph = helper.make_graph(
+            [helper.make_node("Mul", ["x", "zero"], ["z"], name="zero_out"),
+             helper.make_node("Add", ["z", "c"], ["y"], name="offset")],
+            name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+            [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(value, np.float32), "c")])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save_model(models.make(graph), str(path))
+        return path
+
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    reference = constant_output("float", 2.0)
+    same = evaluate(reference, constant_output("same", 2.0), _feeds(), min_cosine=0.99)
+    assert same.passed is True and same.degenerate == [("y", "constant (2)")]
+    halved = evaluate(reference, constant_output("halved", 1.0), _feeds(), min_cosine=0.99)
+    assert halved.passed is False and halved.max_abs_diff == 1.0
+    assert halved.outputs[0]["judged_by"] == "absolute error <= 0.1 (output constant (2))"
+
+
+def _weight() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+
+
+# --- the search's selection logic ----------------------------------------------------------------
+
+NOISE = {"m1": 0.001, "m2": 0.05, "m3": 0.002, "m4": 0.003}  # what quantizing each node costs the cosine
+
+
+def _chain() -> onnx.ModelProto:
+    """x -> m1 -> m2 -> m3 -> m4 -> y, four MatMuls with a 4x4 weight each (16 elements: equal cost)."""
+    rng = np.random.default_rng(1)
+    names = ["x", "a1", "a2", "a3", "y"]
+    nodes = [helper.make_node("MatMul", [names[i], f"W{i + 1}"], [names[i + 1]], name=f"m{i + 1}") for i in range(4)]
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), f"W{i + 1}") for i in range(4)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    return models.make(graph)
+
+
+def _search(max_float_share: float, max_trials: int = 10) -> tuple[Search, list[list[str]]]:
+    attempted: list[list[str]] = []
+
+    def attempt(kept: list[str], label: str) -> Trial:
+        attempted.append(list(kept))
+        cosine = round(1 - sum(cost for node, cost in NOISE.items() if node not in kept), 6)
+        return Trial(label, list(kept), cosine, cosine >= 0.99, 100)
+
+    def rank(trial: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
+        # the quantized model's name for m2 (dynamic quantization appends _quant) maps back to m2
+        return [("a1", ["m2_quant"], 0.5), ("x", ["m1"], 0.1), ("a3", ["m4"], 0.01)]
+
+    proto = _chain()
+    search = Search(proto, attempt, rank, quantizable_nodes={n.name for n in proto.graph.node},
+                    max_float_share=max_float_share, max_trials=max_trials, fixed=[], aim=margin_aim(0.99))
+    return search, attempted
+
+
+def test_rule_sets_of_a_matmul_chain():
+    assert rule_sets(_chain()) == [("heads (the last Conv/MatMul/Gemm before each output)", ["m4"])]
+
+
+def test_search_keeps_the_rule_that_helps_then_bisects_the_ranked_tensors():
+    search, attempted = _search(max_float_share=1.0)
+    assert search.aim == pytest.approx(0.995)
+    baseline = Trial("baseline", [], 0.944, False, 100)
+    result = search.run(baseline)
+    # the heads rule keeps m4 and what writes its input (m3): 0.944 -> 0.949, kept; then the ranked
+    # tensors: the worst two pass (1.0), bisected to the worst one (m2: 0.999)
+    assert attempted == [["m4", "m3"], ["m4", "m3", "m2", "m1"], ["m4", "m3", "m2"]]
+    assert [t.label for t in result.trials] == [
+        "baseline", "rule: heads (the last Conv/MatMul/Gemm before each output)",
+        "ranked (pass 1): worst 2 tensor(s), 2 node(s)", "ranked (pass 1): worst 1 tensor(s), 1 node(s)"]
+    assert result.best.kept == ["m4", "m3", "m2"] and result.best.cosine == pytest.approx(0.999)
+    assert result.stopped == "the gate passed with the margin"
+    assert result.rules == [{"rule": "heads (the last Conv/MatMul/Gemm before each output)", "nodes": 2,
+                             "cosine_before": 0.944, "cosine_after": 0.949, "kept": True}]
+    assert [r["tensor"] for r in result.ranked] == ["a1", "x"]  # a3's nodes are already kept
+    assert result.reasons["m2"] == "ranked #1: keeps tensor 'a1' float (quantization noise 0.5 of its median magnitude)"
+    assert result.reasons["m4"] == ("rule: heads (the last Conv/MatMul/Gemm before each output) "
+                                    "(cosine 0.9440 -> 0.9490)")
+
+
+def test_search_stops_at_the_weight_budget():
+    search, attempted = _search(max_float_share=0.5)  # at most 2 of the 4 equal weights may stay float
+    result = search.run(Trial("baseline", [], 0.944, False, 100))
+    assert attempted == [["m4", "m3"]]  # the rule fits the budget exactly; no ranked prefix does
+    assert result.best.kept == ["m4", "m3"]
+    assert result.stopped == "keeping more in float would leave less than 50% of the weights quantized"
+
+
+def test_search_stops_at_the_trial_limit():
+    search, attempted = _search(max_float_share=1.0, max_trials=2)  # the baseline and one more
+    result = search.run(Trial("baseline", [], 0.944, False, 100))
+    assert attempted == [["m4", "m3"]]
+    assert result.stopped == "the trial limit (2) was reached" and result.best.cosine == pytest.approx(0.949)
+
+
+def test_ok_needs_the_gate_and_the_aim():
+    search, _ = _search(max_float_share=1.0)
+    assert search.ok(Trial("t", [], 0.996, True, 1)) is True
+    assert search.ok(Trial("t", [], 0.993, True, 1)) is False  # passes the gate, short of the margin
+    assert search.ok(Trial("t", [], 0.999, False, 1)) is False
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("count", "share"), [(10, 0.5), (20, 0.4), (40, 0.2), (100, 0.2), (0, 0.2)])
+def test_held_back_share(count, share):
+    assert held_back_share(count) == pytest.approx(share)

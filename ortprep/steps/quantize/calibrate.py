@@ -1,14 +1,13 @@
 """Calibration: the data quantize reads (which samples calibrate, which are held back to
-evaluate) and ORT's quantizer, driven in its child process (pre-processing and quantization).
+evaluate) and ORT's quantizer, driven on an ortprep worker (pre-processing and quantization).
 
-The quantizer runs in a child whose working directory is a private temp folder: a crash stays
-there, and so does every temp file. :func:`_run_quantizer_child` is the one place this package
-starts that child.
+The quantizer runs on an ortprep worker (ortprep.runtime), with a private temp folder as its
+working directory for the time of the request: a crash ends only the worker, and every temp file
+stays in that folder. :func:`_run_quantizer` is the one place this package sends it work.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.calibration import CalibrationSet, discover, split
-from ortprep.runtime.children import ChildResult, run_child
+from ortprep.runtime.requests import Quantize, QuantizeReply
+from ortprep.runtime.worker import call
 from ortprep.runtime.feeds import input_specs, random_feeds
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.presets import quantizer_op_types
@@ -32,13 +32,10 @@ MIN_EVAL_SAMPLES = 8  # fewer held-back samples than this and the verdict gets a
 RANDOM_EVAL_SAMPLES = 8
 
 
-def _run_quantizer_child(request: dict, request_path: Path, workdir: Path, *, poll: Callable[[], None] | None = None,
-                         stderr_file: Path | None = None) -> ChildResult:
-    """Write ``request`` to ``request_path`` and run ORT's quantizer on it in a child process, in
-    ``workdir``: the only process this module starts."""
-    request_path.write_text(json.dumps(request), encoding="utf-8")
-    return run_child("ortprep.runtime.quantize_worker", request_path, timeout=TIMEOUT, cwd=workdir, poll=poll,
-                     stderr_file=stderr_file)
+def _run_quantizer(request: dict, *, poll: Callable[[], None] | None = None) -> QuantizeReply:
+    """ORT's quantizer on ``request`` (model, output, mode, settings, calibration), on a worker of
+    the pipeline's pool (or a one-shot one), in the request's ``workdir``."""
+    return call(Quantize.from_request(request), timeout=TIMEOUT, poll=poll)
 
 
 @dataclass
@@ -125,7 +122,6 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
         "model": str(model),
         "output": str(output),
         "mode": mode,
-        "status": str(workdir / "quantize-status.json"),
         "calibration": calibration.to_json() if calibration else None,
         "calibration_indices": indices,
         "options": {**settings, "op_types": op_types, "exclude_nodes": exclude_nodes, "external_data": big},
@@ -137,20 +133,15 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
         if done_total:
             progress("calibrating", *done_total)
 
-    child = _run_quantizer_child(request, workdir / "quantize-request.json", workdir, poll=poll,
-                                 stderr_file=workdir / "quantize-stderr.txt")
-    if child.timed_out:
+    reply = _run_quantizer(request, poll=poll)
+    if reply.status == "timeout":
         return False, f"the quantizer did not finish within {TIMEOUT:.0f} s"
     poll()
-    stderr_text = child.stderr
-    status_path = workdir / "quantize-status.json"
-    if child.returncode != 0 or not status_path.exists():
-        return False, f"the quantizer's process died ({child.how_it_died()}): {stderr_text.strip()[-300:]}"
-    status = json.loads(status_path.read_text(encoding="utf-8"))
-    status_path.unlink()
-    if not status["ok"]:
-        log.debug("quantizer traceback:\n%s", status.get("traceback"))
-        return False, f"{status.get('type')}: {status.get('error')}"
+    if reply.status == "crashed":
+        return False, f"the quantizer's process died ({reply.message[-300:]})"
+    if not reply.ok:
+        log.debug("quantizer traceback:\n%s", reply.traceback)
+        return False, f"{reply.error_type}: {reply.message}"
     return True, ""
 
 
@@ -163,7 +154,7 @@ def _read_progress(path: Path) -> tuple[int, int] | None:
 
 
 def preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, str]:
-    """ORT's quantization pre-processing (shape inference, graph optimization), in a child."""
+    """ORT's quantization pre-processing (shape inference, graph optimization), on a worker."""
     target = workdir / "preprocessed.onnx"
     try:
         import sympy  # noqa: F401 - ORT's symbolic shape inference needs it
@@ -176,18 +167,16 @@ def preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, s
         "model": str(source),
         "output": str(target),
         "mode": "preprocess",
-        "status": str(workdir / "preprocess-status.json"),
         "options": {"symbolic": symbolic, "external_data": source.with_name(source.name + ".data").exists()},
     }
-    child = _run_quantizer_child(request, workdir / "preprocess-request.json", workdir)
-    status = json.loads(Path(request["status"]).read_text(encoding="utf-8")) if Path(request["status"]).exists() else {}
-    if not status.get("ok") or not target.exists():
-        reason = status.get("error") or f"its process died ({child.how_it_died()})"
+    reply = _run_quantizer(request)
+    if not reply.ok or not target.exists():
+        reason = reply.message if reply.status == "failed" else f"its process died ({reply.message[-300:]})"
         report.add(Finding.of("QNT007", f"pre-processing failed ({reason}); quantizing the model as it is",
                               fix="pass --no-preprocess to skip it, or simplify the model first"))
         return source, "skipped (failed)"
     detail = "ORT optimization and onnx shape inference"
-    if "Optimization Failed" in child.stderr:
+    if "Optimization Failed" in reply.stderr:
         # quant_pre_process swallows this failure and writes the model unoptimized.
         report.add(Finding.of("QNT007", "pre-processing could not run ORT's optimizations on this model; quantizing it "
                               "with shape inference only", fix="check the model: ortprep check MODEL --ep cpu"))

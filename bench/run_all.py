@@ -33,6 +33,7 @@ SCRIPTS = [
     ("## check against the real QNN and OpenVINO EPs", "bench/bench_check_vs_real.py"),
     ("## Transforms on real models with realistic inputs", "bench/bench_corpus.py"),
     ("## The repository gate: -j", "bench/bench_repo.py"),
+    ("## One worker protocol", "bench/bench_worker.py"),
 ]
 
 

@@ -322,7 +322,7 @@ def test_simplify_folds_and_reports_nodes(tmp_path, samples):
 
 
 def test_simplify_falls_back_when_onnxsim_cannot(tmp_path, samples, monkeypatch):
-    import ortprep.steps.simplify as simplify_module
+    import ortprep.transforms.simplify as simplify_module  # run_onnxsim lives there now
 
     monkeypatch.setattr(simplify_module, "AUTO_EXTERNAL_THRESHOLD", 100)  # treat the model as over 2 GB
 

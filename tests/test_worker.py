@@ -183,3 +183,37 @@ def test_openvino_interpreter_serves_run_model(matmul_model):
         assert reply.providers[0] == "OpenVINOExecutionProvider"
         np.testing.assert_allclose(reply.samples[0]["y"], x @ weight, rtol=1e-3, atol=1e-3)
         assert pool.sessions_created(python=str(OPENVINO_PYTHON)) == {str(path): 1}
+
+
+def test_pipeline_convert_quantize_load_builds_each_models_session_once(tmp_path):
+    """A pipeline runs inside one workers_scope: the original model's CPU session is built once
+    (convert's reference run), and no model file gets a second session."""
+    import shutil
+    import textwrap
+
+    from conftest import SAMPLES
+    from ortprep.pipeline import Pipeline
+
+    shutil.copy(SAMPLES / "cnn.onnx", tmp_path / "cnn.onnx")
+    config = tmp_path / "ortprep.toml"
+    config.write_text(textwrap.dedent("""
+        model = "cnn.onnx"
+
+        [[steps]]
+        run = "convert"
+        opset = 18
+
+        [[steps]]
+        run = "quantize"
+        mode = "dynamic"
+
+        [[steps]]
+        run = "load"
+        eps = ["cpu"]
+    """))
+    with workers_scope() as pool:
+        report = Pipeline.from_dict(__import__("tomllib").loads(config.read_text()), config).run()
+        counts = pool.sessions_created()
+    assert [s.status for s in report.steps] == ["passed", "passed", "passed"], report
+    assert counts[str(tmp_path / "cnn.onnx")] == 1, counts
+    assert max(counts.values()) == 1, counts

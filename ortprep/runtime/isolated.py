@@ -47,13 +47,16 @@ def run_isolated(
     optimized_data: str | None = None,
     latency_runs: int = 0,
     extra_outputs: list[str] | None = None,
+    model_bytes: bytes | None = None,
 ) -> RunOutcome:
     """Create a session for ``model`` (or reuse the worker's) and run it on ``feeds`` in a worker
     process. With ``optimized_model``, only create the session, letting ORT write its optimized
-    graph there. ``extra_outputs``: intermediate tensors to return beside the graph's outputs."""
+    graph there. ``extra_outputs``: intermediate tensors to return beside the graph's outputs.
+    ``model_bytes``: a serialized model sent as it is (``model`` then only names it)."""
     require_ort()
     request = RunModel(
-        model=os.path.abspath(model),
+        model=os.path.abspath(model) if model_bytes is None else str(model),
+        model_bytes=model_bytes,
         feeds=feeds if isinstance(feeds, list) else [feeds],
         providers=providers or ["CPUExecutionProvider"],
         outputs=outputs,

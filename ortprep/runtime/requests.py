@@ -97,22 +97,20 @@ def add_plugin_ep(state: WorkerState, spec: SessionSpec, options) -> None:
     options.add_provider_for_devices(devices, dict(spec.provider_options))
 
 
-def _graph_outputs_and_source(spec: SessionSpec) -> tuple[str | bytes, list[str] | None, str | None]:
-    """What to give InferenceSession: the file itself, or (with ``extra_outputs``) a copy of its
-    graph with the intermediates as outputs, written beside it so its external data resolves."""
+def _with_extra_outputs(spec: SessionSpec, options) -> tuple[str | bytes, list[str] | None]:
+    """What to give InferenceSession: the file itself, or (with ``extra_outputs``) its graph with
+    the intermediates as outputs, in memory, its external data read from the file's folder."""
     if not spec.extra_outputs:
-        return spec.model, None, None
+        return spec.model, None
     import onnx
 
     proto = onnx.load(spec.model, load_external_data=False)
     graph_outputs = [v.name for v in proto.graph.output]
     present = set(graph_outputs)
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(spec.extra_outputs) if n not in present)
-    folder = os.path.dirname(os.path.abspath(spec.model))
-    handle, copy = tempfile.mkstemp(prefix=".ortprep-outputs-", suffix=".onnx", dir=folder)
-    with os.fdopen(handle, "wb") as out:
-        out.write(proto.SerializeToString())
-    return copy, graph_outputs, copy
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     os.path.dirname(os.path.abspath(spec.model)))
+    return proto.SerializeToString(), graph_outputs
 
 
 def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
@@ -125,19 +123,15 @@ def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
         if entry is not None:
             return entry
     ort = state.ort
-    source, graph_outputs, temporary = _graph_outputs_and_source(spec)
-    try:
-        options = session_options(state, spec)
-        state.count_session(spec.model)
-        if spec.plugin_library:
-            session = ort.InferenceSession(source, sess_options=options)
-        else:
-            entry = (spec.provider, dict(spec.provider_options))
-            providers = [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
-            session = ort.InferenceSession(source, options, providers=providers)
-    finally:
-        if temporary:
-            os.unlink(temporary)
+    options = session_options(state, spec)
+    source, graph_outputs = _with_extra_outputs(spec, options)
+    state.count_session(spec.model)
+    if spec.plugin_library:
+        session = ort.InferenceSession(source, sess_options=options)
+    else:
+        entry = (spec.provider, dict(spec.provider_options))
+        providers = [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
+        session = ort.InferenceSession(source, options, providers=providers)
     names = [o.name for o in session.get_outputs()]
     cached = CachedSession(session, graph_outputs or names, frozenset(spec.extra_outputs))
     if key is not None:
@@ -177,7 +171,7 @@ def captured_stderr():
             text.append(capture.read().decode("utf-8", errors="replace"))
 
 
-def _crash_requested(hook: str, model_path: str) -> bool:
+def _crash_requested(hook: str, model_path: str | bytes) -> bool:
     """ORTPREP_TEST_CRASH_WORKER=1 crashes every run; =fp16 only runs of models holding float16;
     =fp16:OP only runs where an OP node computes on float16 (its first input is float16)."""
     if hook == "1":
@@ -186,7 +180,7 @@ def _crash_requested(hook: str, model_path: str) -> bool:
         return False
     import onnx
 
-    model = onnx.load(model_path, load_external_data=False)
+    model = onnx.load_from_string(model_path) if isinstance(model_path, bytes) else onnx.load(model_path, load_external_data=False)
     if hook == "fp16":
         return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
     op_type = hook.partition(":")[2]
@@ -228,6 +222,7 @@ class RunModel(Request):
     optimized_data: str | None = None
     latency_runs: int = 0
     crash_hook: str = field(default_factory=lambda: _hook("ORTPREP_TEST_CRASH_WORKER"))
+    model_bytes: bytes | None = None  # a model held in memory (``model`` then only names it); never cached
 
     def handle(self, state: WorkerState) -> RunReply:
         from ortprep.runtime.values import portable
@@ -235,7 +230,7 @@ class RunModel(Request):
         reply = RunReply(stage="import")
         try:
             state.ort  # noqa: B018 - the import is its own stage
-            if _crash_requested(self.crash_hook, self.model):
+            if _crash_requested(self.crash_hook, self.model_bytes or self.model):
                 os.abort()  # test hook: lets tests prove a crash becomes a status, not the tool's death
             reply.stage = "session"
             started = time.perf_counter()
@@ -245,7 +240,7 @@ class RunModel(Request):
             spec = SessionSpec(self.model, provider=self.providers[0], with_cpu=len(self.providers) > 1,
                                optimization=self.optimization, extra_outputs=tuple(self.extra_outputs))
             created_before = sum(state.sessions_created.values())
-            entry = build_session(state, spec)
+            entry = build_session(state, spec) if self.model_bytes is None else self._from_bytes(state, spec)
             reply.cached_session = sum(state.sessions_created.values()) == created_before
             reply.session_seconds = time.perf_counter() - started
             session = entry.session
@@ -264,6 +259,12 @@ class RunModel(Request):
         except Exception as exc:  # noqa: BLE001 - reported to the parent as data
             reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
         return reply
+
+    def _from_bytes(self, state: WorkerState, spec: SessionSpec) -> CachedSession:
+        state.count_session(self.model)
+        session = state.ort.InferenceSession(self.model_bytes, session_options(state, spec), providers=self.providers)
+        names = [o.name for o in session.get_outputs()]
+        return CachedSession(session, names)
 
     def _write_optimized(self, state: WorkerState, reply: RunReply) -> None:
         # Offline optimization: ORT writes the optimized graph (and its weights) while creating the
@@ -561,7 +562,7 @@ class Quantize(Request):
 
     @classmethod
     def from_request(cls, request: dict[str, Any]) -> Quantize:
-        """From the dict the quantize step wrote as JSON for quantize_worker (its "status" is not needed)."""
+        """From the dict the quantize step used to write as JSON for its child (its "status" is not needed)."""
         return cls(workdir=request["workdir"], model=request["model"], output=request["output"], mode=request["mode"],
                    options=request.get("options") or {}, calibration=request.get("calibration"),
                    calibration_indices=request.get("calibration_indices"), progress=request.get("progress"))
@@ -649,7 +650,9 @@ class Probe(Request):
         try:
             ort = state.ort
             reply.version = getattr(ort, "__version__", None)
-            reply.providers = [p for p in ort.get_available_providers() if p != "AzureExecutionProvider"]
+            # Built in only: a plugin this worker registered before (a probe, a load) is listed there too.
+            reply.providers = [p for p in ort.get_available_providers()
+                               if p != "AzureExecutionProvider" and p not in state.registered]
             if hasattr(ort, "register_execution_provider_library"):
                 reply.plugins = [_plugin(state, entry) for entry in self.plugins]
             if self.kernels:
@@ -761,8 +764,8 @@ class Stats(Request):
 
 
 def quantize(request: dict[str, Any], *, timeout: float, poll=None) -> QuantizeReply:
-    """What the quantize step calls instead of ``run_child("ortprep.runtime.quantize_worker", ...)``:
-    ``request`` is the dict it writes as JSON today (workdir, model, output, mode, calibration,
+    """Quantize from the dict the quantize step wrote as JSON for its former child:
+    ``request`` holds (workdir, model, output, mode, calibration,
     calibration_indices, options, progress; "status" is ignored). The reply's ``ok``/``status``
     ("ok", "failed", "crashed", "timeout"), ``message``, ``error_type``, ``traceback`` and
     ``stderr`` replace the status file and ChildResult."""

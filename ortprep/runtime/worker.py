@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ortprep.runtime.protocol import Reply, Request, WorkerState, module_roots, read_frame, write_frame
+from ortprep.runtime.protocol import Reply, Request, WorkerState, module_roots, read_frame, widen_pipe, write_frame
 
 DEFAULT_TIMEOUT = 300.0
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -71,6 +71,8 @@ class Worker:
         finally:
             os.close(handle)
         self.start_seconds = time.perf_counter() - started
+        widen_pipe(self.process.stdin.fileno())
+        widen_pipe(self.process.stdout.fileno())
         self.requests = 0
         _LIVE.add(self)
 
@@ -102,13 +104,17 @@ class Worker:
 
     def _receive(self, deadline: float, poll: Callable[[], None] | None):
         fd = self.process.stdout.fileno()
-        buffer = bytearray()
-        needed = None
+        buffer = bytearray(_HEADER_SIZE)  # the header, then the payload
+        view = memoryview(buffer)
+        position, header = 0, True
         while True:
-            if needed is None and len(buffer) >= _HEADER_SIZE:
-                needed = _HEADER_SIZE + int.from_bytes(buffer[:_HEADER_SIZE], "little")
-            if needed is not None and len(buffer) >= needed:
-                return pickle.loads(memoryview(buffer)[_HEADER_SIZE:needed])
+            if position == len(buffer):
+                if not header:
+                    return pickle.loads(buffer)
+                buffer = bytearray(int.from_bytes(buffer, "little"))
+                view = memoryview(buffer)
+                position, header = 0, False
+                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -116,10 +122,10 @@ class Worker:
             if poll is not None:
                 poll()
             if ready:
-                chunk = os.read(fd, 1 << 24 if needed is None else max(1 << 16, min(1 << 26, needed - len(buffer))))
-                if not chunk:
+                got = os.readv(fd, [view[position:]])
+                if not got:
                     raise EOFError
-                buffer += chunk
+                position += got
 
     def _died(self, request: Request, log_offset: int) -> Reply:
         try:
@@ -191,6 +197,18 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def prestart(self, python: str | None = None) -> None:
+        """Start a worker now, so that its start-up (Python, onnxruntime's import) overlaps the
+        caller's own work before its first request."""
+        with self._lock:
+            if self._idle.get(python) or any(w.python == python for w in self._busy):
+                return
+            self.started += 1
+        worker = Worker(python)
+        with self._lock:
+            self.start_seconds.append(worker.start_seconds)
+            self._idle.setdefault(python, []).append(worker)
 
     def _acquire(self, python: str | None) -> Worker:
         with self._lock:
@@ -276,6 +294,7 @@ def workers_scope() -> Iterator[WorkerPool]:
     pool = WorkerPool()
     token = _POOL.set(pool)
     try:
+        pool.prestart()
         yield pool
     finally:
         _POOL.reset(token)
@@ -307,6 +326,12 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _import_ort() -> None:
+    # While the worker waits for its first request.
+    with contextlib.suppress(Exception):
+        import onnxruntime  # noqa: F401
+
+
 def serve() -> int:
     """The worker's loop: read a request, handle it, write its reply, until the input ends."""
     # The protocol moves to private descriptors; fd 1 becomes stderr, because native libraries print to stdout.
@@ -318,12 +343,16 @@ def serve() -> int:
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker ends
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    importing = threading.Thread(target=_import_ort, daemon=True)
+    importing.start()
     state = WorkerState()
     while True:
         try:
             envelope = read_frame(channel_in)
         except EOFError:
-            return 0
+            os._exit(0)  # at once: the background import may still be running
+        # Two threads importing numpy at once can see it half-initialized: requests wait for the import.
+        importing.join()
         for root in envelope.get("roots", []):
             if root not in sys.path:
                 sys.path.append(root)

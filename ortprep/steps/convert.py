@@ -29,11 +29,16 @@ from ortprep.transforms.common import (
     report_unverifiable,
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
+from ortprep.runtime.compare import output_bounds
+from ortprep.runtime.isolated import run_isolated
 from ortprep.transforms.verify import (
     EXACT_GATE,
     VerifyResult,
+    cast_feeds,
+    float_intermediates,
     model_bytes,
     node_count,
+    run_file_with_intermediates,
     run_model,
     verify_run,
 )
@@ -62,9 +67,9 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     activations = None
     if options.verify and options.fp16 and not rewrites_graph:
         # one run serves as the reference and as the FP16 activation scan
-        activations, reference = reference_with_intermediates(handle.proto, feeds, report)
+        activations, reference = _reference_with_intermediates(handle, feeds, report)
     else:
-        reference = reference_run(handle.proto, feeds, report) if options.verify else None
+        reference = _reference(handle, feeds, report) if options.verify else None
     proto, applied = _rewrite(handle.proto, options)
 
     verify_result: VerifyResult | None = None
@@ -103,6 +108,36 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
             fix="see kept_fp32_nodes; without --ep every op with a float16 signature is converted"))
     report.output = written
     return report
+
+
+def _reference(handle: ModelHandle, feeds, report: StepResult):
+    """The original's run from its own file (its session stays in the worker for the steps after
+    this one); a model held in memory only goes through transforms.common."""
+    if handle.path is None:
+        return reference_run(handle.proto, feeds, report)
+    outcome = run_isolated(handle.path, cast_feeds(feeds, handle.proto))
+    if not outcome.ok:
+        report_unverifiable(outcome, report)
+        return None
+    outcome.bounds = output_bounds(handle.proto)
+    return outcome
+
+
+def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult):
+    """The original's run with every intermediate exposed, from its own file: the worker adds the
+    outputs to the file's graph, so its weights are not serialized again here, and its session
+    stays in the worker for later runs of that file. (A model held in memory only goes through a
+    temporary copy, as transforms.common does.)"""
+    if handle.path is None:
+        return reference_with_intermediates(handle.proto, feeds, report)
+    full = run_file_with_intermediates(handle.path, handle.proto, feeds, float_intermediates(handle.proto))
+    if not full.ok:
+        report_unverifiable(full, report)
+        return None, None
+    names = {v.name for v in handle.proto.graph.output}
+    reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names},
+                                    bounds=output_bounds(handle.proto))
+    return full, reference
 
 
 def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, checks: ConvertOptions, report: StepResult,

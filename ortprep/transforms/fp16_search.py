@@ -255,9 +255,12 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
     Verified with the tight gate against the original; whatever fails verification is not kept."""
     from ortprep.transforms.simplify import run_onnxsim
 
+    has_bn = any(node.op_type == "BatchNormalization" for node in proto.graph.node)
+    if not has_bn and (reference is None or not has_foldable(proto)):
+        return proto  # nothing to fold: no copy of the weights, no shape inference
     original = ModelProto()
     original.CopyFrom(proto)
-    folded = fp16_step.fold_batchnorms(proto, ranks=fp16_step.tensor_ranks(proto))
+    folded = fp16_step.fold_batchnorms(proto, ranks=fp16_step.tensor_ranks(proto)) if has_bn else []
     steps = [f"{len(folded)} BatchNormalization node(s) folded"] if folded else []
     simplified = None
     if reference is not None and has_foldable(proto):  # onnxsim's rewrites are only taken when they can be verified
@@ -289,11 +292,13 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
     fp16_step.ensure_node_names(proto)
     scan = fp16_step.scan_constants(proto)
     before = [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node]
-    proto = prefold(proto, feeds, reference, report)
-    if [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node] != before:
+    prefolded = prefold(proto, feeds, reference, report)
+    unchanged = prefolded is proto and [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node] == before
+    proto = prefolded
+    if not unchanged:
         activations = None  # prefolding changed the graph: its intermediates are other tensors
     fp16_step.ensure_node_names(proto)
-    remaining = fp16_step.scan_constants(proto).overflow
+    remaining = scan.overflow if unchanged else fp16_step.scan_constants(proto).overflow
     overflow_names = {name for name, _ in remaining}
     if overflow_names:
         # what prefolding left: BNs reading such constants whose rank is unknown, and the like

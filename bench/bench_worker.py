@@ -55,8 +55,15 @@ def load_rows() -> list[tuple]:
         shutil.copy(path, copy)
         return copy
 
-    for name in ("cnn.onnx", "transformer_block.onnx"):
-        source = ROOT / "sample_models" / name
+    chain = chain_model(OUT / "worker_load_chain", blocks=100, width=320, realistic=True)
+    inline = work / "chain-400-nodes.onnx"  # one file, so that a copy of it is the whole model
+    import onnx
+
+    onnx.save(onnx.load(str(chain)), str(inline))
+    shutil.rmtree(chain.parent)
+    for name, source in (("cnn.onnx", ROOT / "sample_models" / "cnn.onnx"),
+                         ("transformer_block.onnx", ROOT / "sample_models" / "transformer_block.onnx"),
+                         ("chain, 400 nodes, 40 MB", inline)):
 
         def bare() -> None:
             session = ort.InferenceSession(str(fresh(source)), providers=["CPUExecutionProvider"])

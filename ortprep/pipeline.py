@@ -76,16 +76,6 @@ class Pipeline:
         return pipeline
 
     @classmethod
-    def from_toml(cls, path: Path) -> "Pipeline":
-        """Read and validate a one-model pipeline file: unknown keys, bad values and unknown EPs
-        exit 2 here, before any step runs or any file is written."""
-        raw, text = read_raw(Path(path))  # ortprep.toml, or [tool.ortprep] of a pyproject.toml
-        if is_repo_config(raw):
-            raise UsageError(f"{text.path.name} is a repository config ([[models]], [targets]), not a one-model pipeline",
-                             hint=f"run it with: ortprep run {text.path}")
-        return cls.from_dict(raw, text.path)
-
-    @classmethod
     def from_dict(cls, raw: dict[str, Any], path: Path) -> "Pipeline":
         steps, model, output_dir = parse_pipeline(raw, path)
         pipeline = cls(steps=steps, model=model, output_dir=output_dir, config=path.resolve())
@@ -149,35 +139,37 @@ class Pipeline:
         """Run the steps in order; the model a step writes feeds the next."""
         from ortprep.model import ModelHandle
         from ortprep.steps.base import StepContext
+        from ortprep.runtime.worker import workers_scope
 
-        self.prepare()
-        model = self.model
-        report = RunReport(config=str(self.config) if self.config else None, model=str(self.model) if self.model else None,
-                           final_model=None, single_command=self.single_command)
-        if self.output_dir is not None and any(s.name in WRITES_MODEL for s in self.steps):
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-        failed = False
-        for index, entry in enumerate(self.steps):
-            shown = str(model) if model is not None and entry.name not in NO_MODEL else None
-            if failed:
-                report.steps.append(StepOutcome(entry.label, entry.name, "skipped", shown))
-                continue
-            if self.progress is not None and not self.single_command:
-                self.progress(entry.label, index, len(self.steps))
-            handle = ModelHandle.open(model) if entry.name not in NO_MODEL else None
-            output = self.output_for(index, model) if entry.name in WRITES_MODEL else None
-            entry.step.admit(handle)
-            result = entry.step.run(handle, StepContext(output=output, force=self.force, progress=self.progress))
-            status = "failed" if result.fails(entry.fail_on, self.ignore) or result.missing else "passed"
-            if entry.name in WRITES_MODEL and result.output is None:
-                status = "failed"  # nothing to hand to the next step
-            report.steps.append(StepOutcome(entry.label, entry.name, status, shown, result))
-            if status == "failed":
-                failed = True
-            elif result.output is not None:
-                model = Path(result.output)
-        report.final_model = str(model) if model is not None else None
-        return report
+        with workers_scope():  # one worker per interpreter, and its sessions, for the whole run
+            self.prepare()
+            model = self.model
+            report = RunReport(config=str(self.config) if self.config else None, model=str(self.model) if self.model else None,
+                               final_model=None, single_command=self.single_command)
+            if self.output_dir is not None and any(s.name in WRITES_MODEL for s in self.steps):
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+            failed = False
+            for index, entry in enumerate(self.steps):
+                shown = str(model) if model is not None and entry.name not in NO_MODEL else None
+                if failed:
+                    report.steps.append(StepOutcome(entry.label, entry.name, "skipped", shown))
+                    continue
+                if self.progress is not None and not self.single_command:
+                    self.progress(entry.label, index, len(self.steps))
+                handle = ModelHandle.open(model) if entry.name not in NO_MODEL else None
+                output = self.output_for(index, model) if entry.name in WRITES_MODEL else None
+                entry.step.admit(handle)
+                result = entry.step.run(handle, StepContext(output=output, force=self.force, progress=self.progress))
+                status = "failed" if result.fails(entry.fail_on, self.ignore) or result.missing else "passed"
+                if entry.name in WRITES_MODEL and result.output is None:
+                    status = "failed"  # nothing to hand to the next step
+                report.steps.append(StepOutcome(entry.label, entry.name, status, shown, result))
+                if status == "failed":
+                    failed = True
+                elif result.output is not None:
+                    model = Path(result.output)
+            report.final_model = str(model) if model is not None else None
+            return report
 
     # --- writing out ---------------------------------------------------------------------------
 

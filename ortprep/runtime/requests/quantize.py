@@ -1,0 +1,152 @@
+"""Quantize: onnxruntime.quantization in the worker (pre-processing, dynamic, static with
+calibration streamed in strides), in a private working directory for the time of the request."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortprep.runtime.protocol import Reply, Request, WorkerState
+from ortprep.runtime.requests.sessions import (
+    captured_stderr,
+)
+
+MAX_STRIDE = 8
+
+
+def _stride(count: int) -> int:
+    return max(d for d in range(1, min(MAX_STRIDE, count) + 1) if count % d == 0)
+
+
+class StreamingReader:
+    """A CalibrationDataReader over CalibrationSet samples, read one at a time; supports the
+    ranges ORT's strided calibration asks for."""
+
+    def __init__(self, calibration, indices: list[int], progress_path: str | None = None) -> None:
+        self.calibration = calibration
+        self.indices = indices
+        self.window = (0, len(indices))
+        self.position = 0
+        self.progress_path = progress_path
+        self.read = 0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self.window = (start_index, min(end_index, len(self.indices)))
+        self.position = start_index
+
+    def get_next(self):
+        if self.position >= self.window[1]:
+            return None
+        sample = self.calibration.sample(self.indices[self.position])
+        self.position += 1
+        self.read += 1
+        if self.progress_path:
+            # The parent polls this file to draw its progress bar.
+            with open(self.progress_path, "w", encoding="utf-8") as out:
+                out.write(f"{self.read} {len(self.indices)}")
+        return sample
+
+    def rewind(self) -> None:
+        self.position = self.window[0]
+
+
+@dataclass
+class QuantizeReply(Reply):
+    error_type: str | None = None
+    traceback: str | None = None
+    stderr: str = ""  # what the quantizer logged (quant_pre_process reports some failures only there)
+
+
+@dataclass
+class Quantize(Request):
+    """onnxruntime.quantization in the worker, with ``workdir`` as the working directory for the
+    time of the request (nothing the quantizer writes lands in the user's). The fields are those
+    of the quantize step's request: ``mode`` preprocess, dynamic or static; ``calibration`` a
+    CalibrationSet's JSON; ``options`` the settings (op_types, per_channel, weight_type, ...)."""
+
+    reply_type = QuantizeReply
+
+    workdir: str
+    model: str
+    output: str
+    mode: str
+    options: dict[str, Any] = field(default_factory=dict)
+    calibration: Any = None
+    calibration_indices: list[int] | None = None
+    progress: str | None = None
+
+    @classmethod
+    def from_request(cls, request: dict[str, Any]) -> Quantize:
+        """From the dict the quantize step used to write as JSON for its child (its "status" is not needed)."""
+        return cls(workdir=request["workdir"], model=request["model"], output=request["output"], mode=request["mode"],
+                   options=request.get("options") or {}, calibration=request.get("calibration"),
+                   calibration_indices=request.get("calibration_indices"), progress=request.get("progress"))
+
+    def handle(self, state: WorkerState) -> QuantizeReply:
+        import logging
+        import traceback
+
+        reply = QuantizeReply(status="failed", stage="quantize")
+        logging.basicConfig(level=logging.ERROR)
+        previous = os.getcwd()
+        with captured_stderr() as log:
+            try:
+                os.chdir(self.workdir)
+                self._quantize()
+                reply.status = "ok"
+            except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+                reply.message = " ".join(str(exc).split()) or type(exc).__name__
+                reply.error_type = type(exc).__name__
+                reply.traceback = traceback.format_exc()[-2000:]
+            finally:
+                os.chdir(previous)
+        reply.stderr = log[0]
+        return reply
+
+    def _quantize(self) -> None:
+        from onnxruntime.quantization import (
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_dynamic,
+            quantize_static,
+        )
+
+        from ortprep.runtime.calibration import CalibrationSet
+
+        options = self.options
+        types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int16": QuantType.QInt16, "uint16": QuantType.QUInt16}
+        if self.mode == "preprocess":
+            from onnxruntime.quantization.preprocess import quant_pre_process
+
+            quant_pre_process(self.model, self.output, skip_symbolic_shape=not options["symbolic"],
+                              save_as_external_data=options["external_data"])
+            return
+        common = dict(
+            op_types_to_quantize=options.get("op_types") or None,
+            per_channel=options.get("per_channel", False),
+            weight_type=types[options.get("weight_type", "int8")],
+            nodes_to_exclude=options.get("exclude_nodes") or None,
+            use_external_data_format=options.get("external_data", False),
+            extra_options=options.get("extra_options") or {},
+        )
+        if self.mode == "dynamic":
+            quantize_dynamic(self.model, self.output, **common)
+            return
+        calibration = CalibrationSet.from_json(self.calibration)
+        reader = StreamingReader(calibration, self.calibration_indices, self.progress)
+        extra = dict(common.pop("extra_options"))
+        extra["CalibStridedMinMax"] = _stride(len(reader))
+        methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                   "percentile": CalibrationMethod.Percentile}
+        quantize_static(self.model, self.output, reader,
+                        quant_format=QuantFormat.QDQ if options["format"] == "qdq" else QuantFormat.QOperator,
+                        activation_type=types[options["activation_type"]], calibrate_method=methods[options["method"]],
+                        extra_options=extra, **common)
+
+
+# --- Probe, OpProbe, Stats -------------------------------------------------------------------------

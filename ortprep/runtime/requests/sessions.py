@@ -1,0 +1,177 @@
+"""Sessions in the worker: what a session is made of (SessionSpec), building one (plugin EPs
+registered through ORT's API, extra outputs exposed), ORT's graph assignment, and the test hooks
+that crash a worker on purpose."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+
+from ortprep.runtime.protocol import CachedSession, WorkerState, model_key
+
+LEVELS = {"disable": "ORT_DISABLE_ALL", "off": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+          "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+def _hook(name: str) -> str:
+    # Read in the parent when the request is made: a long-lived worker's environment is fixed at its start.
+    return os.environ.get(name, "")
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """How to build a session for a model file. Sessions with equal specs on an unchanged file are
+    shared (the worker's cache); every session records ORT's graph assignment, which costs nothing."""
+
+    model: str
+    provider: str = "CPUExecutionProvider"
+    provider_options: tuple[tuple[str, str], ...] = ()
+    with_cpu: bool = True  # add the CPU EP after ``provider``
+    strict: bool = False  # session.disable_cpu_ep_fallback
+    optimization: str = "default"
+    plugin_library: str | None = None  # a plugin EP: added through its devices
+    device_metadata: tuple[tuple[str, str], ...] = ()
+    custom_op_library: str | None = None
+    extra_outputs: tuple[str, ...] = ()  # intermediates to expose as outputs
+    profile_prefix: str | None = None  # profiling on: never cached (ending it ends the session's use)
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.provider == "CPUExecutionProvider":  # the CPU EP alone either way: one key for one session
+            object.__setattr__(self, "with_cpu", False)
+            object.__setattr__(self, "strict", False)
+
+    def key(self) -> tuple:
+        return model_key(self.model) + (self.provider, self.provider_options, self.with_cpu, self.strict, self.optimization,
+                                        self.plugin_library, self.device_metadata, self.custom_op_library, self.extra_outputs)
+
+
+def session_options(state: WorkerState, spec: SessionSpec):
+    ort = state.ort
+    options = ort.SessionOptions()
+    options.log_severity_level = 0 if spec.verbose else 3
+    if spec.custom_op_library:
+        options.register_custom_ops_library(spec.custom_op_library)
+    if spec.strict and spec.provider != "CPUExecutionProvider":
+        # (ORT refuses the flag when the CPU EP itself is the one asked for.)
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if spec.optimization in LEVELS:
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[spec.optimization])
+    with contextlib.suppress(Exception):  # an older ORT without the record: placement stays unknown
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if spec.profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = spec.profile_prefix
+    if spec.plugin_library:
+        add_plugin_ep(state, spec, options)
+    return options
+
+
+def add_plugin_ep(state: WorkerState, spec: SessionSpec, options) -> None:
+    """Add a registered plugin EP through its devices: a providers= entry would silently give a
+    CPU-only session."""
+    state.register_plugin(spec.provider, spec.plugin_library)
+    wanted = dict(spec.device_metadata)
+    devices = [d for d in state.ort.get_ep_devices() if d.ep_name == spec.provider
+               and all(d.ep_metadata.get(k) == v for k, v in wanted.items())]
+    if not devices:
+        raise RuntimeError(f"{spec.provider} offers no device matching {wanted or 'any'} here")
+    options.add_provider_for_devices(devices, dict(spec.provider_options))
+
+
+def _with_extra_outputs(spec: SessionSpec, options) -> tuple[str | bytes, list[str] | None]:
+    """What to give InferenceSession: the file itself, or (with ``extra_outputs``) its graph with
+    the intermediates as outputs, in memory, its external data read from the file's folder."""
+    if not spec.extra_outputs:
+        return spec.model, None
+    import onnx
+
+    proto = onnx.load(spec.model, load_external_data=False)
+    graph_outputs = [v.name for v in proto.graph.output]
+    present = set(graph_outputs)
+    proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(spec.extra_outputs) if n not in present)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     os.path.dirname(os.path.abspath(spec.model)))
+    return proto.SerializeToString(), graph_outputs
+
+
+def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
+    """A session for ``spec``: from the cache when an equal one was built, else a new one (counted)."""
+    key = None if spec.profile_prefix or spec.verbose else spec.key()
+    if key is not None:
+        # A session exposing more outputs serves a request for fewer (the reference run with every
+        # intermediate also serves the plain runs of the same model).
+        entry = state.cached(key[:-1], set(spec.extra_outputs))
+        if entry is not None:
+            return entry
+    ort = state.ort
+    options = session_options(state, spec)
+    source, graph_outputs = _with_extra_outputs(spec, options)
+    state.count_session(spec.model)
+    if spec.plugin_library:
+        session = ort.InferenceSession(source, sess_options=options)
+    else:
+        entry = (spec.provider, dict(spec.provider_options))
+        providers = [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
+        session = ort.InferenceSession(source, options, providers=providers)
+    names = [o.name for o in session.get_outputs()]
+    cached = CachedSession(session, graph_outputs or names, frozenset(spec.extra_outputs))
+    if key is not None:
+        state.keep(key, cached)
+    return cached
+
+
+def assignment_of(session) -> tuple[dict[str, str], list[list]]:
+    """Which EP took which node, and the EP subgraphs with their sizes (ORT's record)."""
+    assignment, subgraphs = {}, []
+    for subgraph in session.get_provider_graph_assignment_info():
+        names = [node.name for node in subgraph.get_nodes()]
+        subgraphs.append([subgraph.ep_name, len(names)])
+        for name in names:
+            assignment[name] = subgraph.ep_name
+    return assignment, subgraphs
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """fd 2 into a temporary file for the time of the block (native libraries' logs included);
+    yields a list that holds the text afterwards."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    text: list[str] = []
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield text
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text.append(capture.read().decode("utf-8", errors="replace"))
+
+
+def _crash_requested(hook: str, model_path: str | bytes) -> bool:
+    """ORTPREP_TEST_CRASH_WORKER=1 crashes every run; =fp16 only runs of models holding float16;
+    =fp16:OP only runs where an OP node computes on float16 (its first input is float16)."""
+    if hook == "1":
+        return True
+    if not hook.startswith("fp16"):
+        return False
+    import onnx
+
+    model = onnx.load_from_string(model_path) if isinstance(model_path, bytes) else onnx.load(model_path, load_external_data=False)
+    if hook == "fp16":
+        return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
+    op_type = hook.partition(":")[2]
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return any(node.op_type == op_type and types.get(node.input[0]) == onnx.TensorProto.FLOAT16 for node in model.graph.node)
+
+
+# --- RunModel ------------------------------------------------------------------------------------

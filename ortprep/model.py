@@ -418,8 +418,17 @@ class ModelHandle:
         return digests
 
     def estimated_size(self) -> int:
-        """Bytes the model would take serialized with every tensor inline (reads no weights)."""
-        weights = sum(tensor_nbytes(t.tensor) for t in iter_tensors(self.graph) if is_external(t.tensor))
+        """Bytes the model would take serialized with every tensor inline (reads no weights).
+
+        From the tensors' metadata and a margin per node while that is clearly below the size at
+        which the model must go to external data; exact (``ByteSize()``, which walks every weight
+        byte: 73 ms on a 40 MB chain, 1.3 s on 400 MB) only near it, where the choice depends on it."""
+        tensors = list(iter_tensors(self.graph))
+        nodes = sum(len(graph.node) for _, graph in iter_graphs(self.graph))
+        estimate = sum(tensor_nbytes(t.tensor) for t in tensors) + 512 * nodes
+        if estimate < AUTO_EXTERNAL_THRESHOLD * 3 // 4:
+            return estimate
+        weights = sum(tensor_nbytes(t.tensor) for t in tensors if is_external(t.tensor))
         try:
             return self.proto.ByteSize() + weights
         except (ValueError, RuntimeError):  # protobuf refuses sizes it cannot represent

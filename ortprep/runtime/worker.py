@@ -175,7 +175,9 @@ _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 @atexit.register
-def _kill_leftovers() -> None:
+def kill_all() -> None:
+    """Kill every worker this process started: at exit, and when an interrupt reaches the main
+    thread while another thread waits on a worker (its wait then ends at once)."""
     for worker in list(_LIVE):
         with contextlib.suppress(Exception):
             worker.kill()

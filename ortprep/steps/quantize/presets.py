@@ -14,7 +14,7 @@ from ortprep.errors import UsageError
 from ortprep.options import QuantizeOptions
 
 FORMATS = ("qdq", "qoperator")
-# the types the quantizer's child maps to ORT's QuantType (ortprep.runtime.quantize_worker)
+# the types the quantizer's child maps to ORT's QuantType (the Quantize request, ortprep.runtime.requests.quantize)
 QUANT_TYPES = ("int8", "uint8", "int16", "uint16")
 
 

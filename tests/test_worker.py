@@ -217,3 +217,22 @@ def test_pipeline_convert_quantize_load_builds_each_models_session_once(tmp_path
     assert [s.status for s in report.steps] == ["passed", "passed", "passed"], report
     assert counts[str(tmp_path / "cnn.onnx")] == 1, counts
     assert max(counts.values()) == 1, counts
+
+
+def test_load_inside_a_scope_uses_the_scopes_worker(tmp_path):
+    """load runs its EPs from a helper thread (the graph analysis overlaps the worker's session):
+    that thread must still use the pipeline's pool, not start a worker per call."""
+    import shutil
+
+    import ortprep
+
+    with workers_scope() as pool:
+        for index in range(3):
+            copy = tmp_path / f"cnn{index}.onnx"
+            shutil.copy(ROOT / "sample_models" / "cnn.onnx", copy)
+            result = ortprep.test_load(copy, eps=["cpu"])
+            assert result.data["results"][0]["status"] == "ok"
+        assert pool.started == 1
+        counts = pool.sessions_created()
+    assert sorted(Path(p).name for p in counts) == ["cnn0.onnx", "cnn1.onnx", "cnn2.onnx"]
+    assert set(counts.values()) == {1}

@@ -118,7 +118,6 @@ class CompileStep(Step):
     Options = CompileOptions
     memory_factor = 1.0
     refuses_ep_context = True
-    writes_model = True
     needs_ort = "always"
     progress_label = "compiling"
     default_suffix = ".ctx.onnx"

@@ -239,7 +239,6 @@ class ConvertStep(Step):
     Options = ConvertOptions
     memory_factor = 2.0
     refuses_ep_context = True
-    writes_model = True
     needs_ort = "to_verify"
     progress_label = "converting"
 

@@ -3,6 +3,7 @@ does all of it run on that EP, what went where, do the outputs match the CPU's, 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import re
@@ -265,7 +266,7 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
         # is off the critical path (bench/bench_worker.py measures it).
         waiting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortprep-load")
         try:
-            pending = waiting.submit(run_all)
+            pending = waiting.submit(contextvars.copy_context().run, run_all)  # the pipeline's workers, not new ones
             analysis = ModelAnalysis(handle) if any(t.available for t in targets) else None
             raw = pending.result()
         except BaseException:

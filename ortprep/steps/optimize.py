@@ -96,7 +96,6 @@ class OptimizeStep(Step):
     Options = OptimizeOptions
     memory_factor = 2.0
     refuses_ep_context = True
-    writes_model = True
     needs_ort = "always"
     progress_label = "optimizing"
 

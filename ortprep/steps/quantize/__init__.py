@@ -275,7 +275,6 @@ class QuantizeStep(Step):
     memory_factor = 2.0
     refuses_ep_context = True
     reports_progress = True
-    writes_model = True
     needs_ort = "always"
     default_suffix = ".int8.onnx"
 

@@ -20,6 +20,7 @@ from common import OUT, ROOT, VENV_BIN, chain_model, measure, table
 sys.path.insert(0, str(ROOT))
 
 RUNS = 5
+INTERLEAVED = 9  # rounds of bare / ortprep load / the worker's part, one after the other
 DIRECT = (
     "import onnx, warnings; warnings.simplefilter('ignore');"
     "from onnxconverter_common import float16;"
@@ -90,15 +91,20 @@ def load_rows() -> list[tuple]:
             reply = pool.call(Placement(model=str(path), provider="CPUExecutionProvider", feeds=feeds_of[source]))
             assert reply.ok, reply.message
 
-        for _ in range(3):
-            bare()  # warm the page cache and ORT's first-session costs
-        bare_s = _median_seconds(bare)
         cold_s = _median_seconds(ortprep_load)  # outside any scope: a one-shot worker per call
         with workers_scope() as pool:
             for _ in range(3):
-                ortprep_load()  # start the worker and let its ORT warm up as the bare side did
-            warm_s = _median_seconds(ortprep_load)
-            worker_s = _median_seconds(lambda: worker_part(pool))
+                bare()  # warm the page cache and ORT's first-session costs, on both sides
+                ortprep_load()
+            # interleaved, so that both sides see the same machine (2 shared cores here)
+            bare_times, warm_times, worker_times = [], [], []
+            for _ in range(INTERLEAVED):
+                for action, times in ((bare, bare_times), (ortprep_load, warm_times),
+                                      (lambda: worker_part(pool), worker_times)):
+                    started = time.perf_counter()
+                    action()
+                    times.append(time.perf_counter() - started)
+            bare_s, warm_s, worker_s = (statistics.median(t) for t in (bare_times, warm_times, worker_times))
         rows += [
             (name, "bare InferenceSession + 11 runs (in process)", f"{bare_s:.3f}", "1.00"),
             (name, "ortprep: the worker's part (session + 11 runs + placement, over the pipe)", f"{worker_s:.3f}",
@@ -160,7 +166,7 @@ def pipeline_rows() -> list[tuple]:
 
 
 def main() -> None:
-    print("Load overhead per model (CPU EP; medians of 5, in one process, seconds):\n")
+    print(f"Load overhead per model (CPU EP; medians of {INTERLEAVED} interleaved rounds, in one process, seconds):\n")
     print("| model | what | median (s) | vs bare |\n|---|---|---:|---:|")
     for row in load_rows():
         print("| " + " | ".join(row) + " |")

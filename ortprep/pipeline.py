@@ -239,8 +239,13 @@ class RunPair(Request):
     draw_graph: bool = False
     reply_type = PairReply
 
-    def handle(self, state) -> PairReply:  # noqa: ARG002 - a pipeline needs no ORT state of its own
-        return PairReply(report=run_pair(self.config, self.model, self.target, draw_graph=self.draw_graph))
+    def handle(self, state) -> PairReply:
+        from ortprep.runtime.worker import WorkerPool, workers_scope
+
+        # This worker serves pair after pair: its own ORT workers (and their start) are kept across them.
+        pool = state.extras.setdefault("pair_workers", WorkerPool())
+        with workers_scope(pool):
+            return PairReply(report=run_pair(self.config, self.model, self.target, draw_graph=self.draw_graph))
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
@@ -272,10 +277,13 @@ def run_repository(config: RepoConfig, *, jobs: int = 1, shard: tuple[int, int] 
     pairs = [(m, t) for m, t in config.pairs() if in_shard(pair_id(m.path, t.name, config.path), shard)]
     reports: list[RunReport] = []
     if jobs <= 1 or len(pairs) <= 1:
-        for index, (model, target) in enumerate(pairs):
-            if progress is not None:
-                progress("models", index, len(pairs))
-            reports.append(run_pair(config, model, target, draw_graph=draw_graph))
+        from ortprep.runtime.worker import workers_scope
+
+        with workers_scope():  # one worker per interpreter for every pair, started once
+            for index, (model, target) in enumerate(pairs):
+                if progress is not None:
+                    progress("models", index, len(pairs))
+                reports.append(run_pair(config, model, target, draw_graph=draw_graph))
     else:
         reports = _run_on_workers(config, pairs, jobs, progress, draw_graph)
     result = RepositoryReport(config=str(config.path), runs=reports, shard=shard)

@@ -286,21 +286,26 @@ _POOL: contextvars.ContextVar[WorkerPool | None] = contextvars.ContextVar("ortpr
 
 
 @contextlib.contextmanager
-def workers_scope() -> Iterator[WorkerPool]:
+def workers_scope(pool: WorkerPool | None = None) -> Iterator[WorkerPool]:
     """Every ORT call inside the block reuses one pool's workers and their sessions; the workers end
-    with the block. Nested scopes share the outer one's pool."""
+    with the block. Nested scopes share the outer one's pool. With ``pool``, the block uses that
+    pool and leaves it open (its owner closes it): a worker serving one pipeline after another
+    keeps its own workers across them."""
     current = _POOL.get()
     if current is not None:
         yield current
         return
-    pool = WorkerPool()
+    owned = pool is None
+    pool = pool or WorkerPool()
     token = _POOL.set(pool)
     try:
-        pool.prestart()
+        if owned:
+            pool.prestart()
         yield pool
     finally:
         _POOL.reset(token)
-        pool.close()
+        if owned:
+            pool.close()
 
 
 def current_pool() -> WorkerPool | None:

@@ -41,6 +41,8 @@ def run_step(name: str, model=None, output=None, *, force: bool = False, **optio
     """Run one step by name on a model (a path or a ModelHandle). ``options`` are the step's
     config keys (``ortprep.options``), validated exactly as the command line and config are."""
     from ortprep.model import ModelHandle
+    from ortprep.pipeline import write_page
+    from ortprep.runtime.worker import workers_scope
     from ortprep.steps import options_class, step_class
     from ortprep.steps.base import StepContext
 
@@ -49,7 +51,10 @@ def run_step(name: str, model=None, output=None, *, force: bool = False, **optio
     step.prepare()
     handle = model if isinstance(model, ModelHandle) or model is None else ModelHandle.open(model)
     step.admit(handle)
-    return step.run(handle, StepContext(output=Path(output) if output else None, force=force))
+    with workers_scope(prestart=step.needs_ort != "never"):  # one worker (and its sessions) for the step
+        result = step.run(handle, StepContext(output=Path(output) if output else None, force=force))
+    write_page(step, result)
+    return result
 
 
 def inspect(model, *, hash_data: bool = False) -> "StepResult":

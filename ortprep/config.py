@@ -194,7 +194,7 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> tuple[list[StepEntry], Pa
 
 
 def step_from_config(entry: Any, index: int, base: Path, default_fail: Severity | None, file_name: str) -> StepEntry:
-    where = f"{file_name}: step {index}"
+    where = f"{file_name}: step {index}" if file_name else f"step {index}"
     if not isinstance(entry, dict) or "run" not in entry:
         raise UsageError(f"{where} has no 'run'", hint="run = one of " + ", ".join(REGISTRY))
     run = entry["run"]
@@ -320,7 +320,7 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
             for table_index, table in tables:
                 entry = next(e for e in entries if e.table == table_index)
                 try:
-                    step_from_config(for_target(step, target, entry), index + 1, base, FAIL_ON["error"], text.path.name)
+                    step_from_config(for_target(step, target, entry), index + 1, base, FAIL_ON["error"], "")
                 except UsageError as exc:
                     line = text.line_of("steps", None, index)
                     context = f" (target {target.name}" + (f", [[models]] {table_index + 1}" if len(tables) > 1 else "") + ")"
@@ -365,8 +365,8 @@ def for_target(step: dict[str, Any], target: Target, model: ModelEntry) -> dict[
     run = table.get("run")
     try:
         fields = set(options_class(run).__dataclass_fields__)
-    except (KeyError, TypeError, AttributeError):
-        return table
+    except (KeyError, TypeError, AttributeError, UsageError):
+        return table  # an unknown step: step_from_config says so, with its number
     if "eps" in fields and "eps" not in table:
         table["eps"] = [target.ep]
     if "ep" in fields and "ep" not in table:

@@ -45,7 +45,6 @@ from ortprep.report import RepositoryReport, RunReport, StepOutcome
 from ortprep.runtime.protocol import Reply, Request
 from ortprep.steps import NO_MODEL, WRITES_MODEL, step_class
 
-PipelineStep = StepEntry  # the name this module used before the config reader moved out
 PAIR_TIMEOUT = 6 * 3600.0  # seconds one model x target may take on a worker before it counts as hung
 
 
@@ -141,7 +140,9 @@ class Pipeline:
         from ortprep.steps.base import StepContext
         from ortprep.runtime.worker import workers_scope
 
-        with workers_scope():  # one worker per interpreter, and its sessions, for the whole run
+        # One worker per interpreter, and its sessions, for the whole run; started at once only when
+        # a step will need ONNX Runtime (inspect alone never starts one).
+        with workers_scope(prestart=any(entry.step.needs_ort != "never" for entry in self.steps)):
             self.prepare()
             model = self.model
             report = RunReport(config=str(self.config) if self.config else None, model=str(self.model) if self.model else None,
@@ -163,6 +164,7 @@ class Pipeline:
                 status = "failed" if result.fails(entry.fail_on, self.ignore) or result.missing else "passed"
                 if entry.name in WRITES_MODEL and result.output is None:
                     status = "failed"  # nothing to hand to the next step
+                write_page(entry.step, result)
                 report.steps.append(StepOutcome(entry.label, entry.name, status, shown, result))
                 if status == "failed":
                     failed = True
@@ -192,6 +194,46 @@ class Pipeline:
             steps.append(table)
         document["steps"] = steps
         return document
+
+
+def write_page(step, result) -> None:
+    """The placement page a check step with ``html`` asked for, drawn from its record (the
+    command line, a config and the Python API all get it here)."""
+    page = getattr(step.options, "html", None)
+    if page is None or "graph" not in result.data:
+        return
+    from ortprep.model import atomic_write_bytes
+    from ortprep.render.html import check_page
+
+    atomic_write_bytes(page, check_page(result.to_record()).encode("utf-8"))
+    result.artifacts.append(str(page))
+
+
+def with_graphs(document: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a repository document in which every check record holds what the HTML pages draw:
+    records of shards run without --html get the graph and partitions from their model file (its
+    graph only, no weights), where the file is still there."""
+    import copy
+
+    import onnx
+
+    from ortprep.eps.partition import graph_view, partition_groups
+    from ortprep.report import step_report
+
+    document = copy.deepcopy(document)
+    graphs: dict[str, Any] = {}
+    for run in document.get("runs", []):
+        check = step_report(run.get("steps", []), "check")
+        path = run.get("model_path")
+        if check is None or "graph" in check or not path or not Path(path).is_file():
+            continue
+        if path not in graphs:
+            graphs[path] = onnx.load(path, load_external_data=False).graph
+        graph = graphs[path]
+        check["graph"] = graph_view(graph)
+        for result in check.get("results", []):
+            result.setdefault("partition_groups", partition_groups(graph, result.get("fallback_nodes") or []))
+    return document
 
 
 def _slug(text: str) -> str:

@@ -11,7 +11,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import models
-from conftest import HAVE_ORT
 from ortprep.eps.registry import EPS, resolve_ep, valid_names
 from ortprep.errors import UsageError
 from ortprep.options import QuantizeOptions
@@ -161,7 +160,6 @@ def _feeds(count: int = 4) -> list[dict[str, np.ndarray]]:
     return [{"x": np.random.default_rng(seed).standard_normal((2, 32)).astype(np.float32)} for seed in range(count)]
 
 
-@pytest.mark.skipif(not HAVE_ORT, reason="needs onnxruntime")
 def test_evaluate_identical_model_passes_the_gate(tmp_path):
     from ortprep.steps.quantize.evaluate import evaluate
 
@@ -175,7 +173,6 @@ def test_evaluate_identical_model_passes_the_gate(tmp_path):
     assert [o["name"] for o in result.outputs] == ["y"] and result.outputs[0]["judged_by"] == "cosine"
 
 
-@pytest.mark.skipif(not HAVE_ORT, reason="needs onnxruntime")
 def test_evaluate_output_scaled_by_half(tmp_path):
     # The gate is cosine per output, and cosine does not see scale: an output scaled by 0.5 passes
     # it (as it did before quantize became a package); max_abs_diff shows the difference. A sign
@@ -192,7 +189,6 @@ def test_evaluate_output_scaled_by_half(tmp_path):
     assert flipped.passed is False and flipped.cosine == pytest.approx(-1.0, abs=1e-9)
 
 
-@pytest.mark.skipif(not HAVE_ORT, reason="needs onnxruntime")
 def test_evaluate_flat_output_scaled_by_half_fails_the_gate(tmp_path):
     # an output the samples leave constant is judged by absolute error against its scale, so
     # there halving it fails the gate

@@ -192,8 +192,24 @@ def test_shards_merge_to_the_unsharded_verdict(tmp_path):
     assert merged.exit_code == whole.exit_code == 1
     assert [r["passed"] for r in document["runs"]] == [r["passed"] for r in whole.json()["runs"]]
     assert len(ElementTree.parse(tmp_path / "merged.xml").getroot().findall(".//testcase")) == 10
+    # the shards ran without --html: merge --html still draws every model, from its file
+    pages = tmp_path / "pages"
+    assert invoke("merge", *reports, "--html", pages).exit_code == 1
+    assert len(list(pages.iterdir())) == 10
+    assert 'data-node="act"' in (pages / "models__net03.html").read_text()
+    assert "graph" not in json.loads(reports[0].read_text())["runs"][0]["steps"][0]["report"]  # the reports stay as written
     # a pair in two reports is refused
     assert invoke("merge", reports[0], reports[0]).exit_code == 2
+
+
+def test_the_python_api_writes_the_check_page(tmp_path):
+    """The page is written by the pipeline, so the library gets it as the command line does."""
+    import ortprep
+
+    page = tmp_path / "page.html"
+    result = ortprep.run_step("check", SAMPLES / "control_flow.onnx", eps=["qnn"], html=page)
+    assert result.artifacts == [str(page)] and page.is_file()
+    assert '<svg class="graph"' in page.read_text()
 
 
 def test_html_page_names_every_node_and_marks_the_fallbacks(tmp_path):
@@ -312,7 +328,7 @@ run = "compile"
 """)
     result = invoke("run", folder, "--json")
     assert result.exit_code == 2, result.stdout[-1000:]
-    assert "ortprep.toml:18: " in result.stderr and "step 2 (compile)" in result.stderr and "target c" in result.stderr and "not cpu" in result.stderr
+    assert "ortprep.toml:18: step 2 (compile): " in result.stderr and "target c" in result.stderr and "not cpu" in result.stderr
     assert not (folder / "build").exists()
     # the first two targets alone are a valid config
     (folder / "ortprep.toml").write_text((folder / "ortprep.toml").read_text().replace('[targets.c]\nep = "cpu"\n', ""))

@@ -43,16 +43,17 @@ def render() -> str:
         lines += ["", f"## {name}", "", SUMMARIES[name], "", "| config key | flags | type | default | what |", "|---|---|---|---|---|"]
         for field in options_class(name).fields():
             spec = spec_of(field)
-            flags = cli_flags(field)
-            if spec.kind in (Kind.FLAG, Kind.TRISTATE):
+            flags = cli_flags(field) if spec.cli else []
+            if spec.cli and spec.kind in (Kind.FLAG, Kind.TRISTATE):
                 flags.append(off_flag(field))
-            flags += [flag for flag, _ in spec.shortcuts]
+            flags += [flag for flag, _ in spec.shortcuts] if spec.cli else []
             kind = KIND_TEXT[spec.kind.value]
             if spec.choices:
                 kind += ": " + " \\| ".join(spec.choices)
             default = default_of(field)
             shown = "-" if default in (None, (), [], {}) else f"`{str(default).lower() if isinstance(default, bool) else default}`"
-            lines.append(f"| `{field.name}` | {', '.join(f'`{f}`' for f in flags)} | {kind} | {shown} | {spec.help} |")
+            shown_flags = ", ".join(f"`{f}`" for f in flags) if flags else "(config and Python only)"
+            lines.append(f"| `{field.name}` | {shown_flags} | {kind} | {shown} | {spec.help} |")
     return "\n".join(lines) + "\n"
 
 

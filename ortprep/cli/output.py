@@ -105,7 +105,6 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
         with progress_bar(quiet=as_json) as progress:
             pipeline.progress = progress
             run_report = pipeline.run()
-    _write_pages(pipeline, run_report)
     document = run_report.document()
     if report is not None:
         atomic_write_bytes(report, dumps(document).encode("utf-8"))
@@ -118,15 +117,3 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
     for message in run_report.missing:
         sys.stderr.write(f"ortprep: error: {message}\n")
     return int(run_report.exit_code())
-
-
-def _write_pages(pipeline, run_report) -> None:
-    """The placement page of each check step run with ``html``, drawn from its record."""
-    from ortprep.model import atomic_write_bytes
-    from ortprep.render.html import check_page
-
-    for entry, outcome in zip(pipeline.steps, run_report.steps):
-        page = getattr(entry.step.options, "html", None)
-        if page is not None and outcome.result is not None and "graph" in outcome.result.data:
-            atomic_write_bytes(page, check_page(outcome.result.to_record()).encode("utf-8"))
-            outcome.result.artifacts.append(str(page))

@@ -91,7 +91,9 @@ def finish(document: dict[str, Any], *, json_output: bool, report: Path | None, 
         from ortprep.render.html import repo_pages
 
         html.mkdir(parents=True, exist_ok=True)
-        for name, page in repo_pages(document).items():
+        from ortprep.pipeline import with_graphs
+
+        for name, page in repo_pages(with_graphs(document)).items():  # shards run without --html too
             atomic_write_bytes(html / name, page.encode("utf-8"))
     emit(document, as_json=json_output, human=lambda record, console: render_repo_console(record, console))
     if os.environ.get("GITHUB_ACTIONS") == "true" and not json_output:

@@ -55,6 +55,21 @@ def how_it_died(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+def _test_delay(request: Request) -> float:
+    """Test hook: ORTPREP_TEST_WORKER_DELAY=TYPE:SECONDS (or SECONDS for every request) makes the
+    worker wait that long before a request of that type, so a test's signal surely lands while the
+    work is under way."""
+    wanted = os.environ.get("ORTPREP_TEST_WORKER_DELAY", "")
+    kind, _, seconds = wanted.rpartition(":")
+    if not seconds or (kind and kind != type(request).__name__):
+        return 0.0
+    return float(seconds)
+
+
+class Interrupted(RuntimeError):
+    """A request to a pool that was interrupted (Ctrl-C, SIGTERM): no worker starts any more."""
+
+
 class Worker:
     """One worker process of one interpreter (``python``; None: this one)."""
 
@@ -68,6 +83,10 @@ class Worker:
         try:
             self.process = subprocess.Popen([python or sys.executable, "-m", "ortprep.runtime.worker"],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=handle, env=env)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)  # no worker, no log
+            raise
         finally:
             os.close(handle)
         self.start_seconds = time.perf_counter() - started
@@ -86,7 +105,8 @@ class Worker:
         log_offset = os.path.getsize(self.log_path)
         self.requests += 1
         try:
-            envelope = {"roots": module_roots(request), "request": pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)}
+            envelope = {"roots": module_roots(request), "request": pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL),
+                        "delay": _test_delay(request)}
             try:
                 write_frame(self.process.stdin.fileno(), envelope)
             except (BrokenPipeError, OSError):
@@ -191,6 +211,7 @@ class WorkerPool:
         self._idle: dict[str | None, list[Worker]] = {}
         self._busy: set[Worker] = set()
         self._lock = threading.Lock()
+        self.interrupted = False  # set by interrupt(): no new worker starts
         self.started = 0  # workers started, over the pool's life
         self.start_seconds: list[float] = []
 
@@ -212,8 +233,21 @@ class WorkerPool:
             self.start_seconds.append(worker.start_seconds)
             self._idle.setdefault(python, []).append(worker)
 
+    def interrupt(self) -> None:
+        """Ctrl-C or SIGTERM while other threads wait on this pool's workers: kill every worker (the
+        waits end at once, as "crashed") and start no new one (a request then raises Interrupted)."""
+        with self._lock:
+            self.interrupted = True
+            workers = [w for ws in self._idle.values() for w in ws] + list(self._busy)
+            self._idle.clear()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                worker.kill()
+
     def _acquire(self, python: str | None) -> Worker:
         with self._lock:
+            if self.interrupted:
+                raise Interrupted("the run was interrupted")
             idle = self._idle.setdefault(python, [])
             while idle:
                 worker = idle.pop()
@@ -255,9 +289,16 @@ class WorkerPool:
             if on_done is not None:
                 on_done(index, replies[index])
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:
-            for future in [executor.submit(one, index) for index in range(len(requests))]:
+        executor = ThreadPoolExecutor(max_workers=max(1, jobs))
+        try:
+            for future in [executor.submit(contextvars.copy_context().run, one, index) for index in range(len(requests))]:
                 future.result()
+        except BaseException:
+            # Ctrl-C (or a failure): what has not started never will, what runs ends now.
+            executor.shutdown(wait=False, cancel_futures=True)
+            self.interrupt()
+            raise
+        executor.shutdown(wait=True)
         return replies  # type: ignore[return-value]
 
     def sessions_created(self, python: str | None = None) -> Counter:
@@ -286,11 +327,12 @@ _POOL: contextvars.ContextVar[WorkerPool | None] = contextvars.ContextVar("ortpr
 
 
 @contextlib.contextmanager
-def workers_scope(pool: WorkerPool | None = None) -> Iterator[WorkerPool]:
+def workers_scope(pool: WorkerPool | None = None, *, prestart: bool = True) -> Iterator[WorkerPool]:
     """Every ORT call inside the block reuses one pool's workers and their sessions; the workers end
     with the block. Nested scopes share the outer one's pool. With ``pool``, the block uses that
     pool and leaves it open (its owner closes it): a worker serving one pipeline after another
-    keeps its own workers across them."""
+    keeps its own workers across them. ``prestart``: start a worker at once (for a run that will
+    need ONNX Runtime; a run that may not starts one at its first request)."""
     current = _POOL.get()
     if current is not None:
         yield current
@@ -299,7 +341,7 @@ def workers_scope(pool: WorkerPool | None = None) -> Iterator[WorkerPool]:
     pool = pool or WorkerPool()
     token = _POOL.set(pool)
     try:
-        if owned:
+        if owned and prestart:
             pool.prestart()
         yield pool
     finally:
@@ -357,9 +399,15 @@ def serve() -> int:
         try:
             envelope = read_frame(channel_in)
         except EOFError:
+            for kept in state.extras.values():  # pools of pair runs (run -j): their workers and logs go too
+                if isinstance(kept, WorkerPool):
+                    with contextlib.suppress(Exception):
+                        kept.close()
             os._exit(0)  # at once: the background import may still be running
         # Two threads importing numpy at once can see it half-initialized: requests wait for the import.
         importing.join()
+        if envelope.get("delay"):
+            time.sleep(envelope["delay"])
         for root in envelope.get("roots", []):
             if root not in sys.path:
                 sys.path.append(root)

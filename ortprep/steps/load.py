@@ -9,6 +9,7 @@ import os
 import re
 import statistics
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from ortprep.runtime.providers import (
     plugin_table,
     probe_runtime,
 )
-from ortprep.runtime.worker import kill_all
+from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,13 @@ def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], prov
 
 
 def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
-    """Run the model on each requested (or every available) EP and report per EP."""
+    """Run the model on each requested (or every available) EP and report per EP (on the
+    pipeline's workers; called alone, on workers of its own for all of its runs)."""
+    with workers_scope():
+        return _load_on_eps(handle, options)
+
+
+def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     if handle.path is None:
         raise UsageError("load needs a model file")
     local = probe_runtime()
@@ -254,9 +261,13 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
         workdir = Path(tmp)
 
+        stop = threading.Event()
+
         def run_all() -> dict[str, dict]:
             raw = {"cpu": run_ep(handle.path, cpu, feeds, options, workdir)}
             for target in targets:
+                if stop.is_set():
+                    break
                 if target.available and target.spec.name not in raw:
                     raw[target.spec.name] = run_ep(handle.path, target, feeds, options, workdir)
             return raw
@@ -264,16 +275,19 @@ def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
         # The workers build sessions and run while this process analyses the graph for the
         # comparison with check: the waiting thread spends its time in select(), so the analysis
         # is off the critical path (bench/bench_worker.py measures it).
-        waiting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortprep-load")
-        try:
-            pending = waiting.submit(contextvars.copy_context().run, run_all)  # the pipeline's workers, not new ones
-            analysis = ModelAnalysis(handle) if any(t.available for t in targets) else None
-            raw = pending.result()
-        except BaseException:
-            kill_all()  # Ctrl-C or an error here: the worker dies, so the waiting thread returns now
-            raise
-        finally:
-            waiting.shutdown(wait=True)
+        with workers_scope(prestart=False) as pool:
+            waiting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortprep-load")
+            try:
+                pending = waiting.submit(contextvars.copy_context().run, run_all)  # the pipeline's workers
+                analysis = ModelAnalysis(handle) if any(t.available for t in targets) else None
+                raw = pending.result()
+            except BaseException as exc:
+                stop.set()  # no further EP
+                if not isinstance(exc, Exception):
+                    pool.interrupt()  # Ctrl-C, SIGTERM: the EP running now ends at once, and so does the step
+                raise
+            finally:
+                waiting.shutdown(wait=True)
         reference = raw["cpu"].get("outputs") if raw["cpu"].get("ok") else None
         float_outputs = _float_reference(options, feeds, report)
         for target in targets:

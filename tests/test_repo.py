@@ -335,3 +335,22 @@ run = "compile"
     from ortprep.config import load_repository
 
     assert [t.name for t in load_repository(folder).targets] == ["a", "b"]
+
+
+def test_run_on_workers_leaves_no_process_and_no_file(tmp_path):
+    """run -j 2 as a user runs it: every pair worker and the ORT worker beside each end with the
+    run, and their logs with them."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    folder = repository(tmp_path)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-m", "ortprep", "run", str(folder), "-j", "2", "--json"], capture_output=True,
+                          text=True, env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 1 and json.loads(done.stdout)["summary"]["pairs"] == 6
+    # (ONNX Runtime itself keeps $TMPDIR/.ses, its telemetry session id: not ortprep's)
+    assert [p.name for p in temp.iterdir() if p.name != ".ses"] == []

@@ -399,8 +399,10 @@ def serve() -> int:
         try:
             envelope = read_frame(channel_in)
         except EOFError:
-            for kept in state.extras.values():  # pools of pair runs (run -j): their workers and logs go too
-                if isinstance(kept, WorkerPool):
+            # Pools of pair runs (run -j): their workers and logs go too. By duck type: this loop runs in
+            # __main__, and the pool was made by the ortprep.runtime.worker module, another copy of it.
+            for kept in state.extras.values():
+                if callable(getattr(kept, "close", None)):
                     with contextlib.suppress(Exception):
                         kept.close()
             os._exit(0)  # at once: the background import may still be running

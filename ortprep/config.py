@@ -76,8 +76,7 @@ GATES = {
     "load_must_pass": (bool, "the model must load and run on the EP where this runner has it (load)"),
     "min_cosine": (float, "accuracy gate of convert and quantize steps (their min_cosine)"),
 }
-TARGET_KEYS = ("ep", "runtime", *GATES)
-
+TARGET_KEYS = ("ep", "runtime", "prove", *GATES)  # prove: check steps build the real session (check --prove)
 
 
 @dataclass
@@ -220,6 +219,7 @@ class Target:
     ep: str
     runtime: Path | None = None
     gates: dict[str, Any] = field(default_factory=dict)
+    prove: bool = False  # check steps prove their verdict on the real session (check --prove)
 
 
 @dataclass
@@ -307,8 +307,10 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
         runtime = table.get("runtime")
         if runtime is not None and not isinstance(runtime, str):
             raise text.error("must be the path of a Python", where, "runtime")
+        if not isinstance(table.get("prove", False), bool):
+            raise text.error(f"must be true or false, not {table['prove']!r}", where, "prove")
         targets.append(Target(name, ep, (base / runtime).resolve() if runtime else None,
-                              {k: v for k, v in table.items() if k in GATES}))
+                              {k: v for k, v in table.items() if k in GATES}, bool(table.get("prove", False))))
     steps = _list_of_tables(raw, "steps", text)
     if not steps:
         raise text.error("no steps", "steps", hint='add [[steps]] with run = "check"')
@@ -373,6 +375,8 @@ def for_target(step: dict[str, Any], target: Target, model: ModelEntry) -> dict[
         table["ep"] = target.ep
     if "runtimes" in fields and target.runtime is not None and "runtimes" not in table:
         table["runtimes"] = {target.ep: str(target.runtime)}
+    if "prove" in fields and target.prove and "prove" not in table:
+        table["prove"] = True
     if "min_cosine" in fields and "min_cosine" in target.gates and "min_cosine" not in table:
         table["min_cosine"] = target.gates["min_cosine"]
     if "shapes" in fields and model.shapes and "shapes" not in table:

@@ -118,6 +118,10 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD007", "NaN or Inf in outputs", Severity.ERROR),
         FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
         FindingKind("LOD009", "inputs were guessed and none of the guesses ran", Severity.WARNING),
+        # PRV: proven verdicts (check --prove): the real session's word
+        FindingKind("PRV001", "the real session placed nodes otherwise than check predicted", Severity.WARNING),
+        FindingKind("PRV002", "the real session is not created on the EP", Severity.ERROR),
+        FindingKind("PRV003", "the EP does not run here: the verdict stays a prediction", Severity.INFO),
         # CMP: compile (EPContext models)
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),

@@ -13,7 +13,7 @@ def judge(target: Target, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The target's gates against what the check and load steps measured (their records: this
     reads no model)."""
     gates = []
-    result = placement_of({"steps": steps, "ep": target.ep})
+    result = proven(placement_of({"steps": steps, "ep": target.ep}))
     measured = {
         "min_node_share": ("node_share", lambda value, limit: value is not None and value >= limit),
         "min_mac_share": ("mac_share", lambda value, limit: value is None or value >= limit),
@@ -67,3 +67,21 @@ def _gate_reason(gate: str, value: Any, limit: Any, result: dict[str, Any]) -> s
             "max_partitions": f"{value} EP partitions, more than {limit}",
             "max_fallback_nodes": f"{value} nodes fall back to the CPU, more than {limit}"}[gate]
     return text + names
+
+
+def proven(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A check result with the real session's numbers in place of the prediction where check
+    --prove built it (a target with prove = true): the placement gates judge what ORT did. A
+    session that was not created has nothing on the EP."""
+    proof = (result or {}).get("proof")
+    if not proof or proof.get("status") not in ("created", "failed", "crashed", "timeout"):
+        return result
+    real = dict(result)
+    if proof["status"] != "created":
+        real.update(node_share=0.0, mac_share=0.0, partitions=0)
+        return real
+    total = proof.get("nodes_total") or 0
+    real.update(node_share=round(proof["nodes_on_ep"] / total, 4) if total else None,
+                partitions=proof["comparison"]["actual_partitions"], fallback_nodes=proof.get("fallback_nodes", []))
+    return real
+

@@ -364,3 +364,83 @@ def test_runtime_flag_repeats():
     rows = {row["ep"]: row for row in record["eps"]}
     assert rows["openvino-cpu"]["runtime"] == rows["openvino-gpu"]["runtime"] == str(OPENVINO_PYTHON)
     assert rows["openvino-cpu"]["available"] and rows["openvino-cpu"]["via"] == "built in"
+
+
+def depthwise_strided(path: Path) -> Path:
+    """A depthwise Conv with strides [2, 1]: the QNN HTP simulator's default SoC fails it at graph
+    finalize (QNN_COMMON_ERROR_MEM_ALLOC); with soc_model 60 the session is created (issue 20)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 1, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="dw"),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")], "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 8])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path
+
+
+@needs_qnn
+def test_prove_makes_the_failing_qnn_session_the_verdict_and_finds_the_device(tmp_path):
+    model = depthwise_strided(tmp_path / "dw.onnx")
+    result = invoke("check", model, "--ep", "qnn", "--ep", "dml", "--prove", "--json")
+    assert result.exit_code == 1  # the proven verdict fails the gate
+    record = result.json()
+    qnn, dml = record["results"]
+    assert qnn["predicted_verdict"] == "full" and qnn["verdict"] == "none"
+    assert qnn["proof"]["status"] == "failed" and "finalize" in qnn["proof"]["message"].lower()
+    assert qnn["proof"]["retry"] == {"device": "Snapdragon X Elite (soc_model 60)", "provider_options": {"soc_model": "60"},
+                                     "created": True, "message": ""}
+    failure = next(f for f in record["findings"] if f["code"] == "PRV002")
+    assert "QNN_COMMON_ERROR_MEM_ALLOC" in failure["message"] and "--provider-option qnn:soc_model=60" in failure["fix"]
+    # DirectML does not run here: its verdict stays the prediction, and says so
+    assert dml["proof"]["status"] == "unavailable" and dml["verdict"] == dml["predicted_verdict"] == "full"
+    assert any(f["code"] == "PRV003" and f["target"] == "dml" for f in record["findings"])
+    # named, the device makes the session: proven full, every node on QNN, no PRV002
+    named = invoke("check", model, "--ep", "qnn", "--prove", "--provider-option", "qnn:soc_model=60", "--json").json()
+    proof = named["results"][0]["proof"]
+    assert named["results"][0]["verdict"] == "full" and proof["status"] == "created"
+    assert proof["provider_options"]["soc_model"] == "60" and proof["nodes_on_ep"] == proof["nodes_total"]  # (its layout pass adds nodes)
+    assert proof["comparison"]["node_agreement"] == 1.0 and proof["comparison"]["actual_verdict"] == "full"
+    assert not any(f["code"].startswith("PRV") for f in named["findings"])
+
+
+@needs_openvino
+def test_prove_corrects_the_int64_prediction_on_real_openvino(tmp_path):
+    """The measured single-op table sends int64 Mul/Add to the CPU; the real OpenVINO CPU session
+    takes the whole model. Proven, the verdict is full, PRV001 names the two nodes, and the table's
+    per-node findings the session contradicts are gone."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["m"], name="mul_i64"), helper.make_node("Add", ["m", "k"], ["a"], name="add_i64"),
+         helper.make_node("Cast", ["a"], ["f"], to=TensorProto.FLOAT, name="cast"), helper.make_node("Relu", ["f"], ["y"], name="relu")],
+        "i64", [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(np.arange(16, dtype=np.int64).reshape(1, 16), "k")])
+    path = tmp_path / "i64.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    predicted = invoke("check", path, "--ep", "openvino-cpu", "--json").json()
+    assert predicted["results"][0]["verdict"] == "partial"
+    result = invoke("check", path, "--ep", "openvino-cpu", "--prove", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}", "--json")
+    record = result.json()
+    target = record["results"][0]
+    assert target["verdict"] == "full" and target["predicted_verdict"] == "partial"
+    assert target["proof"]["comparison"]["differing_op_types"] == {"Add": 1, "Mul": 1}
+    prv = next(f for f in record["findings"] if f["code"] == "PRV001")
+    assert "add_i64, mul_i64" in prv["message"]
+    assert not any(f["code"] in ("EP003", "EP006") for f in record["findings"])
+
+
+@needs_qnn
+def test_load_keeps_the_prediction_when_the_session_is_not_created(tmp_path):
+    """The QNN session fails at finalize; load still shows what check predicted next to "none"."""
+    model = depthwise_strided(tmp_path / "dw.onnx")
+    record = invoke("load", model, "--ep", "qnn", "--json").json()
+    qnn = next(r for r in record["results"] if r["ep"] == "qnn")
+    assert qnn["status"] == "failed" and "finalize" in qnn["message"].lower()
+    assert qnn["check_comparison"]["predicted_verdict"] == "full"
+    assert qnn["check_comparison"]["actual_verdict"] == "none" and qnn["check_comparison"]["session"] == "not created"

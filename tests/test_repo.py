@@ -354,3 +354,24 @@ def test_run_on_workers_leaves_no_process_and_no_file(tmp_path):
     assert done.returncode == 1 and json.loads(done.stdout)["summary"]["pairs"] == 6
     # (ONNX Runtime itself keeps $TMPDIR/.ses, its telemetry session id: not ortprep's)
     assert [p.name for p in temp.iterdir() if p.name != ".ses"] == []
+
+
+def test_a_target_can_prove_its_verdicts(tmp_path):
+    """prove = true on a target: its check steps build the real session (QNN's simulator here), so
+    the pair's verdict and gates stand on the session, and the report shows the prediction beside."""
+    pytest.importorskip("onnxruntime_qnn", reason="the QNN simulator comes with onnxruntime-qnn (make install adds it)")
+    folder = repository(tmp_path, share=0.5)
+    text = (folder / "ortprep.toml").read_text().replace('ep = "qnn"\n', 'ep = "qnn"\nprove = true\n')
+    (folder / "ortprep.toml").write_text(text)
+    record = invoke("run", folder, "--json").json()
+    npu = [r for r in record["runs"] if r["target"] == "npu"]
+    cpu = [r for r in record["runs"] if r["target"] == "cpu"]
+    assert all(r["steps"][0]["report"]["results"][0]["proof"]["status"] == "created" for r in npu)
+    assert all("proof" not in r["steps"][0]["report"]["results"][0] for r in cpu)
+    for run in npu:  # the gate judges the real session's share, not the prediction's
+        proof = run["steps"][0]["report"]["results"][0]["proof"]
+        share = next(g for g in run["gates"] if g["gate"] == "min_node_share")
+        assert share["value"] == round(proof["nodes_on_ep"] / proof["nodes_total"], 4)
+    (folder / "ortprep.toml").write_text(text.replace("prove = true", "prove = 1"))
+    bad = invoke("run", folder)
+    assert bad.exit_code == 2 and "targets.npu.prove: must be true or false" in bad.stderr

@@ -33,7 +33,8 @@ from ortprep.eps.registry import resolve_ep  # noqa: E402
 from ortprep.eps.tables import load_documented_table  # noqa: E402
 from ortprep.runtime.requests import OpProbe  # noqa: E402
 from ortprep.runtime.worker import workers_scope  # noqa: E402
-from ortprep.steps.load import LoadOptions, _session_options, ep_runtime  # noqa: E402
+from ortprep.options import LoadOptions  # noqa: E402
+from ortprep.runtime.targets import ep_runtime, session_options  # noqa: E402
 
 BATCH = 40  # progress is reported every BATCH models
 
@@ -169,7 +170,7 @@ def run_probes(spec, target, options: LoadOptions, work: Path, models: list[dict
     """One OpProbe request per model, on a worker of the EP's interpreter that lives for the whole
     probe; a worker that dies loses only the model it died on (the next one starts afresh)."""
     results: dict[str, dict] = {}
-    provider_options = _session_options(options, target)
+    provider_options = session_options(target, options.provider_options)
     with workers_scope() as pool:
         for model in models:
             with np.load(model["inputs"], allow_pickle=False) as data:
@@ -213,7 +214,7 @@ def main() -> int:
     args = parser.parse_args()
     spec = resolve_ep(args.ep)
     options = LoadOptions(runtimes={spec.name: Path(args.runtime)} if args.runtime else {})
-    target = ep_runtime(spec, options)
+    target = ep_runtime(spec, options.runtimes)
     if not target.available:
         print(f"{spec.name} is not available here: {target.probe.error or 'no device'}", file=sys.stderr)
         return 3

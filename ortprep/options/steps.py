@@ -68,6 +68,17 @@ class CheckOptions(StepOptions):
                                "runs on each target.", Kind.PATH, metavar="FILE")
     graph: bool = option(False, "Put the main graph (nodes, edges, each target's partitions) into the report, for "
                          "drawing it (--html and run --html set it).", Kind.FLAG, cli=False)
+    prove: bool = option(False, "Build the real session where the EP runs here (the QNN HTP simulator, OpenVINO "
+                         "through --runtime, CPU, CUDA/TensorRT when present) and report its placement next to the "
+                         "prediction; the verdict is then the session's outcome.", Kind.FLAG)
+    provider_options: dict[str, dict[str, str]] = option(
+        {}, "With --prove: an EP's session option, as your application sets it: EP:KEY=VALUE (repeatable).",
+        Kind.PROVIDER_OPTIONS, flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
+    runtimes: dict[str, Path] = option({}, "With --prove: build an EP's session under another environment's Python (its "
+                                       "own ONNX Runtime flavour): EP=PYTHON (repeatable).", Kind.RUNTIMES,
+                                       flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
+    timeout: float = option(DEFAULT_TIMEOUT, "With --prove: seconds per EP before its session counts as hung.", Kind.FLOAT,
+                            minimum=0.1)
 
     def validate(self, where: str) -> None:
         _known_release(self.ort_version, where)

@@ -118,6 +118,17 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
     render_findings(record["findings"], console)
 
 
+def _proof_mark(result: dict) -> str:
+    """check --prove: whether the verdict is the real session's, and what the tables had said."""
+    proof = result.get("proof")
+    if not proof:
+        return ""
+    if proof["status"] in ("created", "failed", "crashed", "timeout"):
+        predicted = result.get("predicted_verdict")
+        return " (proven" + (f"; predicted {predicted})" if predicted and predicted != result["verdict"] else ")")
+    return " (predicted)"
+
+
 def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share * 100:.0f}%"
 
@@ -161,7 +172,7 @@ def render_check(record: dict[str, Any], console: Console) -> None:
             str(result["copies"]),
             _percent(result["mac_share"]),
             str(len({f["code"] for f in findings if f["severity"] == "error"})),
-            f"[{style}]{result['verdict']}[/]",
+            f"[{style}]{result['verdict']}[/]" + _proof_mark(result),
         )
     console.print(summary)
     for result in record["results"]:

@@ -319,6 +319,10 @@ class CheckStep(Step):
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         result = check_model(model, self.options.eps, self.options.ort_version)
+        if self.options.prove:
+            from ortprep.steps.prove import prove_targets
+
+            prove_targets(model, result, self.options)
         if self.options.html is not None or self.options.graph:
             # What the placement page draws, as data: the renderer reads the report, not the model.
             result.data["graph"] = graph_view(model.graph)

@@ -15,14 +15,14 @@ import onnx
 from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
+from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.requests import Compile
+from ortprep.runtime.targets import ep_runtime, session_options
 from ortprep.runtime.worker import call
 from ortprep.steps.base import Step, StepContext, output_path
-from ortprep.steps.load import LoadOptions, _session_options, ep_runtime
-from ortprep.options import CompileOptions
 
 SCHEMA = "ortprep.compile/1"
 TOLERANCE = 1e-2  # of the output's scale: compiled NPU graphs may compute in lower precision
@@ -51,8 +51,7 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     matches the source model on the CPU EP."""
     report = StepResult(step="compile", schema=SCHEMA)
     spec = resolve_ep(options.ep)
-    load_like = LoadOptions(provider_options=options.provider_options, runtimes=options.runtimes)
-    target = ep_runtime(spec, load_like)
+    target = ep_runtime(spec, options.runtimes)
     data: dict[str, Any] = {"input": str(handle.path), "output": None, "ep": spec.name,
                             "runtime": target.python or "this environment",
                             "package": target.plugin["package"] if target.plugin else None}
@@ -67,7 +66,7 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
         request = Compile(model=os.path.abspath(handle.path), output=str(compiled.resolve()), provider=spec.provider,
-                          feeds=feeds, provider_options=_session_options(load_like, target), plugin=target.plugin)
+                          feeds=feeds, provider_options=session_options(target, options.provider_options), plugin=target.plugin)
         reply = call(request, python=target.python, timeout=options.timeout)
         status = {"ok": reply.ok, "stage": reply.stage if reply.status in ("ok", "failed") else "compile",
                   "error": reply.message if reply.status == "failed" else

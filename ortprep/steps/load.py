@@ -11,7 +11,6 @@ import statistics
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,14 @@ from ortprep.runtime.feeds import (
     load_feeds,
     random_feeds,
 )
-from ortprep.runtime.kernels import support_table
 from ortprep.runtime.providers import (
     INSTALL_HINT,
-    RuntimeProbe,
-    plugin_table,
     probe_runtime,
 )
+from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
+from ortprep.steps.prove import compare_prediction
 
 log = logging.getLogger(__name__)
 
@@ -48,46 +46,6 @@ SCHEMA = "ortprep.load/2"
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
 QUANTIZED_TOLERANCE = 1e-2
-
-
-@dataclass
-class EpRuntime:
-    """Where one EP of a load runs: which interpreter (None: this one), which provider, plugin."""
-
-    spec: EpSpec
-    python: str | None
-    probe: RuntimeProbe
-    plugin: dict[str, Any] | None  # {"library", "device_metadata"} for plugin EPs
-
-    @property
-    def available(self) -> bool:
-        return self.probe.ok and self.probe.runs(self.spec.name)
-
-
-def ep_runtime(spec: EpSpec, options: LoadOptions) -> EpRuntime:
-    """The environment that runs ``spec``: the one named by --runtime, else this one."""
-    python = options.runtimes.get(spec.name)
-    probe = probe_runtime(str(python) if python else None)
-    plugin = None
-    if probe.ok and spec.provider not in probe.providers and probe.devices_for(spec.name):
-        found = probe.plugin_for(spec.provider)
-        entry = next(e for e in plugin_table() if e["provider"] == spec.provider)
-        defaults = {key: (found.get("paths", {}).get(value[1:], value) if value.startswith("@") else value)
-                    for key, value in entry["eps"][spec.name]["options"].items()}
-        plugin = {"library": found["library"], "device_metadata": entry["eps"][spec.name]["device_metadata"],
-                  "options": defaults, "package": f"{entry['distribution']} {found.get('version') or ''}".strip()}
-    return EpRuntime(spec, str(python) if python else None, probe, plugin)
-
-
-def _session_options(options: LoadOptions, target: EpRuntime) -> dict[str, str]:
-    """The EP's options: its defaults (QNN's HTP backend, OpenVINO's device), then the user's."""
-    merged: dict[str, str] = dict(target.spec.session_options)
-    if target.plugin:
-        merged = {**target.plugin["options"]}
-    for name, values in options.provider_options.items():  # keys are canonical EP names (see Kind.PROVIDER_OPTIONS)
-        if name == target.spec.name:
-            merged.update(values)
-    return merged
 
 
 def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path) -> dict[str, Any]:
@@ -102,7 +60,7 @@ def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options
         model=os.path.abspath(model),
         provider=target.spec.provider,
         feeds=feeds,
-        provider_options=_session_options(options, target),
+        provider_options=session_options(target, options.provider_options),
         plugin=target.plugin,
         custom_op_library=str(options.custom_op_library) if options.custom_op_library else None,
         runs=options.runs,
@@ -178,53 +136,11 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
     from ortprep.steps.check import check_target
 
     predicted, _ = check_target(analysis, (spec,))
-    predicted_fallback = set(predicted["fallback_nodes"])
-    op_of = {node.name: node.op_type for node in analysis.all_nodes()}
-    compared = agree = 0
-    differing: dict[str, int] = {}
-    findings = []
-    for node, ep in sorted(assignment.items()):
-        if node not in op_of:
-            continue  # a node the optimizer made; check never saw it
-        compared += 1
-        on_cpu = ep == "CPUExecutionProvider" and spec.provider != "CPUExecutionProvider"
-        if on_cpu == (node in predicted_fallback):
-            agree += 1
-            continue
-        differing[op_of[node]] = differing.get(op_of[node], 0) + 1
-        what = (f"node '{node}' ({op_of[node]}) ran on the CPU, but check predicted it on {spec.name}" if on_cpu
-                else f"node '{node}' ({op_of[node]}) ran on {ep}, but check predicted a CPU fallback")
-        findings.append(Finding.of("LOD001", what, node=node, op_type=op_of[node], ep=spec.name,
-                                   fix="a gap in ortprep's table or rules for this EP: please report it with the model"))
-    on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
-    actual_verdict = "none" if on_ep == 0 else "full" if on_ep == len(assignment) else "partial"
-    if support_table(spec.name).granularity == "kernel":
-        # A kernel EP (CUDA, DirectML, XNNPACK) lists each node as its own subgraph in the record; its
-        # partitions are the groups its nodes form, counted the way check counts them.
-        actual_partitions = _kernel_partitions(analysis, assignment, spec.provider)
-    else:
-        actual_partitions = sum(1 for ep, _ in subgraphs if ep == spec.provider)
-    comparison = {
-        "nodes_compared": compared,
-        "node_agreement": round(agree / compared, 4) if compared else None,
-        "predicted_partitions": predicted["partitions"],
-        "actual_partitions": actual_partitions,
-        "predicted_verdict": predicted["verdict"],
-        "actual_verdict": actual_verdict,
-        "differing_op_types": dict(sorted(differing.items(), key=lambda kv: -kv[1])),
-    }
+    comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs)
+    findings = [Finding.of("LOD001", what, node=node, op_type=op_type, ep=spec.name,
+                           fix="a gap in ortprep's table or rules for this EP: please report it with the model")
+                for node, op_type, what in differing]
     return comparison, findings
-
-
-def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], provider: str) -> int:
-    from ortprep.eps.partition import CPU, FOLDED, partition_graph
-
-    total = 0
-    for graph in analysis.graphs:
-        placed = [FOLDED if node.name not in assignment else (0 if assignment[node.name] == provider else CPU)
-                  for node in graph.nodes]
-        total += partition_graph(graph.graph, placed).partitions
-    return total
 
 
 def load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
@@ -246,8 +162,8 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
         specs = [s for s in EPS if local.runs(s.name) and spec_for_provider(s.provider) is s or
                  (s.provider not in local.providers and local.devices_for(s.name))]
         specs += [resolve_ep(name) for name in options.runtimes if resolve_ep(name) not in specs]
-    targets = [ep_runtime(spec, options) for spec in specs]
-    cpu = ep_runtime(resolve_ep("cpu"), options)
+    targets = [ep_runtime(spec, options.runtimes) for spec in specs]
+    cpu = ep_runtime(resolve_ep("cpu"), options.runtimes)
     inputs = input_specs(handle.proto)
     guessed = options.inputs is None and has_guessed_dims(inputs, options.shapes)
     if options.inputs:
@@ -370,6 +286,16 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
             record["check_comparison"], findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []))
             for finding in findings:
                 report.add(finding)
+        elif provider != "CPUExecutionProvider":
+            # No session, so no placement: the comparison still says what check had predicted, so a
+            # wrong prediction ("full", and the session is not even created) is never hidden.
+            from ortprep.steps.check import check_target
+
+            predicted, _ = check_target(analysis, (spec,))
+            record["check_comparison"] = {"nodes_compared": 0, "node_agreement": None,
+                                          "predicted_partitions": predicted["partitions"], "actual_partitions": 0,
+                                          "predicted_verdict": predicted["verdict"], "actual_verdict": "none",
+                                          "differing_op_types": {}, "session": "not created"}
         return record
     assignment = default.get("assignment", {})
     on_ep = [n for n, ep in assignment.items() if ep == provider]

@@ -15,7 +15,7 @@ handler needs it (the OpenVINO environment has no onnx).
 """
 
 from ortprep.runtime.requests.compile import Compile, CompileReply
-from ortprep.runtime.requests.placement import Placement, PlacementReply
+from ortprep.runtime.requests.placement import Placement, PlacementReply, Prove
 from ortprep.runtime.requests.probe import OpProbe, OpProbeReply, Probe, ProbeReply
 from ortprep.runtime.requests.quantize import Quantize, QuantizeReply, StreamingReader
 from ortprep.runtime.requests.run import RunModel, RunReply, Stats, StatsReply
@@ -28,5 +28,5 @@ from ortprep.runtime.requests.sessions import (
 )
 
 __all__ = ["Compile", "CompileReply", "LEVELS", "OpProbe", "OpProbeReply", "Placement", "PlacementReply", "Probe",
-           "ProbeReply", "Quantize", "QuantizeReply", "RunModel", "RunReply", "SessionSpec", "Stats", "StatsReply",
+           "ProbeReply", "Prove", "Quantize", "QuantizeReply", "RunModel", "RunReply", "SessionSpec", "Stats", "StatsReply",
            "StreamingReader", "add_plugin_ep", "build_session", "session_options"]

@@ -162,3 +162,26 @@ def _top_ops(profile_path: str, limit: int = 10) -> list[dict]:
 
 
 # --- Compile ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prove(Placement):
+    """The session a user's application creates for one EP (CPU fallback allowed, the default
+    optimization level, the EP's options): is it created, and where did ORT put each node? No run,
+    so no inputs are needed (`check --prove`). A session that cannot be created is the answer:
+    ``failed`` with the EP's own words."""
+
+    feeds: dict[str, Any] = field(default_factory=dict)
+
+    def handle(self, state: WorkerState) -> PlacementReply:
+        reply = PlacementReply(stage="session")
+        try:
+            state.ort  # noqa: B018
+            session = self._session(state, reply, with_cpu=True, verbose=self.verbose_record)
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            reply.status, reply.message = "failed", clean_error(str(exc))
+            return reply
+        assignment, subgraphs = assignment_of(session)
+        reply.placement["default"] = {"assignment": assignment, "subgraphs": subgraphs}
+        reply.session_providers = session.get_providers()
+        return reply

@@ -1,0 +1,149 @@
+"""Proven verdicts (`check --prove`): where an EP runs here, the session a user's application
+would create is built on a worker, and its outcome is the verdict: the EP's own placement next
+to the tables' prediction, or, when the session cannot be created, "none" with the EP's words.
+
+A QNN session that fails at graph finalize is tried once more for a named device (soc_model 60,
+Snapdragon X Elite): the HTP simulator's default SoC refuses float patterns that real devices
+finalize (measured with onnxruntime 1.32 + onnxruntime-qnn 2.7.0: a depthwise Conv with strides
+[2, 1] fails on the default SoC and finalizes with soc_model 60), so the fix, when it works, is a
+provider option the application sets, and the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ortprep.analysis import ModelAnalysis
+from ortprep.eps.registry import EpSpec, resolve_ep
+from ortprep.findings import Finding
+from ortprep.model import ModelHandle
+from ortprep.options import CheckOptions
+from ortprep.report import StepResult
+from ortprep.runtime.kernels import support_table
+from ortprep.runtime.targets import ep_runtime, session_options
+
+# A device to try when QNN's simulator refuses a graph at finalize (see the module's docstring).
+QNN_RETRY_DEVICE = {"soc_model": "60"}
+QNN_RETRY_NAME = "Snapdragon X Elite (soc_model 60)"
+
+
+def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[str, Any], assignment: dict[str, str],
+                       subgraphs: list[list]) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """A target's predicted record (check) next to a real session's assignment for the same file:
+    (the comparison, the differing nodes as (node, op type, what differs))."""
+    predicted_fallback = set(predicted["fallback_nodes"])
+    op_of = {node.name: node.op_type for node in analysis.all_nodes()}
+    compared = agree = 0
+    differing_ops: dict[str, int] = {}
+    differing = []
+    for node, ep in sorted(assignment.items()):
+        if node not in op_of:
+            continue  # a node the optimizer made; check never saw it
+        compared += 1
+        on_cpu = ep == "CPUExecutionProvider" and spec.provider != "CPUExecutionProvider"
+        if on_cpu == (node in predicted_fallback):
+            agree += 1
+            continue
+        differing_ops[op_of[node]] = differing_ops.get(op_of[node], 0) + 1
+        differing.append((node, op_of[node], f"node '{node}' ({op_of[node]}) ran on the CPU, but check predicted it on "
+                          f"{spec.name}" if on_cpu else f"node '{node}' ({op_of[node]}) ran on {ep}, but check predicted "
+                          "a CPU fallback"))
+    on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
+    actual_verdict = "none" if on_ep == 0 else "full" if on_ep == len(assignment) else "partial"
+    if support_table(spec.name).granularity == "kernel":
+        # A kernel EP (CUDA, DirectML, XNNPACK) lists each node as its own subgraph in the record; its
+        # partitions are the groups its nodes form, counted the way check counts them.
+        actual_partitions = _kernel_partitions(analysis, assignment, spec.provider)
+    else:
+        actual_partitions = sum(1 for ep, _ in subgraphs if ep == spec.provider)
+    comparison = {
+        "nodes_compared": compared,
+        "node_agreement": round(agree / compared, 4) if compared else None,
+        "predicted_partitions": predicted["partitions"],
+        "actual_partitions": actual_partitions,
+        "predicted_verdict": predicted["verdict"],
+        "actual_verdict": actual_verdict,
+        "differing_op_types": dict(sorted(differing_ops.items(), key=lambda kv: -kv[1])),
+    }
+    return comparison, differing
+
+
+def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], provider: str) -> int:
+    from ortprep.eps.partition import CPU, FOLDED, partition_graph
+
+    total = 0
+    for graph in analysis.graphs:
+        placed = [FOLDED if node.name not in assignment else (0 if assignment[node.name] == provider else CPU)
+                  for node in graph.nodes]
+        total += partition_graph(graph.graph, placed).partitions
+    return total
+
+
+def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions) -> None:
+    """Build each target's real session where its EP runs here and make its outcome the verdict
+    (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003."""
+    from ortprep.runtime.requests import Prove
+    from ortprep.runtime.worker import call
+
+    analysis = ModelAnalysis(handle)
+    for record in result.data["results"]:
+        label = record["ep"]
+        record["predicted_verdict"] = record["verdict"]
+        if "," in label:
+            record["proof"] = {"status": "not proven", "message": "a priority list of several EPs; prove each EP alone"}
+            continue
+        spec = resolve_ep(label)
+        target = ep_runtime(spec, options.runtimes)
+        if not target.available:
+            where = f"the environment of {target.python}" if target.python else "this environment"
+            record["proof"] = {"status": "unavailable", "message": f"{spec.provider} does not run in {where}"}
+            result.add(Finding.of("PRV003", f"{label}: the EP does not run here, so the verdict stays a prediction",
+                                  ep=label, target=label, fix=spec.install_hint))
+            continue
+        chosen = session_options(target, options.provider_options)
+        qnn = spec.provider == "QNNExecutionProvider"
+
+        def session(provider_options: dict[str, str]):
+            return call(Prove(model=os.path.abspath(handle.path), provider=spec.provider, provider_options=provider_options,
+                              plugin=target.plugin, verbose_record=qnn),
+                        python=target.python, timeout=options.timeout)
+
+        reply = session(chosen)
+        proof: dict[str, Any] = {"status": "created" if reply.ok else reply.status, "provider_options": chosen}
+        record["proof"] = proof
+        if not reply.ok:
+            proof["message"] = reply.message
+            record["verdict"] = "none"
+            fix = f"ortprep load MODEL --ep {label} shows the same failure with its log"
+            if qnn and "finalize" in reply.message.lower() and "soc_model" not in chosen:
+                retry = session({**chosen, **QNN_RETRY_DEVICE})
+                proof["retry"] = {"device": QNN_RETRY_NAME, "provider_options": QNN_RETRY_DEVICE, "created": retry.ok,
+                                  "message": "" if retry.ok else retry.message}
+                if retry.ok:
+                    fix = (f"name the device: the session is created for {QNN_RETRY_NAME}; set soc_model=60 in your "
+                           f"application's QNN options, and prove it: ortprep check MODEL --ep qnn --prove "
+                           f"--provider-option qnn:soc_model=60")
+            result.add(Finding.of("PRV002", f"{label}: the real session is not created ({reply.message}); check "
+                                  f"predicted '{record['predicted_verdict']}'", ep=label, target=label, fix=fix))
+            continue
+        default = reply.placement.get("default", {})
+        assignment, subgraphs = default.get("assignment", {}), default.get("subgraphs", [])
+        comparison, differing = compare_prediction(analysis, spec, record, assignment, subgraphs)
+        proof.update(nodes_total=len(assignment), nodes_on_ep=sum(1 for ep in assignment.values() if ep == spec.provider),
+                     fallback_nodes=sorted(node for node, ep in assignment.items() if ep != spec.provider),
+                     comparison=comparison)
+        record["verdict"] = comparison["actual_verdict"]
+        # The tables' findings that the real session contradicts go: a node they sent to the CPU that
+        # the EP took, and the coverage finding of a target the EP takes whole. PRV001 names them.
+        on_ep = {node for node, ep in assignment.items() if ep == spec.provider}
+        result.findings = [f for f in result.findings if f.target != label or not (
+            (f.code.startswith("EP") and f.node in on_ep)
+            or (f.code in ("EP006", "EP007") and comparison["actual_verdict"] == "full"))]
+        if differing or comparison["actual_verdict"] != comparison["predicted_verdict"]:
+            shown = ", ".join(node for node, _, _ in differing[:5]) + (", ..." if len(differing) > 5 else "")
+            result.add(Finding.of(
+                "PRV001", f"{label}: the real session's verdict is '{comparison['actual_verdict']}' (check predicted "
+                f"'{comparison['predicted_verdict']}'); {len(differing)} node(s) placed otherwise"
+                + (f": {shown}" if shown else ""), ep=label, target=label,
+                fix="the proven verdict counts; please report the model so the tables learn it"))

@@ -19,6 +19,7 @@ class OutputDiff:
     nonfinite: bool  # the candidate has NaN/Inf where the reference has none
     shape_match: bool
     judged_by: str = "cosine"  # or "absolute error: ..." when the reference is degenerate
+    norm_ratio: float | None = None  # |candidate| / |reference|: a uniformly scaled output has cosine 1, not this
 
     def to_record(self) -> dict:
         return asdict(self)
@@ -51,7 +52,9 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray) -> O
         cosine = 0.0
     else:
         cosine = float(np.dot(flat_ref, flat_cand) / norm)
-    return OutputDiff(name, max_abs, max_rel, cosine, nonfinite, True)
+    reference_norm = float(np.linalg.norm(flat_ref))
+    norm_ratio = 1.0 if max_abs <= _TINY else (float(np.linalg.norm(flat_cand)) / reference_norm if reference_norm else None)
+    return OutputDiff(name, max_abs, max_rel, cosine, nonfinite, True, norm_ratio=norm_ratio)
 
 
 def compare_outputs(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> list[OutputDiff]:

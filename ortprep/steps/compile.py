@@ -26,6 +26,7 @@ from ortprep.steps.base import Step, StepContext, output_path
 
 SCHEMA = "ortprep.compile/1"
 TOLERANCE = 1e-2  # of the output's scale: compiled NPU graphs may compute in lower precision
+NORM_TOLERANCE = 0.02  # the compiled output's norm within 2% of the source model's (as load)
 
 
 def ep_context_facts(path: Path) -> dict[str, Any]:
@@ -109,7 +110,10 @@ def _compare(name: str, reference: np.ndarray, candidate: np.ndarray) -> dict[st
     diff = compare_arrays(name, reference, candidate)
     scale = max(1.0, float(np.abs(reference).max())) if reference.size and reference.dtype.kind == "f" else 1.0
     ok = diff.shape_match and diff.max_abs_diff is not None and not diff.nonfinite and diff.max_abs_diff <= TOLERANCE * scale
-    return {"name": name, "max_abs_diff": diff.max_abs_diff, "cosine": diff.cosine, "within_tolerance": bool(ok)}
+    if reference.dtype.kind == "f" and diff.norm_ratio is not None and abs(diff.norm_ratio - 1.0) > NORM_TOLERANCE:
+        ok = False  # scaled as a whole: the direction is right, the size is not (load's rule)
+    return {"name": name, "max_abs_diff": diff.max_abs_diff, "cosine": diff.cosine, "norm_ratio": diff.norm_ratio,
+            "within_tolerance": bool(ok)}
 
 
 class CompileStep(Step):

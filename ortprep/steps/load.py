@@ -46,6 +46,7 @@ SCHEMA = "ortprep.load/2"
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
 QUANTIZED_TOLERANCE = 1e-2
+NORM_TOLERANCE = 0.02  # an EP's output norm within 2% of the CPU EP's
 
 
 def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path) -> dict[str, Any]:
@@ -125,6 +126,10 @@ def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndar
             tolerance = max(tolerance, QUANTIZED_TOLERANCE)
         worst = max(worst, diff.max_abs_diff)
         if diff.nonfinite or diff.max_abs_diff > tolerance * scale:
+            match = False
+        # Magnitude too: an output scaled as a whole (QNN's fixed Sigmoid encoding against the graph
+        # output's DequantizeLinear) keeps its direction, so only its norm shows it.
+        if value.dtype.kind == "f" and diff.norm_ratio is not None and abs(diff.norm_ratio - 1.0) > NORM_TOLERANCE:
             match = False
     return match, worst
 
@@ -328,9 +333,21 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
                               fix="ortprep doctor checks the CUDA/cuDNN/TensorRT libraries" if silent
                               else f"ortprep check MODEL --ep {name} lists what to change",
                               severity=Severity.ERROR if options.no_fallback else Severity.WARNING))
+    ep_vs_cpu = _pair(reference, status["outputs"]) if match is not None else None
+    if ep_vs_cpu is not None:
+        record["norm_ratio"] = ep_vs_cpu["norm_ratio"]
+        record["cosine"] = ep_vs_cpu["cosine"]
     if match is False:
-        report.add(Finding.of("LOD006", f"{name}: outputs differ from the CPU EP's beyond tolerance (max abs diff {max_abs})", ep=name,
-                              fix="compare per output with --json; check precision settings of the EP"))
+        ratio, cosine = (ep_vs_cpu or {}).get("norm_ratio"), (ep_vs_cpu or {}).get("cosine")
+        scaled = ratio is not None and cosine is not None and cosine > 0.999 and abs(ratio - 1.0) > NORM_TOLERANCE
+        shown = f"max abs diff {max_abs:.4g}" + (f", cosine {cosine:.5f}, norm ratio {ratio:.4f}" if ratio is not None else "")
+        report.add(Finding.of(
+            "LOD006", f"{name}: outputs differ from the CPU EP's beyond tolerance ({shown})"
+            + ("; the direction is right and the size is not: the output is scaled as a whole" if scaled else ""), ep=name,
+            fix=("an op with a fixed output encoding on the EP (QNN: Sigmoid, Tanh, Softmax) before a graph-output "
+                 "DequantizeLinear whose scale is calibrated; quantize with the EP's encodings, or keep that op in float "
+                 "(ortprep quantize MODEL --exclude-nodes NAME)") if scaled
+            else "compare per output with --json; check precision settings of the EP"))
     if record["nonfinite_outputs"]:
         report.add(Finding.of("LOD007", f"{name}: NaN or Inf in outputs {', '.join(record['nonfinite_outputs'])}", ep=name,
                               fix="check the inputs (--inputs) and FP16 overflow (ortprep convert --fp16 reports it)"))
@@ -373,7 +390,9 @@ def _pair(reference: dict | None, candidate: dict | None) -> dict[str, Any] | No
     if not diffs:
         return None
     cosines = [d.cosine for d in diffs if d.cosine is not None]
-    return {"cosine": min(cosines) if cosines else None, "max_abs_diff": max(d.max_abs_diff for d in diffs)}
+    ratios = [d.norm_ratio for d in diffs if d.norm_ratio is not None]
+    return {"cosine": min(cosines) if cosines else None, "max_abs_diff": max(d.max_abs_diff for d in diffs),
+            "norm_ratio": max(ratios, key=lambda r: abs(r - 1.0)) if ratios else None}
 
 
 def three_way(float_cpu: dict, model_cpu: dict | None, model_ep: dict) -> dict[str, Any]:

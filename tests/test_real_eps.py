@@ -447,32 +447,56 @@ def test_load_keeps_the_prediction_when_the_session_is_not_created(tmp_path):
 
 
 @needs_qnn
-def test_load_fails_an_output_the_user_session_scales_as_a_whole(tmp_path):
-    """A QDQ MatMul -> Sigmoid from quantize --ep qnn: in the session a user creates (CPU fallback
-    allowed, so the graph output's DequantizeLinear stays on the CPU) QNN's fixed Sigmoid encoding
-    meets the calibrated DQ scale and the output comes out scaled as a whole. Cosine stays ~1; the
-    norm ratio shows it, and load fails it (it ran the strict session before, which hid it)."""
+def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
+    """A QDQ MatMul -> Sigmoid quantized as ORT's quantize_static does by default (uint16, the
+    Sigmoid's output encoding calibrated): in the session a user creates (CPU fallback allowed, so
+    the graph output's DequantizeLinear stays on the CPU) QNN's fixed Sigmoid encoding meets the
+    calibrated DQ scale, and the output comes out scaled as a whole (by the largest calibrated
+    output, about 0.6 here: the small weights keep the Sigmoid near 0.5). Cosine stays ~1; the norm ratio
+    shows it and load fails it (it ran the strict session before, which hid it). ortprep's own
+    quantize --ep qnn writes QNN's fixed encoding into the model: its output keeps its size."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Sigmoid", ["m"], ["y"], name="sig")],
         "sig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.2).astype(np.float32), "w")])
+        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.02).astype(np.float32), "w")])
     model = tmp_path / "sig.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(model))
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for index in range(16):
-        np.savez(calib / f"s{index}.npz", x=rng.standard_normal((1, 64)).astype(np.float32))
-    qdq = tmp_path / "sig.qdq.onnx"
-    assert invoke("quantize", model, "--static", "--ep", "qnn", "--calib", calib, "-o", qdq).exit_code == 0
-    result = invoke("load", qdq, "--ep", "qnn", "--reference", model, "--json")
+    samples = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(16)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = iter(samples)
+
+        def get_next(self):
+            value = next(self.left, None)
+            return None if value is None else {"x": value}
+
+    plain = tmp_path / "sig.plain.qdq.onnx"
+    quantize_static(str(model), str(plain), Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt16,
+                    weight_type=QuantType.QUInt8)
+    result = invoke("load", plain, "--ep", "qnn", "--reference", model, "--json")
     assert result.exit_code == 1
     qnn = next(r for r in result.json()["results"] if r["ep"] == "qnn")
-    assert qnn["outputs_match"] is False and qnn["cosine"] > 0.999 and qnn["norm_ratio"] < 0.98
-    assert qnn["three_way"]["ep"]["norm_ratio"] < 0.98 and abs(qnn["three_way"]["quantization"]["norm_ratio"] - 1) < 0.01
+    assert qnn["outputs_match"] is False and qnn["cosine"] > 0.999 and qnn["norm_ratio"] < 0.8
+    assert qnn["three_way"]["ep"]["norm_ratio"] < 0.8 and abs(qnn["three_way"]["quantization"]["norm_ratio"] - 1) < 0.01
     finding = next(f for f in result.json()["findings"] if f["code"] == "LOD006")
     assert "scaled as a whole" in finding["message"] and "Sigmoid" in finding["fix"]
+    # ortprep's quantize --ep qnn: the fixed encoding is in the model, and QNN's output keeps its size
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index, value in enumerate(samples):
+        np.savez(calib / f"s{index}.npz", x=value)
+    ours = tmp_path / "sig.qdq.onnx"
+    assert invoke("quantize", model, "--static", "--ep", "qnn", "--calib", calib, "-o", ours).exit_code == 0
+    scale = next(t for t in onnx.load(str(ours)).graph.initializer if t.name.startswith("y_scale"))
+    assert float(numpy_helper.to_array(scale)) == 1.0 / 65536.0
+    loaded = invoke("load", ours, "--ep", "qnn", "--reference", model, "--json")
+    assert loaded.exit_code == 0, loaded.stdout[-1500:]
+    qnn = next(r for r in loaded.json()["results"] if r["ep"] == "qnn")
+    assert qnn["outputs_match"] is True and abs(qnn["three_way"]["total"]["norm_ratio"] - 1) < 0.02

@@ -29,6 +29,8 @@ class QuantizePreset:
     source: str
     dynamic_op_types: tuple[str, ...] | None = None  # None: every op the quantizer knows
     requires_static_shapes: bool = False
+    # op type -> activation type -> (scale, zero point) the EP imposes on that op's output
+    fixed_output_encodings: dict[str, dict[str, tuple[float, int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ def _spec(entry: dict[str, Any]) -> EpSpec:
             source=source_text(quant["source"]),
             dynamic_op_types=tuple(quant["dynamic_op_types"]) if quant.get("dynamic_op_types") else None,
             requires_static_shapes=quant.get("requires_static_shapes", False),
+            fixed_output_encodings={op: {kind: (float(pair[0]), int(pair[1])) for kind, pair in types.items()}
+                                    for op, types in quant.get("fixed_output_encodings", {}).items() if op != "source"}
+            or None,
         ) if quant else None,
         fp16_io=bool(entry.get("fp16_io", {}).get("value", False)),
         session_options=dict(entry.get("session_options", {}).get("value", {})),

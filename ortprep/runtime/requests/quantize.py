@@ -141,6 +141,10 @@ class Quantize(Request):
         reader = StreamingReader(calibration, self.calibration_indices, self.progress)
         extra = dict(common.pop("extra_options"))
         extra["CalibStridedMinMax"] = _stride(len(reader))
+        fixed = _fixed_encodings(self.model, options.get("fixed_output_encodings") or {}, types[options["activation_type"]],
+                                 set(options.get("exclude_nodes") or ()))
+        if fixed:
+            extra["TensorQuantOverrides"] = {**fixed, **extra.get("TensorQuantOverrides", {})}
         methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                    "percentile": CalibrationMethod.Percentile}
         quantize_static(self.model, self.output, reader,
@@ -150,3 +154,22 @@ class Quantize(Request):
 
 
 # --- Probe, OpProbe, Stats -------------------------------------------------------------------------
+
+
+def _fixed_encodings(model_path: str, encodings: dict[str, list], quant_type, excluded: set[str]) -> dict[str, list]:
+    """TensorQuantOverrides for the outputs of ops whose encoding the EP fixes (op type ->
+    [scale, zero point] for this activation type), so the model's DequantizeLinear agrees with
+    what the EP computes. Graph only: no weights are read."""
+    if not encodings:
+        return {}
+    import numpy as np
+    import onnx
+    from onnxruntime.quantization import QuantType
+
+    zero_type = {QuantType.QUInt16: np.uint16, QuantType.QInt16: np.int16, QuantType.QUInt8: np.uint8,
+                 QuantType.QInt8: np.int8}[quant_type]
+    graph = onnx.load(model_path, load_external_data=False).graph
+    return {node.output[0]: [{"scale": np.array(encodings[node.op_type][0], dtype=np.float32),
+                              "zero_point": np.array(encodings[node.op_type][1], dtype=zero_type)}]
+            for node in graph.node if node.op_type in encodings and node.name not in excluded and node.output}
+

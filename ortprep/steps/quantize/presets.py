@@ -41,6 +41,10 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
         "method": options.method,
         "extra_options": {"ActivationSymmetric": True, "WeightSymmetric": True} if preset.symmetric else {},
         "op_types": None,
+        # ops whose output encoding the EP fixes (QNN's 16-bit Sigmoid/Tanh): written into the model so that
+        # the graph's own DequantizeLinear agrees with what the EP computes
+        "fixed_output_encodings": {op: list(by_type[activation]) for op, by_type in (preset.fixed_output_encodings or {}).items()
+                                   if (activation := options.activation_type or preset.activation_type) in by_type},
     }
     if options.mode == "dynamic":
         if settings["format"] == "qdq" and options.format is None:

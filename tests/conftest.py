@@ -20,7 +20,6 @@ ENVIRONMENT_ONLY = {
     "DOC001": "needs two ONNX Runtime flavours installed side by side",
     "DOC002": "needs onnxruntime-gpu with a CUDA/TensorRT library missing",
     "DOC004": "needs pycuda or another CUDA context owner installed next to onnxruntime-gpu",
-    "LOD006": "needs an EP whose outputs differ from the CPU EP's; the QNN simulator and OpenVINO CPU match it here",
 }
 RAISED_CODES: set[str] = set()
 

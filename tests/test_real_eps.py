@@ -408,10 +408,10 @@ def test_prove_makes_the_failing_qnn_session_the_verdict_and_finds_the_device(tm
 
 
 @needs_openvino
-def test_prove_corrects_the_int64_prediction_on_real_openvino(tmp_path):
-    """The measured single-op table sends int64 Mul/Add to the CPU; the real OpenVINO CPU session
-    takes the whole model. Proven, the verdict is full, PRV001 names the two nodes, and the table's
-    per-node findings the session contradicts are gone."""
+def test_int64_elementwise_on_real_openvino_is_predicted_and_proven(tmp_path):
+    """onnx's single-op cases never probe int64 Mul/Add; the measured table used to send them to the
+    CPU (the OpenVINO regression of issue 20) while the real OpenVINO CPU session takes the whole
+    model. Now the measurement takes away only the dtypes that failed: predicted full, proven full."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -423,16 +423,66 @@ def test_prove_corrects_the_int64_prediction_on_real_openvino(tmp_path):
         [numpy_helper.from_array(np.arange(16, dtype=np.int64).reshape(1, 16), "k")])
     path = tmp_path / "i64.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-    predicted = invoke("check", path, "--ep", "openvino-cpu", "--json").json()
-    assert predicted["results"][0]["verdict"] == "partial"
-    result = invoke("check", path, "--ep", "openvino-cpu", "--prove", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}", "--json")
-    record = result.json()
+    record = invoke("check", path, "--ep", "openvino-cpu", "--prove", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}",
+                    "--json").json()
     target = record["results"][0]
-    assert target["verdict"] == "full" and target["predicted_verdict"] == "partial"
-    assert target["proof"]["comparison"]["differing_op_types"] == {"Add": 1, "Mul": 1}
-    prv = next(f for f in record["findings"] if f["code"] == "PRV001")
-    assert "add_i64, mul_i64" in prv["message"]
-    assert not any(f["code"] in ("EP003", "EP006") for f in record["findings"])
+    assert target["predicted_verdict"] == target["verdict"] == "full" and target["proof"]["status"] == "created"
+    assert target["proof"]["comparison"]["node_agreement"] == 1.0
+    assert not any(f["code"] in ("EP003", "EP006", "PRV001") for f in record["findings"])
+
+
+def control_flow_model(path: Path, kind: str) -> Path:
+    """A minimal If (its condition from a ReduceSum) or Loop (three doublings), then a Relu."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    if kind == "if":
+        then = helper.make_graph([helper.make_node("Add", ["x", "one"], ["t"], name="t_add")], "then", [],
+                                 [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4])],
+                                 [numpy_helper.from_array(np.ones((1, 4), np.float32), "one")])
+        other = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["e"], name="e_mul")], "else", [],
+                                  [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 4])],
+                                  [numpy_helper.from_array(np.full((1, 4), 2, np.float32), "two")])
+        nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+                 helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+                 helper.make_node("If", ["c"], ["y0"], then_branch=then, else_branch=other, name="if")]
+        inits = [numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    else:
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_id"),
+             helper.make_node("Mul", ["v_in", "two"], ["v_out"], name="b_mul")], "body",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1, 4])],
+            [numpy_helper.from_array(np.full((1, 4), 2, np.float32), "two")])
+        nodes = [helper.make_node("Loop", ["n", "c0", "x"], ["y0"], body=body, name="loop")]
+        inits = [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array(True), "c0")]
+    graph = helper.make_graph(nodes + [helper.make_node("Relu", ["y0"], ["y"], name="relu")], kind, [x], [y], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path
+
+
+@needs_openvino
+def test_prove_control_flow_on_real_openvino(tmp_path):
+    """The tables say OpenVINO takes these whole. The real OpenVINO CPU session (onnxruntime-openvino
+    1.24.1) leaves the If model's ReduceSum on the CPU (PRV001, the node named) and is not created
+    for the Loop model at all (PRV002, with OpenVINO's words)."""
+    runtime = f"openvino-cpu={OPENVINO_PYTHON}"
+    branch = invoke("check", control_flow_model(tmp_path / "if.onnx", "if"), "--ep", "openvino-cpu", "--prove",
+                    "--runtime", runtime, "--json").json()
+    target = branch["results"][0]
+    assert target["predicted_verdict"] == "full" and target["verdict"] == "partial"
+    assert target["proof"]["fallback_nodes"] == ["sum"] and target["proof"]["comparison"]["differing_op_types"] == {"ReduceSum": 1}
+    prv = next(f for f in branch["findings"] if f["code"] == "PRV001")
+    assert "'partial' (check predicted 'full')" in prv["message"] and "sum" in prv["message"]
+    loop = invoke("check", control_flow_model(tmp_path / "loop.onnx", "loop"), "--ep", "openvino-cpu", "--prove",
+                  "--runtime", runtime, "--json")
+    assert loop.exit_code == 1
+    target = loop.json()["results"][0]
+    assert target["predicted_verdict"] == "full" and target["verdict"] == "none" and target["proof"]["status"] == "failed"
+    assert any(f["code"] == "PRV002" and "initialization" in f["message"] for f in loop.json()["findings"])
 
 
 @needs_qnn

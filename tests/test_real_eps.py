@@ -550,3 +550,38 @@ def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
     assert loaded.exit_code == 0, loaded.stdout[-1500:]
     qnn = next(r for r in loaded.json()["results"] if r["ep"] == "qnn")
     assert qnn["outputs_match"] is True and abs(qnn["three_way"]["total"]["norm_ratio"] - 1) < 0.02
+
+
+@needs_qnn
+def test_prove_reduces_a_failing_qnn_session_to_its_culprit(tmp_path):
+    """Seven nodes, one of which (a depthwise Conv with strides [2, 1]) fails at QNN graph finalize
+    on the simulator's default SoC: the reduction names it alone, within 2 * log2(nodes) + 1 probe
+    sessions, with its attributes and input shapes; the soc_model 60 retry still creates the model."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1, "w1"),
+             numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32) * 0.1, "w3")]
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu0"),
+             helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["b"], ["c"], name="relu1"),
+             helper.make_node("Conv", ["c", "w2"], ["d"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="dw"),
+             helper.make_node("Relu", ["d"], ["e"], name="relu2"),
+             helper.make_node("Conv", ["e", "w3"], ["f"], name="pw"),
+             helper.make_node("Sigmoid", ["f"], ["y"], name="sig")]
+    graph = helper.make_graph(nodes, "net7", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 16])], inits)
+    path = tmp_path / "net7.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    record = invoke("check", path, "--ep", "qnn", "--prove", "--json").json()
+    proof = record["results"][0]["proof"]
+    culprit = proof["culprit"]
+    assert [n["name"] for n in culprit["nodes"]] == ["dw"]
+    assert culprit["nodes"][0]["attributes"]["strides"] == [2, 1]
+    assert culprit["nodes"][0]["inputs"] == ["float32[1,8,16,16]", "float32[8,1,3,3]"]
+    assert culprit["probes"] <= 2 * 3 + 1 and "finalize" in culprit["message"].lower()
+    assert proof["retry"]["created"] is True
+    failure = next(f for f in record["findings"] if f["code"] == "PRV002")
+    assert "fails alone: dw (Conv float32[1,8,16,16], float32[8,1,3,3], strides [2, 1])" in failure["message"]

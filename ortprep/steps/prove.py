@@ -84,7 +84,7 @@ def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions
     """Build each target's real session where its EP runs here and make its outcome the verdict
     (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003."""
     from ortprep.runtime.requests import Prove
-    from ortprep.runtime.worker import call
+    from ortprep.runtime.worker import WorkerPool, call
 
     analysis = ModelAnalysis(handle)
     for record in result.data["results"]:
@@ -116,8 +116,29 @@ def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions
             proof["message"] = reply.message
             record["verdict"] = "none"
             fix = f"ortprep load MODEL --ep {label} shows the same failure with its log"
+            culprit_text = ""
+            if reply.status == "failed":
+                def fails(path: str) -> tuple[bool, str]:
+                    probe = call(Prove(model=path, provider=spec.provider, provider_options=chosen, plugin=target.plugin),
+                                 python=target.python, timeout=options.timeout)
+                    return probe.status == "failed", probe.message
+
+                culprit = reduce_failure(handle, fails)
+                if culprit is not None:
+                    proof["culprit"] = culprit
+                    if culprit["nodes"]:
+                        culprit_text = "; the smallest run of nodes that fails alone: " + ", ".join(
+                            f"{n['name']} ({n['op_type']} {', '.join(n['inputs'])}"
+                            + (f", strides {n['attributes']['strides']}" if "strides" in n["attributes"] else "") + ")"
+                            for n in culprit["nodes"][:5]) + f" ({culprit['probes']} probe sessions, {culprit['seconds']} s)"
             if qnn and "finalize" in reply.message.lower() and "soc_model" not in chosen:
-                retry = session({**chosen, **QNN_RETRY_DEVICE})
+                # On a worker of its own: QNN keeps one HTP backend per process and the first session's SoC
+                # sticks (measured: after a soc_model 60 session, default-SoC probes in the same process
+                # were created), so the retry must not share a process with anything after it.
+                with WorkerPool() as isolated:
+                    retry = isolated.call(Prove(model=os.path.abspath(handle.path), provider=spec.provider,
+                                                provider_options={**chosen, **QNN_RETRY_DEVICE}, plugin=target.plugin),
+                                          python=target.python, timeout=options.timeout)
                 proof["retry"] = {"device": QNN_RETRY_NAME, "provider_options": QNN_RETRY_DEVICE, "created": retry.ok,
                                   "message": "" if retry.ok else retry.message}
                 if retry.ok:
@@ -125,7 +146,7 @@ def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions
                            f"application's QNN options, and prove it: ortprep check MODEL --ep qnn --prove "
                            f"--provider-option qnn:soc_model=60")
             result.add(Finding.of("PRV002", f"{label}: the real session is not created ({reply.message}); check "
-                                  f"predicted '{record['predicted_verdict']}'", ep=label, target=label, fix=fix))
+                                  f"predicted '{record['predicted_verdict']}'{culprit_text}", ep=label, target=label, fix=fix))
             continue
         default = reply.placement.get("default", {})
         assignment, subgraphs = default.get("assignment", {}), default.get("subgraphs", [])
@@ -147,3 +168,119 @@ def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions
                 f"'{comparison['predicted_verdict']}'); {len(differing)} node(s) placed otherwise"
                 + (f": {shown}" if shown else ""), ep=label, target=label,
                 fix="the proven verdict counts; please report the model so the tables learn it"))
+
+
+# At most this many probe sessions when a session is reduced to its culprit (each 0.2-0.4 s on the
+# QNN simulator, measured): two binary searches over the node order need 2 * log2(nodes).
+MAX_PROBES = 40
+
+
+def window_model(proto, start: int, end: int, shapes: dict[str, Any]):
+    """The main graph's nodes start..end (inclusive, node order) as a model of their own: what
+    they read from outside becomes a graph input (typed from shape inference), what they make and
+    something after them (or the graph) reads becomes an output. None when a value's type is unknown."""
+    from onnx import ModelProto, helper
+
+    nodes = list(proto.graph.node)[start:end + 1]
+    made = {out for node in nodes for out in node.output if out}
+    initializers = {t.name: t for t in proto.graph.initializer}
+    needed, inputs = [], []
+    for node in nodes:
+        for name in node.input:
+            if name and name not in made and name not in needed:
+                needed.append(name)
+    for name in needed:
+        if name in initializers:
+            continue
+        if name not in shapes:
+            return None
+        inputs.append(shapes[name])
+    later = {name for node in list(proto.graph.node)[end + 1:] for name in node.input} | {o.name for o in proto.graph.output}
+    outputs = [shapes[name] if name in shapes else helper.make_empty_tensor_value_info(name)
+               for node in nodes for name in node.output if name and name in later]
+    if not outputs:
+        outputs = [shapes.get(nodes[-1].output[0]) or helper.make_empty_tensor_value_info(nodes[-1].output[0])]
+    graph = helper.make_graph(nodes, "window", inputs, outputs, [initializers[n] for n in needed if n in initializers])
+    model = ModelProto()
+    model.CopyFrom(helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version))
+    return model
+
+
+def reduce_failure(handle: ModelHandle, fails) -> dict[str, Any] | None:
+    """The shortest run of nodes (in node order) whose own session still fails, found by two
+    binary searches: the first end at which a prefix fails, then the last start at which the
+    window up to that end still fails. ``fails(model_path)`` builds the session and answers
+    (failed?, message). Bounded by MAX_PROBES sessions; None when the graph cannot be cut
+    (control flow, values of unknown type) or no window fails alone."""
+    import tempfile
+    import time
+
+    import onnx
+
+    proto = handle.proto
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in proto.graph.node for a in n.attribute):
+        return None
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    shapes = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    weights = {t.name: onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in proto.graph.initializer}
+    count = len(proto.graph.node)
+    started, probes, messages = time.perf_counter(), [0], {}
+    with tempfile.TemporaryDirectory(prefix="ortprep-reduce-") as tmp:
+
+        def probe(start: int, end: int) -> bool:
+            if probes[0] >= MAX_PROBES:
+                raise TimeoutError
+            model = window_model(proto, start, end, shapes)
+            if model is None:
+                return False
+            path = f"{tmp}/w{start}_{end}.onnx"
+            onnx.save(model, path)
+            probes[0] += 1
+            failed, message = fails(path)
+            if failed:
+                messages[(start, end)] = message
+            return failed
+
+        try:
+            low, high = 0, count - 1  # the first end whose prefix fails
+            if not probe(0, high):
+                return None
+            while low < high:
+                middle = (low + high) // 2
+                if probe(0, middle):
+                    high = middle
+                else:
+                    low = middle + 1
+            end = high
+            low, high = 0, end  # the last start whose window to `end` still fails
+            while low < high:
+                middle = (low + high + 1) // 2
+                if probe(middle, end):
+                    low = middle
+                else:
+                    high = middle - 1
+            start = low
+        except TimeoutError:
+            return {"nodes": [], "probes": probes[0], "seconds": round(time.perf_counter() - started, 2),
+                    "stopped": f"after {MAX_PROBES} probe sessions"}
+    nodes = list(proto.graph.node)[start:end + 1]
+    described = []
+    for node in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        described.append({"name": node.name, "op_type": node.op_type,
+                          "attributes": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in attrs.items()
+                                         if isinstance(v, (int, float, str, list, tuple))},
+                          "inputs": [_describe(shapes.get(name) or weights.get(name)) for name in node.input if name]})
+    message = messages.get((start, end)) or next(iter(messages.values()), "")
+    return {"nodes": described, "probes": probes[0], "seconds": round(time.perf_counter() - started, 2), "message": message}
+
+
+def _describe(value) -> str:
+    """dtype[dims] of a value_info, or "?"."""
+    if value is None or not value.type.HasField("tensor_type"):
+        return "?"
+    import onnx
+
+    tensor = value.type.tensor_type
+    dims = ",".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
+    return f"{onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name if tensor.elem_type else '?'}[{dims}]"

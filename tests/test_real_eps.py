@@ -585,3 +585,24 @@ def test_prove_reduces_a_failing_qnn_session_to_its_culprit(tmp_path):
     assert proof["retry"]["created"] is True
     failure = next(f for f in record["findings"] if f["code"] == "PRV002")
     assert "fails alone: dw (Conv float32[1,8,16,16], float32[8,1,3,3], strides [2, 1])" in failure["message"]
+
+
+@needs_qnn
+def test_qnn_sessions_with_other_options_never_share_a_worker(tmp_path):
+    """QNN keeps one HTP backend per process and the first session's soc_model sticks there: a
+    default-SoC session after a soc_model 60 one in the same process was created where it fails
+    alone. QNN requests with different options get workers of their own (their affinity)."""
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.runtime.requests import Prove
+    from ortprep.runtime.targets import ep_runtime, session_options
+    from ortprep.runtime.worker import workers_scope
+
+    model = str(depthwise_strided(tmp_path / "dw.onnx"))
+    target = ep_runtime(resolve_ep("qnn"))
+    default = session_options(target)
+    with workers_scope() as pool:
+        named = pool.call(Prove(model=model, provider="QNNExecutionProvider", provider_options={**default, "soc_model": "60"},
+                                plugin=target.plugin))
+        plain = pool.call(Prove(model=model, provider="QNNExecutionProvider", provider_options=default, plugin=target.plugin))
+        assert named.ok and plain.status == "failed" and "finalize" in plain.message.lower()
+        assert pool.started >= 2

@@ -50,6 +50,13 @@ class Request:
     def handle(self, state: WorkerState) -> Reply:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def affinity(self):
+        """Requests with different affinities never share a worker (None: any worker of the
+        interpreter). QNN keeps one HTP backend per process, and the first session's options (its
+        soc_model) stick for every later session there: QNN requests with other options need a
+        worker of their own."""
+        return None
+
     def failure(self, status: str, message: str, *, died: str | None = None, stderr_tail: str = "") -> Reply:
         """The reply of this request's type for a request that never finished."""
         return self.reply_type(status=status, message=message, died=died, stderr_tail=stderr_tail)

@@ -93,6 +93,7 @@ class Worker:
         widen_pipe(self.process.stdin.fileno())
         widen_pipe(self.process.stdout.fileno())
         self.requests = 0
+        self.affinity = None  # which requests it serves: WorkerPool keeps workers apart by it
         _LIVE.add(self)
 
     @property
@@ -208,7 +209,7 @@ class WorkerPool:
     worker is dropped and the next call starts a fresh one."""
 
     def __init__(self) -> None:
-        self._idle: dict[str | None, list[Worker]] = {}
+        self._idle: dict[tuple, list[Worker]] = {}  # (interpreter, affinity) -> idle workers
         self._busy: set[Worker] = set()
         self._lock = threading.Lock()
         self.interrupted = False  # set by interrupt(): no new worker starts
@@ -225,13 +226,13 @@ class WorkerPool:
         """Start a worker now, so that its start-up (Python, onnxruntime's import) overlaps the
         caller's own work before its first request."""
         with self._lock:
-            if self._idle.get(python) or any(w.python == python for w in self._busy):
+            if self._idle.get((python, None)) or any(w.python == python for w in self._busy):
                 return
             self.started += 1
         worker = Worker(python)
         with self._lock:
             self.start_seconds.append(worker.start_seconds)
-            self._idle.setdefault(python, []).append(worker)
+            self._idle.setdefault((python, None), []).append(worker)
 
     def interrupt(self) -> None:
         """Ctrl-C or SIGTERM while other threads wait on this pool's workers: kill every worker (the
@@ -244,11 +245,11 @@ class WorkerPool:
             with contextlib.suppress(Exception):
                 worker.kill()
 
-    def _acquire(self, python: str | None) -> Worker:
+    def _acquire(self, python: str | None, affinity=None) -> Worker:
         with self._lock:
             if self.interrupted:
                 raise Interrupted("the run was interrupted")
-            idle = self._idle.setdefault(python, [])
+            idle = self._idle.setdefault((python, affinity), [])
             while idle:
                 worker = idle.pop()
                 if worker.alive:
@@ -256,6 +257,7 @@ class WorkerPool:
                     return worker
             self.started += 1
         worker = Worker(python)
+        worker.affinity = affinity
         with self._lock:
             self.start_seconds.append(worker.start_seconds)
             self._busy.add(worker)
@@ -265,12 +267,12 @@ class WorkerPool:
         with self._lock:
             self._busy.discard(worker)
             if worker.alive:
-                self._idle.setdefault(worker.python, []).append(worker)
+                self._idle.setdefault((worker.python, worker.affinity), []).append(worker)
 
     def call(self, request: Request, *, python: str | None = None, timeout: float = DEFAULT_TIMEOUT,
              poll: Callable[[], None] | None = None) -> Reply:
         """Send ``request`` to a worker of ``python`` (None: this interpreter)."""
-        worker = self._acquire(str(python) if python else None)
+        worker = self._acquire(str(python) if python else None, request.affinity())
         try:
             return worker.call(request, timeout=timeout, poll=poll)
         finally:
@@ -307,7 +309,8 @@ class WorkerPool:
 
         total = Counter()
         with self._lock:
-            workers = list(self._idle.get(str(python) if python else None, []))
+            wanted = str(python) if python else None
+            workers = [w for (owner, _affinity), idle in self._idle.items() if owner == wanted for w in idle]
         for worker in workers:
             reply = worker.call(Stats(), timeout=30)
             if reply.ok:

@@ -84,7 +84,7 @@ def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions
     """Build each target's real session where its EP runs here and make its outcome the verdict
     (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003."""
     from ortprep.runtime.requests import Prove
-    from ortprep.runtime.worker import WorkerPool, call
+    from ortprep.runtime.worker import call
 
     analysis = ModelAnalysis(handle)
     for record in result.data["results"]:
@@ -132,13 +132,9 @@ def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions
                             + (f", strides {n['attributes']['strides']}" if "strides" in n["attributes"] else "") + ")"
                             for n in culprit["nodes"][:5]) + f" ({culprit['probes']} probe sessions, {culprit['seconds']} s)"
             if qnn and "finalize" in reply.message.lower() and "soc_model" not in chosen:
-                # On a worker of its own: QNN keeps one HTP backend per process and the first session's SoC
-                # sticks (measured: after a soc_model 60 session, default-SoC probes in the same process
-                # were created), so the retry must not share a process with anything after it.
-                with WorkerPool() as isolated:
-                    retry = isolated.call(Prove(model=os.path.abspath(handle.path), provider=spec.provider,
-                                                provider_options={**chosen, **QNN_RETRY_DEVICE}, plugin=target.plugin),
-                                          python=target.python, timeout=options.timeout)
+                # Its own worker (the request's affinity): QNN keeps one HTP backend per process and the first
+                # session's SoC sticks, so a soc_model 60 session must not share a process with default ones.
+                retry = session({**chosen, **QNN_RETRY_DEVICE})
                 proof["retry"] = {"device": QNN_RETRY_NAME, "provider_options": QNN_RETRY_DEVICE, "created": retry.ok,
                                   "message": "" if retry.ok else retry.message}
                 if retry.ok:

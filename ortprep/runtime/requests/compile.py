@@ -36,6 +36,11 @@ class Compile(Request):
     provider_options: dict[str, str] = field(default_factory=dict)
     plugin: dict[str, Any] | None = None
 
+    def affinity(self):
+        if self.provider != "QNNExecutionProvider":
+            return None
+        return ("qnn", tuple(sorted((self.provider_options or {}).items())))
+
     def _options(self, state: WorkerState):
         options = state.ort.SessionOptions()
         options.log_severity_level = 3

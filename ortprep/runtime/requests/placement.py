@@ -59,6 +59,11 @@ class Placement(Request):
     verbose_record: bool = False
     test_hook: str = field(default_factory=lambda: _hook("ORTPREP_TEST_LOAD_HOOK"))
 
+    def affinity(self):
+        if self.provider != "QNNExecutionProvider":
+            return None
+        return ("qnn", tuple(sorted(self.provider_options.items())))
+
     def spec(self, **changes) -> SessionSpec:
         plugin = self.plugin or {}
         base = SessionSpec(self.model, provider=self.provider, provider_options=tuple(sorted(self.provider_options.items())),

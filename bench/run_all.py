@@ -34,6 +34,7 @@ SCRIPTS = [
     ("## Transforms on real models with realistic inputs", "bench/bench_corpus.py"),
     ("## The repository gate: -j", "bench/bench_repo.py"),
     ("## One worker protocol", "bench/bench_worker.py"),
+    ("## Reducing a failing session to its culprit", "bench/bench_prove.py"),
 ]
 
 

@@ -20,6 +20,7 @@ from ortprep.model import (
     iter_graphs,
     normalize_domain,
     subgraphs_of,
+    tensor_nbytes,
 )
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,8 @@ def skeleton(proto: ModelProto) -> ModelProto:
     graph.value_info.extend(source.value_info)
     graph.sparse_initializer.extend(source.sparse_initializer)
     for tensor in source.initializer:
-        if len(tensor.raw_data) <= SKELETON_KEEP_BYTES:
+        # tensor_nbytes, not len(raw_data): reading the field copies every weight byte.
+        if not tensor.HasField("raw_data") or tensor_nbytes(tensor) <= SKELETON_KEEP_BYTES:
             graph.initializer.append(tensor)
             continue
         stub = graph.initializer.add()

@@ -236,11 +236,12 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
     return record, [dataclasses.replace(f, target=label) for f in findings]
 
 
-def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None = None) -> StepResult:
+def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None = None,
+                analysis: ModelAnalysis | None = None) -> StepResult:
     """Check a model against each target. A target is an EP name, or a comma-separated priority
-    list for one session ("openvino-cpu,dml")."""
+    list for one session ("openvino-cpu,dml"). ``analysis``: the model's, when the caller has it."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
-    analysis = ModelAnalysis(handle)
+    analysis = analysis or ModelAnalysis(handle)
     report = StepResult(step="check", schema=SCHEMA)
     results = []
     shown = str(handle.path) if handle.path else "MODEL"
@@ -318,11 +319,12 @@ class CheckStep(Step):
     Options = CheckOptions
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        result = check_model(model, self.options.eps, self.options.ort_version)
+        analysis = ModelAnalysis(model)  # once: the prediction and the proof both read it
+        result = check_model(model, self.options.eps, self.options.ort_version, analysis)
         if self.options.prove:
             from ortprep.steps.prove import prove_targets
 
-            prove_targets(model, result, self.options)
+            prove_targets(analysis, result, self.options)
         if self.options.html is not None or self.options.graph:
             # What the placement page draws, as data: the renderer reads the report, not the model.
             result.data["graph"] = graph_view(model.graph)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ortprep.analysis import ModelAnalysis
+from ortprep.analysis import ModelAnalysis, skeleton
 from ortprep.eps.registry import EpSpec, resolve_ep
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
@@ -80,13 +80,14 @@ def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], prov
     return total
 
 
-def prove_targets(handle: ModelHandle, result: StepResult, options: CheckOptions) -> None:
+def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOptions) -> None:
     """Build each target's real session where its EP runs here and make its outcome the verdict
-    (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003."""
+    (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003. ``analysis`` is
+    the one check predicted from."""
     from ortprep.runtime.requests import Prove
     from ortprep.runtime.worker import call
 
-    analysis = ModelAnalysis(handle)
+    handle = analysis.handle
     for record in result.data["results"]:
         label = record["ep"]
         record["predicted_verdict"] = record["verdict"]
@@ -216,7 +217,7 @@ def reduce_failure(handle: ModelHandle, fails) -> dict[str, Any] | None:
     proto = handle.proto
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in proto.graph.node for a in n.attribute):
         return None
-    inferred = onnx.shape_inference.infer_shapes(proto)
+    inferred = onnx.shape_inference.infer_shapes(skeleton(proto))  # types only: no weight bytes copied
     shapes = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
     weights = {t.name: onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in proto.graph.initializer}
     count = len(proto.graph.node)

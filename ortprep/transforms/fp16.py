@@ -154,9 +154,9 @@ def fold_batchnorms(proto: ModelProto, tensors: set[str] | None = None, ranks: d
 
 def tensor_ranks(proto: ModelProto) -> dict[str, int]:
     """Ranks of the main graph's values from onnx shape inference, on a copy without weights."""
-    from ortprep.transforms.verify import approx_bytes
+    from ortprep.model import approx_serialized_bytes
 
-    if approx_bytes(proto) >= 2**28:
+    if approx_serialized_bytes(proto) >= 2**28:
         return {}  # a copy would double the weights in memory: use the value_info the model has
     try:
         inferred = onnx.shape_inference.infer_shapes(proto)

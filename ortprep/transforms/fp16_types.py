@@ -96,49 +96,22 @@ def process_initializers(graph: GraphProto, op_block_list, node_block_list, min_
                                          max_finite_val).tobytes()
 
 
-# Initializers at least this big are left out of shape inference; smaller ones (shapes, axes) stay,
-# since inference reads their values.
-_SKELETON_ABOVE = 4096
-
-
 def infer_shapes_without_weights(model: ModelProto) -> None:
-    """onnx shape inference into ``model``'s value_info, run on a skeleton of the model whose big
-    initializers carry their type and dims but no bytes: inference reads only those, and
-    serializing 400 MB of weights for it cost as much as the conversion itself. A model with
-    subgraphs is inferred whole (their value_info must land in each body)."""
+    """onnx shape inference into ``model``'s value_info, run on its skeleton (ortprep.analysis:
+    big initializers keep their type and dims, not their bytes): serializing 400 MB of weights for
+    it cost as much as the conversion itself. A model with subgraphs is inferred whole (their
+    value_info must land in each body)."""
+    from ortprep.analysis import skeleton
+
     has_subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for node in model.graph.node for a in node.attribute)
-    if has_subgraphs:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    else:
-        skeleton = ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
-        skeleton.opset_import.extend(model.opset_import)
-        skeleton.functions.extend(model.functions)
-        graph = skeleton.graph
-        graph.name = model.graph.name
-        graph.node.extend(model.graph.node)
-        graph.input.extend(model.graph.input)
-        graph.output.extend(model.graph.output)
-        graph.value_info.extend(model.graph.value_info)
-        for tensor in model.graph.initializer:
-            if tensor.HasField("raw_data") and tensor.data_type == FLOAT and _elements(tensor) * 4 >= _SKELETON_ABOVE:
-                graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
-            else:
-                graph.initializer.append(tensor)
-        inferred = onnx.shape_inference.infer_shapes(skeleton)
+    inferred = onnx.shape_inference.infer_shapes(model if has_subgraphs else skeleton(model))
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for output, typed in zip(model.graph.output, inferred.graph.output):
         output.CopyFrom(typed)
     if has_subgraphs:
         model.graph.CopyFrom(inferred.graph)
-
-
-def _elements(tensor) -> int:
-    count = 1
-    for dim in tensor.dims:
-        count *= dim
-    return count
 
 
 def drop_cast_round_trips(graph: GraphProto, original_casts: set[str]) -> int:

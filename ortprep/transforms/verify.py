@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from ortprep.model import iter_graphs
+from ortprep.model import approx_serialized_bytes, iter_graphs
 from ortprep.runtime.compare import OutputDiff, compare_outputs, degenerate
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 
@@ -76,25 +76,10 @@ class VerifyResult:
         }
 
 
-def approx_bytes(proto: ModelProto) -> int:
-    """About the serialized size of ``proto``: its tensors' bytes from their shapes and types,
-    plus a little per node. ``ByteSize()`` walks every byte (1.3 s on 400 MB of weights)."""
-    total = 0
-    for _, graph in iter_graphs(proto.graph):
-        total += 200 * len(graph.node)
-        for tensor in graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                continue
-            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize \
-                if tensor.data_type not in (0, onnx.TensorProto.STRING) else 8
-            total += int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
-    return total
-
-
 def save_temp(proto: ModelProto, folder: Path, name: str) -> Path:
     """Save a working copy for a worker's run (external data for big models)."""
     path = folder / name
-    if approx_bytes(proto) >= EXTERNAL_ABOVE:
+    if approx_serialized_bytes(proto) >= EXTERNAL_ABOVE:
         onnx.save_model(proto, str(path), save_as_external_data=True, location=f"{name}.data")
     else:
         onnx.save_model(proto, str(path))
@@ -145,7 +130,7 @@ def run_model(proto: ModelProto, feeds: dict[str, np.ndarray], *, outputs: list[
     """Run a model held in memory in a worker: a small one sent as bytes (no temporary file), a
     big one through a temporary copy (with external data when protobuf could not hold it)."""
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for _, g in iter_graphs(proto.graph) for t in g.initializer)
-    if not external and approx_bytes(proto) < BYTES_BELOW:
+    if not external and approx_serialized_bytes(proto) < BYTES_BELOW:
         outcome = run_isolated(Path("<memory>"), cast_feeds(feeds, proto), outputs=outputs,
                                model_bytes=proto.SerializeToString())
         outcome.message = outcome.message.replace("from <memory> ", "").replace("<memory>", "the model")

@@ -133,8 +133,7 @@ def fp16_rows():
 
 
 def pipeline_rows() -> list[tuple]:
-    import tomllib
-
+    from ortprep.config import read_raw
     from ortprep.pipeline import Pipeline
     from ortprep.runtime.worker import workers_scope
 
@@ -154,7 +153,7 @@ def pipeline_rows() -> list[tuple]:
         eps = ["cpu"]
     """))
     with workers_scope() as pool:
-        Pipeline.from_dict(tomllib.loads(config.read_text()), config).run()
+        Pipeline.from_dict(read_raw(config)[0], config).run()
         counts = pool.sessions_created()
         workers = pool.started
     original = counts.get(str(work / "cnn.onnx"), 0)

@@ -192,6 +192,7 @@ def test_pipeline_convert_quantize_load_builds_each_models_session_once(tmp_path
     import textwrap
 
     from conftest import SAMPLES
+    from ortprep.config import read_raw
     from ortprep.pipeline import Pipeline
 
     shutil.copy(SAMPLES / "cnn.onnx", tmp_path / "cnn.onnx")
@@ -212,7 +213,7 @@ def test_pipeline_convert_quantize_load_builds_each_models_session_once(tmp_path
         eps = ["cpu"]
     """))
     with workers_scope() as pool:
-        report = Pipeline.from_dict(__import__("tomllib").loads(config.read_text()), config).run()
+        report = Pipeline.from_dict(read_raw(config)[0], config).run()
         counts = pool.sessions_created()
     assert [s.status for s in report.steps] == ["passed", "passed", "passed"], report
     assert counts[str(tmp_path / "cnn.onnx")] == 1, counts

@@ -76,7 +76,8 @@ GATES = {
     "load_must_pass": (bool, "the model must load and run on the EP where this runner has it (load)"),
     "min_cosine": (float, "accuracy gate of convert and quantize steps (their min_cosine)"),
 }
-TARGET_KEYS = ("ep", "runtime", "prove", *GATES)  # prove: check steps build the real session (check --prove)
+TARGET_KEYS = ("ep", "runtime", "prove", "device", *GATES)  # prove: check steps build the real session (check --prove);
+# device: the device the target is for (QNN: the SoC, --device)
 
 
 @dataclass
@@ -220,6 +221,7 @@ class Target:
     runtime: Path | None = None
     gates: dict[str, Any] = field(default_factory=dict)
     prove: bool = False  # check steps prove their verdict on the real session (check --prove)
+    device: str | None = None  # the device it is for (QNN's SoC: --device)
 
 
 @dataclass
@@ -309,8 +311,18 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
             raise text.error("must be the path of a Python", where, "runtime")
         if not isinstance(table.get("prove", False), bool):
             raise text.error(f"must be true or false, not {table['prove']!r}", where, "prove")
+        device = table.get("device")
+        if device is not None:
+            from ortprep.eps.devices import resolve_device
+
+            if not isinstance(device, str):
+                raise text.error("must be a device name, e.g. \"x-elite\" or \"soc_model=57\"", where, "device")
+            try:
+                resolve_device(ep, device)
+            except UsageError as exc:
+                raise text.error(exc.message, where, "device", hint=exc.hint) from None
         targets.append(Target(name, ep, (base / runtime).resolve() if runtime else None,
-                              {k: v for k, v in table.items() if k in GATES}, bool(table.get("prove", False))))
+                              {k: v for k, v in table.items() if k in GATES}, bool(table.get("prove", False)), device))
     steps = _list_of_tables(raw, "steps", text)
     if not steps:
         raise text.error("no steps", "steps", hint='add [[steps]] with run = "check"')
@@ -377,6 +389,8 @@ def for_target(step: dict[str, Any], target: Target, model: ModelEntry) -> dict[
         table["runtimes"] = {target.ep: str(target.runtime)}
     if "prove" in fields and target.prove and "prove" not in table:
         table["prove"] = True
+    if "device" in fields and target.device is not None and "device" not in table:
+        table["device"] = target.device
     if "min_cosine" in fields and "min_cosine" in target.gates and "min_cosine" not in table:
         table["min_cosine"] = target.gates["min_cosine"]
     if "shapes" in fields and model.shapes and "shapes" not in table:

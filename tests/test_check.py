@@ -282,12 +282,29 @@ def test_bad_model_exit_2(tmp_path):
 def test_generated_tables_carry_sources():
     data = Path(__file__).resolve().parents[1] / "ortprep" / "eps" / "data"
     for path in sorted(data.glob("*.json")):
-        if path.name in ("eps.json", "ort_versions.json"):
+        if path.name in ("eps.json", "ort_versions.json", "devices.json"):
             continue  # facts that are not op tables: see test_ep_facts_carry_sources and tests/test_real_eps.py
         table = json.loads(path.read_text())
         assert table["sources"], path.name
         for entry in table["entries"]:
             assert entry["src"] in table["sources"], (path.name, entry)
+
+
+def test_devices_carry_sources_and_resolve():
+    from ortprep.eps.devices import device_facts, resolve_device
+
+    facts = device_facts()
+    for name, entry in facts["qnn"]["devices"].items():
+        assert entry["source"] in facts["sources"], name
+        assert resolve_device("qnn", name).provider_options == {"soc_model": str(entry["soc_model"])}
+    assert resolve_device("qnn", "SM8650").name == "8gen3" and resolve_device("qnn", "888").provider_options == {"soc_model": "30"}
+    assert resolve_device("qnn", "soc_model=57").name == "8gen3" and resolve_device("qnn", "57").name == "8gen3"
+    unknown = resolve_device("qnn", "soc_model=99")
+    assert unknown.provider_options == {"soc_model": "99"} and unknown.given == "--device"
+    default = resolve_device("qnn", None)
+    assert default.name == facts["qnn"]["default"] == "x-elite" and default.given == "default"
+    assert resolve_device("qnn", None, {"soc_model": "43"}).name == "8gen2"
+    assert resolve_device("openvino-cpu", None) is None
 
 
 def test_ep_facts_carry_sources():

@@ -111,15 +111,55 @@ def test_nan_outputs_are_reported(tmp_path):
     assert code == 0 and "LOD007" not in {f["code"] for f in record["findings"]}
 
 
+def _qdq_output_model(scale: float, zero_type=None):
+    """x -> QuantizeLinear -> DequantizeLinear -> Reshape -> y: y's range is scale x levels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    zero_type = zero_type or np.uint8
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), "s"), numpy_helper.from_array(np.array(0, zero_type), "z"),
+             numpy_helper.from_array(np.array([3], np.int64), "shape")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Reshape", ["d", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
 def test_output_comparison_tolerances():
+    """One rule for load and compile (runtime/tolerance.py): float32 within 1e-3 of the output's
+    scale, float16 (or an EP computing in float16) 1e-2, a quantized output two steps of an 8-bit
+    grid over its DequantizeLinear's range, and always the norm within 2%."""
+    from onnx import TensorProto, helper
+
+    from ortprep.runtime.tolerance import judge_outputs, output_ranges
     from ortprep.steps.load import _compare
 
+    plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f",
+                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]))
     reference = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
-    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.0005], np.float32)})[0] is True
-    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.1], np.float32)})[0] is False
-    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float16)})[0] is True  # float16 is looser
-    assert _compare(reference, {"y": np.array([1.0, 2.0], np.float32)})[0] is False
-    assert _compare(None, {"y": reference["y"]}) == (None, None)
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.0005], np.float32)}, plain, "cpu")[0] is True
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float32)}, plain, "cpu")[0] is False
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float32)}, plain, "qnn")[0] is True  # HTP: float16
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float16)}, plain, "cpu")[0] is True  # float16 is looser
+    assert _compare(reference, {"y": np.array([1.0, 2.0], np.float32)}, plain, "cpu")[0] is False
+    assert _compare(None, {"y": reference["y"]}, plain, "cpu") == (None, None, [])
+    # a uniformly scaled output fails on its norm, whatever its cosine
+    judged = judge_outputs(plain, "qnn", reference, {"y": reference["y"] * 0.5})
+    assert judged[0]["cosine"] > 0.9999 and judged[0]["norm_ratio"] == 0.5 and judged[0]["within_tolerance"] is False
+
+    # quantized: uint8 scale 0.1 -> range 25.5 -> two 8-bit steps = 0.2; uint16 scale 1e-3 -> 65.535 -> 0.514
+    coarse, fine = _qdq_output_model(0.1), _qdq_output_model(1e-3, np.uint16)
+    assert output_ranges(coarse) == {"y": pytest.approx(25.5)} and output_ranges(fine) == {"y": pytest.approx(65.535)}
+    reference = {"y": np.array([10.0, 20.0, 30.0], np.float32)}
+    off = {"y": np.array([10.0, 20.0, 30.15], np.float32)}  # 0.15: beyond 1% of 30 (0.3)? no; within two steps
+    judged = judge_outputs(coarse, "qnn", reference, off)[0]
+    assert judged["within_tolerance"] is True and judged["tolerance"] == pytest.approx(0.3)  # 1% of the scale is larger
+    further = {"y": np.array([10.0, 20.0, 30.45], np.float32)}
+    assert judge_outputs(coarse, "qnn", reference, further)[0]["within_tolerance"] is False
+    judged = judge_outputs(fine, "qnn", reference, further)[0]
+    assert judged["within_tolerance"] is True and judged["tolerance"] == pytest.approx(2 * 65.535 / 255)
+    assert "8-bit grid" in judged["tolerance_rule"]
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA EP in this ONNX Runtime (CI has no GPU)")

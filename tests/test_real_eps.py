@@ -278,11 +278,13 @@ def test_opset_newer_than_the_named_release(tmp_path):
 
 @needs_qnn
 def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeypatch):
-    import ortprep.steps.compile as compile_step
+    import ortprep.runtime.tolerance as tolerance
 
-    monkeypatch.setattr(compile_step, "TOLERANCE", 0.0)  # any difference at all counts
+    # any difference at all counts
+    monkeypatch.setattr(tolerance, "tolerance_for", lambda *args: tolerance.Tolerance(0.0, "no difference allowed"))
     result = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--json")
     assert result.exit_code == 1 and "CMP002" in codes(result.json()) and not (tmp_path / "c.onnx").exists()
+    assert "allowed 0: no difference allowed" in next(f for f in result.json()["findings"] if f["code"] == "CMP002")["message"]
     kept = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--keep-failed", "--json")
     assert kept.exit_code == 1 and (tmp_path / "c.onnx").exists()
 
@@ -383,28 +385,39 @@ def depthwise_strided(path: Path) -> Path:
 
 
 @needs_qnn
-def test_prove_makes_the_failing_qnn_session_the_verdict_and_finds_the_device(tmp_path):
+def test_the_device_is_part_of_the_qnn_target(tmp_path):
+    """The strided depthwise Conv finalizes for ortprep's default device (Snapdragon X Elite,
+    soc_model 60), which every report names; for the Snapdragon 888 (soc_model 30) the real session
+    fails at graph finalize, and that failure is the proven verdict."""
     model = depthwise_strided(tmp_path / "dw.onnx")
     result = invoke("check", model, "--ep", "qnn", "--ep", "dml", "--prove", "--json")
-    assert result.exit_code == 1  # the proven verdict fails the gate
+    assert result.exit_code == 0
     record = result.json()
     qnn, dml = record["results"]
-    assert qnn["predicted_verdict"] == "full" and qnn["verdict"] == "none"
-    assert qnn["proof"]["status"] == "failed" and "finalize" in qnn["proof"]["message"].lower()
-    assert qnn["proof"]["retry"] == {"device": "Snapdragon X Elite (soc_model 60)", "provider_options": {"soc_model": "60"},
-                                     "created": True, "message": ""}
-    failure = next(f for f in record["findings"] if f["code"] == "PRV002")
-    assert "QNN_COMMON_ERROR_MEM_ALLOC" in failure["message"] and "--provider-option qnn:soc_model=60" in failure["fix"]
+    assert qnn["device"]["name"] == "x-elite" and qnn["device"]["chosen_by"] == "default"
+    assert qnn["device"]["provider_options"] == {"soc_model": "60"} and "dml" not in [r["ep"] for r in record["results"]
+                                                                                        if "device" in r]
+    proof = qnn["proof"]
+    assert qnn["verdict"] == qnn["predicted_verdict"] == "full" and proof["status"] == "created"
+    assert proof["provider_options"]["soc_model"] == "60" and proof["nodes_on_ep"] == proof["nodes_total"]
+    assert proof["comparison"]["node_agreement"] == 1.0
+    assert not any(f["code"].startswith("PRV") and f["target"] == "qnn" for f in record["findings"])
     # DirectML does not run here: its verdict stays the prediction, and says so
     assert dml["proof"]["status"] == "unavailable" and dml["verdict"] == dml["predicted_verdict"] == "full"
     assert any(f["code"] == "PRV003" and f["target"] == "dml" for f in record["findings"])
-    # named, the device makes the session: proven full, every node on QNN, no PRV002
-    named = invoke("check", model, "--ep", "qnn", "--prove", "--provider-option", "qnn:soc_model=60", "--json").json()
-    proof = named["results"][0]["proof"]
-    assert named["results"][0]["verdict"] == "full" and proof["status"] == "created"
-    assert proof["provider_options"]["soc_model"] == "60" and proof["nodes_on_ep"] == proof["nodes_total"]  # (its layout pass adds nodes)
-    assert proof["comparison"]["node_agreement"] == 1.0 and proof["comparison"]["actual_verdict"] == "full"
-    assert not any(f["code"].startswith("PRV") for f in named["findings"])
+    # the table-only check names the device too
+    assert invoke("check", model, "--ep", "qnn", "--json").json()["results"][0]["device"]["name"] == "x-elite"
+
+    older = invoke("check", model, "--ep", "qnn", "--prove", "--device", "sm8350", "--json")
+    assert older.exit_code == 1  # the proven verdict fails the gate
+    qnn = older.json()["results"][0]
+    assert qnn["device"]["name"] == "888" and qnn["device"]["chosen_by"] == "--device"
+    assert qnn["predicted_verdict"] == "full" and qnn["verdict"] == "none"
+    assert qnn["proof"]["status"] == "failed" and "finalize" in qnn["proof"]["message"].lower()
+    assert qnn["proof"]["provider_options"]["soc_model"] == "30"
+    failure = next(f for f in older.json()["findings"] if f["code"] == "PRV002")
+    assert "QNN_COMMON_ERROR_MEM_ALLOC" in failure["message"]
+    assert [n["name"] for n in qnn["proof"]["culprit"]["nodes"]] == ["dw"]
 
 
 @needs_openvino
@@ -487,9 +500,10 @@ def test_prove_control_flow_on_real_openvino(tmp_path):
 
 @needs_qnn
 def test_load_keeps_the_prediction_when_the_session_is_not_created(tmp_path):
-    """The QNN session fails at finalize; load still shows what check predicted next to "none"."""
+    """The QNN session fails at finalize (for the Snapdragon 888); load still shows what check
+    predicted next to "none", and names the device."""
     model = depthwise_strided(tmp_path / "dw.onnx")
-    record = invoke("load", model, "--ep", "qnn", "--json").json()
+    record = invoke("load", model, "--ep", "qnn", "--device", "888", "--json").json()
     qnn = next(r for r in record["results"] if r["ep"] == "qnn")
     assert qnn["status"] == "failed" and "finalize" in qnn["message"].lower()
     assert qnn["check_comparison"]["predicted_verdict"] == "full"
@@ -556,7 +570,7 @@ def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
 def test_prove_reduces_a_failing_qnn_session_to_its_culprit(tmp_path):
     """Seven nodes, one of which (a depthwise Conv with strides [2, 1]) fails at QNN graph finalize
     on the simulator's default SoC: the reduction names it alone, within 2 * log2(nodes) + 1 probe
-    sessions, with its attributes and input shapes; the soc_model 60 retry still creates the model."""
+    sessions, with its attributes and input shapes."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -575,14 +589,13 @@ def test_prove_reduces_a_failing_qnn_session_to_its_culprit(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 16])], inits)
     path = tmp_path / "net7.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-    record = invoke("check", path, "--ep", "qnn", "--prove", "--json").json()
+    record = invoke("check", path, "--ep", "qnn", "--prove", "--device", "888", "--json").json()
     proof = record["results"][0]["proof"]
     culprit = proof["culprit"]
     assert [n["name"] for n in culprit["nodes"]] == ["dw"]
     assert culprit["nodes"][0]["attributes"]["strides"] == [2, 1]
     assert culprit["nodes"][0]["inputs"] == ["float32[1,8,16,16]", "float32[8,1,3,3]"]
     assert culprit["probes"] <= 2 * 3 + 1 and "finalize" in culprit["message"].lower()
-    assert proof["retry"]["created"] is True
     failure = next(f for f in record["findings"] if f["code"] == "PRV002")
     assert "fails alone: dw (Conv float32[1,8,16,16], float32[8,1,3,3], strides [2, 1])" in failure["message"]
 
@@ -599,7 +612,7 @@ def test_qnn_sessions_with_other_options_never_share_a_worker(tmp_path):
 
     model = str(depthwise_strided(tmp_path / "dw.onnx"))
     target = ep_runtime(resolve_ep("qnn"))
-    default = session_options(target)
+    default = {k: v for k, v in session_options(target).items() if k != "soc_model"}  # the simulator's own default
     with workers_scope() as pool:
         named = pool.call(Prove(model=model, provider="QNNExecutionProvider", provider_options={**default, "soc_model": "60"},
                                 plugin=target.plugin))

@@ -82,6 +82,19 @@ def test_model_repository_gate(tmp_path):
     assert invoke("run", folder).exit_code == 0
 
 
+def test_a_target_names_its_device(tmp_path):
+    """device = on a target reaches every step of it: the check record names the SoC it chose."""
+    folder = repository(tmp_path)
+    text = (folder / "ortprep.toml").read_text().replace('ep = "qnn"\n', 'ep = "qnn"\ndevice = "sm8650"\n')
+    (folder / "ortprep.toml").write_text(text)
+    report = invoke("run", folder, "--json").json()
+    npu = [run for run in report["runs"] if run["target"] == "npu"]
+    devices = {step["report"]["results"][0]["device"]["name"] for run in npu for step in run["steps"]}
+    assert devices == {"8gen3"}
+    assert all("device" not in step["report"]["results"][0] for run in report["runs"] if run["target"] == "cpu"
+               for step in run["steps"])
+
+
 def test_pyproject_table_and_github_outputs(tmp_path):
     folder = repository(tmp_path)
     text = (folder / "ortprep.toml").read_text()
@@ -101,6 +114,8 @@ def test_pyproject_table_and_github_outputs(tmp_path):
     ('[targets.npu]\nep = "qnn"\nmin_node_sharez = 0.5\n', "targets.npu.min_node_sharez: unknown key", 11),
     ('[targets.npu]\nep = "qnn"\nmin_node_share = "high"\n', "targets.npu.min_node_share: must be a number", 11),
     ('[targets.npu]\nep = "qnn"\nmax_partitions = 1.5\n', "targets.npu.max_partitions: must be an integer", 11),
+    ('[targets.npu]\nep = "qnn"\ndevice = "8gen9"\n', "targets.npu.device: unknown qnn device '8gen9'", 11),
+    ('[targets.npu]\nep = "openvino-cpu"\ndevice = "8gen3"\n', "targets.npu.device: --device names a device of qnn", 11),
 ])
 def test_config_errors_name_key_and_line(tmp_path, edit, key, line):
     folder = repository(tmp_path)

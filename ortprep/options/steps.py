@@ -23,6 +23,34 @@ def _known_release(version: str | None, where: str) -> None:
             release_limits(version)
         except UsageError as exc:
             raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
+DEVICE_HELP = ("The device the QNN target is for: a SoC name (x-elite, 8-elite, 8gen3, sm8650, ...; ortprep check "
+               "--list-eps) or soc_model=N. Default: x-elite (Snapdragon X Elite), stated in the report.")
+
+
+def _check_device(device: str | None, eps: list[str], provider_options: dict[str, dict[str, str]], where: str) -> None:
+    """--device names a device of one of the EPs (today: qnn), and does not contradict a soc_model
+    given as a provider option."""
+    from ortprep.eps.devices import has_devices, resolve_device
+    from ortprep.eps.registry import resolve_ep
+
+    if device is None:
+        return
+    names = {resolve_ep(part).name for label in eps for part in label.split(",")}
+    with_devices = [name for name in names if has_devices(name)]
+    if eps and not with_devices:
+        raise UsageError(f"{where}: --device names a QNN device, and no target here is qnn",
+                         hint="drop --device, or add --ep qnn")
+    try:
+        for name in with_devices or ["qnn"]:
+            chosen = resolve_device(name, device)
+            given = provider_options.get(name, {}).get("soc_model")
+            if given is not None and given != chosen.provider_options.get("soc_model"):
+                raise UsageError(f"--device {device} is soc_model {chosen.provider_options.get('soc_model')}, but "
+                                 f"--provider-option {name}:soc_model={given} says otherwise", hint="give one of the two")
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
+
+
 LEVELS = ("basic", "extended", "all")  # optimize
 MODES = ("static", "dynamic")  # quantize
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
@@ -79,9 +107,11 @@ class CheckOptions(StepOptions):
                                        flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
     timeout: float = option(DEFAULT_TIMEOUT, "With --prove: seconds per EP before its session counts as hung.", Kind.FLOAT,
                             minimum=0.1)
+    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
 
     def validate(self, where: str) -> None:
         _known_release(self.ort_version, where)
+        _check_device(self.device, self.eps, self.provider_options, where)
         if not self.eps:
             raise UsageError(f"{where}: no EP given", hint='name a target: --ep dml, or eps = ["dml"] in a config; '
                              "ortprep check --list-eps lists them")
@@ -182,8 +212,19 @@ class QuantizeOptions(StepOptions):
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
     keep_failed: bool = option(False, "Write the output even when the accuracy gate fails.", Kind.FLAG)
     verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)
+    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
+    on_ep: bool | None = option(None, "Judge the accuracy gate on the target EP's own outputs where that EP runs here "
+                                "(default), or on the CPU EP only (--gate-on-cpu).", Kind.TRISTATE, flags=("--gate-on-ep",),
+                                off_flag="--gate-on-cpu")
+    provider_options: dict[str, dict[str, str]] = option(
+        {}, "The target EP's session option for the evaluation on the EP: EP:KEY=VALUE (repeatable).",
+        Kind.PROVIDER_OPTIONS, flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
+    runtimes: dict[str, Path] = option({}, "Evaluate on an EP under another environment's Python (its own ONNX Runtime "
+                                       "flavour): EP=PYTHON (repeatable).", Kind.RUNTIMES,
+                                       flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
 
     def validate(self, where: str) -> None:
+        _check_device(self.device, [self.ep], self.provider_options, where)
         if self.mode is None:
             raise UsageError(f"{where}: no quantization mode", hint='set mode = "static" or "dynamic" (--static or --dynamic)')
         from ortprep.eps.registry import EPS, resolve_ep
@@ -232,8 +273,10 @@ class LoadOptions(StepOptions):
     placement_off: bool = option(False, "Also record placement with graph optimizations off (node names as in the "
                                  "file); placement is always recorded at the default level a user's session gets.",
                                  Kind.FLAG)
+    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
 
     def validate(self, where: str) -> None:
+        _check_device(self.device, self.eps, self.provider_options, where)
         if self.reference is not None and not Path(self.reference).is_file():
             raise UsageError(f"{where}: reference model not found: {self.reference}", hint="pass the float model's path")
         if self.custom_op_library is not None and not Path(self.custom_op_library).is_file():
@@ -280,8 +323,10 @@ class CompileOptions(StepOptions):
                                        metavar="EP=PYTHON")
     timeout: float = option(DEFAULT_TIMEOUT, "Seconds before the compile counts as hung.", Kind.FLOAT, minimum=0.1)
     keep_failed: bool = option(False, "Write the output even when the compiled model's outputs differ.", Kind.FLAG)
+    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
 
     def validate(self, where: str) -> None:
+        _check_device(self.device, [self.ep], self.provider_options, where)
         if self.ep not in COMPILE_EPS:
             raise UsageError(f"{where}: ortprep compiles EPContext models for {', '.join(COMPILE_EPS)}, not {self.ep}",
                              hint="choose --ep qnn or --ep openvino-cpu")

@@ -129,6 +129,14 @@ def _proof_mark(result: dict) -> str:
     return " (predicted)"
 
 
+def device_line(device: dict[str, Any]) -> str:
+    """The device a target is for, and how it was chosen (a default is said to be one)."""
+    options = ", ".join(f"{k}={v}" for k, v in device["provider_options"].items())
+    how = {"default": "ortprep's default; name yours with --device",
+           "--device": "--device", "provider option": "from --provider-option"}.get(device["chosen_by"], device["chosen_by"])
+    return f"{device['title']} ({options}; {how})"
+
+
 def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share * 100:.0f}%"
 
@@ -178,6 +186,8 @@ def render_check(record: dict[str, Any], console: Console) -> None:
     for result in record["results"]:
         findings = [f for f in record["findings"] if f.get("target") == result["ep"]]
         console.print(f"\n[bold]{escape(result['ep'])}[/]: {escape(answer(result, findings))}", highlight=False)
+        if result.get("device"):
+            console.print(f"  device: {escape(device_line(result['device']))}", highlight=False)
         render_causes(findings, console)
 
 
@@ -238,6 +248,15 @@ def render_eps(record: dict[str, Any], console: Console) -> None:
             ep["name"], ", ".join(ep["aliases"]), ep["provider"], ep["device"], str(ep["ops"]), ep["version"]
         )
     console.print(table)
+    devices = [(ep["name"], device) for ep in record["eps"] for device in ep.get("devices", [])]
+    if devices:
+        table = Table(title="Devices (--device; the default marked *)")
+        for column in ("EP", "device", "aliases", "SoC", "soc_model", "htp_arch"):
+            table.add_column(column)
+        for ep, device in devices:
+            table.add_row(ep, device["name"] + (" *" if device["default"] else ""), ", ".join(device["aliases"]),
+                          device["title"], str(device["soc_model"]), str(device["htp_arch"]))
+        console.print(table)
 
 
 def _number(value: float | None, digits: int = 6) -> str:
@@ -343,6 +362,11 @@ def render_load(record: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     for result in record["results"]:
+        if result.get("device"):
+            # What the application sets to get this session (printed so it can set the same).
+            options = ", ".join(f"{k}={v}" for k, v in result.get("provider_options", {}).items() if k != "backend_path")
+            console.print(f"{escape(result['ep'])}: device {escape(device_line(result['device']))}; the session's options: "
+                          f"{escape(options)}", highlight=False)
         if result.get("message"):
             console.print(f"{escape(result['ep'])}: {escape(result['message'])}", highlight=False)
         three = result.get("three_way")

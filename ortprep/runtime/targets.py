@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ortprep.eps.devices import Device, has_devices, resolve_device
 from ortprep.eps.registry import EpSpec
 from ortprep.runtime.providers import RuntimeProbe, plugin_table, probe_runtime
 
@@ -41,13 +42,34 @@ def ep_runtime(spec: EpSpec, runtimes: dict[str, Any] | None = None) -> EpRuntim
     return EpRuntime(spec, str(python) if python else None, probe, plugin)
 
 
-def session_options(target: EpRuntime, provider_options: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
-    """The EP's options: its defaults (QNN's HTP backend, OpenVINO's device), then the user's
-    (``provider_options``: canonical EP name -> {key: value}, as --provider-option gives them)."""
-    merged: dict[str, str] = dict(target.spec.session_options)
-    if target.plugin:
-        merged = {**target.plugin["options"]}
+def user_options(target: EpRuntime, provider_options: dict[str, dict[str, str]] | None) -> dict[str, str]:
+    """The options the user gave for this target's EP (--provider-option EP:KEY=VALUE)."""
+    merged: dict[str, str] = {}
     for name, values in (provider_options or {}).items():  # keys are canonical EP names (see Kind.PROVIDER_OPTIONS)
         if name == target.spec.name:
             merged.update(values)
+    return merged
+
+
+def target_device(target: EpRuntime, provider_options: dict[str, dict[str, str]] | None = None,
+                  device: str | None = None) -> Device | None:
+    """The device this target's sessions are for (QNN: the SoC): --device, else a soc_model the
+    user's provider options set, else the EP's stated default; None for EPs without devices."""
+    if not has_devices(target.spec.name):
+        return None  # --device was validated against the command's EPs; it names none of this one's
+    return resolve_device(target.spec.name, device, user_options(target, provider_options))
+
+
+def session_options(target: EpRuntime, provider_options: dict[str, dict[str, str]] | None = None,
+                    device: str | None = None) -> dict[str, str]:
+    """The EP's options: its defaults (QNN's HTP backend, OpenVINO's device), the device's (QNN's
+    soc_model: --device or the stated default), then the user's (``provider_options``: canonical
+    EP name -> {key: value}, as --provider-option gives them)."""
+    merged: dict[str, str] = dict(target.spec.session_options)
+    if target.plugin:
+        merged = {**target.plugin["options"]}
+    chosen = target_device(target, provider_options, device)
+    if chosen is not None:
+        merged.update(chosen.provider_options)
+    merged.update(user_options(target, provider_options))
     return merged

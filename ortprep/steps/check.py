@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
+from ortprep.eps.devices import device_table, has_devices, resolve_device
 from ortprep.eps.partition import CPU, FOLDED, cpu_islands, graph_view, partition_groups, partition_graph
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
@@ -311,6 +312,9 @@ def list_eps() -> dict[str, Any]:
                 "ops": len(table.entries),
             }
         )
+        devices = [row for row in device_table() if row["ep"] == spec.name]
+        if devices:
+            entries[-1]["devices"] = [{k: v for k, v in row.items() if k != "ep"} for row in devices]
     return {"schema": EPS_SCHEMA, "eps": entries}
 
 
@@ -321,6 +325,12 @@ class CheckStep(Step):
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         analysis = ModelAnalysis(model)  # once: the prediction and the proof both read it
         result = check_model(model, self.options.eps, self.options.ort_version, analysis)
+        for record in result.data["results"]:
+            # The device a target is for is part of the target: named in every report (QNN's SoC).
+            device = resolve_device(record["ep"], self.options.device, self.options.provider_options.get(record["ep"])) \
+                if has_devices(record["ep"]) else None
+            if device is not None:
+                record["device"] = device.record()
         if self.options.prove:
             from ortprep.steps.prove import prove_targets
 

@@ -17,16 +17,14 @@ from ortprep.findings import Finding
 from ortprep.model import ModelHandle
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
-from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
 from ortprep.runtime.requests import Compile
-from ortprep.runtime.targets import ep_runtime, session_options
+from ortprep.runtime.targets import ep_runtime, session_options, target_device
+from ortprep.runtime.tolerance import judge_outputs
 from ortprep.runtime.worker import call
 from ortprep.steps.base import Step, StepContext, output_path
 
 SCHEMA = "ortprep.compile/1"
-TOLERANCE = 1e-2  # of the output's scale: compiled NPU graphs may compute in lower precision
-NORM_TOLERANCE = 0.02  # the compiled output's norm within 2% of the source model's (as load)
 
 
 def ep_context_facts(path: Path) -> dict[str, Any]:
@@ -56,6 +54,9 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     data: dict[str, Any] = {"input": str(handle.path), "output": None, "ep": spec.name,
                             "runtime": target.python or "this environment",
                             "package": target.plugin["package"] if target.plugin else None}
+    device = target_device(target, options.provider_options, options.device)
+    if device is not None:
+        data["device"] = device.record()
     if not target.available:
         message = f"{spec.name}: not available here; {spec.install_hint}"
         report.add(Finding.of("LOD002", message, ep=spec.name, fix=spec.install_hint))
@@ -67,7 +68,8 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
         request = Compile(model=os.path.abspath(handle.path), output=str(compiled.resolve()), provider=spec.provider,
-                          feeds=feeds, provider_options=session_options(target, options.provider_options), plugin=target.plugin)
+                          feeds=feeds, provider_options=session_options(target, options.provider_options, options.device),
+                          plugin=target.plugin)
         reply = call(request, python=target.python, timeout=options.timeout)
         status = {"ok": reply.ok, "stage": reply.stage if reply.status in ("ok", "failed") else "compile",
                   "error": reply.message if reply.status == "failed" else
@@ -76,7 +78,9 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             data.update(ep_context_facts(compiled))
         comparison = None
         if status.get("ok"):
-            comparison = [_compare(name, reply.reference[name], reply.compiled[name]) for name in reply.output_names]
+            # load's rule (runtime/tolerance.py): the EP's precision, a quantized model's own steps, the norm
+            comparison = judge_outputs(handle.proto, spec.name, {name: reply.reference[name] for name in reply.output_names},
+                                       {name: reply.compiled[name] for name in reply.output_names})
         data["stage"] = status.get("stage")
         data["error"] = status.get("error")
         data["outputs"] = comparison
@@ -90,8 +94,12 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
                    "source model, which the EP compiles at load, or compile with another release of the EP")
             report.add(Finding.of("CMP001", f"{spec.name}: {what}: {status.get('error')}", ep=spec.name, fix=fix))
         elif not passed:
+            worst = next(c for c in comparison or [] if not c["within_tolerance"]) if comparison else None
+            detail = (f" ('{worst['name']}': max abs diff {worst['max_abs_diff']:.4g}, norm ratio {worst['norm_ratio']:.4f}; "
+                      f"allowed {worst['tolerance']:.4g}: {worst['tolerance_rule']})"
+                      if worst and worst["max_abs_diff"] is not None and worst["norm_ratio"] is not None else "")
             report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
-                                  "on the CPU EP beyond tolerance", ep=spec.name,
+                                  f"on the CPU EP beyond tolerance{detail}", ep=spec.name,
                                   fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"))
         if data.get("other_nodes"):
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
@@ -104,16 +112,6 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             report.output = dest
     report.data = data
     return report
-
-
-def _compare(name: str, reference: np.ndarray, candidate: np.ndarray) -> dict[str, Any]:
-    diff = compare_arrays(name, reference, candidate)
-    scale = max(1.0, float(np.abs(reference).max())) if reference.size and reference.dtype.kind == "f" else 1.0
-    ok = diff.shape_match and diff.max_abs_diff is not None and not diff.nonfinite and diff.max_abs_diff <= TOLERANCE * scale
-    if reference.dtype.kind == "f" and diff.norm_ratio is not None and abs(diff.norm_ratio - 1.0) > NORM_TOLERANCE:
-        ok = False  # scaled as a whole: the direction is right, the size is not (load's rule)
-    return {"name": name, "max_abs_diff": diff.max_abs_diff, "cosine": diff.cosine, "norm_ratio": diff.norm_ratio,
-            "within_tolerance": bool(ok)}
 
 
 class CompileStep(Step):

@@ -35,7 +35,8 @@ from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
 )
-from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options
+from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
+from ortprep.runtime.tolerance import NORM_TOLERANCE, judge_outputs
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.prove import compare_prediction
@@ -44,9 +45,6 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "ortprep.load/2"
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
-TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
-QUANTIZED_TOLERANCE = 1e-2
-NORM_TOLERANCE = 0.02  # an EP's output norm within 2% of the CPU EP's
 
 
 def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path) -> dict[str, Any]:
@@ -61,7 +59,7 @@ def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options
         model=os.path.abspath(model),
         provider=target.spec.provider,
         feeds=feeds,
-        provider_options=session_options(target, options.provider_options),
+        provider_options=session_options(target, options.provider_options, options.device),
         plugin=target.plugin,
         custom_op_library=str(options.custom_op_library) if options.custom_op_library else None,
         runs=options.runs,
@@ -105,33 +103,16 @@ def ep_rejections(log_text: str) -> dict[str, dict[str, str]]:
     return found
 
 
-def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray],
-             quantized: bool = False) -> tuple[bool | None, float | None]:
-    """Do the EP's outputs match the CPU EP's? Float32 within 1e-3 of the output's scale (at least
-    1), float16 1e-2; a quantized (QDQ) model within QUANTIZED_TOLERANCE, since an EP's integer
-    arithmetic may round a step differently from the CPU EP's."""
+def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], proto, ep: str
+             ) -> tuple[bool | None, float | None, list[dict[str, Any]]]:
+    """Do the EP's outputs match the CPU EP's? One rule with compile (runtime/tolerance.py): a share
+    of the output's scale by the precision the EP computes in, a quantized model's own steps, and
+    the output's norm within NORM_TOLERANCE."""
     if reference is None:
-        return None, None
-    worst, match = 0.0, True
-    for name, value in reference.items():
-        other = outputs.get(name)
-        if other is None:
-            return False, None
-        diff = compare_arrays(name, value, other)
-        if not diff.shape_match or diff.max_abs_diff is None:
-            return False, None
-        scale = max(1.0, float(np.abs(value).max())) if value.size and value.dtype.kind == "f" else 1.0
-        tolerance = TOLERANCE.get(str(other.dtype), 1e-3) if value.dtype.kind == "f" else 0.0
-        if quantized and value.dtype.kind == "f":
-            tolerance = max(tolerance, QUANTIZED_TOLERANCE)
-        worst = max(worst, diff.max_abs_diff)
-        if diff.nonfinite or diff.max_abs_diff > tolerance * scale:
-            match = False
-        # Magnitude too: an output scaled as a whole (QNN's fixed Sigmoid encoding against the graph
-        # output's DequantizeLinear) keeps its direction, so only its norm shows it.
-        if value.dtype.kind == "f" and diff.norm_ratio is not None and abs(diff.norm_ratio - 1.0) > NORM_TOLERANCE:
-            match = False
-    return match, worst
+        return None, None, []
+    judged = judge_outputs(proto, ep, reference, outputs)
+    worst = max((j["max_abs_diff"] for j in judged if j["max_abs_diff"] is not None), default=None)
+    return all(j["within_tolerance"] for j in judged), worst, judged
 
 
 def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[str, str],
@@ -261,6 +242,10 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     spec, name, provider = target.spec, target.spec.name, target.spec.provider
     record: dict[str, Any] = {"ep": name, "provider": provider, "runtime": target.python or "this environment",
                               "package": target.plugin["package"] if target.plugin else None}
+    device = target_device(target, options.provider_options, options.device)
+    if device is not None:
+        record["device"] = device.record()
+    record["provider_options"] = session_options(target, options.provider_options, options.device)
     if status.get("status") in ("crashed", "timeout"):
         record.update(status=status["status"], message=status["message"])
         report.add(Finding.of("LOD003", f"{name}: {status['message']}", ep=name,
@@ -306,8 +291,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     on_ep = [n for n, ep in assignment.items() if ep == provider]
     fallback = sorted(n for n, ep in assignment.items() if ep != provider)
     strict_ok = status["strict"]["ok"]
-    quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in analysis.all_nodes())
-    match, max_abs = (None, None) if provider == "CPUExecutionProvider" else _compare(reference, status["outputs"], quantized)
+    match, max_abs, judged = (None, None, []) if provider == "CPUExecutionProvider" else \
+        _compare(reference, status["outputs"], analysis.handle.proto, name)
     latencies = status.get("latency_ms", [])
     record.update(
         status="ok" if strict_ok is not False and not fallback else "fallback",
@@ -319,6 +304,7 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         placement_off=_placement_summary(placement.get("off"), provider),
         outputs_match=match,
         max_abs_diff=max_abs,
+        outputs=judged or None,
         nonfinite_outputs=status.get("nonfinite", []),
         latency_ms={"median": statistics.median(latencies), "p90": float(np.percentile(latencies, 90))} if latencies else None,
     )
@@ -341,6 +327,9 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         ratio, cosine = (ep_vs_cpu or {}).get("norm_ratio"), (ep_vs_cpu or {}).get("cosine")
         scaled = ratio is not None and cosine is not None and cosine > 0.999 and abs(ratio - 1.0) > NORM_TOLERANCE
         shown = f"max abs diff {max_abs:.4g}" + (f", cosine {cosine:.5f}, norm ratio {ratio:.4f}" if ratio is not None else "")
+        failing = [j for j in judged if not j["within_tolerance"]]
+        if failing and failing[0]["tolerance"] is not None:
+            shown += f"; allowed {failing[0]['tolerance']:.4g} on '{failing[0]['name']}': {failing[0]['tolerance_rule']}"
         report.add(Finding.of(
             "LOD006", f"{name}: outputs differ from the CPU EP's beyond tolerance ({shown})"
             + ("; the direction is right and the size is not: the output is scaled as a whole" if scaled else ""), ep=name,

@@ -2,11 +2,9 @@
 would create is built on a worker, and its outcome is the verdict: the EP's own placement next
 to the tables' prediction, or, when the session cannot be created, "none" with the EP's words.
 
-A QNN session that fails at graph finalize is tried once more for a named device (soc_model 60,
-Snapdragon X Elite): the HTP simulator's default SoC refuses float patterns that real devices
-finalize (measured with onnxruntime 1.32 + onnxruntime-qnn 2.7.0: a depthwise Conv with strides
-[2, 1] fails on the default SoC and finalizes with soc_model 60), so the fix, when it works, is a
-provider option the application sets, and the report says so.
+A QNN session is built for the target's device (--device, else ortprep's stated default: see
+eps/devices.py), which the report names: the outcome depends on it. A session that is not created
+is reduced to the nodes that cause it (steps/reduce.py).
 """
 
 from __future__ import annotations
@@ -20,13 +18,8 @@ from ortprep.findings import Finding
 from ortprep.options import CheckOptions
 from ortprep.report import StepResult
 from ortprep.runtime.kernels import support_table
-from ortprep.runtime.targets import ep_runtime, session_options
+from ortprep.runtime.targets import ep_runtime, session_options, target_device
 from ortprep.steps.reduce import reduce_failure
-
-# A device to try when QNN's simulator refuses a graph at finalize (see the module's docstring).
-QNN_RETRY_DEVICE = {"soc_model": "60"}
-QNN_RETRY_NAME = "Snapdragon X Elite (soc_model 60)"
-
 
 def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[str, Any], assignment: dict[str, str],
                        subgraphs: list[list]) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
@@ -102,7 +95,10 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             result.add(Finding.of("PRV003", f"{label}: the EP does not run here, so the verdict stays a prediction",
                                   ep=label, target=label, fix=spec.install_hint))
             continue
-        chosen = session_options(target, options.provider_options)
+        chosen = session_options(target, options.provider_options, options.device)
+        device = target_device(target, options.provider_options, options.device)
+        if device is not None:
+            record["device"] = device.record()
         qnn = spec.provider == "QNNExecutionProvider"
 
         def session(provider_options: dict[str, str]):
@@ -132,16 +128,6 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                             f"{n['name']} ({n['op_type']} {', '.join(n['inputs'])}"
                             + (f", strides {n['attributes']['strides']}" if "strides" in n["attributes"] else "") + ")"
                             for n in culprit["nodes"][:5]) + f" ({culprit['probes']} probe sessions, {culprit['seconds']} s)"
-            if qnn and "finalize" in reply.message.lower() and "soc_model" not in chosen:
-                # Its own worker (the request's affinity): QNN keeps one HTP backend per process and the first
-                # session's SoC sticks, so a soc_model 60 session must not share a process with default ones.
-                retry = session({**chosen, **QNN_RETRY_DEVICE})
-                proof["retry"] = {"device": QNN_RETRY_NAME, "provider_options": QNN_RETRY_DEVICE, "created": retry.ok,
-                                  "message": "" if retry.ok else retry.message}
-                if retry.ok:
-                    fix = (f"name the device: the session is created for {QNN_RETRY_NAME}; set soc_model=60 in your "
-                           f"application's QNN options, and prove it: ortprep check MODEL --ep qnn --prove "
-                           f"--provider-option qnn:soc_model=60")
             result.add(Finding.of("PRV002", f"{label}: the real session is not created ({reply.message}); check "
                                   f"predicted '{record['predicted_verdict']}'{culprit_text}", ep=label, target=label, fix=fix))
             continue

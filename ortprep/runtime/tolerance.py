@@ -1,0 +1,132 @@
+"""How close an EP's output must be to the CPU EP's: one rule for load and compile.
+
+- Float models: a share of the output's scale (its largest magnitude, at least 1) by the precision
+  the EP computes in: 1e-3 for float32, 1e-2 where the EP runs float graphs in float16 (QNN's HTP,
+  the DirectML NPU path, OpenVINO's GPU and NPU devices).
+- Quantized (QDQ) models: the model's own quantization steps. An EP's integer arithmetic rounds
+  some steps otherwise than the CPU EP's, and the error grows through the layers, so an output
+  may differ by GRID_STEPS steps of an 8-bit grid over the output's calibrated range (read from
+  the DequantizeLinear that makes it), and by at least 1% of its scale.
+- Always: the output's norm within NORM_TOLERANCE of the reference's, so an output scaled as a
+  whole (its direction right, its size not) fails however close its cosine is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ortprep.runtime.compare import compare_arrays
+
+NORM_TOLERANCE = 0.02  # an output's norm within 2% of the reference's
+FLOAT_SHARE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-6}
+# EPs that compute float graphs in float16 by default (QNN HTP: enable_htp_fp16_precision; see the
+# qnn table's HTP constraint; OpenVINO GPU/NPU: f16 inference precision; the DirectML NPU path).
+FLOAT16_COMPUTE = ("qnn", "dml-npu", "openvino-gpu", "openvino-npu")
+QUANTIZED_SHARE = 1e-2  # the least a quantized model's output may differ, of its scale
+GRID_STEPS = 2  # steps of an 8-bit grid over a quantized output's calibrated range
+# Ops that move values without changing them: an output behind them keeps its DequantizeLinear's steps.
+_PASS_THROUGH = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Gather", "Split",
+                 "Concat", "MaxPool", "Relu", "Clip")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    absolute: float  # the largest max abs diff allowed
+    rule: str  # how it was set, for the report
+
+
+def output_ranges(proto) -> dict[str, float]:
+    """Each graph output's calibrated range (scale x number of levels), from the DequantizeLinear
+    that makes it (directly, or through ops that only move values); outputs without one are absent."""
+    from onnx import numpy_helper
+
+    weights = {t.name: t for t in proto.graph.initializer}
+    constants = {n.output[0]: n for n in proto.graph.node if n.op_type == "Constant" and n.output}
+    producer = {out: node for node in proto.graph.node for out in node.output}
+
+    def array(name: str):
+        if name in weights:
+            try:
+                return numpy_helper.to_array(weights[name])
+            except Exception:  # noqa: BLE001 - a scale kept in external data that is not loaded: no range
+                return None
+        node = constants.get(name)
+        if node is not None:
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    return numpy_helper.to_array(attribute.t)
+        return None
+
+    def levels(node) -> int:
+        zero = array(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        data = array(node.input[0])
+        kind = zero.dtype if zero is not None else (data.dtype if data is not None else np.dtype(np.uint8))
+        return int(2 ** (8 * np.dtype(kind).itemsize) - 1)
+
+    ranges = {}
+    for output in proto.graph.output:
+        name, hops = output.name, 0
+        while hops < 8 and name in producer:
+            node = producer[name]
+            if node.op_type == "DequantizeLinear":
+                scale = array(node.input[1])
+                if scale is not None and scale.size:
+                    ranges[output.name] = float(np.max(np.abs(scale))) * levels(node)
+                break
+            if node.op_type not in _PASS_THROUGH or not node.input:
+                break
+            name, hops = node.input[0], hops + 1
+    return ranges
+
+
+def tolerance_for(ep: str, reference: np.ndarray, candidate_dtype: str, quantized_range: float | None,
+                  quantized: bool) -> Tolerance:
+    """The largest max abs diff allowed for one output (see the module's docstring)."""
+    if reference.dtype.kind != "f":
+        return Tolerance(0.0, "exact (not a float output)")
+    scale = max(1.0, float(np.abs(reference).max())) if reference.size else 1.0
+    share = FLOAT_SHARE.get(candidate_dtype, 1e-3)
+    precision = candidate_dtype
+    if ep in FLOAT16_COMPUTE and share < FLOAT_SHARE["float16"]:
+        share, precision = FLOAT_SHARE["float16"], f"float16 compute on {ep}"
+    if not quantized:
+        return Tolerance(share * scale, f"{share:g} of the output's scale {scale:.4g} ({precision})")
+    least = max(share, QUANTIZED_SHARE) * scale
+    if quantized_range:
+        steps = GRID_STEPS * quantized_range / 255
+        if steps > least:
+            return Tolerance(steps, f"{GRID_STEPS} steps of an 8-bit grid over the output's quantized range "
+                                    f"{quantized_range:.4g} (its DequantizeLinear scale)")
+    return Tolerance(least, f"{max(share, QUANTIZED_SHARE):g} of the output's scale {scale:.4g} (quantized model)")
+
+
+def judge_output(name: str, reference: np.ndarray, candidate: np.ndarray, tolerance: Tolerance) -> dict[str, Any]:
+    """One output against the rule: its figures, the tolerance used, and whether it holds."""
+    diff = compare_arrays(name, reference, candidate)
+    ok = diff.shape_match and diff.max_abs_diff is not None and not diff.nonfinite \
+        and diff.max_abs_diff <= tolerance.absolute
+    scaled = reference.dtype.kind == "f" and diff.norm_ratio is not None and abs(diff.norm_ratio - 1.0) > NORM_TOLERANCE
+    return {"name": name, "max_abs_diff": diff.max_abs_diff, "cosine": diff.cosine, "norm_ratio": diff.norm_ratio,
+            "tolerance": tolerance.absolute, "tolerance_rule": tolerance.rule, "nonfinite": diff.nonfinite,
+            "shape_match": diff.shape_match, "within_tolerance": bool(ok and not scaled)}
+
+
+def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Every output of ``reference`` judged (a missing one fails); ``proto`` is the model that made
+    ``candidate`` (its DequantizeLinear scales set a quantized output's tolerance)."""
+    quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in proto.graph.node)
+    ranges = output_ranges(proto) if quantized else {}
+    judged = []
+    for name, value in reference.items():
+        other = candidate.get(name)
+        if other is None:
+            judged.append({"name": name, "max_abs_diff": None, "cosine": None, "norm_ratio": None, "tolerance": None,
+                           "tolerance_rule": "output missing", "nonfinite": False, "shape_match": False,
+                           "within_tolerance": False})
+            continue
+        value, other = np.asarray(value), np.asarray(other)
+        judged.append(judge_output(name, value, other, tolerance_for(ep, value, str(other.dtype), ranges.get(name), quantized)))
+    return judged

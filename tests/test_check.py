@@ -290,6 +290,37 @@ def test_generated_tables_carry_sources():
             assert entry["src"] in table["sources"], (path.name, entry)
 
 
+def test_patterns_measured_to_fail_on_a_device_are_predicted(tmp_path):
+    """A depthwise Conv with strides [2, 1] and a ReduceSum feeding a Mul were measured to fail the
+    QNN session at finalize on the Snapdragon 888 (soc_model 30) and to finalize on newer SoCs:
+    check predicts "none" there (QNN004, naming the node) and "full" on the default device."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="dw"),
+         helper.make_node("ReduceSum", ["c", "axes"], ["s"], keepdims=1, name="sum"),
+         helper.make_node("Mul", ["s", "inv"], ["m"], name="mean"), helper.make_node("Sub", ["c", "m"], ["y"], name="center")],
+        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 8])],
+        [numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([-1], np.int64), "axes"), numpy_helper.from_array(np.array(0.125, np.float32), "inv")])
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    older = invoke("check", path, "--ep", "qnn", "--device", "sm8350", "--json")
+    assert older.exit_code == 1
+    record = older.json()
+    assert record["results"][0]["verdict"] == "none" and record["results"][0]["device"]["provider_options"] == {"soc_model": "30"}
+    named = {f["node"]: f for f in record["findings"] if f["code"] == "QNN004"}
+    assert set(named) == {"dw", "sum"} and "MEASURED" not in named["dw"]["source"] and "soc_model unset or 30" in named["dw"]["source"]
+    # the 8cx Gen 3 refuses the Conv (measured), not the ReduceSum
+    assert {f["node"] for f in invoke("check", path, "--ep", "qnn", "--device", "8cx-gen3", "--json").json()["findings"]
+            if f["code"] == "QNN004"} == {"dw"}
+    default = invoke("check", path, "--ep", "qnn", "--json").json()
+    assert default["results"][0]["verdict"] == "full" and not any(f["code"] == "QNN004" for f in default["findings"])
+
+
 def test_devices_carry_sources_and_resolve():
     from ortprep.eps.devices import device_facts, resolve_device
 

@@ -412,7 +412,9 @@ def test_the_device_is_part_of_the_qnn_target(tmp_path):
     assert older.exit_code == 1  # the proven verdict fails the gate
     qnn = older.json()["results"][0]
     assert qnn["device"]["name"] == "888" and qnn["device"]["chosen_by"] == "--device"
-    assert qnn["predicted_verdict"] == "full" and qnn["verdict"] == "none"
+    # the tables know this pattern fails on that SoC (measured, QNN004): predicted and proven "none"
+    assert qnn["predicted_verdict"] == "none" and qnn["verdict"] == "none"
+    assert any(f["code"] == "QNN004" and f["node"] == "dw" for f in older.json()["findings"])
     assert qnn["proof"]["status"] == "failed" and "finalize" in qnn["proof"]["message"].lower()
     assert qnn["proof"]["provider_options"]["soc_model"] == "30"
     failure = next(f for f in older.json()["findings"] if f["code"] == "PRV002")
@@ -506,7 +508,7 @@ def test_load_keeps_the_prediction_when_the_session_is_not_created(tmp_path):
     record = invoke("load", model, "--ep", "qnn", "--device", "888", "--json").json()
     qnn = next(r for r in record["results"] if r["ep"] == "qnn")
     assert qnn["status"] == "failed" and "finalize" in qnn["message"].lower()
-    assert qnn["check_comparison"]["predicted_verdict"] == "full"
+    assert qnn["check_comparison"]["predicted_verdict"] == "none"  # QNN004: measured to fail on this SoC
     assert qnn["check_comparison"]["actual_verdict"] == "none" and qnn["check_comparison"]["session"] == "not created"
 
 

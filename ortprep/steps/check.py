@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
-from ortprep.eps.devices import device_table, has_devices, resolve_device
+from ortprep.eps.devices import Device, device_table, has_devices, resolve_device
 from ortprep.eps.partition import CPU, FOLDED, cpu_islands, graph_view, partition_groups, partition_graph
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
@@ -188,9 +188,12 @@ def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
     return "partial"
 
 
-def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
-                 ort_version: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
-    """Check one target (one session's EP priority list) and return its result record and findings."""
+def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_version: str | None = None,
+                 device: Device | None = None) -> tuple[dict[str, Any], list[Finding]]:
+    """Check one target (one session's EP priority list) and return its result record and findings.
+    ``device``: the device a one-EP target is for (QNN's SoC; None: the EP's stated default)."""
+    if device is None and len(target) == 1 and has_devices(target[0].name):
+        device = resolve_device(target[0].name, None)
     tables = {spec.name: support_table(spec.name) for spec in target}
     label = ",".join(spec.name for spec in target)
     nodes = analysis.all_nodes()
@@ -218,6 +221,8 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
     coverage = _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
     if coverage is not None:
         findings.append(coverage)
+    device_failures = _device_failures(analysis, label, device) if len(target) == 1 and device is not None else []
+    findings.extend(device_failures)
     record = {
         "ep": label,
         "providers": [spec.provider for spec in target] + ([] if target[-1].name == "cpu" else ["CPUExecutionProvider"]),
@@ -231,16 +236,34 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
         "node_share": round(supported / nodes_placed, 4) if nodes_placed else None,
         "macs": {"known": macs_total, "on_ep": macs_on_ep},
         "mac_share": round(macs_on_ep / macs_total, 4) if macs_total else None,
-        "verdict": _verdict(findings, nodes_placed, supported),
+        "verdict": "none" if device_failures else _verdict(findings, nodes_placed, supported),
         "finding_count": len(findings),
     }
+    if device is not None and len(target) == 1:
+        record["device"] = device.record()  # the device is part of the target: every report names it
     return record, [dataclasses.replace(f, target=label) for f in findings]
 
 
+def _device_failures(analysis: ModelAnalysis, label: str, device: Device) -> list[Finding]:
+    """Patterns measured to fail the whole session on this device (QNN: at graph finalize), one
+    finding (QNN004) per node that matches; the verdict is then "none"."""
+    from ortprep.eps.device_rules import failing_patterns
+
+    return [Finding.of(
+        "QNN004", f"{label}: node '{node.name}' ({node.op_type}) is {failure['what']}, measured to fail the session "
+        f"on {device.title}: no session is created", ep=label, node=node.name, op_type=node.op_type,
+        source=failure["source"],
+        fix="if you deploy to a newer SoC, name it (--device x-elite, 8gen3 or 8-elite: measured to finalize this) and "
+            "prove it: ortprep check MODEL --ep qnn --prove --device NAME")
+        for node, failure in failing_patterns(analysis, device)]
+
+
 def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None = None,
-                analysis: ModelAnalysis | None = None) -> StepResult:
+                analysis: ModelAnalysis | None = None, device: str | None = None,
+                provider_options: dict[str, dict[str, str]] | None = None) -> StepResult:
     """Check a model against each target. A target is an EP name, or a comma-separated priority
-    list for one session ("openvino-cpu,dml"). ``analysis``: the model's, when the caller has it."""
+    list for one session ("openvino-cpu,dml"). ``analysis``: the model's, when the caller has it;
+    ``device`` (--device) and ``provider_options`` name the device of targets that have one."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
     analysis = analysis or ModelAnalysis(handle)
     report = StepResult(step="check", schema=SCHEMA)
@@ -248,7 +271,9 @@ def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None
     shown = str(handle.path) if handle.path else "MODEL"
     static_fix = static_shape_fix(analysis, shown)
     for target in resolved:
-        record, findings = check_target(analysis, target, ort_version)
+        chosen = resolve_device(target[0].name, device, (provider_options or {}).get(target[0].name)) \
+            if len(target) == 1 and has_devices(target[0].name) else None
+        record, findings = check_target(analysis, target, ort_version, chosen)
         if any(spec.name in ("dml", "dml-npu") for spec in target):
             outside = {f.node for f in findings if f.code in ("DML001", "DML002") and f.node}
             record["fused_nodes"] = record["supported_nodes"] - len(outside)
@@ -324,13 +349,8 @@ class CheckStep(Step):
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         analysis = ModelAnalysis(model)  # once: the prediction and the proof both read it
-        result = check_model(model, self.options.eps, self.options.ort_version, analysis)
-        for record in result.data["results"]:
-            # The device a target is for is part of the target: named in every report (QNN's SoC).
-            device = resolve_device(record["ep"], self.options.device, self.options.provider_options.get(record["ep"])) \
-                if has_devices(record["ep"]) else None
-            if device is not None:
-                record["device"] = device.record()
+        result = check_model(model, self.options.eps, self.options.ort_version, analysis, self.options.device,
+                             self.options.provider_options)
         if self.options.prove:
             from ortprep.steps.prove import prove_targets
 

@@ -116,12 +116,12 @@ def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndar
 
 
 def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[str, str],
-                       subgraphs: list[list]) -> tuple[dict[str, Any], list[Finding]]:
+                       subgraphs: list[list], device=None) -> tuple[dict[str, Any], list[Finding]]:
     """check's prediction next to what the EP claimed for the same file: node-level agreement over
     the nodes both know, partitions on both sides, verdicts, and the op types where they differ."""
     from ortprep.steps.check import check_target
 
-    predicted, _ = check_target(analysis, (spec,))
+    predicted, _ = check_target(analysis, (spec,), device=device)
     comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs)
     findings = [Finding.of("LOD001", what, node=node, op_type=op_type, ep=spec.name,
                            fix="a gap in ortprep's table or rules for this EP: please report it with the model")
@@ -273,7 +273,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
             record.update(nodes_total=len(assignment),
                           nodes_on_ep=sum(1 for ep in assignment.values() if ep == provider),
                           subgraphs=default.get("subgraphs"))
-            record["check_comparison"], findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []))
+            record["check_comparison"], findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []),
+                                                                      device)
             for finding in findings:
                 report.add(finding)
         elif provider != "CPUExecutionProvider":
@@ -281,7 +282,7 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
             # wrong prediction ("full", and the session is not even created) is never hidden.
             from ortprep.steps.check import check_target
 
-            predicted, _ = check_target(analysis, (spec,))
+            predicted, _ = check_target(analysis, (spec,), device=device)
             record["check_comparison"] = {"nodes_compared": 0, "node_agreement": None,
                                           "predicted_partitions": predicted["partitions"], "actual_partitions": 0,
                                           "predicted_verdict": predicted["verdict"], "actual_verdict": "none",
@@ -348,7 +349,7 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
                                   node=node, op_type=why["op_type"], ep=name,
                                   fix=_rejection_fix(why["reason"], name)))
     if assignment and provider != "CPUExecutionProvider":
-        comparison, findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []))
+        comparison, findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []), device)
         record["check_comparison"] = comparison
         for finding in findings:
             report.add(finding)

@@ -18,7 +18,7 @@ from ortprep.findings import Finding
 from ortprep.options import CheckOptions
 from ortprep.report import StepResult
 from ortprep.runtime.kernels import support_table
-from ortprep.runtime.targets import ep_runtime, session_options, target_device
+from ortprep.runtime.targets import ep_runtime, session_options
 from ortprep.steps.reduce import reduce_failure
 
 def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[str, Any], assignment: dict[str, str],
@@ -96,9 +96,6 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                                   ep=label, target=label, fix=spec.install_hint))
             continue
         chosen = session_options(target, options.provider_options, options.device)
-        device = target_device(target, options.provider_options, options.device)
-        if device is not None:
-            record["device"] = device.record()
         qnn = spec.provider == "QNNExecutionProvider"
 
         def session(provider_options: dict[str, str]):

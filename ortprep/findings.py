@@ -80,7 +80,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CNV003", "activations beyond FP16's range on the test inputs", Severity.WARNING),
         FindingKind("CNV005", "ONNX Runtime crashed on the converted model", Severity.WARNING),
         FindingKind("CNV006", "verification failed", Severity.ERROR),
-        FindingKind("CNV007", "the original does not run, so the result is not verified", Severity.WARNING),
+        FindingKind("CNV007", "the original does not run, so the result is not verified (and not written)", Severity.ERROR),
         FindingKind("CNV008", "ops kept FP32 because the EP has no FP16 kernel", Severity.INFO),
         FindingKind("CNV009", "verification passed with mixed precision", Severity.INFO),
         FindingKind("CNV010", "ONNX Runtime crashes on some ops in FP16; bisection kept them in FP32", Severity.WARNING),

@@ -277,7 +277,26 @@ def _conv1d_needing(length: int, tmp_path) -> Path:
 def test_load_guesses_inputs_until_one_runs(tmp_path):
     code, record, _ = load(_conv1d_needing(40, tmp_path), "--ep", "cpu")
     assert code == 0 and record["results"][0]["status"] == "ok"
-    assert record["inputs"] == {"source": "random (seed 0), dims guessed", "shapes": {"audio": [1, 1, 64]}}
+    assert record["inputs"] == {"source": "random (seed 0), dims guessed from common sizes: audio=1x1x64",
+                                "shapes": {"audio": [1, 1, 64]}, "tried": 2, "original_runs": True}
+
+
+def test_the_models_own_constants_suggest_its_input_size(tmp_path):
+    """A Reshape to [1, 320] runs only when the dynamic input holds 320 samples: none of the common
+    sizes does, the model's own constant does (one input policy: runtime/feeds.choose_feeds)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Reshape", ["audio", "shape"], ["flat"], name="flatten"),
+                               helper.make_node("Relu", ["flat"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 1, "samples"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 320])],
+                              [numpy_helper.from_array(np.array([1, 320], np.int64), "shape")])
+    path = tmp_path / "reshape.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    code, record, _ = load(path, "--ep", "cpu")
+    assert code == 0 and record["results"][0]["status"] == "ok"
+    assert record["inputs"]["shapes"] == {"audio": [1, 1, 320]} and record["inputs"]["tried"] == 2
+    assert "from the model's constants" in record["inputs"]["source"]
 
 
 def test_load_says_the_inputs_were_guessed(tmp_path):

@@ -189,10 +189,56 @@ def test_failed_verification_writes_nothing(tmp_path):
     assert kept_result.exit_code == 1 and (tmp_path / "m.fp16.onnx").exists()
 
 
-def test_unverifiable_original_is_reported(tmp_path, samples):
-    record = invoke("convert", samples / "custom_op.onnx", "--fp16", "-o", tmp_path / "c.onnx", "--json").json()
-    assert "CNV007" in codes(record) and record["verify"]["passed"] is None
+def test_unverifiable_original_writes_nothing(tmp_path, samples):
+    """A model ORT cannot run here (a custom op without its library) cannot be verified: nothing is
+    written and the exit is 1 (CNV007, an error); --no-verify writes it, and says that even a
+    session check could not judge it."""
+    out = tmp_path / "c.onnx"
+    result = invoke("convert", samples / "custom_op.onnx", "--fp16", "-o", out, "--json")
+    record = result.json()
+    assert result.exit_code == 1 and record["output"] is None and not out.exists()
+    cnv007 = next(f for f in record["findings"] if f["code"] == "CNV007")
+    assert cnv007["severity"] == "error" and "nothing is written" in cnv007["message"]
+    assert record["verify"]["passed"] is None and record["verified"] is False
+    unverified = invoke("convert", samples / "custom_op.onnx", "--fp16", "-o", out, "--no-verify", "--json")
+    assert unverified.exit_code == 0 and out.exists() and unverified.json()["verified"] is False
+    assert "neither the original nor the result creates" in next(
+        f["message"] for f in unverified.json()["findings"] if f["code"] == "CNV007")
     assert "CNV007" not in codes(fp16(tmp_path, models.fp16_resize_float_scales()))
+
+
+def _needs_large_image(tmp_path: Path, kernel: int) -> Path:
+    """A Conv over a dynamic H x W image with a kernel x kernel filter: it runs only on images of at
+    least that size (a detector's stem, in short)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, kernel, kernel)).astype(np.float32) * 0.01, "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["image", "w"], ["f"], name="stem"),
+                               helper.make_node("Sigmoid", ["f"], ["map"], name="prob")], "det",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "height", "width"])],
+                              [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 4, None, None])], [weight])
+    path = tmp_path / f"det{kernel}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_convert_verifies_on_sizes_the_original_runs_on(tmp_path):
+    """No --inputs on a dynamic H x W model whose default guess (8 x 8) is too small: the one input
+    policy tries sizes until the original runs and verifies on those; when none runs, nothing is
+    written (exit 1), and the fix names the flags."""
+    out = tmp_path / "o.onnx"
+    result = invoke("convert", _needs_large_image(tmp_path, 33), "--fp16", "-o", out, "--json")
+    record = result.json()
+    assert result.exit_code == 0 and record["verify"]["passed"] is True and record["verified"] is True
+    assert record["inputs"] == "random (seed 0), dims guessed from common sizes: image=1x3x64x64"
+    out = tmp_path / "p.onnx"
+    result = invoke("convert", _needs_large_image(tmp_path, 700), "--fp16", "-o", out, "--json")
+    record = result.json()
+    assert result.exit_code == 1 and not out.exists() and record["output"] is None
+    cnv007 = next(f for f in record["findings"] if f["code"] == "CNV007")
+    assert "--inputs FILE.npz" in cnv007["fix"] and "--shape NAME=DIMS" in cnv007["fix"]
+    fixed = invoke("convert", _needs_large_image(tmp_path, 700), "--fp16", "-o", out, "--shape", "image=1,3,704,704", "--json")
+    assert fixed.exit_code == 0 and fixed.json()["verified"] is True
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,18 @@
-"""Input feeds for test runs: seeded random data from the model's inputs, or the user's files."""
+"""Input feeds for test runs: seeded random data from the model's inputs, or the user's files.
+
+One input policy for every step that runs a model (load, convert, simplify, optimize, compile):
+:func:`choose_feeds` takes the user's data first; then what the model says (named dims, sizes the
+user gave for a dim name, sizes its Reshape/Expand/Resize/Slice constants imply); then common
+sizes, keeping the first the original model runs on. The choice says how it was made."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -146,3 +154,89 @@ def load_feeds(path: Path, specs: list[InputSpec]) -> dict[str, np.ndarray]:
                 )
         feeds[spec.name] = array
     return feeds
+
+
+@dataclass
+class FeedChoice:
+    """The inputs a step runs the model on, and how they were chosen."""
+
+    feeds: dict[str, np.ndarray]
+    how: str  # for the report: "your inputs (FILE)", "random (seed 0)", "random (seed 0), dims guessed: ..."
+    tried: int = 0  # runs of the original spent on choosing (0: no choice to make)
+    runs: bool | None = None  # whether the original ran on them (None: not tried here)
+    error: str | None = None  # the original's failure on the last size tried, when none ran
+    outcome: Any = field(default=None, repr=False)  # the successful run, for a caller that can reuse it
+
+    @property
+    def shapes(self) -> dict[str, list[int]]:
+        return {name: list(value.shape) for name, value in self.feeds.items()}
+
+    def record(self) -> dict[str, Any]:
+        return {"source": self.how, "shapes": self.shapes, "tried": self.tried, "original_runs": self.runs,
+                **({"error": self.error} if self.error else {})}
+
+
+# Ops whose integer constants say what sizes the model works with (a Reshape to [1, -1, 320], an
+# Expand to a fixed width, a Resize to fixed sizes, a Slice end).
+_SIZE_OPS = {"Reshape": 1, "Expand": 1, "Resize": 3, "Slice": 2}
+
+
+def implied_sizes(proto: ModelProto, limit: int = 3) -> list[int]:
+    """Sizes the model's own constants imply for its dynamic dims: the most frequent values between
+    8 and 4096 in the shape inputs of Reshape, Expand, Resize (sizes) and Slice (ends)."""
+    from onnx import numpy_helper
+
+    constants = {t.name: t for t in proto.graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in proto.graph.node
+                      if n.op_type == "Constant" and n.output and n.attribute and n.attribute[0].name == "value"})
+    counts: Counter = Counter()
+    for node in proto.graph.node:
+        position = _SIZE_OPS.get(node.op_type)
+        if position is None or len(node.input) <= position or node.input[position] not in constants:
+            continue
+        tensor = constants[node.input[position]]
+        if tensor.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) or tensor.data_location:
+            continue
+        try:
+            values = numpy_helper.to_array(tensor).ravel().tolist()
+        except Exception:  # noqa: BLE001 - a constant onnx cannot read is no evidence
+            continue
+        counts.update(v for v in values if 8 <= v <= 4096)
+    return [size for size, _ in counts.most_common(limit)]
+
+
+def choose_feeds(specs: list[InputSpec], *, proto: ModelProto | None = None, inputs: Path | None = None,
+                 shapes: dict[str, list[int]] | None = None, dims: dict[str, int] | None = None,
+                 runs: Callable[[dict[str, np.ndarray]], Any] | None = None) -> FeedChoice:
+    """Inputs for running the model (the module's policy). ``runs(feeds)`` runs the original and
+    answers an outcome with ``ok``, ``stage`` and ``message``; it is asked only when a dimension
+    must be guessed, and a failure while creating the session (not a matter of inputs) stops there."""
+    if inputs is not None:
+        return FeedChoice(load_feeds(inputs, specs), f"your inputs ({Path(inputs).name})")
+    if not has_guessed_dims(specs, shapes) or runs is None:
+        named = "" if not has_guessed_dims(specs, shapes) else ", dims guessed (not tried)"
+        return FeedChoice(random_feeds(specs, seed=0, shapes=shapes, dims=dims), f"random (seed 0){named}")
+    candidates: list[tuple[int | None, str]] = [(None, "the dims' names")]
+    candidates += [(size, "the model's constants") for size in implied_sizes(proto)] if proto is not None else []
+    candidates += [(size, "common sizes") for size in GUESSES if size is not None]
+    seen: set = set()
+    first: FeedChoice | None = None
+    tried = 0
+    for other, reason in candidates:
+        if other in seen:
+            continue
+        seen.add(other)
+        feeds = random_feeds(specs, seed=0, shapes=shapes, dims=dims, other=other)
+        shown = ", ".join(f"{name}={'x'.join(map(str, value.shape))}" for name, value in feeds.items())
+        choice = FeedChoice(feeds, f"random (seed 0), dims guessed from {reason}: {shown}")
+        first = first or choice
+        outcome = runs(feeds)
+        tried += 1
+        if outcome.ok:
+            choice.tried, choice.runs, choice.outcome = tried, True, outcome
+            return choice
+        first.error = outcome.message
+        if outcome.stage != "run":
+            break  # the session itself fails: not a matter of inputs
+    first.tried, first.runs = tried, False
+    return first

@@ -159,13 +159,20 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     staged, stats = fp16_stream.stage(handle, converted, dest, force=force)
     verify_result = None
     feeds, feed_source = make_feeds(handle, checks)
+    unverifiable = False
     if options.verify:
         reference = run_isolated(handle.path, feeds)
         if reference.ok:
             candidate = run_isolated(staged, cast_feeds(feeds, converted))
             verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
         else:
-            report_unverifiable(reference, report)
+            report_unverifiable(reference, report)  # nothing is written (CNV007)
+            unverifiable = True
+    else:
+        session = run_isolated(staged, [])  # unverified, but it must still create a CPU session
+        if not session.ok:
+            verify_result = VerifyResult(loads=False, passed=False, status=session.status,
+                                         error=f"no ONNX Runtime CPU session: {session.message}")
     if stats.overflow:
         worst = max(stats.overflow, key=stats.overflow.get)
         report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 (up to "
@@ -181,7 +188,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
                 else f"outputs differ (lowest cosine {verify_result.cosine})")
         report.add(Finding.of("CNV006", f"verification failed: {what}",
                               fix="keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search"))
-    written = fp16_stream.commit(staged, dest) if (not failed or options.keep_failed) else None
+    written = fp16_stream.commit(staged, dest) if ((not failed and not unverifiable) or options.keep_failed) else None
     if written is None:
         fp16_stream.discard(staged)
     else:
@@ -197,6 +204,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
         "nodes_before": nodes_before, "nodes_after": node_count(converted), "size_before": size_before,
         "size_after": model_bytes(written) if written else None,
         "verify": verify_result.to_record() if verify_result else dict(NOT_VERIFIED),
+        "verified": bool(verify_result is not None and verify_result.passed and options.verify),
         "inputs": feed_source if options.verify else None,
         "kept_fp32_nodes": [k.to_record() for k in kept],
     }

@@ -24,13 +24,8 @@ from ortprep.model import ModelHandle
 from ortprep.options import LoadOptions
 from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
-from ortprep.runtime.feeds import (
-    GUESSES,
-    has_guessed_dims,
-    input_specs,
-    load_feeds,
-    random_feeds,
-)
+from ortprep.runtime.feeds import choose_feeds, input_specs
+from ortprep.runtime.isolated import run_isolated
 from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
@@ -151,13 +146,9 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     targets = [ep_runtime(spec, options.runtimes) for spec in specs]
     cpu = ep_runtime(resolve_ep("cpu"), options.runtimes)
     inputs = input_specs(handle.proto)
-    guessed = options.inputs is None and has_guessed_dims(inputs, options.shapes)
-    if options.inputs:
-        feeds, guess_failed = load_feeds(options.inputs, inputs), False
-    elif guessed:
-        feeds, guess_failed = _guess_feeds(handle.path, inputs, options)
-    else:
-        feeds, guess_failed = random_feeds(inputs, seed=0, shapes=options.shapes), False
+    choice = choose_feeds(inputs, proto=handle.proto, inputs=options.inputs, shapes=options.shapes,
+                          runs=lambda feeds: run_isolated(handle.path, feeds, timeout=options.timeout))
+    feeds, guess_failed = choice.feeds, choice.runs is False
     report = StepResult(step="load", schema=SCHEMA)
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
@@ -210,31 +201,12 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                 record["three_way"] = three_way(float_outputs, reference, raw[name]["outputs"])
             results.append(record)
     available = [s.name for s in EPS if local.runs(s.name)]
-    source = str(options.inputs) if options.inputs else "random (seed 0), dims guessed" if guessed else "random (seed 0)"
-    report.data = {"model": str(handle.path), "available": available,
-                   "inputs": {"source": source, "shapes": _shapes_of(feeds)}, "results": results}
+    report.data = {"model": str(handle.path), "available": available, "inputs": choice.record(), "results": results}
     return report
 
 
 def _shapes_of(feeds: dict[str, np.ndarray]) -> dict[str, list[int]]:
     return {name: list(value.shape) for name, value in feeds.items()}
-
-
-def _guess_feeds(model: Path, inputs, options: LoadOptions) -> tuple[dict[str, np.ndarray], bool]:
-    """Inputs for a model with dynamic dims the user did not give: the default sizes first, then
-    common larger ones, the first that the CPU EP runs. (feeds, True) when none ran."""
-    from ortprep.runtime.isolated import run_isolated
-
-    first = None
-    for other in GUESSES:
-        feeds = random_feeds(inputs, seed=0, shapes=options.shapes, other=other)
-        first = first or feeds
-        outcome = run_isolated(model, feeds, timeout=options.timeout)
-        if outcome.ok:
-            return feeds, False
-        if outcome.stage != "run":
-            return first, False  # the session itself fails: not a matter of inputs
-    return first, True
 
 
 def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference, options: LoadOptions,
@@ -360,8 +332,6 @@ def _float_reference(options: LoadOptions, feeds: dict[str, np.ndarray], report:
     """The float model's outputs on the CPU EP, for the three-way comparison."""
     if options.reference is None:
         return None
-    from ortprep.runtime.isolated import run_isolated
-
     outcome = run_isolated(Path(options.reference), feeds)
     if not outcome.ok:
         report.add(Finding.of("LOD004", f"the reference model does not run on the CPU EP ({outcome.message})",

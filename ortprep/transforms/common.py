@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from ortprep.findings import Finding
+from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.report import StepResult
 from ortprep.runtime.compare import output_bounds
-from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
+from ortprep.runtime.feeds import FeedChoice, choose_feeds, input_specs
 from ortprep.runtime.isolated import RunOutcome
 from ortprep.options import VerifyOptions
 from ortprep.transforms.verify import VerifyResult, model_bytes, node_count, run_model
@@ -30,10 +30,17 @@ NOT_VERIFIED = {
 
 
 def make_feeds(handle: ModelHandle, options: VerifyOptions) -> tuple[dict[str, np.ndarray], str]:
-    specs = input_specs(handle.proto)
-    if options.inputs is not None:
-        return load_feeds(options.inputs, specs), str(options.inputs)
-    return random_feeds(specs, seed=0, shapes=options.shapes, dims=options.dims), "random (seed 0)"
+    """The inputs the original and the result are compared on (runtime/feeds.choose_feeds: the
+    user's, else the model's own sizes, else common ones, the first the original runs on), and how
+    they were chosen. Dims are tried only when verification will use them."""
+    choice = feed_choice(handle, options)
+    return choice.feeds, choice.how
+
+
+def feed_choice(handle: ModelHandle, options: VerifyOptions) -> FeedChoice:
+    runs = (lambda feeds: run_model(handle.proto, feeds)) if options.verify else None
+    return choose_feeds(input_specs(handle.proto), proto=handle.proto, inputs=options.inputs, shapes=options.shapes,
+                        dims=options.dims, runs=runs)
 
 
 def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult) -> RunOutcome | None:
@@ -47,13 +54,17 @@ def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: St
 
 
 def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
-    """CNV007: the original does not run, so the result goes unverified."""
+    """CNV007: the original does not run on the inputs the step has, so the result cannot be
+    verified, and an unverified result is not written (--no-verify writes without verifying)."""
+    inputs = outcome.stage == "run"
     report.add(
         Finding.of(
             "CNV007",
             f"the original model does not run on ONNX Runtime's CPU EP ({outcome.status}: {outcome.message}); "
-            "the result cannot be verified against it",
-            fix="check it: ortprep check MODEL --ep cpu; pass --inputs FILE.npz if the inputs are the problem",
+            "the result cannot be verified against it, so nothing is written",
+            fix=("give it inputs it runs on: --inputs FILE.npz (one array per input) or --shape NAME=DIMS; "
+                 "--no-verify writes the result unverified" if inputs else
+                 "check it: ortprep check MODEL --ep cpu; --no-verify writes the result unverified"),
         )
     )
 
@@ -93,8 +104,15 @@ def finish(
     failure_fix: str,
     extra: dict[str, Any] | None = None,
 ) -> Path | None:
-    """Record a verification failure, write the result unless it failed, fill the report."""
+    """Record a verification failure, write the result unless it failed or could not be verified
+    (verification asked, no reference: CNV007), fill the report. Without verification (--no-verify)
+    the result must still create an ONNX Runtime CPU session before it is written."""
+    if verify_result is None and result is not None and not options.verify:
+        verify_result = session_check(result, handle, report)
     failed = verify_result is not None and not verify_result.passed
+    unverifiable = verify_result is None and options.verify
+    if failed and not verify_result.loads:
+        failure_fix = "the result does not load in ONNX Runtime: please report it with the model (--keep-failed writes it)"
     for name, what in (verify_result.degenerate if verify_result is not None else []):
         report.add(Finding.of(
             "VFY001", f"output '{name}' is {what} on the inputs used: cosine similarity means nothing there, so it was "
@@ -107,7 +125,7 @@ def finish(
             what = f"outputs differ (lowest cosine {verify_result.cosine}, max abs diff {verify_result.max_abs_diff})"
         report.add(Finding.of("CNV006", f"verification failed: {what}", fix=failure_fix))
     written = None
-    if result is not None and (not failed or options.keep_failed):
+    if result is not None and ((not failed and not unverifiable) or options.keep_failed):
         keep_external = True if handle.external_files else None
         written = ModelHandle(proto=result, path=None).save(dest, force=force, external_data=keep_external)
         report.artifacts.append(str(written))
@@ -120,7 +138,27 @@ def finish(
         "size_before": size_before,
         "size_after": model_bytes(written) if written else None,
         "verify": verify_result.to_record() if verify_result else dict(NOT_VERIFIED),
+        "verified": bool(verify_result is not None and verify_result.passed and options.verify),
         "inputs": feed_source,
         **(extra or {}),
     }
     return written
+
+
+def session_check(proto: ModelProto, handle: ModelHandle, report: StepResult) -> VerifyResult | None:
+    """--no-verify: the result is not compared, but it must still create an ONNX Runtime CPU
+    session (no run, so no inputs needed); a result that does not load fails like a verification.
+    When the original does not create one either (custom ops whose library is not loaded here),
+    the check cannot judge: None, said as CNV007."""
+    outcome = run_model(proto, [])
+    if outcome.ok:
+        return VerifyResult(loads=True, passed=True)
+    original = run_model(handle.proto, []) if handle.proto is not proto else outcome
+    if not original.ok:
+        report.add(Finding.of(
+            "CNV007", f"--no-verify: neither the original nor the result creates an ONNX Runtime CPU session here "
+            f"({original.message}); the result is written without even a session check",
+            severity=Severity.WARNING, fix="load it where its custom ops are registered: ortprep load MODEL --custom-op-library LIB"))
+        return None
+    return VerifyResult(loads=False, passed=False, status=outcome.status,
+                        error=f"no ONNX Runtime CPU session: {outcome.message}")

@@ -17,7 +17,7 @@ from ortprep.findings import Finding
 from ortprep.model import ModelHandle
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
-from ortprep.runtime.feeds import input_specs, load_feeds, random_feeds
+from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
 from ortprep.runtime.tolerance import judge_outputs
@@ -64,7 +64,12 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         report.data = data
         return report
     specs = input_specs(handle.proto)
-    feeds = load_feeds(options.inputs, specs) if options.inputs else random_feeds(specs, seed=0, shapes=options.shapes)
+    from ortprep.runtime.isolated import run_isolated
+
+    choice = choose_feeds(specs, proto=handle.proto, inputs=options.inputs, shapes=options.shapes,
+                          runs=lambda feeds: run_isolated(handle.path, feeds, timeout=options.timeout))
+    feeds = choice.feeds
+    data["inputs"] = choice.record()
     with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
         request = Compile(model=os.path.abspath(handle.path), output=str(compiled.resolve()), provider=spec.provider,

@@ -319,6 +319,14 @@ def parse_model(data: bytes, path: Path) -> ModelProto:
 # --------------------------------------------------------------------------- writing
 
 
+def failed_path(dest: Path) -> Path:
+    """Where --keep-failed writes a result that was refused: beside ``dest``, never at it, so a
+    refusal leaves nothing at the path the user (or the next step) reads: m.fp16.onnx -> m.fp16.failed.onnx."""
+    dest = Path(dest)
+    stem = dest.name[:-len(".onnx")] if dest.name.endswith(".onnx") else dest.name
+    return dest.with_name(f"{stem}.failed.onnx")
+
+
 def check_output_path(dest: Path, *, input_path: Path | None = None, force: bool = False) -> Path:
     """Validate an output path before any work is done; return it absolute.
 

@@ -286,7 +286,8 @@ def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeyp
     assert result.exit_code == 1 and "CMP002" in codes(result.json()) and not (tmp_path / "c.onnx").exists()
     assert "allowed 0: no difference allowed" in next(f for f in result.json()["findings"] if f["code"] == "CMP002")["message"]
     kept = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--keep-failed", "--json")
-    assert kept.exit_code == 1 and (tmp_path / "c.onnx").exists()
+    assert kept.exit_code == 1 and not (tmp_path / "c.onnx").exists() and (tmp_path / "c.failed.onnx").exists()
+    assert kept.json()["kept_failed"] == str(tmp_path / "c.failed.onnx") and kept.json()["output"] is None
 
 
 def test_measured_tables_are_what_check_uses():

@@ -185,8 +185,10 @@ def test_failed_verification_writes_nothing(tmp_path):
     assert record["output"] is None and record["verify"]["passed"] is False
     assert "CNV006" in codes(record)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
-    kept_result = invoke("convert", source, "--fp16", "--min-cosine", "1.5", "--shape", "x=2,4", "--keep-failed")
-    assert kept_result.exit_code == 1 and (tmp_path / "m.fp16.onnx").exists()
+    kept_result = invoke("convert", source, "--fp16", "--min-cosine", "1.5", "--shape", "x=2,4", "--keep-failed", "--json")
+    # a refusal leaves nothing at -o: --keep-failed writes beside it, under a name that says so
+    assert kept_result.exit_code == 1 and not (tmp_path / "m.fp16.onnx").exists()
+    assert kept_result.json()["kept_failed"] == str(tmp_path / "m.fp16.failed.onnx") and (tmp_path / "m.fp16.failed.onnx").exists()
 
 
 def test_unverifiable_original_writes_nothing(tmp_path, samples):
@@ -540,6 +542,11 @@ def test_fp16_streams_external_weights(tmp_path, monkeypatch):
     record = ortprep.convert(source, tmp_path / "fail.onnx", fp16=True, min_cosine=1.5).to_record()
     assert record["output"] is None and "CNV006" in codes(record)
     assert not any(p.name.startswith(".fail") or p.name.startswith("fail") for p in tmp_path.iterdir())
+    # --keep-failed: beside -o, its data file renamed with it and the graph pointing at it
+    record = ortprep.convert(source, tmp_path / "kept.onnx", fp16=True, min_cosine=1.5, keep_failed=True).to_record()
+    assert record["output"] is None and record["kept_failed"] == str(tmp_path / "kept.failed.onnx")
+    assert not (tmp_path / "kept.onnx").exists() and (tmp_path / "kept.failed.onnx.data").exists()
+    np.testing.assert_allclose(run(tmp_path / "kept.failed.onnx", x)[0], run(source, x)[0], atol=2e-2)
 
 
 def test_converter_failure_is_a_finding_not_exit_4(tmp_path, monkeypatch):

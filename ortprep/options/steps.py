@@ -69,7 +69,8 @@ class VerifyOptions(StepOptions):
         flags=("--dim", "--dims"), metavar="NAME=SIZE")
     inputs: Path | None = option(None, "Verify on these inputs (.npz, one array per input).", Kind.PATH)
     verify: bool = option(True, "Run the original and the result in ORT and compare before writing.", Kind.FLAG)
-    keep_failed: bool = option(False, "Write the output even when verification fails.", Kind.FLAG)
+    keep_failed: bool = option(False, "Keep a result that fails verification beside the output as NAME.failed.onnx "
+                               "(never at -o).", Kind.FLAG)
 
 
 @dataclass
@@ -322,7 +323,8 @@ class CompileOptions(StepOptions):
                                        "EP=PYTHON (repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
                                        metavar="EP=PYTHON")
     timeout: float = option(DEFAULT_TIMEOUT, "Seconds before the compile counts as hung.", Kind.FLOAT, minimum=0.1)
-    keep_failed: bool = option(False, "Write the output even when the compiled model's outputs differ.", Kind.FLAG)
+    keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as NAME.failed.onnx "
+                               "(never at -o).", Kind.FLAG)
     device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
 
     def validate(self, where: str) -> None:

@@ -14,7 +14,7 @@ import onnx
 
 from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding
-from ortprep.model import ModelHandle
+from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.feeds import choose_feeds, input_specs
@@ -51,7 +51,7 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     report = StepResult(step="compile", schema=SCHEMA)
     spec = resolve_ep(options.ep)
     target = ep_runtime(spec, options.runtimes)
-    data: dict[str, Any] = {"input": str(handle.path), "output": None, "ep": spec.name,
+    data: dict[str, Any] = {"input": str(handle.path), "output": None, "kept_failed": None, "ep": spec.name,
                             "runtime": target.python or "this environment",
                             "package": target.plugin["package"] if target.plugin else None}
     device = target_device(target, options.provider_options, options.device)
@@ -110,11 +110,16 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
                                   "node(s) and run on the CPU EP", ep=spec.name,
                                   fix=f"ortprep load MODEL --ep {spec.name} names them and why"))
-        if status.get("ok") and (passed or options.keep_failed):
+        if status.get("ok") and passed:
             os.replace(compiled, dest)
             data["output"] = str(dest)
             report.artifacts.append(str(dest))
             report.output = dest
+        elif status.get("ok") and options.keep_failed:  # beside -o, never at it
+            kept = failed_path(dest)
+            os.replace(compiled, kept)
+            data["kept_failed"] = str(kept)
+            report.artifacts.append(str(kept))
     report.data = data
     return report
 

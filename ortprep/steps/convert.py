@@ -13,7 +13,7 @@ from onnx import ModelProto, TensorProto
 
 from ortprep.errors import UsageError
 from ortprep.findings import Finding
-from ortprep.model import ModelHandle, iter_graphs
+from ortprep.model import ModelHandle, failed_path, iter_graphs
 from ortprep.report import StepResult
 from ortprep.validity import drop_duplicate_imports
 from ortprep.steps.base import Step, StepContext, output_path
@@ -188,16 +188,21 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
                 else f"outputs differ (lowest cosine {verify_result.cosine})")
         report.add(Finding.of("CNV006", f"verification failed: {what}",
                               fix="keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search"))
-    written = fp16_stream.commit(staged, dest) if ((not failed and not unverifiable) or options.keep_failed) else None
-    if written is None:
-        fp16_stream.discard(staged)
-    else:
+    written = kept_failed = None
+    if not failed and not unverifiable:
+        written = fp16_stream.commit(staged, dest)
         report.artifacts.append(str(written))
+    elif options.keep_failed:  # beside -o, never at it
+        kept_failed = fp16_stream.commit(staged, failed_path(dest))
+        report.artifacts.append(str(kept_failed))
+    else:
+        fp16_stream.discard(staged)
     kept = [fp16_step.KeptNode(n.name, n.op_type, block_ops.get(n.op_type) or "--block-node", scope)
             for scope, g in iter_graphs(converted.graph) for n in g.node
             if n.op_type in block_ops or n.name in options.block_nodes]
     report.data = {
         "input": str(handle.path), "output": str(written) if written else None,
+        "kept_failed": str(kept_failed) if kept_failed else None,
         "transforms": [{"transform": "fp16", "detail": (f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures")
                         + f"; streamed: {stats.converted} tensor(s) halved, {stats.copied} copied, "
                         f"{stats.bytes_in} -> {stats.bytes_out} bytes of external data"}],

@@ -10,7 +10,7 @@ import numpy as np
 from onnx import ModelProto
 
 from ortprep.findings import Finding, Severity
-from ortprep.model import ModelHandle
+from ortprep.model import ModelHandle, failed_path
 from ortprep.report import StepResult
 from ortprep.runtime.compare import output_bounds
 from ortprep.runtime.feeds import FeedChoice, choose_feeds, input_specs
@@ -124,19 +124,25 @@ def finish(
         else:
             what = f"outputs differ (lowest cosine {verify_result.cosine}, max abs diff {verify_result.max_abs_diff})"
         report.add(Finding.of("CNV006", f"verification failed: {what}", fix=failure_fix))
-    written = None
-    if result is not None and ((not failed and not unverifiable) or options.keep_failed):
+    written = kept_failed = None
+    if result is not None:
         keep_external = True if handle.external_files else None
-        written = ModelHandle(proto=result, path=None).save(dest, force=force, external_data=keep_external)
-        report.artifacts.append(str(written))
+        if not failed and not unverifiable:
+            written = ModelHandle(proto=result, path=None).save(dest, force=force, external_data=keep_external)
+            report.artifacts.append(str(written))
+        elif options.keep_failed:  # beside -o, never at it: a refusal leaves nothing where the next step reads
+            kept_failed = ModelHandle(proto=result, path=None).save(failed_path(dest), force=force,
+                                                                  external_data=keep_external)
+            report.artifacts.append(str(kept_failed))
     report.data = {
         "input": str(handle.path),
         "output": str(written) if written else None,
+        "kept_failed": str(kept_failed) if kept_failed else None,
         "transforms": transforms,
         "nodes_before": nodes_before,
         "nodes_after": node_count(result) if result is not None else None,
         "size_before": size_before,
-        "size_after": model_bytes(written) if written else None,
+        "size_after": model_bytes(written or kept_failed) if (written or kept_failed) else None,
         "verify": verify_result.to_record() if verify_result else dict(NOT_VERIFIED),
         "verified": bool(verify_result is not None and verify_result.passed and options.verify),
         "inputs": feed_source,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnx import ModelProto, TensorProto
 
 from ortprep.model import ModelHandle, _default_file_mode, check_output_path, is_external, iter_graphs
@@ -170,10 +171,23 @@ def stage(source: ModelHandle, converted: ModelProto, dest: Path, *, force: bool
 
 
 def commit(staged: Path, dest: Path) -> Path:
-    """Move a staged model and its data file into place: the data first, then the model."""
+    """Move a staged model and its data file into place: the data first, then the model. A
+    ``dest`` named otherwise than the staged model (--keep-failed's name) gets its data file
+    renamed too, and the graph's references to it rewritten (the graph holds no weights)."""
     data = staged.with_name(staged.name + ".data")
     mode = _default_file_mode()
     try:
+        if dest.name != staged.name:
+            graph = onnx.load(str(staged), load_external_data=False)
+            for _, sub in iter_graphs(graph.graph):
+                for tensor in sub.initializer:
+                    for entry in tensor.external_data:
+                        if entry.key == "location" and entry.value == data.name:
+                            entry.value = f"{dest.name}.data"
+            onnx.save(graph, str(staged))
+            renamed = data.with_name(f"{dest.name}.data")
+            os.replace(data, renamed)
+            data = renamed
         os.chmod(data, mode)
         os.chmod(staged, mode)
         os.replace(data, dest.parent / data.name)

@@ -1,6 +1,6 @@
 """Run ortprep on mutated sample models and report any internal error (exit 4), traceback or hang.
 
-    .venv/bin/python tools/fuzz.py [--cases N] [--commands inspect,check,convert,load]
+    .venv/bin/python tools/fuzz.py [--cases N] [--commands inspect,check,convert,load,quantize,qstatic]
 
 Exit 1 when a case failed; each failure is printed with its seed and case number, so
 `tools.fuzz_cases.mutate(seed, case)` replays it.
@@ -25,6 +25,8 @@ COMMANDS = {
     "check": ["check", "{model}", "--ep", "cpu", "--ep", "dml-npu", "--ep", "qnn", "--json"],
     "convert": ["convert", "{model}", "--fp16", "-o", "{out}", "--json"],
     "load": ["load", "{model}", "--ep", "cpu", "--runs", "1", "--timeout", "20", "--json"],
+    "quantize": ["quantize", "{model}", "--dynamic", "-o", "{out}", "--json"],
+    "qstatic": ["quantize", "{model}", "--static", "--calib", "random", "--samples", "12", "-o", "{out}", "--json"],
 }
 
 
@@ -49,7 +51,7 @@ def run_case(seed: Path, case: int, command: str, work: Path, timeout: float) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000)
-    parser.add_argument("--commands", default="inspect,check,convert,load")
+    parser.add_argument("--commands", default="inspect,check,convert,load,quantize,qstatic")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
     commands = args.commands.split(",")

@@ -463,3 +463,14 @@ def test_check_report_reads_as_a_diagnosis(tmp_path):
     assert "--fix-shape audio=1,1,1024" in text and "NAME=VALUE" not in text
     assert "dml-npu: not as it is" in text and "3 problem(s) block it" in text and "partial" in text
     assert "5 problems: 3 errors, 1 warning, 1 note; 8 nodes affected" in text
+
+
+@pytest.mark.parametrize("args", [("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--ep", "dml-npu", "--ep", "openvino-cpu"),
+                                  ("check", "--list-eps"), ("inspect", SAMPLES / "transformer_block.onnx")])
+def test_tables_fit_80_columns_without_cutting_headers(args):
+    """On an 80-column terminal every table line fits, and no header or cell is cut short with an
+    ellipsis (issue 23: 'partiti…', 'fallbac…')."""
+    out = invoke(*args, env={"COLUMNS": "80"}).stdout
+    table_lines = [line for line in out.splitlines() if line[:1] in "┏┃│┡└"]
+    assert table_lines and max(len(line) for line in table_lines) <= 80
+    assert "…" not in "\n".join(table_lines)

@@ -15,6 +15,13 @@ from ortprep.findings import CATALOGUE
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
+def add_column(table: Table, header: str, **options) -> None:
+    """A column whose header is never cut short on a narrow terminal: at least as wide as its
+    longest word, cells folded rather than truncated (80 columns is the width to fit)."""
+    longest = max((len(word) for word in header.split()), default=0)
+    table.add_column(header, min_width=max(longest, options.pop("min_width", 0)), overflow="fold", **options)
+
+
 
 def human_bytes(size: int | None) -> str:
     if size is None:
@@ -62,7 +69,7 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
 
     io_table = Table(title="Inputs and outputs")
     for column in ("", "name", "type", "dtype", "shape"):
-        io_table.add_column(column)
+        add_column(io_table, column)
     for direction in ("inputs", "outputs"):
         for value in record[direction]:
             io_table.add_row(
@@ -76,9 +83,9 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         f"{nodes['subgraphs']} subgraphs); parameters: {record['parameters']:,}"
     )
     ops_table = Table(title="Operators")
-    ops_table.add_column("domain")
-    ops_table.add_column("op")
-    ops_table.add_column("count", justify="right")
+    add_column(ops_table, "domain")
+    add_column(ops_table, "op")
+    add_column(ops_table, "count", justify="right")
     for domain, ops in record["op_histogram"].items():
         for op, count in ops.items():
             ops_table.add_row(domain, op, str(count))
@@ -88,9 +95,9 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
 
     if record["initializers"]:
         weights = Table(title="Initializers")
-        weights.add_column("dtype")
-        weights.add_column("count", justify="right")
-        weights.add_column("size", justify="right")
+        add_column(weights, "dtype")
+        add_column(weights, "count", justify="right")
+        add_column(weights, "size", justify="right")
         for dtype, stats in record["initializers"].items():
             weights.add_row(dtype, str(stats["count"]), human_bytes(stats["bytes"]))
         console.print(weights)
@@ -99,9 +106,9 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         console.print(f"tensors in Constant nodes and attributes: {constants['count']} ({human_bytes(constants['bytes'])})")
     if record["external_data"]:
         external = Table(title="External data")
-        external.add_column("file")
-        external.add_column("size", justify="right")
-        external.add_column("tensors", justify="right")
+        add_column(external, "file")
+        add_column(external, "size", justify="right")
+        add_column(external, "tensors", justify="right")
         for entry in record["external_data"]:
             external.add_row(entry["location"], human_bytes(entry["size"]), str(entry["tensors"]))
         console.print(external)
@@ -167,8 +174,8 @@ def render_check(record: dict[str, Any], console: Console) -> None:
     """A summary table per target, then each target's answer and its findings, one per cause."""
     console.print(f"[bold]{escape(str(record['model']))}[/]")
     summary = Table(title="Execution providers")
-    for column in ("EP", "EP takes", "partitions", "fallbacks", "copies", "MACs on EP", "blocking", "verdict"):
-        summary.add_column(column, justify="left" if column in ("EP", "verdict") else "right")
+    for column in ("EP", "EP takes", "parts", "on CPU", "copies", "MACs on EP", "errors", "verdict"):
+        add_column(summary, column, justify="left" if column in ("EP", "verdict") else "right")
     for result in record["results"]:
         style = VERDICT_STYLE.get(result["verdict"], "")
         findings = [f for f in record["findings"] if f.get("target") == result["ep"]]
@@ -242,7 +249,7 @@ def render_causes(findings: list[dict[str, Any]], console: Console, examples: in
 def render_eps(record: dict[str, Any], console: Console) -> None:
     table = Table(title="Execution providers ortprep checks")
     for column in ("name", "aliases", "ORT provider", "device", "ops", "table source"):
-        table.add_column(column)
+        add_column(table, column)
     for ep in record["eps"]:
         table.add_row(
             ep["name"], ", ".join(ep["aliases"]), ep["provider"], ep["device"], str(ep["ops"]), ep["version"]
@@ -252,7 +259,7 @@ def render_eps(record: dict[str, Any], console: Console) -> None:
     if devices:
         table = Table(title="Devices (--device; the default marked *)")
         for column in ("EP", "device", "aliases", "SoC", "soc_model", "htp_arch"):
-            table.add_column(column)
+            add_column(table, column)
         for ep, device in devices:
             table.add_row(ep, device["name"] + (" *" if device["default"] else ""), ", ".join(device["aliases"]),
                           device["title"], str(device["soc_model"]), str(device["htp_arch"]))
@@ -287,9 +294,9 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
     kept = record.get("kept_fp32_nodes") or []
     if kept:
         table = Table(title=f"Kept in FP32 ({len(kept)})")
-        table.add_column("node")
-        table.add_column("op")
-        table.add_column("why")
+        add_column(table, "node")
+        add_column(table, "op")
+        add_column(table, "why")
         for node in kept[:40]:
             table.add_row(escape(node.get("path") or node["name"]), node["op_type"], escape(node["reason"]))
         console.print(table)
@@ -332,7 +339,7 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
     if search:
         table = Table(title=f"--auto-exclude trials (stopped: {escape(search['stopped'])})")
         for column in ("trial", "nodes kept in float", "lowest cosine", "size ratio", "gate"):
-            table.add_column(column)
+            add_column(table, column)
         for trial in search["trials"]:
             table.add_row(escape(trial["label"]), str(trial["kept_in_float"]), _number(trial["cosine"]),
                           _number(trial["size_ratio"], 3), "pass" if trial["passed"] else "fail")
@@ -350,7 +357,7 @@ def render_load(record: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]{escape(str(record['model']))}[/]  (available: {', '.join(record['available'])})")
     table = Table(title="Execution providers")
     for column in ("EP", "status", "nodes on EP", "outputs match", "median ms", "p90 ms"):
-        table.add_column(column)
+        add_column(table, column)
     for result in record["results"]:
         latency = result.get("latency_ms") or {}
         on_ep = f"{result['nodes_on_ep']}/{result['nodes_total']}" if result.get("nodes_total") else "-"
@@ -402,7 +409,7 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
                       f"{target['max_opset']} ({escape(target['source'])})")
     eps = Table(title="Execution providers")
     for column in ("EP", "available", "through", "package", "devices", "why not"):
-        eps.add_column(column)
+        add_column(eps, column)
     for row in record.get("eps", []):
         devices = ", ".join(f"{d['type']} {d['vendor']}".strip() for d in row["devices"]) or "-"
         eps.add_row(row["ep"], "[green]yes[/]" if row["available"] else "no", row["via"] or "-",
@@ -410,7 +417,7 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
     console.print(eps)
     table = Table(title="GPU libraries (CUDA and TensorRT EPs)")
     for column in ("library", "file", "loads", "detail"):
-        table.add_column(column)
+        add_column(table, column)
     for lib in record["libraries"]:
         table.add_row(lib["label"], lib["file"], "yes" if lib["loaded"] else "no", escape(lib["detail"]))
     console.print(table)
@@ -462,7 +469,7 @@ def render_run(record: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]{escape(str(record['config']))}[/]: {verdict}")
     table = Table(title="Pipeline")
     for column in ("step", "result", "errors", "warnings", "model"):
-        table.add_column(column)
+        add_column(table, column)
     for step in record["steps"]:
         findings = step["report"]["findings"] if step["report"] else []
         style = {"passed": "green", "failed": "red", "skipped": "dim"}[step["status"]]

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ortprep.render.console import add_column
 from ortprep.report import placement_of as _placement
 
 
@@ -54,7 +55,7 @@ def render_repo_console(document: dict[str, Any], console: Console) -> None:
         title += f" (shard {document['shard']})"
     table = Table(title=title)
     for column in ("model", "target", "steps", "gates", "result"):
-        table.add_column(column)
+        add_column(table, column)
     for run in _with_regressions(document):
         steps = " ".join(f"{s['run']}:{'ok' if s['status'] == 'passed' else s['status']}" for s in run.get("steps", []))
         gates = ", ".join(f"{g['gate']}{'' if g['passed'] else ' FAIL'}" for g in run.get("gates", [])) or "-"
@@ -158,7 +159,7 @@ def render_diff_console(document: dict[str, Any], console: Console) -> None:
     else:
         table = Table(title=f"{len(moves)} node(s) moved")
         for column in ("model", "target", "node", "from -> to", "why"):
-            table.add_column(column)
+            add_column(table, column)
         for move in moves:
             table.add_row(escape(move["model"]), move["target"], escape(move["node"]), f"{move['from']} -> {move['to']}",
                           escape(move["reason"]))

@@ -205,8 +205,11 @@ class ExternalDataFile:
     bytes_referenced: int = 0
 
 
-def _resolve_external(folder: Path, owner: str, tensor: TensorProto) -> tuple[str, Path, int, int]:
-    """Validate one external tensor's location; return (location, resolved path, offset, length)."""
+def _resolve_external(folder: Path, owner: str, tensor: TensorProto,
+                      resolved: dict[str, Path] | None = None) -> tuple[str, Path, int, int]:
+    """Validate one external tensor's location; return (location, resolved path, offset, length).
+    ``resolved``: locations already checked (a model's tensors share a few files: each is
+    resolved once, not once per tensor)."""
     entries = external_entries(tensor)
     location = entries.get("location", "")
     if not location:
@@ -219,18 +222,22 @@ def _resolve_external(folder: Path, owner: str, tensor: TensorProto) -> tuple[st
             f"external data of tensor '{owner}' uses an absolute path ('{location}'), which ortprep refuses",
             hint="move the data file next to the model and re-save it with a relative location",
         )
-    folder_real = Path(os.path.realpath(folder))
-    target = Path(os.path.realpath(folder / location))
-    if target != folder_real and folder_real not in target.parents:
-        raise UnsafeExternalDataError(
-            f"external data of tensor '{owner}' points outside the model's folder ('{location}' -> {target})",
-            hint="move the data file next to the model and re-save it with a relative location",
-        )
-    if not target.is_file():
-        raise ModelReadError(
-            f"external data file '{location}' of tensor '{owner}' is missing (expected at {folder / location})",
-            hint="copy the data file next to the model",
-        )
+    target = resolved.get(location) if resolved is not None else None
+    if target is None:
+        folder_real = Path(os.path.realpath(folder))
+        target = Path(os.path.realpath(folder / location))
+        if target != folder_real and folder_real not in target.parents:
+            raise UnsafeExternalDataError(
+                f"external data of tensor '{owner}' points outside the model's folder ('{location}' -> {target})",
+                hint="move the data file next to the model and re-save it with a relative location",
+            )
+        if not target.is_file():
+            raise ModelReadError(
+                f"external data file '{location}' of tensor '{owner}' is missing (expected at {folder / location})",
+                hint="copy the data file next to the model",
+            )
+        if resolved is not None:
+            resolved[location] = target
     offset_text = entries.get("offset", "0") or "0"
     offset = int(offset_text) if offset_text.isdigit() else 0
     length = tensor_nbytes(tensor)
@@ -244,10 +251,11 @@ def scan_external_data(proto: ModelProto, folder: Path) -> list[ExternalDataFile
     missing or too-short data files.
     """
     files: dict[Path, ExternalDataFile] = {}
+    resolved: dict[str, Path] = {}
     for owner, tensor, _ in iter_tensors(proto.graph):
         if not is_external(tensor):
             continue
-        location, target, offset, length = _resolve_external(folder, owner, tensor)
+        location, target, offset, length = _resolve_external(folder, owner, tensor, resolved)
         entry = files.get(target)
         if entry is None:
             entry = files[target] = ExternalDataFile(location=location, path=target, size=target.stat().st_size)

@@ -113,10 +113,31 @@ def folded_nodes(analysis: ModelAnalysis) -> set[int]:
     return folded
 
 
+def _match_key(node: NodeInfo) -> tuple:
+    """What a table lookup reads of a node (tables.match): nodes alike in all of it match alike."""
+    return (node.domain, node.op_type, node.since, node.opset, node.graph_size <= 3 and node.index == 0,
+            tuple((v.dtype, v.is_initializer) if v is not None else None for v in node.inputs),
+            tuple(v.dtype if v is not None else None for v in node.outputs))
+
+
+def matches(table: SupportTable, nodes: list[NodeInfo]) -> list:
+    """tables.match for every node, looked up once per kind of node (a 100,000-node model has a
+    few hundred kinds)."""
+    seen: dict[tuple, object] = {}
+    found = []
+    for node in nodes:
+        key = _match_key(node)
+        if key not in seen:
+            seen[key] = match(table, node)
+        found.append(seen[key])
+    return found
+
+
 def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
     graph = analysis.handle.graph
     graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
-    return [evaluate_node(spec, table, node, match(table, node), graph_io) for node in analysis.all_nodes()]
+    nodes = analysis.all_nodes()
+    return [evaluate_node(spec, table, node, found, graph_io) for node, found in zip(nodes, matches(table, nodes))]
 
 
 def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[str, SupportTable]) -> tuple[list[int], list[Finding]]:
@@ -127,8 +148,7 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
     if target[0].name == "cpu":
         cpu_levels = [v.level for v in per_ep[0]]
     else:
-        cpu_table = support_table("cpu")
-        cpu_levels = [match(cpu_table, node).level for node in nodes]
+        cpu_levels = [found.level for found in matches(support_table("cpu"), nodes)]
     assignment: list[int] = []
     findings: list[Finding] = []
     folded = folded_nodes(analysis)

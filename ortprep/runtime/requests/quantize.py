@@ -130,6 +130,7 @@ class Quantize(Request):
             op_types_to_quantize=options.get("op_types") or None,
             per_channel=options.get("per_channel", False),
             weight_type=types[options.get("weight_type", "int8")],
+            reduce_range=bool(options.get("reduce_range", False)),  # 7-bit weights (runtime/cpu.py says when)
             nodes_to_exclude=options.get("exclude_nodes") or None,
             use_external_data_format=options.get("external_data", False),
             extra_options=options.get("extra_options") or {},

@@ -191,7 +191,8 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
         report.add(Finding.of(
             "DOC003",
             "this CPU has no VNNI/AMX int8 instructions: quantized (int8) models may run no faster, or slower, "
-            "than float32 here",
+            "than float32 here, and ORT's uint8 x int8 kernels can saturate and change results (ortprep quantize "
+            "--ep cpu uses 7-bit weights here for that)",
             fix="measure with ortprep load; deploy int8 on CPUs with VNNI or on an NPU/GPU EP",
         ))
     clash = [name for name in ("pycuda", "tensorrt", "cupy") if _installed(name)]

@@ -9,12 +9,14 @@
     Probe        what an ORT environment can run: version, providers, plugin EPs and devices
     OpProbe      does an EP claim and run a single-op model
     Stats        sessions built per model file (tests and benchmarks count them)
+    RunOnEp      samples -> outputs in the session an application creates for one EP (quantize's gate)
 
 One module a request (sessions.py: what they share). The handlers run in the worker; they import numpy and onnxruntime there, onnx only where a
 handler needs it (the OpenVINO environment has no onnx).
 """
 
 from ortprep.runtime.requests.compile import Compile, CompileReply
+from ortprep.runtime.requests.on_ep import RunOnEp, RunOnEpReply
 from ortprep.runtime.requests.placement import Placement, PlacementReply, Prove
 from ortprep.runtime.requests.probe import OpProbe, OpProbeReply, Probe, ProbeReply
 from ortprep.runtime.requests.quantize import Quantize, QuantizeReply, StreamingReader
@@ -28,5 +30,5 @@ from ortprep.runtime.requests.sessions import (
 )
 
 __all__ = ["Compile", "CompileReply", "LEVELS", "OpProbe", "OpProbeReply", "Placement", "PlacementReply", "Probe",
-           "ProbeReply", "Prove", "Quantize", "QuantizeReply", "RunModel", "RunReply", "SessionSpec", "Stats", "StatsReply",
-           "StreamingReader", "add_plugin_ep", "build_session", "session_options"]
+           "ProbeReply", "Prove", "Quantize", "QuantizeReply", "RunModel", "RunOnEp", "RunOnEpReply", "RunReply",
+           "SessionSpec", "Stats", "StatsReply", "StreamingReader", "add_plugin_ep", "build_session", "session_options"]

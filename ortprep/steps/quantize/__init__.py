@@ -3,12 +3,15 @@
 The step's orchestration: resolve the EP's preset, plan the data, prepare the graph, quantize
 (pre-processed and as given), evaluate, search when asked, and report. The work lives beside it:
 ``presets`` (the settings), ``calibrate`` (the data and the quantizer's child process), ``edits``
-(graph work), ``evaluate`` (model runs and the accuracy gate), ``search`` (--auto-exclude).
+(graph work), ``evaluate`` (model runs and the accuracy gate), ``ep_gate`` (the target EP's side
+of the gate, where it runs here), ``search`` (--auto-exclude).
 
 The quantizer runs in a child process whose working directory is a private temp folder: a crash
 stays there, and so does every temp file. Calibration streams its samples. A share of the
-samples is held back and both models run on it; when the gate fails, the nodes where the error
-starts are named, and --auto-exclude keeps them in float and tries again.
+samples is held back and both models run on it, on the CPU EP and, where it runs here, the
+quantized one also on the target EP (the session an application creates for it): the gate holds
+on the worse of the two. When the gate fails, the nodes where the error starts are named, and
+--auto-exclude keeps them in float and tries again, judging every trial the same way.
 """
 
 from __future__ import annotations
@@ -26,19 +29,23 @@ from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.compare import output_bounds
+from ortprep.runtime.tolerance import FLOAT16_COMPUTE
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
 from ortprep.steps.quantize.calibrate import DataPlan, evaluation_feeds, plan_data, preprocess
 from ortprep.steps.quantize.edits import (
     already_quantized,
     constants_to_initializers,
     name_nodes,
+    output_writers,
     quantization_stats,
     sentinel_readers,
     upgrade_opset,
 )
+from ortprep.steps.quantize.ep_gate import GateTarget, gate_target
 from ortprep.steps.quantize.evaluate import (
     Evaluation,
     fmt_cosine,
+    gate_finding,
     latency_finding,
     opset_upgrade_verified,
     worst_nodes,
@@ -88,9 +95,9 @@ class Outcome:
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
                         plan: DataPlan, eval_feeds: list, big: bool, bounds: dict, progress: ProgressCallback | None,
-                        report: StepResult, sentinels: list[str]) -> Outcome:
+                        report: StepResult, sentinels: list[str], target: GateTarget | None = None) -> Outcome:
     """The baseline on each source (pre-processed, as given), the better kept; then the search."""
-    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress)
+    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress, target)
     trials.fixed += [n for n in sentinels if n not in trials.fixed]
     baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})"))
                  for label, path in sources]
@@ -118,7 +125,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     if not best.passed and options.auto_exclude and eval_feeds and options.mode == "static" and settings["method"] == "minmax":
         # the calibration method first, then the nodes
         baseline_cosine, first = best.cosine, best
-        best, calibration = try_calibration_methods(trials, source, best, aim)
+        best, calibration, tried = try_calibration_methods(trials, source, best, aim)
         settings = trials.settings
         if settings["method"] != "minmax":
             report.add(Finding.of("QNT016", f"{settings['method']} calibration kept: lowest cosine {fmt_cosine(baseline_cosine)} "
@@ -128,10 +135,12 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     if searching:  # once the search started it aims for the margin, whatever fixed the gate
         best, search_record, reasons = run_search(trials, source, best, options, graph_only)
     if calibration:
-        search_record = search_record or {"aim": None, "trials": [best.to_record(max(model_bytes(source), 1))], "rules": [],
+        size = max(model_bytes(source), 1)
+        search_record = search_record or {"aim": None, "trials": [best.to_record(size)], "rules": [],
                                           "ranked": [], "stopped": "the gate passed"}
         search_record["calibration"] = calibration
-        search_record["trials"].insert(0, first.to_record(max(model_bytes(source), 1)))
+        # the baseline and each calibration trial, then the search's own (its first is the best of those)
+        search_record["trials"] = [t.to_record(size) for t in [first, *tried]] + search_record["trials"][1:]
     excluded = [{"name": n, "reason": "--exclude-node"} for n in options.exclude_nodes]
     excluded += [{"name": n, "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)"}
                  for n in trials.fixed if n not in options.exclude_nodes]
@@ -147,13 +156,14 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
         "input": str(handle.path), "output": None, "mode": options.mode, "format": settings["format"],
         "preset": {"ep": settings["preset"], "reason": settings["preset_reason"], "activation_type": settings["activation_type"],
                    "weight_type": settings["weight_type"], "per_channel": settings["per_channel"], "method": settings["method"],
-                   "source": settings["preset_source"], "fixed_output_encodings": settings.get("fixed_output_encodings") or {}},
+                   "source": settings["preset_source"], "fixed_output_encodings": settings.get("fixed_output_encodings") or {},
+                   "reduce_range": settings.get("reduce_range", False)},
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
         "evaluation_inputs": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},
-        "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None,
+        "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None, "gate_target": None,
     }
 
 
@@ -171,6 +181,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         report.data = _base_record(handle, options, settings, size_before)
         return report
     plan = plan_data(handle, options, settings, report)
+    target = gate_target(options, report)  # before any work: --gate-on-ep without the EP stops here
     calibration, calib_indices = plan.calibration, plan.calib_indices
     handle.load_weights()
     eval_feeds, eval_source = evaluation_feeds(handle, plan, options, report)
@@ -202,12 +213,13 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 # checked, not trusted: both are quantized and evaluated when there is data to judge by
                 sources = [("preprocessed", preprocessed)] + (sources if eval_feeds else [])
         outcome = quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report,
-                                      sentinels)
+                                      sentinels, target)
         settings = {**settings, "method": outcome.method}
         if outcome.source == "as given" and options.preprocess and len(sources) > 1:
             preprocess_detail += "; not used: quantizing without it evaluated better"
         report.data = _base_record(handle, options, settings, size_before)
         report.data.update({"preprocess": preprocess_detail, "evaluation_samples": len(eval_feeds),
+                            "gate_target": target.record(),
                             "evaluation_inputs": eval_source,
                             "calibration": {"samples": len(calib_indices), "source": calibration.source if calibration else None,
                                             "kind": calibration.kind if calibration else None}})
@@ -229,18 +241,21 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 "it was judged by absolute error; these samples do not exercise it",
                 fix="evaluate on real data that moves this output: --eval DATA"))
         if evaluation is not None and not evaluation.passed:
+            # the CPU side's error is traced to its nodes; the EP's alone, to what writes the outputs it gets wrong
             worst = (worst_nodes(Path(float_path), result_path, eval_feeds[0], {e["name"] for e in excluded})
-                     if evaluation.error is None else [])
+                     if evaluation.error is None and not evaluation.cpu_verdict else [])
             names = ", ".join(f"{n} ({op}, cosine {c:.4f})" for n, op, c in worst) or "none found"
-            what = evaluation.error or f"lowest output cosine {fmt_cosine(evaluation.cosine)} is below {options.min_cosine}"
             stopped = f"; the search stopped: {outcome.search['stopped']}" if outcome.search else ""
-            report.add(Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {names}",
-                                  fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above"))
+            writers = _writers_text(quantized, evaluation, target) if evaluation.ep_only else ""
+            report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
+                                    worst=names, writers=writers))
         auto = [e for e in excluded if e["reason"] != "--exclude-node"]
         if auto and evaluation is not None:
+            judged = " and ".join(evaluation.judged_on)
             report.add(Finding.of("QNT006", f"--auto-exclude kept {len(auto)} node(s) in float ("
                                   + ", ".join(e["name"] for e in auto[:12]) + ("..." if len(auto) > 12 else "")
-                                  + f"): lowest cosine {fmt_cosine(evaluation.cosine)}", fix="see excluded_nodes and search"))
+                                  + f"): lowest cosine {fmt_cosine(evaluation.gate_cosine)} (judged on {judged})",
+                                  fix="see excluded_nodes and search"))
         slower = latency_finding(evaluation)
         if slower is not None:
             report.add(slower)
@@ -265,6 +280,22 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
     })
     report.output = written
     return report
+
+
+def _writers_text(quantized: ModelProto, evaluation: Evaluation, target: GateTarget) -> str:
+    """What writes the outputs the EP alone gets wrong: the quantized nodes to keep float, and the
+    float nodes on the way, which an EP that computes float in float16 computes there."""
+    wrong = [o["name"] for o in evaluation.on_ep.failing()]
+    ops = {node.name: node.op_type for node in quantized.graph.node}
+    quantized_nodes, float_nodes = output_writers(quantized, wrong)
+    parts = []
+    if quantized_nodes:
+        parts.append("the quantized nodes that write the outputs it gets wrong: "
+                     + ", ".join(f"{n} ({ops.get(n, '?')})" for n in quantized_nodes[:6]))
+    if float_nodes and target.ep in FLOAT16_COMPUTE:
+        parts.append("float nodes on the way, which " + target.ep + " computes in float16 (its range ends at 65504, its "
+                     "precision at 11 bits): " + ", ".join(f"{n} ({ops.get(n, '?')})" for n in float_nodes[:6]))
+    return "; ".join(parts)
 
 
 class QuantizeStep(Step):

@@ -2,7 +2,7 @@
 model before and around the quantizer (Constant weights to initializers, node names, exposed
 intermediates, the opset upgrade per-channel QDQ needs) and what it reads off a graph (nodes that
 must stay float because they read a sentinel constant, whether a model is already quantized, what
-the quantizer quantized).
+the quantizer quantized, which nodes write an output).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from onnx import ModelProto, TensorProto
 
 from ortprep.errors import UsageError
 from ortprep.model import iter_graphs
+from ortprep.runtime.compare import PASS_THROUGH
 from ortprep.transforms.fp16 import ensure_node_names
 
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
@@ -121,3 +122,35 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
     for _, graph in iter_graphs(proto.graph):
         weights += sum(1 for t in graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4, TensorProto.UINT4) and len(t.dims) >= 1 and np.prod(t.dims) > 1)
     return {"quantized_ops": ops, "quantized_weights": weights}
+
+
+def output_writers(quant_proto: ModelProto, outputs: list[str]) -> tuple[list[str], list[str]]:
+    """For ``outputs`` of a quantized model: the first node on the way back from each that computes
+    on quantized data (a QOperator op, or a QDQ node unit: DequantizeLinear in, QuantizeLinear out),
+    past the Q/DQ pairs, ops that only move values and float nodes; and the float nodes passed on
+    the way (an EP computes them in its own float precision). Where an EP's own encoding or
+    precision meets the output."""
+    graph = quant_proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    dequantized = {node.output[0] for node in graph.node if node.op_type == "DequantizeLinear" and node.output}
+    requantized = {node.input[0] for node in graph.node if node.op_type == "QuantizeLinear" and node.input}
+    quantized_nodes: list[str] = []
+    float_nodes: list[str] = []
+    for name in outputs:
+        queue, seen = [name], set()
+        while queue and len(seen) <= 32:
+            node = producers.get(queue.pop(0))
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            quantized = node.op_type not in QUANT_OPS and (node.op_type in QUANTIZED_OPS or (
+                any(i in dequantized for i in node.input) and any(o in requantized for o in node.output)))
+            if quantized and node.op_type not in PASS_THROUGH:
+                if node.name not in quantized_nodes:
+                    quantized_nodes.append(node.name)
+                continue
+            if not quantized and node.op_type not in QUANT_OPS and node.op_type not in PASS_THROUGH \
+                    and node.name not in float_nodes:
+                float_nodes.append(node.name)
+            queue.extend(i for i in node.input if i in producers)
+    return quantized_nodes, float_nodes

@@ -1,7 +1,8 @@
 """Evaluation of a quantized model against the float one: both run on the same samples, the
-outputs are compared (cosine per output, absolute error where an output is flat, top-1
-agreement, latency) and the accuracy gate is decided; and, where the gate fails, where the error
-comes from (the nodes that add it, the tensors whose quantization is noisiest).
+outputs are compared (cosine and norm ratio per output, absolute error where an output is flat,
+top-1 agreement, latency) and the accuracy gate is decided, on the CPU EP and, where it runs
+here, on the target EP (ep_gate.py); and, where the gate fails, where the error comes from (the
+nodes that add it, the tensors whose quantization is noisiest).
 
 Every model run of quantize starts here, in a child process: :func:`_run_model` for the runs
 compared here, :func:`opset_upgrade_verified` for the check of an opset upgrade.
@@ -12,16 +13,21 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import ModelProto
 
 from ortprep.findings import Finding
-from ortprep.runtime.compare import Degenerate, compare_arrays, degenerate
+from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
 from ortprep.runtime.isolated import RunOutcome, run_isolated
+from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
 from ortprep.transforms.verify import EXACT_GATE, VerifyResult, float_intermediates, run_model, verify_run
+
+if TYPE_CHECKING:
+    from ortprep.steps.quantize.ep_gate import GateTarget
 
 LATENCY_RUNS = 10
 
@@ -44,8 +50,43 @@ def fmt_cosine(value: float | None) -> str:
 
 
 @dataclass
+class Judgement:
+    """One run of the quantized model (on the CPU EP, or on the target EP) against the float model
+    on the CPU EP, on the evaluation samples: per output, and that side's verdict."""
+
+    ep: str
+    cosine: float | None  # lowest over the outputs judged by cosine, over the samples
+    norm_ratio: float | None  # of the outputs judged by cosine, the one farthest from 1
+    max_abs_diff: float | None
+    top1_agreement: float | None
+    passed: bool
+    outputs: list[dict] = field(default_factory=list)
+    error: str | None = None
+    spread: dict | None = None  # {"samples", "min", "median", "max"} of each sample's lowest output cosine
+    sample_cosines: list[float] = field(default_factory=list)  # each sample's lowest output cosine, in order
+    placement: dict | None = None  # the EP's side: {"nodes_total", "nodes_on_ep"} of its session
+
+    def failing(self) -> list[dict]:
+        """The outputs that fail the gate on this side."""
+        return [o for o in self.outputs if not o.get("passed", True)]
+
+    def summary(self) -> dict:
+        """What a search trial records of this side: the figures, each output's, the verdict."""
+        return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "passed": self.passed,
+                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o["norm_ratio"]} for o in self.outputs[:16]],
+                "error": self.error}
+
+    def to_record(self) -> dict:
+        return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "max_abs_diff": self.max_abs_diff,
+                "top1_agreement": self.top1_agreement, "passed": self.passed, "spread": self.spread, "outputs": self.outputs,
+                "error": self.error, "placement": self.placement}
+
+
+@dataclass
 class Evaluation:
-    """How a quantized model compares with the float one on the evaluation samples, and the verdict."""
+    """How a quantized model compares with the float one on the evaluation samples, and the verdict.
+    The figures are the CPU EP's (as they always were); ``on_ep`` holds the target EP's where it
+    judged too, and ``passed`` is the gate's verdict over every side judged."""
 
     cosine: float | None
     max_abs_diff: float | None
@@ -59,8 +100,59 @@ class Evaluation:
     spread: dict | None = None  # {"samples", "min", "median", "max"} of each sample's lowest output cosine
     degenerate: list[tuple[str, str]] = field(default_factory=list)  # (output, why cosine means nothing)
     sample_cosines: list[float] = field(default_factory=list)  # each sample's lowest output cosine, in order
+    norm_ratio: float | None = None  # the CPU EP's: of the outputs judged by cosine, the one farthest from 1
+    cpu_passed: bool | None = None  # the CPU EP's verdict (None: ``passed`` is it)
+    on_ep: Judgement | None = None  # the target EP's side, where it judged
+    target: dict | None = None  # where the gate was judged (ep_gate.GateTarget.record())
+    min_cosine: float | None = None
+
+    @property
+    def judged_on(self) -> list[str]:
+        return ["cpu"] + ([self.on_ep.ep] if self.on_ep is not None else [])
+
+    @property
+    def gate_cosine(self) -> float | None:
+        """The lowest cosine judged: the worse of the CPU EP's and the EP's (what the search decides on)."""
+        values = [v for v in (self.cosine, self.on_ep.cosine if self.on_ep else None) if v is not None]
+        if self.on_ep is not None and self.on_ep.error is not None:
+            return None  # the EP gave no outputs: nothing to compare
+        return min(values) if values else None
+
+    @property
+    def gate_norm_ratio(self) -> float | None:
+        """Of both sides' norm ratios, the one farthest from 1."""
+        values = [v for v in (self.norm_ratio, self.on_ep.norm_ratio if self.on_ep else None) if v is not None]
+        return max(values, key=lambda r: abs(r - 1.0)) if values else None
+
+    @property
+    def cpu_verdict(self) -> bool:
+        return self.passed if self.cpu_passed is None else self.cpu_passed
+
+    @property
+    def failed_on(self) -> list[str]:
+        """The EPs whose outputs fail the gate ("cpu", the target EP)."""
+        failed = [] if self.cpu_verdict else ["cpu"]
+        return failed + ([self.on_ep.ep] if self.on_ep is not None and not self.on_ep.passed else [])
+
+    @property
+    def ep_only(self) -> bool:
+        """The CPU EP passes and the target EP fails: the EP's own error, not quantization's."""
+        return self.failed_on == [self.on_ep.ep] if self.on_ep is not None else False
+
+    @property
+    def worst_sample_cosines(self) -> list[float]:
+        """Each sample's lowest output cosine over both sides (the CPU EP's alone where the EP's are missing)."""
+        theirs = self.on_ep.sample_cosines if self.on_ep is not None else []
+        if len(theirs) != len(self.sample_cosines):
+            return list(self.sample_cosines) or list(theirs)
+        return [min(a, b) for a, b in zip(self.sample_cosines, theirs)]
 
     def to_record(self) -> dict:
+        ep = None
+        if self.on_ep is not None:
+            context = self.target or {}
+            ep = {**self.on_ep.to_record(), **{key: context.get(key) for key in ("device", "provider_options", "runtime",
+                                                                                  "package")}}
         return {
             "cosine": self.cosine,
             "spread": self.spread,
@@ -72,6 +164,11 @@ class Evaluation:
             "passed": self.passed,
             "outputs": self.outputs,
             "error": self.error,
+            "norm_ratio": self.norm_ratio,
+            "judged_on": self.judged_on,
+            "gate": {"min_cosine": self.min_cosine, "norm_tolerance": NORM_TOLERANCE, "cosine": self.gate_cosine,
+                     "norm_ratio": self.gate_norm_ratio, "failed_on": self.failed_on},
+            "ep": ep,
         }
 
 
@@ -84,9 +181,102 @@ def _top1(reference: np.ndarray, candidate: np.ndarray) -> float | None:
 DEGENERATE_TOL = 0.05  # a flat output's largest absolute error, relative to its range or scale
 
 
+def flat_outputs(reference: list[dict[str, np.ndarray]], bounds: dict | None) -> dict[str, Degenerate]:
+    """The float outputs the samples leave flat (constant, near zero, or barely moving within the
+    range the graph bounds them to): cosine means nothing there."""
+    flat: dict[str, Degenerate] = {}
+    for name in reference[0] if reference else {}:
+        if np.asarray(reference[0][name]).dtype.kind != "f":
+            continue
+        found = degenerate(np.stack([np.asarray(sample[name]) for sample in reference]), (bounds or {}).get(name))
+        if found is not None:
+            flat[name] = found
+    return flat
+
+
+def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], min_cosine: float,
+          flat: dict[str, Degenerate]) -> Judgement:
+    """``candidate`` (the quantized model's outputs per sample, on ``ep``) against ``reference``
+    (the float model's on the CPU EP). An output passes when its lowest cosine reaches
+    ``min_cosine`` and its norm over all samples is within NORM_TOLERANCE of the float one's (a
+    uniformly scaled output has cosine 1); a flat output (``flat``) by its absolute error instead."""
+    per_output: dict[str, list] = {}
+    shapes = {name: list(np.shape(value)) for name, value in (reference[0] if reference else {}).items()}
+    energy: dict[str, list[float]] = {}  # output -> [sum of squares of the float values, of the candidate's]
+    per_sample: list[float] = []
+    for ref_sample, cand_sample in zip(reference, candidate):
+        sample_cosines = []
+        for name, value in ref_sample.items():
+            other = cand_sample.get(name)
+            if other is None:
+                diff = OutputDiff(name, None, None, None, False, False)
+            else:
+                diff = compare_arrays(name, value, other)
+            per_output.setdefault(name, []).append((diff, _top1(value, other) if diff.shape_match else None))
+            if diff.shape_match and np.asarray(value).dtype.kind == "f":
+                ref, cand = np.asarray(value, np.float64), np.asarray(other, np.float64)
+                finite = np.isfinite(ref) & np.isfinite(cand)
+                sums = energy.setdefault(name, [0.0, 0.0])
+                sums[0] += float(np.sum(ref[finite] ** 2))
+                sums[1] += float(np.sum(cand[finite] ** 2))
+            if diff.cosine is not None and name not in flat:
+                sample_cosines.append(diff.cosine)
+            elif diff.cosine is None and name not in flat:
+                sample_cosines.append(-1.0)  # no comparable output: the worst a sample can do
+        if sample_cosines:
+            per_sample.append(min(sample_cosines))
+    outputs, verdicts = [], []
+    for name, rows in per_output.items():
+        cosines = [d.cosine for d, _ in rows if d.cosine is not None]
+        tops = [t for _, t in rows if t is not None]
+        worst_abs = max((d.max_abs_diff for d, _ in rows if d.max_abs_diff is not None), default=None)
+        sums = energy.get(name)
+        norm_ratio = float(np.sqrt(sums[1] / sums[0])) if sums and sums[0] > 0 else None
+        comparable = len(cosines) == len(rows)  # an output missing or misshapen on a sample fails
+        record = {
+            "name": name,
+            "cosine": min(cosines) if cosines else None,
+            "norm_ratio": norm_ratio,
+            "max_abs_diff": worst_abs,
+            "top1_agreement": statistics.fmean(tops) if tops else None,
+            "judged_by": "cosine",
+            "shape": shapes.get(name),
+        }
+        if name in flat:
+            limit = DEGENERATE_TOL * flat[name].scale
+            record["judged_by"] = f"absolute error <= {limit:.3g} (output {flat[name].what})"
+            verdict = worst_abs is not None and worst_abs <= limit and all(d.shape_match and not d.nonfinite for d, _ in rows)
+        else:
+            verdict = (comparable and record["cosine"] is not None and record["cosine"] >= min_cosine
+                       and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
+        record["passed"] = bool(verdict)
+        verdicts.append(bool(verdict))
+        outputs.append(record)
+    judged = [o for o in outputs if o["judged_by"] == "cosine"]
+    cosines = [o["cosine"] for o in judged if o["cosine"] is not None]
+    ratios = [o["norm_ratio"] for o in judged if o["norm_ratio"] is not None]
+    tops = [o["top1_agreement"] for o in outputs if o["top1_agreement"] is not None]
+    spread = ({"samples": len(per_sample), "min": min(per_sample), "median": statistics.median(per_sample),
+               "max": max(per_sample)} if per_sample else None)
+    return Judgement(
+        ep=ep,
+        cosine=min(cosines) if cosines else None,
+        norm_ratio=max(ratios, key=lambda r: abs(r - 1.0)) if ratios else None,
+        max_abs_diff=max((o["max_abs_diff"] for o in outputs if o["max_abs_diff"] is not None), default=None),
+        top1_agreement=min(tops) if tops else None,
+        passed=bool(verdicts) and all(verdicts) and len(candidate) == len(reference),
+        outputs=outputs,
+        spread=spread,
+        sample_cosines=per_sample,
+    )
+
+
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
-             cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None) -> Evaluation:
-    """Run both models on ``feeds`` and compare. ``cache`` keeps the float model's run between
+             cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None
+             ) -> Evaluation:
+    """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
+    run the quantized model there too and compare its outputs with the float model's on the CPU
+    EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
     trials (only the quantized model changes). An output that the samples leave flat (constant,
     near zero) is judged by absolute error against its range or scale, not by cosine."""
     cache = {} if cache is None else cache
@@ -94,66 +284,42 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
     reference = cache["evaluation"]
     candidate = _run_model(quant_model, feeds, latency_runs=LATENCY_RUNS)
+    record = target.record() if target is not None else None
     if not reference.ok or not candidate.ok:
         which = "float" if not reference.ok else "quantized"
         message = reference.message if not reference.ok else candidate.message
-        return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message}")
-    per_output: dict[str, list] = {}
-    per_sample: list[float] = []
-    flat: dict[str, Degenerate] = {}
-    for name in reference.samples[0] if reference.samples else {}:
-        stacked = np.stack([np.asarray(sample[name]) for sample in reference.samples]) if reference.samples[0][name].dtype.kind == "f" else None
-        found = degenerate(stacked, (bounds or {}).get(name)) if stacked is not None else None
-        if found is not None:
-            flat[name] = found
-    for ref_sample, cand_sample in zip(reference.samples, candidate.samples):
-        sample_cosines = []
-        for name, value in ref_sample.items():
-            diff = compare_arrays(name, value, cand_sample[name])
-            per_output.setdefault(name, []).append((diff, _top1(value, cand_sample[name])))
-            if diff.cosine is not None and name not in flat:
-                sample_cosines.append(diff.cosine)
-        if sample_cosines:
-            per_sample.append(min(sample_cosines))
-    outputs = []
-    verdicts = []
-    for name, rows in per_output.items():
-        cosines = [d.cosine for d, _ in rows if d.cosine is not None]
-        tops = [t for _, t in rows if t is not None]
-        worst_abs = max((d.max_abs_diff for d, _ in rows if d.max_abs_diff is not None), default=None)
-        record = {
-            "name": name,
-            "cosine": min(cosines) if cosines else None,
-            "max_abs_diff": worst_abs,
-            "top1_agreement": statistics.fmean(tops) if tops else None,
-            "judged_by": "cosine",
-        }
-        if name in flat:
-            limit = DEGENERATE_TOL * flat[name].scale
-            record["judged_by"] = f"absolute error <= {limit:.3g} (output {flat[name].what})"
-            verdicts.append(worst_abs is not None and worst_abs <= limit and all(d.shape_match and not d.nonfinite for d, _ in rows))
+        return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message}",
+                          target=record, min_cosine=min_cosine)
+    flat = flat_outputs(reference.samples, bounds)
+    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat)
+    on_ep = None
+    if target is not None and target.judged:
+        run = target.run(quant_model, feeds)
+        placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
+        if run.ok:
+            on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat)
+            on_ep.placement = placement
         else:
-            verdicts.append(record["cosine"] is not None and record["cosine"] >= min_cosine)
-        outputs.append(record)
-    cosines = [o["cosine"] for o in outputs if o["cosine"] is not None and o["judged_by"] == "cosine"]
-    tops = [o["top1_agreement"] for o in outputs if o["top1_agreement"] is not None]
+            on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
     float_ms = statistics.median(reference.latency_ms) if reference.latency_ms else None
     quant_ms = statistics.median(candidate.latency_ms) if candidate.latency_ms else None
-    cosine = min(cosines) if cosines else None
-    spread = ({"samples": len(per_sample), "min": min(per_sample), "median": statistics.median(per_sample),
-               "max": max(per_sample)} if per_sample else None)
     return Evaluation(
-        cosine=cosine,
-        max_abs_diff=max((o["max_abs_diff"] for o in outputs if o["max_abs_diff"] is not None), default=None),
-        top1_agreement=min(tops) if tops else None,
+        cosine=cpu.cosine,
+        max_abs_diff=cpu.max_abs_diff,
+        top1_agreement=cpu.top1_agreement,
         latency_ratio=round(quant_ms / float_ms, 3) if float_ms and quant_ms else None,
         float_latency_ms=float_ms,
         quant_latency_ms=quant_ms,
-        passed=bool(verdicts) and all(verdicts),
-        outputs=outputs,
-        spread=spread,
+        passed=cpu.passed and (on_ep is None or on_ep.passed),
+        outputs=cpu.outputs,
+        spread=cpu.spread,
         degenerate=[(name, found.what) for name, found in flat.items()],
-        sample_cosines=per_sample,
+        sample_cosines=cpu.sample_cosines,
+        norm_ratio=cpu.norm_ratio,
+        cpu_passed=cpu.passed,
+        on_ep=on_ep,
+        target=record,
+        min_cosine=min_cosine,
     )
 
 
@@ -310,3 +476,66 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
         f"({evaluation.quant_latency_ms:.3f} ms vs {evaluation.float_latency_ms:.3f} ms per run)",
         fix="expected without VNNI/AVX-512 int8 kernels, for tiny models, or with ConvInteger; measure on the target EP",
     )
+
+
+def _shortfall(judgement: Judgement, min_cosine: float) -> str:
+    """What fails on one side, worst output first: its cosine, or its size (the norm ratio)."""
+    failing = judgement.failing()
+    if not failing:
+        return f"lowest cosine {fmt_cosine(judgement.cosine)}"
+    worst = min(failing, key=lambda o: (o["cosine"] if o["cosine"] is not None else -2.0))
+    name, cosine, ratio = worst["name"], worst["cosine"], worst["norm_ratio"]
+    if worst["judged_by"] != "cosine":
+        text = f"output '{name}' off by {worst['max_abs_diff']:.4g} ({worst['judged_by']})"
+    elif cosine is not None and cosine >= min_cosine and ratio is not None:
+        text = (f"output '{name}' scaled as a whole: norm ratio {ratio:.4f}, allowed 1 ± {NORM_TOLERANCE:g} "
+                f"(cosine {fmt_cosine(cosine)}: the direction is right, the size is not)")
+    else:
+        text = f"cosine {fmt_cosine(cosine)} on output '{name}'" + (f" (norm ratio {ratio:.4f})" if ratio is not None else "")
+    if worst.get("top1_agreement") is not None and worst["top1_agreement"] < 1.0 and len(worst.get("shape") or []) == 2:
+        # a classifier's scores ([batch, classes]): the decision it makes
+        text += f"; its top-1 (argmax over the last axis) agrees with the float model's on {worst['top1_agreement']:.0%}"
+    if len(failing) > 1:
+        text += f"; {len(failing) - 1} more output(s) fail"
+    return text
+
+
+def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, stopped: str, worst: str,
+                 writers: str) -> Finding:
+    """QNT005: what failed the gate, where (the CPU EP, the target EP, both) and what to do.
+    ``ep_text`` names the EP and its device; ``worst`` the nodes where the CPU-side error starts;
+    ``writers`` what writes the outputs the EP alone gets wrong."""
+    on_ep = evaluation.on_ep
+    if evaluation.error is not None:
+        return Finding.of("QNT005", f"accuracy gate failed: {evaluation.error}{stopped}",
+                          fix="check that the float and the quantized model run: ortprep load MODEL --ep cpu")
+    if on_ep is not None and on_ep.error is not None:
+        cpu = "passes on the CPU EP" if evaluation.cpu_verdict else "fails on the CPU EP too"
+        return Finding.of(
+            "QNT005", f"accuracy gate failed: the quantized model {cpu} (cosine {fmt_cosine(evaluation.cosine)}) but gives "
+            f"no outputs on {ep_text}: {on_ep.error}{stopped}", ep=on_ep.ep,
+            fix=f"ortprep check MODEL.int8.onnx --ep {on_ep.ep} --prove names what the EP refuses; another --device; "
+                "--gate-on-cpu judges on the CPU EP only")
+    if evaluation.ep_only:
+        cpu = f"cosine {fmt_cosine(evaluation.cosine)}" + (f", norm ratio {evaluation.norm_ratio:.4f}"
+                                                            if evaluation.norm_ratio is not None else "")
+        return Finding.of(
+            "QNT005", f"accuracy gate failed on {ep_text}: it passes on the CPU EP ({cpu}) but {on_ep.ep} gives "
+            f"{_shortfall(on_ep, min_cosine)}: the EP's own error, not quantization's{stopped}"
+            + (f"; {writers}" if writers else ""), ep=on_ep.ep,
+            fix=f"ortprep quantize ... --auto-exclude (its trials are judged on {on_ep.ep} too), a different --device, or "
+                f"keep the nodes that write that output in float (--exclude-node NAME); ortprep load MODEL.int8.onnx --ep "
+                f"{on_ep.ep} --reference MODEL.onnx separates the EP's error from quantization's; --gate-on-cpu judges on "
+                "the CPU EP only")
+    below = [o for o in evaluation.outputs if not o.get("passed", True) and o["judged_by"] == "cosine"
+             and (o["cosine"] is None or o["cosine"] < min_cosine)]
+    if below or evaluation.cpu_verdict:
+        what = f"lowest output cosine {fmt_cosine(evaluation.cosine)} is below {min_cosine}"
+    else:  # scaled, or a flat output off by too much
+        what = _shortfall(Judgement("cpu", evaluation.cosine, evaluation.norm_ratio, evaluation.max_abs_diff, None, False,
+                                    evaluation.outputs), min_cosine)
+    if on_ep is not None:
+        what += (f"; on {on_ep.ep}: " + (_shortfall(on_ep, min_cosine) if not on_ep.passed
+                                         else f"passes (cosine {fmt_cosine(on_ep.cosine)})"))
+    return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}",
+                      fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above")

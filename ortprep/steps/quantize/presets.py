@@ -46,6 +46,12 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
         "fixed_output_encodings": {op: list(by_type[activation]) for op, by_type in (preset.fixed_output_encodings or {}).items()
                                    if (activation := options.activation_type or preset.activation_type) in by_type},
     }
+    # U8S8 on an x86-64 CPU without VNNI: ORT's int8 kernels saturate there (runtime/cpu.py), so the
+    # model would compute otherwise on this CPU than the gate can vouch for: 7-bit weights, as ORT documents.
+    from ortprep.runtime.cpu import int8_saturates
+
+    settings["reduce_range"] = bool(spec.name == "cpu" and settings["activation_type"] == "uint8"
+                                    and settings["weight_type"] == "int8" and int8_saturates())
     if options.mode == "dynamic":
         if settings["format"] == "qdq" and options.format is None:
             settings["format"] = "qoperator"  # dynamic quantization writes QOperator-style ops

@@ -12,6 +12,14 @@ the result on the held-back samples. Once the baseline fails the gate:
    chosen on a few held-back samples must hold on others), or when passing would keep more than
    ``max_float_share`` of the quantized nodes in float, and says which.
 
+Where the gate is judged on the target EP too (ep_gate.py), every trial is, and the search
+accepts, rejects and compares trials on the worse of the two sides (lowest cosine, norm ratio).
+Only the EP's final outputs are visible, so the ranking stays the CPU side's per-tensor
+quantization noise (it still finds the tensors whose precision matters, which an EP's coarser
+arithmetic hurts first); and where the EP alone fails (the CPU EP passes), the nodes that write
+the outputs the EP gets wrong are tried first, since an EP's own encoding or precision at an
+output is the usual cause.
+
 :class:`Search` holds the selection logic alone (trials and ranking are passed in);
 :class:`Trials` runs trials; :func:`run_search` wires them to a model.
 """
@@ -30,12 +38,15 @@ from ortprep.model import iter_graphs
 from ortprep.options import QuantizeOptions
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
+from ortprep.steps.quantize.edits import output_writers
+from ortprep.steps.quantize.ep_gate import GateTarget
 from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.transforms.verify import model_bytes
 
 IMPROVES = 1e-4  # a rule (or a calibration method) must raise the lowest cosine by at least this much to stay
 NOISE_FLOOR = 0.02  # quantization noise (RMS over median magnitude) below which a tensor is not worth keeping float
+NORM_IMPROVES = 5e-3  # or bring the norm ratio this much closer to 1 (a scaled output: cosine cannot show it)
 
 
 def margin_aim(min_cosine: float) -> float:
@@ -49,16 +60,46 @@ class Trial:
 
     label: str
     kept: list[str]
-    cosine: float | None
+    cosine: float | None  # the lowest cosine judged (the worse of the CPU EP's and the target EP's)
     passed: bool
     size: int
     path: Path | None = None
     error: str | None = None
+    norm_ratio: float | None = None  # of both sides' norm ratios, the one farthest from 1
+    sides: dict | None = None  # {"judged_on", "cpu": summary, "ep": summary or None} (Judgement.summary)
 
     def to_record(self, size_before: int) -> dict:
+        sides = self.sides or {}
         return {"label": self.label, "kept_in_float": len(self.kept), "cosine": self.cosine, "passed": self.passed,
                 "size_ratio": round(self.size / size_before, 4) if size_before and self.size else None,
-                "error": self.error}
+                "error": self.error, "norm_ratio": self.norm_ratio, "judged_on": sides.get("judged_on"),
+                "cpu": sides.get("cpu"), "ep": sides.get("ep")}
+
+
+def norm_error(trial: Trial) -> float:
+    return abs(trial.norm_ratio - 1.0) if trial.norm_ratio is not None else 0.0
+
+
+def improved(new: Trial, old: Trial) -> bool:
+    """Whether ``new`` measured better than ``old``: it passes where ``old`` fails, or its lowest
+    cosine rose by IMPROVES, or (its cosine no worse) its norm ratio came NORM_IMPROVES closer to 1."""
+    if new.path is None and new.cosine is None:
+        return False
+    if new.passed and not old.passed:
+        return True
+    if new.cosine is None:
+        return False
+    if old.cosine is None or new.cosine > old.cosine + IMPROVES:
+        return True
+    return new.cosine >= old.cosine - IMPROVES and norm_error(new) < norm_error(old) - NORM_IMPROVES
+
+
+def change(before: Trial, after: Trial) -> str:
+    """'cosine a -> b' (and the norm ratio where one was measured), for reasons and messages."""
+    text = f"cosine {fmt_cosine(before.cosine)} -> {fmt_cosine(after.cosine)}"
+    if before.norm_ratio is not None and after.norm_ratio is not None:
+        text += f", norm ratio {before.norm_ratio:.3f} -> {after.norm_ratio:.3f}"
+    return text
 
 
 @dataclass
@@ -117,8 +158,11 @@ class Search:
 
     def __init__(self, float_proto: onnx.ModelProto, attempt: Callable[[list[str], str], Trial],
                  rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]], *, quantizable_nodes: set[str],
-                 max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None) -> None:
+                 max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None,
+                 first_rules: list[tuple[str, list[str]]] | None = None) -> None:
         self.names = {n.name for _, g in iter_graphs(float_proto.graph) for n in g.node}
+        # rules tried before the op-type rules, their nodes kept float as named (the EP's outputs)
+        self.first_rules = list(first_rules or [])
         self.aim = aim
         self.float_proto = float_proto
         self.attempt = attempt
@@ -158,22 +202,30 @@ class Search:
             result.trials.append(outcome)
             return outcome
 
-        for label, names in rule_sets(self.float_proto):
+        rules = [(label, names, False) for label, names in self.first_rules]
+        rules += [(label, names, True) for label, names in rule_sets(self.float_proto)]
+        for label, names, closed in rules:
             if self.ok(current):
                 break
-            extra = [n for n in dict.fromkeys(m for name in names for m in self.closure.get(name, [name])) if n not in kept]
+            # an EP rule names nodes of the quantized model: map them back (dynamic quantization renames some)
+            wanted = (m for name in names for m in (self.closure.get(name, [name]) if closed
+                                                    else [self._float_name(name) or name]))
+            extra = [n for n in dict.fromkeys(wanted) if n not in kept]
             if not extra or not self.fits(kept + extra):
                 continue
             outcome = trial(kept + extra, f"rule: {label}")
             if outcome is None:
                 break
-            helped = (outcome.cosine is not None and (current.cosine is None or outcome.cosine > current.cosine + IMPROVES))
-            result.rules.append({"rule": label, "nodes": len(extra), "cosine_before": current.cosine,
-                                 "cosine_after": outcome.cosine, "kept": helped})
+            helped = improved(outcome, current)
+            record = {"rule": label, "nodes": len(extra), "cosine_before": current.cosine, "cosine_after": outcome.cosine,
+                      "kept": helped}
+            if current.norm_ratio is not None or outcome.norm_ratio is not None:
+                record.update(norm_ratio_before=current.norm_ratio, norm_ratio_after=outcome.norm_ratio)
+            result.rules.append(record)
             if helped:
                 kept += extra
                 for name in extra:
-                    reasons[name] = f"rule: {label} (cosine {fmt_cosine(current.cosine)} -> {fmt_cosine(outcome.cosine)})"
+                    reasons[name] = f"rule: {label} ({change(current, outcome)})"
                 current = outcome
         if self.ok(current):
             result.best, result.stopped, result.reasons = current, "the gate passed with the margin", reasons
@@ -218,7 +270,7 @@ class Search:
                 self._explain(units[:high], reasons)
                 result.best, result.stopped = best, "the gate passed with the margin"
                 break
-            if top.cosine is None or (current.cosine is not None and top.cosine <= current.cosine + IMPROVES):
+            if not improved(top, current):
                 result.best = current
                 result.stopped = (f"keeping the {len(prefix(high))} nodes around the {high} worst-ranked tensors in float "
                                   "did not improve the result")
@@ -270,8 +322,9 @@ class Trials:
     """Quantize with some nodes kept in float, into a folder of its own, and evaluate."""
 
     def __init__(self, workdir: Path, options: QuantizeOptions, settings: dict, plan: DataPlan, eval_feeds: list,
-                 big: bool, bounds: dict, progress: ProgressCallback | None) -> None:
+                 big: bool, bounds: dict, progress: ProgressCallback | None, target: GateTarget | None = None) -> None:
         self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
+        self.target = target  # where the gate is judged besides the CPU EP
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
         self.count = 0
         self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
@@ -294,29 +347,37 @@ class Trials:
             if self.progress is not None:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
-                                  self.caches.setdefault(source, {}), self.bounds)
+                                  self.caches.setdefault(source, {}), self.bounds, self.target)
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation
-        passed = evaluation is None or evaluation.passed
-        return Trial(label, list(kept), evaluation.cosine if evaluation else None, passed, model_bytes(output), output,
-                     evaluation.error if evaluation else None)
+        if evaluation is None:
+            return Trial(label, list(kept), None, True, model_bytes(output), output)
+        on_ep = evaluation.on_ep
+        error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
+        cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
+               "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
+                           for o in evaluation.outputs[:16]], "error": evaluation.error}
+        sides = {"judged_on": evaluation.judged_on, "cpu": cpu, "ep": on_ep.summary() if on_ep is not None else None}
+        return Trial(label, list(kept), evaluation.gate_cosine, evaluation.passed, model_bytes(output), output, error,
+                     norm_ratio=evaluation.gate_norm_ratio, sides=sides)
 
 
-def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: float) -> tuple[Trial, list[dict]]:
+def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: float) -> tuple[Trial, list[dict], list[Trial]]:
     """Calibration methods other than min/max, each kept only when it raises the lowest cosine:
     min/max ranges stretched by rare values cost every node precision (PaddleOCR's detector:
     0.975 with min/max, 0.994 with percentile). Leaves ``trials.settings`` on the method kept;
-    returns the best trial and a record per method tried."""
+    returns the best trial, a record per method tried, and their trials."""
     settings = trials.settings
     records: list[dict] = []
+    tried: list[Trial] = []
     # (entropy is not tried by itself: on a tensor whose range one spike stretched it took 520 s
     # for a one-MatMul model; ask for it with --method entropy)
     for method in ("percentile",):
         trials.settings = {**settings, "method": method}
         outcome = trials.attempt(source, list(trials.fixed), f"calibration: {method}")
-        helped = outcome.path is not None and outcome.cosine is not None and (
-            best.cosine is None or outcome.cosine > best.cosine + IMPROVES)
+        tried.append(outcome)
+        helped = outcome.path is not None and improved(outcome, best)
         records.append({"method": method, "cosine": outcome.cosine, "passed": outcome.passed, "kept": helped})
         if helped:
             best = outcome
@@ -324,7 +385,7 @@ def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: floa
         if best.passed and best.cosine is not None and best.cosine >= aim:
             break
     trials.settings = settings
-    return best, records
+    return best, records, tried
 
 
 def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto
@@ -342,7 +403,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         if trial.path is None:
             return []
         # the sample the trial did worst on (where calibration's ranges clip, say) and one more
-        cosines = trials.evaluations[trial.path].sample_cosines if trial.path in trials.evaluations else []
+        cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
         worst = cosines.index(min(cosines)) if cosines else 0
         picked = [trials.eval_feeds[worst]] + [f for i, f in enumerate(trials.eval_feeds[:2]) if i != worst][:1]
         noise = tensor_noise(source, trial.path, picked, cache=trials.caches.setdefault(source, {}))
@@ -353,9 +414,18 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     ops = set(trials.settings["op_types"] or quantizer_op_types(options.mode, trials.settings["format"]))
     # the share is of the nodes the quantizer would quantize
     quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
+    first_rules = []
+    evaluation = trials.evaluations.get(baseline.path) if baseline.path is not None else None
+    if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None:
+        # the EP alone gets some outputs wrong: the nodes writing them first (their encoding, their precision)
+        wrong = [o["name"] for o in evaluation.on_ep.failing()]
+        names, _ = output_writers(onnx.load(str(baseline.path), load_external_data=False), wrong)
+        if names:
+            first_rules.append((f"the nodes that write the outputs {evaluation.on_ep.ep} gets wrong ({', '.join(wrong[:4])})",
+                                names))
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
-                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine))
+                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules)
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

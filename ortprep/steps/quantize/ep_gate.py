@@ -1,0 +1,127 @@
+"""Where quantize's accuracy gate is judged: always on the CPU EP, and also on the target EP where
+that EP runs here (in this environment, or under another environment's Python named by
+--runtime EP=PYTHON), in the session a user's application creates for it: the EP's options, the
+device (QNN: the SoC), CPU fallback allowed.
+
+The CPU EP's run of a QDQ model is not what the EP computes: an EP fuses the Q/DQ pairs into its
+own integer kernels, imposes its own encodings (QNN's 16-bit Sigmoid), and computes what stays
+float in its own precision (QNN's HTP: float16). So the gate holds on the worse of the two.
+
+Decided once, before any work: ``on_ep`` None judges on the EP where it runs (and says so where
+it does not), True requires it (a missing EP stops the step with exit 3, before calibration),
+False judges on the CPU EP only (--gate-on-cpu).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortprep.eps.devices import Device
+from ortprep.eps.registry import resolve_ep
+from ortprep.errors import EnvironmentMissingError
+from ortprep.findings import Finding, Severity
+from ortprep.options import QuantizeOptions
+from ortprep.report import StepResult
+from ortprep.runtime.requests import RunOnEp
+from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
+from ortprep.runtime.worker import call
+
+EP_TIMEOUT = 1800.0  # one model on every held-back sample, on a simulator (QNN's HTP on x86) too
+
+
+@dataclass
+class EpRun:
+    """The quantized model's outputs on the target EP, per sample (or why there are none)."""
+
+    ok: bool
+    message: str = ""
+    samples: list[dict[str, np.ndarray]] = field(default_factory=list)
+    nodes_total: int | None = None
+    nodes_on_ep: int | None = None
+
+
+@dataclass
+class GateTarget:
+    """The EP the gate judges on besides the CPU EP (``runtime`` None: the CPU EP only, and
+    ``reason`` says why)."""
+
+    ep: str
+    runtime: EpRuntime | None = None
+    provider_options: dict[str, str] = field(default_factory=dict)
+    device: Device | None = None
+    reason: str | None = None
+
+    @property
+    def judged(self) -> bool:
+        return self.runtime is not None
+
+    @property
+    def judged_on(self) -> list[str]:
+        return ["cpu", self.ep] if self.judged else ["cpu"]
+
+    def describe(self) -> str:
+        """The EP as a message names it: 'qnn (Snapdragon X Elite / X Plus (SC8380XP), soc_model 60)'."""
+        if self.device is None:
+            return self.ep
+        number = self.device.provider_options.get("soc_model")
+        return f"{self.ep} ({self.device.title}" + (f", soc_model {number})" if number else ")")
+
+    def record(self) -> dict[str, Any]:
+        runtime = self.runtime
+        return {"ep": self.ep, "judged": self.judged, "reason": self.reason,
+                "runtime": (runtime.python or "this environment") if runtime else None,
+                "package": (runtime.plugin or {}).get("package") if runtime else None,
+                "provider_options": dict(self.provider_options) if runtime else None,
+                "device": self.device.record() if self.device else None}
+
+    def run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
+        """``model`` on every sample of ``feeds`` in the EP's session, on a worker of the EP's interpreter."""
+        assert self.runtime is not None
+        request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=feeds,
+                          provider_options=self.provider_options, plugin=self.runtime.plugin)
+        reply = call(request, python=self.runtime.python, timeout=EP_TIMEOUT)
+        if reply.status == "timeout":
+            return EpRun(False, f"no answer from {self.ep} within {EP_TIMEOUT:.0f} s")
+        if reply.status == "crashed":
+            return EpRun(False, f"the process running {self.ep} died ({reply.died})"
+                         + (f": {reply.stderr_tail[-300:]}" if reply.stderr_tail else ""))
+        if not reply.ok:
+            stage = "the run" if reply.stage == "run" else "session creation"
+            return EpRun(False, f"{stage} on {self.ep} failed: {reply.message}")
+        return EpRun(True, samples=reply.samples, nodes_total=reply.nodes_total, nodes_on_ep=reply.nodes_on_ep)
+
+
+def gate_target(options: QuantizeOptions, report: StepResult) -> GateTarget:
+    """Where the gate is judged for these options; a finding when the EP cannot judge it here, an
+    EnvironmentMissingError when --gate-on-ep asked for it."""
+    spec = resolve_ep(options.ep)
+    if spec.name == "cpu":
+        return GateTarget("cpu", reason="the target is the CPU EP")
+    if not options.verify:
+        return GateTarget(spec.name, reason="--no-verify: nothing is evaluated")
+    if options.on_ep is False:
+        return GateTarget(spec.name, reason="--gate-on-cpu")
+    runtime = ep_runtime(spec, options.runtimes)
+    device = target_device(runtime, options.provider_options, options.device)
+    if runtime.available:
+        return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device), device)
+    where = f"the environment of {runtime.python}" if runtime.python else "this environment"
+    why = runtime.probe.error or (f"{spec.provider} is neither built into ONNX Runtime {runtime.probe.version} nor offered "
+                                  f"by a plugin package with a device for {spec.name}")
+    how = (f"{spec.install_hint}, or name an environment that has it: --runtime {spec.name}=PYTHON")
+    if options.on_ep:
+        raise EnvironmentMissingError(f"--gate-on-ep: {spec.name} does not run in {where} ({why}), so the accuracy gate "
+                                      "cannot be judged on it", hint=f"{how}; or --gate-on-cpu to judge on the CPU EP only")
+    reason = f"{spec.name} does not run in {where} ({why})"
+    report.add(Finding.of(
+        "LOD002", f"the accuracy gate was judged on the CPU EP only: {reason}; the quantized model's outputs on "
+        f"{spec.name} were not measured, and an EP can compute a QDQ model otherwise than the CPU EP",
+        ep=spec.name, severity=Severity.WARNING,
+        fix=f"to judge it on {spec.name}: {how}, then quantize again (--gate-on-ep makes a missing EP an error; "
+            "--gate-on-cpu silences this)"))
+    return GateTarget(spec.name, device=device, reason=reason)

@@ -1,0 +1,322 @@
+"""quantize's accuracy gate on the target EP (issue 20, part 5): where the EP runs here (QNN's HTP
+simulator from onnxruntime-qnn; OpenVINO's CPU device through --runtime), the quantized model is
+also run in the session an application creates for it and compared with the float model on the
+CPU EP; the gate holds on the worse of the two, and judges each output's size (norm ratio) as
+well as its direction (cosine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+from cli_helpers import invoke
+from conftest import ROOT, SAMPLES
+
+HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
+OPENVINO_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
+x86 = platform.machine() in ("x86_64", "AMD64")
+needs_qnn = pytest.mark.skipif(not (HAVE_QNN and x86), reason="onnxruntime-qnn (the x86 HTP simulator) is not installed "
+                               "(make install adds it)")
+needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON.exists(),
+                                    reason="no .venv-openvino with onnxruntime-openvino (make install creates it)")
+
+
+def quantize(*args) -> tuple[int, dict, str]:
+    result = invoke("quantize", *args, "--json")
+    return result.exit_code, (result.json() if result.stdout.strip() else {}), result.stderr
+
+
+def findings(record: dict, code: str) -> list[dict]:
+    return [f for f in record["findings"] if f["code"] == code]
+
+
+def mel_front_end(folder: Path) -> tuple[Path, Path]:
+    """A log-mel front end (STFT as a strided Conv, power, mel filters as a 1x1 Conv, a floor, Log)
+    and loud audio for it (amplitude 100). Quantized with the QNN preset it passes on the CPU EP
+    at cosine 1.0000; on QNN's HTP the Log is left float (ORT's quantizer has no QDQ Log), which
+    the HTP computes in float16: 13% of the mel energies it reads exceed 65504, and QNN's output
+    comes out at cosine 0.853 (measured, onnxruntime-qnn 2.7.0, soc_model 60)."""
+    rng = np.random.default_rng(0)
+    window = numpy_helper.from_array((rng.standard_normal((64, 1, 400)) * 0.05).astype(np.float32), "window")
+    filters = numpy_helper.from_array((np.abs(rng.standard_normal((16, 64, 1))) * 0.1).astype(np.float32), "filters")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["audio", "window"], ["spec"], strides=[160], name="stft"),
+         helper.make_node("Mul", ["spec", "spec"], ["power"], name="power"),
+         helper.make_node("Conv", ["power", "filters"], ["mel"], name="mel"),
+         helper.make_node("Add", ["mel", "eps"], ["mel_eps"], name="floor"),
+         helper.make_node("Log", ["mel_eps"], ["logmel"], name="log")],
+        "mel", [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 1, 4000])],
+        [helper.make_tensor_value_info("logmel", TensorProto.FLOAT, [1, 16, 23])],
+        [window, filters, numpy_helper.from_array(np.array(1e-5, np.float32), "eps")])
+    path = folder / "mel.onnx"
+    onnx.save_model(models.make(graph, ir_version=9), str(path))
+    audio = folder / "audio"
+    audio.mkdir()
+    rng = np.random.default_rng(1)
+    for index in range(20):
+        np.savez(audio / f"{index:02d}.npz", audio=(rng.standard_normal((1, 1, 4000)) * 100).astype(np.float32))
+    return path, audio
+
+
+def sigmoid_head(folder: Path) -> tuple[Path, Path]:
+    """MatMul -> Sigmoid as the graph output, with small weights (the Sigmoid stays near 0.5)."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Sigmoid", ["m"], ["y"], name="sig")],
+        "sig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.02).astype(np.float32), "w")])
+    path = folder / "sig.onnx"
+    onnx.save_model(models.make(graph, ir_version=9), str(path))
+    data = folder / "x"
+    data.mkdir()
+    rng = np.random.default_rng(1)
+    for index in range(20):
+        np.savez(data / f"{index:02d}.npz", x=rng.standard_normal((1, 64)).astype(np.float32))
+    return path, data
+
+
+def cnn_samples(folder: Path, count: int = 10) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        np.savez(folder / f"{index:02d}.npz", image=rng.random((1, 3, 32, 32), dtype=np.float32))
+    return folder
+
+
+# --- on the real QNN HTP simulator -----------------------------------------------------------------
+
+
+@needs_qnn
+def test_the_gate_fails_on_qnn_where_the_cpu_ep_passes(tmp_path):
+    model, audio = mel_front_end(tmp_path)
+    out = tmp_path / "mel.int8.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "-o", out)
+    assert code == 1 and record["output"] is None and not out.exists()
+    verify = record["verify"]
+    assert verify["judged_on"] == ["cpu", "qnn"] and verify["passed"] is False
+    # the CPU EP's figures as before: quantization itself costs nothing here
+    assert verify["cosine"] > 0.9999 and abs(verify["norm_ratio"] - 1) < 1e-3
+    assert verify["outputs"][0]["passed"] is True
+    ep = verify["ep"]
+    assert ep["ep"] == "qnn" and ep["package"].startswith("onnxruntime-qnn 2.")
+    assert ep["device"]["name"] == "x-elite" and ep["device"]["chosen_by"] == "default"
+    assert ep["provider_options"]["soc_model"] == "60"
+    assert 0.80 < ep["cosine"] < 0.90 and 0.88 < ep["norm_ratio"] < 0.96  # measured: 0.8532, 0.9209
+    assert ep["outputs"][0]["name"] == "logmel" and ep["outputs"][0]["passed"] is False
+    assert ep["placement"]["nodes_on_ep"] >= ep["placement"]["nodes_total"] - 2  # all but the input Q / output DQ
+    assert verify["gate"]["failed_on"] == ["qnn"] and verify["gate"]["cosine"] == ep["cosine"]
+    assert verify["gate"]["norm_tolerance"] == 0.02
+    assert record["gate_target"]["judged"] is True and record["gate_target"]["device"]["name"] == "x-elite"
+    gate = findings(record, "QNT005")[0]
+    assert gate["ep"] == "qnn"
+    assert gate["message"].startswith("accuracy gate failed on qnn (Snapdragon X Elite")
+    assert "passes on the CPU EP (cosine 1.0000" in gate["message"] and "but qnn gives cosine 0.8" in gate["message"]
+    assert "the EP's own error, not quantization's" in gate["message"]
+    # what writes the output: the quantized Add to keep float, and the float Log that the HTP computes in float16
+    assert "floor (Add)" in gate["message"] and "float16" in gate["message"] and "log (Log)" in gate["message"]
+    assert "--auto-exclude" in gate["fix"] and "--device" in gate["fix"] and "--gate-on-cpu" in gate["fix"]
+
+    # --gate-on-cpu: judged on the CPU EP only, where it passes; the result is written
+    code, cpu_only, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "-o", out, "--gate-on-cpu")
+    assert code == 0 and out.exists()
+    assert cpu_only["verify"]["judged_on"] == ["cpu"] and cpu_only["verify"]["ep"] is None
+    assert cpu_only["verify"]["cosine"] == pytest.approx(verify["cosine"], abs=1e-6)
+    assert cpu_only["gate_target"] == {"ep": "qnn", "judged": False, "reason": "--gate-on-cpu", "runtime": None,
+                                       "package": None, "provider_options": None, "device": None}
+    assert not findings(cpu_only, "QNT005") and not findings(cpu_only, "LOD002")
+
+
+@needs_qnn
+def test_auto_exclude_judges_every_trial_on_qnn(tmp_path):
+    """The search cannot fix the mel front end (its error is the HTP's float16, not quantization):
+    every trial says both sides, none passes on QNN, and keeping the heads float is measured to be
+    worse on QNN (more float16) and not kept."""
+    model, audio = mel_front_end(tmp_path)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "--auto-exclude", "-o", tmp_path / "q.onnx")
+    assert code == 1
+    search = record["search"]
+    assert search["stopped"] == "no quantized tensor left adds measurable error"
+    labels = [t["label"] for t in search["trials"]]
+    assert labels[0] == "baseline (preprocessed)" and labels[1] == "calibration: percentile"
+    assert len(labels) == len(set(labels))  # each trial once
+    for trial in search["trials"]:
+        assert trial["judged_on"] == ["cpu", "qnn"] and trial["ep"]["ep"] == "qnn"
+        assert trial["cpu"]["passed"] is True and trial["ep"]["passed"] is False and trial["passed"] is False
+        assert trial["cosine"] == trial["ep"]["cosine"]  # the search decides on the worse side
+        assert trial["ep"]["outputs"][0]["name"] == "logmel" and trial["ep"]["outputs"][0]["norm_ratio"] is not None
+    rules = {r["rule"]: r for r in search["rules"]}
+    first = rules["the nodes that write the outputs qnn gets wrong (logmel)"]
+    assert first["nodes"] == 1 and first["kept"] is False
+    heads = rules["heads (the last Conv/MatMul/Gemm before each output)"]
+    assert heads["kept"] is False and heads["cosine_after"] < heads["cosine_before"] - 0.1
+
+
+@needs_qnn
+def test_a_scaled_output_on_qnn_fails_on_its_norm_and_the_search_keeps_its_writer_float(tmp_path, monkeypatch):
+    """QNN gives a 16-bit Sigmoid a fixed [0, 1] output encoding; a model whose Sigmoid output
+    carries a calibrated one (as ORT's quantizer writes by default) comes out of QNN scaled as a
+    whole (by the largest calibrated value, 0.62 here): cosine 1, norm ratio 0.62. The QNN
+    preset writes the fixed encoding; without it (the preset's table emptied here) the gate fails
+    on QNN's norm ratio, and --auto-exclude finds the Sigmoid by trying the node that writes the
+    output QNN gets wrong."""
+    model, data = sigmoid_head(tmp_path)
+    code, ours, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "ours.onnx")
+    assert code == 0 and ours["verify"]["judged_on"] == ["cpu", "qnn"]
+    assert abs(ours["verify"]["ep"]["norm_ratio"] - 1) < 0.02 and ours["verify"]["ep"]["cosine"] > 0.999
+
+    import ortprep.steps.quantize as step
+
+    preset = step.resolve_settings
+    monkeypatch.setattr(step, "resolve_settings", lambda options: {**preset(options), "fixed_output_encodings": {}})
+    code, plain, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "plain.onnx")
+    assert code == 1
+    verify = plain["verify"]
+    assert verify["cosine"] > 0.999 and abs(verify["norm_ratio"] - 1) < 0.01  # the CPU EP: fine
+    assert verify["ep"]["cosine"] > 0.999 and 0.58 < verify["ep"]["norm_ratio"] < 0.66  # QNN: the right direction, 0.62x
+    gate = findings(plain, "QNT005")[0]
+    assert f"but qnn gives output 'y' scaled as a whole: norm ratio {verify['ep']['norm_ratio']:.4f}" in gate["message"]
+    assert "allowed 1 ± 0.02" in gate["message"] and "sig (Sigmoid)" in gate["message"]
+
+    code, fixed, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "--auto-exclude", "-o", tmp_path / "f.onnx")
+    assert code == 0, fixed["findings"]
+    assert [e["name"] for e in fixed["excluded_nodes"]] == ["sig"]
+    assert fixed["excluded_nodes"][0]["reason"].startswith("rule: the nodes that write the outputs qnn gets wrong (y)")
+    trials = fixed["search"]["trials"]
+    assert trials[0]["ep"]["norm_ratio"] < 0.65 and trials[0]["cpu"]["passed"] is True
+    assert trials[-1]["passed"] is True and abs(trials[-1]["ep"]["norm_ratio"] - 1) < 0.02
+    rule = fixed["search"]["rules"][0]
+    assert rule["kept"] is True and rule["norm_ratio_before"] < 0.65 and abs(rule["norm_ratio_after"] - 1) < 0.02
+    assert fixed["verify"]["passed"] is True and fixed["verify"]["gate"]["failed_on"] == []
+    assert "judged on cpu and qnn" in findings(fixed, "QNT006")[0]["message"]
+
+
+# --- where the EP does not run ---------------------------------------------------------------------
+
+
+@needs_openvino
+def test_gate_on_ep_without_the_ep_is_refused_before_any_work(tmp_path):
+    """--runtime qnn=PYTHON names an environment without onnxruntime-qnn (the OpenVINO one)."""
+    calib = cnn_samples(tmp_path / "calib")
+    out = tmp_path / "q.onnx"
+    args = ("--static", "--ep", "qnn", "--calib", calib, "-o", out, "--runtime", f"qnn={OPENVINO_PYTHON}")
+    refused = invoke("quantize", SAMPLES / "cnn.onnx", *args, "--gate-on-ep")
+    assert refused.exit_code == 3 and not out.exists() and "Traceback" not in refused.stderr
+    assert f"--gate-on-ep: qnn does not run in the environment of {OPENVINO_PYTHON}" in refused.stderr
+    assert "cannot be judged on it" in refused.stderr and "--gate-on-cpu" in refused.stderr
+    as_json = invoke("quantize", SAMPLES / "cnn.onnx", *args, "--gate-on-ep", "--json")
+    assert as_json.exit_code == 3 and as_json.json()["findings"][0]["code"] == "RUN001"
+
+    # without --gate-on-ep: judged on the CPU EP, and the report says so and how to judge on QNN
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", *args)
+    assert code == 0 and out.exists()
+    assert record["verify"]["judged_on"] == ["cpu"] and record["verify"]["ep"] is None
+    target = record["gate_target"]
+    assert target["judged"] is False and target["reason"].startswith(f"qnn does not run in the environment of {OPENVINO_PYTHON}")
+    assert target["device"]["name"] == "x-elite"
+    notice = findings(record, "LOD002")[0]
+    assert notice["severity"] == "warning" and notice["ep"] == "qnn"
+    assert notice["message"].startswith("the accuracy gate was judged on the CPU EP only: qnn does not run")
+    assert "--runtime qnn=PYTHON" in notice["fix"] and "--gate-on-ep" in notice["fix"]
+
+
+def test_the_cpu_target_is_judged_on_the_cpu_ep_without_a_notice(tmp_path):
+    calib = cnn_samples(tmp_path / "calib")
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--gate-on-ep")
+    assert code == 0
+    assert record["verify"]["judged_on"] == ["cpu"] and record["gate_target"]["reason"] == "the target is the CPU EP"
+    assert not findings(record, "LOD002")
+
+
+@needs_openvino
+def test_openvino_cpu_judges_through_its_own_runtime(tmp_path):
+    calib = cnn_samples(tmp_path / "calib")
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "openvino-cpu", "--calib", calib,
+                               "-o", tmp_path / "q.onnx", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}")
+    assert code == 0, record["findings"]
+    verify = record["verify"]
+    assert verify["judged_on"] == ["cpu", "openvino-cpu"] and verify["passed"] is True
+    assert verify["ep"]["runtime"] == str(OPENVINO_PYTHON) and verify["ep"]["provider_options"] == {"device_type": "CPU"}
+    assert verify["ep"]["device"] is None and verify["ep"]["cosine"] > 0.99 and abs(verify["ep"]["norm_ratio"] - 1) < 0.02
+
+
+# --- the norm ratio, without an EP ----------------------------------------------------------------
+
+
+def _matmul(folder: Path, name: str, scale: float | None) -> Path:
+    weight = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m" if scale is not None else "y"], name="project")]
+    inits = [numpy_helper.from_array(weight, "W")]
+    if scale is not None:
+        nodes.append(helper.make_node("Mul", ["m", "k"], ["y"], name="scale"))
+        inits.append(numpy_helper.from_array(np.array(scale, np.float32), "k"))
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])], inits)
+    path = folder / f"{name}.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    return path
+
+
+@pytest.mark.parametrize(("scale", "passed"), [(0.5, False), (1.03, False), (1.015, True), (-1.0, False)])
+def test_a_scaled_output_fails_on_its_norm_ratio(tmp_path, scale, passed):
+    """Cosine does not see size: an output scaled by 0.5 has cosine 1. The gate also holds each
+    output's norm over the samples within 1 ± 0.02 of the float model's."""
+    from ortprep.steps.quantize.evaluate import evaluate, gate_finding
+
+    feeds = [{"x": np.random.default_rng(seed).standard_normal((2, 32)).astype(np.float32)} for seed in range(4)]
+    result = evaluate(_matmul(tmp_path, "float", None), _matmul(tmp_path, "scaled", scale), feeds, min_cosine=0.99)
+    assert result.passed is passed and result.judged_on == ["cpu"]
+    assert result.norm_ratio == pytest.approx(abs(scale), rel=1e-5)
+    assert result.outputs[0]["norm_ratio"] == pytest.approx(abs(scale), rel=1e-5) and result.outputs[0]["passed"] is passed
+    assert result.cosine == pytest.approx(1.0 if scale > 0 else -1.0, abs=1e-6)
+    record = result.to_record()
+    assert record["gate"]["failed_on"] == ([] if passed else ["cpu"]) and record["ep"] is None
+    if scale == 0.5:
+        finding = gate_finding(result, min_cosine=0.99, ep_text="cpu", stopped="", worst="none found", writers="")
+        assert finding.code == "QNT005"
+        assert finding.message.startswith("accuracy gate failed: output 'y' scaled as a whole: norm ratio 0.5000, allowed "
+                                          "1 ± 0.02 (cosine 1.0000: the direction is right, the size is not)")
+
+
+def test_the_search_counts_a_norm_ratio_brought_back_as_progress():
+    from ortprep.steps.quantize.search import Trial, improved
+
+    scaled = Trial("baseline", [], 0.99995, False, 1, norm_ratio=0.59)
+    fixed = Trial("rule", ["sig"], 0.99990, True, 1, norm_ratio=1.001)
+    closer = Trial("rule", ["sig"], 0.99990, False, 1, norm_ratio=0.80)
+    worse = Trial("rule", ["sig"], 0.95, False, 1, norm_ratio=0.99)
+    assert improved(fixed, scaled) and improved(closer, scaled)
+    assert not improved(worse, scaled)  # the cosine fell by more than it may
+    assert not improved(scaled, closer) and not improved(Trial("same", [], 0.99995, False, 1, norm_ratio=0.592), scaled)
+
+
+def test_output_writers_of_a_qdq_graph():
+    from ortprep.steps.quantize.edits import output_writers
+
+    def qdq(tensor: str, out: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("QuantizeLinear", [tensor, "s", "z"], [f"{tensor}_q"], name=f"{tensor}_Q"),
+                helper.make_node("DequantizeLinear", [f"{tensor}_q", "s", "z"], [out], name=f"{tensor}_DQ")]
+
+    # x -> Q/DQ -> mm (quantized) -> Q/DQ -> sig (quantized) -> Q/DQ -> Reshape -> y1; mm's DQ -> log (float) -> y2
+    nodes = (qdq("x", "x_dq") + [helper.make_node("MatMul", ["x_dq", "w"], ["m"], name="mm")] + qdq("m", "m_dq")
+             + [helper.make_node("Sigmoid", ["m_dq"], ["s_out"], name="sig")] + qdq("s_out", "s_dq")
+             + [helper.make_node("Reshape", ["s_dq", "shape"], ["y1"], name="reshape"),
+                helper.make_node("Log", ["m_dq"], ["y2"], name="log")])
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [4]),
+                               helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.ones((4, 4), np.float32), "w"),
+                               numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+                               numpy_helper.from_array(np.array(0, np.uint16), "z"),
+                               numpy_helper.from_array(np.array([4], np.int64), "shape")])
+    proto = models.make(graph, opset=21, ir_version=10)
+    assert output_writers(proto, ["y1"]) == (["sig"], [])
+    assert output_writers(proto, ["y2"]) == (["mm"], ["log"])
+    assert output_writers(proto, ["y1", "y2"]) == (["sig", "mm"], ["log"])

@@ -91,6 +91,9 @@ def test_float_model_runs_on_qnn_htp():
     assert qnn["status"] == "ok" and qnn["nodes_on_ep"] == qnn["nodes_total"] and qnn["outputs_match"] is True
     check = invoke("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--json").json()
     assert check["results"][0]["verdict"] == "full" and "QNN001" in codes(check)
+    # the fix loads the quantized output against the float model, not the float model again
+    fix = next(f["fix"] for f in check["findings"] if f["code"] == "QNN001")
+    assert f"load {SAMPLES / 'cnn.qdq.onnx'} --ep qnn --reference {SAMPLES / 'cnn.onnx'}" in fix
 
 
 @needs_openvino

@@ -281,7 +281,8 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                 "simulator), but QNN documents QDQ models as the HTP path, and FP16 arithmetic on the device may "
                 "lose accuracy the simulator's result does not show",
                 ep=spec.name,
-                fix="ortprep quantize MODEL --static --ep qnn --calib DATA, then ortprep load MODEL --ep qnn",
+                fix="ortprep quantize MODEL --static --ep qnn --calib DATA -o MODEL.qdq.onnx, then "
+                    "ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",
                 source=constraint_source(table, "QNN-002") + "; " + QNN_MEASURED,
             )
         )

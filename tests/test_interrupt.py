@@ -71,8 +71,12 @@ def test_interrupt_leaves_nothing_behind(tmp_path, how, code, command):
         # two EPs: the interrupt must stop the step, not just the EP running (the next one must not start)
         args = ["load", str(SAMPLES / "transformer_block.onnx"), "--ep", "cpu", "--ep", "qnn", "--runs", "100000000",
                 "--report", str(out_dir / "report.json")]
+    # A test run started in the background (`nohup cmd &` from a script) inherits SIGINT ignored
+    # (seen here: SigIgn 0x7), and a process that starts with SIGINT ignored keeps it so: the child
+    # gets the default disposition a terminal's Ctrl-C meets, which is what this test is about.
     child = subprocess.Popen([sys.executable, "-m", "ortprep", *args], cwd=work, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(processes_with(marker)) < 2 and time.monotonic() < deadline:  # wait for the ORT child
         time.sleep(0.05)

@@ -10,7 +10,7 @@ from ortprep.analysis import ModelAnalysis, NodeInfo
 from ortprep.eps.devices import Device, device_facts
 
 
-def _depthwise_unequal_strides(graph, node: NodeInfo) -> bool:
+def _depthwise_unequal_strides(graph, node: NodeInfo, read_by_mul: set[str]) -> bool:
     """A grouped Conv whose group is its input's channel count (when known), strides unequal."""
     if node.op_type != "Conv":
         return False
@@ -21,11 +21,8 @@ def _depthwise_unequal_strides(graph, node: NodeInfo) -> bool:
     return not (shape and len(shape) > 1 and isinstance(shape[1], int) and shape[1] != group)
 
 
-def _reducesum_into_mul(graph, node: NodeInfo) -> bool:
-    if node.op_type != "ReduceSum":
-        return False
-    outputs = set(node.node.output)
-    return any(other.op_type == "Mul" and outputs & set(other.node.input) for other in graph.nodes)
+def _reducesum_into_mul(graph, node: NodeInfo, read_by_mul: set[str]) -> bool:
+    return node.op_type == "ReduceSum" and any(name in read_by_mul for name in node.node.output)
 
 
 PATTERNS: dict[str, Callable[..., bool]] = {
@@ -45,7 +42,8 @@ def failing_patterns(analysis: ModelAnalysis, device: Device) -> list[tuple[Node
             continue
         matches = PATTERNS[failure["pattern"]]
         graph = analysis.graphs[0]
+        read_by_mul = {name for other in graph.nodes if other.op_type == "Mul" for name in other.node.input}
         for node in graph.nodes:
-            if matches(graph, node):
+            if matches(graph, node, read_by_mul):
                 found.append((node, {**failure, "source": device_facts()["sources"].get(failure["source"], failure["source"])}))
     return found

@@ -603,7 +603,9 @@ def test_prove_reduces_a_failing_qnn_session_to_its_culprit(tmp_path):
     assert culprit["nodes"][0]["inputs"] == ["float32[1,8,16,16]", "float32[8,1,3,3]"]
     assert culprit["probes"] <= 2 * 3 + 1 and "finalize" in culprit["message"].lower()
     failure = next(f for f in record["findings"] if f["code"] == "PRV002")
-    assert "fails alone: dw (Conv float32[1,8,16,16], float32[8,1,3,3], strides [2, 1])" in failure["message"]
+    assert "fail alone: dw (Conv float32[1,8,16,16], float32[8,1,3,3], strides [2, 1], group 8)" in failure["message"]
+    # the named device stays, so the fix is the graph change, printed as the convert line
+    assert proof["fix"]["kind"] == "graph" and failure["fix"].startswith(f"ortprep convert {path} --keep-off-ep=dw -o ")
 
 
 @needs_qnn

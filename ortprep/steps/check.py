@@ -366,6 +366,7 @@ def list_eps() -> dict[str, Any]:
 class CheckStep(Step):
     name = "check"
     Options = CheckOptions
+    reports_progress = True  # --prove: reducing a failing session and measuring its fix draw a bar
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         analysis = ModelAnalysis(model)  # once: the prediction and the proof both read it
@@ -374,7 +375,7 @@ class CheckStep(Step):
         if self.options.prove:
             from ortprep.steps.prove import prove_targets
 
-            prove_targets(analysis, result, self.options)
+            prove_targets(analysis, result, self.options, ctx.progress)
         if self.options.html is not None or self.options.graph:
             # What the placement page draws, as data: the renderer reads the report, not the model.
             result.data["graph"] = graph_view(model.graph)

@@ -29,6 +29,7 @@ from ortprep.transforms.common import (
     report_unverifiable,
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
+from ortprep.transforms.off_ep import CutError, keep_off_ep
 from ortprep.runtime.compare import output_bounds
 from ortprep.runtime.isolated import run_isolated
 from ortprep.transforms.verify import (
@@ -63,13 +64,14 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     # The reference run comes first: after it the transforms change handle.proto in place
     # (a copy would hold every weight twice).
     feeds, feed_source = make_feeds(handle, checks)
-    rewrites_graph = options.opset or options.ir_version or options.fix_dims or options.fix_shapes or options.conv1d_to_conv2d
+    rewrites_graph = (options.opset or options.ir_version or options.fix_dims or options.fix_shapes or options.conv1d_to_conv2d
+                      or options.keep_off_ep)
     activations = None
     if options.verify and options.fp16 and not rewrites_graph:
         # one run serves as the reference and as the FP16 activation scan
         activations, reference = _reference_with_intermediates(handle, feeds, report)
     else:
-        reference = _reference(handle, feeds, report) if options.verify else None
+        reference = _reference(handle, feeds, report, _level(options)) if options.verify else None
     proto, applied = _rewrite(handle.proto, options)
 
     verify_result: VerifyResult | None = None
@@ -78,7 +80,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         proto, verify_result, kept = convert_to_fp16(proto, options, feeds, reference, report, activations=activations)
         applied.append({"transform": "fp16", "detail": f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures"})
     elif reference is not None:
-        verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
+        verify_result = verify_run(reference, run_model(proto, feeds, optimization=_level(options)), EXACT_GATE)
 
     fix = (
         "keep more nodes in FP32 (--block-op / --block-node), or loosen the gate (--min-cosine)"
@@ -100,6 +102,8 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         failure_fix=fix,
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
+    if isinstance(report.data.get("verify"), dict):
+        report.data["verify"]["optimization"] = _level(options)  # ORT's graph optimization level of both runs
     size_after = report.data.get("size_after")
     if options.fp16 and size_after is not None and float_weights >= size_before / 2 and size_after >= 0.9 * size_before:
         kept_weights = "" if options.ep is None else f"; {options.ep} keeps ops in FP32 whose weights stay float32"
@@ -110,12 +114,21 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     return report
 
 
-def _reference(handle: ModelHandle, feeds, report: StepResult):
+def _level(options: ConvertOptions) -> str:
+    """ORT's optimization level for the verifying runs. Nodes kept off the EP are compared with
+    graph optimizations off: the rewrite is the same function, node for node, so the outputs must
+    be equal; at the default level ORT fuses a QDQ model's float node with the DequantizeLinear
+    before it (its weights quantized), and inside the If it does not, so the two differ by about a
+    quantization step (measured: 0.05 on an output of scale 0.05), a difference of ORT's fusions."""
+    return "disable" if options.keep_off_ep and not options.fp16 else "default"
+
+
+def _reference(handle: ModelHandle, feeds, report: StepResult, optimization: str = "default"):
     """The original's run from its own file (its session stays in the worker for the steps after
     this one); a model held in memory only goes through transforms.common."""
     if handle.path is None:
         return reference_run(handle.proto, feeds, report)
-    outcome = run_isolated(handle.path, cast_feeds(feeds, handle.proto))
+    outcome = run_isolated(handle.path, cast_feeds(feeds, handle.proto), optimization=optimization)
     if not outcome.ok:
         report_unverifiable(outcome, report)
         return None
@@ -244,6 +257,14 @@ def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, li
         names = rewrites.conv1d_to_conv2d(working)
         proto = rewrites.propagate_static_shapes(working.proto)
         applied.append({"transform": "conv1d_to_conv2d", "detail": f"{len(names)} node(s): {', '.join(names)}"})
+    if options.keep_off_ep:
+        try:
+            proto, moved = keep_off_ep(ModelHandle(proto=proto, path=None), options.keep_off_ep)
+        except CutError as exc:
+            raise UsageError(f"--keep-off-ep: {exc.message}", hint="name nodes of the main graph as check --prove "
+                             "prints them") from None
+        applied.append({"transform": "keep_off_ep", "detail": f"{len(moved)} node(s) in If nodes, run on the CPU EP: "
+                        + ", ".join(moved)})
     return proto, applied
 
 

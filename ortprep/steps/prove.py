@@ -10,6 +10,8 @@ is reduced to the nodes that cause it (steps/reduce.py).
 from __future__ import annotations
 
 import os
+import shlex
+from pathlib import Path
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis
@@ -19,7 +21,8 @@ from ortprep.options import CheckOptions
 from ortprep.report import StepResult
 from ortprep.runtime.kernels import support_table
 from ortprep.runtime.targets import ep_runtime, session_options
-from ortprep.steps.reduce import reduce_failure
+from ortprep.steps.base import ProgressCallback
+from ortprep.steps.reduce import find_fix, reduce_failure
 
 def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[str, Any], assignment: dict[str, str],
                        subgraphs: list[list]) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
@@ -73,10 +76,12 @@ def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], prov
     return total
 
 
-def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOptions) -> None:
+def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOptions,
+                  progress: ProgressCallback | None = None) -> None:
     """Build each target's real session where its EP runs here and make its outcome the verdict
     (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003. ``analysis`` is
-    the one check predicted from."""
+    the one check predicted from. A session that is not created is reduced to its culprit nodes and
+    a fix is measured (``proof.culprit``, ``proof.fix``), reported through ``progress``."""
     from ortprep.runtime.requests import Prove
     from ortprep.runtime.worker import call
 
@@ -96,14 +101,10 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                                   ep=label, target=label, fix=spec.install_hint))
             continue
         chosen = session_options(target, options.provider_options, options.device)
-        qnn = spec.provider == "QNNExecutionProvider"
 
-        def session(provider_options: dict[str, str]):
-            return call(Prove(model=os.path.abspath(handle.path), provider=spec.provider, provider_options=provider_options,
-                              plugin=target.plugin, verbose_record=qnn),
-                        python=target.python, timeout=options.timeout)
-
-        reply = session(chosen)
+        reply = call(Prove(model=os.path.abspath(handle.path), provider=spec.provider, provider_options=chosen,
+                           plugin=target.plugin, verbose_record=spec.provider == "QNNExecutionProvider"),
+                     python=target.python, timeout=options.timeout)
         proof: dict[str, Any] = {"status": "created" if reply.ok else reply.status, "provider_options": chosen}
         record["proof"] = proof
         if not reply.ok:
@@ -112,19 +113,9 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             fix = f"ortprep load MODEL --ep {label} shows the same failure with its log"
             culprit_text = ""
             if reply.status == "failed":
-                def fails(path: str) -> tuple[bool, str]:
-                    probe = call(Prove(model=path, provider=spec.provider, provider_options=chosen, plugin=target.plugin),
-                                 python=target.python, timeout=options.timeout)
-                    return probe.status == "failed", probe.message
-
-                culprit = reduce_failure(handle, fails)
-                if culprit is not None:
-                    proof["culprit"] = culprit
-                    if culprit["nodes"]:
-                        culprit_text = "; the smallest run of nodes that fails alone: " + ", ".join(
-                            f"{n['name']} ({n['op_type']} {', '.join(n['inputs'])}"
-                            + (f", strides {n['attributes']['strides']}" if "strides" in n["attributes"] else "") + ")"
-                            for n in culprit["nodes"][:5]) + f" ({culprit['probes']} probe sessions, {culprit['seconds']} s)"
+                culprit_text, found = _reduce_and_fix(handle, spec, target, label, chosen, proof, options, progress)
+                if found:
+                    fix = found
             result.add(Finding.of("PRV002", f"{label}: the real session is not created ({reply.message}); check "
                                   f"predicted '{record['predicted_verdict']}'{culprit_text}", ep=label, target=label, fix=fix))
             continue
@@ -148,3 +139,70 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                 f"'{comparison['predicted_verdict']}'); {len(differing)} node(s) placed otherwise"
                 + (f": {shown}" if shown else ""), ep=label, target=label,
                 fix="the proven verdict counts; please report the model so the tables learn it"))
+
+
+def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, str], proof: dict[str, Any],
+                    options: CheckOptions, progress: ProgressCallback | None) -> tuple[str, str | None]:
+    """The failing session reduced to its culprit sets (steps/reduce.py, bounded), then the fix
+    measured: provider options first, then the culprits kept off the EP (``convert
+    --keep-off-ep``). Fills ``proof.culprit`` and ``proof.fix``; returns (the text PRV002 adds,
+    the command that works or None)."""
+    import tempfile
+
+    from ortprep.runtime.requests import Prove
+    from ortprep.runtime.worker import call
+
+    def session(path: str, provider_options: dict[str, str]):
+        reply = call(Prove(model=os.path.abspath(path), provider=spec.provider, provider_options=provider_options,
+                           plugin=target.plugin), python=target.python, timeout=options.timeout)
+        return reply.ok, reply.message, reply.placement.get("default", {}).get("assignment") if reply.ok else None
+
+    def fails(path: str) -> tuple[bool, str]:
+        created, message, _ = session(path, chosen)
+        return not created, message
+
+    def stage(name: str):
+        return None if progress is None else (lambda done, total: progress(f"{label}: {name}", done, total))
+
+    culprit = reduce_failure(handle, fails, message=proof["message"], progress=stage("reducing the failing session"))
+    proof["culprit"] = culprit
+    if not culprit["culprits"]:
+        why = culprit.get("reason") or culprit.get("stopped") or "no culprit found"
+        return f"; no smaller part of the graph was found that fails alone ({why}; {culprit['probes']} probe sessions, " \
+               f"{culprit['seconds']} s)", None
+    shown = "; ".join(", ".join(_node_text(node) for node in culprit["nodes"] if node["name"] in group["nodes"])
+                      for group in culprit["culprits"][:3])
+    more = f" and {len(culprit['culprits']) - 3} more" if len(culprit["culprits"]) > 3 else ""
+    text = (f"; {len(culprit['culprits'])} node set(s) fail alone: {shown}{more} ({culprit['probes']} probe sessions, "
+            f"{culprit['seconds']} s)")
+    # A device the user named stays: another SoC is no fix for their phone. ortprep's default is
+    # a guess, so a SoC on which the session works is worth saying.
+    named = options.device is not None or any(key in options.provider_options.get(spec.name, {})
+                                             for key in ("soc_model", "htp_arch"))
+    args = (["--device", options.device] if options.device else []) + [
+        f"--provider-option={label}:{key}={value}" for key, value in options.provider_options.get(spec.name, {}).items()]
+    args += [f"--runtime={name}={python}" for name, python in options.runtimes.items()]
+    with tempfile.TemporaryDirectory(prefix="ortprep-fix-") as workdir:
+        fix = find_fix(handle, culprit, session, provider=spec.provider, provider_options=chosen, ep_label=label,
+                       workdir=workdir, command_args=args, keep_device=named, progress=stage("measuring a fix"),
+                       timeout=options.timeout)
+    if fix.get("kind") == "graph":
+        # the measured rewrite was a temporary file: the command makes it again, verified
+        output = Path(handle.path).with_name(f"{Path(handle.path).stem}.off-ep.onnx")
+        fix["command"] = shlex.join(["ortprep", "convert", str(handle.path), *[f"--keep-off-ep={name}" for name in fix["kept_off"]],
+                                     "-o", str(output)])
+        fix["then"] = shlex.join(["ortprep", "check", str(output), "--ep", label, "--prove", *args])
+        fix.pop("model", None)
+    proof["fix"] = fix
+    if fix.get("kind") is None:
+        return text + f"; no fix found ({fix.get('reason')})", None
+    what = (f"provider option {', '.join(f'{k}={v}' for k, v in fix['options'].items())}" if fix["kind"] == "provider_option"
+            else f"keeping {', '.join(fix['kept_off'])} off the EP")
+    return text + f"; measured fix: {what} makes the session work ({fix['sessions']} sessions, {fix['seconds']} s)", \
+        fix["command"] + (f"; then {fix['then']}" if fix.get("then") else "")
+
+
+def _node_text(node: dict[str, Any]) -> str:
+    attributes = node.get("attributes", {})
+    extra = "".join(f", {key} {attributes[key]}" for key in ("strides", "group", "axes") if key in attributes)
+    return f"{node['name']} ({node['op_type']} {', '.join(node.get('inputs', []))}{extra})"

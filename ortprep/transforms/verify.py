@@ -126,19 +126,21 @@ def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> Veri
     )
 
 
-def run_model(proto: ModelProto, feeds: dict[str, np.ndarray] | list, *, outputs: list[str] | None = None) -> RunOutcome:
+def run_model(proto: ModelProto, feeds: dict[str, np.ndarray] | list, *, outputs: list[str] | None = None,
+              optimization: str = "default") -> RunOutcome:
     """Run a model held in memory in a worker: a small one sent as bytes (no temporary file), a
     big one through a temporary copy (with external data when protobuf could not hold it).
-    ``feeds`` = []: only create the session."""
+    ``feeds`` = []: only create the session. ``optimization``: ORT's graph optimization level."""
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for _, g in iter_graphs(proto.graph) for t in g.initializer)
     if not external and approx_serialized_bytes(proto) < BYTES_BELOW:
         outcome = run_isolated(Path("<memory>"), cast_feeds(feeds, proto) if feeds else [], outputs=outputs,
-                               model_bytes=proto.SerializeToString())
+                               model_bytes=proto.SerializeToString(), optimization=optimization)
         outcome.message = outcome.message.replace("from <memory> ", "").replace("<memory>", "the model")
         return outcome
     with tempfile.TemporaryDirectory(prefix="ortprep-verify-") as tmp:
         path = save_temp(proto, Path(tmp), "model.onnx")
-        outcome = run_isolated(path, cast_feeds(feeds, proto) if feeds else [], outputs=outputs)
+        outcome = run_isolated(path, cast_feeds(feeds, proto) if feeds else [], outputs=outputs,
+                               optimization=optimization)
         # The temp path means nothing to the user.
         outcome.message = outcome.message.replace(f"from {path} ", "").replace(str(path), "the model")
         return outcome

@@ -443,3 +443,24 @@ def test_percentile_calibration_is_tried_when_min_max_fails(tmp_path):
     trials = record["search"]["trials"]
     assert trials[0]["label"].startswith("baseline")
     assert trials[1]["label"] == "calibration: percentile" and trials[1]["cosine"] > trials[0]["cosine"] + 0.5
+
+
+@pytest.mark.parametrize("mode", ["--static", "--dynamic"])
+def test_calibration_and_evaluation_data_of_mixed_shapes(tmp_path, mode):
+    """A folder of samples with two sequence lengths (as OCR crops of several widths come): the
+    calibration and the evaluation take them as they are (this crashed with exit 4 on np.stack);
+    the output is verified and written."""
+    rng = np.random.default_rng(0)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for k in range(24):
+        np.savez(calib / f"s{k:02d}.npz", hidden=rng.standard_normal((1, 16 if k % 2 else 24, 64)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    result = invoke("quantize", SAMPLES / "transformer_block.onnx", mode, "--calib", calib, "-o", out, "--json")
+    assert result.exit_code == 0, result.stdout[-800:] + result.stderr[-800:]
+    verify = result.json()["verify"]
+    assert verify["passed"] and result.json()["evaluation_samples"] >= 8
+    assert out.exists()
+    session = __import__("onnxruntime").InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for seq in (16, 24):  # both shapes run
+        assert session.run(None, {"hidden": rng.standard_normal((1, seq, 64)).astype(np.float32)})[0].shape == (1, seq, 64)

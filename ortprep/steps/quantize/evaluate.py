@@ -188,7 +188,9 @@ def flat_outputs(reference: list[dict[str, np.ndarray]], bounds: dict | None) ->
     for name in reference[0] if reference else {}:
         if np.asarray(reference[0][name]).dtype.kind != "f":
             continue
-        found = degenerate(np.stack([np.asarray(sample[name]) for sample in reference]), (bounds or {}).get(name))
+        # samples of different shapes (OCR crops, images of several sizes) are one set of values here
+        found = degenerate(np.concatenate([np.asarray(sample[name]).ravel() for sample in reference]),
+                           (bounds or {}).get(name))
         if found is not None:
             flat[name] = found
     return flat

@@ -59,6 +59,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("EP006", "the graph splits between the EP and the CPU", Severity.WARNING),
         FindingKind("EP007", "no node runs on the EP", Severity.ERROR),
         FindingKind("EP008", "the node runs, at a cost (e.g. casts ORT inserts)", Severity.INFO),
+        FindingKind("EP009", "a pattern measured to fail the EP's whole session", Severity.ERROR),
         # Rules beyond the tables
         FindingKind("DML001", "node stays out of the fused DirectML graph", Severity.INFO),
         FindingKind("DML002", "op never joins a fused DirectML graph", Severity.INFO),

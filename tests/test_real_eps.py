@@ -487,7 +487,7 @@ def control_flow_model(path: Path, kind: str) -> Path:
 def test_prove_control_flow_on_real_openvino(tmp_path):
     """The tables say OpenVINO takes these whole. The real OpenVINO CPU session (onnxruntime-openvino
     1.24.1) leaves the If model's ReduceSum on the CPU (PRV001, the node named) and is not created
-    for the Loop model at all (PRV002, with OpenVINO's words)."""
+    for the Loop model at all (PRV002, with OpenVINO's words), which check now predicts (EP009)."""
     runtime = f"openvino-cpu={OPENVINO_PYTHON}"
     branch = invoke("check", control_flow_model(tmp_path / "if.onnx", "if"), "--ep", "openvino-cpu", "--prove",
                     "--runtime", runtime, "--json").json()
@@ -500,8 +500,10 @@ def test_prove_control_flow_on_real_openvino(tmp_path):
                   "--runtime", runtime, "--json")
     assert loop.exit_code == 1
     target = loop.json()["results"][0]
-    assert target["predicted_verdict"] == "full" and target["verdict"] == "none" and target["proof"]["status"] == "failed"
+    # the Loop is now predicted (EP009, eps/session_rules.py): the prediction equals the real session
+    assert target["predicted_verdict"] == "none" and target["verdict"] == "none" and target["proof"]["status"] == "failed"
     assert any(f["code"] == "PRV002" and "initialization" in f["message"] for f in loop.json()["findings"])
+    assert any(f["code"] == "EP009" and f["node"] == "loop" for f in loop.json()["findings"])
 
 
 @needs_qnn

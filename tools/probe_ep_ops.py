@@ -173,7 +173,7 @@ def run_probes(spec, target, options: LoadOptions, work: Path, models: list[dict
     provider_options = session_options(target, options.provider_options)
     with workers_scope() as pool:
         for model in models:
-            with np.load(model["inputs"], allow_pickle=False) as data:
+            with np.load(model["inputs"], allow_pickle=True) as data:  # written by this tool (string inputs are object arrays)
                 feeds = {key: data[key] for key in data.files}
             request = OpProbe(model=model["path"], op=model["op"], feeds=feeds, provider=spec.provider,
                               provider_options=provider_options, plugin=target.plugin)

@@ -136,8 +136,7 @@ QNN_MEASURED = "measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP ba
 def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str]) -> NodeVerdict:
     """What the real QNN EP rejects although its op table lists the op (see docs/eps.md)."""
     if node.graph_id > 0:
-        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "nodes inside If/Loop/Scan bodies never reach QNN",
-                           QNN_MEASURED, "EP001")
+        return verdict  # a node of an If's branch goes where its If goes: see qnn_control_flow
     values = [v for v in node.inputs + node.outputs if v is not None and not v.is_initializer]
     named = [n for n in list(node.node.input) + list(node.node.output) if n]
     if any(not _static(v) for v in values) or len(values) + sum(1 for v in node.inputs if v is not None and v.is_initializer) < len(named):
@@ -152,6 +151,71 @@ def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], grap
                            "unless the QNN option offload_graph_io_quantization is 1", QNN_MEASURED, "QNN003",
                            severity=Severity.INFO)
     return verdict
+
+
+QNN_SESSIONS = ("measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP simulator, soc_model 60: whole-model "
+                "sessions of tools/probe_sessions.py (eps/data/measured/sessions.json), 2026-11-24")
+# Measured not taken inside an If's branch although QNN takes them in the main graph (lstm_in_if,
+# an If whose branches run an LSTM: the If and its branches stay on the CPU EP).
+QNN_NOT_IN_IF = ("LSTM", "GRU", "RNN")
+
+
+def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]:
+    """Where QNN puts control flow, from whole-model sessions (QNN_SESSIONS): an If whose branches
+    hold only nodes QNN takes (Relu, Sigmoid/Mul, Conv, Softmax, Tanh measured; with or without
+    initializers of their own, reading a graph input or an inner value) goes to QNN whole, with
+    its branches; an If whose branches hold a node it does not take, or a recurrent op, stays on
+    the CPU EP with them. No Loop or Scan is taken (four models), nor anything in its body."""
+    nodes = analysis.all_nodes()
+    by_scope = {graph.scope: graph_id for graph_id, graph in enumerate(analysis.graphs)}
+    starts, position = [], 0
+    for graph in analysis.graphs:
+        starts.append(position)
+        position += len(graph.nodes)
+    result = list(verdicts)
+
+    def inner(graph_id: int, node: NodeInfo) -> list[int]:
+        scope = analysis.graphs[graph_id].scope
+        found = []
+        for attribute in node.node.attribute:
+            child = by_scope.get(f"{scope}/{node.name}.{attribute.name}")
+            if child is None:
+                continue
+            for offset, child_node in enumerate(analysis.graphs[child].nodes):
+                found.append(starts[child] + offset)
+                if child_node.has_subgraphs:
+                    found.extend(inner(child, child_node))
+        return found
+
+    decided: set[int] = set()
+    for index, node in enumerate(nodes):
+        if not node.has_subgraphs or index in decided:
+            continue
+        members = inner(node.graph_id, node)
+        if node.op_type == "If" and node.graph_id == 0:
+            blockers = sorted({nodes[i].op_type for i in members
+                               if nodes[i].op_type in QNN_NOT_IN_IF or nodes[i].op_type in ("Loop", "Scan")
+                               or not verdicts[i].level.runs_on_ep})
+            # The If's own single-op probes say little (onnx's If cases return constants from their
+            # branches); a tensor of the If without a static shape still keeps it off (QNN002).
+            own = verdicts[index]
+            if not blockers and own.code != "QNN002":
+                taken = NodeVerdict(SupportLevel.SUPPORTED, "QNN takes the If with its branches", QNN_SESSIONS)
+                result[index] = taken
+                for i in members:
+                    result[i] = taken
+                decided.update(members)
+                continue
+            why = (f"its branches hold {', '.join(blockers)}, which QNN does not take inside an If" if blockers
+                   else f"QNN does not take the If itself ({own.reason})")
+        else:
+            why = f"QNN takes no {node.op_type}, nor the nodes of its body"
+        result[index] = NodeVerdict(SupportLevel.UNSUPPORTED_OP, why, QNN_SESSIONS, "EP001")
+        for i in members:
+            result[i] = NodeVerdict(SupportLevel.UNSUPPORTED_OP, f"inside {node.op_type} '{node.name}': {why}",
+                                    QNN_SESSIONS, "EP001")
+        decided.update(members)
+    return result
 
 
 def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,

@@ -20,6 +20,7 @@ from ortprep.eps.rules import (
     combination_findings,
     evaluate_node,
     model_findings,
+    qnn_control_flow,
 )
 from ortprep.eps.tables import SupportLevel, SupportTable, match
 from ortprep.runtime.kernels import support_table
@@ -36,7 +37,7 @@ SCHEMA = "ortprep.check/2"
 EPS_SCHEMA = "ortprep.eps/1"
 
 # Findings that mean no session can be created at all.
-SESSION_BLOCKERS = ("MOD002", "MOD009", "MOD010", "CMB001")
+SESSION_BLOCKERS = ("MOD002", "MOD009", "MOD010", "CMB001", "EP009")
 
 FIXES = {
     "EP001": "replace {op} with ops {ep} supports, or accept the CPU fallback",
@@ -137,7 +138,10 @@ def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> lis
     graph = analysis.handle.graph
     graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
     nodes = analysis.all_nodes()
-    return [evaluate_node(spec, table, node, found, graph_io) for node, found in zip(nodes, matches(table, nodes))]
+    verdicts = [evaluate_node(spec, table, node, found, graph_io) for node, found in zip(nodes, matches(table, nodes))]
+    if spec.name == "qnn" and len(analysis.graphs) > 1:
+        verdicts = qnn_control_flow(analysis, verdicts)
+    return verdicts
 
 
 def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[str, SupportTable]) -> tuple[list[int], list[Finding]]:
@@ -243,6 +247,8 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
         findings.append(coverage)
     device_failures = _device_failures(analysis, label, device) if len(target) == 1 and device is not None else []
     findings.extend(device_failures)
+    if len(target) == 1:
+        findings.extend(_session_failures(analysis, label, target[0], assignment))
     record = {
         "ep": label,
         "providers": [spec.provider for spec in target] + ([] if target[-1].name == "cpu" else ["CPUExecutionProvider"]),
@@ -276,6 +282,17 @@ def _device_failures(analysis: ModelAnalysis, label: str, device: Device) -> lis
         fix="if you deploy to a newer SoC, name it (--device x-elite, 8gen3 or 8-elite: measured to finalize this) and "
             "prove it: ortprep check MODEL --ep qnn --prove --device NAME")
         for node, failure in failing_patterns(analysis, device)]
+
+
+def _session_failures(analysis: ModelAnalysis, label: str, spec: EpSpec, assignment: list[int]) -> list[Finding]:
+    """Patterns measured to fail the EP's whole session (eps/session_rules.py): EP009, and the
+    verdict "none"."""
+    from ortprep.eps.session_rules import session_failures
+
+    return [Finding.of("EP009", f"{label}: the model has {failure.what}, measured to fail the whole session on "
+                       f"{spec.name} (\"{failure.message}\"): no session is created", ep=label,
+                       node=failure.nodes[0] if len(failure.nodes) == 1 else None, source=failure.source, fix=failure.fix)
+            for failure in session_failures(analysis, spec.name, [a >= 0 for a in assignment])]
 
 
 def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None = None,

@@ -75,18 +75,22 @@ def test_dynamic_cnn_for_gpu_has_no_conv_integer(tmp_path):
     data = write_samples(tmp_path / "data", "image", (1, 3, 32, 32), 3)
     code, cpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "cpu.onnx", "--min-cosine", "0.5")
     assert "ConvInteger" in op_types(cpu["output"])
-    code, gpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--ep", "cuda", "--calib", data, "-o", tmp_path / "gpu.onnx")
+    code, gpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--ep", "cuda", "--calib", data, "-o", tmp_path / "gpu.onnx",
+                            "--keep-failed")
     assert gpu["verify"]["passed"] is True
-    assert "ConvInteger" not in op_types(gpu["output"])
-    # only the small Gemm is left to quantize, so the model does not shrink: said plainly
+    # only the small Gemm is left to quantize, so the model does not shrink: said plainly, and refused
+    # (nothing at -o; --keep-failed keeps it under its own name)
     assert code == 1 and "QNT003" in codes(gpu) and "QNT003" not in codes(cpu)
+    assert gpu["output"] is None and not (tmp_path / "gpu.onnx").exists()
+    assert "ConvInteger" not in op_types(gpu["kept_failed"])
 
 
 def test_presets_and_overrides(tmp_path):
     calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 5)
-    _, trt, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "tensorrt", "--calib", calib, "-o", tmp_path / "t.onnx")
+    _, trt, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "tensorrt", "--calib", calib, "-o", tmp_path / "t.onnx",
+                         "--keep-failed")  # the small sample may not shrink (QNT003): its file is then NAME.failed.onnx
     assert trt["preset"]["activation_type"] == "int8" and trt["preset"]["weight_type"] == "int8"
-    zero_points = [t for t in onnx.load(trt["output"]).graph.initializer if t.name.endswith("zero_point")]
+    zero_points = [t for t in onnx.load(trt["output"] or trt["kept_failed"]).graph.initializer if t.name.endswith("zero_point")]
     assert zero_points and all(onnx.numpy_helper.to_array(t).max() == 0 for t in zero_points)  # symmetric
     _, qnn, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "qnn", "--calib", calib, "-o", tmp_path / "n.onnx")
     assert qnn["preset"]["activation_type"] == "uint16"
@@ -464,3 +468,30 @@ def test_calibration_and_evaluation_data_of_mixed_shapes(tmp_path, mode):
     session = __import__("onnxruntime").InferenceSession(str(out), providers=["CPUExecutionProvider"])
     for seq in (16, 24):  # both shapes run
         assert session.run(None, {"hidden": rng.standard_normal((1, seq, 64)).astype(np.float32)})[0].shape == (1, seq, 64)
+
+
+def test_a_refusal_writes_nothing_and_keep_failed_writes_a_name_of_its_own(tmp_path):
+    """QNT002 (nothing quantized) is a refusal: exit 1, nothing at -o; --keep-failed writes
+    NAME.failed.onnx beside it and says so."""
+    path = tmp_path / "relu.onnx"
+    onnx.save(models.relu(), str(path))
+    out = tmp_path / "q.onnx"
+    refused = invoke("quantize", path, "--dynamic", "-o", out, "--json")
+    assert refused.exit_code == 1 and any(f["code"] == "QNT002" for f in refused.json()["findings"])
+    assert not out.exists() and refused.json()["output"] is None and refused.json()["kept_failed"] is None
+    kept = invoke("quantize", path, "--dynamic", "-o", out, "--keep-failed", "--json")
+    assert kept.exit_code == 1 and not out.exists()
+    assert kept.json()["kept_failed"] == str(tmp_path / "q.failed.onnx") and (tmp_path / "q.failed.onnx").exists()
+
+
+def test_an_ai_onnx_ml_pipeline_has_nothing_to_quantize(tmp_path):
+    """A scikit-learn export (LinearClassifier, ZipMap) is refused up front with QNT002, not inside
+    ORT's quantizer (QNT008, "Failed to find proper ai.onnx domain"), with or without --calib."""
+    path = tmp_path / "pipeline.onnx"
+    onnx.save(models.zipmap_classifier(), str(path))
+    for mode in (("--dynamic",), ("--dynamic", "--calib", "random"), ("--static", "--calib", "random")):
+        result = invoke("quantize", path, *mode, "-o", tmp_path / "q.onnx", "--json")
+        assert result.exit_code == 1, (mode, result.stderr)
+        codes = [f["code"] for f in result.json()["findings"]]
+        assert codes == ["QNT002"] and "ai.onnx.ml:LinearClassifier" in result.json()["findings"][0]["message"]
+        assert not (tmp_path / "q.onnx").exists()

@@ -216,7 +216,8 @@ class QuantizeOptions(StepOptions):
                                      minimum=1)
     max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
-    keep_failed: bool = option(False, "Write the output even when the accuracy gate fails.", Kind.FLAG)
+    keep_failed: bool = option(False, "Keep a refused result (the gate failed, nothing was quantized, or it is not "
+                               "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.", Kind.FLAG)
     verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)
     device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
     on_ep: bool | None = option(None, "Judge the accuracy gate on the target EP's own outputs where that EP runs here "

@@ -324,7 +324,8 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
     )
     verify = record["verify"]
     if verify["passed"] is None:
-        console.print("evaluation: not run (--no-verify)")
+        refused = record["preprocess"] == "not run"  # stopped before quantizing (already quantized, nothing to do)
+        console.print("evaluation: not run" + ("" if refused else " (--no-verify)"))
     else:
         verdict = "[green]passed[/]" if verify["passed"] else "[red]failed[/]"
         spread = verify.get("spread") or {}

@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from ortprep.findings import Finding
-from ortprep.model import ModelHandle
+from ortprep.findings import Finding, Severity
+from ortprep.model import ModelHandle, failed_path, iter_graphs
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.compare import output_bounds
@@ -151,9 +151,33 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                    method=trials.settings["method"])
 
 
+# Ops of ORT's quantizer registries that only move or select data: a model of these alone has
+# nothing whose arithmetic int8 would make cheaper.
+_DATA_MOVEMENT = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Pad", "Concat", "Where",
+                  "TopK", "Gather", "GatherElements", "ArgMax"}
+
+
+def _nothing_to_quantize(proto: ModelProto) -> str | None:
+    """Why the model has nothing ORT's quantizer computes on (its registries: dynamic, QDQ and
+    QOperator), or None. An ai.onnx.ml pipeline (a scikit-learn export: Scaler, LinearClassifier,
+    ZipMap) made ORT's quantizer fail inside ("Failed to find proper ai.onnx domain", QNT008)."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+    quantizable = (set(IntegerOpsRegistry) | set(QDQRegistry) | set(QLinearOpsRegistry)) - _DATA_MOVEMENT
+    ops: dict[str, int] = {}
+    for _, graph in iter_graphs(proto.graph):
+        for node in graph.node:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
+            ops[key] = ops.get(key, 0) + 1
+    if any(op in quantizable for op in ops):
+        return None
+    shown = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+    return f"none of its ops ({shown or 'no nodes'}) is one ONNX Runtime's quantizer computes on in int8"
+
+
 def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, size_before: int) -> dict:
     return {
-        "input": str(handle.path), "output": None, "mode": options.mode, "format": settings["format"],
+        "input": str(handle.path), "output": None, "kept_failed": None, "mode": options.mode, "format": settings["format"],
         "preset": {"ep": settings["preset"], "reason": settings["preset_reason"], "activation_type": settings["activation_type"],
                    "weight_type": settings["weight_type"], "per_channel": settings["per_channel"], "method": settings["method"],
                    "source": settings["preset_source"], "fixed_output_encodings": settings.get("fixed_output_encodings") or {},
@@ -178,6 +202,12 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
     if already is not None:
         report.add(Finding.of("QNT010", f"the model is already quantized ({already}); quantizing it again would stack "
                               "a second quantization on the first", fix="quantize the float model it was made from"))
+        report.data = _base_record(handle, options, settings, size_before)
+        return report
+    nothing = _nothing_to_quantize(handle.proto)
+    if nothing is not None:
+        report.add(Finding.of("QNT002", f"nothing to quantize: {nothing}", fix="nothing to do: the model stays as it is "
+                              "(for an ai.onnx.ml pipeline, convert its estimator to ONNX ops first)"))
         report.data = _base_record(handle, options, settings, size_before)
         return report
     plan = plan_data(handle, options, settings, report)
@@ -259,17 +289,26 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         slower = latency_finding(evaluation)
         if slower is not None:
             report.add(slower)
-        failed = evaluation is not None and not evaluation.passed
-        written = None
-        if not failed or options.keep_failed:
-            written = ModelHandle(proto=quantized, path=None).save(dest, force=force, external_data=True if big else None)
-            report.artifacts.append(str(written))
-        size_after = model_bytes(written) if written else model_bytes(result_path)
+        size_after = model_bytes(result_path)
         if size_after >= size_before:
             report.add(Finding.of("QNT003", f"the quantized model is not smaller ({size_after} bytes vs {size_before})",
                                   fix="few weights were quantized; check the findings above"))
+        # A refusal (the gate, nothing quantized, not smaller) writes nothing at -o; --keep-failed
+        # writes the refused model beside it, under a name of its own (NAME.failed.onnx).
+        failed = any(f.severity >= Severity.ERROR for f in report.findings)
+        written = kept_failed = None
+        if not failed:
+            written = ModelHandle(proto=quantized, path=None).save(dest, force=force, external_data=True if big else None)
+            report.artifacts.append(str(written))
+        elif options.keep_failed:
+            kept_failed = ModelHandle(proto=quantized, path=None).save(failed_path(dest), force=force,
+                                                                        external_data=True if big else None)
+            report.artifacts.append(str(kept_failed))
+        if written or kept_failed:
+            size_after = model_bytes(written or kept_failed)
     report.data.update({
         "output": str(written) if written else None,
+        "kept_failed": str(kept_failed) if kept_failed else None,
         "size_after": size_after,
         "size_ratio": round(size_after / size_before, 4) if size_before else None,
         "verify": evaluation.to_record() if evaluation else report.data["verify"],

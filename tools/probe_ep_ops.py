@@ -252,7 +252,9 @@ def main() -> int:
         "source": {"what": "measured by tools/probe_ep_ops.py: onnx's single-op test cases loaded and run on the EP",
                    "package": package, "onnxruntime": target.probe.version, "onnx": onnx.__version__,
                    "backend": "HTP (x86 simulator)" if spec.name == "qnn" else spec.session_options.get("device_type", ""),
-                   "date": datetime.date.today().isoformat(), "cases": len(found), "probes": len(probes)},
+                   "date": datetime.date.today().isoformat(), "cases": len(found), "probes": len(probes),
+                   # QNN's outcome depends on the SoC (soc_model): the table holds for the device probed
+                   "provider_options": session_options(target, options.provider_options)},
         "ops": summarize(probes, results),
     }
     out = ROOT / "ortprep" / "eps" / "data" / "measured" / f"{spec.name}.json"

@@ -35,6 +35,8 @@ SCRIPTS = [
     ("## The repository gate: -j", "bench/bench_repo.py"),
     ("## One worker protocol", "bench/bench_worker.py"),
     ("## Reducing a failing session to its culprit", "bench/bench_prove.py"),
+    ("## The NPU journey (issue 20)", "bench/journey.py"),
+    ("## Applications: ortprep's outputs swapped into real apps", "bench/apps/run.py"),
 ]
 
 

@@ -47,7 +47,8 @@ def _parameter(field: dataclasses.Field) -> inspect.Parameter:
         return inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool],
                                  default=typer.Option(None, *declarations, **common))
     annotation: Any
-    if spec.kind in (Kind.NAMES, Kind.TARGETS, Kind.EP_LIST, Kind.SHAPES, Kind.DIMS, Kind.PROVIDER_OPTIONS, Kind.RUNTIMES):
+    if spec.kind in (Kind.NAMES, Kind.TARGETS, Kind.EP_LIST, Kind.SHAPES, Kind.DIMS, Kind.PROVIDER_OPTIONS, Kind.RUNTIMES,
+                     Kind.METRICS):
         annotation = Optional[list[str]]
     elif spec.kind == Kind.TEXT and spec.choices:
         annotation = Optional[_enum(field.name.title().replace("_", ""), spec.choices)]

@@ -39,6 +39,7 @@ class Kind(str, Enum):
     FLOATS = "floats"  # 0.5,0.5,0.5 / [0.5, 0.5, 0.5]
     PROVIDER_OPTIONS = "provider_options"  # EP:KEY=VALUE (repeatable) / { EP = { KEY = "VALUE" } }
     RUNTIMES = "runtimes"  # EP=PYTHON (repeatable) / { EP = "env/bin/python" }: where an EP's ORT lives
+    METRICS = "metrics"  # OUTPUT=KIND (repeatable) / { OUTPUT = "KIND" }: an output's decision metric
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,18 @@ def convert_value(field: dataclasses.Field, value: Any, where: str, base: Path |
         return tuple(_float(where, key, v) for v in items)
     if kind == Kind.PROVIDER_OPTIONS:
         return _provider_options(where, key, value)
+    if kind == Kind.METRICS:
+        from ortprep.runtime.decisions import parse_metric
+
+        metrics = {}
+        for name, text in _assignments(where, key, value, "logits=top1").items():
+            try:
+                parse_metric(str(text))
+            except ValueError as exc:
+                raise UsageError(f"{where}: {key}.{name}: {exc}", hint="e.g. --metric logits=top1, --metric "
+                                 "prob_map=map:0.3, --metric hidden=cosine") from None
+            metrics[name] = str(text).strip().lower()
+        return metrics
     if kind == Kind.RUNTIMES:
         from ortprep.eps.registry import resolve_ep
 

@@ -216,6 +216,10 @@ class QuantizeOptions(StepOptions):
                                      minimum=1)
     max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
+    metrics: dict[str, str] = option(
+        {}, "What the application reads from an output, for the gate: OUTPUT=top1 (class scores), argmax (per-position, "
+        "e.g. CTC), map[:THRESHOLD] (probability map, F1), cosine (none); inferred from each output's form when not given "
+        "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
     keep_failed: bool = option(False, "Keep a refused result (the gate failed, nothing was quantized, or it is not "
                                "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.", Kind.FLAG)
     verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)

@@ -334,8 +334,17 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
         console.print(
             f"evaluation on {record['evaluation_samples']} sample(s) from {escape(str(record.get('evaluation_inputs')))} "
             f"{verdict}: lowest cosine {_number(verify['cosine'])}{across}, max abs diff {_number(verify['max_abs_diff'])}, "
-            f"top-1 agreement {_number(verify['top1_agreement'])}, latency int8/fp32 {_number(verify['latency_ratio'], 3)}"
+            f"latency int8/fp32 {_number(verify['latency_ratio'], 3)}"
         )
+        decided = [o for o in verify.get("outputs") or [] if o.get("decision")]
+        if decided:  # what the application reads from each output, beside cosine
+            console.print("decisions: " + "; ".join(
+                f"{escape(o['name'])} {o['decision']['kind']}"
+                + (f"@{o['decision']['threshold']:g}" if o['decision'].get('threshold') is not None else "")
+                + f" {_number(o['decision']['agreement'])}"
+                + (" (reported, not gated)" if not o['decision'].get('gated', True) else
+                   f" (needs {o['decision']['required']:g}, " + ("[green]ok[/]" if o['decision']['passed'] else "[red]differs[/]")
+                   + ")") for o in decided))
     search = record.get("search")
     if search:
         table = Table(title=f"--auto-exclude trials (stopped: {escape(search['stopped'])})")

@@ -21,6 +21,7 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
+from ortprep.runtime.decisions import REQUIRED, Decision, agreement, infer_decisions
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
@@ -172,12 +173,6 @@ class Evaluation:
         }
 
 
-def _top1(reference: np.ndarray, candidate: np.ndarray) -> float | None:
-    if reference.ndim < 2 or reference.shape[-1] < 2 or reference.dtype.kind != "f":
-        return None
-    return float(np.mean(np.argmax(reference, axis=-1) == np.argmax(candidate, axis=-1)))
-
-
 DEGENERATE_TOL = 0.05  # a flat output's largest absolute error, relative to its range or scale
 
 
@@ -197,11 +192,14 @@ def flat_outputs(reference: list[dict[str, np.ndarray]], bounds: dict | None) ->
 
 
 def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], min_cosine: float,
-          flat: dict[str, Degenerate]) -> Judgement:
+          flat: dict[str, Degenerate], decisions: dict[str, Decision] | None = None) -> Judgement:
     """``candidate`` (the quantized model's outputs per sample, on ``ep``) against ``reference``
     (the float model's on the CPU EP). An output passes when its lowest cosine reaches
     ``min_cosine`` and its norm over all samples is within NORM_TOLERANCE of the float one's (a
-    uniformly scaled output has cosine 1); a flat output (``flat``) by its absolute error instead."""
+    uniformly scaled output has cosine 1); a flat output (``flat``) by its absolute error instead.
+    An output with a decision (``decisions``: runtime/decisions.py, what the application reads
+    from it) must also decide the same: its agreement reaches the decision's REQUIRED share."""
+    decisions = decisions or {}
     per_output: dict[str, list] = {}
     shapes = {name: list(np.shape(value)) for name, value in (reference[0] if reference else {}).items()}
     energy: dict[str, list[float]] = {}  # output -> [sum of squares of the float values, of the candidate's]
@@ -214,7 +212,7 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
                 diff = OutputDiff(name, None, None, None, False, False)
             else:
                 diff = compare_arrays(name, value, other)
-            per_output.setdefault(name, []).append((diff, _top1(value, other) if diff.shape_match else None))
+            per_output.setdefault(name, []).append((diff, other if diff.shape_match else None))
             if diff.shape_match and np.asarray(value).dtype.kind == "f":
                 ref, cand = np.asarray(value, np.float64), np.asarray(other, np.float64)
                 finite = np.isfinite(ref) & np.isfinite(cand)
@@ -230,7 +228,10 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
     outputs, verdicts = [], []
     for name, rows in per_output.items():
         cosines = [d.cosine for d, _ in rows if d.cosine is not None]
-        tops = [t for _, t in rows if t is not None]
+        decision = decisions.get(name)
+        agreed = (agreement(decision, [sample[name] for sample in reference], [other for _, other in rows])
+                  if decision is not None else None)
+        tops = [agreed] if decision is not None and decision.kind in ("top1", "argmax") and agreed is not None else []
         worst_abs = max((d.max_abs_diff for d, _ in rows if d.max_abs_diff is not None), default=None)
         sums = energy.get(name)
         norm_ratio = float(np.sqrt(sums[1] / sums[0])) if sums and sums[0] > 0 else None
@@ -251,6 +252,11 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
         else:
             verdict = (comparable and record["cosine"] is not None and record["cosine"] >= min_cosine
                        and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
+        if decision is not None and decision.kind != "cosine":
+            decided = agreed is not None and agreed >= REQUIRED[decision.kind]
+            record["decision"] = {**decision.record(), "agreement": agreed, "passed": decided if decision.gated else None}
+            if decision.gated:
+                verdict = verdict and decided
         record["passed"] = bool(verdict)
         verdicts.append(bool(verdict))
         outputs.append(record)
@@ -274,8 +280,8 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
 
 
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
-             cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None
-             ) -> Evaluation:
+             cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
+             metrics: dict[str, str] | None = None) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
@@ -293,13 +299,17 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message}",
                           target=record, min_cosine=min_cosine)
     flat = flat_outputs(reference.samples, bounds)
-    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat)
+    if "decisions" not in cache:  # what the application reads from each output (--metric overrides)
+        graph = onnx.load(str(float_model), load_external_data=False)
+        cache["decisions"] = infer_decisions(graph, reference.samples, metrics)
+    decisions = cache["decisions"]
+    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions)
     on_ep = None
     if target is not None and target.judged:
         run = target.run(quant_model, feeds)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
-            on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat)
+            on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions)
             on_ep.placement = placement
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
@@ -480,6 +490,13 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
     )
 
 
+def _decision_text(decision: dict) -> str:
+    what = {"top1": "its top-1 class agrees with the float model's on", "argmax": "its argmax per position agrees on",
+            "map": f"its map above {decision.get('threshold')} matches the float model's with F1"}[decision["kind"]]
+    share = decision["agreement"]
+    return f"{what} {share:.1%}" + (f" (the gate asks {decision['required']:.0%})" if decision.get("required") else "")
+
+
 def _shortfall(judgement: Judgement, min_cosine: float) -> str:
     """What fails on one side, worst output first: its cosine, or its size (the norm ratio)."""
     failing = judgement.failing()
@@ -487,16 +504,20 @@ def _shortfall(judgement: Judgement, min_cosine: float) -> str:
         return f"lowest cosine {fmt_cosine(judgement.cosine)}"
     worst = min(failing, key=lambda o: (o["cosine"] if o["cosine"] is not None else -2.0))
     name, cosine, ratio = worst["name"], worst["cosine"], worst["norm_ratio"]
+    decision = worst.get("decision") or {}
     if worst["judged_by"] != "cosine":
         text = f"output '{name}' off by {worst['max_abs_diff']:.4g} ({worst['judged_by']})"
+    elif decision and decision.get("passed") is False and cosine is not None and cosine >= min_cosine and (
+            ratio is None or abs(ratio - 1.0) <= NORM_TOLERANCE):
+        text = (f"output '{name}' decides otherwise: {_decision_text(decision)} (cosine {fmt_cosine(cosine)} passes: "
+                "the tensor is close, the application's answer is not)")
     elif cosine is not None and cosine >= min_cosine and ratio is not None:
         text = (f"output '{name}' scaled as a whole: norm ratio {ratio:.4f}, allowed 1 ± {NORM_TOLERANCE:g} "
                 f"(cosine {fmt_cosine(cosine)}: the direction is right, the size is not)")
     else:
         text = f"cosine {fmt_cosine(cosine)} on output '{name}'" + (f" (norm ratio {ratio:.4f})" if ratio is not None else "")
-    if worst.get("top1_agreement") is not None and worst["top1_agreement"] < 1.0 and len(worst.get("shape") or []) == 2:
-        # a classifier's scores ([batch, classes]): the decision it makes
-        text += f"; its top-1 (argmax over the last axis) agrees with the float model's on {worst['top1_agreement']:.0%}"
+        if decision and decision.get("agreement") is not None and decision["agreement"] < 1.0:
+            text += f"; {_decision_text(decision)}"
     if len(failing) > 1:
         text += f"; {len(failing) - 1} more output(s) fail"
     return text

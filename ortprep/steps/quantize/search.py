@@ -347,7 +347,7 @@ class Trials:
             if self.progress is not None:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
-                                  self.caches.setdefault(source, {}), self.bounds, self.target)
+                                  self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics)
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation

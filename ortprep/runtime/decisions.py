@@ -1,0 +1,148 @@
+"""What an application decides from a model's outputs, and whether two models decide the same.
+
+Cosine on a tensor can stay above 0.99 while a classifier's answer flips or a CTC recogniser
+reads another character (measured in bench/apps: a captcha OCR at cosine 0.99+ with 5 of 30
+strings changed). So each output gets a *decision* where its form says what the application
+reads from it:
+
+- ``top1``: class scores, an output of shape [N, C] (C >= 2): the argmax per row. Gated when the
+  output is made by a Softmax, holds probabilities (rows in [0, 1] summing to 1), or its rows'
+  largest value stands out (the median gap to the second, in the row's standard deviations, is at
+  least :data:`CLASS_GAP`); a raw [N, C] output without such a gap may be an embedding, where an
+  argmax means nothing: its top-1 agreement is reported, not gated (``--metric NAME=top1`` gates it);
+- ``argmax``: sequence logits, [N, T, C] with C >= 2 made by a Softmax/LogSoftmax over the last
+  axis (through reshapes and transposes): the argmax per position, what a CTC decoder reads;
+- ``map``: a probability map, made by a Sigmoid (or, with one channel, a Softmax) with values
+  in [0, 1]: the elements above a threshold (0.5, or ``map:T``), compared by F1;
+- ``cosine``: no decision; cosine and the norm ratio alone.
+
+``--metric OUTPUT=KIND`` overrides the inference for one output. Agreement is pooled over the
+samples; :data:`REQUIRED` is what the gate asks of each kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KINDS = ("top1", "argmax", "map", "cosine")
+# What the gate asks: the share of rows (top1) or positions (argmax) whose argmax agrees, and the
+# F1 of the thresholded map. The bench's application bars (bench/apps): labels >= 99% equal,
+# strings >= 95%, VAD frames >= 98%: a string of 20 positions is equal only when every position is.
+REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98}
+# A class score's lead over the runner-up, in the row's standard deviations, below which a raw
+# output may be an embedding (the largest of 512 Gaussian values leads the second by about 0.3).
+CLASS_GAP = 1.0
+MAP_THRESHOLD = 0.5
+_PASS_THROUGH = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "DequantizeLinear",
+                 "QuantizeLinear")
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str  # one of KINDS
+    threshold: float | None = None  # map: the probability threshold
+    chosen_by: str = "inferred"  # "inferred" from the output's form, or "--metric"
+    gated: bool = True  # False: reported beside cosine, not part of the gate
+
+    def label(self) -> str:
+        return f"map:{self.threshold:g}" if self.kind == "map" else self.kind
+
+    def record(self) -> dict[str, Any]:
+        return {"kind": self.kind, "threshold": self.threshold, "chosen_by": self.chosen_by, "gated": self.gated,
+                "required": REQUIRED.get(self.kind) if self.gated else None}
+
+
+def parse_metric(text: str) -> Decision:
+    """``top1``, ``argmax``, ``map``, ``map:0.3`` or ``cosine`` (ValueError otherwise)."""
+    kind, _, value = text.strip().lower().partition(":")
+    if kind not in KINDS or (value and kind != "map"):
+        raise ValueError(f"{text!r} is not a metric: use one of top1, argmax, map, map:THRESHOLD, cosine")
+    threshold = None
+    if kind == "map":
+        threshold = float(value) if value else MAP_THRESHOLD
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"{text!r}: a map's threshold lies between 0 and 1")
+    return Decision(kind, threshold, "--metric")
+
+
+def _maker(proto, name: str) -> str | None:
+    """The op that makes ``name``, looking through reshapes, transposes, casts and Q/DQ."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    seen = 0
+    while name in producers and seen < 16:
+        node = producers[name]
+        if node.op_type not in _PASS_THROUGH or not node.input:
+            return node.op_type
+        name, seen = node.input[0], seen + 1
+    return None
+
+
+def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: dict[str, str] | None = None
+                    ) -> dict[str, Decision]:
+    """Each float output's decision, from its shape over the samples, its values and the op that
+    makes it (``proto``: the float model); ``overrides``: output -> metric text (--metric)."""
+    decisions: dict[str, Decision] = {}
+    overrides = overrides or {}
+    for name in (reference[0] if reference else {}):
+        if name in overrides:
+            decisions[name] = parse_metric(overrides[name])
+            continue
+        values = [np.asarray(sample[name]) for sample in reference if name in sample]
+        if not values or values[0].dtype.kind != "f":
+            continue
+        shape = values[0].shape
+        maker = _maker(proto, name)
+        low = min(float(np.nanmin(v)) for v in values if v.size)
+        high = max(float(np.nanmax(v)) for v in values if v.size)
+        probability = 0.0 <= low and high <= 1.0
+        if len(shape) == 2 and shape[-1] >= 2 and maker != "Sigmoid":
+            sums = np.concatenate([np.sum(v.astype(np.float64), axis=-1) for v in values])
+            distribution = maker in ("Softmax", "LogSoftmax") or (probability and bool(np.all(np.abs(sums - 1.0) < 1e-3)))
+            decisions[name] = Decision("top1", gated=distribution or _class_gap(values) >= CLASS_GAP)
+        elif len(shape) == 3 and shape[-1] >= 2 and maker in ("Softmax", "LogSoftmax"):
+            decisions[name] = Decision("argmax")
+        elif probability and (maker == "Sigmoid" or (maker == "Softmax" and len(shape) >= 3 and shape[1] == 1)):
+            decisions[name] = Decision("map", MAP_THRESHOLD)
+    return decisions
+
+
+def _class_gap(values: list[np.ndarray]) -> float:
+    """The median over rows of (largest - second largest) / the row's standard deviation."""
+    gaps = []
+    for value in values:
+        rows = value.reshape(-1, value.shape[-1]).astype(np.float64)
+        ordered = np.sort(rows, axis=-1)
+        spread = np.std(rows, axis=-1)
+        gaps.extend(((ordered[:, -1] - ordered[:, -2]) / np.where(spread > 0, spread, np.inf)).tolist())
+    return float(np.median(gaps)) if gaps else 0.0
+
+
+def agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> float | None:
+    """How far ``candidate``'s decisions agree with ``reference``'s, pooled over the samples
+    (1.0: the same everywhere); None for ``cosine`` or when nothing can be compared."""
+    pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
+             if c is not None and np.shape(r) == np.shape(c)]
+    if not pairs or decision.kind == "cosine":
+        return None
+    if decision.kind in ("top1", "argmax"):
+        same = total = 0
+        for r, c in pairs:
+            if r.ndim < 1 or r.shape[-1] < 2:
+                continue
+            a, b = np.argmax(r, axis=-1), np.argmax(c, axis=-1)
+            same += int(np.sum(a == b))
+            total += a.size
+        return same / total if total else None
+    threshold = decision.threshold if decision.threshold is not None else MAP_THRESHOLD
+    tp = fp = fn = 0
+    for r, c in pairs:
+        a, b = r > threshold, c > threshold
+        tp += int(np.sum(a & b))
+        fp += int(np.sum(~a & b))
+        fn += int(np.sum(a & ~b))
+    if tp + fp + fn == 0:
+        return 1.0  # nothing above the threshold in either: the same (empty) decision
+    return 2 * tp / (2 * tp + fp + fn)

@@ -1,0 +1,112 @@
+"""Decision metrics in quantize's gate (runtime/decisions.py, steps/quantize/evaluate.py): what
+an application reads from each output is inferred from its form, and an output that decides
+otherwise fails the gate however close its cosine is."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from cli_helpers import invoke
+from conftest import SAMPLES
+from ortprep.runtime.decisions import Decision, agreement, infer_decisions, parse_metric
+from ortprep.steps.quantize.evaluate import judge
+
+
+def _graph(outputs: dict[str, tuple[str, list[int]]]) -> onnx.ModelProto:
+    """A model whose outputs are made by the named ops from one input (shapes as given)."""
+    nodes, values = [], []
+    for name, (op, shape) in outputs.items():
+        source = "x"
+        if op == "Softmax":
+            nodes.append(helper.make_node("Softmax", [source], [f"{name}_s"], axis=-1))
+            nodes.append(helper.make_node("Identity", [f"{name}_s"], [name]))  # looked through
+        else:
+            nodes.append(helper.make_node(op, [source], [name]))
+        values.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)], values)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_kinds_are_inferred_from_shape_values_and_the_op_that_makes_them():
+    rng = np.random.default_rng(0)
+    reference = [{
+        "logits": rng.standard_normal((1, 10)).astype(np.float32),
+        "ctc": rng.random((1, 20, 30)).astype(np.float32),
+        "hidden": rng.standard_normal((1, 16, 64)).astype(np.float32),
+        "prob_map": rng.random((1, 1, 32, 32)).astype(np.float32),
+        "box": rng.standard_normal((1, 4, 8, 8)).astype(np.float32),
+    }]
+    proto = _graph({"logits": ("Relu", [1, 10]), "ctc": ("Softmax", [1, 20, 30]), "hidden": ("Relu", [1, 16, 64]),
+                    "prob_map": ("Sigmoid", [1, 1, 32, 32]), "box": ("Relu", [1, 4, 8, 8])})
+    inferred = infer_decisions(proto, reference)
+    kinds = {name: d.label() for name, d in inferred.items()}
+    assert kinds == {"logits": "top1", "ctc": "argmax", "prob_map": "map:0.5"}  # hidden states and boxes: none
+    # raw Gaussian scores: no class stands out (it may be an embedding): reported, not gated
+    assert not inferred["logits"].gated and inferred["ctc"].gated and inferred["prob_map"].gated
+    peaked = [{"logits": np.array([[0.1, 0.2, 9.0, 0.0, -0.3, 0.1, 0.2, 0.0, -0.1, 0.3]], np.float32)}]
+    assert infer_decisions(_graph({"logits": ("Relu", [1, 10])}), peaked)["logits"].gated
+    softmax = [{"p": np.full((1, 4), 0.25, np.float32)}]
+    assert infer_decisions(_graph({"p": ("Softmax", [1, 4])}), softmax)["p"].gated  # a distribution, even a flat one
+    overridden = infer_decisions(proto, reference, {"hidden": "argmax", "prob_map": "map:0.3"})
+    assert overridden["hidden"] == Decision("argmax", None, "--metric")
+    assert overridden["prob_map"].threshold == 0.3 and overridden["prob_map"].chosen_by == "--metric"
+
+
+def test_parse_metric_refuses_what_is_not_a_metric():
+    assert parse_metric("MAP:0.25") == Decision("map", 0.25, "--metric")
+    for bad in ("f1", "top1:3", "map:1.5"):
+        with pytest.raises(ValueError):
+            parse_metric(bad)
+
+
+def test_agreement_pools_over_samples():
+    top1 = Decision("top1")
+    reference = [np.array([[2.0, 1.0, 0.0]]), np.array([[0.0, 1.0, 2.0]])]
+    assert agreement(top1, reference, [np.array([[1.0, 2.0, 0.0]]), np.array([[0.0, 1.0, 2.0]])]) == 0.5
+    positions = Decision("argmax")
+    ref = [np.eye(4)[None, [0, 1, 2, 3]]]  # [1, 4 positions, 4 classes]
+    cand = [np.eye(4)[None, [0, 1, 2, 2]]]
+    assert agreement(positions, ref, cand) == 0.75
+    mapped = Decision("map", 0.5)
+    assert agreement(mapped, [np.array([0.9, 0.9, 0.1, 0.1])], [np.array([0.9, 0.4, 0.1, 0.6])]) == pytest.approx(0.5)
+    assert agreement(mapped, [np.zeros(4)], [np.zeros(4)]) == 1.0
+
+
+def test_a_flipped_class_fails_the_gate_although_cosine_passes():
+    """Two near-tied classes swap: cosine 0.99999, norm ratio 1, and the application's answer
+    changes on one sample of two. The gate fails on the decision and says so."""
+    reference = [{"logits": np.array([[5.0, 4.99, -3.0, -3.0]], np.float32)},
+                 {"logits": np.array([[-3.0, -3.0, 5.0, 1.0]], np.float32)}]
+    candidate = [{"logits": np.array([[4.99, 5.0, -3.0, -3.0]], np.float32)},
+                 {"logits": np.array([[-3.0, -3.0, 5.0, 1.0]], np.float32)}]
+    without = judge("cpu", reference, candidate, 0.99, {})
+    assert without.passed and without.cosine > 0.9999
+    decided = judge("cpu", reference, candidate, 0.99, {}, {"logits": Decision("top1")})
+    assert not decided.passed
+    record = decided.outputs[0]["decision"]
+    assert record["agreement"] == 0.5 and record["passed"] is False and record["required"] == 0.99
+    assert decided.top1_agreement == 0.5
+
+
+def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
+    out = tmp_path / "q.onnx"
+    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    output = result.json()["verify"]["outputs"][0]
+    assert output["decision"]["kind"] == "top1" and output["decision"]["chosen_by"] == "inferred"
+    # the sample CNN is untrained: no class stands out, so its top-1 is reported, not gated
+    assert output["decision"]["agreement"] == 1.0 and output["decision"]["gated"] is False
+    assert output["decision"]["passed"] is None
+    gated = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--force",
+                   "--metric", f"{output['name']}=top1", "--json")
+    decision = gated.json()["verify"]["outputs"][0]["decision"]
+    assert decision["chosen_by"] == "--metric" and decision["gated"] and decision["passed"] is True
+    plain = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--force",
+                   "--metric", f"{output['name']}=cosine", "--json")
+    assert "decision" not in plain.json()["verify"]["outputs"][0]
+    bad = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", tmp_path / "b.onnx",
+                 "--metric", f"{output['name']}=f1")
+    assert bad.exit_code == 2 and "not a metric" in bad.stderr and not (tmp_path / "b.onnx").exists()

@@ -109,6 +109,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT013", "pre-processing made the result worse: not used", Severity.INFO),
         FindingKind("QNT014", "the verdict rests on fewer than 8 samples", Severity.WARNING),
         FindingKind("QNT016", "another calibration method measured better and was kept", Severity.INFO),
+        FindingKind("QNT017", "--auto: which precision passed, or that none did", Severity.INFO),
         FindingKind("QNT015", "nodes reading non-finite or sentinel constants stay float", Severity.INFO),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),

@@ -495,3 +495,44 @@ def test_an_ai_onnx_ml_pipeline_has_nothing_to_quantize(tmp_path):
         codes = [f["code"] for f in result.json()["findings"]]
         assert codes == ["QNT002"] and "ai.onnx.ml:LinearClassifier" in result.json()["findings"][0]["message"]
         assert not (tmp_path / "q.onnx").exists()
+
+
+def _wide_range_model(path: Path) -> Path:
+    """x [1, 64, 4, 4] whose channel 0 carries values near 100 and the rest near 0.1; a 1x1 Conv
+    reads only the small channels. 8-bit activations (a step of ~0.4) erase them; 16-bit ones keep
+    them. (A MatMul would not do: ORT 1.32's CPU EP computes a 16-bit QDQ MatMul wrongly at the
+    default optimization level, cosine 0.64 where optimizations off give 0.99998, measured.)"""
+    rng = np.random.default_rng(5)
+    weights = (rng.standard_normal((16, 64, 1, 1)) * 0.3).astype(np.float32)
+    weights[:, 0] = 0.0
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "W"], ["y"], name="conv")], "wide",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 4, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 4, 4])],
+        [onnx.numpy_helper.from_array(weights, "W")])
+    onnx.save_model(models.make(graph), str(path))
+    return path
+
+
+def test_auto_keeps_the_first_precision_that_passes(tmp_path):
+    """--auto: static uint8 activations fail the gate (the small channels vanish), A16W8 passes and
+    is written; the report lists both attempts and says which was kept (QNT017)."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    rng = np.random.default_rng(6)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(24):
+        x = (rng.standard_normal((1, 64, 4, 4)) * 0.1).astype(np.float32)
+        x[0, 0] = 100.0 + rng.standard_normal((4, 4))
+        np.savez(calib / f"{index:02d}.npz", x=x)
+    out = tmp_path / "q.onnx"
+    plain = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--json")
+    assert plain.exit_code == 1 and not out.exists()
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--json")
+    assert result.exit_code == 0, result.stdout[-1500:]
+    record = result.json()
+    assert [t["passed"] for t in record["auto"]["tried"]] == [False, True]
+    assert record["auto"]["chosen"] == "static uint16 activations, int8 weights"
+    assert record["preset"]["activation_type"] == "uint16" and record["verify"]["passed"] and out.exists()
+    note = next(f for f in record["findings"] if f["code"] == "QNT017")
+    assert "--activation-type uint16" in note["fix"]

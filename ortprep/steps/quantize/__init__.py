@@ -349,4 +349,8 @@ class QuantizeStep(Step):
     default_suffix = ".int8.onnx"
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
+        if self.options.auto:
+            from ortprep.steps.quantize.auto import quantize_auto
+
+            return quantize_auto(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)
         return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)

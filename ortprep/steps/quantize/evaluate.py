@@ -561,4 +561,5 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
         what += (f"; on {on_ep.ep}: " + (_shortfall(on_ep, min_cosine) if not on_ep.passed
                                          else f"passes (cosine {fmt_cosine(on_ep.cosine)})"))
     return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}",
-                      fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above")
+                      fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above; --auto tries "
+                          "the other precisions (A16W8, dynamic int8) and keeps the first that passes")

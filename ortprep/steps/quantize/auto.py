@@ -1,0 +1,106 @@
+"""``quantize --auto``: when the precision asked for fails the gate, try the others in a stated
+order and keep the first that passes, so a refusal comes with the path that works.
+
+The order (each a full quantize, judged by the same gate; nothing is written until one passes):
+
+1. what the options ask (static or dynamic, the EP's preset);
+2. static with 16-bit activations and 8-bit weights (A16W8: ORT's CPU EP and QNN's HTP run it),
+   where the first was static with 8-bit activations and calibration data is at hand;
+3. dynamic int8 (weights only), for the CPU and CUDA EPs, which run its integer ops, where the
+   first was static;
+4. static int8, then A16W8, where the first was dynamic and calibration data (not 'random') is
+   at hand.
+
+When none passes, the report says so and names FP16 (``ortprep convert MODEL --fp16``) as the
+way left. ``auto`` in the JSON lists every attempt with its verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ortprep.findings import Finding, Severity
+from ortprep.model import ModelHandle
+from ortprep.options import QuantizeOptions
+from ortprep.report import StepResult
+from ortprep.steps.base import ProgressCallback
+
+DYNAMIC_EPS = ("cpu", "cuda")  # EPs with kernels for dynamic quantization's integer ops
+
+
+def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
+    """(label, option changes) for each attempt, the options' own first."""
+    from ortprep.steps.quantize.presets import resolve_settings
+
+    first = resolve_settings(options)
+    order: list[tuple[str, dict[str, Any]]] = [(_label(options.mode, first["activation_type"], first["weight_type"]), {})]
+    has_data = options.calib not in (None, "random")
+    if options.mode == "static":
+        if first["activation_type"] != "uint16":
+            order.append((_label("static", "uint16", "int8"), {"activation_type": "uint16", "weight_type": "int8"}))
+        if options.ep in DYNAMIC_EPS:
+            order.append((_label("dynamic", "uint8", "int8"), {"mode": "dynamic", "activation_type": None,
+                                                               "weight_type": None}))
+    elif has_data:
+        static = resolve_settings(dataclasses.replace(options, mode="static"))
+        order.append((_label("static", static["activation_type"], static["weight_type"]), {"mode": "static"}))
+        if static["activation_type"] != "uint16":
+            order.append((_label("static", "uint16", "int8"), {"mode": "static", "activation_type": "uint16",
+                                                               "weight_type": "int8"}))
+    return order
+
+
+def _label(mode: str | None, activations: str | None, weights: str | None) -> str:
+    if mode == "dynamic":
+        return "dynamic int8 (weights int8, activations quantized at run time)"
+    return f"static {activations} activations, {weights} weights"
+
+
+def _flags(changes: dict[str, Any]) -> str:
+    parts = []
+    if changes.get("mode"):
+        parts.append(f"--{changes['mode']}")
+    for key in ("activation_type", "weight_type"):
+        if changes.get(key):
+            parts.append(f"--{key.replace('_', '-')} {changes[key]}")
+    return " ".join(parts)
+
+
+def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
+                  progress: ProgressCallback | None = None) -> StepResult:
+    from ortprep.steps.quantize import quantize_model
+
+    tried: list[dict[str, Any]] = []
+    report: StepResult | None = None
+    kept = None  # --keep-failed keeps the first attempt's refused model (NAME.failed.onnx)
+    order = auto_order(options)
+    for number, (label, changes) in enumerate(order):
+        attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0, **changes)
+        report = quantize_model(handle, dest, attempt, force=force, progress=progress)
+        kept = kept or report.data.get("kept_failed")
+        verify = report.data.get("verify") or {}
+        passed = not any(f.severity >= Severity.ERROR for f in report.findings)
+        tried.append({"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),
+                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})})
+        if passed or report.data.get("quantized_ops", 0) == 0 and number == 0 and any(
+                f.code in ("QNT002", "QNT010") for f in report.findings):
+            break  # a pass, or nothing to quantize at all: no other precision changes that
+    assert report is not None
+    chosen = next((t for t in tried if t["passed"]), None)
+    report.data["auto"] = {"order": [label for label, _ in order], "tried": tried,
+                           "chosen": chosen["label"] if chosen else None}
+    failed_first = tried[0]["label"]
+    if chosen is not None and chosen is not tried[0]:
+        report.add(Finding.of("QNT017", f"--auto: {failed_first} failed the gate; {chosen['label']} passed and was "
+                              f"written" + (f" ({len(tried) - 2} other(s) failed before it)" if len(tried) > 2 else ""),
+                              fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
+    elif chosen is None and len(tried) > 1:
+        report.add(Finding.of("QNT017", "--auto: no precision passed the gate: " + "; ".join(
+            f"{t['label']} ({', '.join(t['codes']) or 'failed'})" for t in tried),
+            fix="FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "
+                "nodes that add the error in float"))
+    if kept:
+        report.data["kept_failed"] = kept
+    return report

@@ -11,6 +11,8 @@ install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[cpu,qnn,dev]'
+	# real models from PyPI wheels for the tests (tests/test_real_models.py): the wheel only, no dependencies
+	$(BIN)/python -m pip download --quiet --no-deps --dest .wheels rapidocr==3.10.0 faster-whisper==1.2.1
 	$(PYTHON) -m venv $(OPENVINO_VENV)
 	$(OPENVINO_VENV)/bin/python -m pip install --quiet onnxruntime-openvino numpy
 

@@ -193,8 +193,10 @@ def test_trt_alias_is_tensorrt_everywhere(tmp_path):
         fail_on = "never"
     """)
     result = invoke("run", config, "--json")
-    assert result.exit_code == 0, result.stderr
-    assert result.json()["steps"][0]["report"]["preset"]["ep"] == "tensorrt"
+    report = result.json()["steps"][0]["report"]
+    assert report["preset"]["ep"] == "tensorrt"
+    # the small sample does not shrink for a GPU preset (QNT003): a refusal, whatever fail_on says
+    assert result.exit_code == 1 and [f["code"] for f in report["findings"] if f["severity"] == "error"] == ["QNT003"]
 
 
 # ---------------------------------------------------------------- one report, every renderer

@@ -19,7 +19,7 @@ KIND_TEXT = {
     "path": "path", "data": "path or \"random\"", "ep": "EP name", "ep_list": "list of EP names",
     "targets": "list of targets (\"a,b\" = one session)", "names": "list of strings", "shapes": "table NAME = [dims]",
     "dims": "table NAME = size", "floats": "list of numbers", "provider_options": "table EP = { KEY = \"VALUE\" }",
-    "runtimes": "table EP = \"python path\"",
+    "runtimes": "table EP = \"python path\"", "metrics": "table OUTPUT = \"KIND\"",
 }
 
 

@@ -118,6 +118,18 @@ def finish(
             "VFY001", f"output '{name}' is {what} on the inputs used: cosine similarity means nothing there, so it was "
             "judged by absolute error; these inputs do not exercise it",
             fix="pass real inputs with --inputs FILE.npz (one array per input) to verify on data that moves this output"))
+    # Every output flat on inputs ortprep made up (a detector's map on a small random image): the
+    # run compared nothing the model decides, so the result counts as unverified (CNV015), as when
+    # the original cannot run: nothing is written, and the user's inputs are the way on.
+    float_outputs = [o for o in (verify_result.outputs if verify_result is not None else []) if o.cosine is not None
+                     or o.name in {name for name, _ in verify_result.degenerate}]
+    if (verify_result is not None and verify_result.passed and options.verify and getattr(options, "inputs", None) is None
+            and verify_result.degenerate and len(verify_result.degenerate) >= len(float_outputs)):
+        unverifiable = True
+        report.add(Finding.of(
+            "CNV015", f"nothing was verified: every output is flat on the inputs ortprep made ({feed_source}), so the "
+            "comparison says nothing about what the model computes on real data; the result is not written",
+            fix="pass real inputs: --inputs FILE.npz (one array per input), or --no-verify to write it unverified"))
     if failed:
         if not verify_result.loads or verify_result.error:
             what = f"the result does not load or run ({verify_result.error})"

@@ -1,0 +1,98 @@
+"""Real models shipped in PyPI wheels (`make install` downloads the wheels, without their
+dependencies, into .wheels/): the text detector of rapidocr 3.10.0 (PP-OCRv6 det small, dynamic
+H x W input). Skipped when the wheel is absent."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_helpers import invoke
+
+WHEELS = Path(__file__).resolve().parents[1] / ".wheels"
+DETECTOR = "rapidocr/models/PP-OCRv6_det_small.onnx"
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory) -> Path:
+    found = sorted(WHEELS.glob("rapidocr-3.10.0-*.whl"))
+    if not found:
+        pytest.skip("the rapidocr wheel is not in .wheels/ (make install downloads it)")
+    folder = tmp_path_factory.mktemp("rapidocr")
+    with zipfile.ZipFile(found[0]) as wheel:
+        wheel.extract(DETECTOR, folder)
+    return folder / DETECTOR
+
+
+def text_page(path: Path) -> Path:
+    """A 320x320 white page with seven lines of dark strokes, normalised as PaddleOCR feeds its
+    detector ((pixel / 255 - 0.5) / 0.5, NCHW): the detector finds text on it (17% of the map above
+    0.3, measured)."""
+    image = np.full((320, 320, 3), 255, np.uint8)
+    rng = np.random.default_rng(0)
+    for row in range(20, 300, 40):
+        x = 20
+        while x < 280:
+            width = int(rng.integers(6, 14))
+            image[row:row + 18, x:x + width] = 20
+            x += width + int(rng.integers(3, 8))
+    x = ((image.astype(np.float32) / 255 - 0.5) / 0.5).transpose(2, 0, 1)[None]
+    np.savez(path, x=x.astype(np.float32))
+    return path
+
+
+def test_fp16_of_a_dynamic_detector_without_inputs_is_refused_and_writes_nothing(detector, tmp_path):
+    """Without --inputs, ortprep's inputs (random, 64x64: the dims' names say nothing) leave the
+    probability map flat (at most 1.3e-4): nothing the detector decides was compared, so the FP16
+    model is not written (CNV015, exit 1)."""
+    out = tmp_path / "det.fp16.onnx"
+    before = detector.read_bytes()
+    result = invoke("convert", detector, "--fp16", "-o", out, "--json")
+    assert result.exit_code == 1, result.stdout[-1000:]
+    record = result.json()
+    assert record["output"] is None and not out.exists() and detector.read_bytes() == before
+    assert any(f["code"] == "CNV015" and "--inputs" in f["fix"] for f in record["findings"])
+    assert record["inputs"].startswith("random")
+
+
+def test_fp16_of_a_dynamic_detector_on_a_text_page_is_verified(detector, tmp_path):
+    out = tmp_path / "det.fp16.onnx"
+    result = invoke("convert", detector, "--fp16", "-o", out, "--inputs", text_page(tmp_path / "page.npz"), "--json")
+    assert result.exit_code == 0, result.stdout[-1000:]
+    verify = result.json()["verify"]
+    assert verify["passed"] and verify["cosine"] > 0.9999 and verify["max_abs_diff"] < 0.05
+    assert out.exists() and not any(f["code"] in ("CNV015", "VFY001") for f in result.json()["findings"])
+
+
+@pytest.fixture(scope="module")
+def vad(tmp_path_factory) -> Path:
+    """Silero VAD v6 as faster-whisper 1.2.1 ships it: LSTMs inside the branches of an If (one
+    branch per sample rate), dynamic batch and length."""
+    found = sorted(WHEELS.glob("faster_whisper-1.2.1-*.whl"))
+    if not found:
+        pytest.skip("the faster-whisper wheel is not in .wheels/ (make install downloads it)")
+    folder = tmp_path_factory.mktemp("faster_whisper")
+    with zipfile.ZipFile(found[0]) as wheel:
+        wheel.extract("faster_whisper/assets/silero_vad_v6.onnx", folder)
+    return folder / "faster_whisper/assets/silero_vad_v6.onnx"
+
+
+@pytest.mark.parametrize("transform", [("--fp16",), ("--fix-shape", "input=1,576")])
+def test_lstm_in_if_branches_is_written_only_when_it_loads_and_computes_the_same(vad, tmp_path, transform):
+    """The VAD whose FP16 model once did not load (If type inference failed) and was written with
+    exit 0: now each written result is verified (it loads in ORT and computes the same), and the
+    file on disk creates a session here too."""
+    import onnxruntime as ort
+
+    out = tmp_path / "vad.out.onnx"
+    result = invoke("convert", vad, *transform, "-o", out, "--json")
+    record = result.json()
+    if result.exit_code == 0:
+        assert record["verified"] and record["verify"]["loads"] and out.exists()
+        ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    else:  # a refusal: nothing written, and it says why
+        assert record["output"] is None and not out.exists() and record["findings"]
+    assert result.exit_code == 0  # measured: both transforms verify on this model (onnxruntime 1.32)

@@ -110,3 +110,25 @@ def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
     bad = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", tmp_path / "b.onnx",
                  "--metric", f"{output['name']}=f1")
     assert bad.exit_code == 2 and "not a metric" in bad.stderr and not (tmp_path / "b.onnx").exists()
+
+
+def test_load_tolerance_holds_an_output_whose_decision_agrees():
+    """runtime/tolerance.judge_outputs (load, compile): a probability map off by 0.25 at a few
+    pixels, its thresholded map the same, holds (the rule says why); the same map with a block
+    of pixels flipped across the threshold does not; and a uniformly scaled map still fails."""
+    from ortprep.runtime.tolerance import judge_outputs
+
+    proto = _graph({"prob_map": ("Sigmoid", [1, 1, 64, 64])})
+    rng = np.random.default_rng(1)
+    reference = (rng.random((1, 1, 64, 64)) * 0.2).astype(np.float32)
+    reference[0, 0, 10:30, 10:50] = 0.9  # a text region
+    few = reference.copy()
+    few[0, 0, 0, :3] += 0.25  # three background pixels, still below 0.5
+    held = judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": few})[0]
+    assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"]
+    assert held["decision"]["agreement"] == 1.0 and "the decision (map:0.5) agrees" in held["tolerance_rule"]
+    flipped = reference.copy()
+    flipped[0, 0, 10:30, 10:25] = 0.3  # part of the region falls below the threshold
+    assert not judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": flipped})[0]["within_tolerance"]
+    scaled = judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": reference * 0.9})[0]
+    assert not scaled["within_tolerance"]

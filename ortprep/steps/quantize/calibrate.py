@@ -99,12 +99,25 @@ def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptio
                                   fix=f"give more samples (--calib with at least {2 * MIN_EVAL_SAMPLES}), or --eval DATA"))
         return feeds, plan.eval_set.source
     specs = input_specs(handle.proto)
-    feeds = [random_feeds(specs, seed=seed) for seed in range(RANDOM_EVAL_SAMPLES)]
+    # One input policy (runtime/feeds.choose_feeds): dims that must be guessed are tried on the
+    # float model until it runs (its names, the sizes its constants imply, common sizes), as load
+    # and convert do; the seeded samples then take the shapes that ran.
+    from ortprep.runtime.feeds import choose_feeds
+    from ortprep.runtime.isolated import run_isolated
+
+    runs = (lambda feeds: run_isolated(handle.path, feeds)) if handle.path is not None else None
+    choice = choose_feeds(specs, proto=handle.proto, runs=runs)
+    shapes = {name: list(value.shape) for name, value in choice.feeds.items()}
+    feeds = [random_feeds(specs, seed=seed, shapes=shapes) for seed in range(RANDOM_EVAL_SAMPLES)]
     report.add(Finding.of(
         "QNT011", f"no evaluation data: the quantized model was evaluated on {RANDOM_EVAL_SAMPLES} seeded random inputs, "
         "which prove little about real inputs", severity=None,
         fix="pass real samples with --eval DATA (or --calib DATA); --fail-on warning makes this fail CI"))
-    return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples)"
+    if "guessed from " not in choice.how:
+        return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples)"
+    reason = choice.how.split("guessed from ", 1)[1].split(":")[0]
+    shown = ", ".join(f"{name}={'x'.join(map(str, dims))}" for name, dims in shapes.items())
+    return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples; {shown}, dims guessed from {reason})"
 
 
 def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings: dict, calibration: CalibrationSet | None,

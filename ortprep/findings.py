@@ -108,7 +108,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT011", "evaluated on seeded random inputs: proves little", Severity.WARNING),
         FindingKind("QNT012", "per-channel needs opset 13: upgraded, or per-tensor", Severity.INFO),
         FindingKind("QNT013", "pre-processing made the result worse: not used", Severity.INFO),
-        FindingKind("QNT014", "the verdict rests on fewer than 8 samples", Severity.WARNING),
+        FindingKind("QNT014", "the verdict rests on fewer than 16 evaluation samples (weak evidence)", Severity.WARNING),
         FindingKind("QNT016", "another calibration method measured better and was kept", Severity.INFO),
         FindingKind("QNT017", "--auto: which precision passed, or that none did", Severity.INFO),
         FindingKind("QNT015", "nodes reading non-finite or sentinel constants stay float", Severity.INFO),

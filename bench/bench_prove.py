@@ -19,7 +19,6 @@ Run: .venv/bin/python bench/bench_prove.py [--quick]
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -243,19 +242,15 @@ class Qnn:
     def __init__(self) -> None:
         from ortprep.eps.registry import resolve_ep
         from ortprep.runtime.targets import ep_runtime, session_options
+        from ortprep.steps.prove import session_caller
 
         self.spec = resolve_ep("qnn")
         self.target = ep_runtime(self.spec)
         self.options = session_options(self.target, None, DEVICE)
+        self._session = session_caller(self.spec, self.target, 300)
 
     def session(self, path: str, options: dict[str, str] | None = None):
-        from ortprep.runtime.requests import Prove
-        from ortprep.runtime.worker import call
-
-        reply = call(Prove(model=os.path.abspath(path), provider=self.spec.provider,
-                           provider_options=self.options if options is None else options, plugin=self.target.plugin),
-                     timeout=300)
-        return reply.ok, reply.message, reply.placement.get("default", {}).get("assignment") if reply.ok else None
+        return self._session(path, self.options if options is None else options)
 
     def fails(self, path: str) -> tuple[bool, str]:
         created, message, _ = self.session(path)

@@ -90,9 +90,6 @@ def test_lstm_in_if_branches_is_written_only_when_it_loads_and_computes_the_same
     out = tmp_path / "vad.out.onnx"
     result = invoke("convert", vad, *transform, "-o", out, "--json")
     record = result.json()
-    if result.exit_code == 0:
-        assert record["verified"] and record["verify"]["loads"] and out.exists()
-        ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    else:  # a refusal: nothing written, and it says why
-        assert record["output"] is None and not out.exists() and record["findings"]
     assert result.exit_code == 0  # measured: both transforms verify on this model (onnxruntime 1.32)
+    assert record["verified"] and record["verify"]["loads"] and out.exists()
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])

@@ -7,7 +7,6 @@ each fail at graph finalize (QNN_COMMON_ERROR_MEM_ALLOC). Every session runs on 
 from __future__ import annotations
 
 import importlib.util
-import os
 import platform
 import shlex
 from pathlib import Path
@@ -33,21 +32,17 @@ class Qnn:
     def __init__(self, device: str = DEVICE) -> None:
         from ortprep.eps.registry import resolve_ep
         from ortprep.runtime.targets import ep_runtime, session_options
+        from ortprep.steps.prove import session_caller
 
         self.spec = resolve_ep("qnn")
         self.target = ep_runtime(self.spec)
         self.options = session_options(self.target, None, device)
         self.sessions = 0
+        self._session = session_caller(self.spec, self.target, 120)  # as check --prove builds them
 
     def session(self, path: str, options: dict[str, str] | None = None):
-        from ortprep.runtime.requests import Prove
-        from ortprep.runtime.worker import call
-
         self.sessions += 1
-        reply = call(Prove(model=os.path.abspath(path), provider=self.spec.provider,
-                           provider_options=self.options if options is None else options, plugin=self.target.plugin),
-                     timeout=120)
-        return reply.ok, reply.message, reply.placement.get("default", {}).get("assignment") if reply.ok else None
+        return self._session(path, self.options if options is None else options)
 
     def fails(self, path: str) -> tuple[bool, str]:
         created, message, _ = self.session(path)

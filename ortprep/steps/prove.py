@@ -141,6 +141,22 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                 fix="the proven verdict counts; please report the model so the tables learn it"))
 
 
+def session_caller(spec: EpSpec, target, timeout: float):
+    """``session(model_path, provider_options)``: the session a user's application creates for
+    ``spec`` (in ``target``'s environment, on a worker, no run), answered as (created?, the EP's
+    message, ORT's assignment {node: EP} when created): what steps/reduce.py's search and fix
+    search build their sessions with."""
+    from ortprep.runtime.requests import Prove
+    from ortprep.runtime.worker import call
+
+    def session(path: str, provider_options: dict[str, str]):
+        reply = call(Prove(model=os.path.abspath(path), provider=spec.provider, provider_options=provider_options,
+                           plugin=target.plugin), python=target.python, timeout=timeout)
+        return reply.ok, reply.message, reply.placement.get("default", {}).get("assignment") if reply.ok else None
+
+    return session
+
+
 def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, str], proof: dict[str, Any],
                     options: CheckOptions, progress: ProgressCallback | None) -> tuple[str, str | None]:
     """The failing session reduced to its culprit sets (steps/reduce.py, bounded), then the fix
@@ -149,13 +165,7 @@ def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, 
     the command that works or None)."""
     import tempfile
 
-    from ortprep.runtime.requests import Prove
-    from ortprep.runtime.worker import call
-
-    def session(path: str, provider_options: dict[str, str]):
-        reply = call(Prove(model=os.path.abspath(path), provider=spec.provider, provider_options=provider_options,
-                           plugin=target.plugin), python=target.python, timeout=options.timeout)
-        return reply.ok, reply.message, reply.placement.get("default", {}).get("assignment") if reply.ok else None
+    session = session_caller(spec, target, options.timeout)
 
     def fails(path: str) -> tuple[bool, str]:
         created, message, _ = session(path, chosen)

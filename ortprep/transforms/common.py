@@ -121,10 +121,10 @@ def finish(
     # Every output flat on inputs ortprep made up (a detector's map on a small random image): the
     # run compared nothing the model decides, so the result counts as unverified (CNV015), as when
     # the original cannot run: nothing is written, and the user's inputs are the way on.
-    float_outputs = [o for o in (verify_result.outputs if verify_result is not None else []) if o.cosine is not None
-                     or o.name in {name for name, _ in verify_result.degenerate}]
-    if (verify_result is not None and verify_result.passed and options.verify and getattr(options, "inputs", None) is None
-            and verify_result.degenerate and len(verify_result.degenerate) >= len(float_outputs)):
+    flat = {name for name, _ in verify_result.degenerate} if verify_result is not None else set()
+    judged = {o.name for o in verify_result.outputs if o.cosine is not None} | flat if verify_result is not None else set()
+    if (flat and flat >= judged and verify_result.passed and options.verify
+            and getattr(options, "inputs", None) is None):
         unverifiable = True
         report.add(Finding.of(
             "CNV015", f"nothing was verified: every output is flat on the inputs ortprep made ({feed_source}), so the "

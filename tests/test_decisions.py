@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.runtime.decisions import Decision, agreement, infer_decisions, parse_metric
+from ortprep.runtime.decisions import Decision, agreement, expected_agreement, infer_decisions, parse_metric
 from ortprep.steps.quantize.evaluate import judge
 
 
@@ -89,6 +89,38 @@ def test_a_flipped_class_fails_the_gate_although_cosine_passes():
     record = decided.outputs[0]["decision"]
     assert record["agreement"] == 0.5 and record["passed"] is False and record["required"] == 0.99
     assert decided.top1_agreement == 0.5
+
+
+def test_near_ties_fail_on_what_the_samples_say_of_unseen_inputs():
+    """Eight samples agree, but the float model's leads are of the same size as the error that
+    moves them (the journey's convnext_tiny: classes 0.002-0.004 apart flipped on unseen samples
+    after the gate's samples agreed): the expected agreement fails the gate; the same error on a
+    confident classifier passes."""
+    rng = np.random.default_rng(3)
+    leads = np.linspace(0.004, 0.06, 8)  # the float model's lead of class 0, in logits
+    reference, candidate = [], []
+    for lead in leads:
+        row = np.concatenate([[lead, 0.0], -0.05 * rng.random(6)]).astype(np.float32)[None]
+        reference.append({"logits": row})
+        candidate.append({"logits": row + np.float32([[-0.003, 0.0, 0, 0, 0, 0, 0, 0]])})  # the lead shrinks by 0.003
+    judged = judge("cpu", reference, candidate, 0.99, {}, {"logits": Decision("top1")})
+    record = judged.outputs[0]["decision"]
+    assert record["agreement"] == 1.0 and judged.outputs[0]["cosine"] > 0.99
+    assert record["expected_agreement"] < 0.95 and record["passed"] is False and not judged.passed
+    confident = [{"logits": sample["logits"] * 400.0} for sample in reference]  # leads of 1.6-24 logits
+    shifted = [{"logits": sample["logits"] - np.float32([[0.003, 0, 0, 0, 0, 0, 0, 0]])} for sample in confident]
+    passed = judge("cpu", confident, shifted, 0.99, {}, {"logits": Decision("top1")})
+    assert passed.passed and passed.outputs[0]["decision"]["expected_agreement"] > 0.999
+
+
+def test_expected_agreement_of_a_map_matches_what_a_large_map_shows():
+    rng = np.random.default_rng(0)
+    reference = [1 / (1 + np.exp(-4 * rng.standard_normal((1, 1, 64, 64)))) for _ in range(4)]
+    candidate = [np.clip(r + 0.01 * rng.standard_normal(r.shape), 0, 1) for r in reference]
+    observed = agreement(Decision("map", 0.5), reference, candidate)
+    expected = expected_agreement(Decision("map", 0.5), reference, candidate)
+    assert observed < 0.999 and abs(expected - observed) < 0.002
+    assert expected_agreement(Decision("cosine"), reference, candidate) is None
 
 
 def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):

@@ -537,3 +537,28 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     assert record["preset"]["activation_type"] == "uint16" and record["verify"]["passed"] and out.exists()
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "--activation-type uint16" in note["fix"]
+
+
+def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):
+    # a 2-channel Conv: its Q/DQ pairs and scales outweigh the int8 weights, as on the journey's small built models
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    weight = numpy_helper.from_array(rng.standard_normal((2, 2, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+                               helper.make_node("Relu", ["c"], ["y"], name="relu")], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])], [weight])
+    model = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    calib = write_samples(tmp_path / "calib", "x", (1, 2, 8, 8), 20)
+    code, record, _ = quantize(model, "--static", "--ep", "tensorrt", "--calib", calib, "-o", tmp_path / "q.onnx")
+    assert code == 0, record
+    assert record["size_after"] >= record["size_before"]
+    [not_smaller] = [f for f in record["findings"] if f["code"] == "QNT003"]
+    assert not_smaller["severity"] == "info" and "integer ops on the EP" in not_smaller["message"]
+    assert record["output"] and "QuantizeLinear" in op_types(record["output"])
+    # the same on the CPU preset is a refusal: nothing at -o
+    code, cpu, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "c.onnx")
+    assert code == 1 and cpu["output"] is None and not (tmp_path / "c.onnx").exists()
+    assert [f["severity"] for f in cpu["findings"] if f["code"] == "QNT003"] == ["error"]

@@ -118,7 +118,7 @@ def judge_output(name: str, reference: np.ndarray, candidate: np.ndarray, tolera
 def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     """Every output of ``reference`` judged (a missing one fails); ``proto`` is the model that made
     ``candidate`` (its DequantizeLinear scales set a quantized output's tolerance)."""
-    from ortprep.runtime.decisions import REQUIRED, agreement, infer_decisions
+    from ortprep.runtime.decisions import REQUIRED, agreement, expected_agreement, infer_decisions
 
     quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in proto.graph.node)
     ranges = output_ranges(proto) if quantized else {}
@@ -136,8 +136,10 @@ def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: d
         decision = decisions.get(name)
         if decision is not None and decision.gated:
             agreed = agreement(decision, [value], [other])
-            record["decision"] = {**decision.record(), "agreement": agreed,
-                                  "passed": agreed is not None and agreed >= REQUIRED[decision.kind]}
+            expected = expected_agreement(decision, [value], [other])  # what its margins say of other inputs
+            record["decision"] = {**decision.record(), "agreement": agreed, "expected_agreement": expected,
+                                  "passed": agreed is not None and agreed >= REQUIRED[decision.kind]
+                                  and (expected is None or expected >= REQUIRED[decision.kind])}
             # Beyond the max abs diff at some elements, yet the same decision, the same direction and
             # the same size: what the application reads is the same (a detector's map off at a few
             # pixels with its text regions unchanged), so the output holds, and the rule says why.

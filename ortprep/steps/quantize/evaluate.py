@@ -21,7 +21,7 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
-from ortprep.runtime.decisions import REQUIRED, Decision, agreement, infer_decisions
+from ortprep.runtime.decisions import REQUIRED, Decision, agreement, expected_agreement, infer_decisions
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
@@ -253,8 +253,12 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
             verdict = (comparable and record["cosine"] is not None and record["cosine"] >= min_cosine
                        and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
         if decision is not None and decision.kind != "cosine":
-            decided = agreed is not None and agreed >= REQUIRED[decision.kind]
-            record["decision"] = {**decision.record(), "agreement": agreed, "passed": decided if decision.gated else None}
+            # held on the samples, and on what their margins and errors say of unseen ones
+            expected = expected_agreement(decision, [sample[name] for sample in reference], [other for _, other in rows])
+            decided = (agreed is not None and agreed >= REQUIRED[decision.kind]
+                       and (expected is None or expected >= REQUIRED[decision.kind]))
+            record["decision"] = {**decision.record(), "agreement": agreed, "expected_agreement": expected,
+                                  "passed": decided if decision.gated else None}
             if decision.gated:
                 verdict = verdict and decided
         record["passed"] = bool(verdict)
@@ -493,8 +497,13 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
 def _decision_text(decision: dict) -> str:
     what = {"top1": "its top-1 class agrees with the float model's on", "argmax": "its argmax per position agrees on",
             "map": f"its map above {decision.get('threshold')} matches the float model's with F1"}[decision["kind"]]
-    share = decision["agreement"]
-    return f"{what} {share:.1%}" + (f" (the gate asks {decision['required']:.0%})" if decision.get("required") else "")
+    share, expected, required = decision["agreement"], decision.get("expected_agreement"), decision.get("required")
+    text = f"{what} {share:.1%}" + (f" (the gate asks {required:.0%})" if required else "")
+    if required and share is not None and share >= required and expected is not None and expected < required:
+        # the samples agreed, their margins say unseen ones will not
+        text += (f" on these samples, but only about {expected:.1%} to expect on unseen ones: the float model's "
+                 "decisions sit closer to their boundary than the quantization error moves them")
+    return text
 
 
 def _shortfall(judgement: Judgement, min_cosine: float) -> str:

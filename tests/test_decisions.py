@@ -44,8 +44,14 @@ def test_kinds_are_inferred_from_shape_values_and_the_op_that_makes_them():
     inferred = infer_decisions(proto, reference)
     kinds = {name: d.label() for name, d in inferred.items()}
     assert kinds == {"logits": "top1", "ctc": "argmax", "prob_map": "map:0.5"}  # hidden states and boxes: none
-    # raw Gaussian scores: no class stands out (it may be an embedding): reported, not gated
-    assert not inferred["logits"].gated and inferred["ctc"].gated and inferred["prob_map"].gated
+    # raw Gaussian scores named as class scores: gated; the same values under another name (an
+    # embedding, perhaps), and a [N, T, C] of them: no class stands out: reported, not gated
+    assert inferred["logits"].gated and inferred["ctc"].gated and inferred["prob_map"].gated
+    features = infer_decisions(_graph({"features": ("Relu", [1, 10])}), [{"features": reference[0]["logits"]}])
+    assert not features["features"].gated
+    tags = infer_decisions(_graph({"frame_tags": ("Relu", [1, 16, 64]), "hidden": ("Relu", [1, 16, 64])}),
+                           [{"frame_tags": reference[0]["hidden"], "hidden": reference[0]["hidden"]}])
+    assert {name: d.label() for name, d in tags.items()} == {"frame_tags": "argmax"} and tags["frame_tags"].gated
     peaked = [{"logits": np.array([[0.1, 0.2, 9.0, 0.0, -0.3, 0.1, 0.2, 0.0, -0.1, 0.3]], np.float32)}]
     assert infer_decisions(_graph({"logits": ("Relu", [1, 10])}), peaked)["logits"].gated
     softmax = [{"p": np.full((1, 4), 0.25, np.float32)}]
@@ -129,9 +135,10 @@ def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
     assert result.exit_code == 0, result.stderr
     output = result.json()["verify"]["outputs"][0]
     assert output["decision"]["kind"] == "top1" and output["decision"]["chosen_by"] == "inferred"
-    # the sample CNN is untrained: no class stands out, so its top-1 is reported, not gated
-    assert output["decision"]["agreement"] == 1.0 and output["decision"]["gated"] is False
-    assert output["decision"]["passed"] is None
+    # the sample CNN is untrained: no class stands out, but its output is named as class scores: gated
+    assert output["name"] == "logits" and output["decision"]["gated"] is True
+    assert output["decision"]["agreement"] == 1.0 and output["decision"]["passed"] is True
+    assert output["decision"]["expected_agreement"] >= 0.99
     gated = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--force",
                    "--metric", f"{output['name']}=top1", "--json")
     decision = gated.json()["verify"]["outputs"][0]["decision"]

@@ -320,7 +320,10 @@ def test_layer_norm_rule_is_kept_when_it_helps(tmp_path):
     model = tmp_path / "vit.onnx"
     onnx.save_model(models.vit_like(layers=4), str(model))
     calib = _patches(tmp_path / "calib", 40)
-    code, record, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "-o", tmp_path / "q.onnx")
+    # the untrained model's classes are near ties (its logits flip on 1 of 8 samples at cosine
+    # 0.9998): judged here by cosine alone, as the search's rules are what this test is about
+    code, record, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "-o", tmp_path / "q.onnx",
+                               "--metric", "logits=cosine")
     assert code == 0, record["findings"]
     rules = {r["rule"]: r for r in record["search"]["rules"]}
     assert rules["LayerNormalization"]["kept"] is True
@@ -562,3 +565,46 @@ def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):
     code, cpu, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "c.onnx")
     assert code == 1 and cpu["output"] is None and not (tmp_path / "c.onnx").exists()
     assert [f["severity"] for f in cpu["findings"] if f["code"] == "QNT003"] == ["error"]
+
+
+def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path):
+    """A range calibrated on a few samples clips an unseen input's larger output (the journey's
+    keyword spotter: logits calibrated to [-0.32, 0.41], an unseen sample at -0.48, norm 0.97):
+    16-bit graph outputs are widened 2x about their centre; a Sigmoid's output is not."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortprep.steps.quantize.edits import widen_output_encodings
+
+    rng = np.random.default_rng(2)
+    weight = numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"], name="head"),
+                               helper.make_node("Sigmoid", ["scores"], ["gate"], name="gate")], "two",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("gate", TensorProto.FLOAT, [1, 4])], [weight])
+    model = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    calib = write_samples(tmp_path / "calib", "x", (1, 16), 24)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib,  # uint16 activations
+                               "-o", tmp_path / "q.onnx", "--metric", "scores=cosine")
+    assert code == 0, record["findings"]
+    assert record["output_headroom"] == {"factor": 2.0, "outputs": ["scores"]}
+
+    def encoding(proto, output):
+        producers = {o: n for n in proto.graph.node for o in n.output}
+        inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+        dq = producers[output]
+        scale, zero = float(inits[dq.input[1]]), int(inits[dq.input[2]])
+        return (0 - zero) * scale, (65535 - zero) * scale
+
+    widened = onnx.load(record["output"])
+    low, high = encoding(widened, "scores")
+    # the same quantization without the edit: what the calibration samples spanned
+    plain = tmp_path / "plain.onnx"
+    widened_again = onnx.load(record["output"])
+    onnx.save(widened_again, plain)
+    assert widen_output_encodings(plain, 0.5) == ["scores"]  # halving undoes the doubling
+    low0, high0 = encoding(onnx.load(plain), "scores")
+    assert high - low == pytest.approx(2 * (high0 - low0), rel=1e-3)
+    assert (high + low) / 2 == pytest.approx((high0 + low0) / 2, abs=4 * (high0 - low0) / 65535)
+    assert low0 <= 0 <= high0 and low < low0 and high > high0

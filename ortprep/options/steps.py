@@ -193,7 +193,7 @@ class QuantizeOptions(StepOptions):
     per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",
                                       Kind.TRISTATE, off_flag="--per-tensor")
     method: str = option("minmax", "Calibration method.", Kind.TEXT, choices=("minmax", "entropy", "percentile"))
-    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT, choices=("int8", "uint8"))
+    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT, choices=("int8", "uint8", "int16", "uint16"))
     activation_type: str | None = option(None, "Override the preset's activation type.", Kind.TEXT,
                                          choices=("uint8", "int8", "uint16"))
     exclude_ops: tuple[str, ...] = option((), "Op type to leave in float (repeatable).", Kind.NAMES,

@@ -8,10 +8,12 @@ reads from it:
 - ``top1``: class scores, an output of shape [N, C] (C >= 2): the argmax per row. Gated when the
   output is made by a Softmax, holds probabilities (rows in [0, 1] summing to 1), or its rows'
   largest value stands out (the median gap to the second, in the row's standard deviations, is at
-  least :data:`CLASS_GAP`); a raw [N, C] output without such a gap may be an embedding, where an
-  argmax means nothing: its top-1 agreement is reported, not gated (``--metric NAME=top1`` gates it);
+  least :data:`CLASS_GAP`), or its name says class scores (logits, scores, probs, classes, labels,
+  tags, preds); a raw [N, C] output with neither may be an embedding, where an argmax means
+  nothing: its top-1 agreement is reported, not gated (``--metric NAME=top1`` gates it);
 - ``argmax``: sequence logits, [N, T, C] with C >= 2 made by a Softmax/LogSoftmax over the last
-  axis (through reshapes and transposes): the argmax per position, what a CTC decoder reads;
+  axis (through reshapes and transposes), or raw scores per position with such a gap or such a
+  name: the argmax per position, what a CTC decoder or a frame tagger reads;
 - ``map``: a probability map, made by a Sigmoid (or, with one channel, a Softmax) with values
   in [0, 1]: the elements above a threshold (0.5, or ``map:T``), compared by F1;
 - ``cosine``: no decision; cosine and the norm ratio alone.
@@ -101,12 +103,28 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
         if len(shape) == 2 and shape[-1] >= 2 and maker != "Sigmoid":
             sums = np.concatenate([np.sum(v.astype(np.float64), axis=-1) for v in values])
             distribution = maker in ("Softmax", "LogSoftmax") or (probability and bool(np.all(np.abs(sums - 1.0) < 1e-3)))
-            decisions[name] = Decision("top1", gated=distribution or _class_gap(values) >= CLASS_GAP)
+            decisions[name] = Decision("top1", gated=distribution or _named_as_classes(name)
+                                       or _class_gap(values) >= CLASS_GAP)
         elif len(shape) == 3 and shape[-1] >= 2 and maker in ("Softmax", "LogSoftmax"):
+            decisions[name] = Decision("argmax")
+        elif len(shape) == 3 and shape[-1] >= 2 and maker != "Sigmoid" and (
+                _named_as_classes(name) or _class_gap(values) >= CLASS_GAP):
+            # raw scores per position (a frame tagger's, a token classifier's): the argmax per position
             decisions[name] = Decision("argmax")
         elif probability and (maker == "Sigmoid" or (maker == "Softmax" and len(shape) >= 3 and shape[1] == 1)):
             decisions[name] = Decision("map", MAP_THRESHOLD)
     return decisions
+
+
+# Output names that say "class scores" (an exporter's or a framework's words): a raw [N, C] or
+# [N, T, C] output so named is read by its argmax, however close its classes are (an untrained or
+# unsure classifier's near ties are exactly what quantization flips).
+_CLASS_WORDS = ("logit", "class", "score", "prob", "label", "tag", "pred")
+
+
+def _named_as_classes(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _CLASS_WORDS)
 
 
 def _class_gap(values: list[np.ndarray]) -> float:

@@ -17,7 +17,7 @@ on the worse of the two. When the gate fails, the nodes where the error starts a
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,7 @@ from ortprep.runtime.tolerance import FLOAT16_COMPUTE
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
 from ortprep.steps.quantize.calibrate import DataPlan, evaluation_feeds, plan_data, preprocess
 from ortprep.steps.quantize.edits import (
+    OUTPUT_HEADROOM_16,
     already_quantized,
     constants_to_initializers,
     name_nodes,
@@ -91,6 +92,7 @@ class Outcome:
     failure: str | None = None  # ORT's quantizer raised or died: its whole message
     source: str = "preprocessed"
     method: str = "minmax"  # the calibration method of the result
+    widened: list[str] = field(default_factory=list)  # outputs given 16-bit headroom (edits.widen_output_encodings)
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -148,7 +150,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     excluded += [{"name": n, "op_type": ops.get(n, "?"), "reason": reasons.get(n, "auto-exclude")}
                  for n in best.kept if n not in trials.fixed]
     return Outcome(best, trials.evaluations.get(best.path), excluded, search_record, source=label,
-                   method=trials.settings["method"])
+                   method=trials.settings["method"], widened=trials.widened.get(best.path, []))
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -184,7 +186,7 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
                    "reduce_range": settings.get("reduce_range", False)},
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
-        "evaluation_inputs": None,
+        "evaluation_inputs": None, "output_headroom": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},
         "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None, "gate_target": None,
@@ -249,6 +251,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             preprocess_detail += "; not used: quantizing without it evaluated better"
         report.data = _base_record(handle, options, settings, size_before)
         report.data.update({"preprocess": preprocess_detail, "evaluation_samples": len(eval_feeds),
+                            "output_headroom": {"factor": OUTPUT_HEADROOM_16, "outputs": outcome.widened},
                             "gate_target": target.record(),
                             "evaluation_inputs": eval_source,
                             "calibration": {"samples": len(calib_indices), "source": calibration.source if calibration else None,

@@ -38,7 +38,7 @@ from ortprep.model import iter_graphs
 from ortprep.options import QuantizeOptions
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
-from ortprep.steps.quantize.edits import output_writers
+from ortprep.steps.quantize.edits import output_writers, widen_output_encodings
 from ortprep.steps.quantize.ep_gate import GateTarget
 from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise
 from ortprep.steps.quantize.presets import quantizer_op_types
@@ -331,6 +331,7 @@ class Trials:
         self.evaluations: dict[Path, Evaluation] = {}
         self.caches: dict[Path, dict] = {}
         self.failure: str | None = None
+        self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
 
     def attempt(self, source: Path, kept: list[str], label: str) -> Trial:
         self.count += 1
@@ -342,6 +343,9 @@ class Trials:
         if not ok:
             self.failure = self.failure or error
             return Trial(label, list(kept), None, False, 0, None, error)
+        if self.options.mode == "static" and self.settings["activation_type"] in ("uint16", "int16"):
+            # headroom for inputs past the calibration samples' range (edits.widen_output_encodings)
+            self.widened[output] = widen_output_encodings(output)
         evaluation = None
         if self.eval_feeds:
             if self.progress is not None:

@@ -285,6 +285,8 @@ def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeyp
 
     # any difference at all counts
     monkeypatch.setattr(tolerance, "tolerance_for", lambda *args: tolerance.Tolerance(0.0, "no difference allowed"))
+    # and no output held by its decision (the sample's 'logits' is gated by its name; its top-1 agrees)
+    monkeypatch.setattr(tolerance, "DECISION_COSINE", 2.0)
     result = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--json")
     assert result.exit_code == 1 and "CMP002" in codes(result.json()) and not (tmp_path / "c.onnx").exists()
     assert "allowed 0: no difference allowed" in next(f for f in result.json()["findings"] if f["code"] == "CMP002")["message"]

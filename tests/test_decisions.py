@@ -119,6 +119,31 @@ def test_near_ties_fail_on_what_the_samples_say_of_unseen_inputs():
     assert passed.passed and passed.outputs[0]["decision"]["expected_agreement"] > 0.999
 
 
+def test_a_sequence_is_judged_whole():
+    """A frame tagger's [1, 48, 5] scores: one position in 48 changes on a quarter of the samples.
+    Per position that is 99.5% agreement, but a tagging (a string) is right only when every
+    position is: a quarter of the sequences differ, and the gate fails on whole sequences."""
+    rng = np.random.default_rng(4)
+    reference, candidate = [], []
+    for index in range(8):
+        tags = rng.standard_normal((1, 48, 5)).astype(np.float32)
+        tags[0, np.arange(48), rng.integers(0, 5, 48)] += 4.0  # a clear tag per frame
+        other = tags.copy()
+        if index % 4 == 0:  # swap the winner of one frame
+            frame = 7 + index
+            order = np.argsort(other[0, frame])
+            other[0, frame, order[-1]], other[0, frame, order[-2]] = other[0, frame, order[-2]], other[0, frame, order[-1]]
+        reference.append({"tags": tags})
+        candidate.append({"tags": other})
+    judged = judge("cpu", reference, candidate, 0.9, {}, {"tags": Decision("argmax")})
+    record = judged.outputs[0]["decision"]
+    assert record["agreement"] == pytest.approx(1 - 2 / 384) and record["agreement"] >= 0.99
+    assert record["sequence_agreement"] == 0.75 and record["required_sequences"] == 0.95
+    assert record["passed"] is False and not judged.passed
+    same = judge("cpu", reference, [dict(r) for r in reference], 0.9, {}, {"tags": Decision("argmax")})
+    assert same.passed and same.outputs[0]["decision"]["sequence_agreement"] == 1.0
+
+
 def test_expected_agreement_of_a_map_matches_what_a_large_map_shows():
     rng = np.random.default_rng(0)
     reference = [1 / (1 + np.exp(-4 * rng.standard_normal((1, 1, 64, 64)))) for _ in range(4)]

@@ -21,7 +21,16 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
-from ortprep.runtime.decisions import REQUIRED, Decision, agreement, expected_agreement, infer_decisions
+from ortprep.runtime.decisions import (
+    REQUIRED,
+    REQUIRED_SEQUENCES,
+    Decision,
+    agreement,
+    expected_agreement,
+    expected_sequence_agreement,
+    infer_decisions,
+    sequence_agreement,
+)
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
@@ -254,11 +263,18 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
                        and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
         if decision is not None and decision.kind != "cosine":
             # held on the samples, and on what their margins and errors say of unseen ones
-            expected = expected_agreement(decision, [sample[name] for sample in reference], [other for _, other in rows])
+            floats = [sample[name] for sample in reference]
+            expected = expected_agreement(decision, floats, [other for _, other in rows])
             decided = (agreed is not None and agreed >= REQUIRED[decision.kind]
                        and (expected is None or expected >= REQUIRED[decision.kind]))
-            record["decision"] = {**decision.record(), "agreement": agreed, "expected_agreement": expected,
-                                  "passed": decided if decision.gated else None}
+            record["decision"] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
+            if decision.kind == "argmax":  # read as whole sequences too (a string, a tagging)
+                whole = sequence_agreement(floats, [other for _, other in rows])
+                whole_expected = expected_sequence_agreement(floats, expected)
+                record["decision"].update(sequence_agreement=whole, expected_sequence_agreement=whole_expected,
+                                          required_sequences=REQUIRED_SEQUENCES)
+                decided = decided and all(value is None or value >= REQUIRED_SEQUENCES for value in (whole, whole_expected))
+            record["decision"]["passed"] = decided if decision.gated else None
             if decision.gated:
                 verdict = verdict and decided
         record["passed"] = bool(verdict)
@@ -499,6 +515,17 @@ def _decision_text(decision: dict) -> str:
             "map": f"its map above {decision.get('threshold')} matches the float model's with F1"}[decision["kind"]]
     share, expected, required = decision["agreement"], decision.get("expected_agreement"), decision.get("required")
     text = f"{what} {share:.1%}" + (f" (the gate asks {required:.0%})" if required else "")
+    whole, whole_expected = decision.get("sequence_agreement"), decision.get("expected_sequence_agreement")
+    if decision["kind"] == "argmax" and share is not None and (required is None or share >= required) and (
+            (whole is not None and whole < REQUIRED_SEQUENCES)
+            or (whole_expected is not None and whole_expected < REQUIRED_SEQUENCES)):
+        # each position nearly always agrees, whole sequences (the string the application reads) do not
+        def share_text(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.1%}"
+
+        return (text + f"; whole sequences agree on {share_text(whole)} of these samples and on about "
+                f"{share_text(whole_expected)} to expect on unseen ones (the gate asks {REQUIRED_SEQUENCES:.0%}: a string "
+                "is right only when every position is)")
     if required and share is not None and share >= required and expected is not None and expected < required:
         # the samples agreed, their margins say unseen ones will not
         text += (f" on these samples, but only about {expected:.1%} to expect on unseen ones: the float model's "

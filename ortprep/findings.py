@@ -112,6 +112,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT016", "another calibration method measured better and was kept", Severity.INFO),
         FindingKind("QNT017", "--auto: which precision passed, or that none did", Severity.INFO),
         FindingKind("QNT015", "nodes reading non-finite or sentinel constants stay float", Severity.INFO),
+        FindingKind("QNT018", "weight-only: the target EP has no MatMulNBits kernel", Severity.WARNING),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

@@ -608,3 +608,59 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
     assert high - low == pytest.approx(2 * (high0 - low0), rel=1e-3)
     assert (high + low) / 2 == pytest.approx((high0 + low0) / 2, abs=4 * (high0 - low0) / 65535)
     assert low0 <= 0 <= high0 and low < low0 and high > high0
+
+
+def _mlp(path: Path) -> Path:
+    """A two-layer MLP (256 -> 512 -> 128) whose MatMuls hold constant weights: what weight-only
+    quantization rewrites (a transformer's projections)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((256, 512)) / 16).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((512, 128)) / 22).astype(np.float32), "w2")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                               helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                               helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 128])], [w1, w2])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_weight_only_int4_and_int8(tmp_path):
+    model = _mlp(tmp_path / "mlp.onnx")
+    data = write_samples(tmp_path / "data", "x", (1, 8, 256), 16)
+    code, record, _ = quantize(model, "--weight-only", "int4", "--eval", data, "-o", tmp_path / "q4.onnx")
+    assert code == 0, record["findings"]
+    assert record["mode"] == "weight-only" and record["evaluation_samples"] == 16
+    assert record["weight_only"] == {"bits": "int4", "block_size": 32, "symmetric": False, "op": "com.microsoft:MatMulNBits"}
+    quantized = onnx.load(record["output"])
+    nbits = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 and all(n.domain == "com.microsoft" for n in nbits) and "MatMul" not in op_types(record["output"])
+    assert record["size_after"] < record["size_before"] / 5  # 4-bit weights and a scale per 32
+    assert record["verify"]["passed"] is True and record["verify"]["cosine"] >= 0.99
+    assert record["quantized_ops"] == 2 and "QNT002" not in codes(record)
+    code, record, _ = quantize(model, "--weight-only", "int8", "--symmetric", "--block-size", "64", "--eval", data,
+                               "-o", tmp_path / "q8.onnx")
+    assert code == 0, record["findings"]
+    node = next(n for n in onnx.load(record["output"]).graph.node if n.op_type == "MatMulNBits")
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attributes["bits"] == 8 and attributes["block_size"] == 64
+    assert len([i for i in node.input if i]) == 3  # activations, weights, scales: no zero points (symmetric)
+    assert record["verify"]["cosine"] >= 0.9999
+
+
+def test_weight_only_refusals(tmp_path):
+    # a CNN has no MatMul with a constant weight: nothing to do, said so, nothing written
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--weight-only", "int4", "-o", tmp_path / "c.onnx")
+    assert code == 1 and "QNT002" in codes(record) and not (tmp_path / "c.onnx").exists()
+    assert "--static or --dynamic" in next(f for f in record["findings"] if f["code"] == "QNT002")["fix"]
+    model = _mlp(tmp_path / "mlp.onnx")
+    for extra, words in ((["--static", "--calib", "random"], "two quantizations"), (["--block-size", "48"], "block size 48")):
+        result = invoke("quantize", model, "--weight-only", "int4", *extra, "-o", tmp_path / "x.onnx")
+        assert result.exit_code == 2 and words in result.stderr and not (tmp_path / "x.onnx").exists()
+    # TensorRT's table has no MatMulNBits: said before any work (the MatMuls would run on the CPU EP)
+    code, record, _ = quantize(model, "--weight-only", "int4", "--ep", "tensorrt", "-o", tmp_path / "t.onnx")
+    assert [f["severity"] for f in record["findings"] if f["code"] == "QNT018"] == ["warning"]
+    code, record, _ = quantize(model, "--weight-only", "int4", "--ep", "cuda", "-o", tmp_path / "g.onnx")
+    assert "QNT018" not in codes(record)

@@ -631,3 +631,26 @@ def test_qnn_sessions_with_other_options_never_share_a_worker(tmp_path):
         plain = pool.call(Prove(model=model, provider="QNNExecutionProvider", provider_options=default, plugin=target.plugin))
         assert named.ok and plain.status == "failed" and "finalize" in plain.message.lower()
         assert pool.started >= 2
+
+
+@needs_qnn
+def test_a_weight_only_model_runs_wholly_on_qnn(tmp_path):
+    """quantize --weight-only int4 writes MatMulNBits; QNN's table lists it, and the real session
+    (HTP simulator) takes every node and matches the CPU EP within load's tolerance."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((128, 64)) / 11).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "proj",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 64])], [weight])
+    model = tmp_path / "proj.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    made = invoke("quantize", model, "--weight-only", "int4", "--ep", "qnn", "-o", tmp_path / "q.onnx", "--json")
+    assert made.exit_code == 0, made.stdout
+    assert "QNT018" not in {f["code"] for f in made.json()["findings"]}
+    loaded = invoke("load", tmp_path / "q.onnx", "--ep", "qnn", "--json")
+    assert loaded.exit_code == 0, loaded.stdout
+    [record] = [r for r in loaded.json()["results"] if r["ep"] == "qnn"]
+    assert record["nodes_on_ep"] == record["nodes_total"] == 1

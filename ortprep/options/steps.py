@@ -52,7 +52,8 @@ def _check_device(device: str | None, eps: list[str], provider_options: dict[str
 
 
 LEVELS = ("basic", "extended", "all")  # optimize
-MODES = ("static", "dynamic")  # quantize
+MODES = ("static", "dynamic", "weight-only")  # quantize
+WEIGHT_ONLY_BITS = ("int4", "int8")
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
 DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
 
@@ -182,8 +183,16 @@ class OptimizeOptions(VerifyOptions):
 class QuantizeOptions(StepOptions):
     """Options of ``quantize`` (config keys = field names)."""
 
-    mode: str | None = option(None, "static (calibrated activations) or dynamic (weights only, activations at run time).",
-                              Kind.TEXT, choices=MODES, shortcuts=(("--static", "static"), ("--dynamic", "dynamic")))
+    mode: str | None = option(None, "static (calibrated activations), dynamic (int8 weights, activations quantized at run "
+                              "time) or weight-only (block-wise int4/int8 MatMul weights, float activations: "
+                              "MatMulNBits).", Kind.TEXT, choices=MODES,
+                              shortcuts=(("--static", "static"), ("--dynamic", "dynamic")))
+    weight_only: str | None = option(None, "Weight-only quantization of MatMul weights to int4 or int8, block-wise "
+                                     "(ORT's MatMulNBits; sets mode = weight-only).", Kind.TEXT, choices=WEIGHT_ONLY_BITS,
+                                     metavar="int4|int8")
+    block_size: int = option(32, "--weight-only: weights per block sharing a scale (16, 32, 64, 128 or 256).", Kind.INT,
+                             minimum=16)
+    symmetric: bool = option(False, "--weight-only: symmetric blocks (no zero points).", Kind.FLAG)
     calib: str | Path | None = option(None, "Calibration data: folder of .npz/.npy/images, a stacked .npz, or 'random'.",
                                       Kind.DATA, metavar="DATA")
     eval: str | Path | None = option(None, "Evaluation data (same forms as calib); default: every fifth calibration "
@@ -238,8 +247,19 @@ class QuantizeOptions(StepOptions):
 
     def validate(self, where: str) -> None:
         _check_device(self.device, [self.ep], self.provider_options, where)
+        if self.weight_only is not None:
+            if self.mode not in (None, "weight-only"):
+                raise UsageError(f"{where}: --weight-only and mode {self.mode} ask for two quantizations",
+                                 hint="pass one of --static, --dynamic, --weight-only int4|int8")
+            self.mode = "weight-only"
+        if self.mode == "weight-only":
+            self.weight_only = self.weight_only or "int4"
+            if self.block_size not in (16, 32, 64, 128, 256):
+                raise UsageError(f"{where}: block size {self.block_size} is not one MatMulNBits takes",
+                                 hint="use 16, 32, 64, 128 or 256")
         if self.mode is None:
-            raise UsageError(f"{where}: no quantization mode", hint='set mode = "static" or "dynamic" (--static or --dynamic)')
+            raise UsageError(f"{where}: no quantization mode", hint='set mode = "static", "dynamic" or "weight-only" (--static, '
+                             "--dynamic or --weight-only int4|int8)")
         from ortprep.eps.registry import EPS, resolve_ep
 
         spec = resolve_ep(self.ep)

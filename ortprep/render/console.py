@@ -308,10 +308,16 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
 def render_quantize(record: dict[str, Any], console: Console) -> None:
     preset = record["preset"]
     console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
-    console.print(
-        f"{record['mode']} {record['format']}: activations {preset['activation_type']}, weights {preset['weight_type']}"
-        f"{' per channel' if preset['per_channel'] else ''}, preset {preset['ep']} ({escape(preset['reason'])})"
-    )
+    weight_only = record.get("weight_only")
+    if weight_only:
+        console.print(f"weight-only: MatMul weights {weight_only['bits']} in blocks of {weight_only['block_size']}"
+                      f"{' (symmetric)' if weight_only['symmetric'] else ''}, activations float ({weight_only['op']}), "
+                      f"for {preset['ep']}")
+    else:
+        console.print(
+            f"{record['mode']} {record['format']}: activations {preset['activation_type']}, weights {preset['weight_type']}"
+            f"{' per channel' if preset['per_channel'] else ''}, preset {preset['ep']} ({escape(preset['reason'])})"
+        )
     calibration = record["calibration"]
     if calibration["source"] and record["mode"] == "static":
         console.print(f"calibration: {calibration['samples']} samples from {escape(calibration['source'])} ({calibration['kind']}), method {preset['method']}")

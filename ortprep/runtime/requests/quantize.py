@@ -126,6 +126,9 @@ class Quantize(Request):
             quant_pre_process(self.model, self.output, skip_symbolic_shape=not options["symbolic"],
                               save_as_external_data=options["external_data"])
             return
+        if self.mode == "weight-only":
+            self._weight_only(options)
+            return
         common = dict(
             op_types_to_quantize=options.get("op_types") or None,
             per_channel=options.get("per_channel", False),
@@ -152,6 +155,23 @@ class Quantize(Request):
                         quant_format=QuantFormat.QDQ if options["format"] == "qdq" else QuantFormat.QOperator,
                         activation_type=types[options["activation_type"]], calibrate_method=methods[options["method"]],
                         extra_options=extra, **common)
+
+
+    def _weight_only(self, options: dict[str, Any]) -> None:
+        """Block-wise int4/int8 MatMul weights with ORT's MatMulNBitsQuantizer (MatMulNBits nodes)."""
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+        bits = {"int4": 4, "int8": 8}[options["weight_bits"]]
+        op_types = tuple(options.get("op_types") or ("MatMul",))
+        config = DefaultWeightOnlyQuantConfig(block_size=options["block_size"], is_symmetric=options["symmetric"],
+                                              op_types_to_quantize=op_types, bits=bits)
+        quantizer = MatMulNBitsQuantizer(onnx.load(self.model), bits=bits, block_size=options["block_size"],
+                                         is_symmetric=options["symmetric"],
+                                         nodes_to_exclude=list(options.get("exclude_nodes") or ()),
+                                         op_types_to_quantize=op_types, algo_config=config)
+        quantizer.process()
+        quantizer.model.save_model_to_file(self.output, use_external_data_format=bool(options.get("external_data")))
 
 
 # --- Probe, OpProbe, Stats -------------------------------------------------------------------------

@@ -177,6 +177,34 @@ def _nothing_to_quantize(proto: ModelProto) -> str | None:
     return f"none of its ops ({shown or 'no nodes'}) is one ONNX Runtime's quantizer computes on in int8"
 
 
+def _matmulnbits_on(ep: str, report: StepResult) -> None:
+    """QNT018 when the target EP's table has no MatMulNBits kernel: the rewritten MatMuls would run
+    on the CPU EP beside it (the EP's tables: ortprep/eps/data)."""
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.runtime.kernels import support_table
+
+    name = resolve_ep(ep).name
+    if support_table(name).lookup("com.microsoft", "MatMulNBits"):
+        return
+    report.add(Finding.of("QNT018", f"{name} has no MatMulNBits kernel in its operator table: the weight-only MatMuls "
+                          f"would run on the CPU EP, beside {name}", ep=name,
+                          fix=f"for {name}, --static (QDQ) keeps MatMuls on the EP; weight-only suits the CPU, CUDA, "
+                              "DirectML and WebGPU EPs"))
+
+
+def _no_matmul_weights(proto: ModelProto) -> str | None:
+    """Why weight-only quantization has nothing to work on (MatMulNBits takes a MatMul whose second
+    input is a constant 2-D weight), or None."""
+    weights = {t.name: t for t in proto.graph.initializer}
+    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul" and n.domain in ("", "ai.onnx")]
+    if any(len(n.input) > 1 and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 for n in matmuls):
+        return None
+    if not matmuls:
+        return "the model has no MatMul (weight-only quantization rewrites MatMuls with constant 2-D weights)"
+    return (f"none of its {len(matmuls)} MatMul(s) has a constant 2-D weight as its second input (a Gemm, a Conv or a "
+            "MatMul of two computed tensors is not what MatMulNBits takes)")
+
+
 def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, size_before: int) -> dict:
     return {
         "input": str(handle.path), "output": None, "kept_failed": None, "mode": options.mode, "format": settings["format"],
@@ -184,6 +212,9 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
                    "weight_type": settings["weight_type"], "per_channel": settings["per_channel"], "method": settings["method"],
                    "source": settings["preset_source"], "fixed_output_encodings": settings.get("fixed_output_encodings") or {},
                    "reduce_range": settings.get("reduce_range", False)},
+        "weight_only": ({"bits": settings["weight_bits"], "block_size": settings["block_size"],
+                         "symmetric": settings["symmetric"], "op": "com.microsoft:MatMulNBits"}
+                        if options.mode == "weight-only" else None),
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
         "evaluation_inputs": None, "output_headroom": None,
@@ -206,12 +237,16 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                               "a second quantization on the first", fix="quantize the float model it was made from"))
         report.data = _base_record(handle, options, settings, size_before)
         return report
-    nothing = _nothing_to_quantize(handle.proto)
+    weight_only = options.mode == "weight-only"
+    nothing = _no_matmul_weights(handle.proto) if weight_only else _nothing_to_quantize(handle.proto)
     if nothing is not None:
-        report.add(Finding.of("QNT002", f"nothing to quantize: {nothing}", fix="nothing to do: the model stays as it is "
-                              "(for an ai.onnx.ml pipeline, convert its estimator to ONNX ops first)"))
+        report.add(Finding.of("QNT002", f"nothing to quantize: {nothing}", fix=(
+            "weight-only quantization is for MatMul weights (transformers); a CNN: --static or --dynamic" if weight_only else
+            "nothing to do: the model stays as it is (for an ai.onnx.ml pipeline, convert its estimator to ONNX ops first)")))
         report.data = _base_record(handle, options, settings, size_before)
         return report
+    if weight_only:
+        _matmulnbits_on(options.ep, report)
     plan = plan_data(handle, options, settings, report)
     target = gate_target(options, report)  # before any work: --gate-on-ep without the EP stops here
     calibration, calib_indices = plan.calibration, plan.calib_indices
@@ -238,7 +273,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         del proto
         preprocess_detail = "skipped (--no-preprocess)"
         sources = [("as given", float_path)]
-        if options.preprocess:
+        if options.mode == "weight-only":
+            preprocess_detail = "not run: weight-only quantization changes MatMul weights alone"
+        elif options.preprocess:
             preprocessed, preprocess_detail = preprocess(workdir, float_path, report)
             if preprocessed != float_path:
                 name_nodes(preprocessed)

@@ -37,6 +37,8 @@ def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
     first = resolve_settings(options)
     order: list[tuple[str, dict[str, Any]]] = [(_label(options.mode, first["activation_type"], first["weight_type"]), {})]
     has_data = options.calib not in (None, "random")
+    if options.mode == "weight-only":
+        return order  # weights only: the other precisions quantize activations too, another kind of result
     if options.mode == "static":
         if first["activation_type"] != "uint16":
             order.append((_label("static", "uint16", "int8"), {"activation_type": "uint16", "weight_type": "int8"}))
@@ -53,6 +55,8 @@ def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _label(mode: str | None, activations: str | None, weights: str | None) -> str:
+    if mode == "weight-only":
+        return f"weight-only {weights} (MatMulNBits, float activations)"
     if mode == "dynamic":
         return "dynamic int8 (weights int8, activations quantized at run time)"
     return f"static {activations} activations, {weights} weights"

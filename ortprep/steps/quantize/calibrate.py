@@ -79,8 +79,8 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     eval_indices: list[int] = []
     if calibration is not None:
         count = min(calibration.count, options.samples) if options.samples else calibration.count
-        if options.mode == "dynamic":
-            eval_indices = list(range(count))  # dynamic quantization calibrates nothing: all samples evaluate
+        if options.mode in ("dynamic", "weight-only"):
+            eval_indices = list(range(count))  # nothing is calibrated: all samples evaluate
         elif evaluation_set is None:
             calib_indices, eval_indices = split(count, holdout=held_back_share(count))
         else:

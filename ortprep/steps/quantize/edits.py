@@ -22,6 +22,8 @@ QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
                  "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul", "QGemm", "QAttention", "DynamicQuantizeMatMul",
                  "MatMulNBits", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool", "QLinearConcat"}
+# weight-only ops: their weights are block-quantized, their activations float (quantize --weight-only)
+BLOCK_QUANTIZED_OPS = ("MatMulNBits", "GatherBlockQuantized", "MatMulBnb4")
 INT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
 SENTINEL = 1e30  # a constant at least this large is a stand-in for infinity, not a value
 
@@ -117,7 +119,8 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
     for node in nodes:
         if node.op_type in QUANT_OPS:
             continue
-        if node.op_type.startswith("QLinear") or node.op_type.endswith("Integer") or any(i in dq_outputs for i in node.input):
+        if (node.op_type.startswith("QLinear") or node.op_type.endswith("Integer") or node.op_type in BLOCK_QUANTIZED_OPS
+                or any(i in dq_outputs for i in node.input)):
             ops += 1
     for _, graph in iter_graphs(proto.graph):
         weights += sum(1 for t in graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4, TensorProto.UINT4) and len(t.dims) >= 1 and np.prod(t.dims) > 1)

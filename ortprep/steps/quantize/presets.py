@@ -52,6 +52,13 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
 
     settings["reduce_range"] = bool(spec.name == "cpu" and settings["activation_type"] == "uint8"
                                     and settings["weight_type"] == "int8" and int8_saturates())
+    if options.mode == "weight-only":
+        # block-wise MatMul weights, float activations (ORT's MatMulNBits): no calibration, no preset types
+        settings.update(format="qoperator", per_channel=False, weight_type=options.weight_only or "int4",
+                        activation_type="float", extra_options={}, op_types=["MatMul"], fixed_output_encodings={},
+                        reduce_range=False, weight_bits=options.weight_only or "int4", block_size=options.block_size,
+                        symmetric=options.symmetric, requires_static_shapes=False)
+        return settings
     if options.mode == "dynamic":
         if settings["format"] == "qdq" and options.format is None:
             settings["format"] = "qoperator"  # dynamic quantization writes QOperator-style ops
@@ -62,6 +69,8 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
 
 
 def quantizer_op_types(mode: str, quant_format: str) -> list[str]:
+    if mode == "weight-only":
+        return ["MatMul"]
     """Every op type ORT's quantizer knows how to quantize in this mode and format (what it
     quantizes when the settings name no op types)."""
     from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry

@@ -37,6 +37,7 @@ SCRIPTS = [
     ("## Reducing a failing session to its culprit", "bench/bench_prove.py"),
     ("## The NPU journey (issue 20)", "bench/journey.py"),
     ("## Applications: ortprep's outputs swapped into real apps", "bench/apps/run.py"),
+    ("## Weight-only quantization (issue 22)", "bench/bench_weight_only.py"),
 ]
 
 

@@ -1,0 +1,191 @@
+"""Weight-only quantization (issue 22 part 3): `ortprep quantize --weight-only int4|int8` beside
+the call a user would otherwise make, ORT's own MatMulNBitsQuantizer, on the journey corpus's
+models that hold MatMuls with constant 2-D weights.
+
+    .venv/bin/python bench/bench_weight_only.py [--half eval|dev|all] [--bits int4 int8]
+
+Per model and bit width, in one run:
+- ORT: `MatMulNBitsQuantizer(model, bits, block_size=32, is_symmetric=False).process()` in a child
+  (wall time, peak RSS), the file it writes;
+- ortprep: `quantize MODEL --weight-only BITS --eval DIR` in a child (wall time, peak RSS, exit,
+  the gate's verdict);
+- both files held to the float model on 16 realistic samples nobody saw (cosine, norm ratio, the
+  decision the journey reads from the output where it has one), and their CPU latency against
+  float's (median of 20 runs after a warm-up, one thread).
+Halves by sha256 of the model's name (bench/journey_corpus.half_of, declared before any run);
+the evaluation half leads. Results: OUT/results.json and OUT/table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import bench_corpus  # noqa: E402
+from journey_corpus import CORPUS, build  # noqa: E402
+
+SAMPLES, SEED = 16, 7000
+# the measured command's peak RSS is its own: a small launcher forks it (bench/common.py says why)
+_LAUNCHER = r"""
+import resource, subprocess, sys
+child = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+print(child.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.stderr.write(child.stderr.decode(errors="replace")[-800:])
+"""
+_ORT_CALL = r"""
+import sys, onnx
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+quantizer = MatMulNBitsQuantizer(onnx.load(sys.argv[1]), bits=int(sys.argv[3]), block_size=32, is_symmetric=False)
+quantizer.process()
+quantizer.model.save_model_to_file(sys.argv[2], use_external_data_format=False)
+"""
+
+
+def launch(argv: list[str]) -> tuple[int, float, float, str]:
+    """(exit, seconds, peak RSS in MB, stderr tail) of ``argv`` run under a small launcher."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    code, rss = done.stdout.split()
+    return int(code), seconds, int(rss) / 1024, done.stderr
+
+
+def eligible(path: Path) -> bool:
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {t.name: len(t.dims) for t in graph.initializer}
+    return any(n.op_type == "MatMul" and len(n.input) > 1 and weights.get(n.input[1]) == 2 for n in graph.node)
+
+
+def session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def outputs(path: Path, feeds: list[dict]) -> list[list[np.ndarray]]:
+    s = session(path)
+    return [s.run(None, feed) for feed in feeds]
+
+
+def latency_ms(path: Path, feed: dict, runs: int = 20) -> float:
+    s = session(path)
+    s.run(None, feed)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        s.run(None, feed)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def compare(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]], decision: str | None) -> dict:
+    ref = np.concatenate([np.asarray(r[0], np.float64).ravel() for r in reference])
+    cand = np.concatenate([np.asarray(c[0], np.float64).ravel() for c in candidate])
+    cosine = float(ref @ cand / (np.linalg.norm(ref) * np.linalg.norm(cand) or 1.0))
+    record = {"cosine": cosine, "norm_ratio": float(np.linalg.norm(cand) / (np.linalg.norm(ref) or 1.0))}
+    if decision in ("top1", "argmax_seq", "ctc"):
+        same = sum(bool(np.array_equal(np.argmax(r[0], axis=-1), np.argmax(c[0], axis=-1)))
+                   for r, c in zip(reference, candidate))
+        record["decision"] = f"{same}/{len(reference)}"
+    return record
+
+
+def run_case(case, out: Path, bits_list: list[str]) -> dict | None:
+    folder = out / case.name
+    path = build(case, folder, out / "models")
+    if not eligible(path):
+        return None
+    rng = np.random.default_rng(SEED)
+    feeds = [case.inputs(rng, index) for index in range(SAMPLES)]
+    data = folder / "eval"
+    data.mkdir(parents=True, exist_ok=True)
+    for index, feed in enumerate(feeds):
+        np.savez(data / f"{index:03d}.npz", **feed)
+    reference = outputs(path, feeds)
+    float_ms = latency_ms(path, feeds[0])
+    row = {"model": case.name, "half": case.half, "float_bytes": path.stat().st_size, "float_ms": float_ms, "bits": {}}
+    for bits in bits_list:
+        number = {"int4": 4, "int8": 8}[bits]
+        ort_out = folder / f"ort.{bits}.onnx"
+        code, seconds, rss, err = launch([sys.executable, "-c", _ORT_CALL, str(path), str(ort_out), str(number)])
+        ort_entry = {"exit": code, "seconds": seconds, "peak_rss_mb": rss, "error": err.strip()[-300:] if code else None}
+        if code == 0:
+            ort_entry.update(bytes=ort_out.stat().st_size, latency_ms=latency_ms(ort_out, feeds[0]),
+                             **compare(reference, outputs(ort_out, feeds), case.decision))
+        ours = folder / f"ortprep.{bits}.onnx"
+        report = folder / f"ortprep.{bits}.json"
+        code, seconds, rss, err = launch([sys.executable, "-m", "ortprep", "quantize", str(path), "--weight-only", bits,
+                                          "--eval", str(data), "-o", str(ours), "--force", "--json", "--report",
+                                          str(report)])
+        record = json.loads(report.read_text()) if report.exists() else {}
+        our_entry = {"exit": code, "seconds": seconds, "peak_rss_mb": rss,
+                     "codes": sorted({f["code"] for f in record.get("findings", []) if f["severity"] != "info"}),
+                     "gate_cosine": (record.get("verify") or {}).get("cosine")}
+        written = ours if ours.exists() else None
+        if written is not None:
+            our_entry.update(bytes=written.stat().st_size, latency_ms=latency_ms(written, feeds[0]),
+                             **compare(reference, outputs(written, feeds), case.decision))
+        row["bits"][bits] = {"ort": ort_entry, "ortprep": our_entry}
+    return row
+
+
+def render(rows: list[dict]) -> str:
+    lines = ["| half | model | bits | who | exit | s | peak RSS (MB) | size vs float | cosine | norm | decision | "
+             "latency vs float (1 thread) | ortprep's findings |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    for row in sorted(rows, key=lambda r: (r["half"] != "eval", r["model"])):
+        for bits, pair in row["bits"].items():
+            for who in ("ort", "ortprep"):
+                e = pair[who]
+                size = f"{e['bytes'] / row['float_bytes']:.2f}" if e.get("bytes") else "-"
+                cos = f"{e['cosine']:.5f}" if e.get("cosine") is not None else "-"
+                norm = f"{e['norm_ratio']:.4f}" if e.get("norm_ratio") is not None else "-"
+                lat = f"{e['latency_ms'] / row['float_ms']:.2f}" if e.get("latency_ms") else "-"
+                label = "ORT MatMulNBitsQuantizer" if who == "ort" else "ortprep --weight-only"
+                found = ", ".join(e.get("codes") or []) if who == "ortprep" else (e.get("error") or "")[:80]
+                lines.append(f"| {row['half']} | {row['model']} | {bits} | {label} | {e['exit']} | {e['seconds']:.1f} | "
+                             f"{e['peak_rss_mb']:.0f} | {size} | {cos} | {norm} | {e.get('decision', '-')} | {lat} | "
+                             f"{found} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "weight_only")
+    parser.add_argument("--half", choices=["eval", "dev", "all"], default="all")
+    parser.add_argument("--bits", nargs="*", default=["int4", "int8"], choices=["int4", "int8"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench_corpus.fetch(args.out)
+    rows = []
+    for case in CORPUS:
+        if args.half != "all" and case.half != args.half:
+            continue
+        row = run_case(case, args.out, args.bits)
+        if row is None:
+            print(f"{case.name}: no MatMul with a constant 2-D weight", flush=True)
+            continue
+        rows.append(row)
+        print(f"{case.name} ({case.half}) done", flush=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+    text = render(rows)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -113,6 +113,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT017", "--auto: which precision passed, or that none did", Severity.INFO),
         FindingKind("QNT015", "nodes reading non-finite or sentinel constants stay float", Severity.INFO),
         FindingKind("QNT018", "weight-only: the target EP has no MatMulNBits kernel", Severity.WARNING),
+        FindingKind("QNT019", "decisions judged on seeded random inputs only: not written", Severity.ERROR),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

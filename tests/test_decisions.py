@@ -156,7 +156,12 @@ def test_expected_agreement_of_a_map_matches_what_a_large_map_shows():
 
 def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
     out = tmp_path / "q.onnx"
-    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--json")
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(16):
+        np.savez(data / f"{index:03d}.npz", image=rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    result = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", data, "-o", out, "--json")
     assert result.exit_code == 0, result.stderr
     output = result.json()["verify"]["outputs"][0]
     assert output["decision"]["kind"] == "top1" and output["decision"]["chosen_by"] == "inferred"
@@ -164,11 +169,11 @@ def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
     assert output["name"] == "logits" and output["decision"]["gated"] is True
     assert output["decision"]["agreement"] == 1.0 and output["decision"]["passed"] is True
     assert output["decision"]["expected_agreement"] >= 0.99
-    gated = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--force",
+    gated = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", data, "-o", out, "--force",
                    "--metric", f"{output['name']}=top1", "--json")
     decision = gated.json()["verify"]["outputs"][0]["decision"]
     assert decision["chosen_by"] == "--metric" and decision["gated"] and decision["passed"] is True
-    plain = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", out, "--force",
+    plain = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", data, "-o", out, "--force",
                    "--metric", f"{output['name']}=cosine", "--json")
     assert "decision" not in plain.json()["verify"]["outputs"][0]
     bad = invoke("quantize", SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", tmp_path / "b.onnx",

@@ -190,6 +190,7 @@ def test_trt_alias_is_tensorrt_everywhere(tmp_path):
         mode = "dynamic"
         ep = "trt"
         calib = "random"
+        metrics = { logits = "cosine" }
         fail_on = "never"
     """)
     result = invoke("run", config, "--json")

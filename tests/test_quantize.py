@@ -142,7 +142,11 @@ def test_constant_node_weights_are_quantized(tmp_path):
 
 def test_random_calibration_is_flagged(tmp_path):
     code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", "random", "-o", tmp_path / "q.onnx")
-    assert code == 0 and "QNT001" in codes(record)
+    # random data calibrated and judged it: flagged, and the class it decides cannot be vouched for
+    assert code == 1 and {"QNT001", "QNT019"} <= codes(record) and not (tmp_path / "q.onnx").exists()
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", "random", "--metric", "logits=cosine",
+                               "-o", tmp_path / "q.onnx")
+    assert code == 0 and "QNT001" in codes(record) and "QNT019" not in codes(record)
     calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 5)
     _, real, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "r.onnx")
     assert "QNT001" not in codes(real)
@@ -664,3 +668,18 @@ def test_weight_only_refusals(tmp_path):
     assert [f["severity"] for f in record["findings"] if f["code"] == "QNT018"] == ["warning"]
     code, record, _ = quantize(model, "--weight-only", "int4", "--ep", "cuda", "-o", tmp_path / "g.onnx")
     assert "QNT018" not in codes(record)
+
+
+def test_decisions_on_seeded_inputs_are_not_vouched_for(tmp_path):
+    """bench/apps: a captcha OCR's dynamic int8 passed on seeded inputs (cosine 0.9992) and changed
+    17% of the application's strings. Without data, an output that carries a decision is not
+    written (QNT019); with a few real samples the same command is judged on them."""
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "-o", tmp_path / "q.onnx", "--keep-failed")
+    finding = next(f for f in record["findings"] if f["code"] == "QNT019")
+    assert code == 1 and finding["severity"] == "error" and "'logits' (top1)" in finding["message"]
+    assert "--eval DATA" in finding["fix"] and record["output"] is None and not (tmp_path / "q.onnx").exists()
+    assert record["kept_failed"] and Path(record["kept_failed"]).exists()
+    data = write_samples(tmp_path / "data", "image", (1, 3, 32, 32), 16)
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--eval", data, "-o", tmp_path / "q.onnx",
+                               "--min-cosine", "0.9")
+    assert "QNT019" not in codes(record) and record["evaluation_samples"] == 16

@@ -337,7 +337,9 @@ def test_domain_imported_twice(tmp_path):
     repaired = invoke("convert", path, "--repair", "-o", tmp_path / "fixed.onnx", "--json")
     assert repaired.exit_code == 0 and repaired.json()["verify"]["passed"] is True
     assert len(onnx.load(str(tmp_path / "fixed.onnx")).opset_import) == 1
-    assert invoke("quantize", tmp_path / "fixed.onnx", "--dynamic", "--calib", "random", "-o", tmp_path / "q.onnx").exit_code in (0, 1)
+    # (judged by cosine: the sample's 'logits' decision cannot be judged on seeded inputs, QNT019)
+    assert invoke("quantize", tmp_path / "fixed.onnx", "--dynamic", "--calib", "random", "--metric", "logits=cosine",
+                  "-o", tmp_path / "q.onnx").exit_code in (0, 1)
     assert (tmp_path / "q.onnx").exists()
 
 

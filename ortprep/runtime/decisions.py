@@ -247,6 +247,15 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
     return float(2 * kept / (2 * kept + missed + added))
 
 
+def _as_sequences(value: np.ndarray) -> np.ndarray:
+    """The argmax of an [N, T, C] output as rows of T positions. A time-major [T, N, C] output (a
+    CRNN's, ddddocr's: [25, 1, 8210]) is told by its batch axis of 1 in the middle."""
+    tags = np.argmax(value, axis=-1)
+    if tags.ndim == 2 and tags.shape[1] == 1 and tags.shape[0] > 1:
+        tags = tags.T
+    return tags.reshape(-1, tags.shape[-1])
+
+
 def sequence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float | None:
     """The share of sequences (the rows of an [N, T, C] output, over the samples) whose argmax is
     the same at every position."""
@@ -255,8 +264,7 @@ def sequence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray])
         r, c = np.asarray(r), np.asarray(c) if c is not None else None
         if c is None or r.shape != c.shape or r.ndim < 2 or r.shape[-1] < 2:
             continue
-        a = np.argmax(r, axis=-1).reshape(-1, r.shape[-2])
-        b = np.argmax(c, axis=-1).reshape(-1, r.shape[-2])
+        a, b = _as_sequences(r), _as_sequences(c)
         same += int(np.sum(np.all(a == b, axis=-1)))
         total += a.shape[0]
     return same / total if total else None
@@ -265,7 +273,7 @@ def sequence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray])
 def expected_sequence_agreement(reference: list[np.ndarray], per_position: float | None) -> float | None:
     """Whole sequences equal on unseen inputs, from the expected agreement per position: positions
     taken as independent, (agreement per position) ** (positions per sequence)."""
-    lengths = [np.shape(r)[-2] for r in reference if np.ndim(r) >= 2]
+    lengths = [_as_sequences(np.asarray(r)).shape[-1] for r in reference if np.ndim(r) >= 2 and np.shape(r)[-1] >= 2]
     if per_position is None or not lengths:
         return None
     return float(per_position ** float(np.mean(lengths)))

@@ -93,3 +93,60 @@ def test_lstm_in_if_branches_is_written_only_when_it_loads_and_computes_the_same
     assert result.exit_code == 0  # measured: both transforms verify on this model (onnxruntime 1.32)
     assert record["verified"] and record["verify"]["loads"] and out.exists()
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+CLASSIFIER = "rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx"
+
+
+@pytest.fixture(scope="module")
+def direction_classifier(tmp_path_factory) -> tuple[Path, Path]:
+    """rapidocr's PP-OCR direction classifier at a fixed 1x3x48x192, and 20 text lines of dark
+    strokes (half upside down), normalised as PaddleOCR feeds it."""
+    found = sorted(WHEELS.glob("rapidocr-3.10.0-*.whl"))
+    if not found:
+        pytest.skip("the rapidocr wheel is not in .wheels/ (make install downloads it)")
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime_qnn") is None:
+        pytest.skip("onnxruntime-qnn is not installed (make install adds it)")
+    folder = tmp_path_factory.mktemp("cls")
+    with zipfile.ZipFile(found[0]) as wheel:
+        wheel.extract(CLASSIFIER, folder)
+    data = folder / "lines"
+    data.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(20):
+        line = np.full((48, 192), 255, np.uint8)
+        x = 6
+        while x < 180:
+            width, top = int(rng.integers(5, 12)), int(rng.integers(8, 16))
+            line[top:top + int(rng.integers(18, 30)), x:x + width] = int(rng.integers(0, 60))
+            x += width + int(rng.integers(2, 7))
+        if index % 2:
+            line = line[::-1, ::-1]
+        image = ((np.repeat(line[None], 3, axis=0).astype(np.float32) / 255 - 0.5) / 0.5)[None]
+        np.savez(data / f"{index:03d}.npz", x=image.astype(np.float32))
+    fixed = folder / "cls.fixed.onnx"
+    made = invoke("convert", folder / CLASSIFIER, "--fix-shape", "x=1,3,48,192", "--inputs", data / "000.npz", "-o", fixed)
+    assert made.exit_code == 0, made.stdout[-800:]
+    return fixed, data
+
+
+def test_where_qnn_parts_from_the_cpu_ep_is_named_and_folding_batch_norms_gets_past_it(direction_classifier, tmp_path):
+    """Without pre-processing the classifier's BatchNormalizations stand as ops of their own: on
+    QNN's HTP (A16W8) the output parts from the CPU EP's, and quantize names where it starts, the
+    first BatchNormalization (the model's own arithmetic on both EPs, intermediate tensors
+    compared). ORT's pre-processing fails on this model; quantize then folds the
+    BatchNormalizations into their Convs, and QNN agrees with the CPU EP."""
+    fixed, data = direction_classifier
+    result = invoke("quantize", fixed, "--static", "--ep", "qnn", "--no-preprocess", "--calib", data,
+                    "-o", tmp_path / "standing.onnx", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and record["verify"]["ep"]["cosine"] < record["verify"]["cosine"] - 0.01
+    parted = record["ep_divergence"]
+    assert parted and parted[0]["op_type"] == "BatchNormalization" and parted[0]["cosine"] < 0.99
+    gate = next(f for f in record["findings"] if f["code"] == "QNT005")
+    assert f"parts from the CPU EP first at {parted[0]['node']} (BatchNormalization" in gate["message"]
+    folded = invoke("quantize", fixed, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "folded.onnx",
+                    "--keep-failed", "--json").json()
+    assert "folded" in folded["preprocess"] and folded["verify"]["ep"]["cosine"] >= 0.99

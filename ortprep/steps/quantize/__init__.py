@@ -177,6 +177,19 @@ def _nothing_to_quantize(proto: ModelProto) -> str | None:
     return f"none of its ops ({shown or 'no nodes'}) is one ONNX Runtime's quantizer computes on in int8"
 
 
+def _parted(evaluation: Evaluation, target: GateTarget, model: Path, feeds: list, workdir: Path) -> list[dict]:
+    """Where the EP's run first parts from the CPU EP's (ep_gate.first_divergence), when the EP
+    side fails the gate worse than the CPU side does."""
+    on_ep = evaluation.on_ep
+    if on_ep is None or on_ep.error is not None or on_ep.passed or not feeds:
+        return []
+    if not evaluation.ep_only and (on_ep.cosine is None or evaluation.cosine is None or on_ep.cosine >= evaluation.cosine - 0.01):
+        return []  # the CPU EP is as wrong: quantization's error, not the EP's
+    from ortprep.steps.quantize.ep_gate import first_divergence
+
+    return first_divergence(target, model, feeds[:2], workdir)
+
+
 def _matmulnbits_on(ep: str, report: StepResult) -> None:
     """QNT018 when the target EP's table has no MatMulNBits kernel: the rewritten MatMuls would run
     on the CPU EP beside it (the EP's tables: ortprep/eps/data)."""
@@ -217,7 +230,7 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
                         if options.mode == "weight-only" else None),
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
-        "evaluation_inputs": None, "output_headroom": None,
+        "evaluation_inputs": None, "output_headroom": None, "ep_divergence": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},
         "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None, "gate_target": None,
@@ -317,6 +330,13 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             names = ", ".join(f"{n} ({op}, cosine {c:.4f})" for n, op, c in worst) or "none found"
             stopped = f"; the search stopped: {outcome.search['stopped']}" if outcome.search else ""
             writers = _writers_text(quantized, evaluation, target) if evaluation.ep_only else ""
+            parted = _parted(evaluation, target, result_path, eval_feeds, workdir)
+            report.data["ep_divergence"] = parted
+            if parted:
+                first = parted[0]
+                writers = "; ".join(part for part in (writers, (
+                    f"{target.ep} parts from the CPU EP first at {first['node']} ({first['op_type']}: cosine "
+                    f"{first['cosine']:.4f} there, the model's own arithmetic on both)")) if part)
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
                                     worst=names, writers=writers))
         auto = [e for e in excluded if e["reason"] != "--exclude-node"]

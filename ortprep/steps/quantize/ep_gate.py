@@ -125,3 +125,63 @@ def gate_target(options: QuantizeOptions, report: StepResult) -> GateTarget:
         fix=f"to judge it on {spec.name}: {how}, then quantize again (--gate-on-ep makes a missing EP an error; "
             "--gate-on-cpu silences this)"))
     return GateTarget(spec.name, device=device, reason=reason)
+
+
+DIVERGED = 0.99  # a tensor whose cosine between the EP's and the CPU EP's run falls below this has parted
+
+
+def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.ndarray]], workdir: Path,
+                     *, limit: int = 5) -> list[dict[str, Any]]:
+    """Where the EP's run of a QDQ model first parts from the CPU EP's (graph optimizations off,
+    the model's own arithmetic): every activation's DequantizeLinear is made an output, both run
+    on ``feeds`` (one or two samples), and the first ``limit`` tensors in graph order whose cosine
+    falls below DIVERGED are returned with the node that computes them. Only the final outputs
+    are seen otherwise; this names the op whose EP kernel computes otherwise (measured: PP-OCR's
+    direction classifier parted at its first BatchNormalization, cosine 0.32). [] when nothing
+    parts or a run fails."""
+    import onnx
+
+    from ortprep.runtime.isolated import run_isolated
+
+    proto = onnx.load(str(model), load_external_data=False)
+    graph = proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {t.name for t in graph.initializer}
+    existing = {value.name for value in graph.output}
+    exposed: list[tuple[str, Any]] = []
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] in constants or node.output[0] in existing:
+            continue
+        quantize = producers.get(node.input[0])
+        source = producers.get(quantize.input[0]) if quantize is not None and quantize.op_type == "QuantizeLinear" else None
+        if source is None:
+            continue
+        exposed.append((node.output[0], source))
+        graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None))
+    if not exposed:
+        return []
+    path = workdir / "exposed.onnx"
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
+    if external:
+        return []  # the weights stay where they are: not worth copying a big model for a diagnosis
+    onnx.save(proto, str(path))
+    cpu = run_isolated(path, feeds, optimization="disable")
+    run = target.run(path, feeds)
+    if not cpu.ok or not run.ok or len(run.samples) != len(cpu.samples):
+        return []
+    found = []
+    for name, source in exposed:
+        cosines, ratios = [], []
+        for ours, theirs in zip(cpu.samples, run.samples):
+            if name not in ours or name not in theirs:
+                break
+            a, b = np.asarray(ours[name], np.float64).ravel(), np.asarray(theirs[name], np.float64).ravel()
+            norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+            cosines.append(float(a @ b / norms) if norms else (1.0 if not a.any() and not b.any() else 0.0))
+            ratios.append(float(np.linalg.norm(b) / np.linalg.norm(a)) if np.linalg.norm(a) else 1.0)
+        if cosines and min(cosines) < DIVERGED:
+            found.append({"tensor": name, "node": source.name, "op_type": source.op_type, "cosine": min(cosines),
+                          "norm_ratio": ratios[cosines.index(min(cosines))]})
+            if len(found) >= limit:
+                break
+    return found

@@ -596,6 +596,7 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
     if on_ep is not None:
         what += (f"; on {on_ep.ep}: " + (_shortfall(on_ep, min_cosine) if not on_ep.passed
                                          else f"passes (cosine {fmt_cosine(on_ep.cosine)})"))
-    return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}",
+    return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}"
+                      + (f"; {writers}" if writers else ""),
                       fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above; --auto tries "
                           "the other precisions (A16W8, dynamic int8) and keeps the first that passes")

@@ -39,7 +39,7 @@ from ortprep.options import QuantizeOptions
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import output_writers, widen_output_encodings
-from ortprep.steps.quantize.ep_gate import GateTarget
+from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.transforms.verify import model_bytes
@@ -420,8 +420,15 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
     first_rules = []
     evaluation = trials.evaluations.get(baseline.path) if baseline.path is not None else None
+    if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None and trials.target is not None:
+        # the EP alone gets some outputs wrong: the nodes where its run first parts from the CPU EP's first
+        parted = first_divergence(trials.target, baseline.path, trials.eval_feeds[:2], trials.workdir)
+        names = list(dict.fromkeys(entry["node"] for entry in parted[:3]))
+        if names:
+            first_rules.append((f"the nodes where {evaluation.on_ep.ep} first parts from the CPU EP ({', '.join(names)})",
+                                names))
     if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None:
-        # the EP alone gets some outputs wrong: the nodes writing them first (their encoding, their precision)
+        # then the nodes writing the outputs it gets wrong (their encoding, their precision)
         wrong = [o["name"] for o in evaluation.on_ep.failing()]
         names, _ = output_writers(onnx.load(str(baseline.path), load_external_data=False), wrong)
         if names:

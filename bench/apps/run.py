@@ -131,8 +131,8 @@ def gate_figures(record: dict) -> dict:
     else:
         figures["inputs"] = record.get("inputs")
         figures["kept_float"] = len(record.get("kept_fp32_nodes") or [])
-        if record.get("size_before"):
-            figures["size_ratio"] = round(record.get("size_after", 0) / record["size_before"], 3)
+        if record.get("size_before") and record.get("size_after"):  # nothing written: no size
+            figures["size_ratio"] = round(record["size_after"] / record["size_before"], 3)
     findings = record.get("findings") or []
     figures["errors"] = sorted({f["code"] for f in findings if f.get("severity") == "error"})
     figures["warnings"] = sorted({f["code"] for f in findings if f.get("severity") == "warning"})

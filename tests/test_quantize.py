@@ -605,8 +605,7 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
     low, high = encoding(widened, "scores")
     # the same quantization without the edit: what the calibration samples spanned
     plain = tmp_path / "plain.onnx"
-    widened_again = onnx.load(record["output"])
-    onnx.save(widened_again, plain)
+    onnx.save(onnx.load(record["output"]), plain)
     assert widen_output_encodings(plain, 0.5) == ["scores"]  # halving undoes the doubling
     low0, high0 = encoding(onnx.load(plain), "scores")
     assert high - low == pytest.approx(2 * (high0 - low0), rel=1e-3)

@@ -277,3 +277,25 @@ def expected_sequence_agreement(reference: list[np.ndarray], per_position: float
     if per_position is None or not lengths:
         return None
     return float(per_position ** float(np.mean(lengths)))
+
+
+def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, Any]:
+    """One output's decision held to the gate, as quantize's gate and load/compile's tolerance both
+    hold it: the agreement on the samples and the agreement to expect on unseen ones reach
+    REQUIRED; an ``argmax`` is also read as whole sequences (observed and expected reach
+    REQUIRED_SEQUENCES). The record's ``passed`` is None when the decision is not gated."""
+    agreed = agreement(decision, reference, candidate)
+    expected = expected_agreement(decision, reference, candidate)
+    record: dict[str, Any] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
+    if decision.kind == "cosine":
+        record["passed"] = None
+        return record
+    passed = agreed is not None and agreed >= REQUIRED[decision.kind] and (expected is None or expected >= REQUIRED[decision.kind])
+    if decision.kind == "argmax":
+        whole = sequence_agreement(reference, candidate)
+        whole_expected = expected_sequence_agreement(reference, expected)
+        record.update(sequence_agreement=whole, expected_sequence_agreement=whole_expected,
+                      required_sequences=REQUIRED_SEQUENCES)
+        passed = passed and all(value is None or value >= REQUIRED_SEQUENCES for value in (whole, whole_expected))
+    record["passed"] = passed if decision.gated else None
+    return record

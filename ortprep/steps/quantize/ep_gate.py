@@ -141,10 +141,13 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     parts or a run fails."""
     import onnx
 
+    from ortprep.runtime.compare import compare_arrays
     from ortprep.runtime.isolated import run_isolated
 
     proto = onnx.load(str(model), load_external_data=False)
     graph = proto.graph
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
+        return []  # the weights stay where they are: not worth copying a big model for a diagnosis
     producers = {out: node for node in graph.node for out in node.output}
     constants = {t.name for t in graph.initializer}
     existing = {value.name for value in graph.output}
@@ -161,9 +164,6 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     if not exposed:
         return []
     path = workdir / "exposed.onnx"
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
-    if external:
-        return []  # the weights stay where they are: not worth copying a big model for a diagnosis
     onnx.save(proto, str(path))
     cpu = run_isolated(path, feeds, optimization="disable")
     run = target.run(path, feeds)
@@ -175,10 +175,9 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
         for ours, theirs in zip(cpu.samples, run.samples):
             if name not in ours or name not in theirs:
                 break
-            a, b = np.asarray(ours[name], np.float64).ravel(), np.asarray(theirs[name], np.float64).ravel()
-            norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-            cosines.append(float(a @ b / norms) if norms else (1.0 if not a.any() and not b.any() else 0.0))
-            ratios.append(float(np.linalg.norm(b) / np.linalg.norm(a)) if np.linalg.norm(a) else 1.0)
+            diff = compare_arrays(name, np.asarray(ours[name]), np.asarray(theirs[name]))
+            cosines.append(diff.cosine if diff.cosine is not None else -1.0)
+            ratios.append(diff.norm_ratio)
         if cosines and min(cosines) < DIVERGED:
             found.append({"tensor": name, "node": source.name, "op_type": source.op_type, "cosine": min(cosines),
                           "norm_ratio": ratios[cosines.index(min(cosines))]})

@@ -21,16 +21,7 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
-from ortprep.runtime.decisions import (
-    REQUIRED,
-    REQUIRED_SEQUENCES,
-    Decision,
-    agreement,
-    expected_agreement,
-    expected_sequence_agreement,
-    infer_decisions,
-    sequence_agreement,
-)
+from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, infer_decisions, judge_decision
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
@@ -238,8 +229,9 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
     for name, rows in per_output.items():
         cosines = [d.cosine for d, _ in rows if d.cosine is not None]
         decision = decisions.get(name)
-        agreed = (agreement(decision, [sample[name] for sample in reference], [other for _, other in rows])
-                  if decision is not None else None)
+        judged_decision = (judge_decision(decision, [sample[name] for sample in reference], [other for _, other in rows])
+                           if decision is not None else None)
+        agreed = judged_decision["agreement"] if judged_decision else None
         tops = [agreed] if decision is not None and decision.kind in ("top1", "argmax") and agreed is not None else []
         worst_abs = max((d.max_abs_diff for d, _ in rows if d.max_abs_diff is not None), default=None)
         sums = energy.get(name)
@@ -263,20 +255,9 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
                        and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
         if decision is not None and decision.kind != "cosine":
             # held on the samples, and on what their margins and errors say of unseen ones
-            floats = [sample[name] for sample in reference]
-            expected = expected_agreement(decision, floats, [other for _, other in rows])
-            decided = (agreed is not None and agreed >= REQUIRED[decision.kind]
-                       and (expected is None or expected >= REQUIRED[decision.kind]))
-            record["decision"] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
-            if decision.kind == "argmax":  # read as whole sequences too (a string, a tagging)
-                whole = sequence_agreement(floats, [other for _, other in rows])
-                whole_expected = expected_sequence_agreement(floats, expected)
-                record["decision"].update(sequence_agreement=whole, expected_sequence_agreement=whole_expected,
-                                          required_sequences=REQUIRED_SEQUENCES)
-                decided = decided and all(value is None or value >= REQUIRED_SEQUENCES for value in (whole, whole_expected))
-            record["decision"]["passed"] = decided if decision.gated else None
+            record["decision"] = judged_decision
             if decision.gated:
-                verdict = verdict and decided
+                verdict = verdict and bool(judged_decision["passed"])
         record["passed"] = bool(verdict)
         verdicts.append(bool(verdict))
         outputs.append(record)

@@ -565,3 +565,54 @@ def test_converter_failure_is_a_finding_not_exit_4(tmp_path, monkeypatch):
     finding = next(f for f in record["findings"] if f["code"] == "CNV011")
     assert "injected" in finding["message"] and record["output"] is None
     assert not (tmp_path / "out.onnx").exists()
+
+
+def _near_tie_classifier(tmp_path: Path) -> tuple[Path, Path]:
+    """Class scores whose top two differ by 2e-4 per weight: below FP16's step near 1 (2**-10),
+    so in FP16 the two columns round to about one value while cosine stays at 1 - 4e-8."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = rng.uniform(0.5, 1.0, (8, 4)).astype(np.float32)
+    weight[:, 1] = weight[:, 0] + np.float32(2e-4)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="mm"),
+         helper.make_node("Softmax", ["logits"], ["probs"], name="sm", axis=-1)], "tie",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 4])], [numpy_helper.from_array(weight, "w")])
+    source = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.ones((1, 8), np.float32))
+    return source, inputs
+
+
+def test_fp16_that_keeps_cosine_but_not_the_decision_is_refused(tmp_path):
+    # The gate of convert is the application's decision as well as cosine (issue 21: a detector's
+    # FP16 passed on cosine 0.99999 alone): a softmax whose top two classes sit 5e-4 apart, and
+    # FP16 errors a third of that, is refused with the decision named, and nothing is written.
+    source, inputs = _near_tie_classifier(tmp_path)
+    result = invoke("convert", source, "--fp16", "--inputs", inputs, "-o", tmp_path / "out.onnx", "--json")
+    assert result.exit_code == 1
+    record = result.json()
+    assert record["output"] is None and not (tmp_path / "out.onnx").exists()
+    assert record["verify"]["cosine"] > 0.9999  # cosine alone would have passed it
+    decision = record["verify"]["decisions"][0]
+    assert decision["name"] == "probs" and decision["kind"] == "top1" and decision["passed"] is False
+    assert decision["expected_agreement"] < 0.99
+    finding = next(f for f in record["findings"] if f["code"] == "CNV006")
+    assert "decision changes: 'probs' (top1)" in finding["message"] and "--metric probs=" in finding["fix"]
+    # said to be no decision, the same conversion is judged by cosine and written
+    again = invoke("convert", source, "--fp16", "--inputs", inputs, "-o", tmp_path / "out.onnx", "--metric", "probs=cosine",
+                   "--json")
+    assert again.exit_code == 0 and (tmp_path / "out.onnx").exists()
+    assert again.json()["verify"]["decisions"][0]["chosen_by"] == "--metric"
+
+
+def test_simplify_holds_decisions_too(tmp_path):
+    # simplify and optimize share the reference run and its decisions: the near-tie classifier
+    # simplifies exactly, so its decision is judged and kept.
+    source, inputs = _near_tie_classifier(tmp_path)
+    result = invoke("simplify", source, "--inputs", inputs, "-o", tmp_path / "s.onnx", "--json")
+    assert result.exit_code == 0, result.output
+    decision = result.json()["verify"]["decisions"][0]
+    assert decision["kind"] == "top1" and decision["passed"] is True and decision["agreement"] == 1.0

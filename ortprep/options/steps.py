@@ -72,6 +72,10 @@ class VerifyOptions(StepOptions):
     verify: bool = option(True, "Run the original and the result in ORT and compare before writing.", Kind.FLAG)
     keep_failed: bool = option(False, "Keep a result that fails verification beside the output as NAME.failed.onnx "
                                "(never at -o).", Kind.FLAG)
+    metrics: dict[str, str] = option(
+        {}, "What the application reads from an output, held to the result besides cosine: OUTPUT=top1, argmax, "
+        "map[:THRESHOLD] or cosine (none); inferred from each output's form when not given (repeatable).", Kind.METRICS,
+        flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
 
 
 @dataclass

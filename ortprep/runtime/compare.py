@@ -87,6 +87,19 @@ def output_bounds(proto) -> dict[str, tuple[float, float]]:
     return bounds
 
 
+def expect(outcome, proto, metrics: dict[str, str] | None = None):
+    """Set on a reference run (a RunOutcome) what its candidates are held to besides cosine: the
+    range the graph bounds each output to, and the decision an application reads from each
+    (runtime/decisions.py; ``metrics``: --metric overrides). Returns ``outcome``."""
+    from ortprep.runtime.decisions import infer_decisions
+
+    outcome.bounds = output_bounds(proto)
+    names = {value.name for value in proto.graph.output}
+    samples = [{k: v for k, v in sample.items() if k in names} for sample in (outcome.samples or [outcome.outputs])]
+    outcome.decisions = infer_decisions(proto, [s for s in samples if s], metrics)
+    return outcome
+
+
 @dataclass(frozen=True)
 class Degenerate:
     """A reference output on which cosine similarity means nothing."""

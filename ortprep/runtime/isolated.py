@@ -29,6 +29,9 @@ class RunOutcome:
     latency_ms: list[float] = field(default_factory=list)
     # output name -> (low, high) where the graph bounds it (a Sigmoid, Softmax or Tanh makes it)
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # output name -> the decision an application reads from it (runtime/decisions.py), set on a
+    # reference run by :func:`ortprep.runtime.compare.expect`; a candidate must keep each gated one
+    decisions: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -30,7 +30,7 @@ from ortprep.transforms.common import (
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
 from ortprep.transforms.off_ep import CutError, keep_off_ep
-from ortprep.runtime.compare import output_bounds
+from ortprep.runtime.compare import expect
 from ortprep.runtime.isolated import run_isolated
 from ortprep.transforms.verify import (
     EXACT_GATE,
@@ -69,9 +69,9 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     activations = None
     if options.verify and options.fp16 and not rewrites_graph:
         # one run serves as the reference and as the FP16 activation scan
-        activations, reference = _reference_with_intermediates(handle, feeds, report)
+        activations, reference = _reference_with_intermediates(handle, feeds, report, options.metrics)
     else:
-        reference = _reference(handle, feeds, report, _level(options)) if options.verify else None
+        reference = _reference(handle, feeds, report, _level(options), options.metrics) if options.verify else None
     proto, applied = _rewrite(handle.proto, options)
 
     verify_result: VerifyResult | None = None
@@ -123,33 +123,33 @@ def _level(options: ConvertOptions) -> str:
     return "disable" if options.keep_off_ep and not options.fp16 else "default"
 
 
-def _reference(handle: ModelHandle, feeds, report: StepResult, optimization: str = "default"):
+def _reference(handle: ModelHandle, feeds, report: StepResult, optimization: str = "default",
+               metrics: dict[str, str] | None = None):
     """The original's run from its own file (its session stays in the worker for the steps after
     this one); a model held in memory only goes through transforms.common."""
     if handle.path is None:
-        return reference_run(handle.proto, feeds, report)
+        return reference_run(handle.proto, feeds, report, metrics)
     outcome = run_isolated(handle.path, cast_feeds(feeds, handle.proto), optimization=optimization)
     if not outcome.ok:
         report_unverifiable(outcome, report)
         return None
-    outcome.bounds = output_bounds(handle.proto)
-    return outcome
+    return expect(outcome, handle.proto, metrics)
 
 
-def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult):
+def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult, metrics: dict[str, str] | None = None):
     """The original's run with every intermediate exposed, from its own file: the worker adds the
     outputs to the file's graph, so its weights are not serialized again here, and its session
     stays in the worker for later runs of that file. (A model held in memory only goes through a
     temporary copy, as transforms.common does.)"""
     if handle.path is None:
-        return reference_with_intermediates(handle.proto, feeds, report)
+        return reference_with_intermediates(handle.proto, feeds, report, metrics)
     full = run_file_with_intermediates(handle.path, handle.proto, feeds, float_intermediates(handle.proto))
     if not full.ok:
         report_unverifiable(full, report)
         return None, None
     names = {v.name for v in handle.proto.graph.output}
-    reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names},
-                                    bounds=output_bounds(handle.proto))
+    reference = expect(dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names}),
+                       handle.proto, metrics)
     return full, reference
 
 
@@ -176,6 +176,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     if options.verify:
         reference = run_isolated(handle.path, feeds)
         if reference.ok:
+            expect(reference, handle.proto, options.metrics)
             candidate = run_isolated(staged, cast_feeds(feeds, converted))
             verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
         else:
@@ -197,8 +198,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
                               fix="usually harmless; if accuracy suffers, --block-node the consumer"))
     failed = verify_result is not None and not verify_result.passed
     if failed:
-        what = (f"the result does not load or run ({verify_result.error})" if verify_result.error
-                else f"outputs differ (lowest cosine {verify_result.cosine})")
+        what = verify_result.failure_words()
         report.add(Finding.of("CNV006", f"verification failed: {what}",
                               fix="keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search"))
     written = kept_failed = None

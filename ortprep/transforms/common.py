@@ -12,7 +12,7 @@ from onnx import ModelProto
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path
 from ortprep.report import StepResult
-from ortprep.runtime.compare import output_bounds
+from ortprep.runtime.compare import expect
 from ortprep.runtime.feeds import FeedChoice, choose_feeds, input_specs
 from ortprep.runtime.isolated import RunOutcome
 from ortprep.options import VerifyOptions
@@ -43,14 +43,23 @@ def feed_choice(handle: ModelHandle, options: VerifyOptions) -> FeedChoice:
                         dims=options.dims, runs=runs)
 
 
-def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult) -> RunOutcome | None:
+def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult,
+                  metrics: dict[str, str] | None = None) -> RunOutcome | None:
     """Run the original; when it cannot run, say so (the result then goes unverified)."""
     outcome = run_model(original, feeds)
     if outcome.ok:
-        outcome.bounds = output_bounds(original)
-        return outcome
+        return expect(outcome, original, metrics)
     report_unverifiable(outcome, report)
     return None
+
+
+def decision_fix(verify_result, fix: str) -> str:
+    """The fix for a failed verification; where a decision failed, also how to say that the
+    output is not one the application decides on."""
+    names = [d["name"] for d in getattr(verify_result, "decision_failed", [])]
+    if not names:
+        return fix
+    return fix + f"; if the application does not read '{names[0]}' as ortprep did, say what it reads: --metric {names[0]}=KIND (cosine: none)"
 
 
 def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
@@ -69,7 +78,8 @@ def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
     )
 
 
-def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult
+def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult,
+                                 metrics: dict[str, str] | None = None
                                  ) -> tuple[RunOutcome | None, RunOutcome | None]:
     """One run of the original for both the reference outputs and every intermediate tensor (the
     FP16 activation scan reads them): (the full run, the run with graph outputs only), or
@@ -83,9 +93,8 @@ def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarr
         report_unverifiable(full, report)
         return None, None
     names = {v.name for v in original.graph.output}
-    reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names},
-                                    bounds=output_bounds(original))
-    return full, reference
+    reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names})
+    return full, expect(reference, original, metrics)
 
 
 def finish(
@@ -131,11 +140,8 @@ def finish(
             "comparison says nothing about what the model computes on real data; the result is not written",
             fix="pass real inputs: --inputs FILE.npz (one array per input), or --no-verify to write it unverified"))
     if failed:
-        if not verify_result.loads or verify_result.error:
-            what = f"the result does not load or run ({verify_result.error})"
-        else:
-            what = f"outputs differ (lowest cosine {verify_result.cosine}, max abs diff {verify_result.max_abs_diff})"
-        report.add(Finding.of("CNV006", f"verification failed: {what}", fix=failure_fix))
+        what = verify_result.failure_words()
+        report.add(Finding.of("CNV006", f"verification failed: {what}", fix=decision_fix(verify_result, failure_fix)))
     written = kept_failed = None
     if result is not None:
         keep_external = True if handle.external_files else None

@@ -44,6 +44,10 @@ class Fp16Search:
         # Why each node in block_nodes is there, as data (the text above is for people).
         self.keep_reasons: dict[str, KeepReason] = {name: KeepReason.ASKED for name in options.block_nodes}
         self.gate = Gate(min_cosine=options.min_cosine)
+        # Where every output passes the cosine gate but a decision changes (a detector's map
+        # crossing its threshold at a few pixels), the tensors are held 10x tighter per such round
+        # to find where the error grows; this counts those rounds.
+        self.tightened = 0
         self.repairs: list[str] = []
         self.rounds = 0
         self.bisect_tries = 0
@@ -153,9 +157,15 @@ class Fp16Search:
             self.keep_reasons[name] = why
 
     def _culprits(self, converted: ModelProto, result: VerifyResult) -> dict[str, tuple[KeepReason, str]]:
-        return self._localize(converted)
+        gate = self.gate
+        if result.decision_failed and result.loads and not result.error and all(
+                d.shape_match and not d.nonfinite and (d.cosine is None or d.cosine >= self.gate.min_cosine)
+                for d in result.outputs):
+            self.tightened += 1
+            gate = Gate(min_cosine=1.0 - (1.0 - self.gate.min_cosine) / 10.0 ** min(self.tightened, 4))
+        return self._localize(converted, gate)
 
-    def _localize(self, converted: ModelProto) -> dict[str, tuple[KeepReason, str]]:
+    def _localize(self, converted: ModelProto, gate: Gate | None = None) -> dict[str, tuple[KeepReason, str]]:
         """Compare every intermediate tensor; the nodes where the error starts stay FP32."""
         names = [n for n in float_intermediates(self.source)]
         present = {out for node in converted.graph.node for out in node.output}
@@ -172,7 +182,7 @@ class Fp16Search:
             if name not in compared or value.dtype.kind != "f":
                 continue
             other = candidate.outputs.get(name) if candidate.ok else None
-            if other is None or not self.gate.passes(compare_arrays(name, value, other), value):
+            if other is None or not (gate or self.gate).passes(compare_arrays(name, value, other), value):
                 bad.add(name)
         return blame(self.source, bad, set(self.block_nodes), None if candidate.ok else candidate.message)
 

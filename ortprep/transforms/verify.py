@@ -63,6 +63,23 @@ class VerifyResult:
     status: str = "ok"  # the candidate run's status: ok, failed, crashed, timeout
     error: str | None = None
     degenerate: list[tuple[str, str]] = field(default_factory=list)  # (output, why cosine means nothing)
+    # per output with a gated decision: runtime.decisions.judge_decision's record, with its name
+    decisions: list[dict] = field(default_factory=list)
+
+    @property
+    def decision_failed(self) -> list[dict]:
+        """The decisions the candidate did not keep."""
+        return [d for d in self.decisions if d.get("passed") is False]
+
+    def failure_words(self) -> str:
+        """Why it did not pass, for a finding: the run's error, the decisions it changed, or the
+        outputs that differ."""
+        if not self.loads or self.error:
+            return f"the result does not load or run ({self.error})"
+        changed = [describe_decision(d) for d in self.decision_failed]
+        if changed:
+            return "the application's decision changes: " + "; ".join(changed) + f" (lowest cosine {self.cosine})"
+        return f"outputs differ (lowest cosine {self.cosine}, max abs diff {self.max_abs_diff})"
 
     def to_record(self) -> dict:
         return {
@@ -73,6 +90,7 @@ class VerifyResult:
             "passed": self.passed,
             "outputs": [o.to_record() for o in self.outputs],
             "error": self.error,
+            "decisions": self.decisions,
         }
 
 
@@ -112,6 +130,8 @@ def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> Veri
         flat.append((diff.name, flatness.what))
         verdicts.append(diff.shape_match and not diff.nonfinite and diff.max_abs_diff is not None
                         and diff.max_abs_diff <= limit)
+    decisions = judge_decisions(reference, candidate)
+    verdicts.extend(record["passed"] is not False for record in decisions)
     cosines = [d.cosine for d in diffs if d.cosine is not None and d.judged_by == "cosine"]
     abs_diffs = [d.max_abs_diff for d in diffs if d.max_abs_diff is not None]
     rel_diffs = [d.max_rel_diff for d in diffs if d.max_rel_diff is not None]
@@ -123,7 +143,45 @@ def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> Veri
         cosine=min(cosines) if cosines else None,
         outputs=diffs,
         degenerate=flat,
+        decisions=decisions,
     )
+
+
+def describe_decision(record: dict) -> str:
+    """One judged decision in words: what it is, what the candidate kept, what the gate asks."""
+    from ortprep.runtime.decisions import REQUIRED
+
+    kind = record["kind"] if record["kind"] != "map" else f"map:{record['threshold']:g}"
+    parts = []
+    if record.get("agreement") is not None:
+        parts.append(f"{record['agreement']:.4f} on the samples")
+    if record.get("expected_agreement") is not None:
+        parts.append(f"{record['expected_agreement']:.4f} expected on unseen inputs")
+    if record.get("sequence_agreement") is not None:
+        parts.append(f"whole sequences {record['sequence_agreement']:.4f}")
+    required = REQUIRED.get(record["kind"])
+    return (f"'{record['name']}' ({kind}) agrees {', '.join(parts) or 'on nothing comparable'}"
+            + (f", below the {required:g} required" if required is not None else ""))
+
+
+def judge_decisions(reference: RunOutcome, candidate: RunOutcome) -> list[dict]:
+    """Each gated decision of ``reference`` (set by runtime.compare.expect) held to the candidate's
+    outputs over every sample both ran: a transform that keeps cosine but flips a class, a CTC
+    character or a detector's thresholded map does not pass (the same rule as quantize's gate)."""
+    from ortprep.runtime.decisions import judge_decision
+
+    judged = []
+    wanted = reference.samples or [reference.outputs]
+    got = candidate.samples or [candidate.outputs]
+    for name, decision in reference.decisions.items():
+        if not decision.gated:
+            continue
+        pairs = [(r[name], c.get(name)) for r, c in zip(wanted, got) if name in r]
+        if not pairs:
+            continue
+        record = judge_decision(decision, [r for r, _ in pairs], [c for _, c in pairs])
+        judged.append({"name": name, **record})
+    return judged
 
 
 def run_model(proto: ModelProto, feeds: dict[str, np.ndarray] | list, *, outputs: list[str] | None = None,

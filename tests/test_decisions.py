@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.runtime.decisions import Decision, agreement, expected_agreement, infer_decisions, parse_metric
+from ortprep.runtime.decisions import Decision, agreement, expected_agreement, infer_decisions, judge_decision, parse_metric
 from ortprep.steps.quantize.evaluate import judge
 
 
@@ -201,3 +201,50 @@ def test_load_tolerance_holds_an_output_whose_decision_agrees():
     assert not judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": flipped})[0]["within_tolerance"]
     scaled = judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": reference * 0.9})[0]
     assert not scaled["within_tolerance"]
+
+
+def test_margins_of_more_float_samples_join_the_estimate():
+    """The margins are the float model's alone, so the calibration samples say where its decisions
+    sit too: eight held-back samples with clear leads pass, while 24 more float outputs of which a
+    third are near ties (what the journey's convnext_tiny met on unseen inputs) bring the expected
+    agreement under the gate. The candidate's errors still come from the held-back pairs only."""
+    rng = np.random.default_rng(5)
+
+    def row(lead: float) -> np.ndarray:
+        return np.concatenate([[lead, 0.0], -0.5 * rng.random(6)]).astype(np.float32)[None]
+
+    reference = [row(lead) for lead in np.linspace(0.5, 1.0, 8)]
+    candidate = [r - np.float32([[0.01, 0, 0, 0, 0, 0, 0, 0]]) for r in reference]
+    more = [row(lead) for lead in np.concatenate([np.full(8, 0.002), np.linspace(0.5, 1.0, 16)])]
+    alone = judge_decision(Decision("top1"), reference, candidate)
+    pooled = judge_decision(Decision("top1"), reference, candidate, more)
+    assert alone["agreement"] == pooled["agreement"] == 1.0
+    assert alone["expected_agreement"] > 0.99 and alone["passed"] is True
+    assert pooled["expected_agreement"] < 0.8 and pooled["passed"] is False and pooled["margin_samples"] == 32
+    # a map: more float values near the threshold raise the expected flips the same way
+    maps = [np.full((1, 1, 8, 8), 0.9, np.float32) for _ in range(4)]
+    moved = [m - 0.01 for m in maps]
+    near = [np.full((1, 1, 8, 8), 0.505, np.float32) for _ in range(4)]
+    assert expected_agreement(Decision("map", 0.5), maps, moved) > 0.99
+    assert expected_agreement(Decision("map", 0.5), maps, moved, near) < 0.98
+
+
+def test_rows_of_one_input_are_a_sequence():
+    """A frame tagger fixed to 48 frames (the journey's gru_tagger: input [1, 48, 40], output
+    [48, 4]) reads its rows as one tagging, judged whole; a batch's rows stay top-1 each."""
+    from onnx import TensorProto, helper
+
+    def graph(input_dims, output_dims):
+        return helper.make_model(helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["tags"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_dims)],
+            [helper.make_tensor_value_info("tags", TensorProto.FLOAT, output_dims)]))
+
+    rng = np.random.default_rng(6)
+    rows = rng.standard_normal((48, 4)).astype(np.float32)
+    rows[np.arange(48), rng.integers(0, 4, 48)] += 5.0
+    sample = [{"tags": rows}]
+    assert infer_decisions(graph([1, 48, 40], [48, 4]), sample)["tags"].kind == "argmax"
+    assert infer_decisions(graph([1, "frames", 40], ["frames", 4]), sample)["tags"].kind == "argmax"
+    assert infer_decisions(graph([48, 40], [48, 4]), sample)["tags"].kind == "top1"  # a batch of 48
+    assert infer_decisions(graph([1, 30, 40], [48, 4]), sample)["tags"].kind == "top1"

@@ -13,7 +13,8 @@ reads from it:
   nothing: its top-1 agreement is reported, not gated (``--metric NAME=top1`` gates it);
 - ``argmax``: sequence logits, [N, T, C] with C >= 2 made by a Softmax/LogSoftmax over the last
   axis (through reshapes and transposes), or raw scores per position with such a gap or such a
-  name: the argmax per position, what a CTC decoder or a frame tagger reads;
+  name: the argmax per position, what a CTC decoder or a frame tagger reads; also a 2-D [T, C]
+  whose rows are the positions of one input's sequence (see :func:`_rows_are_positions`);
 - ``map``: a probability map, made by a Sigmoid (or, with one channel, a Softmax) with values
   in [0, 1]: the elements above a threshold (0.5, or ``map:T``), compared by F1;
 - ``cosine``: no decision; cosine and the norm ratio alone.
@@ -86,6 +87,35 @@ def _maker(proto, name: str) -> str | None:
     return None
 
 
+def _rows_are_positions(proto, name: str, rows: int) -> bool:
+    """Whether the rows of a 2-D output [R, C] are the positions of one input's sequence rather than
+    a batch: its first dim shares a symbolic name with a non-leading dim of an input ("frames"), or
+    every input is a batch of one and R is the size of an input's non-leading dim (a frame tagger
+    fixed to 48 frames: input [1, 48, 40], output [48, 4])."""
+    if rows < 2:
+        return False
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = [v for v in proto.graph.input if v.name not in initializers and v.type.HasField("tensor_type")
+              and v.type.tensor_type.HasField("shape")]
+    output = next((v for v in proto.graph.output if v.name == name), None)
+    first = None
+    if output is not None and output.type.HasField("tensor_type") and output.type.tensor_type.HasField("shape"):
+        dims = output.type.tensor_type.shape.dim
+        first = dims[0].dim_param if dims and dims[0].HasField("dim_param") else None
+    batch_of_one, sizes, names = bool(inputs), set(), set()
+    for value in inputs:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) < 2:
+            continue
+        batch_of_one = batch_of_one and dims[0].HasField("dim_value") and dims[0].dim_value == 1
+        for dim in dims[1:]:
+            if dim.HasField("dim_value"):
+                sizes.add(dim.dim_value)
+            elif dim.HasField("dim_param"):
+                names.add(dim.dim_param)
+    return bool(first and first in names) or (batch_of_one and rows in sizes)
+
+
 def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: dict[str, str] | None = None
                     ) -> dict[str, Decision]:
     """Each float output's decision, from its shape over the samples, its values and the op that
@@ -107,7 +137,9 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
         if len(shape) == 2 and shape[-1] >= 2 and maker != "Sigmoid":
             sums = np.concatenate([np.sum(v.astype(np.float64), axis=-1) for v in values])
             distribution = maker in ("Softmax", "LogSoftmax") or (probability and bool(np.all(np.abs(sums - 1.0) < 1e-3)))
-            decisions[name] = Decision("top1", gated=distribution or _named_as_classes(name)
+            # rows that are one input's positions (a frame tagging) are read as one sequence
+            kind = "argmax" if _rows_are_positions(proto, name, shape[0]) else "top1"
+            decisions[name] = Decision(kind, gated=distribution or _named_as_classes(name)
                                        or _class_gap(values) >= CLASS_GAP)
         elif len(shape) == 3 and shape[-1] >= 2 and maker in ("Softmax", "LogSoftmax"):
             decisions[name] = Decision("argmax")
@@ -198,15 +230,26 @@ def _flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
     return float(np.mean(cdf))
 
 
-def expected_agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> float | None:
+def _leads(rows: np.ndarray) -> np.ndarray:
+    """Each row's largest value's lead over the runner-up, in the row's standard deviations."""
+    ordered = np.sort(rows, axis=-1)
+    spread = np.std(rows, axis=-1)
+    return (ordered[:, -1] - ordered[:, -2]) / np.where(spread > 0, spread, 1.0)
+
+
+def expected_agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
+                       more: list[np.ndarray] | None = None) -> float | None:
     """The agreement to expect on unseen inputs of the same kind, from the float model's margins
     (how far each decision sits from its boundary: a class's lead over the runner-up, in the row's
     standard deviations; a map element's distance from the threshold) and the candidate's errors
     on them (how far it moved each toward the boundary), taken as independent. A gate held on a
     few samples passes a model whose decisions are near ties more often than its error is small:
     measured on the NPU journey, classes 0.002-0.004 apart and a VAD frame 0.003 from its
-    threshold flipped on unseen samples after the gate's 8 held-back samples had agreed. None for
-    ``cosine`` or when nothing can be compared."""
+    threshold flipped on unseen samples after the gate's 8 held-back samples had agreed. ``more``:
+    the float model's outputs on other samples (the calibration samples: the margins are the float
+    model's alone, so every sample it ran on says how often decisions sit near their boundary, and
+    eight held-back samples say it poorly). None for ``cosine`` or when nothing can be compared."""
+    more = [np.asarray(m, np.float64) for m in (more or []) if m is not None and np.shape(m) == np.shape(reference[0])]
     pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
              if c is not None and np.shape(r) == np.shape(c)]
     if not pairs or decision.kind == "cosine":
@@ -232,17 +275,20 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
             errors.append((float_lead - lead_over_rest(other)) / spread)
         if not margins:
             return None
+        margins.extend(_leads(m.reshape(-1, m.shape[-1])) for m in more if m.ndim >= 1 and m.shape[-1] >= 2)
         return 1.0 - _flip_rate(np.concatenate(margins), np.concatenate(errors))
     threshold = decision.threshold if decision.threshold is not None else MAP_THRESHOLD
     reference_values = np.concatenate([r.ravel() for r, _ in pairs])
     candidate_values = np.concatenate([c.ravel() for _, c in pairs])
     above = reference_values > threshold
-    positives, negatives = int(np.sum(above)), int(np.sum(~above))
+    pooled = np.concatenate([reference_values] + [m.ravel() for m in more]) if more else reference_values
+    pooled_above = pooled > threshold
+    positives, negatives = int(np.sum(pooled_above)), int(np.sum(~pooled_above))
     if positives == 0:
         return 1.0
     moved = candidate_values - reference_values
-    missed = positives * _flip_rate(reference_values[above] - threshold, -moved[above])
-    added = negatives * _flip_rate(threshold - reference_values[~above], moved[~above]) if negatives else 0.0
+    missed = positives * _flip_rate(pooled[pooled_above] - threshold, -moved[above])
+    added = negatives * _flip_rate(threshold - pooled[~pooled_above], moved[~above]) if negatives else 0.0
     kept = positives - missed
     return float(2 * kept / (2 * kept + missed + added))
 
@@ -279,14 +325,19 @@ def expected_sequence_agreement(reference: list[np.ndarray], per_position: float
     return float(per_position ** float(np.mean(lengths)))
 
 
-def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, Any]:
+def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
+                   more: list[np.ndarray] | None = None) -> dict[str, Any]:
     """One output's decision held to the gate, as quantize's gate and load/compile's tolerance both
     hold it: the agreement on the samples and the agreement to expect on unseen ones reach
     REQUIRED; an ``argmax`` is also read as whole sequences (observed and expected reach
-    REQUIRED_SEQUENCES). The record's ``passed`` is None when the decision is not gated."""
+    REQUIRED_SEQUENCES). ``more``: the float model's outputs on other samples, whose margins join
+    the estimate (expected_agreement). The record's ``passed`` is None when the decision is not
+    gated."""
     agreed = agreement(decision, reference, candidate)
-    expected = expected_agreement(decision, reference, candidate)
+    expected = expected_agreement(decision, reference, candidate, more)
     record: dict[str, Any] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
+    if more:
+        record["margin_samples"] = len(reference) + len(more)
     if decision.kind == "cosine":
         record["passed"] = None
         return record

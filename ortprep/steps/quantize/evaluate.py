@@ -192,7 +192,8 @@ def flat_outputs(reference: list[dict[str, np.ndarray]], bounds: dict | None) ->
 
 
 def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], min_cosine: float,
-          flat: dict[str, Degenerate], decisions: dict[str, Decision] | None = None) -> Judgement:
+          flat: dict[str, Degenerate], decisions: dict[str, Decision] | None = None,
+          more: list[dict[str, np.ndarray]] | None = None) -> Judgement:
     """``candidate`` (the quantized model's outputs per sample, on ``ep``) against ``reference``
     (the float model's on the CPU EP). An output passes when its lowest cosine reaches
     ``min_cosine`` and its norm over all samples is within NORM_TOLERANCE of the float one's (a
@@ -229,7 +230,8 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
     for name, rows in per_output.items():
         cosines = [d.cosine for d, _ in rows if d.cosine is not None]
         decision = decisions.get(name)
-        judged_decision = (judge_decision(decision, [sample[name] for sample in reference], [other for _, other in rows])
+        judged_decision = (judge_decision(decision, [sample[name] for sample in reference], [other for _, other in rows],
+                                          [sample[name] for sample in more or [] if name in sample])
                            if decision is not None else None)
         agreed = judged_decision["agreement"] if judged_decision else None
         tops = [agreed] if decision is not None and decision.kind in ("top1", "argmax") and agreed is not None else []
@@ -280,14 +282,35 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
     )
 
 
+# The float model's outputs kept for margins: at most this many samples, and this many bytes.
+MARGIN_SAMPLES, MARGIN_BYTES = 64, 128 * 2**20
+
+
+def margin_outputs(float_model: Path, feeds: list[dict[str, np.ndarray]] | None, decisions: dict[str, Decision],
+                   reference: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The float model's decided outputs on ``feeds`` (capped at MARGIN_SAMPLES and MARGIN_BYTES),
+    for their margins; nothing when no output has a gated decision or the run fails."""
+    names = [name for name, d in decisions.items() if d.gated and d.kind != "cosine"]
+    if not feeds or not names or not reference:
+        return []
+    per_sample = sum(np.asarray(reference[0][name]).nbytes for name in names if name in reference[0])
+    count = min(len(feeds), MARGIN_SAMPLES, max(1, MARGIN_BYTES // max(per_sample, 1)))
+    run = run_isolated(float_model, feeds[:count], outputs=names)
+    if not run.ok:
+        return []
+    return [{name: sample[name] for name in names if name in sample} for sample in run.samples]
+
+
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
-             metrics: dict[str, str] | None = None) -> Evaluation:
+             metrics: dict[str, str] | None = None, margin_feeds: list[dict[str, np.ndarray]] | None = None) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
     trials (only the quantized model changes). An output that the samples leave flat (constant,
-    near zero) is judged by absolute error against its range or scale, not by cosine."""
+    near zero) is judged by absolute error against its range or scale, not by cosine.
+    ``margin_feeds``: more samples (the calibration samples) the float model runs on once, so that
+    its decisions' margins on them join the expected agreement (runtime/decisions.py)."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
@@ -304,13 +327,16 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         graph = onnx.load(str(float_model), load_external_data=False)
         cache["decisions"] = infer_decisions(graph, reference.samples, metrics)
     decisions = cache["decisions"]
-    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions)
+    if "margins" not in cache:
+        cache["margins"] = margin_outputs(float_model, margin_feeds, decisions, reference.samples)
+    more = cache["margins"]
+    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
     on_ep = None
     if target is not None and target.judged:
         run = target.run(quant_model, feeds)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
-            on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions)
+            on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions, more)
             on_ep.placement = placement
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)

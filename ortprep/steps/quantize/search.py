@@ -332,6 +332,24 @@ class Trials:
         self.caches: dict[Path, dict] = {}
         self.failure: str | None = None
         self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
+        self._margin_feeds: list | None = None
+
+    def margin_feeds(self) -> list:
+        """The calibration samples (real data only: seeded noise says nothing of where real
+        decisions sit), for the float model's margins in the expected agreement."""
+        if self._margin_feeds is None:
+            calibration = self.plan.calibration
+            self._margin_feeds = []
+            if calibration is not None and calibration.kind != "random" and self.plan.calib_indices:
+                from ortprep.steps.quantize.evaluate import MARGIN_BYTES, MARGIN_SAMPLES
+
+                held = 0
+                for sample in calibration.samples(self.plan.calib_indices[:MARGIN_SAMPLES]):
+                    held += sum(v.nbytes for v in sample.values())
+                    if held > MARGIN_BYTES and self._margin_feeds:
+                        break
+                    self._margin_feeds.append(sample)
+        return self._margin_feeds
 
     def attempt(self, source: Path, kept: list[str], label: str) -> Trial:
         self.count += 1
@@ -351,7 +369,8 @@ class Trials:
             if self.progress is not None:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
-                                  self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics)
+                                  self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
+                                  self.margin_feeds())
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation

@@ -320,3 +320,18 @@ def test_output_writers_of_a_qdq_graph():
     assert output_writers(proto, ["y1"]) == (["sig"], [])
     assert output_writers(proto, ["y2"]) == (["mm"], ["log"])
     assert output_writers(proto, ["y1", "y2"]) == (["sig", "mm"], ["log"])
+
+
+@needs_qnn
+def test_the_ep_does_not_run_a_trial_the_cpu_ep_already_fails(tmp_path):
+    """The gate holds on both sides, so a trial the CPU EP fails cannot pass: the target EP (the
+    simulator, the slow side) is not run for it, and the record says why. A gate nothing reaches
+    (cosine 1.0 exactly) fails every trial on the CPU EP."""
+    model, audio = mel_front_end(tmp_path)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "--min-cosine", "1.0",
+                               "-o", tmp_path / "q.onnx")
+    assert code == 1 and record["output"] is None
+    verify = record["verify"]
+    assert verify["judged_on"] == ["cpu"] and verify["ep"] is None and verify["passed"] is False
+    assert verify["ep_skipped"] == "the CPU EP already fails the gate"
+    assert record["gate_target"]["judged"] is True

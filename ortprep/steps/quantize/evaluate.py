@@ -106,6 +106,7 @@ class Evaluation:
     on_ep: Judgement | None = None  # the target EP's side, where it judged
     target: dict | None = None  # where the gate was judged (ep_gate.GateTarget.record())
     min_cosine: float | None = None
+    ep_skipped: str | None = None  # why the target EP did not run, where it did not
 
     @property
     def judged_on(self) -> list[str]:
@@ -170,6 +171,7 @@ class Evaluation:
             "gate": {"min_cosine": self.min_cosine, "norm_tolerance": NORM_TOLERANCE, "cosine": self.gate_cosine,
                      "norm_ratio": self.gate_norm_ratio, "failed_on": self.failed_on},
             "ep": ep,
+            "ep_skipped": self.ep_skipped,
         }
 
 
@@ -303,14 +305,17 @@ def margin_outputs(float_model: Path, feeds: list[dict[str, np.ndarray]] | None,
 
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
-             metrics: dict[str, str] | None = None, margin_feeds: list[dict[str, np.ndarray]] | None = None) -> Evaluation:
+             metrics: dict[str, str] | None = None, margin_feeds: list[dict[str, np.ndarray]] | None = None,
+             ep_after_cpu_fails: bool = True) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
     trials (only the quantized model changes). An output that the samples leave flat (constant,
     near zero) is judged by absolute error against its range or scale, not by cosine.
     ``margin_feeds``: more samples (the calibration samples) the float model runs on once, so that
-    its decisions' margins on them join the expected agreement (runtime/decisions.py)."""
+    its decisions' margins on them join the expected agreement (runtime/decisions.py).
+    ``ep_after_cpu_fails`` False: where the CPU EP already fails the gate, the target EP is not run
+    (the gate holds on both, so it cannot pass; a search's trials save the EP's time)."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
@@ -332,7 +337,10 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     more = cache["margins"]
     cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
     on_ep = None
-    if target is not None and target.judged:
+    ep_skipped = None
+    if target is not None and target.judged and not cpu.passed and not ep_after_cpu_fails:
+        ep_skipped = "the CPU EP already fails the gate"
+    elif target is not None and target.judged:
         run = target.run(quant_model, feeds)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
@@ -359,6 +367,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         on_ep=on_ep,
         target=record,
         min_cosine=min_cosine,
+        ep_skipped=ep_skipped,
     )
 
 

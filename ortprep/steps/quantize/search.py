@@ -333,6 +333,10 @@ class Trials:
         self.failure: str | None = None
         self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
         self._margin_feeds: list | None = None
+        # The target EP runs a trial only once the CPU EP passes it, until a trial passes on the
+        # CPU EP and fails on the EP: from then on every trial runs there too (the EP's own error
+        # is what the search works on). A trial failing on the CPU EP fails the gate either way.
+        self.ep_in_loop = False
 
     def margin_feeds(self) -> list:
         """The calibration samples (real data only: seeded noise says nothing of where real
@@ -370,7 +374,8 @@ class Trials:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds())
+                                  self.margin_feeds(), ep_after_cpu_fails=self.ep_in_loop)
+            self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation

@@ -13,11 +13,18 @@ The order (each a full quantize, judged by the same gate; nothing is written unt
 
 When none passes, the report says so and names FP16 (``ortprep convert MODEL --fp16``) as the
 way left. ``auto`` in the JSON lists every attempt with its verdict.
+
+Speed is part of the verdict where the target is the CPU EP (the latency the gate measures is
+this CPU's): a result that passes but runs slower than the float model (dynamic int8 of a CNN:
+several times slower without VNNI, measured in bench/RESULTS.md) does not end the search while
+other precisions remain; of those that pass, the fastest is written (a later one only when it
+measured at least 10% faster), and the report says what the others measured. For another EP the CPU's latency says nothing, and the first that passes is kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,23 +87,55 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     report: StepResult | None = None
     kept = None  # --keep-failed keeps the first attempt's refused model (NAME.failed.onnx)
     order = auto_order(options)
-    for number, (label, changes) in enumerate(order):
-        attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0, **changes)
-        report = quantize_model(handle, dest, attempt, force=force, progress=progress)
-        kept = kept or report.data.get("kept_failed")
-        verify = report.data.get("verify") or {}
-        passed = not any(f.severity >= Severity.ERROR for f in report.findings)
-        tried.append({"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),
-                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})})
-        if passed or report.data.get("quantized_ops", 0) == 0 and number == 0 and any(
-                f.code in ("QNT002", "QNT010") for f in report.findings):
-            break  # a pass, or nothing to quantize at all: no other precision changes that
+    # the CPU's latency judges only a CPU target; a result written over its own input is not moved
+    on_cpu = options.ep in (None, "cpu") and not (handle.path is not None and Path(handle.path).resolve() == dest.resolve())
+    best: tuple[dict[str, Any], StepResult] | None = None  # the fastest attempt that passed, written at dest
+    aside = dest.with_name(f".{dest.name}.auto-best")  # the written best while a later attempt runs
+    try:
+        for number, (label, changes) in enumerate(order):
+            attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0, **changes)
+            if best is not None:
+                os.replace(dest, aside)
+            report = quantize_model(handle, dest, attempt, force=force, progress=progress)
+            kept = kept or report.data.get("kept_failed")
+            verify = report.data.get("verify") or {}
+            passed = not any(f.severity >= Severity.ERROR for f in report.findings) and bool(report.data.get("output"))
+            ratio = verify.get("latency_ratio")
+            entry = {"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),
+                     "latency_ratio": ratio, "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
+            tried.append(entry)
+            if passed and (best is None or _faster(ratio, best[0]["latency_ratio"])):
+                best = (entry, report)
+                aside.unlink(missing_ok=True)
+            elif best is not None:
+                if passed:
+                    dest.unlink(missing_ok=True)
+                os.replace(aside, dest)  # the earlier, faster result stays the one written
+            if best is not None and not (on_cpu and _slow(best[0]["latency_ratio"]) and number + 1 < len(order)
+                                         and not _external(dest)):
+                break  # a pass (and, on the CPU EP, not slower than float, or nothing left to try)
+            if not passed and report.data.get("quantized_ops", 0) == 0 and number == 0 and any(
+                    f.code in ("QNT002", "QNT010") for f in report.findings):
+                break  # nothing to quantize at all: no other precision changes that
+    finally:
+        if aside.exists() and not dest.exists():
+            os.replace(aside, dest)
+        aside.unlink(missing_ok=True)
     assert report is not None
-    chosen = next((t for t in tried if t["passed"]), None)
+    chosen = best[0] if best is not None else None
+    if best is not None:
+        report = best[1]
     report.data["auto"] = {"order": [label for label, _ in order], "tried": tried,
                            "chosen": chosen["label"] if chosen else None}
     failed_first = tried[0]["label"]
-    if chosen is not None and chosen is not tried[0]:
+    slower = [t for t in tried if t["passed"] and t is not chosen]
+    if chosen is not None and slower:
+        report.add(Finding.of(
+            "QNT017", f"--auto: {chosen['label']} passed and runs at {_times(chosen['latency_ratio'])} the float model's "
+            "time on this CPU; written instead of " + ", ".join(f"{t['label']} (passed, {_times(t['latency_ratio'])})"
+                                                              for t in slower),
+            fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
+    elif chosen is not None and chosen is not tried[0]:
         report.add(Finding.of("QNT017", f"--auto: {failed_first} failed the gate; {chosen['label']} passed and was "
                               f"written" + (f" ({len(tried) - 2} other(s) failed before it)" if len(tried) > 2 else ""),
                               fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
@@ -108,3 +147,32 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     if kept:
         report.data["kept_failed"] = kept
     return report
+
+
+def _slow(ratio: float | None) -> bool:
+    """Slower than the float model on this CPU (the latency the gate measured)."""
+    return ratio is not None and ratio > 1.0
+
+
+# A later precision replaces an earlier one that passed only when it measured this much faster:
+# a few timed runs differ by some percent from one process to the next.
+FASTER_BY = 0.9
+
+
+def _faster(ratio: float | None, than: float | None) -> bool:
+    return ratio is not None and (than is None or ratio < FASTER_BY * than)
+
+
+def _times(ratio: float | None) -> str:
+    return "an unmeasured share of" if ratio is None else f"{ratio:.2f}x"
+
+
+def _external(path: Path) -> bool:
+    """Whether the written model keeps weights beside it (then it is not moved aside and back)."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - nothing readable: nothing to keep aside either
+        return True
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)

@@ -1,6 +1,8 @@
 """Static quantization memory: calibration peak RSS at 16 and 256 samples, ortprep next to
-onnxruntime.quantization.quantize_static called directly on the same data; and the int8/fp32
-CPU latency ortprep measures on the sample models.  Run: .venv/bin/python bench/bench_quantize.py
+onnxruntime.quantization.quantize_static called directly on the same data; percentile
+calibration of a model with 180 MB of activations per sample (ortprep's stride within its 512 MB
+budget, quantize_static with all samples in one reader); and the int8/fp32 CPU latency ortprep
+measures on the sample models.  Run: .venv/bin/python bench/bench_quantize.py
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class Reader(CalibrationDataReader):
         return None if path is None else dict(np.load(path))
 quantize_static(sys.argv[2], sys.argv[4], Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy}[sys.argv[5]])
+                calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                                  "percentile": CalibrationMethod.Percentile}[sys.argv[5]])
 """
 
 
@@ -46,6 +49,24 @@ def conv_model(path) -> None:
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"], name="gap"))
     graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, SIDE, SIDE])],
                               [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, CHANNELS, 1, 1])], inits)
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+WIDE = (1, 16, 400, 288)  # 7.0 MB per activation: a layout detector's early feature maps
+WIDE_LAYERS = 26
+
+
+def wide_model(path) -> None:
+    """1x1 convolutions on a large feature map: 26 activations of 7.0 MB, 180 MB per sample."""
+    rng = np.random.default_rng(2)
+    nodes, inits, x = [], [], "image"
+    for index in range(WIDE_LAYERS):
+        inits.append(numpy_helper.from_array((rng.standard_normal((16, 16, 1, 1)) * 0.35).astype(np.float32), f"w{index}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{index}"], [f"c{index}"], name=f"conv{index}"))
+        x = f"c{index}"
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"], name="gap"))
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("image", TensorProto.FLOAT, list(WIDE))],
+                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 16, 1, 1])], inits)
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
@@ -68,6 +89,19 @@ def main() -> None:
             rows.append((f"{count} samples", measure(
                 f"quantize_static ({method}, all samples in one reader)",
                 [sys.executable, "-c", DIRECT, str(folder / "calib"), str(model), str(count), str(folder / "b.onnx"), method], runs=1)))
+    wide = folder / "wide.onnx"
+    wide_model(wide)
+    (folder / "wide_calib").mkdir()
+    for index in range(16):
+        np.savez(folder / "wide_calib" / f"{index:03d}.npz", image=rng.standard_normal(WIDE).astype(np.float32))
+    rows.append(("180 MB activations/sample, 16 samples", measure(
+        "ortprep quantize --static --method percentile (stride within 512 MB)",
+        [str(VENV_BIN / "ortprep"), "quantize", str(wide), "--static", "--calib", str(folder / "wide_calib"),
+         "--method", "percentile", "-o", str(folder / "wa.onnx"), "--force", "--json", "--fail-on", "never"], runs=1)))
+    rows.append(("180 MB activations/sample, 16 samples", measure(
+        "quantize_static (percentile, all samples in one reader)",
+        [sys.executable, "-c", DIRECT, str(folder / "wide_calib"), str(wide), "16", str(folder / "wb.onnx"), "percentile"],
+        runs=1)))
     print(table(rows))
     print()
     print("| sample model | int8 / fp32 CPU latency (median of 10 runs) | float ms | int8 ms |")

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import models
+from cli_helpers import invoke
 from ortprep.eps.registry import EPS, resolve_ep, valid_names
 from ortprep.errors import UsageError
 from ortprep.options import QuantizeOptions
@@ -354,3 +355,43 @@ def test_batch_norms_are_folded_into_their_convs(tmp_path):
     plain = tmp_path / "plain.onnx"
     onnx.save(models.matmul_weights(), plain)  # no BatchNormalization at all
     assert fold_batch_norms(plain, tmp_path / "none.onnx") is None and not (tmp_path / "none.onnx").exists()
+
+
+def _wide_activations(path, size: int, layers: int):
+    """1x1 Convs on a 1x4xSIZExSIZE image: each activation is 16 * SIZE^2 bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, name = [], [], "x"
+    for layer in range(layers):
+        inits.append(numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32) * 0.5, f"w{layer}"))
+        nodes.append(helper.make_node("Conv", [name, f"w{layer}"], [f"c{layer}"], name=f"conv{layer}"))
+        name = f"c{layer}"
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4, size, size])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_histogram_calibration_strides_within_the_activation_budget(tmp_path):
+    """Percentile and entropy calibration keep every activation of a stride's samples (the issue's
+    7.3-8.7 GB for a layout detector): the stride is as many samples as 512 MB of activations
+    takes, and a model whose one sample exceeds that is refused with the numbers."""
+    from ortprep.steps.quantize.calibrate import activation_bytes, histogram_stride
+
+    small = _wide_activations(tmp_path / "small.onnx", 256, 6)  # 6 x 1 MB per sample
+    assert activation_bytes(small) == 6 * 16 * 256 * 256
+    assert histogram_stride(small, 24) == (8, "")
+    middle = _wide_activations(tmp_path / "middle.onnx", 1024, 8)  # 8 x 16 MB = 128 MB: 4 samples fit
+    assert histogram_stride(middle, 24) == (4, "") and histogram_stride(middle, 21) == (3, "")
+    big = _wide_activations(tmp_path / "big.onnx", 1024, 40)  # 640 MB per sample
+    stride, why = histogram_stride(big, 24)
+    assert stride is None and "640 MB per sample" in why and "--method minmax" in why
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(10):
+        np.savez(calib / f"{index}.npz", x=np.random.default_rng(index).standard_normal((1, 4, 1024, 1024)).astype(np.float32))
+    result = invoke("quantize", big, "--static", "--method", "percentile", "--calib", calib, "-o", tmp_path / "q.onnx",
+                    "--no-verify", "--json")
+    assert result.exit_code == 1 and not (tmp_path / "q.onnx").exists()
+    assert "640 MB per sample" in result.stdout

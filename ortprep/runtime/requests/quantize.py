@@ -144,7 +144,7 @@ class Quantize(Request):
         calibration = CalibrationSet.from_json(self.calibration)
         reader = StreamingReader(calibration, self.calibration_indices, self.progress)
         extra = dict(common.pop("extra_options"))
-        extra["CalibStridedMinMax"] = _stride(len(reader))
+        extra["CalibStridedMinMax"] = options.get("stride") or _stride(len(reader))
         fixed = _fixed_encodings(self.model, options.get("fixed_output_encodings") or {}, types[options["activation_type"]],
                                  set(options.get("exclude_nodes") or ()))
         if fixed:

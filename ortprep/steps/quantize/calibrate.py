@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from ortprep.errors import UsageError
 from ortprep.findings import Finding
 from ortprep.model import ModelHandle
@@ -135,6 +137,11 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
         if op_types is None:
             op_types = quantizer_op_types(mode, settings["format"])
         op_types = [op for op in op_types if op not in exclude_ops]
+    stride = None
+    if mode == "static" and settings.get("method") in HISTOGRAM_METHODS and indices:
+        stride, why = histogram_stride(model, len(indices))
+        if stride is None:
+            return False, why
     request = {
         "workdir": str(workdir),
         "model": str(model),
@@ -142,7 +149,8 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
         "mode": mode,
         "calibration": calibration.to_json() if calibration else None,
         "calibration_indices": indices,
-        "options": {**settings, "op_types": op_types, "exclude_nodes": exclude_nodes, "external_data": big},
+        "options": {**settings, "op_types": op_types, "exclude_nodes": exclude_nodes, "external_data": big,
+                    "stride": stride},
         "progress": str(workdir / "quantize-progress.txt"),
     }
 
@@ -161,6 +169,59 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
         log.debug("quantizer traceback:\n%s", reply.traceback)
         return False, f"{reply.error_type}: {reply.message}"
     return True, ""
+
+
+# Calibration methods whose calibrator (ORT's HistogramCalibrater) keeps every intermediate tensor
+# of every sample in a stride until it builds its histograms; MinMax reduces each tensor to two
+# numbers inside the calibration graph, so its memory does not grow with the activations.
+HISTOGRAM_METHODS = ("percentile", "entropy")
+# What a histogram stride may hold of activations (the issue's bound is the model's size x 3 + 1 GB
+# for the whole process; the model's sessions and ORT's arenas take the rest).
+ACTIVATION_BUDGET = 512 * 2**20
+MAX_STRIDE = 8
+
+
+def activation_bytes(model: Path) -> int | None:
+    """Bytes of every intermediate tensor of one sample, from the shapes the graph holds (after
+    ORT's pre-processing, its shape inference); None where a float tensor's size is not known. The
+    weights are not read."""
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # noqa: BLE001 - the shapes the model holds are what there is
+        pass
+    infos = {v.name: v for v in list(proto.graph.value_info) + list(proto.graph.output)}
+    total = 0
+    for node in proto.graph.node:
+        for name in node.output:
+            info = infos.get(name)
+            if info is None or not info.type.HasField("tensor_type"):
+                if name:
+                    return None
+                continue
+            tensor = info.type.tensor_type
+            if tensor.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+            if any(d is None for d in dims):
+                return None
+            total += int(np.prod(dims, dtype=np.int64)) * 4
+    return total
+
+
+def histogram_stride(model: Path, count: int) -> tuple[int | None, str]:
+    """How many samples a histogram calibration stride holds at once: as many as ACTIVATION_BUDGET
+    takes (at most MAX_STRIDE, a divisor of ``count`` as ORT's strided protocol needs), or (None,
+    why) when one sample's activations alone exceed it. Unknown sizes keep MAX_STRIDE's rule."""
+    per_sample = activation_bytes(model)
+    fits = MAX_STRIDE if per_sample is None or per_sample == 0 else min(MAX_STRIDE, ACTIVATION_BUDGET // per_sample)
+    if fits < 1:
+        return None, (f"histogram calibration keeps every activation of a sample until it builds its histograms: "
+                      f"{per_sample / 2**20:.0f} MB per sample here, past the {ACTIVATION_BUDGET / 2**20:.0f} MB "
+                      "ortprep allows it; --method minmax reduces each tensor in the graph and stays small")
+    return max(d for d in range(1, min(fits, count) + 1) if count % d == 0), ""
 
 
 def _read_progress(path: Path) -> tuple[int, int] | None:

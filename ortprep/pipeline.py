@@ -18,6 +18,7 @@ The run stops at the first failing step; the steps after it are reported as skip
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,9 @@ class Pipeline:
     progress: Any = None  # callback(stage, done, total) for progress bars
     ignore: frozenset[str] = frozenset()  # finding codes that do not fail a step (a repository config's [ignore])
     _prepared: bool = field(default=False, repr=False)
+    # the model validate() opened, handed to the first step that reads it (opening a 100,000-node
+    # graph costs about a second)
+    _opened: Any = field(default=None, repr=False)
 
     # --- building ------------------------------------------------------------------------------
 
@@ -105,7 +109,7 @@ class Pipeline:
         if any(s.name not in NO_MODEL for s in self.steps):
             if self.model is None:
                 raise UsageError("no model given", hint="usage: ortprep COMMAND MODEL ...")
-            ModelHandle.open(self.model)  # a bad model fails before any step, or any folder is made
+            self._opened = ModelHandle.open(self.model)  # a bad model fails before any step, or any folder is made
         for index, entry in enumerate(self.steps):
             if entry.name in WRITES_MODEL:
                 dest = self.output_for(index)
@@ -157,7 +161,11 @@ class Pipeline:
                     continue
                 if self.progress is not None and not self.single_command:
                     self.progress(entry.label, index, len(self.steps))
-                handle = ModelHandle.open(model) if entry.name not in NO_MODEL else None
+                opened, self._opened = self._opened, None  # only the first step may take it
+                handle = None
+                if entry.name not in NO_MODEL:
+                    handle = opened if opened is not None and opened.path == Path(os.path.abspath(model)) \
+                        else ModelHandle.open(model)
                 output = self.output_for(index, model) if entry.name in WRITES_MODEL else None
                 entry.step.admit(handle)
                 result = entry.step.run(handle, StepContext(output=output, force=self.force, progress=self.progress))

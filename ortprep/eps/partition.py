@@ -8,6 +8,8 @@ module follows the same rule, one walk per EP (linear in nodes and edges).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from onnx import GraphProto
@@ -23,8 +25,54 @@ class PartitionResult:
     partition_of: list[int]  # per node: partition id, or -1 (CPU or folded)
 
 
+@dataclass(frozen=True)
+class _Topology:
+    """A graph's node inputs and outputs as Python tuples: protobuf's repeated fields cost a call
+    per read, and check walks a graph's edges several times per EP (a 100,000-node model)."""
+
+    graph: GraphProto  # held so that the id the cache is keyed by stays this graph's
+    inputs: list[tuple[str, ...]]
+    outputs: list[tuple[str, ...]]
+    producers: dict[str, int]
+    names: list[str]  # node_names(graph)
+    ops: list[str]
+
+
+# Graphs read while a reader that does not change them holds cached_topologies() (check);
+# None: no cache, each call reads the graph afresh (a transform may have changed it).
+_TOPOLOGIES: dict[int, _Topology] | None = None
+
+
+@contextmanager
+def cached_topologies() -> Iterator[None]:
+    """Within this block, each graph's edges are read once (the graphs must not change in it)."""
+    global _TOPOLOGIES
+    outer = _TOPOLOGIES
+    _TOPOLOGIES = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _TOPOLOGIES = outer
+
+
+def _topology(graph: GraphProto) -> _Topology:
+    cache = _TOPOLOGIES
+    found = cache.get(id(graph)) if cache is not None else None
+    if found is not None and found.graph is graph:
+        return found
+    inputs = [tuple(node.input) for node in graph.node]
+    outputs = [tuple(node.output) for node in graph.node]
+    producers = {name: index for index, names in enumerate(outputs) for name in names if name}
+    ops = [node.op_type for node in graph.node]
+    labels = [node.name or f"{op}#{i}" for i, (node, op) in enumerate(zip(graph.node, ops))]
+    found = _Topology(graph, inputs, outputs, producers, labels, ops)
+    if cache is not None:
+        cache[id(graph)] = found
+    return found
+
+
 def _producers(graph: GraphProto) -> dict[str, int]:
-    return {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    return _topology(graph).producers
 
 
 def partition_graph(graph: GraphProto, assignment: list[int]) -> PartitionResult:
@@ -76,13 +124,14 @@ def partition_graph(graph: GraphProto, assignment: list[int]) -> PartitionResult
 def _edges(graph: GraphProto, assignment: list[int]) -> tuple[list[list[int]], list[int]]:
     """Consumers of each node, and how many producer nodes each node waits for (folded
     constants, graph inputs, initializers and outer-scope values are there from the start)."""
-    produced_by = _producers(graph)
-    consumers: list[list[int]] = [[] for _ in graph.node]
-    pending = [0] * len(graph.node)
-    for index, node in enumerate(graph.node):
+    topology = _topology(graph)
+    produced_by = topology.producers
+    consumers: list[list[int]] = [[] for _ in topology.inputs]
+    pending = [0] * len(topology.inputs)
+    for index, names in enumerate(topology.inputs):
         if assignment[index] == FOLDED:
             continue
-        for producer in {produced_by[name] for name in node.input if name in produced_by}:
+        for producer in {produced_by[name] for name in names if name in produced_by}:
             if assignment[producer] != FOLDED and producer != index:
                 consumers[producer].append(index)
                 pending[index] += 1
@@ -95,14 +144,15 @@ def count_copies(graph: GraphProto, assignment: list[int]) -> int:
     Graph inputs consumed by an EP node and graph outputs produced by one count too: for a
     device EP they are copied between host and device memory.
     """
-    produced_by = _producers(graph)
-    graph_inputs = {value.name for value in graph.input} - {t.name for t in graph.initializer}
+    topology = _topology(graph)
+    produced_by = topology.producers
     initializers = {t.name for t in graph.initializer}
+    graph_inputs = {value.name for value in graph.input} - initializers
     crossings: set[tuple[str, int]] = set()
-    for index, node in enumerate(graph.node):
+    for index, names in enumerate(topology.inputs):
         if assignment[index] == FOLDED:
             continue
-        for name in node.input:
+        for name in names:
             if not name or name in initializers:
                 continue
             producer = produced_by.get(name)
@@ -122,13 +172,14 @@ def count_copies(graph: GraphProto, assignment: list[int]) -> int:
 
 def node_names(graph: GraphProto) -> list[str]:
     """Each node's name, or OP#INDEX for an unnamed one (how reports name nodes)."""
-    return [n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)]
+    return list(_topology(graph).names)
 
 
 def _links(graph: GraphProto) -> tuple[list[list[int]], list[list[int]]]:
-    producers = _producers(graph)
-    parents = [sorted({producers[x] for x in n.input if x in producers}) for n in graph.node]
-    children: list[list[int]] = [[] for _ in graph.node]
+    topology = _topology(graph)
+    producers = topology.producers
+    parents = [sorted({producers[x] for x in names if x in producers}) for names in topology.inputs]
+    children: list[list[int]] = [[] for _ in topology.inputs]
     for child, ps in enumerate(parents):
         for parent in ps:
             children[parent].append(child)
@@ -138,10 +189,11 @@ def _links(graph: GraphProto) -> tuple[list[list[int]], list[list[int]]]:
 def cpu_islands(graph: GraphProto, fallback: list[str] | set[str]) -> list[str]:
     """Fallback nodes with a node on the EP both before and after them (a round trip EP -> CPU ->
     EP). Two linear walks over the node order, which the checker guarantees is topological."""
-    names = node_names(graph)
+    topology = _topology(graph)
+    names = topology.names
     on_cpu = set(fallback)
     parents, children = _links(graph)
-    on_ep = [names[i] not in on_cpu and node.op_type != "Constant" for i, node in enumerate(graph.node)]
+    on_ep = [name not in on_cpu and op != "Constant" for name, op in zip(names, topology.ops)]
     ep_above = [False] * len(names)
     for i in range(len(names)):
         ep_above[i] = any(on_ep[p] or ep_above[p] for p in parents[i])

@@ -12,7 +12,7 @@ from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
 from ortprep.eps.devices import Device, device_table, has_devices, resolve_device
-from ortprep.eps.partition import CPU, FOLDED, cpu_islands, graph_view, partition_groups, partition_graph
+from ortprep.eps.partition import CPU, FOLDED, cached_topologies, cpu_islands, graph_view, partition_groups, partition_graph
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
 from ortprep.eps.rules import (
@@ -94,7 +94,17 @@ NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUnifo
 def folded_nodes(analysis: ModelAnalysis) -> set[int]:
     """Positions (in ``analysis.all_nodes()``) of nodes no EP runs: Constant nodes, and nodes
     ORT's constant folding (optimization level basic, before partitioning) computes away at
-    session creation: all inputs constant, or Shape of a static tensor."""
+    session creation: all inputs constant, or Shape of a static tensor. Found once per analysis
+    (every target of a check reads it)."""
+    cached = getattr(analysis, "_folded_nodes", None)
+    if cached is not None:
+        return cached
+    folded = _find_folded(analysis)
+    analysis._folded_nodes = folded
+    return folded
+
+
+def _find_folded(analysis: ModelAnalysis) -> set[int]:
     folded: set[int] = set()
     constant = {t.name for t in analysis.handle.graph.initializer}
     position = 0
@@ -307,16 +317,17 @@ def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None
     results = []
     shown = str(handle.path) if handle.path else "MODEL"
     static_fix = static_shape_fix(analysis, shown)
-    for target in resolved:
-        chosen = resolve_device(target[0].name, device, (provider_options or {}).get(target[0].name)) \
-            if len(target) == 1 and has_devices(target[0].name) else None
-        record, findings = check_target(analysis, target, ort_version, chosen)
-        if any(spec.name in ("dml", "dml-npu") for spec in target):
-            outside = {f.node for f in findings if f.code in ("DML001", "DML002") and f.node}
-            record["fused_nodes"] = record["supported_nodes"] - len(outside)
-        results.append(record)
-        for finding in findings:
-            report.add(_pasteable(finding, shown, static_fix))
+    with cached_topologies():  # check reads the graphs, never changes them: their edges are read once
+        for target in resolved:
+            chosen = resolve_device(target[0].name, device, (provider_options or {}).get(target[0].name)) \
+                if len(target) == 1 and has_devices(target[0].name) else None
+            record, findings = check_target(analysis, target, ort_version, chosen)
+            if any(spec.name in ("dml", "dml-npu") for spec in target):
+                outside = {f.node for f in findings if f.code in ("DML001", "DML002") and f.node}
+                record["fused_nodes"] = record["supported_nodes"] - len(outside)
+            results.append(record)
+            for finding in findings:
+                report.add(_pasteable(finding, shown, static_fix))
     report.data = {"model": str(handle.path) if handle.path else None, "results": results}
     return report
 

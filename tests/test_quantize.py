@@ -756,3 +756,43 @@ def test_auto_on_the_cpu_writes_the_fastest_precision_that_passes(tmp_path):
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert fastest["label"] in note["message"] and "the float model's time on this CPU" in note["message"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib", "q.onnx"]  # nothing left aside
+
+
+def test_the_search_keeps_float_where_the_error_starts_when_activation_noise_shows_nothing(tmp_path):
+    """16-bit activations carry no noise worth ranking, but the first MatMul's 8-bit weights lose
+    everything to one outlier row (each column's scale set by 1000): ranking the tensors by their
+    noise finds nothing, the head holds too many weights for the rules to keep it float, and the
+    search goes on to the nodes where the error starts: that MatMul is kept float and the gate
+    passes (before: "no quantized tensor left adds measurable error", cosine 0)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    first = rng.standard_normal((32, 32)).astype(np.float32) / 6
+    first[0, :] = 1000.0  # input feature 0 is always near zero: the outlier row costs nothing in float
+    second = (rng.standard_normal((32, 96)) / 6).astype(np.float32)  # the head holds most weights
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="outlier_mm"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("MatMul", ["r", "w2"], ["y"], name="head_mm")], "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 96])],
+        [numpy_helper.from_array(first, "w1"), numpy_helper.from_array(second, "w2")])
+    model = tmp_path / "outlier.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(24):
+        x = rng.standard_normal((1, 32)).astype(np.float32)
+        x[0, 0] = 1e-5
+        np.savez(calib / f"{index:02d}.npz", x=x)
+    code, record, _ = quantize(model, "--static", "--activation-type", "uint16", "--calib", calib, "-o", tmp_path / "q.onnx",
+                               "--auto-exclude", "--metric", "y=cosine")
+    assert code == 0, [f["message"] for f in record["findings"] if f["severity"] == "error"]
+    search = record["search"]
+    assert search["trials"][0]["cosine"] < 0.9  # the baseline: the outlier row took the first MatMul's weights
+    started = [r for r in search["rules"] if r["rule"].startswith("where the error starts")]
+    assert started and started[-1]["kept"] is True and "outlier_mm" in started[-1]["rule"]
+    assert "outlier_mm" in {e["name"] for e in record["excluded_nodes"]}
+    reason = next(e["reason"] for e in record["excluded_nodes"] if e["name"] == "outlier_mm")
+    assert reason.startswith("the error starts at outlier_mm (MatMul")
+    assert record["verify"]["passed"] and record["verify"]["cosine"] >= 0.995

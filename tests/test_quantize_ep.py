@@ -143,7 +143,8 @@ def test_auto_exclude_judges_every_trial_on_qnn(tmp_path):
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "--auto-exclude", "-o", tmp_path / "q.onnx")
     assert code == 1
     search = record["search"]
-    assert search["stopped"] == "no quantized tensor left adds measurable error"
+    # nothing adds error on the CPU EP (the HTP's float16 does): no tensor by its noise, no node where it starts
+    assert search["stopped"] == "no quantized tensor left adds measurable error; no node left where the error starts"
     labels = [t["label"] for t in search["trials"]]
     assert labels[0] == "baseline (preprocessed)" and labels[1] == "calibration: percentile"
     assert len(labels) == len(set(labels))  # each trial once
@@ -324,14 +325,17 @@ def test_output_writers_of_a_qdq_graph():
 
 @needs_qnn
 def test_the_ep_does_not_run_a_trial_the_cpu_ep_already_fails(tmp_path):
-    """The gate holds on both sides, so a trial the CPU EP fails cannot pass: the target EP (the
-    simulator, the slow side) is not run for it, and the record says why. A gate nothing reaches
-    (cosine 1.0 exactly) fails every trial on the CPU EP."""
+    """The gate holds on both sides, so a search trial the CPU EP fails cannot pass: the target EP
+    (the simulator, the slow side) is not run for it, and the record says why; the baseline runs on
+    both (both sides reported). A gate nothing reaches (cosine 1.0 exactly) fails every trial on
+    the CPU EP."""
     model, audio = mel_front_end(tmp_path)
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "--min-cosine", "1.0",
-                               "-o", tmp_path / "q.onnx")
+                               "--auto-exclude", "-o", tmp_path / "q.onnx")
     assert code == 1 and record["output"] is None
-    verify = record["verify"]
-    assert verify["judged_on"] == ["cpu"] and verify["ep"] is None and verify["passed"] is False
-    assert verify["ep_skipped"] == "the CPU EP already fails the gate"
+    trials = record["search"]["trials"]
+    assert len(trials) >= 2
+    assert trials[0]["judged_on"] == ["cpu", "qnn"] and trials[0]["ep"]["ep"] == "qnn"
+    for trial in trials[1:]:
+        assert trial["judged_on"] == ["cpu"] and trial["ep"] is None and trial["cpu"]["passed"] is False
     assert record["gate_target"]["judged"] is True

@@ -40,7 +40,7 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import output_writers, widen_output_encodings
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise
+from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise, worst_nodes
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.transforms.verify import model_bytes
 
@@ -159,8 +159,13 @@ class Search:
     def __init__(self, float_proto: onnx.ModelProto, attempt: Callable[[list[str], str], Trial],
                  rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]], *, quantizable_nodes: set[str],
                  max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None,
-                 first_rules: list[tuple[str, list[str]]] | None = None) -> None:
+                 first_rules: list[tuple[str, list[str]]] | None = None,
+                 blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None) -> None:
         self.names = {n.name for _, g in iter_graphs(float_proto.graph) for n in g.node}
+        # blame(trial, kept) -> [(node, op, cosine)]: the nodes where the trial's error starts (its
+        # output worse than its inputs), worst first; what the ranking by activation noise cannot
+        # see (8-bit weights under 16-bit activations) shows there
+        self.blame = blame
         # rules tried before the op-type rules, their nodes kept float as named (the EP's outputs)
         self.first_rules = list(first_rules or [])
         self.aim = aim
@@ -241,7 +246,8 @@ class Search:
                 return list(dict.fromkeys(n for _, members, _ in units[:count] for n in members))
 
             if not units:
-                result.best, result.stopped = current, "no quantized tensor left adds measurable error"
+                current, result.stopped = self._where_error_starts(current, kept, reasons, result, trial)
+                result.best = current
                 break
             high = len(units)
             while high > 0 and not self.fits(kept + prefix(high)):
@@ -271,9 +277,11 @@ class Search:
                 result.best, result.stopped = best, "the gate passed with the margin"
                 break
             if not improved(top, current):
+                current, result.stopped = self._where_error_starts(
+                    current, kept, reasons, result, trial,
+                    f"keeping the {len(prefix(high))} nodes around the {high} worst-ranked tensors in float did not improve "
+                    "the result")
                 result.best = current
-                result.stopped = (f"keeping the {len(prefix(high))} nodes around the {high} worst-ranked tensors in float "
-                                  "did not improve the result")
                 break
             # better but not there: keep them, and rank again on the new result (the next error source shows)
             self._explain(units[:high], reasons)
@@ -286,6 +294,53 @@ class Search:
         """A trial the search accepts: it passes the gate, and its lowest cosine reaches ``aim``
         (above the gate: the held-back samples are few, and the result must hold on others)."""
         return trial.passed and (self.aim is None or trial.cosine is None or trial.cosine >= self.aim)
+
+    # The error-start phase keeps this many of the blamed nodes float first, doubling while a trial
+    # does not improve, up to the float budget.
+    FIRST_BLAMED = 4
+
+    def _where_error_starts(self, current: Trial, kept: list[str], reasons: dict[str, str], result: SearchResult,
+                            trial: Callable[[list[str], str], Trial | None], why: str | None = None) -> tuple[Trial, str]:
+        """After the ranking by activation noise has nothing left that helps: keep float the nodes
+        where the error starts (blame), the worst FIRST_BLAMED first, twice as many while that does
+        not improve the result, and rank again after each improvement; until the gate passes, the
+        float budget or the trial limit is reached, or no node introduces measurable error. Returns
+        the best trial and why the search stopped."""
+        stopped = why or "no quantized tensor left adds measurable error"
+        if self.blame is None:
+            return current, stopped
+        count, rounds = self.FIRST_BLAMED, 0
+        while not self.ok(current):
+            blamed = [(self._float_name(name), op, cosine) for name, op, cosine in self.blame(current, kept)]
+            blamed = [(name, op, cosine) for name, op, cosine in blamed if name and name not in kept]
+            if not blamed:
+                return current, stopped + "; no node left where the error starts"
+            take = blamed[:count]
+            nodes = list(dict.fromkeys(n for name, _, _ in take for n in self.closure.get(name, [name])))
+            nodes = [n for n in nodes if n not in kept]
+            if not self.fits(kept + nodes):
+                return current, stopped + (f"; keeping the nodes where the error starts in float would leave less than "
+                                           f"{1 - self.share:.0%} of the weights quantized")
+            rounds += 1
+            outcome = trial(kept + nodes, f"where the error starts (round {rounds}): {len(take)} node(s)")
+            if outcome is None:
+                return current, f"the trial limit ({self.max_trials}) was reached"
+            record = {"rule": f"where the error starts: {', '.join(name for name, _, _ in take[:6])}"
+                      + ("..." if len(take) > 6 else ""), "nodes": len(nodes), "cosine_before": current.cosine,
+                      "cosine_after": outcome.cosine, "kept": improved(outcome, current)}
+            result.rules.append(record)
+            if not record["kept"]:
+                if len(take) < len(blamed):
+                    count *= 2
+                    continue
+                return current, stopped + "; keeping every node where the error starts in float did not improve it"
+            for name, op, cosine in take:
+                for node in self.closure.get(name, [name]):
+                    reasons.setdefault(node, f"the error starts at {name} ({op}: cosine {cosine:.4f} there, worse than "
+                                             "what it reads)")
+            kept += nodes
+            current, count = outcome, self.FIRST_BLAMED
+        return current, "the gate passed with the margin"
 
     def fits(self, nodes: list[str]) -> bool:
         unique = set(nodes)
@@ -333,9 +388,10 @@ class Trials:
         self.failure: str | None = None
         self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
         self._margin_feeds: list | None = None
-        # The target EP runs a trial only once the CPU EP passes it, until a trial passes on the
-        # CPU EP and fails on the EP: from then on every trial runs there too (the EP's own error
-        # is what the search works on). A trial failing on the CPU EP fails the gate either way.
+        # The target EP runs the baselines (both sides reported, where they part
+        # named), then a trial only once the CPU EP passes it, until a trial passes on the CPU EP
+        # and fails on the EP: from then on every trial runs there too (the EP's own error is what
+        # the search works on). A trial failing on the CPU EP fails the gate either way.
         self.ep_in_loop = False
 
     def margin_feeds(self) -> list:
@@ -374,7 +430,7 @@ class Trials:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds(), ep_after_cpu_fails=self.ep_in_loop)
+                                  self.margin_feeds(), ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"))
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
@@ -458,9 +514,17 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         if names:
             first_rules.append((f"the nodes that write the outputs {evaluation.on_ep.ep} gets wrong ({', '.join(wrong[:4])})",
                                 names))
+    def blame(trial: Trial, kept: list[str]) -> list[tuple[str, str, float]]:
+        if trial.path is None or not trials.eval_feeds:
+            return []
+        cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
+        worst = cosines.index(min(cosines)) if cosines else 0
+        return worst_nodes(source, trial.path, trials.eval_feeds[worst], set(kept), limit=None,
+                           cache=trials.caches.setdefault(("blame", str(source), worst), {}))
+
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
-                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules)
+                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame)
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

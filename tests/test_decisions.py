@@ -248,3 +248,18 @@ def test_rows_of_one_input_are_a_sequence():
     assert infer_decisions(graph([1, "frames", 40], ["frames", 4]), sample)["tags"].kind == "argmax"
     assert infer_decisions(graph([48, 40], [48, 4]), sample)["tags"].kind == "top1"  # a batch of 48
     assert infer_decisions(graph([1, 30, 40], [48, 4]), sample)["tags"].kind == "top1"
+
+
+def test_a_large_output_shrunk_on_one_sample_fails_its_norm():
+    """A detector's output ([1, 3549, 6] on the journey) shrunk by 3% on one input of eight passes
+    a norm pooled over the samples (0.996) but not the sample-by-sample one that large outputs get;
+    ten logits with the same shrink stay pooled (random error alone moves a small output's norm)."""
+    rng = np.random.default_rng(8)
+    for size, passes in ((2048, False), (10, True)):
+        reference = [{"out": rng.standard_normal((1, size)).astype(np.float32)} for _ in range(8)]
+        candidate = [{"out": r["out"] * (np.float32(0.97) if index == 0 else np.float32(1.0))}
+                     for index, r in enumerate(reference)]
+        judged = judge("cpu", reference, candidate, 0.99, {}, {})
+        assert judged.outputs[0]["cosine"] > 0.9999 and judged.passed is passes
+        ratio = judged.outputs[0]["norm_ratio"]
+        assert ratio == pytest.approx(0.97, abs=1e-4) if size == 2048 else 0.99 < ratio < 1.0  # pooled: about 0.996

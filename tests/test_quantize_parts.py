@@ -395,3 +395,37 @@ def test_histogram_calibration_strides_within_the_activation_budget(tmp_path):
                     "--no-verify", "--json")
     assert result.exit_code == 1 and not (tmp_path / "q.onnx").exists()
     assert "640 MB per sample" in result.stdout
+
+
+def test_the_search_starts_no_trial_past_its_time_bound():
+    """--search-seconds: the search stops starting trials once its time is up, keeps the best so
+    far, and says which limit stopped it (the trial limit is far away here). Each trial is a
+    Trial the search's own callables return: what is tested is the search's bookkeeping."""
+    import time
+
+    from ortprep.steps.quantize.search import Search, Trial
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w0"], ["y0"], name="mm0")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.ones((4, 4), np.float32), "w0")])
+    proto = helper.make_model(graph)
+    started = []
+
+    def attempt(kept, label):
+        started.append(label)
+        time.sleep(0.2)
+        return Trial(label, list(kept), 0.5, False, 1)
+
+    def blame(trial, kept):  # always one node where the error starts, never fixed
+        return [("mm0", "MatMul", 0.5)] if "mm0" not in kept else []
+
+    search = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0, max_trials=50,
+                    fixed=[], blame=blame, seconds=0.1)
+    time.sleep(0.15)
+    result = search.run(Trial("baseline", [], 0.5, False, 1))
+    assert started == []  # the bound had passed before the first trial
+    assert result.stopped.startswith("the time bound (0.1 s, --search-seconds) was reached")
+    unbounded = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0,
+                       max_trials=50, fixed=[], blame=blame)
+    assert "time bound" not in unbounded.run(Trial("baseline", [], 0.5, False, 1)).stopped and started

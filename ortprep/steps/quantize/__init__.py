@@ -48,6 +48,7 @@ from ortprep.steps.quantize.evaluate import (
     fmt_cosine,
     gate_finding,
     latency_finding,
+    measure_latency,
     opset_upgrade_verified,
     worst_nodes,
 )
@@ -149,7 +150,10 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     ops = {n.name: n.op_type for n in graph_only.graph.node}
     excluded += [{"name": n, "op_type": ops.get(n, "?"), "reason": reasons.get(n, "auto-exclude")}
                  for n in best.kept if n not in trials.fixed]
-    return Outcome(best, trials.evaluations.get(best.path), excluded, search_record, source=label,
+    chosen = trials.evaluations.get(best.path)
+    if chosen is not None and best.path is not None:
+        measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed
+    return Outcome(best, chosen, excluded, search_record, source=label,
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []))
 
 

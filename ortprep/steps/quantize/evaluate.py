@@ -333,10 +333,21 @@ def margin_outputs(float_model: Path, feeds: list[dict[str, np.ndarray]] | None,
     return [{name: sample[name] for name in names if name in sample} for sample in run.samples]
 
 
+def measure_latency(evaluation: Evaluation, quant_model: Path, feeds: list[dict[str, np.ndarray]]) -> None:
+    """Time ``quant_model`` (LATENCY_RUNS runs of the first sample) where its evaluation did not,
+    and set the evaluation's latency figures; the float model's time is already there."""
+    if evaluation.quant_latency_ms is not None or evaluation.float_latency_ms is None or not feeds:
+        return
+    run = _run_model(quant_model, feeds[:1], latency_runs=LATENCY_RUNS)
+    if run.ok and run.latency_ms:
+        evaluation.quant_latency_ms = statistics.median(run.latency_ms)
+        evaluation.latency_ratio = round(evaluation.quant_latency_ms / evaluation.float_latency_ms, 3)
+
+
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
              metrics: dict[str, str] | None = None, margin_feeds: list[dict[str, np.ndarray]] | None = None,
-             ep_after_cpu_fails: bool = True) -> Evaluation:
+             ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
@@ -345,12 +356,14 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     ``margin_feeds``: more samples (the calibration samples) the float model runs on once, so that
     its decisions' margins on them join the expected agreement (runtime/decisions.py).
     ``ep_after_cpu_fails`` False: where the CPU EP already fails the gate, the target EP is not run
-    (the gate holds on both, so it cannot pass; a search's trials save the EP's time)."""
+    (the gate holds on both, so it cannot pass; a search's trials save the EP's time).
+    ``latency_runs`` 0: the quantized model's latency is not timed (a search trial; the result
+    chosen is timed afterwards: measure_latency)."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
     reference = cache["evaluation"]
-    candidate = _run_model(quant_model, feeds, latency_runs=LATENCY_RUNS)
+    candidate = _run_model(quant_model, feeds, latency_runs=latency_runs)
     record = target.record() if target is not None else None
     if not reference.ok or not candidate.ok:
         which = "float" if not reference.ok else "quantized"

@@ -26,6 +26,8 @@ output is the usual cause.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -40,7 +42,7 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import output_writers, widen_output_encodings
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import Evaluation, evaluate, fmt_cosine, tensor_noise, worst_nodes
+from ortprep.steps.quantize.evaluate import LATENCY_RUNS, Evaluation, evaluate, fmt_cosine, tensor_noise, worst_nodes
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.transforms.verify import model_bytes
 
@@ -160,7 +162,11 @@ class Search:
                  rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]], *, quantizable_nodes: set[str],
                  max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None,
                  first_rules: list[tuple[str, list[str]]] | None = None,
-                 blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None) -> None:
+                 blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None,
+                 seconds: float | None = None) -> None:
+        # no trial starts after this (time.monotonic()); None: no time bound
+        self.deadline = time.monotonic() + seconds if seconds is not None else None
+        self.seconds = seconds
         self.names = {n.name for _, g in iter_graphs(float_proto.graph) for n in g.node}
         # blame(trial, kept) -> [(node, op, cosine)]: the nodes where the trial's error starts (its
         # output worse than its inputs), worst first; what the ranking by activation noise cannot
@@ -201,7 +207,7 @@ class Search:
         reasons: dict[str, str] = {}
 
         def trial(nodes: list[str], label: str) -> Trial | None:
-            if len(result.trials) >= self.max_trials:
+            if len(result.trials) >= self.max_trials or self.out_of_time():
                 return None
             outcome = self.attempt(nodes, label)
             result.trials.append(outcome)
@@ -259,7 +265,7 @@ class Search:
                 break
             top = trial(kept + prefix(high), f"ranked (pass {passes}): worst {high} tensor(s), {len(prefix(high))} node(s)")
             if top is None:
-                result.best, result.stopped = current, f"the trial limit ({self.max_trials}) was reached"
+                result.best, result.stopped = current, self.limit_reached()
                 break
             if self.ok(top):
                 low, best = 0, top
@@ -324,7 +330,7 @@ class Search:
             rounds += 1
             outcome = trial(kept + nodes, f"where the error starts (round {rounds}): {len(take)} node(s)")
             if outcome is None:
-                return current, f"the trial limit ({self.max_trials}) was reached"
+                return current, self.limit_reached()
             record = {"rule": f"where the error starts: {', '.join(name for name, _, _ in take[:6])}"
                       + ("..." if len(take) > 6 else ""), "nodes": len(nodes), "cosine_before": current.cosine,
                       "cosine_after": outcome.cosine, "kept": improved(outcome, current)}
@@ -341,6 +347,15 @@ class Search:
             kept += nodes
             current, count = outcome, self.FIRST_BLAMED
         return current, "the gate passed with the margin"
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def limit_reached(self) -> str:
+        """Why no further trial ran: the time bound or the trial limit."""
+        if self.out_of_time():
+            return f"the time bound ({self.seconds:g} s, --search-seconds) was reached"
+        return f"the trial limit ({self.max_trials}) was reached"
 
     def fits(self, nodes: list[str]) -> bool:
         unique = set(nodes)
@@ -430,7 +445,8 @@ class Trials:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds(), ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"))
+                                  self.margin_feeds(), ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"),
+                                  latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
@@ -524,7 +540,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
 
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
-                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame)
+                    fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame,
+                    seconds=options.search_seconds)
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

@@ -163,9 +163,10 @@ class Search:
                  max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None,
                  first_rules: list[tuple[str, list[str]]] | None = None,
                  blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None,
-                 seconds: float | None = None) -> None:
-        # no trial starts after this (time.monotonic()); None: no time bound
-        self.deadline = time.monotonic() + seconds if seconds is not None else None
+                 seconds: float | None = None, started: float | None = None) -> None:
+        # no trial starts ``seconds`` after ``started`` (time.monotonic(), the quantize step's
+        # start by default now); None: no time bound
+        self.deadline = (time.monotonic() if started is None else started) + seconds if seconds is not None else None
         self.seconds = seconds
         self.names = {n.name for _, g in iter_graphs(float_proto.graph) for n in g.node}
         # blame(trial, kept) -> [(node, op, cosine)]: the nodes where the trial's error starts (its
@@ -403,6 +404,7 @@ class Trials:
         self.failure: str | None = None
         self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
         self._margin_feeds: list | None = None
+        self.started = time.monotonic()  # the search's time bound counts from here (the step's first trial)
         # The target EP runs the baselines (both sides reported, where they part
         # named), then a trial only once the CPU EP passes it, until a trial passes on the CPU EP
         # and fails on the EP: from then on every trial runs there too (the EP's own error is what
@@ -541,7 +543,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
                     fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame,
-                    seconds=options.search_seconds)
+                    seconds=options.search_seconds, started=trials.started)
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

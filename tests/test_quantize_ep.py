@@ -339,3 +339,20 @@ def test_the_ep_does_not_run_a_trial_the_cpu_ep_already_fails(tmp_path):
     for trial in trials[1:]:
         assert trial["judged_on"] == ["cpu"] and trial["ep"] is None and trial["cpu"]["passed"] is False
     assert record["gate_target"]["judged"] is True
+
+
+def test_a_trial_not_run_on_the_ep_is_compared_on_the_cpu_side():
+    """A baseline judged on both sides (CPU 0.95, QNN 0.80: the search decides on 0.80) against a
+    trial the CPU EP failed, so not run on QNN (0.95 on the CPU alone): the same figure, not
+    progress. Compared on the CPU side, a real gain still counts."""
+    from ortprep.steps.quantize.search import Trial, improved
+
+    both = {"judged_on": ["cpu", "qnn"], "cpu": {"cosine": 0.95, "norm_ratio": 1.0}, "ep": {"cosine": 0.80}}
+    baseline = Trial("baseline", [], 0.80, False, 1, norm_ratio=1.0, sides=both)
+
+    def cpu_only(cosine):
+        return Trial("rule", ["a"], cosine, False, 1, norm_ratio=1.0,
+                     sides={"judged_on": ["cpu"], "cpu": {"cosine": cosine, "norm_ratio": 1.0}, "ep": None})
+
+    assert not improved(cpu_only(0.95), baseline)
+    assert improved(cpu_only(0.97), baseline)

@@ -429,3 +429,22 @@ def test_the_search_starts_no_trial_past_its_time_bound():
     unbounded = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0,
                        max_trials=50, fixed=[], blame=blame)
     assert "time bound" not in unbounded.run(Trial("baseline", [], 0.5, False, 1)).stopped and started
+
+
+def test_activation_bytes_of_a_dynamic_model_come_from_a_sample(tmp_path):
+    """A detector exported with [N, 4, H, W]: the graph alone gives no sizes, a calibration
+    sample's shape does (the bound holds for dynamic models too)."""
+    from ortprep.steps.quantize.calibrate import activation_bytes, histogram_stride
+
+    model = _wide_activations(tmp_path / "m.onnx", 1024, 40)
+    proto = onnx.load(str(model))
+    for dim, name in zip(proto.graph.input[0].type.tensor_type.shape.dim, ("N", None, "H", "W")):
+        if name:
+            dim.dim_param = name
+    proto.graph.output[0].type.tensor_type.shape.Clear()
+    onnx.save(proto, str(model))
+    assert activation_bytes(model) is None
+    assert activation_bytes(model, {"x": [1, 4, 1024, 1024]}) == 40 * 16 * 1024 * 1024
+    stride, why = histogram_stride(model, 24, {"x": [1, 4, 1024, 1024]})
+    assert stride is None and "640 MB per sample" in why
+    assert histogram_stride(model, 24, {"x": [1, 4, 256, 256]}) == (8, "")

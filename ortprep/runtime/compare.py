@@ -87,16 +87,24 @@ def output_bounds(proto) -> dict[str, tuple[float, float]]:
     return bounds
 
 
-def expect(outcome, proto, metrics: dict[str, str] | None = None):
+def expect(outcome, proto, metrics: dict[str, str] | None = None, seeded: bool = False):
     """Set on a reference run (a RunOutcome) what its candidates are held to besides cosine: the
     range the graph bounds each output to, and the decision an application reads from each
-    (runtime/decisions.py; ``metrics``: --metric overrides). Returns ``outcome``."""
+    (runtime/decisions.py; ``metrics``: --metric overrides). ``seeded``: the run's inputs were
+    made up, not the user's: an inferred decision is then reported, not gated (near ties in noise
+    say nothing of the application's inputs; quantize's QNT019 reasons alike). Returns ``outcome``."""
+    import dataclasses
+
     from ortprep.runtime.decisions import infer_decisions
 
     outcome.bounds = output_bounds(proto)
     names = {value.name for value in proto.graph.output}
     samples = [{k: v for k, v in sample.items() if k in names} for sample in (outcome.samples or [outcome.outputs])]
-    outcome.decisions = infer_decisions(proto, [s for s in samples if s], metrics)
+    decisions = infer_decisions(proto, [s for s in samples if s], metrics)
+    if seeded:
+        decisions = {name: dataclasses.replace(d, gated=False) if d.chosen_by == "inferred" else d
+                     for name, d in decisions.items()}
+    outcome.decisions = decisions
     return outcome
 
 

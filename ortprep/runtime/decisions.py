@@ -90,8 +90,8 @@ def _maker(proto, name: str) -> str | None:
 def _rows_are_positions(proto, name: str, rows: int) -> bool:
     """Whether the rows of a 2-D output [R, C] are the positions of one input's sequence rather than
     a batch: its first dim shares a symbolic name with a non-leading dim of an input ("frames"), or
-    every input is a batch of one and R is the size of an input's non-leading dim (a frame tagger
-    fixed to 48 frames: input [1, 48, 40], output [48, 4])."""
+    every input is a batch of one and R is the length T of a sequence input [1, T, features] (a
+    frame tagger fixed to 48 frames: input [1, 48, 40], output [48, 4])."""
     if rows < 2:
         return False
     initializers = {t.name for t in proto.graph.initializer}
@@ -109,10 +109,10 @@ def _rows_are_positions(proto, name: str, rows: int) -> bool:
             continue
         batch_of_one = batch_of_one and dims[0].HasField("dim_value") and dims[0].dim_value == 1
         for dim in dims[1:]:
-            if dim.HasField("dim_value"):
-                sizes.add(dim.dim_value)
-            elif dim.HasField("dim_param"):
+            if dim.HasField("dim_param"):
                 names.add(dim.dim_param)
+        if len(dims) == 3 and dims[1].HasField("dim_value"):
+            sizes.add(dims[1].dim_value)  # a sequence input [1, T, features]: its T, not channels or sizes
     return bool(first and first in names) or (batch_of_one and rows in sizes)
 
 
@@ -249,7 +249,9 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
     the float model's outputs on other samples (the calibration samples: the margins are the float
     model's alone, so every sample it ran on says how often decisions sit near their boundary, and
     eight held-back samples say it poorly). None for ``cosine`` or when nothing can be compared."""
-    more = [np.asarray(m, np.float64) for m in (more or []) if m is not None and np.shape(m) == np.shape(reference[0])]
+    # for classes only the class axis must match (variable-length sequences), a map any shape
+    more = [np.asarray(m, np.float64) for m in (more or []) if m is not None and np.ndim(m) >= 1
+            and (decision.kind == "map" or np.shape(m)[-1] == np.shape(reference[0])[-1])]
     pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
              if c is not None and np.shape(r) == np.shape(c)]
     if not pairs or decision.kind == "cosine":
@@ -336,8 +338,10 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
     agreed = agreement(decision, reference, candidate)
     expected = expected_agreement(decision, reference, candidate, more)
     record: dict[str, Any] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
-    if more:
-        record["margin_samples"] = len(reference) + len(more)
+    usable = [m for m in (more or []) if m is not None and np.ndim(m) >= 1
+              and (decision.kind == "map" or np.shape(m)[-1] == np.shape(reference[0])[-1])]
+    if usable:
+        record["margin_samples"] = len(reference) + len(usable)
     if decision.kind == "cosine":
         record["passed"] = None
         return record

@@ -22,6 +22,7 @@ from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms import fp16_stream, rewrites
 from ortprep.transforms.common import (
     NOT_VERIFIED,
+    decision_fix,
     finish,
     make_feeds,
     reference_run,
@@ -69,9 +70,9 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     activations = None
     if options.verify and options.fp16 and not rewrites_graph:
         # one run serves as the reference and as the FP16 activation scan
-        activations, reference = _reference_with_intermediates(handle, feeds, report, options.metrics)
+        activations, reference = _reference_with_intermediates(handle, feeds, report, options.metrics, options.inputs is None)
     else:
-        reference = _reference(handle, feeds, report, _level(options), options.metrics) if options.verify else None
+        reference = _reference(handle, feeds, report, _level(options), options.metrics, options.inputs is None) if options.verify else None
     proto, applied = _rewrite(handle.proto, options)
 
     verify_result: VerifyResult | None = None
@@ -124,32 +125,33 @@ def _level(options: ConvertOptions) -> str:
 
 
 def _reference(handle: ModelHandle, feeds, report: StepResult, optimization: str = "default",
-               metrics: dict[str, str] | None = None):
+               metrics: dict[str, str] | None = None, seeded: bool = False):
     """The original's run from its own file (its session stays in the worker for the steps after
     this one); a model held in memory only goes through transforms.common."""
     if handle.path is None:
-        return reference_run(handle.proto, feeds, report, metrics)
+        return reference_run(handle.proto, feeds, report, metrics, seeded)
     outcome = run_isolated(handle.path, cast_feeds(feeds, handle.proto), optimization=optimization)
     if not outcome.ok:
         report_unverifiable(outcome, report)
         return None
-    return expect(outcome, handle.proto, metrics)
+    return expect(outcome, handle.proto, metrics, seeded)
 
 
-def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult, metrics: dict[str, str] | None = None):
+def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult, metrics: dict[str, str] | None = None,
+                                  seeded: bool = False):
     """The original's run with every intermediate exposed, from its own file: the worker adds the
     outputs to the file's graph, so its weights are not serialized again here, and its session
     stays in the worker for later runs of that file. (A model held in memory only goes through a
     temporary copy, as transforms.common does.)"""
     if handle.path is None:
-        return reference_with_intermediates(handle.proto, feeds, report, metrics)
+        return reference_with_intermediates(handle.proto, feeds, report, metrics, seeded)
     full = run_file_with_intermediates(handle.path, handle.proto, feeds, float_intermediates(handle.proto))
     if not full.ok:
         report_unverifiable(full, report)
         return None, None
     names = {v.name for v in handle.proto.graph.output}
     reference = expect(dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names}),
-                       handle.proto, metrics)
+                       handle.proto, metrics, seeded)
     return full, reference
 
 
@@ -176,7 +178,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     if options.verify:
         reference = run_isolated(handle.path, feeds)
         if reference.ok:
-            expect(reference, handle.proto, options.metrics)
+            expect(reference, handle.proto, options.metrics, options.inputs is None)
             candidate = run_isolated(staged, cast_feeds(feeds, converted))
             verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
         else:
@@ -199,8 +201,8 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     failed = verify_result is not None and not verify_result.passed
     if failed:
         what = verify_result.failure_words()
-        report.add(Finding.of("CNV006", f"verification failed: {what}",
-                              fix="keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search"))
+        report.add(Finding.of("CNV006", f"verification failed: {what}", fix=decision_fix(
+            verify_result, "keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search")))
     written = kept_failed = None
     if not failed and not unverifiable:
         written = fp16_stream.commit(staged, dest)

@@ -70,7 +70,7 @@ def optimize_model(handle: ModelHandle, dest: Path, options: OptimizeOptions, *,
     feeds, feed_source = make_feeds(handle, options)
     verify_result: VerifyResult | None = None
     if options.verify:
-        reference = reference_run(original, feeds, report, options.metrics)
+        reference = reference_run(original, feeds, report, options.metrics, options.inputs is None)
         if reference is not None:
             verify_result = verify_run(reference, run_model(proto, feeds), OPTIMIZE_GATE)
     report.output = finish(

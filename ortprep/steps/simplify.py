@@ -38,7 +38,7 @@ def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *,
     original = handle.proto
     nodes_before = node_count(original)
     feeds, feed_source = make_feeds(handle, options)
-    reference = reference_run(original, feeds, report, options.metrics) if options.verify else None
+    reference = reference_run(original, feeds, report, options.metrics, options.inputs is None) if options.verify else None
     proto = original  # onnxsim and onnxoptimizer return new models
     path_taken: list[dict[str, str]] = []
     if options.onnxsim:

@@ -44,11 +44,11 @@ def feed_choice(handle: ModelHandle, options: VerifyOptions) -> FeedChoice:
 
 
 def reference_run(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult,
-                  metrics: dict[str, str] | None = None) -> RunOutcome | None:
+                  metrics: dict[str, str] | None = None, seeded: bool = False) -> RunOutcome | None:
     """Run the original; when it cannot run, say so (the result then goes unverified)."""
     outcome = run_model(original, feeds)
     if outcome.ok:
-        return expect(outcome, original, metrics)
+        return expect(outcome, original, metrics, seeded)
     report_unverifiable(outcome, report)
     return None
 
@@ -79,7 +79,7 @@ def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
 
 
 def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult,
-                                 metrics: dict[str, str] | None = None
+                                 metrics: dict[str, str] | None = None, seeded: bool = False
                                  ) -> tuple[RunOutcome | None, RunOutcome | None]:
     """One run of the original for both the reference outputs and every intermediate tensor (the
     FP16 activation scan reads them): (the full run, the run with graph outputs only), or
@@ -94,7 +94,7 @@ def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarr
         return None, None
     names = {v.name for v in original.graph.output}
     reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names})
-    return full, expect(reference, original, metrics)
+    return full, expect(reference, original, metrics, seeded)
 
 
 def finish(

@@ -78,7 +78,8 @@ class VerifyResult:
             return f"the result does not load or run ({self.error})"
         changed = [describe_decision(d) for d in self.decision_failed]
         if changed:
-            return "the application's decision changes: " + "; ".join(changed) + f" (lowest cosine {self.cosine})"
+            return "the application's decision changes: " + "; ".join(changed) + (
+                f" (lowest cosine {self.cosine})" if self.cosine is not None else "")
         return f"outputs differ (lowest cosine {self.cosine}, max abs diff {self.max_abs_diff})"
 
     def to_record(self) -> dict:
@@ -173,9 +174,7 @@ def judge_decisions(reference: RunOutcome, candidate: RunOutcome) -> list[dict]:
     judged = []
     wanted = reference.samples or [reference.outputs]
     got = candidate.samples or [candidate.outputs]
-    for name, decision in reference.decisions.items():
-        if not decision.gated:
-            continue
+    for name, decision in reference.decisions.items():  # an ungated one is reported (passed None)
         pairs = [(r[name], c.get(name)) for r, c in zip(wanted, got) if name in r]
         if not pairs:
             continue

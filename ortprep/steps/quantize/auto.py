@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ortprep.errors import OrtprepError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
@@ -96,7 +97,15 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0, **changes)
             if best is not None:
                 os.replace(dest, aside)
-            report = quantize_model(handle, dest, attempt, force=force, progress=progress)
+                try:
+                    report = quantize_model(handle, dest, attempt, force=force, progress=progress)
+                except OrtprepError as error:  # a later precision's refusal: the one that passed stays
+                    tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
+                                  "latency_ratio": None, "codes": [], "error": str(error)})
+                    os.replace(aside, dest)
+                    continue
+            else:
+                report = quantize_model(handle, dest, attempt, force=force, progress=progress)
             kept = kept or report.data.get("kept_failed")
             verify = report.data.get("verify") or {}
             passed = not any(f.severity >= Severity.ERROR for f in report.findings) and bool(report.data.get("output"))

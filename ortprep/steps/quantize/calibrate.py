@@ -139,7 +139,8 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
         op_types = [op for op in op_types if op not in exclude_ops]
     stride = None
     if mode == "static" and settings.get("method") in HISTOGRAM_METHODS and indices:
-        stride, why = histogram_stride(model, len(indices))
+        first = calibration.sample(indices[0]) if calibration is not None else {}
+        stride, why = histogram_stride(model, len(indices), {name: list(np.shape(value)) for name, value in first.items()})
         if stride is None:
             return False, why
     request = {
@@ -181,41 +182,64 @@ ACTIVATION_BUDGET = 512 * 2**20
 MAX_STRIDE = 8
 
 
-def activation_bytes(model: Path) -> int | None:
-    """Bytes of every intermediate tensor of one sample, from the shapes the graph holds (after
-    ORT's pre-processing, its shape inference); None where a float tensor's size is not known. The
-    weights are not read."""
+_ELEMENT_BYTES = {1: 4, 10: 2, 11: 8, 16: 2}  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def activation_bytes(model: Path, input_shapes: dict[str, list[int]] | None = None) -> int | None:
+    """Bytes of every float intermediate tensor of one sample, from the shapes the graph holds
+    (after ORT's pre-processing, its shape inference), with the graph inputs set to
+    ``input_shapes`` (a calibration sample's: dynamic dims become known); None where a float
+    tensor's size is still not known. The weights are not read."""
     import onnx
 
     proto = onnx.load(str(model), load_external_data=False)
+    for value in proto.graph.input:
+        shape = (input_shapes or {}).get(value.name)
+        if shape is not None and value.type.HasField("tensor_type"):
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for size in shape:
+                dims.add().dim_value = int(size)
+    del proto.graph.value_info[:]  # inferred again from the inputs' sizes
+    # onnx does not refine a graph output's declared type: each becomes an intermediate (read by an
+    # Identity that writes the output), so that its size is inferred like the others'
+    counted = [name for node in proto.graph.node for name in node.output if name]
+    for value in list(proto.graph.output):
+        proto.graph.node.add().CopyFrom(onnx.helper.make_node("Identity", [value.name], [value.name + "__sized"]))
+        value.name += "__sized"
+        value.type.tensor_type.ClearField("shape")
     try:
         proto = onnx.shape_inference.infer_shapes(proto)
     except Exception:  # noqa: BLE001 - the shapes the model holds are what there is
         pass
-    infos = {v.name: v for v in list(proto.graph.value_info) + list(proto.graph.output)}
+    infos = {v.name: v for v in proto.graph.value_info}
     total = 0
-    for node in proto.graph.node:
-        for name in node.output:
-            info = infos.get(name)
-            if info is None or not info.type.HasField("tensor_type"):
-                if name:
-                    return None
-                continue
-            tensor = info.type.tensor_type
-            if tensor.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-                continue
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-            if any(d is None for d in dims):
-                return None
-            total += int(np.prod(dims, dtype=np.int64)) * 4
+    for name in counted:
+        info = infos.get(name)
+        if info is None or not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+            return None
+        tensor = info.type.tensor_type
+        if tensor.elem_type not in _ELEMENT_BYTES:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if any(d is None for d in dims):
+            return None
+        total += int(np.prod(dims, dtype=np.int64)) * _ELEMENT_BYTES[tensor.elem_type]
     return total
 
 
-def histogram_stride(model: Path, count: int) -> tuple[int | None, str]:
+_ACTIVATION_BYTES: dict[tuple, int | None] = {}
+
+
+def histogram_stride(model: Path, count: int, input_shapes: dict[str, list[int]] | None = None) -> tuple[int | None, str]:
     """How many samples a histogram calibration stride holds at once: as many as ACTIVATION_BUDGET
     takes (at most MAX_STRIDE, a divisor of ``count`` as ORT's strided protocol needs), or (None,
     why) when one sample's activations alone exceed it. Unknown sizes keep MAX_STRIDE's rule."""
-    per_sample = activation_bytes(model)
+    key = (str(model), Path(model).stat().st_mtime_ns, tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
+    if key not in _ACTIVATION_BYTES:  # every trial of a search asks again for the same source
+        _ACTIVATION_BYTES.clear()
+        _ACTIVATION_BYTES[key] = activation_bytes(model, input_shapes)
+    per_sample = _ACTIVATION_BYTES[key]
     fits = MAX_STRIDE if per_sample is None or per_sample == 0 else min(MAX_STRIDE, ACTIVATION_BUDGET // per_sample)
     if fits < 1:
         return None, (f"histogram calibration keeps every activation of a sample until it builds its histograms: "

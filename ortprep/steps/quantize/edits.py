@@ -195,6 +195,8 @@ def _encoding_chain(output: str, graph, producers: dict, consumers: dict, users:
     origin = None
     for node in group:
         if node.op_type == "DequantizeLinear":
+            if id(producers.get(node.input[0])) not in members:
+                return None  # it reads stored integers (a constant): a new scale would change their values
             # what reads the dequantized value: the output itself, or a move whose result is
             # quantized again with the same encoding
             for reader in consumers.get(node.output[0], []):

@@ -82,13 +82,26 @@ def norm_error(trial: Trial) -> float:
     return abs(trial.norm_ratio - 1.0) if trial.norm_ratio is not None else 0.0
 
 
+def cpu_side(trial: Trial) -> Trial:
+    """``trial`` as the CPU EP alone judged it (its cosine and norm ratio on that side)."""
+    cpu = (trial.sides or {}).get("cpu") or {}
+    return Trial(trial.label, trial.kept, cpu.get("cosine"), trial.passed, trial.size, trial.path, trial.error,
+                 norm_ratio=cpu.get("norm_ratio"), sides=trial.sides)
+
+
 def improved(new: Trial, old: Trial) -> bool:
     """Whether ``new`` measured better than ``old``: it passes where ``old`` fails, or its lowest
-    cosine rose by IMPROVES, or (its cosine no worse) its norm ratio came NORM_IMPROVES closer to 1."""
+    cosine rose by IMPROVES, or (its cosine no worse) its norm ratio came NORM_IMPROVES closer to 1.
+    Where one of them was not run on the target EP (a trial the CPU EP already failed), both are
+    compared on the CPU EP's figures: a cosine over both sides against one over the CPU alone
+    would count the EP's error as progress."""
     if new.path is None and new.cosine is None:
         return False
     if new.passed and not old.passed:
         return True
+    one_sided = [trial.sides is not None and trial.sides.get("ep") is None for trial in (new, old)]
+    if new.sides is not None and old.sides is not None and one_sided[0] != one_sided[1]:
+        new, old = cpu_side(new), cpu_side(old)
     if new.cosine is None:
         return False
     if old.cosine is None or new.cosine > old.cosine + IMPROVES:
@@ -244,6 +257,9 @@ class Search:
             return result
         passes = 0
         while True:
+            if self.out_of_time() or len(result.trials) >= self.max_trials:
+                result.best, result.stopped = current, self.limit_reached()  # before ranking costs its runs
+                break
             passes += 1
             units = self._units(current, kept)
             result.ranked += [{"pass": passes, "tensor": label, "nodes": members, "noise": round(score, 4)}
@@ -317,9 +333,14 @@ class Search:
         if self.blame is None:
             return current, stopped
         count, rounds = self.FIRST_BLAMED, 0
+        blamed_for: Trial | None = None
         while not self.ok(current):
-            blamed = [(self._float_name(name), op, cosine) for name, op, cosine in self.blame(current, kept)]
-            blamed = [(name, op, cosine) for name, op, cosine in blamed if name and name not in kept]
+            if self.out_of_time() or len(result.trials) >= self.max_trials:
+                return current, self.limit_reached()
+            if blamed_for is not current:  # the same trial blames the same nodes: asked once
+                blamed = [(self._float_name(name), op, cosine) for name, op, cosine in self.blame(current, kept)]
+                blamed = [(name, op, cosine) for name, op, cosine in blamed if name and name not in kept]
+                blamed_for = current
             if not blamed:
                 return current, stopped + "; no node left where the error starts"
             take = blamed[:count]

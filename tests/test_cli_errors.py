@@ -200,3 +200,14 @@ def test_json_is_printed_even_when_the_command_fails(tmp_path):
     assert document["schema"] == "ortprep.error/1" and document["exit_code"] == 2
     assert document["findings"][0]["code"] == "RUN001" and "not found" in document["findings"][0]["message"]
     assert not invoke("check", tmp_path / "missing.onnx", "--ep", "cpu").stdout  # without --json: stderr only
+
+
+@pytest.mark.parametrize("command", [["convert", "--fp16"], ["quantize", "--dynamic"], ["simplify"]])
+def test_metric_of_an_output_the_model_lacks(tmp_path, command):
+    # a misspelt --metric output would leave the decision it meant to set inferred, silently
+    model = _valid(tmp_path)
+    before = _snapshot(tmp_path)
+    result = invoke(command[0], model, *command[1:], "--metric", "nosuch=top1", "-o", tmp_path / "out.onnx")
+    _assert_one_clean_error(result, "--metric names 'nosuch', not an output of the model")
+    assert result.exit_code == 2
+    assert _snapshot(tmp_path) == before

@@ -54,6 +54,8 @@ class Step:
         """The checks every model passes before this step runs: not a compiled EPContext model
         (for steps that change it), a model ONNX Runtime loads, and weights that fit in memory.
         Each refusal is one line (exit 2, or 3 for memory)."""
+        if model is not None:
+            require_metric_outputs(model, getattr(self.options, "metrics", None) or {}, self.name)
         if model is None or self.memory_factor is None:
             return
         from ortprep.resources import require_memory
@@ -77,6 +79,18 @@ class Step:
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         raise NotImplementedError
+
+
+def require_metric_outputs(model: ModelHandle, metrics: dict[str, str], step: str) -> None:
+    """--metric OUTPUT=KIND names outputs of the model: a name that is none is a usage error (a
+    misspelt output would otherwise leave the decision it meant to set inferred, silently)."""
+    from ortprep.errors import UsageError
+
+    outputs = [value.name for value in model.graph.output]
+    unknown = [name for name in metrics if name not in outputs]
+    if unknown:
+        raise UsageError(f"{step}: --metric names {', '.join(repr(n) for n in unknown)}, not an output of the model",
+                         hint="its outputs: " + ", ".join(outputs[:12]) + ("..." if len(outputs) > 12 else ""))
 
 
 def output_path(step: Step, model: ModelHandle, ctx: StepContext) -> Path:

@@ -165,12 +165,7 @@ def _named_as_classes(name: str) -> bool:
 
 def _class_gap(values: list[np.ndarray]) -> float:
     """The median over rows of (largest - second largest) / the row's standard deviation."""
-    gaps = []
-    for value in values:
-        rows = value.reshape(-1, value.shape[-1]).astype(np.float64)
-        ordered = np.sort(rows, axis=-1)
-        spread = np.std(rows, axis=-1)
-        gaps.extend(((ordered[:, -1] - ordered[:, -2]) / np.where(spread > 0, spread, np.inf)).tolist())
+    gaps = [lead for value in values for lead in _leads(value.reshape(-1, value.shape[-1]).astype(np.float64))]
     return float(np.median(gaps)) if gaps else 0.0
 
 
@@ -231,10 +226,21 @@ def _flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
 
 
 def _leads(rows: np.ndarray) -> np.ndarray:
-    """Each row's largest value's lead over the runner-up, in the row's standard deviations."""
+    """Each row's largest value's lead over the runner-up, in the row's standard deviations (0 for
+    a row of equal values)."""
     ordered = np.sort(rows, axis=-1)
     spread = np.std(rows, axis=-1)
     return (ordered[:, -1] - ordered[:, -2]) / np.where(spread > 0, spread, 1.0)
+
+
+def _usable(decision: Decision, reference: list[np.ndarray], more: list[np.ndarray] | None) -> list[np.ndarray]:
+    """The float outputs of ``more`` whose margins can join ``reference``'s: for classes the class
+    axis must match (sequences of other lengths count), a map any shape."""
+    if not reference:
+        return []
+    classes = np.shape(reference[0])[-1:]
+    return [np.asarray(m, np.float64) for m in (more or []) if m is not None and np.ndim(m) >= 1
+            and (decision.kind == "map" or np.shape(m)[-1:] == classes)]
 
 
 def expected_agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
@@ -249,9 +255,7 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
     the float model's outputs on other samples (the calibration samples: the margins are the float
     model's alone, so every sample it ran on says how often decisions sit near their boundary, and
     eight held-back samples say it poorly). None for ``cosine`` or when nothing can be compared."""
-    # for classes only the class axis must match (variable-length sequences), a map any shape
-    more = [np.asarray(m, np.float64) for m in (more or []) if m is not None and np.ndim(m) >= 1
-            and (decision.kind == "map" or np.shape(m)[-1] == np.shape(reference[0])[-1])]
+    more = _usable(decision, reference, more)
     pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
              if c is not None and np.shape(r) == np.shape(c)]
     if not pairs or decision.kind == "cosine":
@@ -338,8 +342,7 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
     agreed = agreement(decision, reference, candidate)
     expected = expected_agreement(decision, reference, candidate, more)
     record: dict[str, Any] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
-    usable = [m for m in (more or []) if m is not None and np.ndim(m) >= 1
-              and (decision.kind == "map" or np.shape(m)[-1] == np.shape(reference[0])[-1])]
+    usable = _usable(decision, reference, more)
     if usable:
         record["margin_samples"] = len(reference) + len(usable)
     if decision.kind == "cosine":

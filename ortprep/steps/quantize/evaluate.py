@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import onnx
@@ -318,12 +318,16 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
 MARGIN_SAMPLES, MARGIN_BYTES = 64, 128 * 2**20
 
 
-def margin_outputs(float_model: Path, feeds: list[dict[str, np.ndarray]] | None, decisions: dict[str, Decision],
-                   reference: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """The float model's decided outputs on ``feeds`` (capped at MARGIN_SAMPLES and MARGIN_BYTES),
-    for their margins; nothing when no output has a gated decision or the run fails."""
+def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]] | None,
+                   decisions: dict[str, Decision], reference: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The float model's decided outputs on the samples ``feeds()`` reads (capped at MARGIN_SAMPLES
+    and MARGIN_BYTES), for their margins; nothing when no output has a gated decision (then no
+    sample is read) or the run fails."""
     names = [name for name, d in decisions.items() if d.gated and d.kind != "cosine"]
-    if not feeds or not names or not reference:
+    if feeds is None or not names or not reference:
+        return []
+    feeds = feeds()
+    if not feeds:
         return []
     per_sample = sum(np.asarray(reference[0][name]).nbytes for name in names if name in reference[0])
     count = min(len(feeds), MARGIN_SAMPLES, max(1, MARGIN_BYTES // max(per_sample, 1)))
@@ -346,14 +350,14 @@ def measure_latency(evaluation: Evaluation, quant_model: Path, feeds: list[dict[
 
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
-             metrics: dict[str, str] | None = None, margin_feeds: list[dict[str, np.ndarray]] | None = None,
+             metrics: dict[str, str] | None = None, margin_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
              ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
     trials (only the quantized model changes). An output that the samples leave flat (constant,
     near zero) is judged by absolute error against its range or scale, not by cosine.
-    ``margin_feeds``: more samples (the calibration samples) the float model runs on once, so that
+    ``margin_feeds``: reads more samples (the calibration samples) the float model runs on once, so that
     its decisions' margins on them join the expected agreement (runtime/decisions.py).
     ``ep_after_cpu_fails`` False: where the CPU EP already fails the gate, the target EP is not run
     (the gate holds on both, so it cannot pass; a search's trials save the EP's time).

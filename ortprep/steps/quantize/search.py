@@ -468,7 +468,7 @@ class Trials:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds(), ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"),
+                                  self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"),
                                   latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             if self.progress is not None:
@@ -522,12 +522,16 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         for name in node.input:
             consumers.setdefault(name, []).append(node.name)
 
+    def worst_sample(trial: Trial) -> int:
+        """The evaluation sample the trial did worst on (its lowest cosine over both sides)."""
+        cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
+        return cosines.index(min(cosines)) if cosines else 0
+
     def rank(trial: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
         if trial.path is None:
             return []
         # the sample the trial did worst on (where calibration's ranges clip, say) and one more
-        cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
-        worst = cosines.index(min(cosines)) if cosines else 0
+        worst = worst_sample(trial)
         picked = [trials.eval_feeds[worst]] + [f for i, f in enumerate(trials.eval_feeds[:2]) if i != worst][:1]
         noise = tensor_noise(source, trial.path, picked, cache=trials.caches.setdefault(source, {}))
         # a tensor stays float only when the node writing it and every node reading it are float
@@ -556,8 +560,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     def blame(trial: Trial, kept: list[str]) -> list[tuple[str, str, float]]:
         if trial.path is None or not trials.eval_feeds:
             return []
-        cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
-        worst = cosines.index(min(cosines)) if cosines else 0
+        worst = worst_sample(trial)
         return worst_nodes(source, trial.path, trials.eval_feeds[worst], set(kept), limit=None,
                            cache=trials.caches.setdefault(("blame", str(source), worst), {}))
 

@@ -132,6 +132,14 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
         FindingKind("CMP003", "nodes stay outside the EPContext nodes", Severity.INFO),
+        # PKG: model packages (package, load --package)
+        FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
+        FindingKind("PKG002", "the target's EP does not run where the package was made: no session proves its variant",
+                    Severity.WARNING),
+        FindingKind("PKG003", "no EPContext model in the package: the EP compiles the QDQ variant at session creation",
+                    Severity.WARNING),
+        FindingKind("PKG004", "an EP asked for does not run here: no variant was tried on it", Severity.WARNING),
+        FindingKind("PKG005", "no variant of the package fits an EP available here", Severity.ERROR),
         # RUN: the command itself
         FindingKind("RUN001", "the command stopped before it could report (bad input, missing environment, internal error)",
                     Severity.ERROR),

@@ -55,6 +55,7 @@ def _list_eps(kwargs: dict[str, Any]) -> bool:
 def _register() -> None:
     import inspect
 
+    from ortprep.cli import package as package_cmd
     from ortprep.cli import run as run_cmd
     from ortprep.cli.commands import build_command
     from ortprep.steps import REGISTRY
@@ -64,9 +65,12 @@ def _register() -> None:
     for name in REGISTRY:
         if name == "check":
             app.command(name)(build_command(name, extra=[list_eps], before=_list_eps))
+        elif name == "load":
+            app.command(name)(build_command(name, extra=[package_cmd.PACKAGE_PARAMETER], before=package_cmd.load_package_hook))
         else:
             app.command(name)(build_command(name))
     run_cmd.register(app)
+    package_cmd.register(app)
 
 
 _register()

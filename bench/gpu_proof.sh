@@ -2,14 +2,32 @@
 # The CUDA and TensorRT paths on a real GPU (not part of make test: CI has no GPU).
 # Needs an onnxruntime-gpu on the path (and onnxconverter-common for the FP16 step); writes the
 # JSON reports to $OUT (default bench/out/gpu). Figures in bench/RESULTS.md.
+#
+# On a lent machine with no network: carry the onnxruntime-gpu wheel in pieces and set
+# WHEELS=folder-with-the-wheels; this script installs them into /tmp/site first, and puts the
+# CUDA libraries of NVIDIA's pip packages (the machine's own) on LD_LIBRARY_PATH.
 set -u
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:$PWD
+  LIBS=$(python3 -c "import glob, nvidia; print(':'.join(p for d in nvidia.__path__ for p in glob.glob(d + '/*/lib') + glob.glob(d + '/*/*/lib')))")
+  export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
+fi
+python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" | tee "$OUT/ort.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/ort.txt"
 run() { echo "+ ortprep $*" >&2; python3 -m ortprep "$@"; echo "  exit $?" >&2; }
 run doctor --json > "$OUT/doctor.json"
 run load sample_models/cnn.onnx --ep cuda --ep tensorrt --ep cpu --runs 200 --json > "$OUT/load_cnn.json"
 run load sample_models/transformer_block.onnx --ep cuda --ep cpu --runs 200 --shape hidden=8,128,64 --json > "$OUT/load_tb.json"
 run convert sample_models/transformer_block.onnx --fp16 --ep cuda -o /tmp/tb.fp16.onnx --json > "$OUT/convert_fp16.json"
 run load /tmp/tb.fp16.onnx --ep cuda --runs 200 --shape hidden=8,128,64 --json > "$OUT/load_tb_fp16.json"
-run quantize sample_models/transformer_block.onnx --dynamic --ep cuda --calib random -o /tmp/tb.int8.onnx --fail-on never --json > "$OUT/quantize_dynamic.json"
-run load /tmp/tb.int8.onnx --ep cuda --runs 200 --shape hidden=8,128,64 --json > "$OUT/load_tb_int8.json"
+# a package made here (the CUDA variant proven by a session), and the variant ORT's rules pick for each EP
+rm -rf /tmp/tb.pkg
+run package sample_models/transformer_block.onnx -o /tmp/tb.pkg --target cpu --target cuda --shape hidden=8,128,64 --json > "$OUT/package_tb.json"
+run load --package /tmp/tb.pkg --shape hidden=8,128,64 --runs 200 --json > "$OUT/load_package_tb.json"
+# the seeds' CUDA-context clash, without TensorRT (its libraries are not on the machine)
+python3 bench/gpu_context_clash.py > "$OUT/context_clash.jsonl" 2> "$OUT/context_clash.err"
+cat "$OUT/context_clash.jsonl"
+python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_package.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"

@@ -181,8 +181,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
                 "DOC002",
                 f"{label} ({file_name}) does not load: the {ep} EP is listed as available but sessions will fail "
                 "or silently run on the CPU",
-                fix=f"install {label} 12.x/9.x/10.x as ORT's release notes pin (e.g. pip install nvidia-cudnn-cu12), "
-                "or call onnxruntime.preload_dlls() before creating sessions",
+                fix=_gpu_library_fix(key, file_name, _cuda_major()),
             ))
     data["libraries"] = libraries
     features = cpu_features()
@@ -200,7 +199,9 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
         report.add(Finding.of(
             "DOC004",
             f"{', '.join(clash)} installed next to ONNX Runtime's CUDA/TensorRT EPs: two owners of the CUDA context "
-            "in one process (pycuda.autoinit, a TensorRT runtime) make ORT sessions fail or crash",
+            "in one process (pycuda.autoinit, a TensorRT runtime); TensorRT work made in one context fails with "
+            "'invalid resource handle' when another is current (ORT's CUDA EP itself ran with a foreign context "
+            "current, created or destroyed around it: measured, onnxruntime-gpu 1.31.1 on an H100)",
             fix="create and push the CUDA context explicitly and share it, or keep them in separate processes; "
             "ortprep doctor --scan PATH finds the code that does this",
         ))
@@ -371,3 +372,19 @@ class DoctorStep(Step):
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes, self.options.ort_version)
+
+
+# pip packages that ship each GPU library (NVIDIA's wheels; TensorRT's come from NVIDIA's index,
+# pypi.nvidia.com, which the PyPI stubs download from)
+_GPU_PACKAGES = {"cudart": "nvidia-cuda-runtime-cu{cuda}", "cublas": "nvidia-cublas-cu{cuda}",
+                 "cublasLt": "nvidia-cublas-cu{cuda}", "cudnn": "nvidia-cudnn-cu{cuda}", "nvinfer": "tensorrt-cu{cuda}-libs"}
+
+
+def _gpu_library_fix(key: str, file_name: str, cuda_major: int) -> str:
+    """The install line for one missing library, for the CUDA major onnxruntime-gpu was built with
+    (TensorRT: the major its EP loads, from the file name, libnvinfer.so.10 -> 10.*)."""
+    package = _GPU_PACKAGES.get(key, "the NVIDIA library").format(cuda=cuda_major)
+    if key == "nvinfer" and file_name.rsplit(".", 1)[-1].isdigit():
+        package += f"=={file_name.rsplit('.', 1)[-1]}.*"
+    return (f"pip install {package} (for the CUDA {cuda_major} build of onnxruntime-gpu), then call "
+            "onnxruntime.preload_dlls() before creating sessions, or put its lib folder on LD_LIBRARY_PATH")

@@ -1,0 +1,71 @@
+"""The CUDA and TensorRT paths on a real GPU. CI has none: every test here skips with the reason
+unless onnxruntime-gpu runs its CUDA EP on this machine (bench/gpu_proof.sh sets one up)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from cli_helpers import invoke
+from conftest import ROOT, SAMPLES
+
+from ortprep.runtime.providers import probe_runtime
+
+HAVE_CUDA = probe_runtime().runs("cuda")
+pytestmark = pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA EP here (onnxruntime-gpu and an NVIDIA GPU are needed)")
+
+
+def test_load_on_cuda_puts_every_node_there_and_matches_the_cpu():
+    result = invoke("load", SAMPLES / "cnn.onnx", "--ep", "cuda", "--ep", "cpu", "--json")
+    assert result.exit_code == 0, result.stdout
+    rows = {row["ep"]: row for row in result.json()["results"]}
+    cuda = rows["cuda"]
+    assert cuda["status"] == "ok" and cuda["nodes_on_ep"] == cuda["nodes_total"]
+    assert cuda["outputs_match"] is True and cuda["max_abs_diff"] < 1e-4
+
+
+def test_load_package_picks_the_fp16_variant_for_cuda(tmp_path):
+    rng = np.random.default_rng(3)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, image=rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    made = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--target", "cuda",
+                  "--inputs", inputs, "--json")
+    assert made.exit_code == 0, made.stdout
+    cuda_proofs = json.loads((tmp_path / "pkg/model/component.json").read_text())["variants"]["cuda"]
+    assert cuda_proofs["additional_metadata"]["ortprep"]["proofs"]["load"]["status"] == "ok"  # proven here, not predicted
+    result = invoke("load", "--package", tmp_path / "pkg", "--ep", "cuda", "--ep", "cpu", "--inputs", inputs, "--json")
+    assert result.exit_code == 0, result.stdout
+    rows = {row["ep"]: row for row in result.json()["results"]}
+    assert rows["cuda"]["variant"] == "cuda" and rows["cpu"]["variant"] == "cpu"
+    load = rows["cuda"]["load"]
+    assert load["nodes_on_ep"] == load["nodes_total"]
+    assert load["three_way"]["total"]["cosine"] > 0.999  # FP16 on the GPU against the float variant
+
+
+def test_tensorrt_without_its_libraries_is_reported_not_silent():
+    if importlib.util.find_spec("tensorrt_libs") or importlib.util.find_spec("tensorrt"):
+        pytest.skip("TensorRT libraries are installed here: the fallback case does not arise")
+    result = invoke("load", SAMPLES / "cnn.onnx", "--ep", "tensorrt", "--json")
+    record = result.json()
+    assert any(f["code"] == "LOD005" for f in record["findings"]), record["findings"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="cuda-bindings (NVIDIA's CUDA Python) not installed")
+def test_ort_cuda_sessions_survive_a_foreign_cuda_context():
+    """The seeds' clash (TensorRT under pycuda.autoinit next to ORT's CUDA EP: "invalid resource
+    handle") put to ORT alone: a foreign, non-primary context current at session creation, destroyed
+    before the next run, or pushed after creation. Measured on an H100 with onnxruntime-gpu 1.31.1
+    (2026-11-25): ORT's CUDA EP ran in every case, so the handle that goes invalid is TensorRT's
+    (its engine and buffers made in pycuda's context), not ORT's; doctor's SCN001/DOC004 say so."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_context_clash.py")], capture_output=True, text=True,
+                          timeout=600)
+    rows = {row["scenario"]: row for row in map(json.loads, filter(None, done.stdout.splitlines()))}
+    assert set(rows) == {"ort_alone", "foreign_current_at_create_then_destroyed", "foreign_pushed_after_create",
+                         "foreign_pushed_and_popped_around_use"}
+    for row in rows.values():
+        assert row["status"] == "ok" and row["providers"][0] == "CUDAExecutionProvider", row
+    assert "run after it ok" in rows["foreign_current_at_create_then_destroyed"]["steps"]

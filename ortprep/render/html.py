@@ -127,7 +127,7 @@ SCRIPT = r"""
 (function(){
 'use strict';
 var data=JSON.parse(document.getElementById('ortprep-data').textContent);
-var NODE_W=150,NODE_H=30,CHAIN_MIN=4,DAGRE_MAX=800,PAD=10,HEAD=22,OPEN_ALL=2000;
+var NODE_W=150,NODE_H=30,CHAIN_MIN=4,DAGRE_MAX=1500,PAD=10,HEAD=22,OPEN_ALL=2000;
 var view=document.querySelector('.view'),svg=document.getElementById('graph'),select=document.getElementById('target');
 var constants=document.getElementById('constants');
 var parentOf={},opOf={},total=0;

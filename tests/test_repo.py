@@ -211,7 +211,7 @@ def test_shards_merge_to_the_unsharded_verdict(tmp_path):
     # the shards ran without --html: merge --html still draws every model, from its file
     pages = tmp_path / "pages"
     assert invoke("merge", *reports, "--html", pages).exit_code == 1
-    assert len(list(pages.iterdir())) == 10
+    assert len(list(pages.iterdir())) == 11  # and index.html, the run's report page
     assert "act" in page_names((pages / "models__net03.html").read_text())
     assert "graph" not in json.loads(reports[0].read_text())["runs"][0]["steps"][0]["report"]  # the reports stay as written
     # a pair in two reports is refused
@@ -298,8 +298,19 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
     out = tmp_path / "pages"
     assert invoke("run", folder, "--html", out).exit_code == 0
     pages = sorted(p.name for p in out.iterdir())
-    assert pages == ["models__erf_mlp.html", "models__relu_mlp.html", "models__sigmoid_mlp.html"]
+    assert pages == ["index.html", "models__erf_mlp.html", "models__relu_mlp.html", "models__sigmoid_mlp.html"]
     assert "act" in page_names((out / "models__erf_mlp.html").read_text())
+    # the report page: models x targets, each model linked to its placement page
+    document = invoke("run", folder, "--json").json()
+    index = (out / "index.html").read_text()
+    for run in document["runs"]:
+        cell = re.search(rf'<td class="(pass|fail)" data-model="{re.escape(run["model"])}" data-target="{run["target"]}">(.*?)</td>',
+                         index, re.S)
+        assert cell and cell.group(1) == ("pass" if run["passed"] else "fail")
+        check = next(r for s in run["steps"] if s["run"] == "check" for r in s["report"]["results"] if r["ep"] == run["ep"])
+        assert check["verdict"] in cell.group(2) and f"{check['node_share']:.1%}" in cell.group(2)
+    for page in pages[1:]:
+        assert f'<a href="{page}">' in index
     # 5,000 nodes: every name is in the page's data, and the page stays small (the browser test draws it)
     from ortprep.eps.partition import graph_view
     from ortprep.render.html import render_page
@@ -312,6 +323,31 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
                                                               "actual": None, "findings": [], "summary": {}}])
     assert page_names(html_text) == set(placement)
     assert len(html_text) < 2_000_000
+
+
+def test_run_page_draws_the_sensitivity_of_a_quantized_model():
+    """Per-tensor noise bars from the quantize search's ranking, the tensors whose nodes were kept
+    in float marked, the kept nodes listed with their reason; load's status and cosine in the cell."""
+    from ortprep.render.run_page import run_page
+
+    quantize = {"verify": {"cosine": 0.9931, "passed": True, "norm_ratio": 1.01}, "quantized_ops": 12,
+                "excluded_nodes": [{"name": "head", "op_type": "MatMul", "reason": "the search: noise 0.4"}],
+                "search": {"ranked": [{"pass": 1, "tensor": "logits", "nodes": ["head"], "noise": 0.4},
+                                      {"pass": 1, "tensor": "hidden", "nodes": ["mm1"], "noise": 0.1},
+                                      {"pass": 1, "tensor": "embed", "nodes": ["gather"], "noise": 0.01}]}}
+    load = {"results": [{"ep": "cpu", "status": "ok", "cosine": 0.99999}]}
+    document = {"passed": True, "summary": {"pairs": 1, "passed": 1}, "config": "ortprep.toml", "runs": [
+        {"model": "models/lm.onnx", "target": "cpu", "ep": "cpu", "passed": True, "gates": [],
+         "steps": [{"run": "quantize", "name": "quantize", "status": "passed", "report": quantize},
+                   {"run": "load", "name": "load", "status": "passed", "report": load}]}]}
+    text = run_page(document, set())
+    bars = re.findall(r'<g class="tensor( kept)?" data-tensor="([^"]*)">', text)
+    assert bars == [(" kept", "logits"), ("", "hidden"), ("", "embed")]
+    widths = [float(w) for w in re.findall(r'<rect class="bar[^"]*" x="\d+" y="\d+" width="([\d.]+)"', text)]
+    assert widths[0] > widths[1] > widths[2]
+    assert "<code>head</code> (MatMul): the search: noise 0.4" in text
+    assert "load: ok, cosine 0.99999" in text and "quantize: cosine 0.99310, passed" in text
+    assert "<a href" not in text  # no placement page was written for it
 
 
 def test_init_then_run(tmp_path):

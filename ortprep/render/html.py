@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
+from ortprep.render.run_page import page_name, run_page
 from ortprep.report import placement_of, step_report
 
 PALETTE = ["#15803d", "#1d4ed8", "#7e22ce", "#0f766e", "#a16207", "#be185d", "#4338ca", "#065f46"]
@@ -416,14 +417,11 @@ def check_page(record: dict[str, Any]) -> str:
     return render_page(record.get("model") or "model", view, targets)
 
 
-def page_name(model: str) -> str:
-    """The file name of a model's page in a repository run's folder."""
-    return model.replace("/", "__").removesuffix(".onnx") + ".html"
-
-
 def repo_pages(document: dict[str, Any]) -> dict[str, str]:
-    """One page per model of a repository run (file name -> page), a section per target; models
-    whose check records hold no graph (no check step ran) get none."""
+    """The pages of a repository run (file name -> page): the run's report page (``index.html``,
+    or ``ortprep-run.html`` where a model's page takes that name), and one placement page per
+    model, a section per target; models whose check records hold no graph (no check step ran)
+    get none."""
     by_model: dict[str, list[dict[str, Any]]] = {}
     for run in document["runs"]:
         by_model.setdefault(run["model"], []).append(run)
@@ -441,4 +439,5 @@ def repo_pages(document: dict[str, Any]) -> dict[str, str]:
             targets.append(target_from_check(view, run["target"], result, check["findings"], loaded))
         if targets:
             pages[page_name(model)] = render_page(runs[0]["model_path"], view, targets, title=model)
-    return pages
+    index = "index.html" if "index.html" not in pages else "ortprep-run.html"
+    return {index: run_page(document, pages), **pages}

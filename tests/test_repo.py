@@ -3,6 +3,7 @@ shards and merges, init. Real models, real check (and load on the QNN simulator 
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 import shutil
@@ -210,8 +211,8 @@ def test_shards_merge_to_the_unsharded_verdict(tmp_path):
     # the shards ran without --html: merge --html still draws every model, from its file
     pages = tmp_path / "pages"
     assert invoke("merge", *reports, "--html", pages).exit_code == 1
-    assert len(list(pages.iterdir())) == 10
-    assert 'data-node="act"' in (pages / "models__net03.html").read_text()
+    assert len(list(pages.iterdir())) == 11  # and index.html, the run's report page
+    assert "act" in page_names((pages / "models__net03.html").read_text())
     assert "graph" not in json.loads(reports[0].read_text())["runs"][0]["steps"][0]["report"]  # the reports stay as written
     # a pair in two reports is refused
     assert invoke("merge", reports[0], reports[0]).exit_code == 2
@@ -224,31 +225,72 @@ def test_the_python_api_writes_the_check_page(tmp_path):
     page = tmp_path / "page.html"
     result = ortprep.run_step("check", SAMPLES / "control_flow.onnx", eps=["qnn"], html=page)
     assert result.artifacts == [str(page)] and page.is_file()
-    assert '<svg class="graph"' in page.read_text()
+    assert '<svg id="graph"' in page.read_text() and page_names(page.read_text())
+
+
+def page_data(text: str) -> dict:
+    """The JSON a placement page carries (what its script draws)."""
+    return json.loads(re.search(r'<script type="application/json" id="ortprep-data">(.*?)</script>', text, re.S)
+                      .group(1).replace("<\\/", "</"))
+
+
+def page_names(text: str) -> set[str]:
+    def walk(view):
+        for node in view["nodes"]:
+            yield node["name"]
+            for body in node.get("bodies", []):
+                yield from walk(body)
+    return set(walk(page_data(text)["graph"]))
 
 
 def test_html_page_names_every_node_and_marks_the_fallbacks(tmp_path):
+    """The page's data holds every node, those in If/Loop bodies too, each target's placement of
+    each is the JSON's fallback list, and the findings are grouped by cause (the drawing itself is
+    tested in a browser: tests/test_html_browser.py)."""
     page = tmp_path / "page.html"
     result = invoke("check", SAMPLES / "control_flow.onnx", "--ep", "qnn", "--ep", "dml", "--html", page, "--json")
     record = result.json()
     text = page.read_text()
     assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text  # self-contained
-    graph = onnx.load(str(SAMPLES / "control_flow.onnx")).graph
-    names = [n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)]
+    assert "dagre" in text and "sourceMappingURL" not in text  # the layout library is inlined, nothing fetched
+    data = page_data(text)
+    every = {"choose", "repeat", "then_add", "else_mul", "body_cond", "body_add"}
+    assert page_names(text) == every
+    bodies = {n["name"]: [b["attribute"] for b in n.get("bodies", [])] for n in data["graph"]["nodes"]}
+    assert bodies == {"choose": ["else_branch", "then_branch"], "repeat": ["body"]}
     for index, result_ in enumerate(record["results"]):
-        svg = re.search(rf'<svg class="graph" id="graph-{index}".*?</svg>', text, re.S).group(0)
-        drawn = {}
-        for cls, attrs in re.findall(r'<g class="([^"]*)" (data-nodes?="[^"]*")', svg):
-            members = re.search(r'="([^"]*)"', attrs).group(1).split(" ")
-            for member in members:
-                drawn[member] = cls.split()[1]
-        assert sorted(drawn) == sorted(names)  # every node of the main graph, once
-        # drawn on the CPU: exactly the JSON's fallback nodes of the main graph ...
-        assert {n for n, where in drawn.items() if where == "cpu"} == set(result_["fallback_nodes"]) & set(names)
-        # ... and the side panel lists every fallback node, those in If/Loop bodies included
-        panel = re.search(rf'<div class="target-info" data-section="{index}">.*?</div>\s*(?=<div class="target-info"|</aside>)', text, re.S).group(0)
+        placement = data["targets"][index]["placement"]
+        assert set(placement) == every
+        assert {n for n, where in placement.items() if where == "cpu"} == set(result_["fallback_nodes"])
+        panel = re.search(rf'<div class="target-info" data-section="{index}">.*?</div>\s*(?=<div class="target-info"|</aside>)',
+                          text, re.S).group(0)
         assert set(re.findall(r'<li><a data-find="([^"]*)"', panel)) == set(result_["fallback_nodes"])
+        # one entry per cause; each names its nodes, and together they name every finding's node
+        findings = [f for f in record["findings"] if f["target"] in (None, result_["ep"])]
+        causes = re.findall(r'<li class="cause [^"]*" data-cause="\d+" data-count="(\d+)" data-code="([^"]*)" '
+                            r'data-nodes="([^"]*)"', panel)
+        named = [json.loads(html_lib.unescape(nodes)) for _count, _code, nodes in causes]
+        assert [int(count) for count, _code, _nodes in causes] == [len(n) for n in named]
+        assert sorted(n for nodes in named for n in nodes) == sorted(f["node"] for f in findings if f["node"])
+        assert len(causes) == len({(f["code"], f["message"].split(") ", 1)[-1] if f["node"] else f["message"])
+                                   for f in findings})
     assert any(r["fallback_nodes"] for r in record["results"]), "the sample should have a fallback on one target"
+
+
+def test_findings_are_grouped_by_cause():
+    from ortprep.render.html import causes
+
+    def finding(node, op, reason, code="EP001"):
+        return {"code": code, "severity": "warning", "node": node, "op_type": op, "fix": f"replace {op}",
+                "message": f"node '{node}' (ai.onnx:{op}) is not supported by qnn: {reason}; it falls back to the CPU"}
+
+    found = causes([finding(f"erf{i}", "Erf", "qnn has no ai.onnx:Erf") for i in range(13)]
+                   + [finding("n1", "Add", "QNN needs a static shape"), finding("n2", "Conv", "QNN needs a static shape")]
+                   + [{"code": "EP006", "severity": "warning", "node": None, "op_type": None, "fix": None,
+                       "message": "qnn: 15 of 20 nodes fall back"}])
+    assert [(c["code"], len(c["nodes"]), c["findings"]) for c in found] == [("EP001", 13, 13), ("EP001", 2, 2), ("EP006", 0, 1)]
+    assert found[0]["text"] == "is not supported by qnn: qnn has no ai.onnx:Erf; it falls back to the CPU"
+    assert found[1]["ops"] == {"Add": 1, "Conv": 1} and found[1]["fixes"] == ["replace Add", "replace Conv"]
 
 
 def test_html_for_a_run_and_a_large_graph(tmp_path):
@@ -256,9 +298,20 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
     out = tmp_path / "pages"
     assert invoke("run", folder, "--html", out).exit_code == 0
     pages = sorted(p.name for p in out.iterdir())
-    assert pages == ["models__erf_mlp.html", "models__relu_mlp.html", "models__sigmoid_mlp.html"]
-    assert 'data-node="act"' in (out / "models__erf_mlp.html").read_text()
-    # 5,000 nodes: chains collapse, every name stays findable
+    assert pages == ["index.html", "models__erf_mlp.html", "models__relu_mlp.html", "models__sigmoid_mlp.html"]
+    assert "act" in page_names((out / "models__erf_mlp.html").read_text())
+    # the report page: models x targets, each model linked to its placement page
+    document = invoke("run", folder, "--json").json()
+    index = (out / "index.html").read_text()
+    for run in document["runs"]:
+        cell = re.search(rf'<td class="(pass|fail)" data-model="{re.escape(run["model"])}" data-target="{run["target"]}">(.*?)</td>',
+                         index, re.S)
+        assert cell and cell.group(1) == ("pass" if run["passed"] else "fail")
+        check = next(r for s in run["steps"] if s["run"] == "check" for r in s["report"]["results"] if r["ep"] == run["ep"])
+        assert check["verdict"] in cell.group(2) and f"{check['node_share']:.1%}" in cell.group(2)
+    for page in pages[1:]:
+        assert f'<a href="{page}">' in index
+    # 5,000 nodes: every name is in the page's data, and the page stays small (the browser test draws it)
     from ortprep.eps.partition import graph_view
     from ortprep.render.html import render_page
 
@@ -268,10 +321,33 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
     placement = {f"relu{i}": ("cpu" if 2000 <= i < 2003 else "ep") for i in range(5000)}
     html_text = render_page("chain.onnx", graph_view(chain), [{"name": "npu", "ep": "qnn", "placement": placement,
                                                               "actual": None, "findings": [], "summary": {}}])
-    assert html_text.count('<g class="node') < 10  # collapsed
-    listed = set(" ".join(re.findall(r'data-nodes?="([^"]*)"', html_text)).split())
-    assert listed == set(placement)
+    assert page_names(html_text) == set(placement)
     assert len(html_text) < 2_000_000
+
+
+def test_run_page_draws_the_sensitivity_of_a_quantized_model():
+    """Per-tensor noise bars from the quantize search's ranking, the tensors whose nodes were kept
+    in float marked, the kept nodes listed with their reason; load's status and cosine in the cell."""
+    from ortprep.render.run_page import run_page
+
+    quantize = {"verify": {"cosine": 0.9931, "passed": True, "norm_ratio": 1.01}, "quantized_ops": 12,
+                "excluded_nodes": [{"name": "head", "op_type": "MatMul", "reason": "the search: noise 0.4"}],
+                "search": {"ranked": [{"pass": 1, "tensor": "logits", "nodes": ["head"], "noise": 0.4},
+                                      {"pass": 1, "tensor": "hidden", "nodes": ["mm1"], "noise": 0.1},
+                                      {"pass": 1, "tensor": "embed", "nodes": ["gather"], "noise": 0.01}]}}
+    load = {"results": [{"ep": "cpu", "status": "ok", "cosine": 0.99999}]}
+    document = {"passed": True, "summary": {"pairs": 1, "passed": 1}, "config": "ortprep.toml", "runs": [
+        {"model": "models/lm.onnx", "target": "cpu", "ep": "cpu", "passed": True, "gates": [],
+         "steps": [{"run": "quantize", "name": "quantize", "status": "passed", "report": quantize},
+                   {"run": "load", "name": "load", "status": "passed", "report": load}]}]}
+    text = run_page(document, set())
+    bars = re.findall(r'<g class="tensor( kept)?" data-tensor="([^"]*)">', text)
+    assert bars == [(" kept", "logits"), ("", "hidden"), ("", "embed")]
+    widths = [float(w) for w in re.findall(r'<rect class="bar[^"]*" x="\d+" y="\d+" width="([\d.]+)"', text)]
+    assert widths[0] > widths[1] > widths[2]
+    assert "<code>head</code> (MatMul): the search: noise 0.4" in text
+    assert "load: ok, cosine 0.99999" in text and "quantize: cosine 0.99310, passed" in text
+    assert "<a href" not in text  # no placement page was written for it
 
 
 def test_init_then_run(tmp_path):

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from onnx import GraphProto
 
+from ortprep.model import subgraphs_of
+
 CPU = -1  # assignment value of a node that runs on the CPU EP
 FOLDED = -2  # a Constant node: ORT turns it into an initializer, no EP runs it
 
@@ -217,9 +219,19 @@ def partition_groups(graph: GraphProto, fallback: list[str] | set[str]) -> list[
     return [groups[key] for key in sorted(groups)]
 
 
-def graph_view(graph: GraphProto) -> dict:
-    """What a drawing of the main graph needs, as plain data: the nodes (name, op type) in order
-    and the edges between them (producer index, consumer index)."""
+def graph_view(graph: GraphProto, scope: str = "") -> dict:
+    """What a drawing of the graph needs, as plain data: the nodes (name, op type) in order and
+    the edges between them (producer index, consumer index); a node that holds graphs (If
+    branches, Loop/Scan bodies) has ``bodies``: [{"attribute", "nodes", "edges"}], its nodes named
+    as check's findings name them (an unnamed one OP#INDEX@SCOPE)."""
     parents, _children = _links(graph)
-    return {"nodes": [{"name": name, "op_type": node.op_type} for name, node in zip(node_names(graph), graph.node)],
-            "edges": [[parent, child] for child, ps in enumerate(parents) for parent in ps]}
+    nodes = []
+    for index, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}#{index}" + (f"@{scope}" if scope else "")
+        entry: dict = {"name": name, "op_type": node.op_type}
+        bodies = [{"attribute": attribute, **graph_view(body, f"{scope}/{name}.{attribute}")}
+                  for attribute, body in subgraphs_of(node)]
+        if bodies:
+            entry["bodies"] = bodies
+        nodes.append(entry)
+    return {"nodes": nodes, "edges": [[parent, child] for child, ps in enumerate(parents) for parent in ps]}

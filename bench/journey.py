@@ -15,7 +15,7 @@ Per model (bench/journey_corpus.py: the corpus, its halves and which models are 
 4. `check QDQ --ep qnn --prove`, and `check FIXED --ep openvino-cpu --prove` (when FIXED is
    not the model as shipped);
 5. `load QDQ --ep qnn --reference FIXED --inputs SAMPLE.npz`;
-6. `compile QDQ --ep qnn -o CTX --inputs SAMPLE.npz`.
+6. `compile QDQ --ep qnn -o CTX --inputs SAMPLE.npz --eval CALIB` (every calibration sample judged too).
 
 The QNN device: ortprep's default (`--device` is not passed; ortprep states the device it used in
 each report, and this script's own QNN sessions use the same soc_model). Where `check --help`
@@ -417,7 +417,8 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     if qdq.exists():
         step("check_qdq_qnn", "check", qdq, "--ep", "qnn", "--prove", *device)
         step("load", "load", qdq, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device)
-        step("compile", "compile", qdq, "--ep", "qnn", "-o", ctx, "--inputs", sample, "--force", *device)
+        step("compile", "compile", qdq, "--ep", "qnn", "-o", ctx, "--inputs", sample, "--eval", folder / "calib", "--force",
+             *device)
 
     # the sessions a user's application builds, and the outputs the decision is read from
     soc_model = str(((check_record(steps["check_qnn"]).get("device") or {}).get("soc_model")) or "60")

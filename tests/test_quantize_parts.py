@@ -448,3 +448,43 @@ def test_activation_bytes_of_a_dynamic_model_come_from_a_sample(tmp_path):
     stride, why = histogram_stride(model, 24, {"x": [1, 4, 1024, 1024]})
     assert stride is None and "640 MB per sample" in why
     assert histogram_stride(model, 24, {"x": [1, 4, 256, 256]}) == (8, "")
+
+
+def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_result(tmp_path, monkeypatch):
+    """The search's blame (worst_nodes) and noise (tensor_noise) rankings read every intermediate of
+    both models. Under a budget of a few bytes each tensor is exposed by a run of its own, and the
+    rankings are the same as when one run exposes them all (memory bounded, nothing lost)."""
+    from ortprep.steps.quantize import evaluate
+
+    rng = np.random.default_rng(5)
+    first = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
+    first[0, :] = 500.0  # an outlier row: the first MatMul's 8-bit weights lose most of it
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="outlier_mm"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("MatMul", ["r", "w2"], ["y"], name="head_mm")], "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(first, "w1"), numpy_helper.from_array((rng.standard_normal((16, 8)) / 4).astype(np.float32), "w2")])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    feeds = []
+    for index in range(16):
+        x = rng.standard_normal((1, 16)).astype(np.float32)
+        x[0, 0] = 1e-4
+        np.savez(calib / f"{index:02d}.npz", x=x)
+        feeds.append({"x": x})
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--metric", "y=cosine",
+                    "--keep-failed", "--min-cosine", "1.0", "--json")
+    quantized = tmp_path / "q.failed.onnx" if (tmp_path / "q.failed.onnx").exists() else tmp_path / "q.onnx"
+    assert quantized.exists(), result.stdout
+    whole_blame = evaluate.worst_nodes(model, quantized, feeds[0], set(), limit=None)
+    whole_noise = evaluate.tensor_noise(model, quantized, feeds[:4])
+    assert len(evaluate.exposure_chunks(model, ["h", "r", "y"], feeds[:4])) == 1
+    monkeypatch.setattr(evaluate, "EXPOSED_BYTES", 8)
+    assert len(evaluate.exposure_chunks(model, ["h", "r", "y"], feeds[:4])) == 3  # a run per tensor
+    assert evaluate.worst_nodes(model, quantized, feeds[0], set(), limit=None) == whole_blame
+    assert evaluate.tensor_noise(model, quantized, feeds[:4]) == whole_noise
+    assert whole_blame and whole_blame[0][0] == "outlier_mm"  # where the error starts

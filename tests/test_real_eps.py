@@ -295,6 +295,42 @@ def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeyp
     assert kept.json()["kept_failed"] == str(tmp_path / "c.failed.onnx") and kept.json()["output"] is None
 
 
+@needs_qnn
+def test_compile_eval_judges_every_sample_and_names_the_one_that_fails(qdq_cnn, tmp_path, monkeypatch):
+    """compile --eval: the compiled model on QNN against the source on the CPU EP, sample by sample.
+    Here the tolerance is made zero for the output of one sample (a black image), so that sample
+    fails while the --inputs run and the other samples pass: the compile fails on it, named."""
+    import onnxruntime as ort
+
+    import ortprep.runtime.tolerance as tolerance
+
+    samples = tmp_path / "eval"
+    samples.mkdir()
+    rng = np.random.default_rng(4)
+    for index in range(6):
+        image = np.zeros((1, 3, 32, 32), np.float32) if index == 3 else rng.random((1, 3, 32, 32), dtype=np.float32)
+        np.savez(samples / f"s{index}.npz", image=image)
+    black = ort.InferenceSession(str(qdq_cnn)).run(None, {"image": np.zeros((1, 3, 32, 32), np.float32)})[0]
+    passed = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "ok.onnx", "--eval", samples, "--json")
+    assert passed.exit_code == 0, passed.stdout
+    assert passed.json()["eval"]["samples"] == 6 and passed.json()["eval"]["failed"] == 0
+    assert passed.json()["eval"]["lowest_cosine"] > 0.99
+    original = tolerance.tolerance_for
+
+    def strict_for_large(ep, value, *args):
+        return tolerance.Tolerance(0.0, "no difference on the black image") if np.array_equal(value, black) \
+            else original(ep, value, *args)
+
+    monkeypatch.setattr(tolerance, "tolerance_for", strict_for_large)
+    monkeypatch.setattr(tolerance, "DECISION_COSINE", 2.0)  # no output held by its decision alone
+    failed = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--eval", samples, "--json")
+    record = failed.json()
+    assert failed.exit_code == 1 and not (tmp_path / "c.onnx").exists()
+    assert record["eval"]["worst"]["sample"] == 3 and record["eval"]["failed"] == 1
+    message = next(f["message"] for f in record["findings"] if f["code"] == "CMP002")
+    assert "on --eval sample 3 (1 of 6 samples fail)" in message
+
+
 def test_measured_tables_are_what_check_uses():
     """The QNN and OpenVINO tables come from the probe tool: check takes the measurement over the
     documents, and names the measurement when it rejects an op the documents list."""

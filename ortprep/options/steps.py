@@ -364,6 +364,9 @@ class CompileOptions(StepOptions):
     keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as NAME.failed.onnx "
                                "(never at -o).", Kind.FLAG)
     device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
+    eval: str | Path | None = option(None, "Also compare on these samples (a folder of .npz/.npy, or a stacked .npz; "
+                                     f"up to {32} of them): each is judged as the --inputs run is, and one beyond the "
+                                     "tolerance fails the compile.", Kind.DATA, metavar="DATA")
 
     def validate(self, where: str) -> None:
         _check_device(self.device, [self.ep], self.provider_options, where)

@@ -90,6 +90,12 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         data["error"] = status.get("error")
         data["outputs"] = comparison
         passed = bool(comparison) and all(c["within_tolerance"] for c in comparison)
+        if passed and options.eval is not None:
+            data["eval"] = judge_samples(handle, compiled, spec, target, options)
+            worst = data["eval"].get("worst")
+            if data["eval"].get("error") or (worst and not worst["passed"]):
+                passed = False
+                comparison = worst["outputs"] if worst else comparison
         if not status.get("ok"):
             what = {"compile": "compiling failed", "reload": "the compiled model does not load",
                     "run": "the compiled model does not run"}.get(status.get("stage"), "compile failed")
@@ -98,13 +104,19 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
                    "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
                    "source model, which the EP compiles at load, or compile with another release of the EP")
             report.add(Finding.of("CMP001", f"{spec.name}: {what}: {status.get('error')}", ep=spec.name, fix=fix))
+        elif data.get("eval", {}).get("error"):
+            report.add(Finding.of("CMP001", f"{spec.name}: --eval: {data['eval']['error']}", ep=spec.name,
+                                  fix="check the samples against the model's inputs (ortprep inspect MODEL)"))
         elif not passed:
             worst = next(c for c in comparison or [] if not c["within_tolerance"]) if comparison else None
             detail = (f" ('{worst['name']}': max abs diff {worst['max_abs_diff']:.4g}, norm ratio {worst['norm_ratio']:.4f}; "
                       f"allowed {worst['tolerance']:.4g}: {worst['tolerance_rule']})"
                       if worst and worst["max_abs_diff"] is not None and worst["norm_ratio"] is not None else "")
+            sample = data.get("eval", {}).get("worst")
+            where = (f" on --eval sample {sample['sample']} ({data['eval']['failed']} of {data['eval']['samples']} samples "
+                     "fail)" if sample else "")
             report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
-                                  f"on the CPU EP beyond tolerance{detail}", ep=spec.name,
+                                  f"on the CPU EP beyond tolerance{where}{detail}", ep=spec.name,
                                   fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"))
         if data.get("other_nodes"):
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
@@ -122,6 +134,40 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             report.artifacts.append(str(kept))
     report.data = data
     return report
+
+
+EVAL_SAMPLES = 32  # compile --eval: samples judged at most
+
+
+def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: CompileOptions) -> dict[str, Any]:
+    """The compiled model on the EP (the session an application creates) against the source model
+    on the CPU EP, sample by sample (--eval): one compared sample is one input, and the error an EP
+    makes can depend on the input (a QNN compile judged on one sample passed at cosine 0.953 on
+    another: bench/RESULTS.md, the NPU journey). Returns the count, the failures and the worst."""
+    from ortprep.runtime.calibration import discover
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.runtime.requests import RunOnEp
+
+    found = discover(str(options.eval), input_specs(handle.proto))
+    feeds = list(found.samples(list(range(min(found.count, EVAL_SAMPLES)))))
+    source = run_isolated(handle.path, feeds, timeout=options.timeout)
+    if not source.ok:
+        return {"samples": len(feeds), "error": f"the source model failed on the samples: {source.message}"}
+    reply = call(RunOnEp(model=str(compiled.resolve()), provider=spec.provider, feeds=feeds,
+                         provider_options=session_options(target, options.provider_options, options.device),
+                         plugin=target.plugin), python=target.python, timeout=options.timeout)
+    if not reply.ok:
+        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
+    judged = []
+    for index, (reference, candidate) in enumerate(zip(source.samples, reply.samples)):
+        outputs = judge_outputs(handle.proto, spec.name, reference, {k: np.asarray(v) for k, v in candidate.items()})
+        lowest = min((c["cosine"] for c in outputs if c["cosine"] is not None), default=None)
+        judged.append({"sample": index, "passed": all(c["within_tolerance"] for c in outputs), "cosine": lowest,
+                       "outputs": outputs})
+    failed = [j for j in judged if not j["passed"]]
+    worst = (failed or sorted(judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0))[:1]
+    return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
+            "worst": worst[0] if worst else None}
 
 
 class CompileStep(Step):

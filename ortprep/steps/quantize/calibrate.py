@@ -190,6 +190,15 @@ def activation_bytes(model: Path, input_shapes: dict[str, list[int]] | None = No
     (after ORT's pre-processing, its shape inference), with the graph inputs set to
     ``input_shapes`` (a calibration sample's: dynamic dims become known); None where a float
     tensor's size is still not known. The weights are not read."""
+    sizes = tensor_bytes(model, input_shapes)
+    if any(size is None for size in sizes.values()):
+        return None
+    return sum(size for size in sizes.values() if size)
+
+
+def tensor_bytes(model: Path, input_shapes: dict[str, list[int]] | None = None) -> dict[str, int | None]:
+    """Bytes of each intermediate tensor of one sample (node outputs, in graph order): 0 for
+    tensors that are not float, None where the size is not known. As :func:`activation_bytes`."""
     import onnx
 
     proto = onnx.load(str(model), load_external_data=False)
@@ -213,19 +222,19 @@ def activation_bytes(model: Path, input_shapes: dict[str, list[int]] | None = No
     except Exception:  # noqa: BLE001 - the shapes the model holds are what there is
         pass
     infos = {v.name: v for v in proto.graph.value_info}
-    total = 0
+    sizes: dict[str, int | None] = {}
     for name in counted:
         info = infos.get(name)
         if info is None or not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
-            return None
+            sizes[name] = None
+            continue
         tensor = info.type.tensor_type
         if tensor.elem_type not in _ELEMENT_BYTES:
+            sizes[name] = 0
             continue
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if any(d is None for d in dims):
-            return None
-        total += int(np.prod(dims, dtype=np.int64)) * _ELEMENT_BYTES[tensor.elem_type]
-    return total
+        sizes[name] = None if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)) * _ELEMENT_BYTES[tensor.elem_type]
+    return sizes
 
 
 _ACTIVATION_BYTES: dict[tuple, int | None] = {}

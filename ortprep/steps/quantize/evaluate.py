@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 LATENCY_RUNS = 10
 
 
+# Intermediate values one run exposes, at most (bytes, over its samples): the search's blame and
+# noise rankings read every tensor of both models, which on a 1x3x800x608 detector is gigabytes
+# at once; they run once per group of tensors instead.
+EXPOSED_BYTES = 128 * 2**20
+
+
 def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]], *, latency_runs: int = 0
                ) -> RunOutcome:
     """Run ``model`` on ``feeds`` in a child process (timed ``latency_runs`` times)."""
@@ -441,18 +447,25 @@ def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarra
     # folded into a Q/DQ range only shows there).
     seen = {name: dequantized.get(name, name) for name in names}
     cache = {} if cache is None else cache
-    if "intermediates" not in cache:
-        cache["intermediates"] = _run_model(with_outputs(float_model, names), feeds)
-    reference = cache["intermediates"]
-    candidate = _run_model(with_outputs(quant_model, list(seen.values())), feeds)
-    if not reference.ok or not candidate.ok:
-        return []
-    quality = {}
-    for name, value in reference.outputs.items():
-        other = candidate.outputs.get(seen.get(name, name))
-        if other is not None and value.dtype.kind == "f":
-            diff = compare_arrays(name, value, other.astype(value.dtype))
-            quality[name] = diff.cosine if diff.cosine is not None else 0.0
+    chunks = exposure_chunks(float_model, names, [feeds])
+    quality: dict[str, float] = {}
+    for chunk in chunks:
+        # one chunk: the float model's run is kept for the next trial; more: run again per chunk
+        # (holding every intermediate of both models at once is what bounded memory rules out)
+        reference = cache.get("intermediates") if len(chunks) == 1 else None
+        if reference is None:
+            reference = _run_model(with_outputs(float_model, chunk), feeds)
+            if len(chunks) == 1:
+                cache["intermediates"] = reference
+        candidate = _run_model(with_outputs(quant_model, [seen[name] for name in chunk]), feeds)
+        if not reference.ok or not candidate.ok:
+            return []
+        for name, value in reference.outputs.items():
+            other = candidate.outputs.get(seen.get(name, name))
+            if name not in quality and other is not None and value.dtype.kind == "f":
+                diff = compare_arrays(name, value, other.astype(value.dtype))
+                quality[name] = diff.cosine if diff.cosine is not None else 0.0
+        del reference, candidate
     graph_inputs = {v.name for v in quant_proto.graph.input}
 
     def input_quality(name: str) -> float | None:
@@ -489,6 +502,70 @@ def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarra
     return [(name, op, cosine) for _, name, op, cosine in (ranked if limit is None else ranked[:limit])]
 
 
+# Values per sample and tensor the noise ranking reads: every value up to this many, else an even
+# stride through them with the extremes kept (a ranking, not a measurement of each value).
+NOISE_VALUES = 1 << 16
+
+
+def _sampled(value: np.ndarray) -> np.ndarray:
+    flat = value.ravel()
+    if flat.size <= NOISE_VALUES:
+        return flat.astype(np.float64)
+    finite = flat[np.isfinite(flat)] if not np.isfinite(flat).all() else flat
+    picked = finite[:: max(1, finite.size // NOISE_VALUES)]
+    extremes = np.array([finite.min(), finite.max()]) if finite.size else np.array([])
+    return np.concatenate([picked.astype(np.float64), extremes.astype(np.float64)])
+
+
+def _noise(data: np.ndarray, quantization: tuple) -> float | None:
+    """One tensor's quantization noise (RMS error over the median magnitude); None when it holds
+    no finite value."""
+    data = data[np.isfinite(data)]
+    if data.size == 0:
+        return None
+    scale, zero, bits = quantization
+    if scale is None:  # dynamic: uint8 over the run's range, zero included
+        low, high = min(float(data.min()), 0.0), max(float(data.max()), 0.0)
+        step = (high - low) / 255 or 1.0
+        point = round(-low / step)
+        levels = (0, 255)
+    else:
+        step = float(scale.ravel()[0]) or 1.0
+        point = int(zero.ravel()[0]) if zero is not None else 0
+        signed = zero is not None and zero.dtype.kind == "i"
+        levels = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
+    restored = (np.clip(np.round(data / step) + point, *levels) - point) * step
+    nonzero = np.abs(data[data != 0])
+    typical = float(np.median(nonzero)) if nonzero.size else 0.0
+    rms = float(np.sqrt(np.mean((data - restored) ** 2)))
+    return rms / typical if typical > 0 else (0.0 if rms == 0 else float("inf"))
+
+
+def exposure_chunks(model: Path, names: list[str], feeds: list[dict[str, np.ndarray]],
+                    budget: int | None = None) -> list[list[str]]:
+    """``names`` (intermediates of ``model``) in groups whose values on ``feeds`` take at most
+    ``budget`` bytes (EXPOSED_BYTES): one run per group exposes them. Sizes come from shape
+    inference with the feeds' shapes; a tensor of unknown size counts as the largest known one."""
+    from ortprep.steps.quantize.calibrate import tensor_bytes
+
+    budget = EXPOSED_BYTES if budget is None else budget
+    sizes = tensor_bytes(model, {name: list(np.shape(value)) for name, value in feeds[0].items()}) if feeds else {}
+    known = [size for size in sizes.values() if size]
+    unknown = max(known) if known else budget
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name)
+        size = (unknown if size is None else size) * max(1, len(feeds))
+        if current and used + size > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    return chunks + [current] if current else chunks
+
+
 def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]],
                  cache: dict[str, RunOutcome] | None = None) -> list[tuple[str, float]]:
     """(tensor, noise) for every activation the quantized model quantizes, worst first.
@@ -523,40 +600,26 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
             wanted[node.input[0]] = (None, None, 8)
     names = [n for n in wanted if n in produced or n in {v.name for v in float_proto.graph.input}]
     cache = {} if cache is None else cache
-    key = "noise:" + ",".join(sorted(names)) + f":{id(feeds[0])}:{len(feeds)}"
-    if key not in cache:
-        cache[key] = _run_model(with_outputs(float_model, [n for n in names if n in produced]), feeds)
-    reference = cache[key]
-    if not reference.ok:
-        return []
-    values: dict[str, list[np.ndarray]] = {}
-    for sample, feed in zip(reference.samples, feeds):
-        for name in names:
-            value = sample.get(name, feed.get(name))
-            if value is not None and np.asarray(value).dtype.kind == "f":
-                values.setdefault(name, []).append(np.asarray(value, np.float64).ravel())
     noise = []
-    for name, parts in values.items():
-        data = np.concatenate(parts)
-        data = data[np.isfinite(data)]
-        if data.size == 0:
-            continue
-        scale, zero, bits = wanted[name]
-        if scale is None:  # dynamic: uint8 over the run's range, zero included
-            low, high = min(float(data.min()), 0.0), max(float(data.max()), 0.0)
-            step = (high - low) / 255 or 1.0
-            point = round(-low / step)
-            levels = (0, 255)
-        else:
-            step = float(scale.ravel()[0]) or 1.0
-            point = int(zero.ravel()[0]) if zero is not None else 0
-            signed = zero is not None and zero.dtype.kind == "i"
-            levels = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
-        restored = (np.clip(np.round(data / step) + point, *levels) - point) * step
-        nonzero = np.abs(data[data != 0])
-        typical = float(np.median(nonzero)) if nonzero.size else 0.0
-        rms = float(np.sqrt(np.mean((data - restored) ** 2)))
-        noise.append((name, rms / typical if typical > 0 else (0.0 if rms == 0 else float("inf"))))
+    chunks = exposure_chunks(float_model, names, feeds)
+    for chunk in chunks:
+        key = "noise:" + ",".join(sorted(chunk)) + f":{id(feeds[0])}:{len(feeds)}"
+        reference = cache.get(key)
+        if reference is None:
+            reference = _run_model(with_outputs(float_model, [n for n in chunk if n in produced]), feeds)
+            if len(chunks) == 1:  # kept for the next trial only when it is small
+                cache[key] = reference
+        if not reference.ok:
+            return []
+        values: dict[str, list[np.ndarray]] = {}
+        for sample, feed in zip(reference.samples, feeds):
+            for name in chunk:
+                value = sample.get(name, feed.get(name))
+                if value is not None and np.asarray(value).dtype.kind == "f":
+                    values.setdefault(name, []).append(_sampled(np.asarray(value)))
+        del reference
+        noise += [(name, _noise(np.concatenate(parts), wanted[name])) for name, parts in values.items()]
+    noise = [(name, value) for name, value in noise if value is not None]
     noise.sort(key=lambda item: -item[1])
     return noise
 

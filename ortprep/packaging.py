@@ -518,7 +518,8 @@ def variant_file(package: Path, name: str, body: dict[str, Any]) -> Path:
 
 def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
     """For each EP (given, or every one available here), the variant the installed ORT picks for
-    it, then ``load`` of that variant on that EP against the package's float variant."""
+    it, then ``load`` of that variant on that EP against the package's float variant.
+    ``load_values``: load's options as given (command-line strings or config values)."""
     from ortprep.eps.registry import resolve_ep
     from ortprep.pipeline import Pipeline
     from ortprep.runtime.requests.package import SelectVariant
@@ -531,16 +532,17 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
     reference_name = meta.get("reference_variant")
     reference = variant_file(package, reference_name, variants[reference_name]) if reference_name in variants else None
     result = PackageLoad(package)
+    parsed = options_class("load").from_values(load_values, where="load --package")
     with workers_scope():
-        eps = load_values.get("eps") or _available_eps(variants)
+        eps = parsed.eps or _available_eps(variants, parsed.runtimes)
         for label in eps:
             spec = resolve_ep(label)
-            target = ep_runtime(spec, load_values.get("runtimes"))
+            target = ep_runtime(spec, parsed.runtimes)
             if not target.available:
                 result.findings.append(Finding.of("PKG004", f"{spec.name} does not run here: no variant was tried on it",
                                                   ep=spec.name, fix="ortprep doctor"))
                 continue
-            options = session_options(target, load_values.get("provider_options"), load_values.get("device"))
+            options = session_options(target, parsed.provider_options, parsed.device)
             request = SelectVariant(package=str(package), component=COMPONENT, provider=spec.provider,
                                     plugin_library=(target.plugin or {}).get("library"),
                                     device_metadata=(target.plugin or {}).get("device_metadata") or {},
@@ -569,10 +571,13 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
             values = {**load_values, "eps": [spec.name]}
             if reference is not None and reference != path:
                 values["reference"] = str(reference)
-            given = {spec.name: dict(ort_info.get("provider_options") or {})} if isinstance(ort_info, dict) else {}
-            values["provider_options"] = {**given, **(load_values.get("provider_options") or {})}
-            if not values["provider_options"].get(spec.name):
-                values["provider_options"].pop(spec.name, None)
+            # the variant's options first (what its proofs ran with), the user's after them (they win)
+            given = [f"{spec.name}:{key}={value}" for key, value in (ort_info.get("provider_options") or {}).items()]
+            user = load_values.get("provider_options") or []
+            user = [f"{ep}:{key}={value}" for ep, pairs in user.items() for key, value in pairs.items()] \
+                if isinstance(user, dict) else list(user)
+            if given or user:
+                values["provider_options"] = given + user
             options_obj = options_class("load").from_values(values, where="load --package")
             report = Pipeline.single("load", options_obj, path).run()
             selection["_report"] = report
@@ -580,7 +585,7 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
     return result
 
 
-def _available_eps(variants: dict[str, dict[str, Any]]) -> list[str]:
+def _available_eps(variants: dict[str, dict[str, Any]], runtimes: dict[str, Any] | None = None) -> list[str]:
     """Every EP a variant is for that runs here (one per provider, the device kind deciding
     between DirectML's GPU and NPU)."""
     from ortprep.eps.registry import EPS
@@ -593,4 +598,4 @@ def _available_eps(variants: dict[str, dict[str, Any]]) -> list[str]:
                     and spec.name not in wanted:
                 wanted.append(spec.name)
                 break
-    return [name for name in wanted if ep_runtime(next(s for s in EPS if s.name == name)).available]
+    return [name for name in wanted if ep_runtime(next(s for s in EPS if s.name == name), runtimes).available]

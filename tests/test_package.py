@@ -164,3 +164,23 @@ def test_no_compile_ships_the_qdq_model_and_says_so(tmp_path):
     assert list(_variants(tmp_path / "pkg")) == ["npu"]
     finding = next(f for f in result.json()["findings"] if f["code"] == "PKG003")
     assert "--no-compile" in finding["message"]
+
+
+OPENVINO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-openvino" / "bin" / "python"
+
+
+@pytest.mark.skipif(not OPENVINO_PYTHON.exists(), reason="the OpenVINO environment is not built (make install builds it)")
+def test_a_target_in_another_environment_is_proven_and_picked_there(tmp_path):
+    """OpenVINO lives in its own ORT build: package proves its variant there (--runtime), and
+    load --package picks it with ORT's rules applied by ortprep (that build has no package API)."""
+    runtime = f"openvino-cpu={OPENVINO_PYTHON}"
+    made = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--target", "openvino-cpu",
+                  "--runtime", runtime, "--json")
+    assert made.exit_code == 0, made.stdout
+    proofs = {v["name"]: v["proofs"] for v in made.json()["variants"]}
+    assert proofs["openvino-cpu"]["load"]["status"] == "ok" and proofs["openvino-cpu"]["load"]["nodes_on_ep"] > 0
+    loaded = invoke("load", "--package", tmp_path / "pkg", "--ep", "openvino-cpu", "--runtime", runtime, "--json")
+    assert loaded.exit_code == 0, loaded.stdout
+    row = loaded.json()["results"][0]
+    assert row["variant"] == "openvino-cpu" and row["status"] == "passed"
+    assert row["selected_by"] in ("ortprep", "onnxruntime")

@@ -35,6 +35,9 @@ def package_command(
                                                      "quantize --min-cosine).", show_default=False)] = None,
     device: Annotated[str | None, typer.Option("--device", help="The device QNN targets are for (a SoC name or "
                                                "soc_model=N).", show_default=False)] = None,
+    runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="Prove an EP under another environment's "
+                                                       "Python: EP=PYTHON (repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.",
+                                                       show_default=False)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help="Also compile an EPContext variant for QNN "
                                            "targets (where QNN runs here).")] = True,
     name: Annotated[str | None, typer.Option("--name", help="Package name (default: the model's).", show_default=False)] = None,
@@ -52,7 +55,11 @@ def package_command(
 
     check_report_paths([report], model)
     values = {"shapes": _parsed("shapes", shapes), "metrics": _parsed("metrics", metrics)}
-    options = PackageOptions(targets=_targets(targets or [], config, device), calib=calib, inputs=inputs,
+    chosen = _targets(targets or [], config, device)
+    given_runtimes = _parsed_runtimes(runtimes)
+    for target in chosen:
+        target.runtime = target.runtime or given_runtimes.get(target.ep) or given_runtimes.get(target.name)
+    options = PackageOptions(targets=chosen, calib=calib, inputs=inputs,
                              shapes=values["shapes"], metrics=values["metrics"], min_cosine=min_cosine, compile=compile_, name=name,
                              version=version, force=force)
     with progress_bar(quiet=json_output) as progress:
@@ -71,6 +78,16 @@ def _parsed(key: str, given: list[str] | None) -> Any:
     owner = VerifyOptions if key == "shapes" else QuantizeOptions
     field = next(f for f in owner.fields() if f.name == key)
     return convert_value(field, given, "package", None) if given else {}
+
+
+def _parsed_runtimes(given: list[str] | None) -> dict[str, Path]:
+    """--runtime EP=PYTHON, parsed as load parses it (canonical EP names)."""
+    from ortprep.options import LoadOptions, convert_value
+
+    if not given:
+        return {}
+    field = next(f for f in LoadOptions.fields() if f.name == "runtimes")
+    return {name: Path(python) for name, python in convert_value(field, given, "package", None).items()}
 
 
 def _targets(given: list[str], config: Path | None, device: str | None):

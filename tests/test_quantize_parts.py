@@ -454,7 +454,7 @@ def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_res
     """The search's blame (worst_nodes) and noise (tensor_noise) rankings read every intermediate of
     both models. Under a budget of a few bytes each tensor is exposed by a run of its own, and the
     rankings are the same as when one run exposes them all (memory bounded, nothing lost)."""
-    from ortprep.steps.quantize import evaluate
+    from ortprep.steps.quantize import calibrate, evaluate
 
     rng = np.random.default_rng(5)
     first = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
@@ -482,9 +482,9 @@ def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_res
     assert quantized.exists(), result.stdout
     whole_blame = evaluate.worst_nodes(model, quantized, feeds[0], set(), limit=None)
     whole_noise = evaluate.tensor_noise(model, quantized, feeds[:4])
-    assert len(evaluate.exposure_chunks(model, ["h", "r", "y"], feeds[:4])) == 1
-    monkeypatch.setattr(evaluate, "EXPOSED_BYTES", 8)
-    assert len(evaluate.exposure_chunks(model, ["h", "r", "y"], feeds[:4])) == 3  # a run per tensor
+    assert len(calibrate.exposure_chunks(model, ["h", "r", "y"], feeds[:4])) == 1
+    monkeypatch.setattr(calibrate, "EXPOSED_BYTES", 8)
+    assert len(calibrate.exposure_chunks(model, ["h", "r", "y"], feeds[:4])) == 3  # a run per tensor
     assert evaluate.worst_nodes(model, quantized, feeds[0], set(), limit=None) == whole_blame
     assert evaluate.tensor_noise(model, quantized, feeds[:4]) == whole_noise
     assert whole_blame and whole_blame[0][0] == "outlier_mm"  # where the error starts

@@ -112,6 +112,11 @@ class WorkerState:
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
 
+    def release(self, model: str) -> None:
+        """Close every session of ``model`` (its weights and the EP's memory go with it)."""
+        for key in [k for k in self.sessions if k[0] == model]:
+            del self.sessions[key]
+
     def _forget_missing(self) -> None:
         # Sessions of temporary models that are gone cannot be asked for again.
         for key in [k for k in self.sessions if not os.path.exists(k[0])]:

@@ -332,3 +332,32 @@ def fold_batch_norms(source: Path, target: Path) -> Path | None:
         return None
     onnx.save(folded, str(target))
     return target
+
+
+# Intermediate values one run exposes, at most (bytes, over its samples): the search's blame and
+# noise rankings read every tensor of both models, which on a 1x3x800x608 detector is gigabytes
+# at once; they run once per group of tensors instead.
+EXPOSED_BYTES = 128 * 2**20
+
+
+def exposure_chunks(model: Path, names: list[str], feeds: list[dict[str, np.ndarray]],
+                    budget: int | None = None) -> list[list[str]]:
+    """``names`` (intermediates of ``model``) in groups whose values on ``feeds`` take at most
+    ``budget`` bytes (EXPOSED_BYTES): one run per group exposes them. Sizes come from shape
+    inference with the feeds' shapes; a tensor of unknown size counts as the largest known one."""
+    budget = EXPOSED_BYTES if budget is None else budget
+    sizes = tensor_bytes(model, {name: list(np.shape(value)) for name, value in feeds[0].items()}) if feeds else {}
+    known = [size for size in sizes.values() if size]
+    unknown = max(known) if known else budget
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name)
+        size = (unknown if size is None else size) * max(1, len(feeds))
+        if current and used + size > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    return chunks + [current] if current else chunks

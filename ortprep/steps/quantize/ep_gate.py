@@ -160,27 +160,36 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
         if source is None:
             continue
         exposed.append((node.output[0], source))
-        graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None))
     if not exposed:
         return []
-    path = workdir / "exposed.onnx"
-    onnx.save(proto, str(path))
-    cpu = run_isolated(path, feeds, optimization="disable")
-    run = target.run(path, feeds)
-    if not cpu.ok or not run.ok or len(run.samples) != len(cpu.samples):
-        return []
+    from ortprep.steps.quantize.calibrate import exposure_chunks
+
+    sources = dict(exposed)
     found = []
-    for name, source in exposed:
-        cosines, ratios = [], []
-        for ours, theirs in zip(cpu.samples, run.samples):
-            if name not in ours or name not in theirs:
-                break
-            diff = compare_arrays(name, np.asarray(ours[name]), np.asarray(theirs[name]))
-            cosines.append(diff.cosine if diff.cosine is not None else -1.0)
-            ratios.append(diff.norm_ratio)
-        if cosines and min(cosines) < DIVERGED:
-            found.append({"tensor": name, "node": source.name, "op_type": source.op_type, "cosine": min(cosines),
-                          "norm_ratio": ratios[cosines.index(min(cosines))]})
-            if len(found) >= limit:
-                break
+    # in groups of at most EXPOSED_BYTES a run, in graph order: the first group that parts is enough
+    for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
+        del graph.output[len(existing):]
+        graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in chunk)
+        path = workdir / f"exposed{index}.onnx"
+        onnx.save(proto, str(path))
+        cpu = run_isolated(path, feeds, optimization="disable")
+        run = target.run(path, feeds)
+        path.unlink(missing_ok=True)
+        if not cpu.ok or not run.ok or len(run.samples) != len(cpu.samples):
+            return found
+        for name in chunk:
+            source = sources[name]
+            cosines, ratios = [], []
+            for ours, theirs in zip(cpu.samples, run.samples):
+                if name not in ours or name not in theirs:
+                    break
+                diff = compare_arrays(name, np.asarray(ours[name]), np.asarray(theirs[name]))
+                cosines.append(diff.cosine if diff.cosine is not None else -1.0)
+                ratios.append(diff.norm_ratio)
+            if cosines and min(cosines) < DIVERGED:
+                found.append({"tensor": name, "node": source.name, "op_type": source.op_type, "cosine": min(cosines),
+                              "norm_ratio": ratios[cosines.index(min(cosines))]})
+                if len(found) >= limit:
+                    return found
+        del cpu, run
     return found

@@ -24,6 +24,7 @@ from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, dege
 from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, infer_decisions, judge_decision
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
+from ortprep.steps.quantize.calibrate import exposure_chunks
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
 from ortprep.transforms.verify import EXACT_GATE, VerifyResult, float_intermediates, run_model, verify_run
 
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
     from ortprep.steps.quantize.ep_gate import GateTarget
 
 LATENCY_RUNS = 10
-
-
-# Intermediate values one run exposes, at most (bytes, over its samples): the search's blame and
-# noise rankings read every tensor of both models, which on a 1x3x800x608 detector is gigabytes
-# at once; they run once per group of tensors instead.
-EXPOSED_BYTES = 128 * 2**20
 
 
 def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]], *, latency_runs: int = 0
@@ -447,7 +442,7 @@ def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarra
     # folded into a Q/DQ range only shows there).
     seen = {name: dequantized.get(name, name) for name in names}
     cache = {} if cache is None else cache
-    chunks = exposure_chunks(float_model, names, [feeds])
+    chunks = exposure_chunks(float_model, names, [feeds])  # groups of at most EXPOSED_BYTES
     quality: dict[str, float] = {}
     for chunk in chunks:
         # one chunk: the float model's run is kept for the next trial; more: run again per chunk
@@ -539,31 +534,6 @@ def _noise(data: np.ndarray, quantization: tuple) -> float | None:
     typical = float(np.median(nonzero)) if nonzero.size else 0.0
     rms = float(np.sqrt(np.mean((data - restored) ** 2)))
     return rms / typical if typical > 0 else (0.0 if rms == 0 else float("inf"))
-
-
-def exposure_chunks(model: Path, names: list[str], feeds: list[dict[str, np.ndarray]],
-                    budget: int | None = None) -> list[list[str]]:
-    """``names`` (intermediates of ``model``) in groups whose values on ``feeds`` take at most
-    ``budget`` bytes (EXPOSED_BYTES): one run per group exposes them. Sizes come from shape
-    inference with the feeds' shapes; a tensor of unknown size counts as the largest known one."""
-    from ortprep.steps.quantize.calibrate import tensor_bytes
-
-    budget = EXPOSED_BYTES if budget is None else budget
-    sizes = tensor_bytes(model, {name: list(np.shape(value)) for name, value in feeds[0].items()}) if feeds else {}
-    known = [size for size in sizes.values() if size]
-    unknown = max(known) if known else budget
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    used = 0
-    for name in names:
-        size = sizes.get(name)
-        size = (unknown if size is None else size) * max(1, len(feeds))
-        if current and used + size > budget:
-            chunks.append(current)
-            current, used = [], 0
-        current.append(name)
-        used += size
-    return chunks + [current] if current else chunks
 
 
 def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]],

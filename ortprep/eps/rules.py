@@ -218,18 +218,20 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
     return result
 
 
+LEVEL_CODES = {
+    SupportLevel.UNSUPPORTED_OP: "EP001",
+    SupportLevel.UNSUPPORTED_OPSET: "EP002",
+    SupportLevel.UNSUPPORTED_DTYPE: "EP003",
+    SupportLevel.CONDITIONAL: "EP004",
+    SupportLevel.UNKNOWN: "EP005",
+}
+
+
 def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,
                   graph_io: tuple[set[str], set[str]] = (set(), set())) -> NodeVerdict:
     """A table match, adjusted by the EP's node rules. ``graph_io``: the main graph's input and
     output names."""
-    code = {
-        SupportLevel.UNSUPPORTED_OP: "EP001",
-        SupportLevel.UNSUPPORTED_OPSET: "EP002",
-        SupportLevel.UNSUPPORTED_DTYPE: "EP003",
-        SupportLevel.CONDITIONAL: "EP004",
-        SupportLevel.UNKNOWN: "EP005",
-    }.get(found.level)
-    verdict = NodeVerdict(found.level, found.reason, found.src, code)
+    verdict = NodeVerdict(found.level, found.reason, found.src, LEVEL_CODES.get(found.level))
     if found.note:
         verdict.extra.append(
             Finding.of(

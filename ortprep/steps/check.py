@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
@@ -91,17 +92,26 @@ NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUnifo
               "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
+def _once(analysis: ModelAnalysis, key: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()``, remembered on the analysis: what every target of a check reads of the model
+    is found once (an analysis describes a model that no longer changes)."""
+    memo = analysis.__dict__.setdefault("_check_memo", {})
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
 def folded_nodes(analysis: ModelAnalysis) -> set[int]:
     """Positions (in ``analysis.all_nodes()``) of nodes no EP runs: Constant nodes, and nodes
     ORT's constant folding (optimization level basic, before partitioning) computes away at
     session creation: all inputs constant, or Shape of a static tensor. Found once per analysis
     (every target of a check reads it)."""
-    cached = getattr(analysis, "_folded_nodes", None)
-    if cached is not None:
-        return cached
-    folded = _find_folded(analysis)
-    analysis._folded_nodes = folded
-    return folded
+    return _once(analysis, "folded", lambda: _find_folded(analysis))
+
+
+def _macs(analysis: ModelAnalysis) -> list[int | None]:
+    """node_macs of every node, in ``all_nodes()`` order, once per analysis."""
+    return _once(analysis, "macs", lambda: [node_macs(node) for node in analysis.all_nodes()])
 
 
 def _find_folded(analysis: ModelAnalysis) -> set[int]:
@@ -131,24 +141,42 @@ def _match_key(node: NodeInfo) -> tuple:
             tuple(v.dtype if v is not None else None for v in node.outputs))
 
 
-def matches(table: SupportTable, nodes: list[NodeInfo]) -> list:
-    """tables.match for every node, looked up once per kind of node (a 100,000-node model has a
-    few hundred kinds)."""
-    seen: dict[tuple, object] = {}
-    found = []
-    for node in nodes:
-        key = _match_key(node)
-        if key not in seen:
-            seen[key] = match(table, node)
-        found.append(seen[key])
-    return found
+def _kinds(analysis: ModelAnalysis) -> tuple[list[int], list[NodeInfo]]:
+    """Each node's kind (an index into the second list, which holds one node of each kind): nodes
+    alike in all that a table lookup reads. Found once per analysis, for every EP's table."""
+    def compute() -> tuple[list[int], list[NodeInfo]]:
+        kind_of: dict[tuple, int] = {}
+        kinds, examples = [], []
+        for node in analysis.all_nodes():
+            key = _match_key(node)
+            kind = kind_of.get(key)
+            if kind is None:
+                kind = kind_of[key] = len(examples)
+                examples.append(node)
+            kinds.append(kind)
+        return kinds, examples
+
+    return _once(analysis, "kinds", compute)
+
+
+def analysis_matches(table: SupportTable, analysis: ModelAnalysis) -> list:
+    """tables.match for every node of the analysis (``all_nodes()`` order), looked up once per
+    kind of node (a 100,000-node model has a few hundred kinds) and once per table."""
+    def compute() -> tuple[SupportTable, list]:
+        kinds, examples = _kinds(analysis)
+        per_kind = [match(table, node) for node in examples]
+        return table, [per_kind[kind] for kind in kinds]
+
+    # keyed by the table's id: the memo holds the table, so no other table can take that id
+    return _once(analysis, ("matches", id(table)), compute)[1]
 
 
 def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
     graph = analysis.handle.graph
     graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
     nodes = analysis.all_nodes()
-    verdicts = [evaluate_node(spec, table, node, found, graph_io) for node, found in zip(nodes, matches(table, nodes))]
+    verdicts = [evaluate_node(spec, table, node, found, graph_io)
+                for node, found in zip(nodes, analysis_matches(table, analysis))]
     if spec.name == "qnn" and len(analysis.graphs) > 1:
         verdicts = qnn_control_flow(analysis, verdicts)
     return verdicts
@@ -162,7 +190,7 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
     if target[0].name == "cpu":
         cpu_levels = [v.level for v in per_ep[0]]
     else:
-        cpu_levels = [found.level for found in matches(support_table("cpu"), nodes)]
+        cpu_levels = [found.level for found in analysis_matches(support_table("cpu"), analysis)]
     assignment: list[int] = []
     findings: list[Finding] = []
     folded = folded_nodes(analysis)
@@ -236,7 +264,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
     nodes_placed = sum(1 for a in assignment if a != FOLDED)
     supported = sum(1 for a in assignment if a >= 0)
     fallback = [node.name for node, a in zip(nodes, assignment) if a == CPU]
-    known = [(node_macs(node), a) for node, a in zip(nodes, assignment)]
+    known = list(zip(_macs(analysis), assignment))
     macs_total = sum(m for m, _ in known if m is not None)
     macs_on_ep = sum(m for m, a in known if m is not None and a >= 0)
     for spec in target:

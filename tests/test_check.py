@@ -132,6 +132,28 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("declared", [(TensorProto.FLOAT, [3]), (TensorProto.INT64, [2])], ids=["shape", "type"])
+def test_checker_failure_found_only_by_shape_inference_is_still_mod001(tmp_path, declared):
+    """check's own strict shape inference stands in for the full checker's: where it passes the
+    checker runs without it, where it fails (a declared output shape or type the op cannot make:
+    the plain checker passes it, the full one does not) the full checker still decides MOD001."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", *declared)])
+    path = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.checker.check_model(str(path))  # the plain checker passes it
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.checker.check_model(str(path), full_check=True)
+    assert ModelAnalysis(ModelHandle.open(path), strict_inference=True).strict_inference_passed is False
+    finding = next(f for f in result_of(path, "cpu")["findings"] if f["code"] == "MOD001")
+    assert "onnx.checker rejects the model" in finding["message"]
+    valid = saved(tmp_path, models.relu(), "valid.onnx")
+    assert ModelAnalysis(ModelHandle.open(valid), strict_inference=True).strict_inference_passed is True
+    assert "MOD001" not in codes(result_of(valid, "cpu"))
+
+
 @pytest.mark.parametrize("code", sorted(CASES))
 def test_finding_raised_and_not(tmp_path, code):
     (raise_builder, raise_ep), (quiet_builder, quiet_ep) = CASES[code]

@@ -272,7 +272,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
     findings.extend(combination_findings(target, tables))
     findings.extend(runtime_findings(analysis.handle.proto.ir_version, analysis.opsets.get("ai.onnx"), ort_version))
     findings.extend(converter_defects(analysis.handle))
-    passed, error = checker_result(analysis.handle)
+    passed, error = checker_result(analysis.handle, analysis.strict_inference_passed)
     if not passed:
         refused = runtime_refusal(analysis.handle)
         findings.append(Finding.of(
@@ -340,7 +340,7 @@ def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None
     list for one session ("openvino-cpu,dml"). ``analysis``: the model's, when the caller has it;
     ``device`` (--device) and ``provider_options`` name the device of targets that have one."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
-    analysis = analysis or ModelAnalysis(handle)
+    analysis = analysis or ModelAnalysis(handle, strict_inference=True)
     report = StepResult(step="check", schema=SCHEMA)
     results = []
     shown = str(handle.path) if handle.path else "MODEL"
@@ -425,7 +425,8 @@ class CheckStep(Step):
     reports_progress = True  # --prove: reducing a failing session and measuring its fix draw a bar
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        analysis = ModelAnalysis(model)  # once: the prediction and the proof both read it
+        # once: the prediction and the proof both read it; strict inference spares the checker its own
+        analysis = ModelAnalysis(model, strict_inference=True)
         result = check_model(model, self.options.eps, self.options.ort_version, analysis, self.options.device,
                              self.options.provider_options)
         if self.options.prove:

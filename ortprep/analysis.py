@@ -30,9 +30,16 @@ Shape = list[int | str | None]
 
 @dataclass(frozen=True, slots=True)
 class ValueFacts:
+    """A value's type. One object stands for every value of the same type (a 100,000-node model
+    has a few hundred), so its shape list is never changed in place."""
+
     dtype: str | None
     shape: Shape | None
     is_initializer: bool = False
+    static: bool = field(init=False, repr=False, compare=False)  # a shape of known positive sizes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "static", self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape))
 
 
 @dataclass(slots=True)
@@ -212,14 +219,23 @@ class ModelAnalysis:
         self.opsets = handle.opsets()
         inferred, self.strict_inference_passed = _infer(handle.proto, strict_inference)
         self.values: dict[str, ValueFacts] = {}
+        by_type: dict[bytes, ValueFacts] = {}  # read each type once: values share few types
+        by_tensor_type: dict[tuple, ValueFacts] = {}
         for _, graph in iter_graphs(inferred.graph):
             for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-                dtype, shape = _facts_from_type(value.type)
+                key = value.type.SerializeToString()
+                facts = by_type.get(key)
+                if facts is None:
+                    facts = by_type[key] = ValueFacts(*_facts_from_type(value.type))
                 known = self.values.get(value.name)
-                if known is None or (known.dtype is None and dtype) or (known.shape is None and shape is not None):
-                    self.values[value.name] = ValueFacts(dtype, shape)
+                if known is None or (known.dtype is None and facts.dtype) or (known.shape is None and facts.shape is not None):
+                    self.values[value.name] = facts
             for tensor in graph.initializer:
-                self.values[tensor.name] = ValueFacts(dtype_name(tensor.data_type), list(tensor.dims), True)
+                key = (tensor.data_type, tuple(tensor.dims))
+                facts = by_tensor_type.get(key)
+                if facts is None:
+                    facts = by_tensor_type[key] = ValueFacts(dtype_name(tensor.data_type), list(tensor.dims), True)
+                self.values[tensor.name] = facts
             for node in graph.node:
                 if node.op_type == "Constant" and node.output:
                     known = self.values.get(node.output[0])
@@ -241,32 +257,43 @@ class ModelAnalysis:
         self.graphs: list[GraphInfo] = []
         self._collect(handle.graph, "")
 
+    def _op_facts(self, raw_domain: str, op_type: str) -> tuple[str, int | None, onnx.defs.OpSchema | None, int | None]:
+        """(normalized domain, opset in force, schema, since-version) of an op."""
+        domain = normalize_domain(raw_domain)
+        opset = self.opsets.get(domain)
+        if opset is None and domain in ("com.microsoft", "ai.onnx.ml"):
+            opset = 1
+        schema = _schema(op_type, opset, domain) if opset is not None else None
+        return domain, opset, schema, schema.since_version if schema is not None else opset
+
     def _collect(self, graph: GraphProto, scope: str) -> None:
         info = GraphInfo(graph=graph, scope=scope)
         graph_id = len(self.graphs)
         self.graphs.append(info)
+        graph_size = len(graph.node)
+        facts_of = self.values.get
+        ops: dict[tuple[str, str], tuple] = {}  # what _op_facts says, read once per op of the graph
         for index, node in enumerate(graph.node):
-            domain = normalize_domain(node.domain)
-            opset = self.opsets.get(domain)
-            if opset is None and domain in ("com.microsoft", "ai.onnx.ml"):
-                opset = 1
-            schema = _schema(node.op_type, opset, domain) if opset is not None else None
-            since = schema.since_version if schema is not None else opset
-            subgraphs = list(subgraphs_of(node))
+            op_type, raw_domain = node.op_type, node.domain
+            op = ops.get((raw_domain, op_type))
+            if op is None:
+                op = ops[(raw_domain, op_type)] = self._op_facts(raw_domain, op_type)
+            domain, opset, since, schema = op[0], op[1], op[3], op[2]
+            subgraphs = list(subgraphs_of(node)) if node.attribute else []
             info.nodes.append(
                 NodeInfo(
                     node=node,
                     index=index,
                     graph_id=graph_id,
-                    name=node.name or f"{node.op_type}#{index}" + (f"@{scope}" if scope else ""),
+                    name=node.name or f"{op_type}#{index}" + (f"@{scope}" if scope else ""),
                     domain=domain,
                     opset=opset,
                     since=since,
                     schema=schema,
-                    inputs=[self.values.get(name) if name else None for name in node.input],
-                    outputs=[self.values.get(name) if name else None for name in node.output],
+                    inputs=[facts_of(name) if name else None for name in node.input],
+                    outputs=[facts_of(name) if name else None for name in node.output],
                     has_subgraphs=bool(subgraphs),
-                    graph_size=len(graph.node),
+                    graph_size=graph_size,
                 )
             )
             for attr_name, subgraph in subgraphs:

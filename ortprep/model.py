@@ -148,6 +148,8 @@ def iter_graphs(graph: GraphProto, scope: str = "") -> Iterator[tuple[str, Graph
     """The graph and all its subgraphs, depth first, each with a scope path ("" for the main graph)."""
     yield scope, graph
     for node in graph.node:
+        if not node.attribute:
+            continue  # most nodes have none: no generator for them (a graph of 100,000 nodes is walked often)
         for attr_name, subgraph in subgraphs_of(node):
             label = f"{scope}/{node.name or node.op_type}.{attr_name}"
             yield from iter_graphs(subgraph, label)

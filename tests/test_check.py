@@ -132,6 +132,29 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("sample", ["cnn.onnx", "cnn_fp16.onnx", "transformer_block.onnx", "conv1d_audio.onnx",
+                                    "control_flow.onnx", "custom_op.onnx"])
+def test_verdicts_shared_between_nodes_are_each_nodes_own(sample):
+    """check evaluates a node's rules only where they read the node (reads_the_node), and shares
+    the match's verdict between the others: every EP's verdicts equal evaluating each node."""
+    from ortprep.eps.rules import evaluate_node
+    from ortprep.runtime.kernels import support_table
+    from ortprep.steps.check import _verdicts, analysis_matches
+
+    analysis = ModelAnalysis(ModelHandle.open(SAMPLES / sample))
+    graph = analysis.handle.graph
+    graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
+    for spec in EPS:
+        table = support_table(spec.name)
+        alone = [evaluate_node(spec, table, node, found, graph_io)
+                 for node, found in zip(analysis.all_nodes(), analysis_matches(table, analysis))]
+        if spec.name == "qnn" and len(analysis.graphs) > 1:
+            from ortprep.eps.rules import qnn_control_flow
+
+            alone = qnn_control_flow(analysis, alone)
+        assert _verdicts(spec, table, analysis) == alone, spec.name
+
+
 @pytest.mark.parametrize("declared", [(TensorProto.FLOAT, [3]), (TensorProto.INT64, [2])], ids=["shape", "type"])
 def test_checker_failure_found_only_by_shape_inference_is_still_mod001(tmp_path, declared):
     """check's own strict shape inference stands in for the full checker's: where it passes the

@@ -64,7 +64,7 @@ DML_QUERIES: dict[str, Callable[[NodeInfo], bool]] = {
 
 
 def _static(facts) -> bool:
-    return facts is not None and facts.shape is not None and all(isinstance(d, int) and d > 0 for d in facts.shape)
+    return facts is not None and facts.static
 
 
 def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVerdict) -> NodeVerdict:
@@ -225,6 +225,15 @@ LEVEL_CODES = {
     SupportLevel.CONDITIONAL: "EP004",
     SupportLevel.UNKNOWN: "EP005",
 }
+
+
+def reads_the_node(spec: EpSpec, node: NodeInfo, found: Match) -> bool:
+    """Whether evaluate_node reads more of the node than its table match: an EP rule for it, or a
+    finding that names it. Where not, the verdict is the match's alone, the same for every node
+    with that match."""
+    return bool(found.note) or (spec.name == "qnn" and found.level.runs_on_ep) or (
+        spec.name in DML_EPS and found.level.runs_on_ep and found.entry is not None and bool(found.entry.dml)) or (
+        spec.name == "dml-npu" and node.op_type in ONE_D_OPS)
 
 
 def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,

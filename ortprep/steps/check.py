@@ -21,6 +21,7 @@ from ortprep.eps.rules import (
     combination_findings,
     evaluate_node,
     model_findings,
+    reads_the_node,
     qnn_control_flow,
 )
 from ortprep.eps.tables import SupportLevel, SupportTable, match
@@ -175,8 +176,16 @@ def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> lis
     graph = analysis.handle.graph
     graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
     nodes = analysis.all_nodes()
-    verdicts = [evaluate_node(spec, table, node, found, graph_io)
-                for node, found in zip(nodes, analysis_matches(table, analysis))]
+    verdicts = []
+    shared: dict[int, NodeVerdict] = {}  # by the match's id: a verdict no rule adjusts is the match's
+    for node, found in zip(nodes, analysis_matches(table, analysis)):
+        if reads_the_node(spec, node, found):
+            verdicts.append(evaluate_node(spec, table, node, found, graph_io))
+            continue
+        verdict = shared.get(id(found))
+        if verdict is None:
+            verdict = shared[id(found)] = evaluate_node(spec, table, node, found, graph_io)
+        verdicts.append(verdict)
     if spec.name == "qnn" and len(analysis.graphs) > 1:
         verdicts = qnn_control_flow(analysis, verdicts)
     return verdicts

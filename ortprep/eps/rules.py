@@ -137,9 +137,13 @@ def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], grap
     """What the real QNN EP rejects although its op table lists the op (see docs/eps.md)."""
     if node.graph_id > 0:
         return verdict  # a node of an If's branch goes where its If goes: see qnn_control_flow
-    values = [v for v in node.inputs + node.outputs if v is not None and not v.is_initializer]
-    named = [n for n in list(node.node.input) + list(node.node.output) if n]
-    if any(not _static(v) for v in values) or len(values) + sum(1 for v in node.inputs if v is not None and v.is_initializer) < len(named):
+    # Every named tensor needs known facts (an output typed as a constant does not count) and
+    # every one but an initializer a static shape. One pass: this runs for every node.
+    inputs = [v for v in node.inputs if v is not None]
+    outputs = [v for v in node.outputs if v is not None and not v.is_initializer]
+    named = sum(1 for n in node.node.input if n) + sum(1 for n in node.node.output if n)
+    if (len(inputs) + len(outputs) < named or not all(v.static for v in outputs)
+            or not all(v.static or v.is_initializer for v in inputs)):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN needs a static shape on every tensor "
                            "(QNN: \"Cannot get shape\")", QNN_MEASURED, "QNN002")
     if node.op_type == "QuantizeLinear" and node.node.input[0] in graph_inputs:

@@ -122,13 +122,19 @@ def _find_folded(analysis: ModelAnalysis) -> set[int]:
     for graph in analysis.graphs:
         constant |= {t.name for t in graph.graph.initializer}
         for node in graph.nodes:
-            inputs = [name for name in node.node.input if name]
-            static_shape = (node.op_type == "Shape" and node.inputs and node.inputs[0] is not None
-                            and node.inputs[0].shape is not None
-                            and all(isinstance(d, int) and d > 0 for d in node.inputs[0].shape))
-            if (node.op_type == "Constant" and node.domain == "ai.onnx") or static_shape or (
-                    node.domain == "ai.onnx" and node.op_type not in NOT_FOLDED and not node.has_subgraphs
-                    and inputs and all(name in constant for name in inputs)):
+            op = node.op_type
+            if op == "Shape" and node.inputs and node.inputs[0] is not None and node.inputs[0].static:
+                is_folded = True  # the Shape of a static tensor (in any domain)
+            elif node.domain != "ai.onnx":
+                is_folded = False
+            elif op == "Constant":
+                is_folded = True
+            elif op in NOT_FOLDED or node.has_subgraphs:
+                is_folded = False
+            else:  # all inputs constant
+                inputs = [name for name in node.node.input if name]
+                is_folded = bool(inputs) and all(name in constant for name in inputs)
+            if is_folded:
                 folded.add(position)
                 constant.update(name for name in node.node.output if name)
             position += 1
@@ -207,16 +213,20 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
         if position in folded:
             assignment.append(FOLDED)
             continue
-        chosen = next((i for i, verdicts in enumerate(per_ep) if verdicts[position].level.runs_on_ep), CPU)
-        assignment.append(chosen)
-        cpu_runs_it = cpu_levels[position].runs_on_ep
-        if chosen == CPU:
-            findings.append(_node_finding(target[0], node, per_ep[0][position], cpu_runs_it))
+        for chosen, verdicts in enumerate(per_ep):  # the first EP of the target that takes it
+            verdict = verdicts[position]
+            if verdict.level.runs_on_ep:
+                break
         else:
-            verdict = per_ep[chosen][position]
+            chosen = CPU
+        assignment.append(chosen)
+        if chosen == CPU:
+            findings.append(_node_finding(target[0], node, per_ep[0][position], cpu_levels[position].runs_on_ep))
+        else:
             if verdict.level == SupportLevel.CONDITIONAL:
-                findings.append(_node_finding(target[chosen], node, verdict, cpu_runs_it))
-            findings.extend(verdict.extra)
+                findings.append(_node_finding(target[chosen], node, verdict, cpu_levels[position].runs_on_ep))
+            if verdict.extra:
+                findings.extend(verdict.extra)
     return assignment, findings
 
 

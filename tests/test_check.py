@@ -132,6 +132,34 @@ CASES = {
 }
 
 
+def test_check_leaves_the_garbage_collector_as_it_found_it(tmp_path, monkeypatch):
+    """check pauses the cyclic collector while it works (its per-node objects form no cycles) and
+    restores it, also when the check fails and when the caller had paused it."""
+    import gc
+
+    import ortprep.steps.check as check_module
+
+    path = saved(tmp_path, models.relu())
+    assert gc.isenabled()
+    check_model(ModelHandle.open(path), ["cpu"])
+    assert gc.isenabled()
+    with monkeypatch.context() as patch:
+        def broken(*args, **kwargs):
+            assert not gc.isenabled()
+            raise RuntimeError("inside the check")
+
+        patch.setattr(check_module, "check_target", broken)
+        with pytest.raises(RuntimeError, match="inside the check"):
+            check_model(ModelHandle.open(path), ["cpu"])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        check_model(ModelHandle.open(path), ["cpu"])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("sample", ["cnn.onnx", "cnn_fp16.onnx", "transformer_block.onnx", "conv1d_audio.onnx",
                                     "control_flow.onnx", "custom_op.onnx"])
 def test_verdicts_shared_between_nodes_are_each_nodes_own(sample):

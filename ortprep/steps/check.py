@@ -7,8 +7,10 @@ Reads no weight bytes.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
@@ -91,6 +93,20 @@ def _node_finding(spec: EpSpec, node: NodeInfo, verdict: NodeVerdict, cpu_runs_i
 # Never constant-folded by ORT: Q/DQ stay for QDQ-aware EPs, random ops must not be frozen.
 NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUniform", "RandomNormalLike",
               "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while check builds and reads its per-node
+    objects: they form no cycles, and the collector would otherwise walk all of them again at
+    each full collection (0.3 s of a 100,000-node check). Restored on leaving."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _once(analysis: ModelAnalysis, key: Hashable, compute: Callable[[], Any]) -> Any:
@@ -359,7 +375,14 @@ def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None
     list for one session ("openvino-cpu,dml"). ``analysis``: the model's, when the caller has it;
     ``device`` (--device) and ``provider_options`` name the device of targets that have one."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
-    analysis = analysis or ModelAnalysis(handle, strict_inference=True)
+    with _collector_paused():
+        return _check_model(handle, resolved, ort_version, analysis or ModelAnalysis(handle, strict_inference=True),
+                            device, provider_options)
+
+
+def _check_model(handle: ModelHandle, resolved: list[tuple[EpSpec, ...]], ort_version: str | None,
+                 analysis: ModelAnalysis, device: str | None,
+                 provider_options: dict[str, dict[str, str]] | None) -> StepResult:
     report = StepResult(step="check", schema=SCHEMA)
     results = []
     shown = str(handle.path) if handle.path else "MODEL"
@@ -444,8 +467,9 @@ class CheckStep(Step):
     reports_progress = True  # --prove: reducing a failing session and measuring its fix draw a bar
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        # once: the prediction and the proof both read it; strict inference spares the checker its own
-        analysis = ModelAnalysis(model, strict_inference=True)
+        with _collector_paused():
+            # once: the prediction and the proof both read it; strict inference spares the checker its own
+            analysis = ModelAnalysis(model, strict_inference=True)
         result = check_model(model, self.options.eps, self.options.ort_version, analysis, self.options.device,
                              self.options.provider_options)
         if self.options.prove:

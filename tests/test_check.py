@@ -132,6 +132,18 @@ CASES = {
 }
 
 
+def test_qnn001_fix_loads_the_quantized_output_not_the_float_model(tmp_path):
+    """The fix quantizes to MODEL.qdq.onnx and then loads that file, with the float model as the
+    reference (issue 23: it loaded the original model again). Table-only: no QNN EP needed."""
+    model = tmp_path / "cnn.onnx"
+    model.write_bytes((SAMPLES / "cnn.onnx").read_bytes())
+    fix = next(f["fix"] for f in result_of(model, "qnn")["findings"] if f["code"] == "QNN001")
+    quantized = tmp_path / "cnn.qdq.onnx"
+    assert f"ortprep quantize {model} --static --ep qnn" in fix and f"-o {quantized}" in fix
+    assert f"ortprep load {quantized} --ep qnn --reference {model}" in fix
+    assert f"ortprep load {model}" not in fix
+
+
 def test_check_leaves_the_garbage_collector_as_it_found_it(tmp_path, monkeypatch):
     """check pauses the cyclic collector while it works (its per-node objects form no cycles) and
     restores it, also when the check fails and when the caller had paused it."""

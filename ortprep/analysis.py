@@ -291,7 +291,7 @@ class ModelAnalysis:
             op = ops.get((raw_domain, op_type))
             if op is None:
                 op = ops[(raw_domain, op_type)] = self._op_facts(raw_domain, op_type)
-            domain, opset, since, schema = op[0], op[1], op[3], op[2]
+            domain, opset, schema, since = op
             subgraphs = list(subgraphs_of(node)) if node.attribute else []
             outputs = [facts_of(name) if name else None for name in node.output]
             if None in outputs and any(name and name not in self.values for name in node.output):

@@ -130,6 +130,8 @@ def _require_text(proto: ModelProto, path: Path) -> None:
                                  hint="re-export the model")
     for scope, graph in iter_graphs(proto.graph):
         for index, node in enumerate(graph.node):
+            if bytes not in map(type, (node.op_type, node.domain, node.name, *node.input, *node.output)):
+                continue  # all text (one C-level pass per node; which field is wrong is found below)
             for field_name in ("op_type", "domain", "name"):
                 if bad(getattr(node, field_name)):
                     raise ModelReadError(
@@ -148,6 +150,8 @@ def iter_graphs(graph: GraphProto, scope: str = "") -> Iterator[tuple[str, Graph
     """The graph and all its subgraphs, depth first, each with a scope path ("" for the main graph)."""
     yield scope, graph
     for node in graph.node:
+        if not node.attribute:
+            continue  # most nodes have none: no generator for them (a graph of 100,000 nodes is walked often)
         for attr_name, subgraph in subgraphs_of(node):
             label = f"{scope}/{node.name or node.op_type}.{attr_name}"
             yield from iter_graphs(subgraph, label)

@@ -17,29 +17,34 @@ class InvalidModelError(ModelReadError):
     """A model that onnx's checker (and so ONNX Runtime) refuses."""
 
 
-def checker_result(handle: ModelHandle) -> tuple[bool, str | None]:
-    """(passed, the checker's first line). By path when there is one: the C++ checker then reads
-    the model file itself and only checks that external data files exist."""
-    return _check(str(handle.path) if handle.path is not None and handle.path.is_file() else None, handle)
+def checker_result(handle: ModelHandle, strict_inference_passed: bool = False) -> tuple[bool, str | None]:
+    """(passed, the checker's first line) of onnx's full checker. By path when there is one: the
+    C++ checker then reads the model file itself and only checks that external data files exist.
+
+    ``strict_inference_passed``: onnx's strict, type-checking shape inference has already passed on
+    the model (``ModelAnalysis.strict_inference_passed``), which is the part the full check adds
+    to the plain one; the checker then runs without it."""
+    return _check(str(handle.path) if handle.path is not None and handle.path.is_file() else None, handle,
+                  not strict_inference_passed)
 
 
 @functools.lru_cache(maxsize=32)
-def _check_path(path: str, mtime: float, size: int) -> tuple[bool, str | None]:
+def _check_path(path: str, mtime: float, size: int, full_check: bool) -> tuple[bool, str | None]:
     try:
-        onnx.checker.check_model(path, full_check=True)
+        onnx.checker.check_model(path, full_check=full_check)
     except Exception as exc:  # noqa: BLE001 - the checker raises several types
         return False, _first_line(exc)
     return True, None
 
 
-def _check(path: str | None, handle: ModelHandle) -> tuple[bool, str | None]:
+def _check(path: str | None, handle: ModelHandle, full_check: bool) -> tuple[bool, str | None]:
     if path is not None:
         from pathlib import Path
 
         stat = Path(path).stat()
-        return _check_path(path, stat.st_mtime, stat.st_size)
+        return _check_path(path, stat.st_mtime, stat.st_size, full_check)
     try:
-        onnx.checker.check_model(handle.proto, full_check=True)
+        onnx.checker.check_model(handle.proto, full_check=full_check)
     except Exception as exc:  # noqa: BLE001
         return False, _first_line(exc)
     return True, None

@@ -132,6 +132,91 @@ CASES = {
 }
 
 
+def test_qnn001_fix_loads_the_quantized_output_not_the_float_model(tmp_path):
+    """The fix quantizes to MODEL.qdq.onnx and then loads that file, with the float model as the
+    reference (issue 23: it loaded the original model again). Table-only: no QNN EP needed."""
+    model = tmp_path / "cnn.onnx"
+    model.write_bytes((SAMPLES / "cnn.onnx").read_bytes())
+    fix = next(f["fix"] for f in result_of(model, "qnn")["findings"] if f["code"] == "QNN001")
+    quantized = tmp_path / "cnn.qdq.onnx"
+    assert f"ortprep quantize {model} --static --ep qnn" in fix and f"-o {quantized}" in fix
+    assert f"ortprep load {quantized} --ep qnn --reference {model}" in fix
+    assert f"ortprep load {model}" not in fix
+
+
+def test_check_leaves_the_garbage_collector_as_it_found_it(tmp_path, monkeypatch):
+    """check pauses the cyclic collector while it works (its per-node objects form no cycles) and
+    restores it, also when the check fails and when the caller had paused it."""
+    import gc
+
+    import ortprep.steps.check as check_module
+
+    path = saved(tmp_path, models.relu())
+    assert gc.isenabled()
+    check_model(ModelHandle.open(path), ["cpu"])
+    assert gc.isenabled()
+    with monkeypatch.context() as patch:
+        def broken(*args, **kwargs):
+            assert not gc.isenabled()
+            raise RuntimeError("inside the check")
+
+        patch.setattr(check_module, "check_target", broken)
+        with pytest.raises(RuntimeError, match="inside the check"):
+            check_model(ModelHandle.open(path), ["cpu"])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        check_model(ModelHandle.open(path), ["cpu"])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("sample", ["cnn.onnx", "cnn_fp16.onnx", "transformer_block.onnx", "conv1d_audio.onnx",
+                                    "control_flow.onnx", "custom_op.onnx"])
+def test_verdicts_shared_between_nodes_are_each_nodes_own(sample):
+    """check evaluates a node's rules only where they read the node (reads_the_node), and shares
+    the match's verdict between the others: every EP's verdicts equal evaluating each node."""
+    from ortprep.eps.rules import evaluate_node
+    from ortprep.runtime.kernels import support_table
+    from ortprep.steps.check import _verdicts, analysis_matches
+
+    analysis = ModelAnalysis(ModelHandle.open(SAMPLES / sample))
+    graph = analysis.handle.graph
+    graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
+    for spec in EPS:
+        table = support_table(spec.name)
+        alone = [evaluate_node(spec, table, node, found, graph_io)
+                 for node, found in zip(analysis.all_nodes(), analysis_matches(table, analysis))]
+        if spec.name == "qnn" and len(analysis.graphs) > 1:
+            from ortprep.eps.rules import qnn_control_flow
+
+            alone = qnn_control_flow(analysis, alone)
+        assert _verdicts(spec, table, analysis) == alone, spec.name
+
+
+@pytest.mark.parametrize("declared", [(TensorProto.FLOAT, [3]), (TensorProto.INT64, [2])], ids=["shape", "type"])
+def test_checker_failure_found_only_by_shape_inference_is_still_mod001(tmp_path, declared):
+    """check's own strict shape inference stands in for the full checker's: where it passes the
+    checker runs without it, where it fails (a declared output shape or type the op cannot make:
+    the plain checker passes it, the full one does not) the full checker still decides MOD001."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", *declared)])
+    path = saved(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.checker.check_model(str(path))  # the plain checker passes it
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.checker.check_model(str(path), full_check=True)
+    assert ModelAnalysis(ModelHandle.open(path), strict_inference=True).strict_inference_passed is False
+    finding = next(f for f in result_of(path, "cpu")["findings"] if f["code"] == "MOD001")
+    assert "onnx.checker rejects the model" in finding["message"]
+    valid = saved(tmp_path, models.relu(), "valid.onnx")
+    assert ModelAnalysis(ModelHandle.open(valid), strict_inference=True).strict_inference_passed is True
+    assert "MOD001" not in codes(result_of(valid, "cpu"))
+
+
 @pytest.mark.parametrize("code", sorted(CASES))
 def test_finding_raised_and_not(tmp_path, code):
     (raise_builder, raise_ep), (quiet_builder, quiet_ep) = CASES[code]
@@ -197,6 +282,41 @@ def test_partition_chain_and_copies(tmp_path):
     assert middle_on_cpu.partitions == 2
     # x in, a out to the CPU, b0 back from the CPU, y out
     assert middle_on_cpu.copies == 4
+
+
+@pytest.mark.parametrize("sample", ["cnn.onnx", "transformer_block.onnx", "control_flow.onnx", "cnn_fp16.onnx"])
+def test_partition_shortcut_agrees_with_the_walk(sample):
+    """One EP taking every node of a graph in topological order is answered without the walk
+    (0.5 s of a 100,000-node check): the answer is the walk's, with and without folded nodes."""
+    from ortprep.eps.partition import CPU, FOLDED, _topology, _walk
+
+    analysis = ModelAnalysis(ModelHandle.open(SAMPLES / sample))
+    for info in analysis.graphs:
+        graph = info.graph
+        assert _topology(graph).topological
+        all_on_ep = [0] * len(graph.node)
+        constants_folded = [FOLDED if node.op_type == "Constant" else 0 for node in graph.node]
+        for assignment in (all_on_ep, constants_folded, [CPU] * len(graph.node)):
+            eps = sorted({a for a in assignment if a >= 0})
+            result = partition_graph(graph, assignment)
+            assert (result.partitions, result.partition_of) == _walk(graph, assignment, eps)
+
+
+def test_partition_walk_runs_where_the_node_order_is_not_topological(tmp_path):
+    """The shortcut needs the node order to be topological; a graph listed out of order (which
+    onnx's checker refuses) gets the walk."""
+    from ortprep.eps.partition import _topology
+
+    model = models.diamond("Relu")
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    path = tmp_path / "reversed.onnx"
+    path.write_bytes(model.SerializeToString())
+    graph = ModelHandle.open(path).graph
+    assert not _topology(graph).topological
+    result = partition_graph(graph, [0] * len(nodes))
+    assert result.partitions == 1 and result.partition_of == [0] * len(nodes)
 
 
 def test_cpu_fallback_impossible_is_error(samples):

@@ -64,7 +64,7 @@ DML_QUERIES: dict[str, Callable[[NodeInfo], bool]] = {
 
 
 def _static(facts) -> bool:
-    return facts is not None and facts.shape is not None and all(isinstance(d, int) and d > 0 for d in facts.shape)
+    return facts is not None and facts.static
 
 
 def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVerdict) -> NodeVerdict:
@@ -137,9 +137,13 @@ def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], grap
     """What the real QNN EP rejects although its op table lists the op (see docs/eps.md)."""
     if node.graph_id > 0:
         return verdict  # a node of an If's branch goes where its If goes: see qnn_control_flow
-    values = [v for v in node.inputs + node.outputs if v is not None and not v.is_initializer]
-    named = [n for n in list(node.node.input) + list(node.node.output) if n]
-    if any(not _static(v) for v in values) or len(values) + sum(1 for v in node.inputs if v is not None and v.is_initializer) < len(named):
+    # Every named tensor needs known facts (an output typed as a constant does not count) and
+    # every one but an initializer a static shape. One pass: this runs for every node.
+    inputs = [v for v in node.inputs if v is not None]
+    outputs = [v for v in node.outputs if v is not None and not v.is_initializer]
+    named = sum(1 for n in node.node.input if n) + sum(1 for n in node.node.output if n)
+    if (len(inputs) + len(outputs) < named or not all(v.static for v in outputs)
+            or not all(v.static or v.is_initializer for v in inputs)):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN needs a static shape on every tensor "
                            "(QNN: \"Cannot get shape\")", QNN_MEASURED, "QNN002")
     if node.op_type == "QuantizeLinear" and node.node.input[0] in graph_inputs:
@@ -218,18 +222,29 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
     return result
 
 
+LEVEL_CODES = {
+    SupportLevel.UNSUPPORTED_OP: "EP001",
+    SupportLevel.UNSUPPORTED_OPSET: "EP002",
+    SupportLevel.UNSUPPORTED_DTYPE: "EP003",
+    SupportLevel.CONDITIONAL: "EP004",
+    SupportLevel.UNKNOWN: "EP005",
+}
+
+
+def reads_the_node(spec: EpSpec, node: NodeInfo, found: Match) -> bool:
+    """Whether evaluate_node reads more of the node than its table match: an EP rule for it, or a
+    finding that names it. Where not, the verdict is the match's alone, the same for every node
+    with that match."""
+    return bool(found.note) or (spec.name == "qnn" and found.level.runs_on_ep) or (
+        spec.name in DML_EPS and found.level.runs_on_ep and found.entry is not None and bool(found.entry.dml)) or (
+        spec.name == "dml-npu" and node.op_type in ONE_D_OPS)
+
+
 def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,
                   graph_io: tuple[set[str], set[str]] = (set(), set())) -> NodeVerdict:
     """A table match, adjusted by the EP's node rules. ``graph_io``: the main graph's input and
     output names."""
-    code = {
-        SupportLevel.UNSUPPORTED_OP: "EP001",
-        SupportLevel.UNSUPPORTED_OPSET: "EP002",
-        SupportLevel.UNSUPPORTED_DTYPE: "EP003",
-        SupportLevel.CONDITIONAL: "EP004",
-        SupportLevel.UNKNOWN: "EP005",
-    }.get(found.level)
-    verdict = NodeVerdict(found.level, found.reason, found.src, code)
+    verdict = NodeVerdict(found.level, found.reason, found.src, LEVEL_CODES.get(found.level))
     if found.note:
         verdict.extra.append(
             Finding.of(

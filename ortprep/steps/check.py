@@ -7,7 +7,10 @@ Reads no weight bytes.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
@@ -20,6 +23,7 @@ from ortprep.eps.rules import (
     combination_findings,
     evaluate_node,
     model_findings,
+    reads_the_node,
     qnn_control_flow,
 )
 from ortprep.eps.tables import SupportLevel, SupportTable, match
@@ -91,17 +95,40 @@ NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUnifo
               "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while check builds and reads its per-node
+    objects: they form no cycles, and the collector would otherwise walk all of them again at
+    each full collection (0.3 s of a 100,000-node check). Restored on leaving."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _once(analysis: ModelAnalysis, key: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()``, remembered on the analysis: what every target of a check reads of the model
+    is found once (an analysis describes a model that no longer changes)."""
+    memo = analysis.__dict__.setdefault("_check_memo", {})
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
 def folded_nodes(analysis: ModelAnalysis) -> set[int]:
     """Positions (in ``analysis.all_nodes()``) of nodes no EP runs: Constant nodes, and nodes
     ORT's constant folding (optimization level basic, before partitioning) computes away at
     session creation: all inputs constant, or Shape of a static tensor. Found once per analysis
     (every target of a check reads it)."""
-    cached = getattr(analysis, "_folded_nodes", None)
-    if cached is not None:
-        return cached
-    folded = _find_folded(analysis)
-    analysis._folded_nodes = folded
-    return folded
+    return _once(analysis, "folded", lambda: _find_folded(analysis))
+
+
+def _macs(analysis: ModelAnalysis) -> list[int | None]:
+    """node_macs of every node, in ``all_nodes()`` order, once per analysis."""
+    return _once(analysis, "macs", lambda: [node_macs(node) for node in analysis.all_nodes()])
 
 
 def _find_folded(analysis: ModelAnalysis) -> set[int]:
@@ -111,13 +138,19 @@ def _find_folded(analysis: ModelAnalysis) -> set[int]:
     for graph in analysis.graphs:
         constant |= {t.name for t in graph.graph.initializer}
         for node in graph.nodes:
-            inputs = [name for name in node.node.input if name]
-            static_shape = (node.op_type == "Shape" and node.inputs and node.inputs[0] is not None
-                            and node.inputs[0].shape is not None
-                            and all(isinstance(d, int) and d > 0 for d in node.inputs[0].shape))
-            if (node.op_type == "Constant" and node.domain == "ai.onnx") or static_shape or (
-                    node.domain == "ai.onnx" and node.op_type not in NOT_FOLDED and not node.has_subgraphs
-                    and inputs and all(name in constant for name in inputs)):
+            op = node.op_type
+            if op == "Shape" and node.inputs and node.inputs[0] is not None and node.inputs[0].static:
+                is_folded = True  # the Shape of a static tensor (in any domain)
+            elif node.domain != "ai.onnx":
+                is_folded = False
+            elif op == "Constant":
+                is_folded = True
+            elif op in NOT_FOLDED or node.has_subgraphs:
+                is_folded = False
+            else:  # all inputs constant
+                inputs = [name for name in node.node.input if name]
+                is_folded = bool(inputs) and all(name in constant for name in inputs)
+            if is_folded:
                 folded.add(position)
                 constant.update(name for name in node.node.output if name)
             position += 1
@@ -131,24 +164,50 @@ def _match_key(node: NodeInfo) -> tuple:
             tuple(v.dtype if v is not None else None for v in node.outputs))
 
 
-def matches(table: SupportTable, nodes: list[NodeInfo]) -> list:
-    """tables.match for every node, looked up once per kind of node (a 100,000-node model has a
-    few hundred kinds)."""
-    seen: dict[tuple, object] = {}
-    found = []
-    for node in nodes:
-        key = _match_key(node)
-        if key not in seen:
-            seen[key] = match(table, node)
-        found.append(seen[key])
-    return found
+def _kinds(analysis: ModelAnalysis) -> tuple[list[int], list[NodeInfo]]:
+    """Each node's kind (an index into the second list, which holds one node of each kind): nodes
+    alike in all that a table lookup reads. Found once per analysis, for every EP's table."""
+    def compute() -> tuple[list[int], list[NodeInfo]]:
+        kind_of: dict[tuple, int] = {}
+        kinds, examples = [], []
+        for node in analysis.all_nodes():
+            key = _match_key(node)
+            kind = kind_of.get(key)
+            if kind is None:
+                kind = kind_of[key] = len(examples)
+                examples.append(node)
+            kinds.append(kind)
+        return kinds, examples
+
+    return _once(analysis, "kinds", compute)
+
+
+def analysis_matches(table: SupportTable, analysis: ModelAnalysis) -> list:
+    """tables.match for every node of the analysis (``all_nodes()`` order), looked up once per
+    kind of node (a 100,000-node model has a few hundred kinds) and once per table."""
+    def compute() -> tuple[SupportTable, list]:
+        kinds, examples = _kinds(analysis)
+        per_kind = [match(table, node) for node in examples]
+        return table, [per_kind[kind] for kind in kinds]
+
+    # keyed by the table's id: the memo holds the table, so no other table can take that id
+    return _once(analysis, ("matches", id(table)), compute)[1]
 
 
 def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
     graph = analysis.handle.graph
     graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
     nodes = analysis.all_nodes()
-    verdicts = [evaluate_node(spec, table, node, found, graph_io) for node, found in zip(nodes, matches(table, nodes))]
+    verdicts = []
+    shared: dict[int, NodeVerdict] = {}  # by the match's id: a verdict no rule adjusts is the match's
+    for node, found in zip(nodes, analysis_matches(table, analysis)):
+        if reads_the_node(spec, node, found):
+            verdicts.append(evaluate_node(spec, table, node, found, graph_io))
+            continue
+        verdict = shared.get(id(found))
+        if verdict is None:
+            verdict = shared[id(found)] = evaluate_node(spec, table, node, found, graph_io)
+        verdicts.append(verdict)
     if spec.name == "qnn" and len(analysis.graphs) > 1:
         verdicts = qnn_control_flow(analysis, verdicts)
     return verdicts
@@ -162,7 +221,7 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
     if target[0].name == "cpu":
         cpu_levels = [v.level for v in per_ep[0]]
     else:
-        cpu_levels = [found.level for found in matches(support_table("cpu"), nodes)]
+        cpu_levels = [found.level for found in analysis_matches(support_table("cpu"), analysis)]
     assignment: list[int] = []
     findings: list[Finding] = []
     folded = folded_nodes(analysis)
@@ -170,16 +229,20 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
         if position in folded:
             assignment.append(FOLDED)
             continue
-        chosen = next((i for i, verdicts in enumerate(per_ep) if verdicts[position].level.runs_on_ep), CPU)
-        assignment.append(chosen)
-        cpu_runs_it = cpu_levels[position].runs_on_ep
-        if chosen == CPU:
-            findings.append(_node_finding(target[0], node, per_ep[0][position], cpu_runs_it))
+        for chosen, verdicts in enumerate(per_ep):  # the first EP of the target that takes it
+            verdict = verdicts[position]
+            if verdict.level.runs_on_ep:
+                break
         else:
-            verdict = per_ep[chosen][position]
+            chosen = CPU
+        assignment.append(chosen)
+        if chosen == CPU:
+            findings.append(_node_finding(target[0], node, per_ep[0][position], cpu_levels[position].runs_on_ep))
+        else:
             if verdict.level == SupportLevel.CONDITIONAL:
-                findings.append(_node_finding(target[chosen], node, verdict, cpu_runs_it))
-            findings.extend(verdict.extra)
+                findings.append(_node_finding(target[chosen], node, verdict, cpu_levels[position].runs_on_ep))
+            if verdict.extra:
+                findings.extend(verdict.extra)
     return assignment, findings
 
 
@@ -236,7 +299,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
     nodes_placed = sum(1 for a in assignment if a != FOLDED)
     supported = sum(1 for a in assignment if a >= 0)
     fallback = [node.name for node, a in zip(nodes, assignment) if a == CPU]
-    known = [(node_macs(node), a) for node, a in zip(nodes, assignment)]
+    known = list(zip(_macs(analysis), assignment))
     macs_total = sum(m for m, _ in known if m is not None)
     macs_on_ep = sum(m for m, a in known if m is not None and a >= 0)
     for spec in target:
@@ -244,7 +307,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
     findings.extend(combination_findings(target, tables))
     findings.extend(runtime_findings(analysis.handle.proto.ir_version, analysis.opsets.get("ai.onnx"), ort_version))
     findings.extend(converter_defects(analysis.handle))
-    passed, error = checker_result(analysis.handle)
+    passed, error = checker_result(analysis.handle, analysis.strict_inference_passed)
     if not passed:
         refused = runtime_refusal(analysis.handle)
         findings.append(Finding.of(
@@ -312,7 +375,14 @@ def check_model(handle: ModelHandle, targets: list[str], ort_version: str | None
     list for one session ("openvino-cpu,dml"). ``analysis``: the model's, when the caller has it;
     ``device`` (--device) and ``provider_options`` name the device of targets that have one."""
     resolved = [resolve_target(text) for text in targets]  # UsageError before any work
-    analysis = analysis or ModelAnalysis(handle)
+    with _collector_paused():
+        return _check_model(handle, resolved, ort_version, analysis or ModelAnalysis(handle, strict_inference=True),
+                            device, provider_options)
+
+
+def _check_model(handle: ModelHandle, resolved: list[tuple[EpSpec, ...]], ort_version: str | None,
+                 analysis: ModelAnalysis, device: str | None,
+                 provider_options: dict[str, dict[str, str]] | None) -> StepResult:
     report = StepResult(step="check", schema=SCHEMA)
     results = []
     shown = str(handle.path) if handle.path else "MODEL"
@@ -397,7 +467,9 @@ class CheckStep(Step):
     reports_progress = True  # --prove: reducing a failing session and measuring its fix draw a bar
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        analysis = ModelAnalysis(model)  # once: the prediction and the proof both read it
+        with _collector_paused():
+            # once: the prediction and the proof both read it; strict inference spares the checker its own
+            analysis = ModelAnalysis(model, strict_inference=True)
         result = check_model(model, self.options.eps, self.options.ort_version, analysis, self.options.device,
                              self.options.provider_options)
         if self.options.prove:

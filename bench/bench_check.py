@@ -14,6 +14,18 @@ from common import OUT, VENV_BIN, chain_model, measure, table
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=["10k", "100k"], help="run one model's rows")
+    only = parser.parse_args().only
+    rows = [] if only == "100k" else ten_thousand()
+    if only != "10k":
+        rows += hundred_thousand()
+    print(table(rows))
+
+
+def ten_thousand() -> list:
     folder = OUT / "check_10k"
     path = chain_model(folder, blocks=2500, width=320)
     ortprep = str(VENV_BIN / "ortprep")
@@ -36,9 +48,14 @@ def main() -> None:
         ),
     ]
     shutil.rmtree(folder)
+    return rows
+
+
+def hundred_thousand() -> list:
+    ortprep = str(VENV_BIN / "ortprep")
     folder = OUT / "check_100k"
     path = chain_model(folder, blocks=25000, width=32)
-    rows += [
+    rows = [
         ("100k nodes, 100 MB", measure("ortprep check --ep cpu --ep qnn --json",
                                        [ortprep, "check", str(path), "--ep", "cpu", "--ep", "qnn", "--json"])),
         ("100k nodes, 100 MB", measure("onnx.checker.check_model (by path, full_check)",
@@ -49,7 +66,7 @@ def main() -> None:
                                        runs=1)),
     ]
     shutil.rmtree(folder)
-    print(table(rows))
+    return rows
 
 
 if __name__ == "__main__":

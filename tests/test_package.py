@@ -184,3 +184,25 @@ def test_a_target_in_another_environment_is_proven_and_picked_there(tmp_path):
     row = loaded.json()["results"][0]
     assert row["variant"] == "openvino-cpu" and row["status"] == "passed"
     assert row["selected_by"] in ("ortprep", "onnxruntime")
+
+
+@needs_qnn
+def test_ortprep_applies_orts_selection_rules_where_ort_cannot_be_asked(package):
+    """ORT's own selection died now and then in the QNN plugin (SIGSEGV, 1.32.0 with
+    onnxruntime-qnn 2.7.0); load --package then applies ORT's rules itself. The same answer: the
+    compiled variant first, whose compatibility the simulator's CPU device cannot judge (ORT
+    scores that as not applicable, not as a rejection)."""
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.runtime.requests.package import SelectVariant
+    from ortprep.runtime.targets import ep_runtime, session_options
+    from ortprep.runtime.worker import call, workers_scope
+
+    pkg, _record = package
+    target = ep_runtime(resolve_ep("qnn"))
+    request = SelectVariant(package=str(pkg), component="model", provider="QNNExecutionProvider",
+                            plugin_library=target.plugin["library"], provider_options=session_options(target),
+                            variants=_variants(pkg), ask_ort=False)
+    with workers_scope():
+        reply = call(request, timeout=120)
+    assert reply.ok and reply.variant == "qnn" and reply.selected_by == "ortprep"
+    assert "could not judge its compiled model" in reply.why

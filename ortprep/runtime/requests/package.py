@@ -124,7 +124,14 @@ class SelectVariant(Request):
                 if not devices or validate is None:
                     notes.append(f"{name}: its compiled model's compatibility cannot be checked here")
                     continue
-                verdict = str(validate(devices, compatibility)).rsplit(".", 1)[-1]
+                try:
+                    verdict = str(validate(devices, compatibility)).rsplit(".", 1)[-1]
+                except Exception as exc:  # noqa: BLE001 - the EP cannot judge it on this device
+                    # as ORT's own selection scores it: not applicable (0), the variant stays a
+                    # candidate. Seen: onnxruntime-qnn 2.7.0 validates on NPU devices only, and its
+                    # simulator offers a CPU device.
+                    notes.append(f"{name}: the EP could not judge its compiled model here ({str(exc).strip()[:160]})")
+                    verdict = "EP_NOT_APPLICABLE"
                 if verdict == "EP_UNSUPPORTED":
                     notes.append(f"{name}: the EP says its compiled model does not fit")
                     continue

@@ -440,10 +440,10 @@ class ModelHandle:
         """sha256 of the model file, and of each external-data file when ``include_data``."""
         if self.path is None:
             return {"<memory>": hashlib.sha256(self.proto.SerializeToString()).hexdigest()}
-        digests = {self.path.name: _file_sha256(self.path)}
+        digests = {self.path.name: file_sha256(self.path)}
         if include_data:
             for entry in self.external_files:
-                digests[entry.location] = _file_sha256(entry.path)
+                digests[entry.location] = file_sha256(entry.path)
         return digests
 
     def estimated_size(self) -> int:
@@ -508,7 +508,8 @@ class ModelHandle:
         return dest
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

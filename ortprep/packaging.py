@@ -26,7 +26,6 @@ A list of one-target pipelines, like a repository run: this module stands above 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 from ortprep.config import StepEntry
 from ortprep.errors import UsageError
 from ortprep.findings import Finding, Severity
+from ortprep.model import file_sha256
 from ortprep.report import RunReport
 from ortprep.steps import options_class, step_class
 from ortprep.version import __version__
@@ -300,14 +300,6 @@ def _compile_fallback(outcome: VariantOutcome) -> Finding:
                       ep=outcome.target.ep, fix="ortprep compile the qdq variant to see the EP's words")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _compatibility(path: Path, provider: str) -> str | None:
     """The compatibility string a compiled model carries for its EP (ORT writes it into the
     model's metadata as ep_compatibility_info.<EP>)."""
@@ -339,7 +331,7 @@ def _write_manifest(root: Path, handle, report: PackageReport, options: PackageO
                                              **({"provider_options": provider_options} if provider_options else {})}}
             body["additional_metadata"] = {"ortprep": {
                 "target": outcome.target.name, "ep": outcome.target.ep, "kind": kind,
-                "sha256": _sha256(path), "bytes": sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file()),
+                "sha256": file_sha256(path), "bytes": sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file()),
                 "proofs": _proofs(outcome, compiled)}}
             variants[name] = body
     component = {"component_name": COMPONENT, "variants": variants}
@@ -348,7 +340,7 @@ def _write_manifest(root: Path, handle, report: PackageReport, options: PackageO
                 "description": f"{handle.path.name}: one variant per target, made and proven by ortprep",
                 "components": {COMPONENT: COMPONENT},
                 "additional_metadata": {"ortprep": {"schema": SCHEMA, "ortprep_version": __version__,
-                                                    "source": {"file": handle.path.name, "sha256": _sha256(handle.path)},
+                                                    "source": {"file": handle.path.name, "sha256": file_sha256(handle.path)},
                                                     "reference_variant": reference}}}
     (root / COMPONENT / "component.json").write_text(json.dumps(component, indent=2) + "\n", encoding="utf-8")
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

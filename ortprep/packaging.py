@@ -198,6 +198,7 @@ def _build_variant(model: Path, target: PackageTarget, options: PackageOptions, 
         compiled.mkdir(parents=True)
         values = {"ep": target.ep, "timeout": options.timeout, **({"device": target.device} if target.device else {}),
                   **({"inputs": str(options.inputs)} if options.inputs else {}),
+                  **({"eval": str(options.calib)} if options.calib and options.calib != "random" else {}),
                   **({"shapes": options.shapes} if options.shapes else {})}
         if runs_here:
             outcome.compile_report = Pipeline(steps=[_step("compile", values, compiled / MODEL_FILE,
@@ -400,7 +401,8 @@ def _proofs(outcome: VariantOutcome, compiled: bool) -> dict[str, Any]:
                           "by": "compile (reloaded on the EP and run)",
                           "vs_source": [{k: row.get(k) for k in ("name", "cosine", "norm_ratio", "max_abs_diff")}
                                         for row in data.get("outputs") or []]}
-        proofs["compile"] = {"compatibility": data.get("compatibility"), "device": (data.get("device") or {}).get("name")}
+        proofs["compile"] = {"compatibility": data.get("compatibility"), "device": (data.get("device") or {}).get("name"),
+                             "samples": {k: v for k, v in (data.get("eval") or {}).items() if k != "worst"} or None}
     return proofs
 
 

@@ -94,6 +94,7 @@ def test_qnn_target_holds_the_compiled_model_first_and_its_qdq_source(package):
     assert qdq["executor_info"]["ort"]["provider_options"] == {"soc_model": "60"}
     proofs = compiled["additional_metadata"]["ortprep"]["proofs"]
     assert proofs["compile"]["compatibility"]["QNNExecutionProvider"] == compiled["compatibility_string"]
+    assert proofs["compile"]["samples"]["samples"] == 24 and proofs["compile"]["samples"]["failed"] == 0  # compile --eval
     assert proofs["load"]["vs_source"][0]["cosine"] > 0.999
     assert qdq["additional_metadata"]["ortprep"]["proofs"]["accuracy"]["step"] == "quantize"
 

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.runtime.decisions import Decision, agreement, expected_agreement, infer_decisions, judge_decision, parse_metric
+from ortprep.runtime.decisions import (Decision, agreement, expected_agreement, infer_decisions, judge_decision, parse_metric,
+                                       regions)
 from ortprep.steps.quantize.evaluate import judge
 
 
@@ -154,6 +155,56 @@ def test_expected_agreement_of_a_map_matches_what_a_large_map_shows():
     assert expected_agreement(Decision("cosine"), reference, candidate) is None
 
 
+def test_regions_are_8_connected_and_boxed():
+    mask = np.zeros((7, 9), bool)
+    mask[0, 0] = mask[1, 1] = True  # touching at a corner: one region
+    mask[1:4, 4] = mask[1:4, 6] = mask[3, 4:7] = True  # a U: two runs of row 1 joined further down
+    mask[6, 8] = True
+    assert sorted(map(tuple, regions(mask).tolist())) == [(0, 0, 1, 1), (1, 4, 3, 6), (6, 8, 6, 8)]
+    assert regions(np.zeros((4, 4), bool)).shape == (0, 4)
+
+
+def _page() -> np.ndarray:
+    """A detector's map of ten text lines, 4 x 72 pixels each, on a 64 x 96 page."""
+    page = np.full((1, 1, 64, 96), 0.02, np.float32)
+    for line in range(10):
+        page[0, 0, 3 + 6 * line:7 + 6 * line, 8:80] = 0.95
+    return page
+
+
+def test_a_map_whose_regions_move_fails_though_its_elements_agree():
+    """rapidocr's detector in FP16 (bench/apps): the thresholded map's F1 0.9993, yet 9% of its
+    boxes moved by a pixel, and the recogniser read the moved crops otherwise (CER 1.26% against
+    the float pipeline). Here two of ten lines grow by one column: F1 0.9986, the regions' boxes
+    0.8 at every level, and the decision fails."""
+    reference = _page()
+    candidate = reference.copy()
+    candidate[0, 0, 3:7, 80] = candidate[0, 0, 9:13, 80] = 0.95
+    record = judge_decision(Decision("map", 0.5), [reference], [candidate])
+    assert record["agreement"] > 0.998 and record["expected_agreement"] > 0.98  # what the gate held before
+    assert record["region_agreement"] == pytest.approx(0.8) and record["required_regions"] == 0.95
+    assert set(record["region_levels"].values()) == {0.8} and record["passed"] is False
+    assert judge_decision(Decision("map", 0.5), [reference], [reference + 0.01])["passed"] is True
+
+
+def test_regions_are_judged_at_every_level_unless_the_threshold_is_given():
+    """Where the application thresholds is its own (rapidocr at 0.3): a halo at 0.35 down the left
+    of three lines joins them into one region at 0.1-0.3 only (7 of 10 boxes kept, 8 regions).
+    Inferred, the worst level fails it; told map:0.5, ortprep judges 0.5 alone, where the boxes
+    are the same."""
+    reference = _page()
+    candidate = reference.copy()
+    candidate[0, 0, 3:19, 7] = 0.35
+    inferred = judge_decision(Decision("map", 0.5), [reference], [candidate])
+    assert inferred["region_level"] in (0.1, 0.2, 0.3) and inferred["region_agreement"] == pytest.approx(14 / 18)
+    assert inferred["region_levels"]["0.5"] == 1.0 and inferred["passed"] is False
+    told = judge_decision(parse_metric("map:0.5"), [reference], [candidate])
+    assert told["region_levels"] == {"0.5": 1.0} and told["passed"] is True
+    # a map without two spatial axes (a per-class or per-frame probability) has no regions
+    flat = judge_decision(Decision("map", 0.5), [reference.reshape(1, -1)], [candidate.reshape(1, -1)])
+    assert "region_agreement" not in flat
+
+
 def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
     out = tmp_path / "q.onnx"
     data = tmp_path / "data"
@@ -183,8 +234,9 @@ def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
 
 def test_load_tolerance_holds_an_output_whose_decision_agrees():
     """runtime/tolerance.judge_outputs (load, compile): a probability map off by 0.25 at a few
-    pixels, its thresholded map the same, holds (the rule says why); the same map with a block
-    of pixels flipped across the threshold does not; and a uniformly scaled map still fails."""
+    pixels inside a region, its thresholded map and its regions' boxes the same, holds (the rule
+    says why); the same map with a block of pixels flipped across the threshold does not; and a
+    uniformly scaled map still fails."""
     from ortprep.runtime.tolerance import judge_outputs
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 64, 64])})
@@ -192,7 +244,9 @@ def test_load_tolerance_holds_an_output_whose_decision_agrees():
     reference = (rng.random((1, 1, 64, 64)) * 0.2).astype(np.float32)
     reference[0, 0, 10:30, 10:50] = 0.9  # a text region
     few = reference.copy()
-    few[0, 0, 0, :3] += 0.25  # three background pixels, still below 0.5
+    # three pixels inside the region, still above 0.5 (background pixels raised by 0.25 would be new
+    # regions above 0.3, which a detector thresholding there boxes: judged at every level now)
+    few[0, 0, 20, 20:23] -= 0.25
     held = judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": few})[0]
     assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"]
     assert held["decision"]["agreement"] == 1.0 and "the decision (map:0.5) agrees" in held["tolerance_rule"]

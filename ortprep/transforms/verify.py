@@ -161,8 +161,13 @@ def describe_decision(record: dict) -> str:
     if record.get("sequence_agreement") is not None:
         parts.append(f"whole sequences {record['sequence_agreement']:.4f}")
     required = REQUIRED.get(record["kind"])
-    return (f"'{record['name']}' ({kind}) agrees {', '.join(parts) or 'on nothing comparable'}"
-            + (f", below the {required:g} required" if required is not None else ""))
+    text = f"'{record['name']}' ({kind}) agrees {', '.join(parts) or 'on nothing comparable'}"
+    regions = record.get("region_agreement")
+    if regions is not None and regions < record.get("required_regions", 0.0):
+        # the map's elements agree but its regions' boxes move: say that, not the F1
+        return (text + f"; its regions above {record['region_level']:g} keep their boxes {regions:.4f}, below "
+                f"the {record['required_regions']:g} required")
+    return text + (f", below the {required:g} required" if required is not None else "")
 
 
 def judge_decisions(reference: RunOutcome, candidate: RunOutcome) -> list[dict]:

@@ -9,6 +9,7 @@ The library is usable without the CLI::
 
     result = ortprep.convert("m.onnx", "m.fp16.onnx", fp16=True, ep="cuda")
     run = ortprep.run_pipeline("ortprep.toml")       # RunReport, or a repository's run document
+    made = ortprep.package("m.onnx", "m.pkg", ["cpu", "cuda", "qnn"], calib="samples/")
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "__version__", "load_model", "run_step", "inspect", "check", "convert", "simplify", "optimize", "quantize",
-    "test_load", "doctor", "run_pipeline",
+    "test_load", "doctor", "run_pipeline", "package", "load_package",
 ]
 
 
@@ -111,3 +112,25 @@ def run_pipeline(config, *, jobs: int = 1, shard: str | None = None, baseline=No
 
     result = run(Path(config), jobs=jobs, shard=shard, baseline=baseline)
     return result if isinstance(result, RunReport) else result.to_records()
+
+
+def package(model, destination, targets: list[str], *, config=None, device: str | None = None,
+            runtimes: dict[str, str] | None = None, **options: Any):
+    """Write a model package (``ortprep package``): ``targets`` as the command line takes them
+    ("EP" or "NAME=EP"), ``config`` an ortprep.toml whose [targets] join them, ``options`` the
+    fields of :class:`ortprep.packaging.PackageOptions` (calib, inputs, shapes, metrics,
+    min_cosine, compile, name, version, force). Returns the PackageReport (``document()``: the
+    JSON of ``ortprep package --json``); ``written`` is False after a refusal."""
+    from ortprep.packaging import PackageOptions, build_package, targets_from
+
+    chosen = targets_from(targets, config=Path(config) if config else None, device=device,
+                          runtimes={k: Path(v) for k, v in (runtimes or {}).items()})
+    return build_package(Path(model), Path(destination), PackageOptions(targets=chosen, **options))
+
+
+def load_package(package_dir, **load_options: Any):
+    """``ortprep load --package``: the variant the installed ORT picks for each EP here, run there.
+    ``load_options``: load's config keys (eps, inputs, shapes, runtimes, provider_options, ...)."""
+    from ortprep.packaging import load_package as load
+
+    return load(Path(package_dir), load_options)

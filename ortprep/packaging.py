@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ortprep.config import StepEntry
-from ortprep.errors import UsageError
+from ortprep.errors import EnvironmentMissingError, OrtprepError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import file_sha256
 from ortprep.report import RunReport
@@ -71,6 +71,35 @@ class PackageTarget:
     ep: str  # canonical EP name
     device: str | None = None  # QNN: the SoC (--device)
     runtime: Path | None = None  # another environment's Python for this EP
+
+
+def targets_from(given: list[str], *, config: Path | None = None, device: str | None = None,
+                 runtimes: dict[str, Path] | None = None) -> list[PackageTarget]:
+    """The targets of a package: a repository config's [targets] (their ep, device and runtime),
+    then ``given`` ("EP" or "NAME=EP"). ``device`` (QNN's SoC) goes to the targets whose EP has
+    devices and names none of its own; ``runtimes`` (EP or target name -> Python) to the rest."""
+    from ortprep.eps.devices import has_devices
+    from ortprep.eps.registry import resolve_ep
+
+    targets: list[PackageTarget] = []
+    if config is not None:
+        from ortprep.config import is_repo_config, parse_repository, read_raw
+
+        raw, text = read_raw(config)
+        if not is_repo_config(raw):
+            raise UsageError(f"{config} has no [targets]", hint="use a repository config, or pass --target EP")
+        targets += [PackageTarget(t.name, t.ep, t.device, t.runtime) for t in parse_repository(raw, text).targets]
+    for text in given:
+        label, _, ep = text.partition("=")
+        targets.append(PackageTarget(label.strip(), (ep or label).strip()))
+    for target in targets:
+        target.ep = resolve_ep(target.ep).name
+        if has_devices(target.ep):
+            target.device = target.device or device
+        else:
+            target.device = None
+        target.runtime = target.runtime or (runtimes or {}).get(target.ep) or (runtimes or {}).get(target.name)
+    return targets
 
 
 @dataclass
@@ -156,9 +185,6 @@ def _transform_steps(target: PackageTarget, kind: str, options: PackageOptions, 
         return [_step("convert", {"fp16": True, "ep": target.ep, **verify}, variant_dir / MODEL_FILE,
                       f"{target.name}: convert --fp16")]
     if kind == "qdq":
-        if not options.calib:
-            raise UsageError(f"package: target {target.name} ({target.ep}) is quantized and needs calibration data",
-                             hint="pass --calib DIR (samples as the application feeds them)")
         values = {"mode": "static", "ep": target.ep, "calib": str(options.calib), "auto_exclude": True,
                   **({"device": target.device} if target.device else {}),
                   **({"metrics": options.metrics} if options.metrics else {}),
@@ -221,6 +247,7 @@ def build_package(model: Path, destination: Path, options: PackageOptions, *, pr
     _check_request(model, destination, options)
     handle = ModelHandle.open(model)  # a model that cannot be read stops here (exit 2)
     report = PackageReport(model, destination)
+    made = next((p for p in reversed(destination.parents) if not p.exists()), None)  # removed again on a refusal
     destination.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".ortprep-tmp", dir=destination.parent))
     work = Path(tempfile.mkdtemp(prefix=".work.", dir=stage))
@@ -234,30 +261,42 @@ def build_package(model: Path, destination: Path, options: PackageOptions, *, pr
                 if outcome.failed:
                     report.findings.append(_refusal(outcome))
                     return report
-                if outcome.compile_report is not None and target.name not in outcome.files:
-                    report.findings.append(_compile_fallback(outcome))
-                elif target.ep in COMPILED and outcome.compile_report is None:
-                    why = "--no-compile" if not options.compile else f"{target.ep} does not run here"
-                    report.findings.append(Finding.of(
-                        "PKG003", f"target {target.name}: no EPContext model was compiled ({why}); the package holds "
-                        "the QDQ model, which the EP compiles each time a session is created",
-                        ep=target.ep, fix=f"ortprep package where {target.ep} runs, with --compile"))
-                if not any(outcome_step.run == "load" for outcome_step in outcome.report.steps):
-                    report.findings.append(Finding.of(
-                        "PKG002", f"target {target.name}: {target.ep} does not run here; the variant's proofs are its "
-                        "transform's gate and check's prediction, not a session", ep=target.ep,
-                        fix=f"ortprep load --package {destination} on a machine with {target.ep}"))
+                report.findings += _variant_notes(outcome, options, destination)
             if progress is not None:
                 progress("package", len(options.targets), len(options.targets))
             shutil.rmtree(work)
             report.manifest = _write_manifest(stage, handle, report, options)
             report.ort_check = _ort_reads(stage)
-            _move_into_place(stage, destination, options.force)
-            report.written = True
-            return report
+        # renamed once the workers are gone: a session they kept may hold a staged file open
+        # (ORT maps external data), and Windows renames no folder with open files
+        _move_into_place(stage, destination, options.force)
+        report.written = True
+        return report
     finally:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
+        if not report.written and made is not None:
+            shutil.rmtree(made, ignore_errors=True)  # the folders made for -o, empty after a refusal
+
+
+def _variant_notes(outcome: VariantOutcome, options: PackageOptions, destination: Path) -> list[Finding]:
+    """What a made variant lacks: its EPContext model (PKG003), a session on its EP (PKG002)."""
+    target = outcome.target
+    notes = []
+    if outcome.compile_report is not None and target.name not in outcome.files:
+        notes.append(_compile_fallback(outcome))
+    elif target.ep in COMPILED and outcome.compile_report is None:
+        why = "--no-compile" if not options.compile else f"{target.ep} does not run here"
+        notes.append(Finding.of(
+            "PKG003", f"target {target.name}: no EPContext model was compiled ({why}); the package holds the QDQ "
+            "model, which the EP compiles each time a session is created",
+            ep=target.ep, fix=f"ortprep package where {target.ep} runs, with --compile"))
+    if not any(step.run == "load" for step in outcome.report.steps):
+        notes.append(Finding.of(
+            "PKG002", f"target {target.name}: {target.ep} does not run here; the variant's proofs are its transform's "
+            "gate and check's prediction, not a session", ep=target.ep,
+            fix=f"ortprep load --package {destination} on a machine with {target.ep}"))
+    return notes
 
 
 def _check_request(model: Path, destination: Path, options: PackageOptions) -> None:
@@ -268,12 +307,24 @@ def _check_request(model: Path, destination: Path, options: PackageOptions) -> N
     names = [t.name for t in options.targets]
     if len(set(names)) != len(names):
         raise UsageError(f"package: target names repeat: {', '.join(names)}", hint="name each target once")
+    folders: list[str] = []
     for target in options.targets:
         target.ep = resolve_ep(target.ep).name
         if target.ep not in KIND_BY_EP:
             raise UsageError(f"package: no variant kind for {target.ep}", hint="targets: " + ", ".join(KIND_BY_EP))
         if not target.name.replace("-", "").replace("_", "").isalnum():
             raise UsageError(f"package: target name {target.name!r} is not a folder name", hint="use letters, digits, - and _")
+        if KIND_BY_EP[target.ep] == "qdq" and not options.calib:
+            raise UsageError(f"package: target {target.name} ({target.ep}) is quantized and needs calibration data",
+                             hint="pass --calib DIR (samples as the application feeds them)")
+        folders.append(target.name)
+        if KIND_BY_EP[target.ep] == "qdq" and options.compile and target.ep in COMPILED:
+            folders.append(f"{target.name}-qdq")
+    lowered = [name.lower() for name in folders]  # folders of one name but for case collide on Windows and macOS
+    clashing = sorted({name for name in folders if lowered.count(name.lower()) > 1})
+    if clashing:
+        raise UsageError(f"package: two variants would share the folder {', '.join(clashing)}",
+                         hint="name the targets apart (--target NAME=EP); a compiled QNN target also makes NAME-qdq")
     if destination.exists() and not options.force:
         raise UsageError(f"package: {destination} exists", hint="choose another -o, or pass --force to replace it")
     if destination == model or destination in model.parents:
@@ -332,7 +383,8 @@ def _write_manifest(root: Path, handle, report: PackageReport, options: PackageO
                                              **({"provider_options": provider_options} if provider_options else {})}}
             body["additional_metadata"] = {"ortprep": {
                 "target": outcome.target.name, "ep": outcome.target.ep, "kind": kind,
-                "sha256": file_sha256(path), "bytes": sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file()),
+                "sha256": file_sha256(path), "files": _digests(path),
+                "bytes": sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file()),
                 "proofs": _proofs(outcome, compiled)}}
             variants[name] = body
     component = {"component_name": COMPONENT, "variants": variants}
@@ -341,7 +393,8 @@ def _write_manifest(root: Path, handle, report: PackageReport, options: PackageO
                 "description": f"{handle.path.name}: one variant per target, made and proven by ortprep",
                 "components": {COMPONENT: COMPONENT},
                 "additional_metadata": {"ortprep": {"schema": SCHEMA, "ortprep_version": __version__,
-                                                    "source": {"file": handle.path.name, "sha256": file_sha256(handle.path)},
+                                                    "source": {"file": handle.path.name, "sha256": file_sha256(handle.path),
+                                                               "files": handle.sha256(include_data=True)},
                                                     "reference_variant": reference}}}
     (root / COMPONENT / "component.json").write_text(json.dumps(component, indent=2) + "\n", encoding="utf-8")
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -350,13 +403,25 @@ def _write_manifest(root: Path, handle, report: PackageReport, options: PackageO
 
 def _provider_options(outcome: VariantOutcome) -> dict[str, str]:
     """The EP options the proofs ran with (QNN: its soc_model), for the application's session;
-    local paths (a backend library) are left to the machine."""
+    local paths (a backend library) are left to the machine. Where no session ran here, the
+    options of the device the variant was made for."""
     for step in outcome.report.steps if outcome.report else []:
         data = step.result.data if step.result else {}
         for row in data.get("results", []) if step.run == "load" else []:
             if row.get("provider_options"):
                 return {k: str(v) for k, v in row["provider_options"].items() if "path" not in k}
+    from ortprep.eps.devices import has_devices, resolve_device
+
+    if has_devices(outcome.target.ep):
+        return {k: str(v) for k, v in resolve_device(outcome.target.ep, outcome.target.device).provider_options.items()}
     return {}
+
+
+def _digests(model: Path) -> dict[str, str]:
+    """sha256 of the variant's model file and of each external-data file it reads."""
+    from ortprep.model import ModelHandle
+
+    return ModelHandle.open(model).sha256(include_data=True)
 
 
 def _step_data(report: RunReport | None, name: str) -> dict[str, Any] | None:
@@ -430,8 +495,8 @@ def _ort_reads(root: Path) -> dict[str, Any]:
 
     reply = call(OpenPackage(package=str(root)), timeout=120)
     if not reply.ok:
-        raise UsageError(f"package: onnxruntime refuses the package ortprep wrote: {reply.message}",
-                         hint="this is a bug in ortprep; please report it with the command line")
+        raise OrtprepError(f"package: onnxruntime refuses the package ortprep wrote: {reply.message}",
+                           hint="this is a bug in ortprep; please report it with the command line")
     if not reply.api:
         return {"read_by": None, "onnxruntime": reply.version,
                 "why": "this onnxruntime has no model package API (1.32 and later read the layout)"}
@@ -460,7 +525,9 @@ class PackageLoad:
 
     def exit_code(self) -> int:
         failed = any(f.severity >= Severity.ERROR for f in self.findings) or any(r.exit_code() for r in self.reports)
-        return 1 if failed else 0
+        if failed:
+            return 1
+        return 3 if any(f.code == "PKG004" for f in self.findings) else 0  # an EP asked for is missing, as load says
 
     def document(self) -> dict[str, Any]:
         results = []
@@ -529,12 +596,16 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
     parsed = options_class("load").from_values(load_values, where="load --package")
     with workers_scope():
         eps = parsed.eps or _available_eps(variants, parsed.runtimes)
+        if not eps:
+            kinds = sorted({body.get("ep", "?") for body in variants.values()})
+            raise EnvironmentMissingError(f"load --package: no EP a variant of {package.name} is for runs here "
+                                          f"({', '.join(kinds)})", hint="ortprep doctor lists the EPs this machine runs")
         for label in eps:
             spec = resolve_ep(label)
             target = ep_runtime(spec, parsed.runtimes)
             if not target.available:
                 result.findings.append(Finding.of("PKG004", f"{spec.name} does not run here: no variant was tried on it",
-                                                  ep=spec.name, fix="ortprep doctor"))
+                                                  ep=spec.name, fix=f"{spec.install_hint}; ortprep doctor"))
                 continue
             options = session_options(target, parsed.provider_options, parsed.device)
             request = SelectVariant(package=str(package), component=COMPONENT, provider=spec.provider,
@@ -559,7 +630,7 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
                 continue
             body = variants[reply.variant]
             path = variant_file(package, reply.variant, body)
-            selection["file"] = str(path.relative_to(package))
+            selection["file"] = path.relative_to(package).as_posix()
             selection["compatibility_string"] = body.get("compatibility_string")
             ort_info = (body.get("executor_info") or {}).get("ort") or {}
             values = {**load_values, "eps": [spec.name]}

@@ -317,3 +317,18 @@ def test_a_large_output_shrunk_on_one_sample_fails_its_norm():
         assert judged.outputs[0]["cosine"] > 0.9999 and judged.passed is passes
         ratio = judged.outputs[0]["norm_ratio"]
         assert ratio == pytest.approx(0.97, abs=1e-4) if size == 2048 else 0.99 < ratio < 1.0  # pooled: about 0.996
+
+
+def test_region_boxes_are_judged_only_on_maps_laid_out_as_images():
+    """[N, C, H, W] maps are boxed; a rank-3 sigmoid output ([1, T, C] frame probabilities,
+    [1, 84, 8400] rows) has no two spatial axes and keeps F1 alone (review finding)."""
+    from ortprep.runtime.decisions import Decision, region_agreement
+
+    rng = np.random.default_rng(2)
+    rows = rng.random((1, 100, 20)).astype(np.float32)
+    assert region_agreement(Decision("map", 0.5), [rows], [rows + 0.01]) is None
+    image = np.zeros((1, 1, 16, 16), np.float32)
+    image[0, 0, 4:8, 4:10] = 0.9
+    moved = np.roll(image, 1, axis=-1)
+    judged = region_agreement(Decision("map", 0.5), [image], [moved])
+    assert judged is not None and judged["region_agreement"] == 0.0

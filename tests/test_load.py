@@ -308,3 +308,14 @@ def test_load_says_the_inputs_were_guessed(tmp_path):
     assert [f["code"] for f in record["findings"]] == ["LOD009"]
     code, record, _ = load(_conv1d_needing(1000, tmp_path), "--ep", "cpu", "--shape", "audio=1,1,1024")
     assert code == 0 and record["results"][0]["status"] == "ok" and record["inputs"]["source"] == "random (seed 0)"
+
+
+def test_doctor_names_an_installable_package_per_gpu_library():
+    """DOC002's fix: a pip line that installs the library for the CUDA major of the onnxruntime-gpu
+    build (CUDA 13's runtime and cuBLAS wheels have no -cu13 suffix; TensorRT's major from the file)."""
+    from ortprep.steps.doctor import _gpu_library_fix
+
+    assert "pip install 'nvidia-cublas==13.*'" in _gpu_library_fix("cublas", "libcublas.so.13", 13)
+    assert "pip install 'nvidia-cublas-cu12'" in _gpu_library_fix("cublas", "libcublas.so.12", 12)
+    assert "pip install 'tensorrt-cu13-libs==10.*'" in _gpu_library_fix("nvinfer", "libnvinfer.so.10", 13)
+    assert "pip install" not in _gpu_library_fix("cudnn", "libcudnn.so.9", 11)  # no guess for an unknown major

@@ -127,6 +127,11 @@ def test_load_package_on_an_ep_with_no_variant_fails(tmp_path):
         assert next(row for row in record["results"] if row["ep"] == "cuda")["variant"] == "cuda"
     else:
         assert "cuda does not run here" in codes["PKG004"]
+        # nothing to try here at all: one line, exit 3 (an EP asked for is missing, as load says)
+        nothing = invoke("load", "--package", tmp_path / "gpu-only")
+        assert nothing.exit_code == 3 and "no EP a variant of gpu-only is for runs here" in nothing.stderr
+        asked = invoke("load", "--package", tmp_path / "gpu-only", "--ep", "cuda", "--json")
+        assert asked.exit_code == 3 and [f["code"] for f in asked.json()["findings"]] == ["PKG004"]
 
 
 def test_a_target_that_fails_its_gate_writes_nothing(tmp_path):
@@ -142,6 +147,34 @@ def test_a_target_that_fails_its_gate_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no package, no staging folder
 
 
+@needs_qnn
+def test_device_goes_to_the_targets_that_have_devices(tmp_path):
+    """--device names QNN's SoC: the cpu target does not take it, the QNN variant carries it in its
+    provider options (the application's session gets the same), and a refusal removes the
+    folders it made for -o."""
+    calib, inputs = _data(tmp_path)
+    result = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--target", "qnn",
+                    "--calib", calib, "--inputs", inputs, "--device", "8gen3", "--no-compile", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    qnn = _variants(tmp_path / "pkg")["qnn"]
+    from ortprep.eps.devices import resolve_device
+
+    assert qnn["executor_info"]["ort"]["provider_options"] == resolve_device("qnn", "8gen3").provider_options
+    refused = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "a" / "b" / "pkg", "--target", "qnn",
+                     "--calib", calib, "--min-cosine", "1.0", "--no-compile")
+    assert refused.exit_code == 1 and not (tmp_path / "a").exists()
+
+
+def test_external_data_is_copied_and_digested(tmp_path):
+    made = invoke("package", SAMPLES / "external_data" / "mlp.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--json")
+    assert made.exit_code == 0, made.stdout
+    cpu = _variants(tmp_path / "pkg")["cpu"]["additional_metadata"]["ortprep"]
+    assert set(cpu["files"]) == {"model.onnx", "model.onnx.data"}
+    assert (tmp_path / "pkg/model/cpu/model.onnx.data").stat().st_size > 0
+    loaded = invoke("load", "--package", tmp_path / "pkg", "--json")
+    assert loaded.exit_code == 0 and loaded.json()["results"][0]["status"] == "passed"
+
+
 def test_package_refusals_are_one_line_usage_errors(tmp_path):
     calib, inputs = _data(tmp_path)
     no_calib = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "p", "--target", "qnn")
@@ -153,6 +186,12 @@ def test_package_refusals_are_one_line_usage_errors(tmp_path):
     assert forced.exit_code == 2 and "not a package" in forced.stderr
     not_package = invoke("load", "--package", tmp_path / "taken")
     assert not_package.exit_code == 2 and "not a model package" in not_package.stderr
+    assert not (tmp_path / "p").exists()
+    clash = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "p", "--target", "qnn-qdq=cpu", "--target", "qnn",
+                   "--calib", calib)
+    assert clash.exit_code == 2 and "share the folder qnn-qdq" in clash.stderr
+    late = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "p", "--target", "cpu", "--target", "qnn")
+    assert late.exit_code == 2 and "needs calibration data" in late.stderr  # before any variant is made
     assert not (tmp_path / "p").exists()
 
 

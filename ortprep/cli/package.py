@@ -49,16 +49,13 @@ def package_command(
     """Write one variant per target (FP16, QDQ, EPContext), each proven, in ORT's model package layout."""
     from ortprep.cli.output import check_report_paths, emit, progress_bar
     from ortprep.model import atomic_write_bytes
-    from ortprep.packaging import PackageOptions, build_package
+    from ortprep.packaging import PackageOptions, build_package, targets_from
     from ortprep.render.json import dumps
     from ortprep.render.package import render_package
 
     check_report_paths([report], model)
     values = {"shapes": _parsed("shapes", shapes), "metrics": _parsed("metrics", metrics)}
-    chosen = _targets(targets or [], config, device)
-    given_runtimes = _parsed_runtimes(runtimes)
-    for target in chosen:
-        target.runtime = target.runtime or given_runtimes.get(target.ep) or given_runtimes.get(target.name)
+    chosen = targets_from(targets or [], config=config, device=device, runtimes=_parsed_runtimes(runtimes))
     options = PackageOptions(targets=chosen, calib=calib, inputs=inputs,
                              shapes=values["shapes"], metrics=values["metrics"], min_cosine=min_cosine, compile=compile_, name=name,
                              version=version, force=force)
@@ -88,29 +85,6 @@ def _parsed_runtimes(given: list[str] | None) -> dict[str, Path]:
         return {}
     field = next(f for f in LoadOptions.fields() if f.name == "runtimes")
     return {name: Path(python) for name, python in convert_value(field, given, "package", None).items()}
-
-
-def _targets(given: list[str], config: Path | None, device: str | None):
-    from ortprep.errors import UsageError
-    from ortprep.packaging import PackageTarget
-
-    targets = []
-    if config is not None:
-        from ortprep.config import is_repo_config, parse_repository, read_raw
-
-        raw, text = read_raw(config)
-        if not is_repo_config(raw):
-            raise UsageError(f"{config} has no [targets]", hint="use a repository config, or pass --target EP")
-        for target in parse_repository(raw, text).targets:
-            targets.append(PackageTarget(target.name, target.ep, target.device or device, target.runtime))
-    for text in given:
-        label, _, ep = text.partition("=")
-        if not ep:
-            label, ep = text, text
-        targets.append(PackageTarget(label.strip(), ep.strip(), device))
-    if not targets:
-        raise UsageError("package: no target given", hint="pass --target EP (repeatable), or --config ortprep.toml")
-    return targets
 
 
 PACKAGE_PARAMETER = inspect.Parameter("package", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(

@@ -266,7 +266,10 @@ def regions(mask: np.ndarray) -> np.ndarray:
 
 
 def _spatial(value: np.ndarray) -> bool:
-    return value.ndim >= 3 and value.shape[-1] >= 2 and value.shape[-2] >= 2
+    """A map laid out as images: [N, C, H, W] (or more leading axes) with H, W >= 2. A rank-3
+    output ([1, T, C] frame probabilities, [1, 84, 8400] detector rows) has no two spatial axes
+    to box, and is judged by F1 alone."""
+    return value.ndim >= 4 and value.shape[-1] >= 2 and value.shape[-2] >= 2
 
 
 def region_agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]

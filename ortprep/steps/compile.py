@@ -165,7 +165,7 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
         judged.append({"sample": index, "passed": all(c["within_tolerance"] for c in outputs), "cosine": lowest,
                        "outputs": outputs})
     failed = [j for j in judged if not j["passed"]]
-    worst = (failed or sorted(judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0))[:1]
+    worst = sorted(failed or judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0)[:1]
     return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
             "worst": worst[0] if worst else None}
 

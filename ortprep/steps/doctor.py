@@ -374,17 +374,26 @@ class DoctorStep(Step):
         return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes, self.options.ort_version)
 
 
-# pip packages that ship each GPU library (NVIDIA's wheels; TensorRT's come from NVIDIA's index,
-# pypi.nvidia.com, which the PyPI stubs download from)
-_GPU_PACKAGES = {"cudart": "nvidia-cuda-runtime-cu{cuda}", "cublas": "nvidia-cublas-cu{cuda}",
-                 "cublasLt": "nvidia-cublas-cu{cuda}", "cudnn": "nvidia-cudnn-cu{cuda}", "nvinfer": "tensorrt-cu{cuda}-libs"}
+# pip packages that ship each GPU library, per CUDA major (NVIDIA's wheels on PyPI: for CUDA 13 the
+# CUDA runtime and cuBLAS wheels dropped the -cuXX suffix, their -cu13 names being empty
+# placeholders; TensorRT's libraries come from NVIDIA's index, pypi.nvidia.com, which the PyPI
+# stubs download from)
+_GPU_PACKAGES = {
+    12: {"cudart": "nvidia-cuda-runtime-cu12", "cublas": "nvidia-cublas-cu12", "cublasLt": "nvidia-cublas-cu12",
+         "cudnn": "nvidia-cudnn-cu12", "nvinfer": "tensorrt-cu12-libs"},
+    13: {"cudart": "nvidia-cuda-runtime==13.*", "cublas": "nvidia-cublas==13.*", "cublasLt": "nvidia-cublas==13.*",
+         "cudnn": "nvidia-cudnn-cu13", "nvinfer": "tensorrt-cu13-libs"},
+}
 
 
 def _gpu_library_fix(key: str, file_name: str, cuda_major: int) -> str:
     """The install line for one missing library, for the CUDA major onnxruntime-gpu was built with
     (TensorRT: the major its EP loads, from the file name, libnvinfer.so.10 -> 10.*)."""
-    package = _GPU_PACKAGES.get(key, "the NVIDIA library").format(cuda=cuda_major)
+    package = _GPU_PACKAGES.get(cuda_major, {}).get(key)
+    if package is None:
+        return (f"install the CUDA {cuda_major} build of {file_name} (NVIDIA's packages), then call "
+                "onnxruntime.preload_dlls() before creating sessions, or put its folder on LD_LIBRARY_PATH")
     if key == "nvinfer" and file_name.rsplit(".", 1)[-1].isdigit():
         package += f"=={file_name.rsplit('.', 1)[-1]}.*"
-    return (f"pip install {package} (for the CUDA {cuda_major} build of onnxruntime-gpu), then call "
+    return (f"pip install '{package}' (for the CUDA {cuda_major} build of onnxruntime-gpu), then call "
             "onnxruntime.preload_dlls() before creating sessions, or put its lib folder on LD_LIBRARY_PATH")

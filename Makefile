@@ -14,11 +14,11 @@ install:
 	# real models from PyPI wheels for the tests (tests/test_real_models.py): the wheel only, no dependencies
 	$(BIN)/python -m pip download --quiet --no-deps --dest .wheels rapidocr==3.10.0 faster-whisper==1.2.1 silero-vad==6.2.1
 	# a browser for tests/test_html_browser.py: the system's Chromium (Debian's package where we are root), else
-	# Playwright's download; without one those tests skip, and install goes on
+	# Playwright's download; without one those tests skip, and install goes on (each try bounded in time)
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
-		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -q >/dev/null \
-		     && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
-		|| $(BIN)/python -m playwright install chromium \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && timeout 300 apt-get update -q >/dev/null \
+		     && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium >/dev/null; } \
+		|| timeout 300 $(BIN)/python -m playwright install chromium \
 		|| echo "no Chromium: the browser tests of the HTML pages will skip"
 	$(PYTHON) -m venv $(OPENVINO_VENV)
 	$(OPENVINO_VENV)/bin/python -m pip install --quiet onnxruntime-openvino numpy

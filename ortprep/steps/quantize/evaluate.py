@@ -40,6 +40,14 @@ def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.nda
     return run_isolated(model, feeds, latency_runs=latency_runs)
 
 
+def _exposed_run(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> RunOutcome:
+    """A run that exposes intermediates, with ORT's graph optimizations off: which tensors one
+    group exposes must not change the values of the others (a fusion happens only where its
+    intermediates are not exposed, and a fused Q/DQ pair computes in integers): each group then
+    sees what a run exposing every tensor saw."""
+    return run_isolated(model, feeds, optimization="disable")
+
+
 def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: dict[str, np.ndarray]) -> VerifyResult:
     """Whether ``upgraded`` (an opset conversion of ``original``) computes the same outputs on
     ``feeds``: both run in child processes (ortprep.transforms.verify), judged by the exact gate."""
@@ -449,10 +457,10 @@ def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarra
         # (holding every intermediate of both models at once is what bounded memory rules out)
         reference = cache.get("intermediates") if len(chunks) == 1 else None
         if reference is None:
-            reference = _run_model(with_outputs(float_model, chunk), feeds)
+            reference = _exposed_run(with_outputs(float_model, chunk), feeds)
             if len(chunks) == 1:
                 cache["intermediates"] = reference
-        candidate = _run_model(with_outputs(quant_model, [seen[name] for name in chunk]), feeds)
+        candidate = _exposed_run(with_outputs(quant_model, [seen[name] for name in chunk]), feeds)
         if not reference.ok or not candidate.ok:
             return []
         for name, value in reference.outputs.items():
@@ -495,21 +503,6 @@ def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarra
                     ranked.append((1.0 - min(outs), upstream.name, upstream.op_type, min(outs)))
     ranked.sort(reverse=True)
     return [(name, op, cosine) for _, name, op, cosine in (ranked if limit is None else ranked[:limit])]
-
-
-# Values per sample and tensor the noise ranking reads: every value up to this many, else an even
-# stride through them with the extremes kept (a ranking, not a measurement of each value).
-NOISE_VALUES = 1 << 16
-
-
-def _sampled(value: np.ndarray) -> np.ndarray:
-    flat = value.ravel()
-    if flat.size <= NOISE_VALUES:
-        return flat.astype(np.float64)
-    finite = flat[np.isfinite(flat)] if not np.isfinite(flat).all() else flat
-    picked = finite[:: max(1, finite.size // NOISE_VALUES)]
-    extremes = np.array([finite.min(), finite.max()]) if finite.size else np.array([])
-    return np.concatenate([picked.astype(np.float64), extremes.astype(np.float64)])
 
 
 def _noise(data: np.ndarray, quantization: tuple) -> float | None:
@@ -576,7 +569,7 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
         key = "noise:" + ",".join(sorted(chunk)) + f":{id(feeds[0])}:{len(feeds)}"
         reference = cache.get(key)
         if reference is None:
-            reference = _run_model(with_outputs(float_model, [n for n in chunk if n in produced]), feeds)
+            reference = _exposed_run(with_outputs(float_model, [n for n in chunk if n in produced]), feeds)
             if len(chunks) == 1:  # kept for the next trial only when it is small
                 cache[key] = reference
         if not reference.ok:
@@ -586,9 +579,9 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
             for name in chunk:
                 value = sample.get(name, feed.get(name))
                 if value is not None and np.asarray(value).dtype.kind == "f":
-                    values.setdefault(name, []).append(_sampled(np.asarray(value)))
+                    values.setdefault(name, []).append(np.asarray(value).ravel())  # float64 one tensor at a time
         del reference
-        noise += [(name, _noise(np.concatenate(parts), wanted[name])) for name, parts in values.items()]
+        noise += [(name, _noise(np.concatenate(parts).astype(np.float64), wanted[name])) for name, parts in values.items()]
     noise = [(name, value) for name, value in noise if value is not None]
     noise.sort(key=lambda item: -item[1])
     return noise

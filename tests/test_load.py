@@ -55,6 +55,8 @@ def test_crash_and_hang_leave_other_eps_reported(samples):
     assert code == 1 and record["results"][0]["status"] == "timeout"
 
 
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),
+                    reason="CUDA runs here: the missing-EP message is for machines without it (seen on a lent H100)")
 def test_unavailable_ep_exit_3_one_line(samples):
     result = invoke("load", samples / "cnn.onnx", "--ep", "cuda")
     assert result.exit_code == 3

@@ -213,7 +213,7 @@ def _build_variant(model: Path, target: PackageTarget, options: PackageOptions, 
     variant_dir.mkdir(parents=True)
     source = model
     if kind == "float":
-        source = ModelHandle.open(model).save(variant_dir / MODEL_FILE)  # the source's bytes, external data beside
+        source = _copy_model(ModelHandle.open(model), variant_dir / MODEL_FILE)
     steps = _transform_steps(target, kind, options, variant_dir) + _proof_steps(target, options, model, runs_here)
     outcome.report = Pipeline(steps=steps, model=source, output_dir=work / target.name).run()
     if outcome.failed:
@@ -235,6 +235,18 @@ def _build_variant(model: Path, target: PackageTarget, options: PackageOptions, 
         if target.name not in outcome.files:
             shutil.rmtree(compiled, ignore_errors=True)
     return outcome
+
+
+def _copy_model(handle, dest: Path) -> Path:
+    """The model's own bytes at ``dest``, its external-data files beside it under the locations
+    the model names (validated inside its folder when it was opened): no weight is read into
+    memory, and the variant is byte for byte the source."""
+    shutil.copyfile(handle.path, dest)
+    for entry in handle.external_files:
+        target = dest.parent / entry.location
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(entry.path, target)
+    return dest
 
 
 def build_package(model: Path, destination: Path, options: PackageOptions, *, progress=None) -> PackageReport:

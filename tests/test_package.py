@@ -169,8 +169,8 @@ def test_external_data_is_copied_and_digested(tmp_path):
     made = invoke("package", SAMPLES / "external_data" / "mlp.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--json")
     assert made.exit_code == 0, made.stdout
     cpu = _variants(tmp_path / "pkg")["cpu"]["additional_metadata"]["ortprep"]
-    assert set(cpu["files"]) == {"model.onnx", "model.onnx.data"}
-    assert (tmp_path / "pkg/model/cpu/model.onnx.data").stat().st_size > 0
+    assert set(cpu["files"]) == {"model.onnx", "mlp.onnx.data"}  # the source's files, byte for byte
+    assert (tmp_path / "pkg/model/cpu/mlp.onnx.data").read_bytes() == (SAMPLES / "external_data/mlp.onnx.data").read_bytes()
     loaded = invoke("load", "--package", tmp_path / "pkg", "--json")
     assert loaded.exit_code == 0 and loaded.json()["results"][0]["status"] == "passed"
 

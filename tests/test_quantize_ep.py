@@ -356,3 +356,52 @@ def test_a_trial_not_run_on_the_ep_is_compared_on_the_cpu_side():
 
     assert not improved(cpu_only(0.95), baseline)
     assert improved(cpu_only(0.97), baseline)
+
+
+def _wide_weights(folder: Path) -> tuple[Path, Path]:
+    """Conv -> Relu -> Conv whose first Conv has one output channel of weights near +-60 and the
+    rest near 0.2, a channel the second Conv does not read: on a per-tensor 8-bit weight grid
+    (QNN's preset, A16W8) the small weights round to a few steps and the output is lost (cosine
+    0.77, measured); 16-bit weights keep them."""
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
+    w1[0] = 60.0 * np.sign(w1[0])
+    w2 = (rng.standard_normal((8, 16, 1, 1)) * 0.3).astype(np.float32)
+    w2[:, 0] = 0.0
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")],
+        "wide_weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    path = folder / "wide_weights.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    calib = folder / "calib"
+    calib.mkdir()
+    for index in range(24):
+        np.savez(calib / f"{index:02d}.npz", x=rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
+    return path, calib
+
+
+@needs_qnn
+def test_auto_for_qnn_goes_to_16_bit_weights_and_qnn_runs_them(tmp_path):
+    """--auto --ep qnn: QNN's preset (A16W8) fails the gate on weights a per-tensor 8-bit grid
+    cannot hold; A16W16 is tried next, passes on the HTP simulator, and is written; the real QNN
+    session places both Convs on the EP."""
+    model, calib = _wide_weights(tmp_path)
+    out = tmp_path / "q.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib, "--auto", "-o", out)
+    assert code == 0, record.get("findings")
+    tried = record["auto"]["tried"]
+    assert [t["label"] for t in tried] == ["static uint16 activations, uint8 weights", "static uint16 activations, int16 weights"]
+    assert [t["passed"] for t in tried] == [False, True] and tried[0]["cosine"] < 0.9 and tried[1]["cosine"] > 0.999
+    assert record["verify"]["judged_on"] == ["cpu", "qnn"] and record["verify"]["ep"]["passed"] is True
+    assert "--weight-type int16" in findings(record, "QNT017")[0]["fix"]
+    weights = {t.name: t.data_type for t in onnx.load(str(out)).graph.initializer}
+    assert weights["w1_quantized"] == TensorProto.INT16 and weights["w2_quantized"] == TensorProto.INT16
+    proven = invoke("check", out, "--ep", "qnn", "--prove", "--json").json()
+    proof = proven["results"][0]["proof"]
+    # every node but the graph input's Q and the graph output's DQ (QNN's defaults keep those on the CPU)
+    assert proof["status"] == "created" and proof["nodes_on_ep"] == proof["nodes_total"] - 2, proof
+    assert {node for node in proof["fallback_nodes"] if "Conv" in node or node.startswith("conv")} == set()

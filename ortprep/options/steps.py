@@ -231,8 +231,8 @@ class QuantizeOptions(StepOptions):
                                    "keeps the best so far.", Kind.FLOAT, minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
-    auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, dynamic "
-                        "int8; or static after dynamic) and write the first that passes.", Kind.FLAG)
+    auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "
+                        "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.", Kind.FLAG)
     metrics: dict[str, str] = option(
         {}, "What the application reads from an output, for the gate: OUTPUT=top1 (class scores), argmax (per-position, "
         "e.g. CTC), map[:THRESHOLD] (probability map, F1), cosine (none); inferred from each output's form when not given "

@@ -115,7 +115,42 @@ def propagate_static_shapes(proto: ModelProto) -> ModelProto:
         if len(keep) != len(graph.value_info):
             del graph.value_info[:]
             graph.value_info.extend(keep)
+    if _all_static(inferred.graph.input) and not _all_static(list(inferred.graph.value_info) + list(inferred.graph.output)):
+        _static_from_symbolic(inferred)
     return inferred
+
+
+def _static(value: onnx.ValueInfoProto) -> bool:
+    if value.type.WhichOneof("value") != "tensor_type":
+        return True
+    tensor = value.type.tensor_type
+    return tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim)
+
+
+def _all_static(values) -> bool:
+    return all(_static(v) for v in values)
+
+
+def _static_from_symbolic(proto: ModelProto) -> None:
+    """Where onnx's inference leaves dimensions unknown though every input is static, take the
+    static shapes ONNX Runtime's symbolic inference finds (it follows sizes computed at run time:
+    Shape -> Gather -> Slice of a position buffer, as BERT and GPT-2 exports read their
+    position_ids, which onnx's data propagation leaves as unk__N). An EP that needs every tensor
+    static (QNN: "Cannot get shape") reads these value_infos. Main graph only; nothing changes
+    where symbolic inference fails."""
+    from ortprep.analysis import _symbolic_infer
+
+    symbolic = _symbolic_infer(proto)
+    if symbolic is None:
+        return
+    found = {v.name: v for v in list(symbolic.graph.value_info) + list(symbolic.graph.output) if _static(v)}
+    graph = proto.graph
+    for value in list(graph.value_info) + list(graph.output):
+        if not _static(value) and value.name in found:
+            value.type.CopyFrom(found[value.name].type)
+    known = ({v.name for v in graph.value_info} | {v.name for v in graph.input} | {v.name for v in graph.output}
+             | {t.name for t in graph.initializer})
+    graph.value_info.extend(v for name, v in found.items() if name not in known)
 
 
 def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:

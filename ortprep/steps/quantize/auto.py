@@ -6,6 +6,8 @@ The order (each a full quantize, judged by the same gate; nothing is written unt
 1. what the options ask (static or dynamic, the EP's preset);
 2. static with 16-bit activations and 8-bit weights (A16W8: ORT's CPU EP and QNN's HTP run it),
    where the first was static with 8-bit activations and calibration data is at hand;
+   then 16-bit weights too (A16W16) for an EP that runs them on its accelerator (WIDE_WEIGHT_EPS:
+   QNN's HTP, measured); where 16-bit activations still fail, 8-bit weights are the error left;
 3. dynamic int8 (weights only), for the CPU and CUDA EPs, which run its integer ops, where the
    first was static;
 4. static int8, then A16W8, where the first was dynamic and calibration data (not 'random') is
@@ -36,6 +38,11 @@ from ortprep.report import StepResult
 from ortprep.steps.base import ProgressCallback
 
 DYNAMIC_EPS = ("cpu", "cuda")  # EPs with kernels for dynamic quantization's integer ops
+# EPs that run QDQ models with 16-bit (int16, symmetric) weights on their accelerator. QNN: measured
+# with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP simulator at soc_model 60 (check --prove): a
+# UNet (Conv, ConvTranspose, Resize) 61 of 63 nodes on the EP and a BERT-tiny classifier (MatMul,
+# Gemm, LayerNormalization, Softmax) 243 of 245, the same placement as with 8-bit weights.
+WIDE_WEIGHT_EPS = ("qnn",)
 
 
 def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
@@ -50,6 +57,8 @@ def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
     if options.mode == "static":
         if first["activation_type"] != "uint16":
             order.append((_label("static", "uint16", "int8"), {"activation_type": "uint16", "weight_type": "int8"}))
+        if options.ep in WIDE_WEIGHT_EPS and first["weight_type"] not in ("int16", "uint16"):
+            order.append((_label("static", "uint16", "int16"), {"activation_type": "uint16", "weight_type": "int16"}))
         if options.ep in DYNAMIC_EPS:
             order.append((_label("dynamic", "uint8", "int8"), {"mode": "dynamic", "activation_type": None,
                                                                "weight_type": None}))
@@ -59,6 +68,9 @@ def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
         if static["activation_type"] != "uint16":
             order.append((_label("static", "uint16", "int8"), {"mode": "static", "activation_type": "uint16",
                                                                "weight_type": "int8"}))
+        if options.ep in WIDE_WEIGHT_EPS and static["weight_type"] not in ("int16", "uint16"):
+            order.append((_label("static", "uint16", "int16"), {"mode": "static", "activation_type": "uint16",
+                                                                "weight_type": "int16"}))
     return order
 
 

@@ -688,4 +688,4 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
     return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}"
                       + (f"; {writers}" if writers else ""),
                       fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above; --auto tries "
-                          "the other precisions (A16W8, dynamic int8) and keeps the first that passes")
+                          "the other precisions (A16W8, A16W16 on QNN, dynamic int8) and keeps the first that passes")

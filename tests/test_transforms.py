@@ -654,3 +654,60 @@ def test_fix_shape_leaves_no_tensor_dynamic_behind_a_position_buffer(tmp_path):
               for v in list(graph.value_info) + list(graph.output)}
     assert shapes["positions"] == [1, 12] and shapes["position_vectors"] == [1, 12, 8] and shapes["out"] == [1, 12, 8]
     assert all(isinstance(d, int) and d > 0 for dims in shapes.values() for d in dims), shapes
+
+
+def test_fix_shape_names_tensors_that_stay_dynamic(tmp_path):
+    """A size no inference can know before the run (NonZero's count) stays dynamic behind static
+    inputs: convert writes the model (verified) and warns, naming the tensor (CNV016)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["where"], name="nonzero")], "nz",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("where", TensorProto.INT64, [2, "count"])])
+    source = tmp_path / "nz.onnx"
+    onnx.save(models.make(graph), str(source))
+    result = invoke("convert", source, "--fix-shape", "x=1,4", "-o", tmp_path / "f.onnx", "--json")
+    assert result.exit_code == 0, result.stderr
+    warning = next(f for f in result.json()["findings"] if f["code"] == "CNV016")
+    assert warning["severity"] == "warning" and "1 tensor(s)" in warning["message"] and "where" in warning["message"]
+    clean = invoke("convert", tmp_path / "f.onnx", "-o", tmp_path / "g.onnx", "--json").json()
+    assert "CNV016" not in {f["code"] for f in clean["findings"]}  # no --fix-shape: not asked about
+
+
+def test_fix_shape_folds_the_shape_computations_a_reshape_reads(tmp_path):
+    """Behind static inputs, Shape -> Cast -> Slice -> Concat feeding a Reshape becomes a constant
+    (one partition on an EP that takes the Reshape; PP-OCR's classifier compiled by QNN into two
+    EPContext nodes whose session aborted); a float constant's Reshape (a bias) stays a node."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([1, 4, 1, 1], np.int64), "b_shape"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([-1], np.int64), "rest")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Reshape", ["b", "b_shape"], ["b4"], name="bias_reshape"),
+             helper.make_node("Add", ["c", "b4"], ["cb"], name="bias_add"),
+             helper.make_node("Shape", ["cb"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32, name="cast_a"),
+             helper.make_node("Slice", ["s32", "zero", "one"], ["n32"], name="slice"),
+             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64, name="cast_b"),
+             helper.make_node("Concat", ["n", "rest"], ["flat_shape"], axis=0, name="concat"),
+             helper.make_node("Reshape", ["cb", "flat_shape"], ["y"], name="flatten")]
+    graph = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "f"])], inits)
+    source = tmp_path / "fold.onnx"
+    onnx.save(models.make(graph), str(source))
+    out = tmp_path / "fixed.onnx"
+    record = invoke("convert", source, "--fix-shape", "x=1,3,8,8", "-o", out, "--json").json()
+    assert record["verify"]["passed"] is True and record["verify"]["max_abs_diff"] == 0.0
+    assert "5 shape computation node(s) folded into constants" in record["transforms"][0]["detail"]
+    written = onnx.load(str(out))
+    assert [n.name for n in written.graph.node] == ["conv", "bias_reshape", "bias_add", "flatten"]
+    shape = next(t for t in written.graph.initializer if t.name == "flat_shape")
+    assert onnx.numpy_helper.to_array(shape).tolist() == [1, -1]
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    before = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    after = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert after.shape == (1, 256) and np.array_equal(before, after)

@@ -74,6 +74,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     else:
         reference = _reference(handle, feeds, report, _level(options), options.metrics, options.inputs is None) if options.verify else None
     proto, applied = _rewrite(handle.proto, options)
+    left = rewrites.dynamic_tensors(proto) if options.fix_dims or options.fix_shapes else []
 
     verify_result: VerifyResult | None = None
     kept: list[fp16_step.KeptNode] = []
@@ -103,6 +104,13 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         failure_fix=fix,
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
+    if left:
+        report.add(Finding.of(
+            "CNV016", f"every input is static, but {len(left)} tensor(s) inside keep an unknown dimension (e.g. "
+            f"{', '.join(left[:3])}): shape inference could not follow the sizes the model computes; an EP that needs "
+            "every tensor static (QNN: 'Cannot get shape') leaves their nodes to the CPU",
+            fix="pip install sympy (ortprep[symbolic]: ONNX Runtime's symbolic inference follows computed sizes), or "
+                "ortprep simplify MODEL to fold the shape computations, then check --ep qnn --prove"))
     if isinstance(report.data.get("verify"), dict):
         report.data["verify"]["optimization"] = _level(options)  # ORT's graph optimization level of both runs
     size_after = report.data.get("size_after")
@@ -253,6 +261,9 @@ def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, li
         changes = rewrites.fix_dims(proto, options.fix_dims) if options.fix_dims else []
         changes += rewrites.fix_shapes(proto, options.fix_shapes) if options.fix_shapes else []
         proto = rewrites.propagate_static_shapes(proto)
+        folded = rewrites.fold_shape_computations(proto)
+        if folded:
+            changes.append(f"{len(folded)} shape computation node(s) folded into constants")
         applied.append({"transform": "fix_shape", "detail": "; ".join(changes)})
     if options.conv1d_to_conv2d:
         working = ModelHandle(proto=proto, path=None)

@@ -120,7 +120,7 @@ def propagate_static_shapes(proto: ModelProto) -> ModelProto:
     return inferred
 
 
-def _static(value: onnx.ValueInfoProto) -> bool:
+def is_static(value: onnx.ValueInfoProto) -> bool:
     if value.type.WhichOneof("value") != "tensor_type":
         return True
     tensor = value.type.tensor_type
@@ -128,7 +128,15 @@ def _static(value: onnx.ValueInfoProto) -> bool:
 
 
 def _all_static(values) -> bool:
-    return all(_static(v) for v in values)
+    return all(is_static(v) for v in values)
+
+
+def dynamic_tensors(proto: ModelProto) -> list[str]:
+    """Where every input of the main graph is static: its tensors (value_info, outputs) with a
+    dimension that is not a number. Empty where an input is dynamic."""
+    if not _all_static(proto.graph.input):
+        return []
+    return [v.name for v in list(proto.graph.value_info) + list(proto.graph.output) if not is_static(v)]
 
 
 def _static_from_symbolic(proto: ModelProto) -> None:
@@ -143,14 +151,107 @@ def _static_from_symbolic(proto: ModelProto) -> None:
     symbolic = _symbolic_infer(proto)
     if symbolic is None:
         return
-    found = {v.name: v for v in list(symbolic.graph.value_info) + list(symbolic.graph.output) if _static(v)}
+    found = {v.name: v for v in list(symbolic.graph.value_info) + list(symbolic.graph.output) if is_static(v)}
     graph = proto.graph
     for value in list(graph.value_info) + list(graph.output):
-        if not _static(value) and value.name in found:
+        if not is_static(value) and value.name in found:
             value.type.CopyFrom(found[value.name].type)
     known = ({v.name for v in graph.value_info} | {v.name for v in graph.input} | {v.name for v in graph.output}
              | {t.name for t in graph.initializer})
     graph.value_info.extend(v for name, v in found.items() if name not in known)
+
+
+# Shape computations folded into constants once every input is static: the ops a shape is computed
+# with, and the most elements a folded value may have (shapes, not data).
+SHAPE_OPS = frozenset({"Shape", "Size", "Cast", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Add", "Sub", "Mul",
+                       "Div", "Floor", "Ceil", "Equal", "Where", "Range", "ReduceProd", "Identity", "Max", "Min",
+                       "Neg", "Abs", "Reshape", "Expand", "ConstantOfShape", "Sqrt"})
+SHAPE_FOLD_ELEMENTS = 4096
+
+
+def fold_shape_computations(proto: ModelProto) -> list[str]:
+    """Replace, in the main graph, each Shape (and Size) of a tensor whose shape is static by its
+    value, and every node of SHAPE_OPS whose inputs are then all constants by its result (small
+    integer tensors only), so that a Reshape reads a constant shape. An EP that takes the Reshape but not
+    the integer arithmetic feeding it otherwise gets the model in several partitions, and a Shape
+    chain between them is a partition of its own: PP-OCR's direction classifier after --fix-shape,
+    Shape -> Cast -> Slice -> Cast -> Concat -> Reshape, compiled by QNN (onnxruntime-qnn 2.7.0)
+    into two EPContext nodes whose session then aborted ("Tensor name not found"; measured).
+    Returns the names of the nodes folded. Nodes are evaluated with onnx's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = proto.graph
+    shapes: dict[str, list[int]] = {}
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if value.type.WhichOneof("value") == "tensor_type" and is_static(value):
+            shapes[value.name] = [d.dim_value for d in value.type.tensor_type.shape.dim]
+    for tensor in graph.initializer:
+        shapes[tensor.name] = list(tensor.dims)
+    small = {t.name: numpy_helper.to_array(t) for t in graph.initializer
+             if int(np.prod(t.dims)) <= SHAPE_FOLD_ELEMENTS and not t.data_location == onnx.TensorProto.EXTERNAL}
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    folded: list[str] = []
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        value = None
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            # read, and kept as it is (dropped below if nothing reads it any more)
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            if attr is not None and int(np.prod(attr.t.dims)) <= SHAPE_FOLD_ELEMENTS:
+                small[node.output[0]] = numpy_helper.to_array(attr.t)
+                shapes[node.output[0]] = list(attr.t.dims)
+            kept.append(node)
+            continue
+        if node.domain in ("", "ai.onnx") and node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+            dims = shapes[node.input[0]]
+            if node.op_type == "Size":
+                value = np.array(int(np.prod(dims)), np.int64)
+            else:
+                start, end = _int_attr(node, "start", 0), _int_attr(node, "end", None)
+                value = np.array(dims[start:end], np.int64)
+        elif (node.domain in ("", "ai.onnx") and node.op_type in SHAPE_OPS and len(node.output) == 1
+              and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)
+              and all(not name or name in small for name in node.input)):
+            try:
+                single = helper.make_model(helper.make_graph(
+                    [node], "fold", [], [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.UNDEFINED, None)]),
+                    opset_imports=[helper.make_opsetid("", opset)])
+                value = ReferenceEvaluator(single).run(None, {n: small[n] for n in node.input if n})[0]
+            except Exception as exc:  # noqa: BLE001 - not foldable: it stays a node
+                log.debug("not folding %s (%s): %s", node.name, node.op_type, exc)
+                value = None
+        # shapes are integers: a float constant stays a node (folding a Reshape of a bias into an
+        # initializer made PP-OCR's classifier quantize its biases as 8-bit weights: cosine 0.997 -> 0.88)
+        if value is not None and np.asarray(value).size <= SHAPE_FOLD_ELEMENTS and np.asarray(value).dtype.kind in "iub":
+            array = np.asarray(value)
+            small[node.output[0]] = array
+            shapes[node.output[0]] = list(array.shape)
+            graph.initializer.append(numpy_helper.from_array(array, node.output[0]))
+            folded.append(node.name or node.output[0])
+            continue
+        kept.append(node)
+    if not folded:
+        return []
+    # initializers and Constant nodes that no node, subgraph or output reads any more
+    read = {o.name for o in graph.output} | {name for n in kept for name in n.input}
+    read |= {name for _, g in iter_graphs(graph) if g is not graph for n in g.node for name in n.input}
+    kept = [n for n in kept if n.op_type != "Constant" or any(o in read for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    unused = [t for t in graph.initializer if t.name not in read]
+    if unused:
+        names = {t.name for t in unused}
+        keep = [t for t in graph.initializer if t.name not in names]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    return folded
+
+
+def _int_attr(node: onnx.NodeProto, name: str, default):
+    for attr in node.attribute:
+        if attr.name == name:
+            return attr.i
+    return default
 
 
 def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:

@@ -11,7 +11,9 @@ Per model (bench/journey_corpus.py: the corpus, its halves and which models are 
    openvino-cpu=.venv-openvino/bin/python` on the model as shipped;
 2. `convert MODEL --fix-shape NAME=DIMS ... --inputs SAMPLE.npz` when it has dynamic inputs
    (the corpus's static shapes; verified on a realistic sample);
-3. `quantize FIXED --static --ep qnn --auto-exclude --calib CALIB/` (24 realistic samples);
+3. `quantize FIXED --static --ep qnn --auto --auto-exclude --calib CALIB/` (24 realistic samples;
+   `--auto`: where QNN's preset, A16W8, fails the gate, A16W16 next, as QNT005's fix says; from
+   session 10 on, before it the preset alone);
 4. `check QDQ --ep qnn --prove`, and `check FIXED --ep openvino-cpu --prove` (when FIXED is
    not the model as shipped);
 5. `load QDQ --ep qnn --reference FIXED --inputs SAMPLE.npz`;
@@ -410,7 +412,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     else:
         fixed = source  # static as shipped: the float model the journey quantizes is the model itself
     if fixed.exists():
-        step("quantize", "quantize", fixed, "--static", "--ep", "qnn", "--auto-exclude", "--calib", folder / "calib",
+        step("quantize", "quantize", fixed, "--static", "--ep", "qnn", "--auto", "--auto-exclude", "--calib", folder / "calib",
              "-o", qdq, "--force")
         if fixed != source:
             step("check_ov_fixed", "check", fixed, "--ep", "openvino-cpu", "--prove", *openvino)

@@ -358,16 +358,21 @@ def test_a_trial_not_run_on_the_ep_is_compared_on_the_cpu_side():
     assert improved(cpu_only(0.97), baseline)
 
 
-def _wide_weights(folder: Path) -> tuple[Path, Path]:
-    """Conv -> Relu -> Conv whose first Conv has one output channel of weights near +-60 and the
-    rest near 0.2, a channel the second Conv does not read: on a per-tensor 8-bit weight grid
-    (QNN's preset, A16W8) the small weights round to a few steps and the output is lost (cosine
-    0.77, measured); 16-bit weights keep them."""
+def _wide_weights(folder: Path, within_channels: bool) -> tuple[Path, Path]:
+    """Conv -> Relu -> Conv, the first Conv's weights near 0.2 but for some near +-60 that carry
+    next to nothing: one output channel of them that the second Conv does not read
+    (``within_channels`` False), or one weight in every output channel that reads an input channel
+    near 0.001 (True). One 8-bit grid per tensor (QNN's preset, A16W8) rounds the small weights to a
+    few steps and the output is lost (cosine 0.77, measured); a grid per output channel holds the
+    first, not the second; 16-bit weights hold both."""
     rng = np.random.default_rng(3)
     w1 = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
-    w1[0] = 60.0 * np.sign(w1[0])
     w2 = (rng.standard_normal((8, 16, 1, 1)) * 0.3).astype(np.float32)
-    w2[:, 0] = 0.0
+    if within_channels:
+        w1[:, 0, 1, 1] = 60.0
+    else:
+        w1[0] = 60.0 * np.sign(w1[0])
+        w2[:, 0] = 0.0
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
          helper.make_node("Relu", ["h"], ["r"], name="relu"),
@@ -380,28 +385,43 @@ def _wide_weights(folder: Path) -> tuple[Path, Path]:
     calib = folder / "calib"
     calib.mkdir()
     for index in range(24):
-        np.savez(calib / f"{index:02d}.npz", x=rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
+        x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)
+        if within_channels:
+            x[0, 0] *= 0.001
+        np.savez(calib / f"{index:02d}.npz", x=x)
     return path, calib
 
 
+PER_TENSOR, PER_CHANNEL, WIDE = ("static uint16 activations, uint8 weights", "static uint16 activations, int8 weights per channel",
+                                 "static uint16 activations, int16 weights")
+
+
 @needs_qnn
-def test_auto_for_qnn_goes_to_16_bit_weights_and_qnn_runs_them(tmp_path):
-    """--auto --ep qnn: QNN's preset (A16W8) fails the gate on weights a per-tensor 8-bit grid
-    cannot hold; A16W16 is tried next, passes on the HTP simulator, and is written; the real QNN
-    session places both Convs on the EP."""
-    model, calib = _wide_weights(tmp_path)
+@pytest.mark.parametrize("within_channels", [False, True], ids=["per-channel-passes", "16-bit-passes"])
+def test_auto_for_qnn_widens_the_weights_until_the_gate_passes_and_qnn_runs_them(tmp_path, within_channels):
+    """--auto --ep qnn: QNN's preset (A16W8 per tensor) fails the gate on weights one 8-bit grid
+    cannot hold; per-channel int8 is tried next, then A16W16; the first that passes on the HTP
+    simulator is written, and the real QNN session places both Convs on the EP."""
+    model, calib = _wide_weights(tmp_path, within_channels)
     out = tmp_path / "q.onnx"
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib, "--auto", "-o", out)
     assert code == 0, record.get("findings")
+    assert record["auto"]["order"] == [PER_TENSOR, PER_CHANNEL, WIDE]
     tried = record["auto"]["tried"]
-    assert [t["label"] for t in tried] == ["static uint16 activations, uint8 weights", "static uint16 activations, int16 weights"]
-    assert [t["passed"] for t in tried] == [False, True] and tried[0]["cosine"] < 0.9 and tried[1]["cosine"] > 0.999
+    expected = [PER_TENSOR, PER_CHANNEL, WIDE] if within_channels else [PER_TENSOR, PER_CHANNEL]
+    assert [t["label"] for t in tried] == expected
+    assert [t["passed"] for t in tried] == [False] * (len(expected) - 1) + [True], tried
+    assert tried[0]["cosine"] < 0.95 and tried[-1]["cosine"] > 0.999
+    assert record["auto"]["chosen"] == expected[-1]
     assert record["verify"]["judged_on"] == ["cpu", "qnn"] and record["verify"]["ep"]["passed"] is True
-    assert "--weight-type int16" in findings(record, "QNT017")[0]["fix"]
-    weights = {t.name: t.data_type for t in onnx.load(str(out)).graph.initializer}
-    assert weights["w1_quantized"] == TensorProto.INT16 and weights["w2_quantized"] == TensorProto.INT16
+    note = findings(record, "QNT017")[0]["fix"]
+    assert ("--weight-type int16" in note) if within_channels else ("--weight-type int8 --per-channel" in note)
+    written = onnx.load(str(out)).graph
+    weights = {t.name: t for t in written.initializer}
+    assert weights["w1_quantized"].data_type == (TensorProto.INT16 if within_channels else TensorProto.INT8)
+    scales = onnx.numpy_helper.to_array(weights["w1_scale"])
+    assert scales.shape == (() if within_channels else (16,))
     proven = invoke("check", out, "--ep", "qnn", "--prove", "--json").json()
     proof = proven["results"][0]["proof"]
     # every node but the graph input's Q and the graph output's DQ (QNN's defaults keep those on the CPU)
     assert proof["status"] == "created" and proof["nodes_on_ep"] == proof["nodes_total"] - 2, proof
-    assert {node for node in proof["fallback_nodes"] if "Conv" in node or node.startswith("conv")} == set()

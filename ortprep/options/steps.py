@@ -228,7 +228,8 @@ class QuantizeOptions(StepOptions):
     max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first.", Kind.INT,
                                      minimum=1)
     search_seconds: float = option(240.0, "--auto-exclude starts no trial this many seconds after the first one and "
-                                   "keeps the best so far.", Kind.FLOAT, minimum=1.0)
+                                   "keeps the best so far (with --auto, over all the precisions tried).", Kind.FLOAT,
+                                   minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
     auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "

@@ -1,5 +1,7 @@
 """``quantize --auto``: when the precision asked for fails the gate, try the others in a stated
-order and keep the first that passes, so a refusal comes with the path that works.
+order and keep the first that passes, so a refusal comes with the path that works. With
+--auto-exclude, --search-seconds bounds the searches of all the attempts together (each later one
+gets the time the earlier ones left; with none left, a later precision runs without a search).
 
 The order (each a full quantize, judged by the same gate; nothing is written until one passes):
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +125,13 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     on_cpu = options.ep in (None, "cpu") and not (handle.path is not None and Path(handle.path).resolve() == dest.resolve())
     best: tuple[dict[str, Any], StepResult] | None = None  # the fastest attempt that passed, written at dest
     aside = dest.with_name(f".{dest.name}.auto-best")  # the written best while a later attempt runs
+    started = time.monotonic()
     try:
         for number, (label, changes) in enumerate(order):
-            attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0, **changes)
+            # --search-seconds bounds the whole step: a later precision's search gets what is left
+            left = max(0.0, options.search_seconds - (time.monotonic() - started))
+            attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0,
+                                          search_seconds=left, **changes)
             if best is not None:
                 os.replace(dest, aside)
                 try:

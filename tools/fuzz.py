@@ -1,6 +1,6 @@
 """Run ortprep on mutated sample models and report any internal error (exit 4), traceback or hang.
 
-    .venv/bin/python tools/fuzz.py [--cases N] [--commands inspect,check,convert,load,quantize,qstatic]
+    .venv/bin/python tools/fuzz.py [--cases N] [--commands inspect,check,convert,fixshape,load,quantize,qstatic]
 
 Exit 1 when a case failed; each failure is printed with its seed and case number, so
 `tools.fuzz_cases.mutate(seed, case)` replays it.
@@ -24,17 +24,36 @@ COMMANDS = {
     "inspect": ["inspect", "{model}", "--json"],
     "check": ["check", "{model}", "--ep", "cpu", "--ep", "dml-npu", "--ep", "qnn", "--json"],
     "convert": ["convert", "{model}", "--fp16", "-o", "{out}", "--json"],
+    # the first input with a dynamic dimension fixed (each such dimension 2): static-shape
+    # propagation, ORT's symbolic inference and the folding of shape computations
+    "fixshape": ["convert", "{model}", "--fix-shape", "{shape}", "-o", "{out}", "--json"],
     "load": ["load", "{model}", "--ep", "cpu", "--runs", "1", "--timeout", "20", "--json"],
     "quantize": ["quantize", "{model}", "--dynamic", "-o", "{out}", "--json"],
     "qstatic": ["quantize", "{model}", "--static", "--calib", "random", "--samples", "12", "-o", "{out}", "--json"],
 }
 
 
+def _dynamic_input(data: bytes) -> str:
+    """NAME=D,D,... for the first graph input with a dimension that is not a number (each such
+    dimension 2, the rest as they are); "x=1" when the bytes are no model or nothing is dynamic."""
+    import onnx
+
+    try:
+        graph = onnx.load_from_string(data).graph
+    except Exception:  # noqa: BLE001 - a mutation that broke the protobuf: convert says so itself
+        return "x=1"
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
+        if dims and any(not d.HasField("dim_value") for d in dims):
+            return f"{value.name}=" + ",".join(str(d.dim_value) if d.HasField("dim_value") else "2" for d in dims)
+    return "x=1"
+
+
 def run_case(seed: Path, case: int, command: str, work: Path, timeout: float) -> str | None:
     kind, data = mutate(seed.read_bytes(), case)
     model = work / f"case{case}.onnx"
     model.write_bytes(data)
-    args = [a.format(model=model, out=work / f"out{case}.onnx") for a in COMMANDS[command]]
+    args = [a.format(model=model, out=work / f"out{case}.onnx", shape=_dynamic_input(data)) for a in COMMANDS[command]]
     try:
         child = subprocess.run([sys.executable, "-m", "ortprep", *args], capture_output=True, text=True, timeout=timeout,
                                cwd=work)
@@ -51,7 +70,7 @@ def run_case(seed: Path, case: int, command: str, work: Path, timeout: float) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000)
-    parser.add_argument("--commands", default="inspect,check,convert,load,quantize,qstatic")
+    parser.add_argument("--commands", default="inspect,check,convert,fixshape,load,quantize,qstatic")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
     commands = args.commands.split(",")

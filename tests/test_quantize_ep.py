@@ -143,8 +143,10 @@ def test_auto_exclude_judges_every_trial_on_qnn(tmp_path):
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "--auto-exclude", "-o", tmp_path / "q.onnx")
     assert code == 1
     search = record["search"]
-    # nothing adds error on the CPU EP (the HTP's float16 does): no tensor by its noise, no node where it starts
+    # nothing adds error on the CPU EP (the HTP's float16 does): no tensor above the noise floor (those
+    # below it, ranked next, do not fit the weight budget), no node where it starts
     assert search["stopped"] == "no quantized tensor left adds measurable error; no node left where the error starts"
+    assert search["ranked"] and all(entry["noise"] <= 0.02 for entry in search["ranked"])
     labels = [t["label"] for t in search["trials"]]
     assert labels[0] == "baseline (preprocessed)" and labels[1] == "calibration: percentile"
     assert len(labels) == len(set(labels))  # each trial once

@@ -488,3 +488,31 @@ def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_res
     assert evaluate.worst_nodes(model, quantized, feeds[0], set(), limit=None) == whole_blame
     assert evaluate.tensor_noise(model, quantized, feeds[:4]) == whole_noise
     assert whole_blame and whole_blame[0][0] == "outlier_mm"  # where the error starts
+
+
+def test_search_goes_on_below_the_noise_floor_before_it_stops():
+    """Nothing ranks above the noise floor, yet the gate fails (a decision near its boundary needs
+    less error): the tensors below the floor are ranked next, bisected, and the fewest that pass
+    are kept; without a fine ranking the search stops short, saying nothing adds measurable error."""
+    noise = {"m1": 0.002, "m2": 0.004, "m3": 0.0005, "m4": 0.0}
+    attempted: list[list[str]] = []
+
+    def attempt(kept: list[str], label: str) -> Trial:
+        attempted.append(list(kept))
+        cosine = round(1 - sum(cost for node, cost in noise.items() if node not in kept), 6)
+        return Trial(label, list(kept), cosine, cosine >= 0.998, 100)
+
+    proto = _chain()
+    fine = [("a1", ["m2"], 0.015), ("x", ["m1"], 0.008), ("a2", ["m3"], 0.001)]
+    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, max_trials=20, fixed=[],
+                  aim=0.998)
+    result = Search(proto, attempt, lambda trial, kept: [], fine_rank=lambda trial, kept: fine, **common).run(
+        Trial("baseline", [], 0.9935, False, 100))
+    assert result.stopped == "the gate passed with the margin"
+    # the heads rule keeps m4 and m3 first (0.9935 -> 0.994); then m2 and m1 from below the floor
+    # pass (1.0), bisected to m2 alone (0.998)
+    assert result.best.kept == ["m4", "m3", "m2"] and result.best.cosine == pytest.approx(0.998)
+    assert [t.label for t in result.trials[-2:]] == ["ranked below the noise floor (pass 1): worst 2 tensor(s), 2 node(s)",
+                                                     "ranked below the noise floor (pass 1): worst 1 tensor(s), 1 node(s)"]
+    short = Search(proto, attempt, lambda trial, kept: [], **common).run(Trial("baseline", [], 0.9935, False, 100))
+    assert short.stopped == "no quantized tensor left adds measurable error" and short.best.cosine == pytest.approx(0.994)

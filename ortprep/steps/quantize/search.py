@@ -8,6 +8,9 @@ the result on the held-back samples. Once the baseline fails the gate:
 2. every node still quantized is ranked by the error it adds (its output compared with the float
    model's against what its inputs already carried, the per-tensor comparison ORT's
    qdq_loss_debug makes) and the ranked list is bisected for the fewest nodes that pass the gate;
+   once no tensor's noise is above NOISE_FLOOR and the gate still fails, the tensors below it are
+   ranked and bisected the same way (a decision near its boundary can need less error than the
+   floor deems worth keeping float), then the nodes where the error starts;
 3. the search stops when the gate passes with a margin (half-way from the gate to 1: a result
    chosen on a few held-back samples must hold on others), or when passing would keep more than
    ``max_float_share`` of the quantized nodes in float, and says which.
@@ -176,7 +179,8 @@ class Search:
                  max_float_share: float, max_trials: int, fixed: list[str], aim: float | None = None,
                  first_rules: list[tuple[str, list[str]]] | None = None,
                  blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None,
-                 seconds: float | None = None, started: float | None = None) -> None:
+                 seconds: float | None = None, started: float | None = None,
+                 fine_rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]] | None = None) -> None:
         # no trial starts ``seconds`` after ``started`` (time.monotonic(), the quantize step's
         # start by default now); None: no time bound
         self.deadline = (time.monotonic() if started is None else started) + seconds if seconds is not None else None
@@ -186,6 +190,11 @@ class Search:
         # output worse than its inputs), worst first; what the ranking by activation noise cannot
         # see (8-bit weights under 16-bit activations) shows there
         self.blame = blame
+        # fine_rank(trial, kept): as rank, but every quantized tensor with any noise, the ones
+        # under NOISE_FLOOR included: once nothing is above the floor and the gate still fails
+        # (a decision near its boundary needs a smaller error than the floor deems worth it), the
+        # search goes on through them rather than stop short of the float model
+        self.fine_rank = fine_rank
         # rules tried before the op-type rules, their nodes kept float as named (the EP's outputs)
         self.first_rules = list(first_rules or [])
         self.aim = aim
@@ -255,15 +264,21 @@ class Search:
         if self.ok(current):
             result.best, result.stopped, result.reasons = current, "the gate passed with the margin", reasons
             return result
-        passes = 0
+        passes, fine = 0, False
         while True:
             if self.out_of_time() or len(result.trials) >= self.max_trials:
                 result.best, result.stopped = current, self.limit_reached()  # before ranking costs its runs
                 break
             passes += 1
             units = self._units(current, kept)
+            fine_pass = False
+            if not units and self.fine_rank is not None:
+                units = self._units(current, kept, self.fine_rank)
+                fine_pass = bool(units)
+                fine = fine or fine_pass
             result.ranked += [{"pass": passes, "tensor": label, "nodes": members, "noise": round(score, 4)}
                               for label, members, score in units]
+            below = " below the noise floor" if fine else ""
 
             def prefix(count: int, units=units) -> list[str]:
                 return list(dict.fromkeys(n for _, members, _ in units[:count] for n in members))
@@ -275,12 +290,17 @@ class Search:
             high = len(units)
             while high > 0 and not self.fits(kept + prefix(high)):
                 high -= 1
+            if high <= 0 and fine_pass:
+                # none of the tensors below the floor fits the budget: the nodes where the error starts next
+                current, result.stopped = self._where_error_starts(current, kept, reasons, result, trial)
+                result.best = current
+                break
             if high <= 0:
                 result.best = current
                 result.stopped = (f"keeping more in float would leave less than {1 - self.share:.0%} of the weights "
                                   "quantized")
                 break
-            top = trial(kept + prefix(high), f"ranked (pass {passes}): worst {high} tensor(s), {len(prefix(high))} node(s)")
+            top = trial(kept + prefix(high), f"ranked{below} (pass {passes}): worst {high} tensor(s), {len(prefix(high))} node(s)")
             if top is None:
                 result.best, result.stopped = current, self.limit_reached()
                 break
@@ -289,7 +309,7 @@ class Search:
                 while high - low > 1:
                     middle = (low + high) // 2
                     outcome = trial(kept + prefix(middle),
-                                    f"ranked (pass {passes}): worst {middle} tensor(s), {len(prefix(middle))} node(s)")
+                                    f"ranked{below} (pass {passes}): worst {middle} tensor(s), {len(prefix(middle))} node(s)")
                     if outcome is None:
                         break
                     if self.ok(outcome):
@@ -383,9 +403,9 @@ class Search:
         unique = set(nodes)
         return sum(self.cost.get(n, 0) for n in unique) <= self.budget
 
-    def _units(self, current: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
+    def _units(self, current: Trial, kept: list[str], rank=None) -> list[tuple[str, list[str], float]]:
         units = []
-        for label, nodes, score in self.rank(current, kept):
+        for label, nodes, score in (rank or self.rank)(current, kept):
             members = [self._float_name(n) for n in nodes]
             members = [n for n in dict.fromkeys(members) if n and n not in kept]
             if members:
@@ -527,7 +547,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
         return cosines.index(min(cosines)) if cosines else 0
 
-    def rank(trial: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
+    def rank(trial: Trial, kept: list[str], floor: float = NOISE_FLOOR) -> list[tuple[str, list[str], float]]:
         if trial.path is None:
             return []
         # the sample the trial did worst on (where calibration's ranges clip, say) and one more
@@ -536,7 +556,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         noise = tensor_noise(source, trial.path, picked, cache=trials.caches.setdefault(source, {}))
         # a tensor stays float only when the node writing it and every node reading it are float
         return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), score)
-                for tensor, score in noise if score > NOISE_FLOOR]
+                for tensor, score in noise if score > floor]
 
     ops = set(trials.settings["op_types"] or quantizer_op_types(options.mode, trials.settings["format"]))
     # the share is of the nodes the quantizer would quantize
@@ -567,7 +587,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
                     fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame,
-                    seconds=options.search_seconds, started=trials.started)
+                    seconds=options.search_seconds, started=trials.started,
+                    fine_rank=lambda trial, kept: rank(trial, kept, floor=0.0))
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

@@ -185,6 +185,11 @@ def test_a_map_whose_regions_move_fails_though_its_elements_agree():
     assert record["region_agreement"] == pytest.approx(0.8) and record["required_regions"] == 0.95
     assert set(record["region_levels"].values()) == {0.8} and record["passed"] is False
     assert judge_decision(Decision("map", 0.5), [reference], [reference + 0.01])["passed"] is True
+    # the refusal says what failed: the boxes, not the pixels' F1 (which passes)
+    from ortprep.steps.quantize.evaluate import _decision_text
+
+    text = _decision_text(record)
+    assert "keep their bounding box on only 80.0% (the gate asks 95%" in text and text.startswith("its map above 0.5")
 
 
 def test_regions_are_judged_at_every_level_unless_the_threshold_is_given():

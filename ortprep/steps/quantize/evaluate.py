@@ -615,6 +615,12 @@ def _decision_text(decision: dict) -> str:
         return (text + f"; whole sequences agree on {share_text(whole)} of these samples and on about "
                 f"{share_text(whole_expected)} to expect on unseen ones (the gate asks {REQUIRED_SEQUENCES:.0%}: a string "
                 "is right only when every position is)")
+    regions, needed = decision.get("region_agreement"), decision.get("required_regions")
+    if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
+            required is None or (share is not None and share >= required)):
+        # the pixels agree, the regions an application boxes do not
+        return (text + f"; but its regions above {decision.get('region_level'):g} keep their bounding box on only "
+                f"{regions:.1%} (the gate asks {needed:.0%}: a box one pixel off is another crop)")
     if required and share is not None and share >= required and expected is not None and expected < required:
         # the samples agreed, their margins say unseen ones will not
         text += (f" on these samples, but only about {expected:.1%} to expect on unseen ones: the float model's "

@@ -337,3 +337,59 @@ def test_region_boxes_are_judged_only_on_maps_laid_out_as_images():
     moved = np.roll(image, 1, axis=-1)
     judged = region_agreement(Decision("map", 0.5), [image], [moved])
     assert judged is not None and judged["region_agreement"] == 0.0
+
+
+def _ctc_like(rng: np.random.Generator) -> onnx.ModelProto:
+    from onnx import numpy_helper
+
+    weight = numpy_helper.from_array(rng.standard_normal((8, 12)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                               helper.make_node("Softmax", ["m"], ["probs"], axis=-1, name="sm")], "ctc",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 20, 8])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 20, 12])], [weight])
+    import models
+
+    return models.make(graph)
+
+
+def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
+    """compile --eval: one position of one sample in 24 flips between two near-tied classes
+    (0.50/0.48): on that sample alone the string differs, but over the 24 the strings agree on
+    95.8% (the gate's bar 95%), so the sample holds, and its rule says why; two flipped samples
+    (91.7%) fail."""
+    import onnxruntime as ort
+
+    from ortprep.model import ModelHandle
+    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.steps.compile import _pooled_decisions
+
+    rng = np.random.default_rng(0)
+    proto = _ctc_like(rng)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    references = [{"probs": session.run(None, {"x": rng.standard_normal((1, 20, 8)).astype(np.float32) * 3})[0]}
+                  for _ in range(24)]
+
+    def flipped(count: int) -> tuple[list[dict], list[dict]]:
+        refs = [{"probs": r["probs"].copy()} for r in references]
+        candidates = [{"probs": r["probs"].copy()} for r in references]
+        for sample in range(count):
+            row = refs[sample]["probs"][0, 5]
+            first, second = np.argsort(row)[-1], np.argsort(row)[-2]
+            row[:] = 0.002
+            row[first], row[second] = 0.5, 0.48
+            other = candidates[sample]["probs"][0, 5]
+            other[:] = row
+            other[first], other[second] = 0.48, 0.5
+        judged = [{"sample": k, "outputs": judge_outputs(proto, "qnn", r, c)} for k, (r, c) in enumerate(zip(refs, candidates))]
+        for entry in judged:
+            entry["passed"] = all(o["within_tolerance"] for o in entry["outputs"])
+        assert [entry["passed"] for entry in judged[:count]] == [False] * count  # alone, each flipped sample fails
+        pooled = _pooled_decisions(ModelHandle(proto=proto, path=None), refs, candidates, judged)
+        return judged, [pooled]
+
+    judged, (pooled,) = flipped(1)
+    assert pooled["probs"]["kind"] == "argmax" and pooled["probs"]["sequence_agreement"] == pytest.approx(23 / 24)
+    assert pooled["probs"]["passed"] is True and all(entry["passed"] for entry in judged)
+    assert "the decision (argmax) over all 24 samples agrees" in judged[0]["outputs"][0]["tolerance_rule"]
+    judged, (pooled,) = flipped(2)
+    assert pooled["probs"]["passed"] is False and [entry["passed"] for entry in judged[:3]] == [False, False, True]

@@ -550,6 +550,27 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     assert "--activation-type uint16" in note["fix"]
 
 
+def test_auto_holds_a_later_precision_to_the_search_margin(tmp_path):
+    """--auto picks the first of several precisions that passes on the same held-back samples, which
+    favours a lucky one: every attempt after the first is held to the margin the search aims for
+    (half-way from --min-cosine to 1). A16W8 of the wide-range model measures 0.99988: it passed
+    --min-cosine 0.9998 before; now it needs 0.9999, is refused, and nothing is written."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    rng = np.random.default_rng(6)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(24):
+        x = (rng.standard_normal((1, 64, 4, 4)) * 0.1).astype(np.float32)
+        x[0, 0] = 100.0 + rng.standard_normal((4, 4))
+        np.savez(calib / f"{index:02d}.npz", x=x)
+    out = tmp_path / "q.onnx"
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.9998", "--json")
+    tried = result.json()["auto"]["tried"]
+    assert result.exit_code == 1 and not out.exists()
+    assert tried[1]["label"] == "static uint16 activations, int8 weights"
+    assert 0.9998 <= tried[1]["cosine"] < 0.9999 and tried[1]["passed"] is False and tried[1]["codes"] == ["QNT005"]
+
+
 def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):
     # a 2-channel Conv: its Q/DQ pairs and scales outweigh the int8 weights, as on the journey's small built models
     from onnx import TensorProto, helper, numpy_helper

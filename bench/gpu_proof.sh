@@ -7,17 +7,7 @@
 # WHEELS=folder-with-the-wheels; this script installs them into /tmp/site first, and puts the
 # CUDA libraries of NVIDIA's pip packages (the machine's own) on LD_LIBRARY_PATH.
 set -u
-OUT=${OUT:-bench/out/gpu}
-mkdir -p "$OUT"
-if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
-  LIBS=$(python3 -c "import glob, nvidia; print(':'.join(p for d in nvidia.__path__ for p in glob.glob(d + '/*/lib') + glob.glob(d + '/*/*/lib')))")
-  export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
-fi
-python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" | tee "$OUT/ort.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/ort.txt"
-run() { echo "+ ortprep $*" >&2; python3 -m ortprep "$@"; echo "  exit $?" >&2; }
+. "$(dirname "$0")/gpu_env.sh"
 run doctor --json > "$OUT/doctor.json"
 run load sample_models/cnn.onnx --ep cuda --ep tensorrt --ep cpu --runs 200 --json > "$OUT/load_cnn.json"
 run load sample_models/transformer_block.onnx --ep cuda --ep cpu --runs 200 --shape hidden=8,128,64 --json > "$OUT/load_tb.json"

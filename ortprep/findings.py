@@ -60,6 +60,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("EP007", "no node runs on the EP", Severity.ERROR),
         FindingKind("EP008", "the node runs, at a cost (e.g. casts ORT inserts)", Severity.INFO),
         FindingKind("EP009", "a pattern measured to fail the EP's whole session", Severity.ERROR),
+        FindingKind("EP010", "ORT itself runs small shape computations on the CPU beside the EP", Severity.INFO),
         # Rules beyond the tables
         FindingKind("DML001", "node stays out of the fused DirectML graph", Severity.INFO),
         FindingKind("DML002", "op never joins a fused DirectML graph", Severity.INFO),

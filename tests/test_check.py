@@ -594,3 +594,46 @@ def test_tables_fit_80_columns_without_cutting_headers(args):
     table_lines = [line for line in out.splitlines() if line[:1] in "┏┃│┡└"]
     assert table_lines and max(len(line) for line in table_lines) <= 80
     assert "…" not in "\n".join(table_lines)
+
+
+def _shape_computation(tmp_path: Path, buffer: int, dtype: int = TensorProto.FLOAT) -> Path:
+    """x [n, 4] -> Reshape(x, Concat(Gather(Shape(x), 0), [4])) -> Add(buffer) -> y, and a side
+    branch that adds a constant to the length: the CUDA EP's own rule decides where each runs."""
+    from onnx import helper, numpy_helper
+
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+         helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0, name="length"),
+         helper.make_node("Concat", ["n", "four"], ["dims"], axis=0, name="dims"),
+         helper.make_node("Reshape", ["x", "dims"], ["flat"], name="reshape"),
+         helper.make_node("Add", ["flat", "bias"], ["y"], name="add_bias"),
+         helper.make_node("Cast", ["n"], ["n_float"], to=dtype, name="length_as_float"),
+         helper.make_node("Add", ["n_float", "buffer"], ["z"], name="add_buffer")],
+        "shape_computation",
+        [helper.make_tensor_value_info("x", dtype, ["n", 4])],
+        [helper.make_tensor_value_info("y", dtype, ["n", 4]), helper.make_tensor_value_info("z", dtype, [buffer])],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([4], np.int64), "four"),
+         numpy_helper.from_array(np.ones(4, np_dtype), "bias"), numpy_helper.from_array(np.ones(buffer, np_dtype), "buffer")])
+    path = tmp_path / f"shape_{buffer}_{dtype}.onnx"
+    onnx.save(models.make(graph), path)
+    return path
+
+
+def test_cuda_gives_small_shape_computations_to_the_cpu_as_ort_does(tmp_path):
+    """ORT's CUDA EP returns a Gather on a Shape's output, and what follows it on small constants,
+    to the CPU (GetCpuPreferredNodes; measured on onnxruntime-gpu 1.31.1: a GPT-2-like decoder's
+    length Gather and Concat ran on the CPU). Reshape takes its shape in CPU memory and stays on
+    CUDA; an Add with a 101-element constant stays; with 100 elements it moves."""
+    small = result_of(_shape_computation(tmp_path, 100), "cuda")
+    assert set(small["fallback_nodes"]) == {"length", "dims", "length_as_float", "add_buffer"}
+    assert "EP010" in codes(small) and "EP001" not in codes(small)
+    assert small["verdict"] == "partial"
+    large = result_of(_shape_computation(tmp_path, 101), "cuda")
+    assert set(large["fallback_nodes"]) == {"length", "dims", "length_as_float"}
+    half = result_of(_shape_computation(tmp_path, 100, TensorProto.FLOAT16), "cuda")
+    # a node with a float16 input is never moved: the Cast (int64 in) moves, the Add after it stays
+    assert set(half["fallback_nodes"]) == {"length", "dims", "length_as_float"}
+    # other EPs keep their own rules: nothing moves on the CPU EP's neighbours
+    assert "EP010" not in codes(result_of(_shape_computation(tmp_path, 100), "openvino-cpu"))
+    assert "EP010" not in codes(result_of(SAMPLES / "cnn.onnx", "cuda"))

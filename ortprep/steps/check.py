@@ -15,6 +15,7 @@ from typing import Any
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
 from ortprep.eps.devices import Device, device_table, has_devices, resolve_device
+from ortprep.eps.cpu_preferred import PREFERRING_EPS, cpu_preferred, elements
 from ortprep.eps.partition import CPU, FOLDED, cached_topologies, cpu_islands, graph_view, partition_groups, partition_graph
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EPS, EpSpec, resolve_target
@@ -243,7 +244,43 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
                 findings.append(_node_finding(target[chosen], node, verdict, cpu_levels[position].runs_on_ep))
             if verdict.extra:
                 findings.extend(verdict.extra)
+    for chosen, spec in enumerate(target):
+        if spec.name in PREFERRING_EPS:
+            findings.extend(_move_cpu_preferred(analysis, assignment, chosen, spec))
     return assignment, findings
+
+
+def _move_cpu_preferred(analysis: ModelAnalysis, assignment: list[int], chosen: int, spec: EpSpec) -> list[Finding]:
+    """Put on the CPU the small shape computations ORT itself takes from a kernel EP such as CUDA
+    (eps/cpu_preferred.py), graph by graph as ORT partitions them; one finding names them."""
+    folded = folded_nodes(analysis)
+    moved: list[str] = []
+    offset = 0
+    for graph in analysis.graphs:
+        count = len(graph.nodes)
+        part = assignment[offset : offset + count]
+        constants: dict[str, int | None] = {}
+        for tensor in graph.graph.initializer:
+            constants[tensor.name] = elements(list(tensor.dims))
+        for index, info in enumerate(graph.nodes):
+            if offset + index in folded:
+                for name, facts in zip(info.node.output, info.outputs):
+                    if name:
+                        constants[name] = elements(facts.shape) if facts is not None else None
+        inputs = {value.name for value in graph.graph.input} - constants.keys()
+        for index in cpu_preferred(graph.nodes, [a == chosen for a in part], [a == CPU for a in part], inputs, constants):
+            assignment[offset + index] = CPU
+            moved.append(graph.nodes[index].name)
+        offset += count
+    if not moved:
+        return []
+    shown = ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "")
+    return [Finding.of("EP010", f"{spec.name}: ORT runs {len(moved)} small shape computation(s) on the CPU by its own "
+                       f"rule, not for want of a kernel ({shown}); their results feed the EP from CPU memory",
+                       ep=spec.name, source="onnxruntime/core/framework/fallback_cpu_capability.cc (GetCpuPreferredNodes); "
+                       "measured on onnxruntime-gpu 1.31.1, H200",
+                       fix="nothing to do: it is cheaper than running them on the GPU; a static shape "
+                       "(ortprep convert MODEL --fix-shape INPUT=DIMS) folds them away")]
 
 
 def _partitions(analysis: ModelAnalysis, assignment: list[int], target: tuple[EpSpec, ...]) -> tuple[int, int]:

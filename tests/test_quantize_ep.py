@@ -427,3 +427,32 @@ def test_auto_for_qnn_widens_the_weights_until_the_gate_passes_and_qnn_runs_them
     proof = proven["results"][0]["proof"]
     # every node but the graph input's Q and the graph output's DQ (QNN's defaults keep those on the CPU)
     assert proof["status"] == "created" and proof["nodes_on_ep"] == proof["nodes_total"] - 2, proof
+
+
+@needs_openvino
+def test_speed_is_timed_on_the_target_ep_where_it_is_the_devices_own(tmp_path):
+    """With OpenVINO's CPU device judging the gate, both models are timed there too, and QNT004
+    speaks of that EP's time, not of the CPU EP's (a GPU's int4 ran at 0.84x float on the CPU EP
+    and 1.32x on CUDA). QNN's simulator is never timed: its time is not a Snapdragon's."""
+    calib = cnn_samples(tmp_path / "calib")
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "openvino-cpu", "--calib", calib,
+                               "-o", tmp_path / "q.onnx", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}")
+    assert code == 0, record["findings"]
+    timed = record["verify"]["ep_latency"]
+    assert timed["ep"] == "openvino-cpu" and timed["float_ms"] > 0 and timed["quant_ms"] > 0
+    assert timed["ratio"] == pytest.approx(timed["quant_ms"] / timed["float_ms"], abs=2e-3)
+    slower = findings(record, "QNT004")
+    assert (timed["ratio"] > 1.0) == bool(slower)
+    if slower:
+        assert "on openvino-cpu" in slower[0]["message"]
+
+
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="the HTP simulator runs on x86")
+def test_qnn_simulator_time_is_not_the_devices():
+    from ortprep.steps.quantize.ep_gate import GateTarget
+    from ortprep.runtime.targets import ep_runtime
+    from ortprep.eps.registry import resolve_ep
+
+    runtime = ep_runtime(resolve_ep("qnn"), {})
+    assert not GateTarget("qnn", runtime).timed  # x86: the HTP simulator
+    assert not GateTarget("openvino-cpu").timed  # not judged here: nothing to time

@@ -21,6 +21,7 @@ class RunOnEpReply(Reply):
     nodes_on_ep: int | None = None
     session_seconds: float | None = None
     run_seconds: float | None = None
+    latency_ms: list[float] = field(default_factory=list)  # latency_runs timed runs of the first sample
 
 
 @dataclass
@@ -36,6 +37,7 @@ class RunOnEp(Request):
     feeds: list[dict[str, Any]] = field(default_factory=list)
     provider_options: dict[str, str] = field(default_factory=dict)
     plugin: dict[str, Any] | None = None
+    latency_runs: int = 0  # time this many runs of the first sample after the outputs (a warm session)
 
     def affinity(self):
         # as Placement's: QNN keeps the first session's soc_model for the whole process
@@ -71,6 +73,10 @@ class RunOnEp(Request):
                 values = session.run(names, feeds)
                 reply.samples.append({name: portable(value) for name, value in zip(names, values)})
             reply.run_seconds = time.perf_counter() - started
+            for _ in range(self.latency_runs if self.feeds else 0):
+                started = time.perf_counter()
+                session.run(names, self.feeds[0])
+                reply.latency_ms.append((time.perf_counter() - started) * 1000.0)
         except Exception as exc:  # noqa: BLE001 - reported to the parent as data
             reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
         finally:

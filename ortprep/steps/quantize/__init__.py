@@ -49,6 +49,7 @@ from ortprep.steps.quantize.evaluate import (
     gate_finding,
     latency_finding,
     measure_latency,
+    measure_on_target,
     opset_upgrade_verified,
     worst_nodes,
 )
@@ -363,6 +364,8 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                                   fix="pass a few real samples: --eval DATA (a folder of .npz, one per input set); "
                                       "--keep-failed keeps this result as NAME.failed.onnx; --metric OUTPUT=cosine if "
                                       "no application reads a decision from it"))
+        if evaluation is not None and evaluation.passed:
+            measure_on_target(evaluation, target, Path(float_path), result_path, eval_feeds)
         slower = latency_finding(evaluation)
         if slower is not None:
             report.add(slower)

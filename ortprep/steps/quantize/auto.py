@@ -28,7 +28,10 @@ Speed is part of the verdict where the target is the CPU EP (the latency the gat
 this CPU's): a result that passes but runs slower than the float model (dynamic int8 of a CNN:
 several times slower without VNNI, measured in bench/RESULTS.md) does not end the search while
 other precisions remain; of those that pass, the fastest is written (a later one only when it
-measured at least 10% faster), and the report says what the others measured. For another EP the CPU's latency says nothing, and the first that passes is kept.
+measured at least 10% faster), and the report says what the others measured. For another EP the
+CPU's latency says nothing: where that EP ran the gate here and its time is the device's (OpenVINO's
+CPU, CUDA; not QNN's simulator), its own time judges the same way; elsewhere the first that passes
+is kept.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.steps.base import ProgressCallback
+from ortprep.steps.quantize.evaluate import target_latency_ratio
 
 DYNAMIC_EPS = ("cpu", "cuda")  # EPs with kernels for dynamic quantization's integer ops
 # EPs that run QDQ models with 16-bit (int16, symmetric) weights on their accelerator. QNN: measured
@@ -154,9 +158,11 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             kept = kept or report.data.get("kept_failed")
             verify = report.data.get("verify") or {}
             passed = not any(f.severity >= Severity.ERROR for f in report.findings) and bool(report.data.get("output"))
-            ratio = verify.get("latency_ratio")
+            ratio = target_latency_ratio(verify)
+            timed_here = on_cpu or bool(verify.get("ep_latency"))
             entry = {"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),
-                     "latency_ratio": ratio, "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
+                     "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
+                     "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
             tried.append(entry)
             if passed and (best is None or _faster(ratio, best[0]["latency_ratio"])):
                 best = (entry, report)
@@ -165,7 +171,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                 if passed:
                     dest.unlink(missing_ok=True)
                 os.replace(aside, dest)  # the earlier, faster result stays the one written
-            if best is not None and not (on_cpu and _slow(best[0]["latency_ratio"]) and number + 1 < len(order)
+            if best is not None and not (timed_here and _slow(best[0]["latency_ratio"]) and number + 1 < len(order)
                                          and not _external(dest)):
                 break  # a pass (and, on the CPU EP, not slower than float, or nothing left to try)
             if not passed and report.data.get("quantized_ops", 0) == 0 and number == 0 and any(
@@ -186,7 +192,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     if chosen is not None and slower:
         report.add(Finding.of(
             "QNT017", f"--auto: {chosen['label']} passed and runs at {_times(chosen['latency_ratio'])} the float model's "
-            "time on this CPU; written instead of " + ", ".join(f"{t['label']} (passed, {_times(t['latency_ratio'])})"
+            f"time on {'this CPU' if chosen.get('timed_on', 'cpu') == 'cpu' else chosen['timed_on']}; written instead of " + ", ".join(f"{t['label']} (passed, {_times(t['latency_ratio'])})"
                                                               for t in slower),
             fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
     elif chosen is not None and chosen is not tried[0]:

@@ -15,6 +15,7 @@ False judges on the CPU EP only (--gate-on-cpu).
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,21 @@ class GateTarget:
     @property
     def judged_on(self) -> list[str]:
         return ["cpu", self.ep] if self.judged else ["cpu"]
+
+    @property
+    def timed(self) -> bool:
+        """The EP's time here is the device's: judged here, and not a simulator (QNN's HTP on an x86
+        machine is one: its time says nothing of a Snapdragon's)."""
+        return self.judged and not (self.ep == "qnn" and platform.machine().lower() in ("x86_64", "amd64", "x86", "i686"))
+
+    def latency(self, model: Path, feed: dict[str, np.ndarray], runs: int) -> list[float]:
+        """``runs`` timed runs of ``model`` on one sample in the EP's session (after one untimed run);
+        [] when the session fails."""
+        assert self.runtime is not None
+        request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=[feed],
+                          provider_options=self.provider_options, plugin=self.runtime.plugin, latency_runs=runs)
+        reply = call(request, python=self.runtime.python, timeout=EP_TIMEOUT)
+        return list(reply.latency_ms) if reply.ok else []
 
     def describe(self) -> str:
         """The EP as a message names it: 'qnn (Snapdragon X Elite / X Plus (SC8380XP), soc_model 60)'."""

@@ -116,6 +116,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT015", "nodes reading non-finite or sentinel constants stay float", Severity.INFO),
         FindingKind("QNT018", "weight-only: the target EP has no MatMulNBits kernel", Severity.WARNING),
         FindingKind("QNT019", "decisions judged on seeded random inputs only: not written", Severity.ERROR),
+        FindingKind("QNT020", "weight scales raised where QNN's HTP requantizes a channel wrongly", Severity.INFO),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

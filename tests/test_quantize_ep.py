@@ -456,3 +456,91 @@ def test_qnn_simulator_time_is_not_the_devices():
     runtime = ep_runtime(resolve_ep("qnn"), {})
     assert not GateTarget("qnn", runtime).timed  # x86: the HTP simulator
     assert not GateTarget("openvino-cpu").timed  # not judged here: nothing to time
+
+
+# --- QNN's smallest requantization multiplier ------------------------------------------------------
+
+
+def _conv_with_a_dead_channel(folder: Path) -> tuple[Path, Path]:
+    """x (small: about 1e-3) -> Conv 16->16 (1x1, weights about 300; output channel 15's 1e-7 of the
+    others') -> Relu -> Conv -> y, and 24 calibration samples: per-channel int8 gives channel 15 a
+    requantization multiplier far below 2**-24 (about 1e-9)."""
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((16, 16, 1, 1)).astype(np.float32) * 300
+    w1[15] *= 1e-7
+    w2 = rng.standard_normal((8, 16, 1, 1)).astype(np.float32) * 0.3
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="squeeze"),
+         helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+         helper.make_node("Conv", ["r1", "w2"], ["y"], name="project")],
+        "dead_channel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        # no bias on channel 15: ORT's quantizer raises a weight scale its int32 bias would overflow
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.where(np.arange(16) < 15, 0.1, 0.0).astype(np.float32), "b1"),
+         numpy_helper.from_array(w2, "w2")])
+    path = folder / "dead_channel.onnx"
+    onnx.save_model(models.make(graph, opset=13, ir_version=8), str(path))
+    calib = folder / "calib"
+    calib.mkdir()
+    for i in range(24):
+        np.savez(calib / f"{i:03d}.npz", x=(rng.standard_normal((1, 16, 8, 8)) * 1e-3).astype(np.float32))
+    return path, calib
+
+
+def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_path):
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.edits import HTP_MIN_MULTIPLIER, floor_weight_scales, small_multipliers
+
+    model, calib = _conv_with_a_dead_channel(tmp_path)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
+                               "-o", tmp_path / "q.onnx", "--gate-on-cpu", "--no-preprocess")
+    assert code == 0, record["findings"]
+    raised = record["raised_weight_scales"]
+    assert [(r["node"], r["channels"]) for r in raised] == [("squeeze", 1)] and raised[0]["smallest"] < HTP_MIN_MULTIPLIER
+    assert findings(record, "QNT020")
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    assert small_multipliers(quantized) == []  # nothing left below the edge
+    assert floor_weight_scales(tmp_path / "q.onnx") == []  # and the edit is idempotent
+    sample = dict(np.load(calib / "000.npz"))
+    ours = run_isolated(tmp_path / "q.onnx", [sample]).samples[0]["y"]
+    reference = run_isolated(model, [sample]).samples[0]["y"]
+    assert np.linalg.norm(ours - reference) / np.linalg.norm(reference) < 0.02  # the CPU EP still computes the model
+
+
+@needs_qnn
+def test_qnn_computes_the_dead_channel_only_after_the_floor(tmp_path):
+    """On QNN's HTP simulator the dead channel's output is garbage (values near 8 where the CPU EP
+    gives 0) until its scale is raised: the same QDQ model without the edit fails the gate on QNN,
+    with it QNN agrees with the float model (measured, onnxruntime-qnn 2.7.0, soc_model 60)."""
+    from ortprep.options import QuantizeOptions
+    from ortprep.report import StepResult
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.edits import floor_weight_scales
+    from ortprep.steps.quantize.ep_gate import gate_target
+
+    model, calib = _conv_with_a_dead_channel(tmp_path)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
+                               "-o", tmp_path / "q.onnx", "--no-preprocess")
+    assert code == 0, record["findings"]
+    assert record["verify"]["ep"]["cosine"] > 0.999 and abs(record["verify"]["ep"]["norm_ratio"] - 1) < 0.02
+    # undo the edit: the float model's channel requantized on its own tiny scale again
+    raw = tmp_path / "raw.onnx"
+    proto = onnx.load(str(tmp_path / "q.onnx"))
+    inits = {t.name: t for t in proto.graph.initializer}
+    dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+              and onnx.numpy_helper.to_array(inits[n.input[0]]).shape == (16, 16, 1, 1))
+    w1 = onnx.numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
+    scale = (np.abs(w1).reshape(16, -1).max(1) / 127).astype(np.float32)
+    inits[dq.input[0]].CopyFrom(numpy_helper.from_array(np.round(w1 / scale.reshape(16, 1, 1, 1)).astype(np.int8), dq.input[0]))
+    inits[dq.input[1]].CopyFrom(numpy_helper.from_array(scale, dq.input[1]))
+    onnx.save(proto, str(raw))
+    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
+    sample = [dict(np.load(calib / "000.npz"))]
+
+    def qnn_error(path: Path) -> float:
+        cpu, qnn = run_isolated(path, sample).samples[0]["y"], target.run(path, sample).samples[0]["y"]
+        return float(np.linalg.norm(cpu - qnn) / np.linalg.norm(cpu))
+
+    assert qnn_error(raw) > 0.3  # the channel below 2**-24 ruins the next layer on QNN
+    assert floor_weight_scales(raw)[0]["channels"] == 1
+    assert qnn_error(raw) < 0.01

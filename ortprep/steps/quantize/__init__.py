@@ -95,6 +95,7 @@ class Outcome:
     source: str = "preprocessed"
     method: str = "minmax"  # the calibration method of the result
     widened: list[str] = field(default_factory=list)  # outputs given 16-bit headroom (edits.widen_output_encodings)
+    floored: list[dict] = field(default_factory=list)  # weights whose scales were raised for QNN (edits.floor_weight_scales)
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -155,7 +156,8 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     if chosen is not None and best.path is not None:
         measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed
     return Outcome(best, chosen, excluded, search_record, source=label,
-                   method=trials.settings["method"], widened=trials.widened.get(best.path, []))
+                   method=trials.settings["method"], widened=trials.widened.get(best.path, []),
+                   floored=trials.floored.get(best.path, []))
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -235,7 +237,7 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
                         if options.mode == "weight-only" else None),
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
-        "evaluation_inputs": None, "output_headroom": None, "ep_divergence": None,
+        "evaluation_inputs": None, "output_headroom": None, "raised_weight_scales": None, "ep_divergence": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},
         "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None, "gate_target": None,
@@ -307,6 +309,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         report.data = _base_record(handle, options, settings, size_before)
         report.data.update({"preprocess": preprocess_detail, "evaluation_samples": len(eval_feeds),
                             "output_headroom": {"factor": OUTPUT_HEADROOM_16, "outputs": outcome.widened},
+                            "raised_weight_scales": outcome.floored,
                             "gate_target": target.record(),
                             "evaluation_inputs": eval_source,
                             "calibration": {"samples": len(calib_indices), "source": calibration.source if calibration else None,
@@ -323,6 +326,15 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         if stats["quantized_ops"] == 0:
             report.add(Finding.of("QNT002", "nothing was quantized: no op computes on quantized data",
                                   fix="check --exclude-op/--exclude-node, and that the model's weights are initializers"))
+        if outcome.floored:
+            channels = sum(f["channels"] for f in outcome.floored)
+            shown = ", ".join(f"{f['node']} ({f['channels']}, down to 2^{np.log2(f['smallest']):.1f})" for f in outcome.floored[:4])
+            report.add(Finding.of(
+                "QNT020", f"{channels} channel(s) of {len(outcome.floored)} weight(s) had a requantization multiplier (input "
+                f"scale x weight scale / output scale) below 2^-24, which QNN's HTP computes wrongly (measured: such a channel "
+                f"puts out values near 8 where the CPU EP gives 0): their scales were raised to 2^-23; their weights are tiny "
+                f"against the output's range, which rounds them to about 0 either way: {shown}"
+                + (", ..." if len(outcome.floored) > 4 else ""), fix="nothing to do"))
         for name, what in (evaluation.degenerate if evaluation else []):
             report.add(Finding.of(
                 "VFY001", f"output '{name}' is {what} on the evaluation samples: cosine similarity means nothing there, so "

@@ -74,6 +74,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNN002", "QNN rejects a node whose tensors lack a static shape", Severity.WARNING),
         FindingKind("QNN003", "graph-input Q / graph-output DQ stay on the CPU with QNN's defaults", Severity.INFO),
         FindingKind("QNN004", "a pattern measured to fail the QNN session on this device", Severity.ERROR),
+        FindingKind("QNN005", "a QDQ weight channel whose requantization multiplier HTP computes wrongly", Severity.WARNING),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)

@@ -487,9 +487,25 @@ def _conv_with_a_dead_channel(folder: Path) -> tuple[Path, Path]:
     return path, calib
 
 
+def _without_the_floor(quantized: Path, model: Path, out: Path) -> Path:
+    """The quantized model with its first Conv's weights requantized on their own scales again (the
+    dead channel's tiny one): what ORT's quantizer wrote before ortprep raised it."""
+    proto = onnx.load(str(quantized))
+    inits = {t.name: t for t in proto.graph.initializer}
+    dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+              and onnx.numpy_helper.to_array(inits[n.input[0]]).shape == (16, 16, 1, 1))
+    w1 = onnx.numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
+    scale = (np.abs(w1).reshape(16, -1).max(1) / 127).astype(np.float32)
+    inits[dq.input[0]].CopyFrom(numpy_helper.from_array(np.round(w1 / scale.reshape(16, 1, 1, 1)).astype(np.int8), dq.input[0]))
+    inits[dq.input[1]].CopyFrom(numpy_helper.from_array(scale, dq.input[1]))
+    onnx.save(proto, str(out))
+    return out
+
+
 def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_path):
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import HTP_MIN_MULTIPLIER, floor_weight_scales, small_multipliers
+    from ortprep.eps.htp import HTP_MIN_MULTIPLIER, small_multipliers
+    from ortprep.steps.quantize.edits import floor_weight_scales
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
@@ -505,6 +521,12 @@ def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_pat
     ours = run_isolated(tmp_path / "q.onnx", [sample]).samples[0]["y"]
     reference = run_isolated(model, [sample]).samples[0]["y"]
     assert np.linalg.norm(ours - reference) / np.linalg.norm(reference) < 0.02  # the CPU EP still computes the model
+    # check reads the same edge from a QDQ model's encodings (one made elsewhere), without its weights
+    raw = _without_the_floor(tmp_path / "q.onnx", model, tmp_path / "raw.onnx")
+    warned = invoke("check", raw, "--ep", "qnn", "--json").json()
+    assert [f["message"] for f in warned["findings"] if f["code"] == "QNN005"][0].startswith("qnn: 1 weight channel(s) of 1 node")
+    clean = invoke("check", tmp_path / "q.onnx", "--ep", "qnn", "--json").json()
+    assert not [f for f in clean["findings"] if f["code"] == "QNN005"]
 
 
 @needs_qnn
@@ -523,17 +545,7 @@ def test_qnn_computes_the_dead_channel_only_after_the_floor(tmp_path):
                                "-o", tmp_path / "q.onnx", "--no-preprocess")
     assert code == 0, record["findings"]
     assert record["verify"]["ep"]["cosine"] > 0.999 and abs(record["verify"]["ep"]["norm_ratio"] - 1) < 0.02
-    # undo the edit: the float model's channel requantized on its own tiny scale again
-    raw = tmp_path / "raw.onnx"
-    proto = onnx.load(str(tmp_path / "q.onnx"))
-    inits = {t.name: t for t in proto.graph.initializer}
-    dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
-              and onnx.numpy_helper.to_array(inits[n.input[0]]).shape == (16, 16, 1, 1))
-    w1 = onnx.numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
-    scale = (np.abs(w1).reshape(16, -1).max(1) / 127).astype(np.float32)
-    inits[dq.input[0]].CopyFrom(numpy_helper.from_array(np.round(w1 / scale.reshape(16, 1, 1, 1)).astype(np.int8), dq.input[0]))
-    inits[dq.input[1]].CopyFrom(numpy_helper.from_array(scale, dq.input[1]))
-    onnx.save(proto, str(raw))
+    raw = _without_the_floor(tmp_path / "q.onnx", model, tmp_path / "raw.onnx")
     target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
     sample = [dict(np.load(calib / "000.npz"))]
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, is_float32_tensor
+from ortprep.eps.htp import small_multipliers
 from ortprep.eps.registry import EpSpec
 from ortprep.eps.tables import Match, SupportLevel, SupportTable
 from ortprep.findings import Finding, Severity
@@ -365,6 +366,23 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                 source=constraint_source(table, "QNN-002") + "; " + QNN_MEASURED,
             )
         )
+    if spec.name == "qnn" and _has_qdq(analysis):
+        low = small_multipliers(analysis.handle.proto)
+        if low:
+            channels = sum(item["channels"] for item in low)
+            shown = ", ".join(f"{item['node']} ({item['channels']})" for item in low[:5]) + (", ..." if len(low) > 5 else "")
+            findings.append(
+                Finding.of(
+                    "QNN005",
+                    f"qnn: {channels} weight channel(s) of {len(low)} node(s) have a requantization multiplier (input "
+                    "scale x weight scale / output scale) below 2^-24, which QNN's HTP computes wrongly (measured: "
+                    f"values near 8 where the CPU EP gives about 0, and the tensor is lost): {shown}",
+                    ep=spec.name,
+                    fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it raises those "
+                        "scales, QNT020), then ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",
+                    source=QNN_MEASURED + "; bench/RESULTS.md, QNN's smallest requantization multiplier",
+                )
+            )
     if spec.name == "tensorrt" and opset is not None:
         low, high = table.extra["opset_range"]
         if not low <= opset <= high:

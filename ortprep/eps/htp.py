@@ -1,0 +1,75 @@
+"""What QNN's HTP computes otherwise than the CPU EP in a QDQ model, found from the model's
+encodings alone (no weights are read): used by check (a QDQ model made elsewhere) and by quantize
+(which raises the scales, steps/quantize/edits.floor_weight_scales)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+# QNN's HTP requantizes a Conv/MatMul output channel by the multiplier input_scale * weight_scale[c] /
+# output_scale. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md,
+# "QNN's smallest requantization multiplier"): at 2**-23.9 and above a channel computes what the CPU EP
+# computes; at 2**-24.1 and below it puts out values near 8 where the CPU EP gives 0, and the whole
+# tensor is lost (PP-OCRv4's detector, per-channel int8 weights: a channel of near-zero weights whose
+# scale is 1/92,000 of its neighbours', cosine 0.42 on QNN, 0.9994 on the CPU EP).
+HTP_MIN_MULTIPLIER = 2.0 ** -24
+HTP_MULTIPLIER_FLOOR = 2.0 ** -23  # what the edit raises to: a factor 2 above the edge
+WEIGHTED_OPS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "MatMul": None}  # op -> index of its bias input
+
+
+def _array(inits: dict, name: str) -> np.ndarray | None:
+    """An initializer's values, or None where they are not here (not an initializer, or weights
+    left out: external data, a check's skeleton)."""
+    tensor = inits.get(name)
+    if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    return onnx.numpy_helper.to_array(tensor)
+
+
+def _scalar(inits: dict, name: str) -> float | None:
+    value = _array(inits, name)
+    return float(value.ravel()[0]) if value is not None and value.size == 1 else None
+
+
+def small_multipliers(proto: ModelProto, bound: float = HTP_MIN_MULTIPLIER) -> list[dict]:
+    """The weights of a QDQ model whose requantization multiplier (input scale x weight scale /
+    output scale) falls below ``bound`` on some channel: [{"node", "weight", "channels", "smallest"}]
+    with the weight DQ's node, its initializer, the channels below and the smallest multiplier."""
+    return [{k: v for k, v in found.items() if not k.startswith("_")} for found in weight_multipliers(proto, bound)]
+
+
+def weight_multipliers(proto: ModelProto, bound: float) -> list[dict]:
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found = []
+    for node in graph.node:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
+            continue
+        x_dq, w_dq = producers.get(node.input[0]), producers.get(node.input[1])
+        readers = consumers.get(node.output[0], [])
+        if (x_dq is None or w_dq is None or x_dq.op_type != "DequantizeLinear" or w_dq.op_type != "DequantizeLinear"
+                or w_dq.input[0] not in inits or len(w_dq.input) < 2 or w_dq.input[1] not in inits
+                or len(readers) != 1 or readers[0].op_type != "QuantizeLinear" or len(consumers.get(node.input[1], [])) != 1):
+            continue
+        x_scale, y_scale = _scalar(inits, x_dq.input[1]), _scalar(inits, readers[0].input[1])
+        if not x_scale or not y_scale:
+            continue
+        w_scale = _array(inits, w_dq.input[1])
+        if w_scale is None:
+            continue
+        w_scale = w_scale.astype(np.float64)
+        multipliers = x_scale * w_scale / y_scale
+        low = multipliers < bound
+        if not low.any():
+            continue
+        found.append({"node": node.name or node.output[0], "weight": w_dq.input[0], "channels": int(low.sum()),
+                      "smallest": float(multipliers.min()), "_op": node, "_w_dq": w_dq, "_x_scale": x_scale,
+                      "_y_scale": y_scale})
+    return found

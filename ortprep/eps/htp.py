@@ -11,7 +11,7 @@ from onnx import ModelProto
 # QNN's HTP requantizes a Conv/MatMul output channel by the multiplier input_scale * weight_scale[c] /
 # output_scale. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md,
 # "QNN's smallest requantization multiplier"): at 2**-23.9 and above a channel computes what the CPU EP
-# computes; at 2**-24.1 and below it puts out values near 8 where the CPU EP gives 0, and the whole
+# computes; at 2**-24.1 and below it puts out large values (8 to 70 measured) where the CPU EP gives 0, and the whole
 # tensor is lost (PP-OCRv4's detector, per-channel int8 weights: a channel of near-zero weights whose
 # scale is 1/92,000 of its neighbours', cosine 0.42 on QNN, 0.9994 on the CPU EP).
 HTP_MIN_MULTIPLIER = 2.0 ** -24

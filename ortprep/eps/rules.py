@@ -376,7 +376,7 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                     "QNN005",
                     f"qnn: {channels} weight channel(s) of {len(low)} node(s) have a requantization multiplier (input "
                     "scale x weight scale / output scale) below 2^-24, which QNN's HTP computes wrongly (measured: "
-                    f"values near 8 where the CPU EP gives about 0, and the tensor is lost): {shown}",
+                    f"large values (8 to 70 measured) where the CPU EP gives about 0, and the tensor is lost): {shown}",
                     ep=spec.name,
                     fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it raises those "
                         "scales, QNT020), then ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",

@@ -332,7 +332,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             report.add(Finding.of(
                 "QNT020", f"{channels} channel(s) of {len(outcome.floored)} weight(s) had a requantization multiplier (input "
                 f"scale x weight scale / output scale) below 2^-24, which QNN's HTP computes wrongly (measured: such a channel "
-                f"puts out values near 8 where the CPU EP gives 0): their scales were raised to 2^-23; their weights are tiny "
+                f"puts out large values (8 to 70 measured) where the CPU EP gives 0): their scales were raised to 2^-23; their weights are tiny "
                 f"against the output's range, which rounds them to about 0 either way: {shown}"
                 + (", ..." if len(outcome.floored) > 4 else ""), fix="nothing to do"))
         for name, what in (evaluation.degenerate if evaluation else []):

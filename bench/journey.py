@@ -149,6 +149,10 @@ except Exception as error:
     reply["error"] = " ".join(str(error).split())[:600]
     print(json.dumps(reply)); sys.exit()
 reply["created"], reply["create_seconds"] = True, round(time.perf_counter() - started, 2)
+if request["ep"] != "cpu":
+    # ORT's Python re-runs a failed EP run on the CPU EP and returns the CPU's outputs (printing
+    # "EP Error ... Falling back"): what is measured here must be the EP's, so a run failure stays one
+    session.disable_fallback()
 assignment, partitions = {}, 0
 for subgraph in session.get_provider_graph_assignment_info():
     partitions += subgraph.ep_name == provider

@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import onnx
+
+import models
 from cli_helpers import invoke
 from conftest import ROOT, SAMPLES
 
@@ -692,3 +695,39 @@ def test_a_weight_only_model_runs_wholly_on_qnn(tmp_path):
     assert loaded.exit_code == 0, loaded.stdout
     [record] = [r for r in loaded.json()["results"] if r["ep"] == "qnn"]
     assert record["nodes_on_ep"] == record["nodes_total"] == 1
+
+
+def test_sessions_on_an_ep_never_rerun_silently_on_the_cpu():
+    """ORT's Python re-runs a session on the CPU EP when an EP fails at run time, prints 'EP Error'
+    and returns the CPU's outputs (measured: PP-OCRv4's recogniser as a QDQ model on QNN, whose run
+    failed with QNN_GRAPH_ERROR_INVALID_TENSOR, passed load at max abs diff 0.0 against the CPU EP).
+    ortprep's sessions turn that off, so such a failure is the result."""
+    import onnxruntime as ort
+
+    from ortprep.runtime.requests.sessions import no_silent_cpu_rerun
+
+    session = ort.InferenceSession(str(SAMPLES / "cnn.onnx"), providers=["CPUExecutionProvider"])
+    assert session._enable_fallback is True  # ORT's own default
+    no_silent_cpu_rerun(session)
+    assert session._enable_fallback is False
+
+
+def test_synthetic_feeds_follow_the_inputs_and_refuse_dynamic_dims(tmp_path):
+    import onnxruntime as ort
+
+    from ortprep.runtime.requests.placement import synthetic_feeds
+
+    fixed = ort.InferenceSession(str(SAMPLES / "cnn.onnx"), providers=["CPUExecutionProvider"])
+    feeds = synthetic_feeds(fixed)
+    (name, value), = feeds.items()
+    assert name == fixed.get_inputs()[0].name and list(value.shape) == fixed.get_inputs()[0].shape
+    assert value.dtype == np.float32 and value.std() > 0.1
+    onnx.save(models.relu(), tmp_path / "dynamic.onnx")  # x: ["n", 4]
+    assert synthetic_feeds(ort.InferenceSession(str(tmp_path / "dynamic.onnx"), providers=["CPUExecutionProvider"])) is None
+
+
+@needs_qnn
+def test_prove_runs_the_session_once(tmp_path):
+    result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--prove", "--json")
+    proof = result.json()["results"][0]["proof"]
+    assert proof["status"] == "created" and proof["run"] == "ran"

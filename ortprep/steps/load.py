@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import EnvironmentMissingError, UsageError
@@ -236,7 +237,9 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     if not status.get("ok"):
         record.update(status="failed", message=status.get("error") or status.get("strict", {}).get("error", "failed"))
         stage = "the run" if status.get("stage") == "run" else "session creation"
-        report.add(Finding.of("LOD004", f"{name}: {stage} failed: {record['message']}", ep=name,
+        after = (f"; {EP_RUN_FALLBACK}" if stage == "the run" and provider != "CPUExecutionProvider"
+                 and default.get("assignment") else "")
+        report.add(Finding.of("LOD004", f"{name}: {stage} failed: {record['message']}{after}", ep=name,
                               fix="check the inputs (--inputs, --shape NAME=DIMS)" if stage == "the run"
                               else f"ortprep check MODEL --ep {name} explains unsupported parts"))
         if default.get("assignment") and provider != "CPUExecutionProvider":

@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.registry import EpSpec, resolve_ep
 from ortprep.findings import Finding
@@ -103,10 +104,22 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
         chosen = session_options(target, options.provider_options, options.device)
 
         reply = call(Prove(model=os.path.abspath(handle.path), provider=spec.provider, provider_options=chosen,
-                           plugin=target.plugin, verbose_record=spec.provider == "QNNExecutionProvider"),
+                           plugin=target.plugin, verbose_record=spec.provider == "QNNExecutionProvider", run_once=True),
                      python=target.python, timeout=options.timeout)
-        proof: dict[str, Any] = {"status": "created" if reply.ok else reply.status, "provider_options": chosen}
+        proof: dict[str, Any] = {"status": "created" if reply.ok else reply.status, "provider_options": chosen,
+                                 "run": reply.placement.get("run")}
         record["proof"] = proof
+        if not reply.ok and reply.stage == "run":
+            # created, then the EP failed to run it: the application is not on the EP either
+            proof.update(status="run failed", message=reply.message)
+            record["verdict"] = "none"
+            result.add(Finding.of("PRV002", f"{label}: the real session is created, and its first run fails on the EP "
+                                  f"({reply.message}); check predicted '{record['predicted_verdict']}'; {EP_RUN_FALLBACK}",
+                                  ep=label, target=label,
+                                  fix=f"ortprep load MODEL --ep {label} --inputs SAMPLE.npz shows the same failure; "
+                                      "keep the failing part off the EP (ortprep convert MODEL --keep-off-ep ...) or "
+                                      "try another device or precision"))
+            continue
         if not reply.ok:
             proof["message"] = reply.message
             record["verdict"] = "none"

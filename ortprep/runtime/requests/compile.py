@@ -11,6 +11,7 @@ from ortprep.runtime.requests.sessions import (
     SessionSpec,
     add_plugin_ep,
     build_session,
+    no_silent_cpu_rerun,
 )
 
 
@@ -66,6 +67,7 @@ class Compile(Request):
             reply.stage = "reload"
             state.count_session(self.output)
             compiled = ort.InferenceSession(self.output, sess_options=self._options(state))
+            no_silent_cpu_rerun(compiled)
             reply.session_providers = compiled.get_providers()
             reply.stage = "run"
             names = [o.name for o in compiled.get_outputs()]

@@ -181,6 +181,7 @@ class Prove(Placement):
     ``failed`` with the EP's own words."""
 
     feeds: dict[str, Any] = field(default_factory=dict)
+    run_once: bool = False  # check --prove: also run once, on synthetic_feeds (a run can fail where creation did not)
 
     def handle(self, state: WorkerState) -> PlacementReply:
         reply = PlacementReply(stage="session")
@@ -193,4 +194,44 @@ class Prove(Placement):
         assignment, subgraphs = assignment_of(session)
         reply.placement["default"] = {"assignment": assignment, "subgraphs": subgraphs}
         reply.session_providers = session.get_providers()
+        if self.run_once:
+            # A session the EP creates can still fail when it first runs (PP-OCRv4's recogniser as a
+            # QDQ model on QNN: "QNN_GRAPH_ERROR_INVALID_TENSOR"); one run on made-up values of the
+            # inputs' own shapes and types shows it (values do not make an EP's graph fail to run).
+            feeds = synthetic_feeds(session)
+            if feeds is None:
+                reply.placement["run"] = "not run: an input has dynamic dimensions or a non-tensor type"
+                return reply
+            reply.stage = "run"
+            try:
+                session.run(None, feeds)
+            except Exception as exc:  # noqa: BLE001 - the failure is the result
+                reply.status, reply.message = "failed", clean_error(str(exc))
+                reply.placement["run"] = "failed"
+                return reply
+            reply.placement["run"] = "ran"
         return reply
+
+
+_NUMPY_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+                "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8",
+                "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(bool)": "bool"}
+
+
+def synthetic_feeds(session) -> dict | None:
+    """Inputs of the session's own shapes and types (floats: a seeded normal draw times 0.5; integers
+    and booleans: zeros, a valid index and mask anywhere), or None where a dim is not fixed."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for value in session.get_inputs():
+        dtype = _NUMPY_TYPES.get(value.type)
+        shape = value.shape
+        if dtype is None or any(not isinstance(d, int) or d < 0 for d in shape):
+            return None
+        if dtype.startswith("float"):
+            feeds[value.name] = (rng.standard_normal(shape) * 0.5).astype(dtype)
+        else:
+            feeds[value.name] = np.zeros(shape, dtype)
+    return feeds

@@ -95,6 +95,8 @@ class RunModel(Request):
     def _from_bytes(self, state: WorkerState, spec: SessionSpec) -> CachedSession:
         state.count_session(self.model)
         session = state.ort.InferenceSession(self.model_bytes, session_options(state, spec), providers=self.providers)
+        if any(p != "CPUExecutionProvider" for p in (e if isinstance(e, str) else e[0] for e in self.providers or [])):
+            no_silent_cpu_rerun(session)
         names = [o.name for o in session.get_outputs()]
         return CachedSession(session, names)
 

@@ -116,11 +116,30 @@ def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
         entry = (spec.provider, dict(spec.provider_options))
         providers = [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
         session = ort.InferenceSession(source, options, providers=providers)
+    if spec.provider != "CPUExecutionProvider":
+        no_silent_cpu_rerun(session)
     names = [o.name for o in session.get_outputs()]
     cached = CachedSession(session, graph_outputs or names, frozenset(spec.extra_outputs))
     if key is not None:
         state.keep(key, cached)
     return cached
+
+
+# What ORT's Python does when an EP fails while a session runs (onnxruntime_inference_collection.py,
+# InferenceSession.run): it prints "EP Error ... Falling back to ['CPUExecutionProvider'] and retrying"
+# to stdout, rebuilds the session on the CPU EP and returns the CPU EP's outputs, once and for good.
+# Measured on the NPU journey: PP-OCRv4's recogniser as a QDQ model created on QNN, then its run failed
+# ("QNN_GRAPH_ERROR_INVALID_TENSOR"), and load compared the CPU EP's outputs with the CPU EP's (max abs
+# diff 0.0) and passed. A proof must see that failure: ortprep's sessions on an EP never fall back.
+EP_RUN_FALLBACK = ("ORT's Python API would print 'EP Error' and re-run this model on the CPU EP from then on, "
+                   "so an application's results would silently be the CPU's")
+
+
+def no_silent_cpu_rerun(session) -> None:
+    """Turn off ORT's Python fallback for ``session`` (an EP failure at run time then raises)."""
+    disable = getattr(session, "disable_fallback", None)
+    if disable is not None:
+        disable()
 
 
 def assignment_of(session) -> tuple[dict[str, str], list[list]]:

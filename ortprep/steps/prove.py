@@ -113,12 +113,14 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             # created, then the EP failed to run it: the application is not on the EP either
             proof.update(status="run failed", message=reply.message)
             record["verdict"] = "none"
+            culprit_text, found = _reduce_and_fix(handle, spec, target, label, chosen, proof, options, progress,
+                                                  run_once=True)
             result.add(Finding.of("PRV002", f"{label}: the real session is created, and its first run fails on the EP "
-                                  f"({reply.message}); check predicted '{record['predicted_verdict']}'; {EP_RUN_FALLBACK}",
-                                  ep=label, target=label,
-                                  fix=f"ortprep load MODEL --ep {label} --inputs SAMPLE.npz shows the same failure; "
-                                      "keep the failing part off the EP (ortprep convert MODEL --keep-off-ep ...) or "
-                                      "try another device or precision"))
+                                  f"({reply.message}); check predicted '{record['predicted_verdict']}'; {EP_RUN_FALLBACK}"
+                                  f"{culprit_text}", ep=label, target=label,
+                                  fix=found or f"ortprep load MODEL --ep {label} --inputs SAMPLE.npz shows the same "
+                                      "failure; keep the failing part off the EP (ortprep convert MODEL --keep-off-ep "
+                                      "NODE) or try another device or precision"))
             continue
         if not reply.ok:
             proof["message"] = reply.message
@@ -154,7 +156,7 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                 fix="the proven verdict counts; please report the model so the tables learn it"))
 
 
-def session_caller(spec: EpSpec, target, timeout: float):
+def session_caller(spec: EpSpec, target, timeout: float, run_once: bool = False):
     """``session(model_path, provider_options)``: the session a user's application creates for
     ``spec`` (in ``target``'s environment, on a worker, no run), answered as (created?, the EP's
     message, ORT's assignment {node: EP} when created): what steps/reduce.py's search and fix
@@ -164,21 +166,22 @@ def session_caller(spec: EpSpec, target, timeout: float):
 
     def session(path: str, provider_options: dict[str, str]):
         reply = call(Prove(model=os.path.abspath(path), provider=spec.provider, provider_options=provider_options,
-                           plugin=target.plugin), python=target.python, timeout=timeout)
+                           plugin=target.plugin, run_once=run_once), python=target.python, timeout=timeout)
         return reply.ok, reply.message, reply.placement.get("default", {}).get("assignment") if reply.ok else None
 
     return session
 
 
 def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, str], proof: dict[str, Any],
-                    options: CheckOptions, progress: ProgressCallback | None) -> tuple[str, str | None]:
+                    options: CheckOptions, progress: ProgressCallback | None, run_once: bool = False) -> tuple[str, str | None]:
     """The failing session reduced to its culprit sets (steps/reduce.py, bounded), then the fix
     measured: provider options first, then the culprits kept off the EP (``convert
     --keep-off-ep``). Fills ``proof.culprit`` and ``proof.fix``; returns (the text PRV002 adds,
     the command that works or None)."""
     import tempfile
 
-    session = session_caller(spec, target, options.timeout)
+    # a run failure is reduced and fixed by sessions that are run once too (made-up inputs)
+    session = session_caller(spec, target, options.timeout, run_once=run_once)
 
     def fails(path: str) -> tuple[bool, str]:
         created, message, _ = session(path, chosen)

@@ -140,9 +140,10 @@ try:
         devices = [d for d in ort.get_ep_devices() if d.ep_name == provider]
         options.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(),
                                                    "soc_model": request["soc_model"]})
-        session = ort.InferenceSession(request["model"], sess_options=options)
+        session = ort.InferenceSession(request["model"], sess_options=options, enable_fallback=0)
     elif request["ep"] == "openvino-cpu":
-        session = ort.InferenceSession(request["model"], options, providers=[(provider, {"device_type": "CPU"}), "CPUExecutionProvider"])
+        session = ort.InferenceSession(request["model"], options, providers=[(provider, {"device_type": "CPU"}), "CPUExecutionProvider"],
+                                       enable_fallback=0)
     else:
         session = ort.InferenceSession(request["model"], options, providers=["CPUExecutionProvider"])
 except Exception as error:

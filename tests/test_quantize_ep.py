@@ -527,6 +527,16 @@ def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_pat
     assert [f["message"] for f in warned["findings"] if f["code"] == "QNN005"][0].startswith("qnn: 1 weight channel(s) of 1 node")
     clean = invoke("check", tmp_path / "q.onnx", "--ep", "qnn", "--json").json()
     assert not [f for f in clean["findings"] if f["code"] == "QNN005"]
+    # the edit touches the dead channel alone: the others keep their scales and values
+    floored = tmp_path / "floored.onnx"
+    floored.write_bytes(raw.read_bytes())
+    assert floor_weight_scales(floored)[0]["channels"] == 1
+    before = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(raw)).graph.initializer}
+    after = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(floored)).graph.initializer}
+    changed = sorted(name for name in before if not np.array_equal(before[name], after[name]))
+    assert changed and all(name.startswith("w1") for name in changed)
+    for name in changed:
+        assert np.array_equal(before[name][:15], after[name][:15]) and not np.array_equal(before[name][15], after[name][15])
 
 
 @needs_qnn

@@ -214,9 +214,10 @@ def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> lis
     return verdicts
 
 
-def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[str, SupportTable]) -> tuple[list[int], list[Finding]]:
-    """Which EP of the target takes each node (index into the target, CPU or FOLDED), and the
-    per-node findings."""
+def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
+            tables: dict[str, SupportTable]) -> tuple[list[int], list[Finding], set[str]]:
+    """Which EP of the target takes each node (index into the target, CPU or FOLDED), the per-node
+    findings, and the nodes ORT itself gives back to the CPU (EP010)."""
     nodes = analysis.all_nodes()
     per_ep = [_verdicts(spec, tables[spec.name], analysis) for spec in target]
     if target[0].name == "cpu":
@@ -244,13 +245,17 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...], tables: dict[st
                 findings.append(_node_finding(target[chosen], node, verdict, cpu_levels[position].runs_on_ep))
             if verdict.extra:
                 findings.extend(verdict.extra)
+    by_choice: set[str] = set()
     for chosen, spec in enumerate(target):
         if spec.name in PREFERRING_EPS:
-            findings.extend(_move_cpu_preferred(analysis, assignment, chosen, spec))
-    return assignment, findings
+            moved, found = _move_cpu_preferred(analysis, assignment, chosen, spec)
+            by_choice.update(moved)
+            findings.extend(found)
+    return assignment, findings, by_choice
 
 
-def _move_cpu_preferred(analysis: ModelAnalysis, assignment: list[int], chosen: int, spec: EpSpec) -> list[Finding]:
+def _move_cpu_preferred(analysis: ModelAnalysis, assignment: list[int], chosen: int,
+                        spec: EpSpec) -> tuple[list[str], list[Finding]]:
     """Put on the CPU the small shape computations ORT itself takes from a kernel EP such as CUDA
     (eps/cpu_preferred.py), graph by graph as ORT partitions them; one finding names them."""
     folded = folded_nodes(analysis)
@@ -273,9 +278,9 @@ def _move_cpu_preferred(analysis: ModelAnalysis, assignment: list[int], chosen: 
             moved.append(graph.nodes[index].name)
         offset += count
     if not moved:
-        return []
+        return [], []
     shown = ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "")
-    return [Finding.of("EP010", f"{spec.name}: ORT runs {len(moved)} small shape computation(s) on the CPU by its own "
+    return moved, [Finding.of("EP010", f"{spec.name}: ORT runs {len(moved)} small shape computation(s) on the CPU by its own "
                        f"rule, not for want of a kernel ({shown}); their results feed the EP from CPU memory",
                        ep=spec.name, source="onnxruntime/core/framework/fallback_cpu_capability.cc (GetCpuPreferredNodes); "
                        "measured on onnxruntime-gpu 1.31.1, H200",
@@ -331,7 +336,7 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
     tables = {spec.name: support_table(spec.name) for spec in target}
     label = ",".join(spec.name for spec in target)
     nodes = analysis.all_nodes()
-    assignment, findings = _assign(analysis, target, tables)
+    assignment, findings, by_choice = _assign(analysis, target, tables)
     partitions, copies = _partitions(analysis, assignment, target)
     nodes_placed = sum(1 for a in assignment if a != FOLDED)
     supported = sum(1 for a in assignment if a >= 0)
@@ -352,7 +357,9 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
             + ("ONNX Runtime does not load it either" if refused else "ONNX Runtime loads it anyway, other tools may not"),
             severity=Severity.ERROR if refused else Severity.WARNING,
             fix="re-export the model, or fix what the checker names", source="onnx.checker"))
-    coverage = _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
+    # the nodes ORT itself gives back to the CPU (EP010) are no want of the EP's: no EP006 for them alone
+    coverage = None if fallback and set(fallback) <= by_choice else \
+        _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
     if coverage is not None:
         findings.append(coverage)
     device_failures = _device_failures(analysis, label, device) if len(target) == 1 and device is not None else []

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import EnvironmentMissingError, UsageError
@@ -27,6 +26,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.isolated import run_isolated
+from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
@@ -237,8 +237,9 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     if not status.get("ok"):
         record.update(status="failed", message=status.get("error") or status.get("strict", {}).get("error", "failed"))
         stage = "the run" if status.get("stage") == "run" else "session creation"
+        ep_failed = any(word in record["message"] for word in ("ExecutionProvider", "EP_FAIL"))  # not the inputs
         after = (f"; {EP_RUN_FALLBACK}" if stage == "the run" and provider != "CPUExecutionProvider"
-                 and default.get("assignment") else "")
+                 and default.get("assignment") and ep_failed else "")
         report.add(Finding.of("LOD004", f"{name}: {stage} failed: {record['message']}{after}", ep=name,
                               fix="check the inputs (--inputs, --shape NAME=DIMS)" if stage == "the run"
                               else f"ortprep check MODEL --ep {name} explains unsupported parts"))

@@ -14,13 +14,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.registry import EpSpec, resolve_ep
 from ortprep.findings import Finding
 from ortprep.options import CheckOptions
 from ortprep.report import StepResult
 from ortprep.runtime.kernels import support_table
+from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.runtime.targets import ep_runtime, session_options
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.reduce import find_fix, reduce_failure

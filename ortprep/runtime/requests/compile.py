@@ -66,7 +66,7 @@ class Compile(Request):
             compiler.compile_to_file(self.output)
             reply.stage = "reload"
             state.count_session(self.output)
-            compiled = ort.InferenceSession(self.output, sess_options=self._options(state))
+            compiled = ort.InferenceSession(self.output, sess_options=self._options(state), enable_fallback=0)
             no_silent_cpu_rerun(compiled)
             reply.session_providers = compiled.get_providers()
             reply.stage = "run"

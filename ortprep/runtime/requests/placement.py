@@ -206,6 +206,11 @@ class Prove(Placement):
             try:
                 session.run(None, feeds)
             except Exception as exc:  # noqa: BLE001 - the failure is the result
+                if type(exc).__name__ != "EPFail":
+                    # a CPU kernel refusing made-up values (a Range of step 0) says nothing of the EP
+                    reply.stage = "session"
+                    reply.placement["run"] = f"failed on made-up inputs, not in the EP: {clean_error(str(exc))[:300]}"
+                    return reply
                 reply.status, reply.message = "failed", clean_error(str(exc))
                 reply.placement["run"] = "failed"
                 return reply

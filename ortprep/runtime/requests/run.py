@@ -21,6 +21,7 @@ from ortprep.runtime.requests.sessions import (
     _crash_requested,
     _hook,
     build_session,
+    no_silent_cpu_rerun,
     session_options,
 )
 
@@ -94,8 +95,10 @@ class RunModel(Request):
 
     def _from_bytes(self, state: WorkerState, spec: SessionSpec) -> CachedSession:
         state.count_session(self.model)
-        session = state.ort.InferenceSession(self.model_bytes, session_options(state, spec), providers=self.providers)
-        if any(p != "CPUExecutionProvider" for p in (e if isinstance(e, str) else e[0] for e in self.providers or [])):
+        on_ep = any(p != "CPUExecutionProvider" for p in (e if isinstance(e, str) else e[0] for e in self.providers or []))
+        session = state.ort.InferenceSession(self.model_bytes, session_options(state, spec), providers=self.providers,
+                                             **({"enable_fallback": 0} if on_ep else {}))
+        if on_ep:
             no_silent_cpu_rerun(session)
         names = [o.name for o in session.get_outputs()]
         return CachedSession(session, names)

@@ -110,12 +110,14 @@ def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
     options = session_options(state, spec)
     source, graph_outputs = _with_extra_outputs(spec, options)
     state.count_session(spec.model)
+    # on an EP, ORT's Python fallback is off from the start: a failed creation is not silently a CPU session
+    fallback = {"enable_fallback": 0} if spec.provider != "CPUExecutionProvider" else {}
     if spec.plugin_library:
-        session = ort.InferenceSession(source, sess_options=options)
+        session = ort.InferenceSession(source, sess_options=options, **fallback)
     else:
         entry = (spec.provider, dict(spec.provider_options))
         providers = [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
-        session = ort.InferenceSession(source, options, providers=providers)
+        session = ort.InferenceSession(source, options, providers=providers, **fallback)
     if spec.provider != "CPUExecutionProvider":
         no_silent_cpu_rerun(session)
     names = [o.name for o in session.get_outputs()]
@@ -126,7 +128,7 @@ def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
 
 
 # What ORT's Python does when an EP fails while a session runs (onnxruntime_inference_collection.py,
-# InferenceSession.run): it prints "EP Error ... Falling back to ['CPUExecutionProvider'] and retrying"
+# InferenceSession.run; session creation likewise, in __init__): it prints "EP Error ... Falling back to ['CPUExecutionProvider'] and retrying"
 # to stdout, rebuilds the session on the CPU EP and returns the CPU EP's outputs, once and for good.
 # Measured on the NPU journey: PP-OCRv4's recogniser as a QDQ model created on QNN, then its run failed
 # ("QNN_GRAPH_ERROR_INVALID_TENSOR"), and load compared the CPU EP's outputs with the CPU EP's (max abs

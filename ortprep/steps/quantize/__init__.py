@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
+from ortprep.eps.htp import small_multipliers
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path, iter_graphs
 from ortprep.options import QuantizeOptions
@@ -335,6 +336,15 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 f"puts out large values (8 to 70 measured) where the CPU EP gives 0): their scales were raised to 2^-23; their weights are tiny "
                 f"against the output's range, which rounds them to about 0 either way: {shown}"
                 + (", ..." if len(outcome.floored) > 4 else ""), fix="nothing to do"))
+        if settings.get("preset") == "qnn" and options.mode == "static":
+            left = small_multipliers(quantized)
+            if left:
+                report.add(Finding.of(
+                    "QNN005", f"qnn: {sum(item['channels'] for item in left)} weight channel(s) of {len(left)} node(s) "
+                    "still have a requantization multiplier below 2^-24, which QNN's HTP computes wrongly (an "
+                    "initializer shared with another node, or a bias this edit could not keep consistent): "
+                    + ", ".join(item["node"] for item in left[:5]), ep="qnn",
+                    fix="ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL shows whether the output suffers"))
         for name, what in (evaluation.degenerate if evaluation else []):
             report.add(Finding.of(
                 "VFY001", f"output '{name}' is {what} on the evaluation samples: cosine similarity means nothing there, so "

@@ -292,12 +292,21 @@ def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: 
         return []
     inits = {t.name: t for t in proto.graph.initializer}
     producers = {out: node for node in proto.graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for graph_node in proto.graph.node:
+        for name in graph_node.input:
+            readers[name] = readers.get(name, 0) + 1
     raised = []
     for found in weight_multipliers(proto, bound):
         node, w_dq, x_scale, y_scale = found["_op"], found["_w_dq"], found["_x_scale"], found["_y_scale"]
+        bias_at = WEIGHTED_OPS[node.op_type]
+        bias_dq = producers.get(node.input[bias_at]) if bias_at is not None and len(node.input) > bias_at else None
+        edited = [name for name in w_dq.input if name] + ([n for n in bias_dq.input if n] if bias_dq is not None else [])
+        if any(readers.get(name, 0) > 1 for name in edited if name in inits):
+            continue  # an initializer another node reads too would change under it
         scale_t = inits[w_dq.input[1]]
         scale = onnx.numpy_helper.to_array(scale_t).astype(np.float64)
-        new_scale = np.maximum(scale, floor * y_scale / x_scale).astype(np.float32)
+        new_scale = np.maximum(scale, floor * y_scale / x_scale).astype(onnx.numpy_helper.to_array(scale_t).dtype)
         weight_t = inits[w_dq.input[0]]
         q = onnx.numpy_helper.to_array(weight_t)
         zero = (onnx.numpy_helper.to_array(inits[w_dq.input[2]]).astype(np.float64)
@@ -309,8 +318,6 @@ def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: 
         values = (q.astype(np.float64) - zero.reshape(shape)) * scale.reshape(shape)
         info = np.iinfo(q.dtype)
         requantized = np.clip(np.round(values / new_scale.reshape(shape)) + zero.reshape(shape), info.min, info.max)
-        bias_at = WEIGHTED_OPS[node.op_type]
-        bias_dq = producers.get(node.input[bias_at]) if bias_at is not None and len(node.input) > bias_at else None
         if bias_dq is not None and bias_dq.op_type == "DequantizeLinear" and bias_dq.input[0] in inits:
             bias_q, bias_scale = onnx.numpy_helper.to_array(inits[bias_dq.input[0]]), onnx.numpy_helper.to_array(inits[bias_dq.input[1]])
             if bias_q.dtype != np.int32 or bias_scale.size not in (1, new_scale.size):

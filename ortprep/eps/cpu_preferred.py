@@ -21,43 +21,26 @@ length from Shape and the Concat of two such lengths ran on the CPU while check 
 from __future__ import annotations
 
 import heapq
+import json
 from collections.abc import Sequence
+from importlib import resources
 
 from ortprep.analysis import NodeInfo
 
 PREFERRING_EPS = frozenset({"cuda"})
-SMALL_INITIALIZER = 100  # elements; kSmallInitializerThreshold in fallback_cpu_capability.cc
-NEVER_MOVED_DTYPES = frozenset({"float16", "bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz"})
-# Kernels of the CUDA EP whose outputs are in CPU memory (OutputMemoryType(OrtMemTypeCPUOutput, 0)).
-CPU_OUTPUT_OPS = frozenset({"Shape", "Size"})
-# Inputs the CUDA EP's kernels take in CPU memory (KernelDefBuilder InputMemoryType(OrtMemTypeCPUInput, i)
-# in onnxruntime/core/providers/cuda/): a CPU tensor there does not pull the node onto the CPU.
-CPU_INPUTS: dict[str, frozenset[int]] = {
-    "Reshape": frozenset({1}),
-    "Expand": frozenset({1}),
-    "Slice": frozenset({1, 2, 3, 4}),
-    "Tile": frozenset({1}),
-    "ConstantOfShape": frozenset({0}),
-    "Unsqueeze": frozenset({1}),
-    "Squeeze": frozenset({1}),
-    "Range": frozenset({0, 1, 2}),
-    "TopK": frozenset({1}),
-    "Resize": frozenset({1, 2, 3}),
-    "Upsample": frozenset({1}),
-    "Pad": frozenset({1, 2, 3}),
-    "OneHot": frozenset({1}),
-    "Split": frozenset({1}),
-    "Trilu": frozenset({1}),
-    "If": frozenset({0}),
-    "Loop": frozenset({0, 1}),
-    "CumSum": frozenset({1}),
-    "ReduceSum": frozenset({1}),
-    "ReduceMean": frozenset({1}),
-    "ReduceMax": frozenset({1}),
-    "ReduceMin": frozenset({1}),
-    "ReduceProd": frozenset({1}),
-    "ReduceL2": frozenset({1}),
-}
+
+
+def _facts() -> dict:
+    return json.loads(resources.files("ortprep.eps").joinpath("data/cuda_cpu_memory.json").read_text(encoding="utf-8"))
+
+
+_FACTS = _facts()
+SMALL_INITIALIZER = int(_FACTS["small_initializer_elements"])  # kSmallInitializerThreshold in fallback_cpu_capability.cc
+NEVER_MOVED_DTYPES = frozenset(_FACTS["never_moved_dtypes"])
+# Kernels of the CUDA EP whose outputs are in CPU memory, and the inputs its kernels take in CPU
+# memory (a CPU tensor there does not pull the node onto the CPU): eps/data/cuda_cpu_memory.json.
+CPU_OUTPUT_OPS = frozenset(_FACTS["cpu_output_ops"])
+CPU_INPUTS: dict[str, frozenset[int]] = {op: frozenset(indices) for op, indices in _FACTS["cpu_inputs"].items()}
 
 
 def elements(shape) -> int | None:

@@ -51,7 +51,12 @@ def test_tensorrt_without_its_libraries_is_reported_not_silent():
         pytest.skip("TensorRT libraries are installed here: the fallback case does not arise")
     result = invoke("load", SAMPLES / "cnn.onnx", "--ep", "tensorrt", "--json")
     record = result.json()
-    assert any(f["code"] == "LOD005" for f in record["findings"]), record["findings"]
+    # ortprep's session takes no ORT fallback: the TensorRT session is not created, in ORT's words,
+    # and the report says where an application's Python session would have gone instead
+    failed = [f for f in record["findings"] if f["code"] == "LOD004"]
+    assert result.exit_code == 1 and failed, record["findings"]
+    assert "TensorRT libraries" in failed[0]["message"] and "silently" in failed[0]["message"]
+    assert failed[0]["fix"].startswith("ortprep doctor")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="cuda-bindings (NVIDIA's CUDA Python) not installed")

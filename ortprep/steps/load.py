@@ -26,7 +26,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.isolated import run_isolated
-from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
+from ortprep.runtime.requests.sessions import EP_CREATE_FALLBACK, EP_RUN_FALLBACK
 from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
@@ -239,9 +239,12 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         stage = "the run" if status.get("stage") == "run" else "session creation"
         ep_failed = any(word in record["message"] for word in ("ExecutionProvider", "EP_FAIL"))  # not the inputs
         after = (f"; {EP_RUN_FALLBACK}" if stage == "the run" and provider != "CPUExecutionProvider"
-                 and default.get("assignment") and ep_failed else "")
+                 and default.get("assignment") and ep_failed else
+                 f"; {EP_CREATE_FALLBACK}" if stage != "the run" and provider != "CPUExecutionProvider" else "")
+        libraries = spec.device == "gpu" and any(word in record["message"] for word in ("librar", ".so", ".dll"))
         report.add(Finding.of("LOD004", f"{name}: {stage} failed: {record['message']}{after}", ep=name,
                               fix="check the inputs (--inputs, --shape NAME=DIMS)" if stage == "the run"
+                              else "ortprep doctor checks the CUDA/cuDNN/TensorRT libraries" if libraries
                               else f"ortprep check MODEL --ep {name} explains unsupported parts"))
         if default.get("assignment") and provider != "CPUExecutionProvider":
             # The session was created, so the EP's placement is known even though the run failed.

@@ -135,6 +135,9 @@ def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
 # diff 0.0) and passed. A proof must see that failure: ortprep's sessions on an EP never fall back.
 EP_RUN_FALLBACK = ("ORT's Python API would print 'EP Error' and re-run this model on the CPU EP from then on, "
                    "so an application's results would silently be the CPU's")
+EP_CREATE_FALLBACK = ("ORT's Python API would print 'EP Error' and create the session without this EP instead "
+                      "(TensorRT: on CUDA and the CPU EP; any other: on the CPU EP), so an application would run, "
+                      "silently, somewhere else")
 
 
 def no_silent_cpu_rerun(session) -> None:

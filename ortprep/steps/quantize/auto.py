@@ -164,7 +164,9 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                      "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
             tried.append(entry)
-            if passed and (best is None or _faster(ratio, best[0]["latency_ratio"])):
+            # a later result replaces the one written only when both were timed in the same place
+            if passed and (best is None or (entry["timed_on"] == best[0]["timed_on"]
+                                            and _faster(ratio, best[0]["latency_ratio"]))):
                 best = (entry, report)
                 aside.unlink(missing_ok=True)
             elif best is not None:

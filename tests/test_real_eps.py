@@ -712,6 +712,28 @@ def test_sessions_on_an_ep_never_rerun_silently_on_the_cpu():
     assert session._enable_fallback is False
 
 
+@needs_qnn
+def test_the_workers_ep_sessions_are_built_without_the_fallback():
+    """The wiring, not the helper: a QNN session as ortprep's worker builds it (build_session) has
+    ORT's Python fallback off, and a CPU EP session keeps ORT's default."""
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.runtime.protocol import WorkerState
+    from ortprep.runtime.requests.sessions import SessionSpec, build_session
+    from ortprep.runtime.targets import ep_runtime, session_options
+
+    target = ep_runtime(resolve_ep("qnn"), {})
+    plugin = target.plugin or {}
+    spec = SessionSpec(str(SAMPLES / "cnn.onnx"), provider=target.spec.provider,
+                       provider_options=tuple(sorted(session_options(target, {}, None).items())),
+                       plugin_library=plugin.get("library"),
+                       device_metadata=tuple(sorted((plugin.get("device_metadata") or {}).items())))
+    state = WorkerState()
+    on_qnn = build_session(state, spec).session
+    assert "QNNExecutionProvider" in on_qnn.get_providers() and on_qnn._enable_fallback is False
+    on_cpu = build_session(state, SessionSpec(str(SAMPLES / "cnn.onnx"))).session
+    assert on_cpu._enable_fallback is True
+
+
 def test_synthetic_feeds_follow_the_inputs_and_refuse_dynamic_dims(tmp_path):
     import onnxruntime as ort
 

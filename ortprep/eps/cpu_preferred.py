@@ -70,29 +70,25 @@ def cpu_preferred(nodes: Sequence[NodeInfo], claimed: Sequence[bool], on_cpu: Se
         for name in nodes[position].node.output:
             if name:
                 cpu_tensors.add(name)
-                queue.extend(consumers.get(name, ()))
+                for consumer in consumers.get(name, ()):
+                    heapq.heappush(queue, consumer)
 
     for position, info in enumerate(nodes):
         if claimed[position] and info.op_type in CPU_OUTPUT_OPS:
             release(position)
-    heapq.heapify(queue)
     visited: set[int] = set()
     moved: set[int] = set()
-    while queue:
+    while queue:  # in topological order, as ORT visits them
         position = heapq.heappop(queue)
         if position in visited:
             continue
         visited.add(position)
-        info = nodes[position]
-        before = len(queue)
         if not claimed[position]:
             if on_cpu[position]:
                 release(position)
-        elif _all_inputs_on_cpu(info, cpu_tensors, graph_inputs, constants):
+        elif _all_inputs_on_cpu(nodes[position], cpu_tensors, graph_inputs, constants):
             moved.add(position)
             release(position)
-        if len(queue) != before:
-            heapq.heapify(queue)
     return moved
 
 

@@ -357,9 +357,9 @@ def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_versio
             + ("ONNX Runtime does not load it either" if refused else "ONNX Runtime loads it anyway, other tools may not"),
             severity=Severity.ERROR if refused else Severity.WARNING,
             fix="re-export the model, or fix what the checker names", source="onnx.checker"))
-    # the nodes ORT itself gives back to the CPU (EP010) are no want of the EP's: no EP006 for them alone
-    coverage = None if fallback and set(fallback) <= by_choice else \
-        _coverage_finding(label, nodes_placed, supported, fallback, partitions, copies, target[0].name)
+    # the nodes ORT itself gives back to the CPU (EP010) are no want of the EP's: EP006 counts the others
+    coverage = _coverage_finding(label, nodes_placed, supported, [n for n in fallback if n not in by_choice],
+                                 partitions, copies, target[0].name)
     if coverage is not None:
         findings.append(coverage)
     device_failures = _device_failures(analysis, label, device) if len(target) == 1 and device is not None else []

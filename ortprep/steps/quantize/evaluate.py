@@ -589,13 +589,13 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
     return noise
 
 
-def measure_on_target(evaluation: Evaluation, target, float_model: Path, quant_model: Path,
+def measure_on_target(evaluation: Evaluation, target: GateTarget, float_model: Path, quant_model: Path,
                       feeds: list[dict[str, np.ndarray]]) -> None:
     """Time the float and the quantized model on the target EP, where its time is the device's
     (``target.timed``: not the CPU EP, not a simulator), and set ``evaluation.ep_latency``. The
     CPU's time says nothing of a GPU's: measured on an H200, a GPT-2-like decoder's int4
     weight-only model ran at 0.84x float's time on the CPU EP and 1.32x on CUDA."""
-    if not feeds or not getattr(target, "timed", False) or target.ep == "cpu":
+    if not feeds or not target.timed:  # (the CPU EP as the target is never judged as an EP: not timed)
         return
     float_ms = target.latency(float_model, feeds[0], LATENCY_RUNS)
     quant_ms = target.latency(quant_model, feeds[0], LATENCY_RUNS)

@@ -817,3 +817,54 @@ def test_the_search_keeps_float_where_the_error_starts_when_activation_noise_sho
     reason = next(e["reason"] for e in record["excluded_nodes"] if e["name"] == "outlier_mm")
     assert reason.startswith("the error starts at outlier_mm (MatMul")
     assert record["verify"]["passed"] and record["verify"]["cosine"] >= 0.995
+
+
+def _two_matmuls(path: Path) -> Path:
+    """x [1, 64] -> MatMul -> Relu -> MatMul -> y [1, 64], seeded weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), name) for name in ("W1", "W2")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")], "two_matmuls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _scaled_samples(folder: Path, scales: list[float], seed: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index, scale in enumerate(scales):
+        np.savez(folder / f"s{index:02d}.npz", x=(rng.standard_normal((1, 64)) * scale).astype(np.float32))
+    return folder
+
+
+def test_calibration_samples_that_fail_fail_the_gate(tmp_path):
+    """Held-back samples of one kind pass; two calibration samples 250x smaller than the rest fall
+    below one step of the range the others set, and the quantized model puts out zeros for them:
+    the gate fails on the calibration samples (QNT005 says so) and nothing is written."""
+    model = _two_matmuls(tmp_path / "m.onnx")
+    held_back = _scaled_samples(tmp_path / "eval", [1.0] * 8, seed=1)
+    calib = _scaled_samples(tmp_path / "calib", [1.0] * 6 + [0.004] * 2, seed=2)
+    code, record, _ = quantize(model, "--static", "--calib", calib, "--eval", held_back, "-o", tmp_path / "q.onnx")
+    verify = record["verify"]
+    assert code == 1 and record["output"] is None and not (tmp_path / "q.onnx").exists()
+    assert verify["outputs"][0]["passed"] is True and verify["cosine"] >= 0.99  # the held-back samples pass
+    confirmation = verify["confirmation"]
+    assert confirmation["samples"] == 8 and confirmation["passed"] is False
+    assert confirmation["cpu"]["spread"]["min"] < 0.5 and confirmation["cpu"]["cosine"] < 0.5
+    assert verify["gate"]["failed_on"] == ["cpu"]
+    gate = next(f for f in record["findings"] if f["code"] == "QNT005")
+    assert "on the 8 samples it was calibrated on" in gate["message"] and "passes on 8 held-back" in gate["message"]
+
+    # the same model calibrated on samples like the held-back ones passes both, and says so
+    calib_ok = _scaled_samples(tmp_path / "calib_ok", [1.0] * 8, seed=3)
+    code, record, _ = quantize(model, "--static", "--calib", calib_ok, "--eval", held_back, "-o", tmp_path / "q2.onnx")
+    verify = record["verify"]
+    assert code == 0 and verify["passed"] is True and verify["confirmation"]["passed"] is True
+    assert verify["confirmation"]["cpu"]["cosine"] >= 0.99 and verify["gate"]["failed_on"] == []

@@ -93,6 +93,35 @@ class Judgement:
 
 
 @dataclass
+class Confirmation:
+    """The quantized model on the samples it was calibrated on, judged as the held-back ones are.
+    Passing there is the weaker test (the ranges were set on them), so it is a second condition,
+    never the verdict alone; failing there is strong evidence: measured on the NPU journey, PP-OCRv4's
+    recogniser in A16W16 passed on QNN on its 8 held-back samples (every string equal) while 3 of
+    its 24 samples' strings changed on QNN (87.5% whole strings against the gate's 95%), and only
+    compile, judging all 24, refused it (bench/RESULTS.md, "Held to the calibration samples too")."""
+
+    samples: int
+    cpu: Judgement
+    on_ep: Judgement | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.cpu.passed and (self.on_ep is None or self.on_ep.passed)
+
+    @property
+    def failing(self) -> Judgement | None:
+        """The side that fails (the CPU EP's first), or None."""
+        if not self.cpu.passed:
+            return self.cpu
+        return self.on_ep if self.on_ep is not None and not self.on_ep.passed else None
+
+    def to_record(self) -> dict:
+        return {"samples": self.samples, "passed": self.passed, "cpu": self.cpu.to_record(),
+                "ep": self.on_ep.to_record() if self.on_ep is not None else None}
+
+
+@dataclass
 class Evaluation:
     """How a quantized model compares with the float one on the evaluation samples, and the verdict.
     The figures are the CPU EP's (as they always were); ``on_ep`` holds the target EP's where it
@@ -117,6 +146,7 @@ class Evaluation:
     min_cosine: float | None = None
     ep_skipped: str | None = None  # why the target EP did not run, where it did not
     ep_latency: dict | None = None  # {"ep", "float_ms", "quant_ms", "ratio"}: timed on the target EP (measure_on_target)
+    confirmation: Confirmation | None = None  # the same gate on the calibration samples (confirm)
 
     @property
     def judged_on(self) -> list[str]:
@@ -124,7 +154,8 @@ class Evaluation:
 
     @property
     def gate_cosine(self) -> float | None:
-        """The lowest cosine judged: the worse of the CPU EP's and the EP's (what the search decides on)."""
+        """The lowest cosine judged on the held-back samples: the worse of the CPU EP's and the EP's
+        (what the search decides on; the calibration samples' figures are in ``confirmation``)."""
         values = [v for v in (self.cosine, self.on_ep.cosine if self.on_ep else None) if v is not None]
         if self.on_ep is not None and self.on_ep.error is not None:
             return None  # the EP gave no outputs: nothing to compare
@@ -132,7 +163,7 @@ class Evaluation:
 
     @property
     def gate_norm_ratio(self) -> float | None:
-        """Of both sides' norm ratios, the one farthest from 1."""
+        """Of both sides' norm ratios on the held-back samples, the one farthest from 1."""
         values = [v for v in (self.norm_ratio, self.on_ep.norm_ratio if self.on_ep else None) if v is not None]
         return max(values, key=lambda r: abs(r - 1.0)) if values else None
 
@@ -144,7 +175,11 @@ class Evaluation:
     def failed_on(self) -> list[str]:
         """The EPs whose outputs fail the gate ("cpu", the target EP)."""
         failed = [] if self.cpu_verdict else ["cpu"]
-        return failed + ([self.on_ep.ep] if self.on_ep is not None and not self.on_ep.passed else [])
+        failed += [self.on_ep.ep] if self.on_ep is not None and not self.on_ep.passed else []
+        if self.confirmation is not None:  # on the calibration samples
+            failed += [side.ep for side in (self.confirmation.cpu, self.confirmation.on_ep)
+                       if side is not None and not side.passed and side.ep not in failed]
+        return failed
 
     @property
     def ep_only(self) -> bool:
@@ -183,6 +218,7 @@ class Evaluation:
                      "norm_ratio": self.gate_norm_ratio, "failed_on": self.failed_on},
             "ep": ep,
             "ep_skipped": self.ep_skipped,
+            "confirmation": self.confirmation.to_record() if self.confirmation is not None else None,
         }
 
 
@@ -362,7 +398,8 @@ def measure_latency(evaluation: Evaluation, quant_model: Path, feeds: list[dict[
 def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
              metrics: dict[str, str] | None = None, margin_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
-             ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS) -> Evaluation:
+             ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS,
+             confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
@@ -373,7 +410,10 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     ``ep_after_cpu_fails`` False: where the CPU EP already fails the gate, the target EP is not run
     (the gate holds on both, so it cannot pass; a search's trials save the EP's time).
     ``latency_runs`` 0: the quantized model's latency is not timed (a search trial; the result
-    chosen is timed afterwards: measure_latency)."""
+    chosen is timed afterwards: measure_latency).
+    ``confirm_feeds``: reads the samples the model was calibrated on; where the held-back samples
+    pass on every side judged, the same gate is held on these too (:func:`confirm`), and failing
+    there fails the evaluation."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
@@ -406,6 +446,11 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
             on_ep.placement = placement
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
+    confirmation = None
+    if confirm_feeds is not None and (on_ep is None or on_ep.error is None):
+        # on the EP only where its held-back samples pass (its runs are the slow ones)
+        confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
+                               reference.samples, target if on_ep is not None and on_ep.passed else None)
     float_ms = statistics.median(reference.latency_ms) if reference.latency_ms else None
     quant_ms = statistics.median(candidate.latency_ms) if candidate.latency_ms else None
     return Evaluation(
@@ -415,7 +460,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         latency_ratio=round(quant_ms / float_ms, 3) if float_ms and quant_ms else None,
         float_latency_ms=float_ms,
         quant_latency_ms=quant_ms,
-        passed=cpu.passed and (on_ep is None or on_ep.passed),
+        passed=cpu.passed and (on_ep is None or on_ep.passed) and (confirmation is None or confirmation.passed),
         outputs=cpu.outputs,
         spread=cpu.spread,
         degenerate=[(name, found.what) for name, found in flat.items()],
@@ -426,7 +471,39 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         target=record,
         min_cosine=min_cosine,
         ep_skipped=ep_skipped,
+        confirmation=confirmation,
     )
+
+
+def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]], min_cosine: float,
+            cache: dict, flat: dict[str, Degenerate], decisions: dict[str, Decision],
+            held_back: list[dict[str, np.ndarray]], target: GateTarget | None) -> Confirmation | None:
+    """The gate (:func:`judge`) held on the calibration samples ``feeds()`` reads, on the CPU EP
+    and, where ``target`` is given (the held-back samples were judged there), on its EP. The float
+    model's run on them is kept in ``cache`` between trials; the held-back samples' float outputs
+    lend their margins to the decisions' expected agreement, as the calibration samples lend
+    theirs to the held-back judgement. None when there are no such samples or the float model
+    does not run on them."""
+    samples = feeds()
+    if not samples:
+        return None
+    if "confirmation" not in cache:
+        cache["confirmation"] = _run_model(float_model, samples)
+    reference = cache["confirmation"]
+    if not reference.ok:
+        return None
+    decided = [name for name, decision in decisions.items() if decision.gated and decision.kind != "cosine"]
+    more = [{name: sample[name] for name in decided if name in sample} for sample in held_back] if decided else None
+    candidate = _run_model(quant_model, samples)
+    if not candidate.ok:
+        return Confirmation(len(samples), Judgement("cpu", None, None, None, None, False, error=candidate.message))
+    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
+    on_ep = None
+    if target is not None:
+        run = target.run(quant_model, samples)
+        on_ep = (judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions, more) if run.ok
+                 else Judgement(target.ep, None, None, None, None, False, error=run.message))
+    return Confirmation(len(samples), cpu, on_ep)
 
 
 def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarray], excluded: set[str], limit: int | None = 5,
@@ -693,6 +770,19 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
     ``ep_text`` names the EP and its device; ``worst`` the nodes where the CPU-side error starts;
     ``writers`` what writes the outputs the EP alone gets wrong."""
     on_ep = evaluation.on_ep
+    confirmation = evaluation.confirmation
+    if (evaluation.error is None and confirmation is not None and confirmation.failing is not None
+            and evaluation.cpu_verdict and (on_ep is None or on_ep.passed)):
+        side = confirmation.failing
+        where = "the CPU EP" if side.ep == "cpu" else ep_text
+        held = len(evaluation.sample_cosines) or "the"
+        what = side.error or _shortfall(side, min_cosine)
+        return Finding.of(
+            "QNT005", f"accuracy gate failed on the {confirmation.samples} samples it was calibrated on: it passes on "
+            f"{held} held-back sample(s), but on {where} the calibration samples give {what}: the held-back samples "
+            f"miss inputs these show{stopped}", ep=side.ep if side.ep != "cpu" else None,
+            fix="ortprep quantize ... --auto (a wider precision), --auto-exclude, or more held-back samples "
+                "(--eval DATA) that cover such inputs")
     if evaluation.error is not None:
         return Finding.of("QNT005", f"accuracy gate failed: {evaluation.error}{stopped}",
                           fix="check that the float and the quantized model run: ortprep load MODEL --ep cpu")

@@ -493,7 +493,8 @@ class Trials:
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
                                   self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"),
-                                  latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0)
+                                  latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0,
+                                  confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
@@ -551,12 +552,24 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         cosines = trials.evaluations[trial.path].worst_sample_cosines if trial.path in trials.evaluations else []
         return cosines.index(min(cosines)) if cosines else 0
 
+    def focus(trial: Trial) -> tuple[list, int, str]:
+        """The samples the search looks at for ``trial``, the index of its worst there, and their
+        name: the held-back samples, or, where only the calibration samples fail it (the held-back
+        ones pass: evaluate.confirm), those, since the error the search must remove shows there."""
+        evaluation = trials.evaluations.get(trial.path)
+        side = evaluation.confirmation.failing if evaluation is not None and evaluation.confirmation is not None else None
+        if side is not None and side.sample_cosines and evaluation.cpu_verdict and (
+                evaluation.on_ep is None or evaluation.on_ep.passed):
+            feeds = trials.margin_feeds()
+            return feeds, side.sample_cosines.index(min(side.sample_cosines)), "calibration"
+        return trials.eval_feeds, worst_sample(trial), "held-back"
+
     def rank(trial: Trial, kept: list[str], floor: float = NOISE_FLOOR) -> list[tuple[str, list[str], float]]:
         if trial.path is None:
             return []
         # the sample the trial did worst on (where calibration's ranges clip, say) and one more
-        worst = worst_sample(trial)
-        picked = [trials.eval_feeds[worst]] + [f for i, f in enumerate(trials.eval_feeds[:2]) if i != worst][:1]
+        feeds, worst, _ = focus(trial)
+        picked = [feeds[worst]] + [f for i, f in enumerate(feeds[:2]) if i != worst][:1]
         noise = tensor_noise(source, trial.path, picked, cache=trials.caches.setdefault(source, {}))
         # a tensor stays float only when the node writing it and every node reading it are float
         return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), score)
@@ -584,9 +597,9 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     def blame(trial: Trial, kept: list[str]) -> list[tuple[str, str, float]]:
         if trial.path is None or not trials.eval_feeds:
             return []
-        worst = worst_sample(trial)
-        return worst_nodes(source, trial.path, trials.eval_feeds[worst], set(kept), limit=None,
-                           cache=trials.caches.setdefault(("blame", str(source), worst), {}))
+        feeds, worst, which = focus(trial)
+        return worst_nodes(source, trial.path, feeds[worst], set(kept), limit=None,
+                           cache=trials.caches.setdefault(("blame", which, str(source), worst), {}))
 
     search = Search(proto, lambda kept, label: trials.attempt(source, kept, label), rank, quantizable_nodes=quantizable,
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,

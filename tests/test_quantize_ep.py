@@ -566,3 +566,29 @@ def test_qnn_computes_the_dead_channel_only_after_the_floor(tmp_path):
     assert qnn_error(raw) > 0.3  # the channel below 2**-24 ruins the next layer on QNN
     assert floor_weight_scales(raw)[0]["channels"] == 1
     assert qnn_error(raw) < 0.01
+
+
+@needs_qnn
+def test_the_calibration_samples_are_judged_on_qnn_too(tmp_path):
+    """With --ep qnn, the result the gate passes is also run on QNN on the samples it was calibrated
+    on (verify.confirmation.ep), and the two sides' figures are reported."""
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="project")], "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "W")])
+    model = tmp_path / "m.onnx"
+    onnx.save(models.make(graph), model)
+    for folder, count in (("calib", 6), ("eval", 4)):
+        (tmp_path / folder).mkdir()
+        for index in range(count):
+            np.savez(tmp_path / folder / f"{index}.npz", x=rng.standard_normal((1, 64)).astype(np.float32))
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", tmp_path / "calib", "--eval", tmp_path / "eval",
+                               "-o", tmp_path / "q.onnx")
+    verify = record["verify"]
+    assert code == 0 and verify["judged_on"] == ["cpu", "qnn"]
+    confirmation = verify["confirmation"]
+    assert confirmation["samples"] == 6 and confirmation["passed"] is True
+    assert confirmation["cpu"]["spread"]["samples"] == 6 and confirmation["ep"]["ep"] == "qnn"
+    assert confirmation["ep"]["spread"]["samples"] == 6 and confirmation["ep"]["cosine"] >= 0.99

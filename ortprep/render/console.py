@@ -351,6 +351,13 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
                 + (" (reported, not gated)" if not o['decision'].get('gated', True) else
                    f" (needs {o['decision']['required']:g}, " + ("[green]ok[/]" if o['decision']['passed'] else "[red]differs[/]")
                    + ")") for o in decided))
+        confirmation = verify.get("confirmation")
+        if confirmation:  # the same gate on the samples the model was calibrated on
+            sides = [side for side in (confirmation["cpu"], confirmation.get("ep")) if side]
+            console.print(
+                f"on the {confirmation['samples']} calibration sample(s): "
+                + ("[green]passed[/]" if confirmation["passed"] else "[red]failed[/]") + " ("
+                + ", ".join(f"{escape(side['ep'])}: lowest cosine {_number(side['cosine'])}" for side in sides) + ")")
     search = record.get("search")
     if search:
         table = Table(title=f"--auto-exclude trials (stopped: {escape(search['stopped'])})")

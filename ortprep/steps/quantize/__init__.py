@@ -17,7 +17,7 @@ on the worse of the two. When the gate fails, the nodes where the error starts a
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,7 @@ from ortprep.steps.quantize.edits import (
 from ortprep.steps.quantize.ep_gate import GateTarget, gate_target
 from ortprep.steps.quantize.evaluate import (
     Evaluation,
+    confirm_on_target,
     fmt_cosine,
     gate_finding,
     latency_finding,
@@ -154,6 +155,10 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     excluded += [{"name": n, "op_type": ops.get(n, "?"), "reason": reasons.get(n, "auto-exclude")}
                  for n in best.kept if n not in trials.fixed]
     chosen = trials.evaluations.get(best.path)
+    if chosen is not None and best.path is not None and target is not None:
+        # the calibration samples on the target EP, once, for the result chosen (evaluate.confirm_on_target)
+        confirm_on_target(chosen, source, best.path, trials.margin_feeds, target, trials.caches.setdefault(source, {}))
+        best = replace(best, passed=best.passed and chosen.passed)
     if chosen is not None and best.path is not None:
         measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed
     return Outcome(best, chosen, excluded, search_record, source=label,

@@ -399,7 +399,8 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
              metrics: dict[str, str] | None = None, margin_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
              ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS,
-             confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None) -> Evaluation:
+             confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
+             confirm_on_ep: bool = True) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
@@ -412,8 +413,9 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     ``latency_runs`` 0: the quantized model's latency is not timed (a search trial; the result
     chosen is timed afterwards: measure_latency).
     ``confirm_feeds``: reads the samples the model was calibrated on; where the held-back samples
-    pass on every side judged, the same gate is held on these too (:func:`confirm`), and failing
-    there fails the evaluation."""
+    pass on every side judged, the same gate is held on these too (:func:`confirm`; on the target
+    EP as well unless ``confirm_on_ep`` is False: a search's trials leave that to the result it
+    chooses, :func:`confirm_on_target`), and failing there fails the evaluation."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
@@ -447,10 +449,9 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
     confirmation = None
-    if confirm_feeds is not None and (on_ep is None or on_ep.error is None):
-        # on the EP only where its held-back samples pass (its runs are the slow ones)
+    if confirm_feeds is not None and cpu.passed and (on_ep is None or on_ep.passed):
         confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
-                               reference.samples, target if on_ep is not None and on_ep.passed else None)
+                               reference.samples, target if on_ep is not None and confirm_on_ep else None)
     float_ms = statistics.median(reference.latency_ms) if reference.latency_ms else None
     quant_ms = statistics.median(candidate.latency_ms) if candidate.latency_ms else None
     return Evaluation(
@@ -473,6 +474,35 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         ep_skipped=ep_skipped,
         confirmation=confirmation,
     )
+
+
+CONFIRM_EP_SAMPLES = 24  # calibration samples the target EP runs for the confirmation, at most
+
+
+def confirm_on_target(evaluation: Evaluation, float_model: Path, quant_model: Path,
+                      feeds: Callable[[], list[dict[str, np.ndarray]]], target: GateTarget, cache: dict) -> None:
+    """The confirmation's side on the target EP, for a result whose held-back samples pass on every
+    side and whose calibration samples pass on the CPU EP (a search's trials judge those; the EP's
+    runs of the calibration samples wait for the result chosen: on QNN's HTP simulator they take
+    seconds a sample). Sets ``evaluation.confirmation.on_ep`` and, where it fails, the verdict."""
+    confirmation = evaluation.confirmation
+    if (confirmation is None or not confirmation.passed or confirmation.on_ep is not None or evaluation.on_ep is None
+            or not evaluation.passed):
+        return
+    samples = feeds()
+    reference = cache.get("confirmation")
+    if not samples or reference is None or not reference.ok:
+        return
+    count = min(len(samples), CONFIRM_EP_SAMPLES)
+    decided = [name for name, decision in cache.get("decisions", {}).items() if decision.gated and decision.kind != "cosine"]
+    held_back = cache["evaluation"].samples if "evaluation" in cache else []
+    more = [{name: sample[name] for name in decided if name in sample} for sample in held_back] if decided else None
+    flat = flat_outputs(held_back, None) if held_back else {}
+    run = target.run(quant_model, samples[:count])
+    confirmation.on_ep = (judge(target.ep, reference.samples[:count], run.samples, evaluation.min_cosine or 0.99, flat,
+                                cache.get("decisions", {}), more) if run.ok
+                          else Judgement(target.ep, None, None, None, None, False, error=run.message))
+    evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
 
 def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]], min_cosine: float,
@@ -500,8 +530,10 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
     cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
     on_ep = None
     if target is not None:
-        run = target.run(quant_model, samples)
-        on_ep = (judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions, more) if run.ok
+        # the EP's runs are the slow ones (QNN's HTP simulator: seconds a sample): at most CONFIRM_EP_SAMPLES
+        count = min(len(samples), CONFIRM_EP_SAMPLES)
+        run = target.run(quant_model, samples[:count])
+        on_ep = (judge(target.ep, reference.samples[:count], run.samples, min_cosine, flat, decisions, more) if run.ok
                  else Judgement(target.ep, None, None, None, None, False, error=run.message))
     return Confirmation(len(samples), cpu, on_ep)
 
@@ -781,8 +813,8 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
             "QNT005", f"accuracy gate failed on the {confirmation.samples} samples it was calibrated on: it passes on "
             f"{held} held-back sample(s), but on {where} the calibration samples give {what}: the held-back samples "
             f"miss inputs these show{stopped}", ep=side.ep if side.ep != "cpu" else None,
-            fix="ortprep quantize ... --auto (a wider precision), --auto-exclude, or more held-back samples "
-                "(--eval DATA) that cover such inputs")
+            fix="ortprep quantize ... --auto (a wider precision) or --auto-exclude (it works on the calibration sample "
+                "that fails worst); verify.confirmation in the JSON names the figures per output")
     if evaluation.error is not None:
         return Finding.of("QNT005", f"accuracy gate failed: {evaluation.error}{stopped}",
                           fix="check that the float and the quantized model run: ortprep load MODEL --ep cpu")

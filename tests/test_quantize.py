@@ -860,7 +860,9 @@ def test_calibration_samples_that_fail_fail_the_gate(tmp_path):
     assert confirmation["cpu"]["spread"]["min"] < 0.5 and confirmation["cpu"]["cosine"] < 0.5
     assert verify["gate"]["failed_on"] == ["cpu"]
     gate = next(f for f in record["findings"] if f["code"] == "QNT005")
-    assert "on the 8 samples it was calibrated on" in gate["message"] and "passes on 8 held-back" in gate["message"]
+    assert "failed with the samples it was calibrated on: its 8 held-back sample(s) pass" in gate["message"]
+    assert "the 16 held-back and calibration samples together give cosine 0.0000" in gate["message"]
+    assert confirmation["held_back"] == 8 and confirmation["cpu"]["spread"]["samples"] == 16
 
     # the same model calibrated on samples like the held-back ones passes both, and says so
     calib_ok = _scaled_samples(tmp_path / "calib_ok", [1.0] * 8, seed=3)

@@ -590,5 +590,7 @@ def test_the_calibration_samples_are_judged_on_qnn_too(tmp_path):
     assert code == 0 and verify["judged_on"] == ["cpu", "qnn"]
     confirmation = verify["confirmation"]
     assert confirmation["samples"] == 6 and confirmation["passed"] is True
-    assert confirmation["cpu"]["spread"]["samples"] == 6 and confirmation["ep"]["ep"] == "qnn"
-    assert confirmation["ep"]["spread"]["samples"] == 6 and confirmation["ep"]["cosine"] >= 0.99
+    # each side judged over the 4 held-back samples and the 6 calibration samples together
+    assert confirmation["held_back"] == 4 and confirmation["cpu"]["spread"]["samples"] == 10
+    assert confirmation["ep"]["ep"] == "qnn" and confirmation["ep"]["spread"]["samples"] == 10
+    assert confirmation["ep"]["cosine"] >= 0.99

@@ -355,7 +355,7 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
         if confirmation:  # the same gate on the samples the model was calibrated on
             sides = [side for side in (confirmation["cpu"], confirmation.get("ep")) if side]
             console.print(
-                f"on the {confirmation['samples']} calibration sample(s): "
+                f"with the {confirmation['samples']} calibration sample(s), the held-back ones included: "
                 + ("[green]passed[/]" if confirmation["passed"] else "[red]failed[/]") + " ("
                 + ", ".join(f"{escape(side['ep'])}: lowest cosine {_number(side['cosine'])}" for side in sides) + ")")
     search = record.get("search")

@@ -94,16 +94,19 @@ class Judgement:
 
 @dataclass
 class Confirmation:
-    """The quantized model on the samples it was calibrated on, judged as the held-back ones are.
-    Passing there is the weaker test (the ranges were set on them), so it is a second condition,
-    never the verdict alone; failing there is strong evidence: measured on the NPU journey, PP-OCRv4's
+    """The gate held over every real sample: the held-back ones and those the model was calibrated
+    on, judged together as the held-back ones are alone (each sample's cosine, the norm, each
+    decision's share over all of them). Passing with the calibration samples is the weaker test
+    (the ranges were set on them), so it is a second condition, never the verdict alone; failing
+    with them is strong evidence: measured on the NPU journey, PP-OCRv4's
     recogniser in A16W16 passed on QNN on its 8 held-back samples (every string equal) while 3 of
     its 24 samples' strings changed on QNN (87.5% whole strings against the gate's 95%), and only
     compile, judging all 24, refused it (bench/RESULTS.md, "Held to the calibration samples too")."""
 
-    samples: int
-    cpu: Judgement
+    samples: int  # the calibration samples judged (the EP's side: at most CONFIRM_EP_SAMPLES of them)
+    cpu: Judgement  # over the held-back samples and the calibration samples together, in that order
     on_ep: Judgement | None = None
+    held_back: int = 0  # how many of each side's samples (its first) are the held-back ones
 
     @property
     def passed(self) -> bool:
@@ -117,7 +120,7 @@ class Confirmation:
         return self.on_ep if self.on_ep is not None and not self.on_ep.passed else None
 
     def to_record(self) -> dict:
-        return {"samples": self.samples, "passed": self.passed, "cpu": self.cpu.to_record(),
+        return {"samples": self.samples, "held_back": self.held_back, "passed": self.passed, "cpu": self.cpu.to_record(),
                 "ep": self.on_ep.to_record() if self.on_ep is not None else None}
 
 
@@ -428,6 +431,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message}",
                           target=record, min_cosine=min_cosine)
     flat = flat_outputs(reference.samples, bounds)
+    cache["flat"], cache["feeds"] = flat, feeds  # for confirm_on_target
     if "decisions" not in cache:  # what the application reads from each output (--metric overrides)
         graph = onnx.load(str(float_model), load_external_data=False)
         cache["decisions"] = infer_decisions(graph, reference.samples, metrics)
@@ -446,12 +450,15 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         if run.ok:
             on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions, more)
             on_ep.placement = placement
+            cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
     confirmation = None
     if confirm_feeds is not None and cpu.passed and (on_ep is None or on_ep.passed):
+        held_on_ep = cache["ep_held_back"][1] if on_ep is not None and confirm_on_ep else None
         confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
-                               reference.samples, target if on_ep is not None and confirm_on_ep else None)
+                               reference.samples, candidate.samples, target if held_on_ep is not None else None,
+                               held_on_ep)
     float_ms = statistics.median(reference.latency_ms) if reference.latency_ms else None
     quant_ms = statistics.median(candidate.latency_ms) if candidate.latency_ms else None
     return Evaluation(
@@ -482,38 +489,39 @@ CONFIRM_EP_SAMPLES = 24  # calibration samples the target EP runs for the confir
 def confirm_on_target(evaluation: Evaluation, float_model: Path, quant_model: Path,
                       feeds: Callable[[], list[dict[str, np.ndarray]]], target: GateTarget, cache: dict) -> None:
     """The confirmation's side on the target EP, for a result whose held-back samples pass on every
-    side and whose calibration samples pass on the CPU EP (a search's trials judge those; the EP's
-    runs of the calibration samples wait for the result chosen: on QNN's HTP simulator they take
-    seconds a sample). Sets ``evaluation.confirmation.on_ep`` and, where it fails, the verdict."""
+    side and whose calibration samples pass with them on the CPU EP (a search's trials judge
+    those; the EP's runs of the calibration samples wait for the result chosen: on QNN's HTP
+    simulator they take seconds a sample). Sets ``evaluation.confirmation.on_ep`` and, where it
+    fails, the verdict."""
     confirmation = evaluation.confirmation
     if (confirmation is None or not confirmation.passed or confirmation.on_ep is not None or evaluation.on_ep is None
             or not evaluation.passed):
         return
+    reference, held_back = cache.get("confirmation"), cache.get("evaluation")
+    held_on_ep = cache.get("ep_held_back")
     samples = feeds()
-    reference = cache.get("confirmation")
-    if not samples or reference is None or not reference.ok:
+    if not samples or reference is None or not reference.ok or held_back is None or not held_back.ok:
         return
-    count = min(len(samples), CONFIRM_EP_SAMPLES)
-    decided = [name for name, decision in cache.get("decisions", {}).items() if decision.gated and decision.kind != "cosine"]
-    held_back = cache["evaluation"].samples if "evaluation" in cache else []
-    more = [{name: sample[name] for name in decided if name in sample} for sample in held_back] if decided else None
-    flat = flat_outputs(held_back, None) if held_back else {}
-    run = target.run(quant_model, samples[:count])
-    confirmation.on_ep = (judge(target.ep, reference.samples[:count], run.samples, evaluation.min_cosine or 0.99, flat,
-                                cache.get("decisions", {}), more) if run.ok
-                          else Judgement(target.ep, None, None, None, None, False, error=run.message))
+    if held_on_ep is None or held_on_ep[0] != str(quant_model):  # a later trial ran on the EP since
+        run = target.run(quant_model, cache["feeds"])
+        if not run.ok:
+            return
+        held_on_ep = (str(quant_model), run.samples)
+    confirm_ep(confirmation, target, quant_model, samples, reference, held_back.samples, held_on_ep[1],
+               evaluation.min_cosine or 0.99, cache.get("flat", {}), cache.get("decisions", {}))
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
 
 def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]], min_cosine: float,
             cache: dict, flat: dict[str, Degenerate], decisions: dict[str, Decision],
-            held_back: list[dict[str, np.ndarray]], target: GateTarget | None) -> Confirmation | None:
-    """The gate (:func:`judge`) held on the calibration samples ``feeds()`` reads, on the CPU EP
-    and, where ``target`` is given (the held-back samples were judged there), on its EP. The float
-    model's run on them is kept in ``cache`` between trials; the held-back samples' float outputs
-    lend their margins to the decisions' expected agreement, as the calibration samples lend
-    theirs to the held-back judgement. None when there are no such samples or the float model
-    does not run on them."""
+            held_back: list[dict[str, np.ndarray]], held_back_cpu: list[dict[str, np.ndarray]],
+            target: GateTarget | None = None, held_back_ep: list[dict[str, np.ndarray]] | None = None
+            ) -> Confirmation | None:
+    """The gate (:func:`judge`) over the held-back samples (``held_back``: the float model's
+    outputs; ``held_back_cpu``, ``held_back_ep``: the quantized model's) and the calibration
+    samples ``feeds()`` reads, together, on the CPU EP and, where ``target`` is given, on its EP.
+    The float model's run on the calibration samples is kept in ``cache`` between trials. None
+    when there are no such samples or the float model does not run on them."""
     samples = feeds()
     if not samples:
         return None
@@ -522,20 +530,29 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
     reference = cache["confirmation"]
     if not reference.ok:
         return None
-    decided = [name for name, decision in decisions.items() if decision.gated and decision.kind != "cosine"]
-    more = [{name: sample[name] for name in decided if name in sample} for sample in held_back] if decided else None
     candidate = _run_model(quant_model, samples)
     if not candidate.ok:
-        return Confirmation(len(samples), Judgement("cpu", None, None, None, None, False, error=candidate.message))
-    cpu = judge("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
-    on_ep = None
-    if target is not None:
-        # the EP's runs are the slow ones (QNN's HTP simulator: seconds a sample): at most CONFIRM_EP_SAMPLES
-        count = min(len(samples), CONFIRM_EP_SAMPLES)
-        run = target.run(quant_model, samples[:count])
-        on_ep = (judge(target.ep, reference.samples[:count], run.samples, min_cosine, flat, decisions, more) if run.ok
-                 else Judgement(target.ep, None, None, None, None, False, error=run.message))
-    return Confirmation(len(samples), cpu, on_ep)
+        return Confirmation(len(samples), Judgement("cpu", None, None, None, None, False, error=candidate.message),
+                            held_back=len(held_back))
+    cpu = judge("cpu", held_back + reference.samples, held_back_cpu + candidate.samples, min_cosine, flat, decisions)
+    confirmation = Confirmation(len(samples), cpu, held_back=len(held_back))
+    if target is not None and held_back_ep is not None:
+        confirm_ep(confirmation, target, quant_model, samples, reference, held_back, held_back_ep, min_cosine, flat,
+                   decisions)
+    return confirmation
+
+
+def confirm_ep(confirmation: Confirmation, target: GateTarget, quant_model: Path, samples: list[dict[str, np.ndarray]],
+               reference: RunOutcome, held_back: list[dict[str, np.ndarray]], held_back_ep: list[dict[str, np.ndarray]],
+               min_cosine: float, flat: dict[str, Degenerate], decisions: dict[str, Decision]) -> None:
+    """The confirmation's side on ``target``'s EP: its held-back outputs and its run of at most
+    CONFIRM_EP_SAMPLES calibration samples (the EP's runs are the slow ones: seconds a sample on
+    QNN's HTP simulator), judged together."""
+    count = min(len(samples), CONFIRM_EP_SAMPLES)
+    run = target.run(quant_model, samples[:count])
+    confirmation.on_ep = (judge(target.ep, held_back + reference.samples[:count], held_back_ep + run.samples, min_cosine,
+                                flat, decisions) if run.ok
+                          else Judgement(target.ep, None, None, None, None, False, error=run.message))
 
 
 def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarray], excluded: set[str], limit: int | None = 5,
@@ -807,14 +824,16 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
             and evaluation.cpu_verdict and (on_ep is None or on_ep.passed)):
         side = confirmation.failing
         where = "the CPU EP" if side.ep == "cpu" else ep_text
-        held = len(evaluation.sample_cosines) or "the"
         what = side.error or _shortfall(side, min_cosine)
+        judged = confirmation.held_back + (confirmation.samples if side.ep == "cpu"
+                                           else min(confirmation.samples, CONFIRM_EP_SAMPLES))
         return Finding.of(
-            "QNT005", f"accuracy gate failed on the {confirmation.samples} samples it was calibrated on: it passes on "
-            f"{held} held-back sample(s), but on {where} the calibration samples give {what}: the held-back samples "
-            f"miss inputs these show{stopped}", ep=side.ep if side.ep != "cpu" else None,
-            fix="ortprep quantize ... --auto (a wider precision) or --auto-exclude (it works on the calibration sample "
-                "that fails worst); verify.confirmation in the JSON names the figures per output")
+            "QNT005", f"accuracy gate failed with the samples it was calibrated on: its {confirmation.held_back} held-back "
+            f"sample(s) pass, but on {where} the {judged} held-back and calibration samples together give {what}: the "
+            f"held-back samples miss inputs that the calibration samples show{stopped}",
+            ep=side.ep if side.ep != "cpu" else None,
+            fix="ortprep quantize ... --auto (a wider precision) or --auto-exclude (it works on the sample that fails "
+                "worst); verify.confirmation in the JSON gives the figures per output")
     if evaluation.error is not None:
         return Finding.of("QNT005", f"accuracy gate failed: {evaluation.error}{stopped}",
                           fix="check that the float and the quantized model run: ortprep load MODEL --ep cpu")

@@ -560,8 +560,12 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         side = evaluation.confirmation.failing if evaluation is not None and evaluation.confirmation is not None else None
         if side is not None and side.sample_cosines and evaluation.cpu_verdict and (
                 evaluation.on_ep is None or evaluation.on_ep.passed):
-            feeds = trials.margin_feeds()
-            return feeds, side.sample_cosines.index(min(side.sample_cosines)), "calibration"
+            # the confirmation judged the held-back samples first, then the calibration samples
+            worst = side.sample_cosines.index(min(side.sample_cosines))
+            held = evaluation.confirmation.held_back
+            if worst >= held:
+                return trials.margin_feeds(), worst - held, "calibration"
+            return trials.eval_feeds, worst, "held-back"
         return trials.eval_feeds, worst_sample(trial), "held-back"
 
     def rank(trial: Trial, kept: list[str], floor: float = NOISE_FLOOR) -> list[tuple[str, list[str], float]]:

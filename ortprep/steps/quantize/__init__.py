@@ -157,7 +157,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     chosen = trials.evaluations.get(best.path)
     if chosen is not None and best.path is not None and target is not None:
         # the calibration samples on the target EP, once, for the result chosen (evaluate.confirm_on_target)
-        confirm_on_target(chosen, source, best.path, trials.margin_feeds, target, trials.caches.setdefault(source, {}))
+        confirm_on_target(chosen, best.path, trials.margin_feeds, target, trials.caches.setdefault(source, {}))
         best = replace(best, passed=best.passed and chosen.passed)
     if chosen is not None and best.path is not None:
         measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed

@@ -402,8 +402,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
              cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
              metrics: dict[str, str] | None = None, margin_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
              ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS,
-             confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
-             confirm_on_ep: bool = True) -> Evaluation:
+             confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
@@ -416,9 +415,9 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     ``latency_runs`` 0: the quantized model's latency is not timed (a search trial; the result
     chosen is timed afterwards: measure_latency).
     ``confirm_feeds``: reads the samples the model was calibrated on; where the held-back samples
-    pass on every side judged, the same gate is held on these too (:func:`confirm`; on the target
-    EP as well unless ``confirm_on_ep`` is False: a search's trials leave that to the result it
-    chooses, :func:`confirm_on_target`), and failing there fails the evaluation."""
+    pass on every side judged, the same gate is held on these too, on the CPU EP (:func:`confirm`;
+    the target EP's side waits for the result a search chooses: :func:`confirm_on_target`), and
+    failing there fails the evaluation."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
@@ -455,10 +454,8 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
     confirmation = None
     if confirm_feeds is not None and cpu.passed and (on_ep is None or on_ep.passed):
-        held_on_ep = cache["ep_held_back"][1] if on_ep is not None and confirm_on_ep else None
         confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
-                               reference.samples, candidate.samples, target if held_on_ep is not None else None,
-                               held_on_ep)
+                               reference.samples, candidate.samples)
     float_ms = statistics.median(reference.latency_ms) if reference.latency_ms else None
     quant_ms = statistics.median(candidate.latency_ms) if candidate.latency_ms else None
     return Evaluation(
@@ -486,7 +483,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
 CONFIRM_EP_SAMPLES = 24  # calibration samples the target EP runs for the confirmation, at most
 
 
-def confirm_on_target(evaluation: Evaluation, float_model: Path, quant_model: Path,
+def confirm_on_target(evaluation: Evaluation, quant_model: Path,
                       feeds: Callable[[], list[dict[str, np.ndarray]]], target: GateTarget, cache: dict) -> None:
     """The confirmation's side on the target EP, for a result whose held-back samples pass on every
     side and whose calibration samples pass with them on the CPU EP (a search's trials judge
@@ -507,19 +504,20 @@ def confirm_on_target(evaluation: Evaluation, float_model: Path, quant_model: Pa
         if not run.ok:
             return
         held_on_ep = (str(quant_model), run.samples)
-    confirm_ep(confirmation, target, quant_model, samples, reference, held_back.samples, held_on_ep[1],
-               evaluation.min_cosine or 0.99, cache.get("flat", {}), cache.get("decisions", {}))
+    count = min(len(samples), CONFIRM_EP_SAMPLES)
+    run = target.run(quant_model, samples[:count])
+    confirmation.on_ep = (judge(target.ep, held_back.samples + reference.samples[:count], held_on_ep[1] + run.samples,
+                                evaluation.min_cosine or 0.99, cache.get("flat", {}), cache.get("decisions", {}))
+                          if run.ok else Judgement(target.ep, None, None, None, None, False, error=run.message))
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
 
 def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]], min_cosine: float,
             cache: dict, flat: dict[str, Degenerate], decisions: dict[str, Decision],
-            held_back: list[dict[str, np.ndarray]], held_back_cpu: list[dict[str, np.ndarray]],
-            target: GateTarget | None = None, held_back_ep: list[dict[str, np.ndarray]] | None = None
-            ) -> Confirmation | None:
+            held_back: list[dict[str, np.ndarray]], held_back_cpu: list[dict[str, np.ndarray]]) -> Confirmation | None:
     """The gate (:func:`judge`) over the held-back samples (``held_back``: the float model's
-    outputs; ``held_back_cpu``, ``held_back_ep``: the quantized model's) and the calibration
-    samples ``feeds()`` reads, together, on the CPU EP and, where ``target`` is given, on its EP.
+    outputs; ``held_back_cpu``: the quantized model's) and the calibration samples ``feeds()``
+    reads, together, on the CPU EP (the EP's side: :func:`confirm_on_target`).
     The float model's run on the calibration samples is kept in ``cache`` between trials. None
     when there are no such samples or the float model does not run on them."""
     samples = feeds()
@@ -535,24 +533,7 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
         return Confirmation(len(samples), Judgement("cpu", None, None, None, None, False, error=candidate.message),
                             held_back=len(held_back))
     cpu = judge("cpu", held_back + reference.samples, held_back_cpu + candidate.samples, min_cosine, flat, decisions)
-    confirmation = Confirmation(len(samples), cpu, held_back=len(held_back))
-    if target is not None and held_back_ep is not None:
-        confirm_ep(confirmation, target, quant_model, samples, reference, held_back, held_back_ep, min_cosine, flat,
-                   decisions)
-    return confirmation
-
-
-def confirm_ep(confirmation: Confirmation, target: GateTarget, quant_model: Path, samples: list[dict[str, np.ndarray]],
-               reference: RunOutcome, held_back: list[dict[str, np.ndarray]], held_back_ep: list[dict[str, np.ndarray]],
-               min_cosine: float, flat: dict[str, Degenerate], decisions: dict[str, Decision]) -> None:
-    """The confirmation's side on ``target``'s EP: its held-back outputs and its run of at most
-    CONFIRM_EP_SAMPLES calibration samples (the EP's runs are the slow ones: seconds a sample on
-    QNN's HTP simulator), judged together."""
-    count = min(len(samples), CONFIRM_EP_SAMPLES)
-    run = target.run(quant_model, samples[:count])
-    confirmation.on_ep = (judge(target.ep, held_back + reference.samples[:count], held_back_ep + run.samples, min_cosine,
-                                flat, decisions) if run.ok
-                          else Judgement(target.ep, None, None, None, None, False, error=run.message))
+    return Confirmation(len(samples), cpu, held_back=len(held_back))
 
 
 def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarray], excluded: set[str], limit: int | None = 5,

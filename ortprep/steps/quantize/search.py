@@ -494,7 +494,7 @@ class Trials:
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
                                   self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"),
                                   latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0,
-                                  confirm_feeds=self.margin_feeds, confirm_on_ep=False)
+                                  confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)

@@ -120,6 +120,23 @@ def test_near_ties_fail_on_what_the_samples_say_of_unseen_inputs():
     assert passed.passed and passed.outputs[0]["decision"]["expected_agreement"] > 0.999
 
 
+
+def test_a_two_class_near_tie_counts_in_the_expected_agreement():
+    """PP-OCR's direction classifier on the NPU journey: two classes, probabilities from 0.51/0.49
+    to 0.99/0.01, and the quantized model moves them by up to 0.05. In each row's standard
+    deviations every two-class lead is 2, so the estimate saw no near tie (99.84%) while an unseen
+    sample at 0.62 flipped. In the output's own units the near ties count: the gate fails."""
+    tops = [0.51, 0.53, 0.59, 0.64, 0.81, 0.88, 0.92, 0.93, 0.96, 0.97, 0.98, 0.99, 0.99, 0.99, 0.99, 0.99]
+    moves = [0.008, 0.017, 0.025, 0.02, 0.035, 0.028, 0.005, 0.007, 0.004, 0.004, 0.001, 0.001, 0, 0, 0, 0]
+    reference = [{"p": np.float32([[top, 1 - top]])} for top in tops]
+    # the lead shrinks toward the tie, never across it: every sample agrees
+    candidate = [{"p": np.float32([[top - move, 1 - top + move]])} for top, move in zip(tops, moves)]
+    record = judge("cpu", reference, candidate, 0.99, {}, {"p": Decision("top1")}).outputs[0]["decision"]
+    assert record["agreement"] == 1.0
+    assert 0.95 < record["expected_agreement"] < 0.99 and record["passed"] is False
+    still = [{"p": np.float32([[top - move / 50, 1 - top + move / 50]])} for top, move in zip(tops, moves)]
+    assert judge("cpu", reference, still, 0.99, {}, {"p": Decision("top1")}).passed
+
 def test_a_sequence_is_judged_whole():
     """A frame tagger's [1, 48, 5] scores: one position in 48 changes on a quarter of the samples.
     Per position that is 99.5% agreement, but a tagging (a string) is right only when every

@@ -137,6 +137,35 @@ def test_a_two_class_near_tie_counts_in_the_expected_agreement():
     still = [{"p": np.float32([[top - move / 50, 1 - top + move / 50]])} for top, move in zip(tops, moves)]
     assert judge("cpu", reference, still, 0.99, {}, {"p": Decision("top1")}).passed
 
+def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
+    """The NPU journey's recommender: 50 candidates' Sigmoid scores in one row. Its A16W8 model kept
+    the map at 0.5, and its best-scored candidate changed on 19 of 400 fresh inputs
+    (bench/decision_rates.py). A [N, C] Sigmoid output is read both ways: here every score stays
+    below 0.5 (the map agrees), and the best two candidates swap on 2 of 16 samples."""
+    rng = np.random.default_rng(5)
+    reference, candidate = [], []
+    for index in range(16):
+        scores = (0.1 + 0.3 * rng.random((1, 8))).astype(np.float32)
+        other = scores + np.float32(1e-5) * rng.standard_normal((1, 8)).astype(np.float32)
+        if index % 8 == 0:  # swap the best two
+            order = np.argsort(other[0])
+            other[0, order[-1]], other[0, order[-2]] = other[0, order[-2]], other[0, order[-1]]
+        reference.append({"scores": scores})
+        candidate.append({"scores": other})
+    decision = infer_decisions(_graph({"scores": ("Sigmoid", [1, 8])}), reference)["scores"]
+    assert decision.kind == "map" and decision.ranked and decision.record()["ranked"] is True
+    record = judge_decision(decision, [r["scores"] for r in reference], [c["scores"] for c in candidate])
+    assert record["agreement"] == 1.0 and record["ranking"]["agreement"] == 0.875
+    assert record["ranking"]["passed"] is False and record["passed"] is False
+    from ortprep.steps.quantize.evaluate import _decision_text
+
+    assert "best-scored class" in _decision_text(record) and "87.5%" in _decision_text(record)
+    # a map laid out as an image is not ranked; --metric OUTPUT=map judges the threshold alone
+    assert not infer_decisions(_graph({"mask": ("Sigmoid", [1, 1, 8, 8])}), [{"mask": rng.random((1, 1, 8, 8))}])["mask"].ranked
+    told = infer_decisions(_graph({"scores": ("Sigmoid", [1, 8])}), reference, {"scores": "map"})["scores"]
+    assert judge_decision(told, [r["scores"] for r in reference], [c["scores"] for c in candidate])["passed"] is True
+
+
 def test_a_sequence_is_judged_whole():
     """A frame tagger's [1, 48, 5] scores: one position in 48 changes on a quarter of the samples.
     Per position that is 99.5% agreement, but a tagging (a string) is right only when every

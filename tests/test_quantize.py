@@ -615,7 +615,7 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     calib = write_samples(tmp_path / "calib", "x", (1, 16), 24)
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib,  # uint16 activations
-                               "-o", tmp_path / "q.onnx", "--metric", "scores=cosine")
+                               "-o", tmp_path / "q.onnx", "--metric", "scores=cosine", "--metric", "gate=map")
     assert code == 0, record["findings"]
     assert record["output_headroom"] == {"factor": 2.0, "outputs": ["scores"]}
 

@@ -755,6 +755,16 @@ def _decision_text(decision: dict) -> str:
         return (text + f"; whole sequences agree on {share_text(whole)} of these samples and on about "
                 f"{share_text(whole_expected)} to expect on unseen ones (the gate asks {REQUIRED_SEQUENCES:.0%}: a string "
                 "is right only when every position is)")
+    ranking = decision.get("ranking") or {}
+    if decision["kind"] == "map" and ranking.get("passed") is False and (
+            required is None or (share is not None and share >= required and (expected is None or expected >= required))):
+        # the thresholded scores agree, the row's best-scored class (what a ranking reads) does not
+        best, best_expected = ranking.get("agreement"), ranking.get("expected_agreement")
+        text += (f"; but each row's best-scored class (what an application that ranks the scores reads) agrees on "
+                 f"{'n/a' if best is None else f'{best:.1%}'} of these samples and about "
+                 f"{'n/a' if best_expected is None else f'{best_expected:.1%}'} to expect on unseen ones "
+                 f"(the gate asks {ranking.get('required', 0.99):.0%}; --metric OUTPUT=map judges the threshold alone)")
+        return text
     regions, needed = decision.get("region_agreement"), decision.get("required_regions")
     if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
             required is None or (share is not None and share >= required)):

@@ -1,0 +1,148 @@
+"""How often the journey's quantized models change the application's decision, measured on many
+fresh inputs, beside the agreement ortprep's gate expected.
+
+The journey judges each written QDQ model on 8 unseen samples; a decision that flips on 1 input in
+100 passes 8 samples 92% of the time, so "0 passes of a wrong output" on 8 samples says little.
+This script draws N fresh realistic inputs per model (the journey's own generators, seed 11: the
+journey's calibration samples are seed 1, its unseen samples seed 7), runs the float model and the
+QDQ model the journey wrote, both on the CPU EP, and counts the application's decisions that differ
+(journey.decide: top-1 class, greedy CTC text, argmax per position, speech at 0.5). Beside it: the
+bar the application holds (the bench/apps bars: 99% of labels, 95% of strings, 98% of VAD frames),
+the 95% Wilson interval of the measured agreement, and the expected agreement that quantize's gate
+reported for the same output (its ``verify.outputs[].decision.expected_agreement``, and the
+confirmation's over held-back and calibration samples together, on the CPU EP and on QNN).
+
+A model whose measured agreement is below its bar with its whole interval, and that quantize
+passed, is a pass of a wrong output that 8 samples could not show.
+
+    .venv/bin/python bench/decision_rates.py [--journey bench/out/journey] [-n 300] [--only NAME ...]
+
+Only the CPU EP runs the QDQ model here (the QNN simulator takes seconds per sample on the larger
+models); the journey's own table compares QNN with the CPU EP per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from journey import decide  # noqa: E402
+from journey_corpus import CORPUS  # noqa: E402
+
+SEED = 11
+# the application's bar per decision kind: bench/apps (labels 99%, strings 95%, VAD frames 98%)
+BARS = {"top1": 0.99, "ctc": 0.95, "argmax_seq": 0.95, "speech": 0.98}
+
+
+def wilson(agree: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion."""
+    if total == 0:
+        return (0.0, 1.0)
+    p = agree / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def gate_expected(report: dict) -> dict:
+    """The gate's expected agreement for the decided outputs: held-back samples (CPU, QNN), and
+    the confirmation over held-back and calibration samples (CPU, QNN); the lowest over outputs."""
+    verify = report.get("verify") or {}
+
+    def lowest(outputs: list[dict]) -> float | None:
+        values = [o["decision"]["expected_agreement"] for o in outputs
+                  if (o.get("decision") or {}).get("expected_agreement") is not None]
+        return min(values) if values else None
+
+    confirmation = verify.get("confirmation") or {}
+    return {"held_back_cpu": lowest(verify.get("outputs") or []),
+            "held_back_qnn": lowest((verify.get("ep") or {}).get("outputs") or []),
+            "confirmation_cpu": lowest((confirmation.get("cpu") or {}).get("outputs") or []),
+            "confirmation_qnn": lowest((confirmation.get("ep") or {}).get("outputs") or [])}
+
+
+def measure(case, folder: Path, count: int) -> dict | None:
+    import onnxruntime as ort
+
+    report_path, qdq = folder / "quantize.json", folder / "qdq.onnx"
+    if not report_path.exists() or not qdq.exists():
+        return None
+    report = json.loads(report_path.read_text())
+    # the float model quantize read: the fixed-shape file, a model built in the case's folder, or
+    # the one shipped in a wheel (the journey's models/)
+    candidates = [folder / "fixed.onnx", folder / f"{case.name}.onnx", folder.parent / "models" / Path(report["input"]).name]
+    float_model = next((path for path in candidates if path.exists()), Path(report["input"]))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    reference = ort.InferenceSession(str(float_model), options, providers=["CPUExecutionProvider"])
+    candidate = ort.InferenceSession(str(qdq), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(SEED)
+    agree = 0
+    started = time.perf_counter()
+    for index in range(count):
+        feeds = {k: np.ascontiguousarray(v) for k, v in case.inputs(rng, index).items()}
+        want = decide(case.decision, reference.run(None, feeds)[case.decision_output])
+        got = decide(case.decision, candidate.run(None, feeds)[case.decision_output])
+        agree += want == got
+    low, high = wilson(agree, count)
+    bar = BARS[case.decision]
+    return {"model": case.name, "half": case.half, "decision": case.decision, "samples": count, "agree": agree,
+            "agreement": agree / count, "interval": [low, high], "bar": bar,
+            "below_bar": high < bar, "above_bar": low >= bar,
+            "precision": (report.get("auto") or {}).get("chosen"), "excluded": len(report.get("excluded_nodes") or []),
+            "expected": gate_expected(report), "seconds": round(time.perf_counter() - started, 1)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | half | decision | precision written | measured agreement (95% interval) | bar | verdict | "
+             "gate expected: held-back CPU / QNN | with calibration samples: CPU / QNN |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(value) -> str:
+        return "-" if value is None else f"{value * 100:.2f}%"
+
+    for row in rows:
+        verdict = ("**below the bar**" if row["below_bar"] else "above the bar" if row["above_bar"]
+                   else "at the bar (interval holds it)")
+        e = row["expected"]
+        lines.append(f"| {row['model']} | {row['half']} | {row['decision']} | {row['precision'] or '-'} "
+                     f"({row['excluded']} float) | {row['agree']}/{row['samples']} = {pct(row['agreement'])} "
+                     f"({pct(row['interval'][0])}-{pct(row['interval'][1])}) | {pct(row['bar'])} | {verdict} | "
+                     f"{pct(e['held_back_cpu'])} / {pct(e['held_back_qnn'])} | "
+                     f"{pct(e['confirmation_cpu'])} / {pct(e['confirmation_qnn'])} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--journey", type=Path, default=BENCH / "out" / "journey")
+    parser.add_argument("-n", type=int, default=300, help="fresh inputs per model (default 300)")
+    parser.add_argument("--only", nargs="*")
+    args = parser.parse_args()
+    rows = []
+    for case in CORPUS:
+        if case.decision is None or (args.only and case.name not in args.only):
+            continue
+        row = measure(case, args.journey / case.name, args.n)
+        if row is None:
+            print(f"{case.name}: no QDQ model written by the journey", file=sys.stderr)
+            continue
+        print(f"{case.name}: {row['agree']}/{row['samples']} in {row['seconds']} s", file=sys.stderr, flush=True)
+        rows.append(row)
+    rows.sort(key=lambda r: (r["half"] != "eval", r["model"]))
+    (args.journey / "decision_rates.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -608,7 +608,9 @@ def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
     for index, value in enumerate(samples):
         np.savez(calib / f"s{index}.npz", x=value)
     ours = tmp_path / "sig.qdq.onnx"
-    assert invoke("quantize", model, "--static", "--ep", "qnn", "--calib", calib, "-o", ours).exit_code == 0
+    # judged as a thresholded map: its 32 scores sit together near 0.5, and their ranking (which
+    # 8-bit weights change) is not what this test is about
+    assert invoke("quantize", model, "--static", "--ep", "qnn", "--calib", calib, "-o", ours, "--metric", "y=map").exit_code == 0
     scale = next(t for t in onnx.load(str(ours)).graph.initializer if t.name.startswith("y_scale"))
     assert float(numpy_helper.to_array(scale)) == 1.0 / 65536.0
     loaded = invoke("load", ours, "--ep", "qnn", "--reference", model, "--json")

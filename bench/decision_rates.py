@@ -15,7 +15,7 @@ confirmation's over held-back and calibration samples together, on the CPU EP an
 A model whose measured agreement is below its bar with its whole interval, and that quantize
 passed, is a pass of a wrong output that 8 samples could not show.
 
-    .venv/bin/python bench/decision_rates.py [--journey bench/out/journey] [-n 300] [--only NAME ...]
+    .venv/bin/python bench/decision_rates.py [--journey bench/out/journey] [-n 400] [--only NAME ...]
 
 Only the CPU EP runs the QDQ model here (the QNN simulator takes seconds per sample on the larger
 models); the journey's own table compares QNN with the CPU EP per model.
@@ -53,21 +53,25 @@ def wilson(agree: int, total: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def gate_expected(report: dict) -> dict:
-    """The gate's expected agreement for the decided outputs: held-back samples (CPU, QNN), and
-    the confirmation over held-back and calibration samples (CPU, QNN); the lowest over outputs."""
+def gate_expected(report: dict, output: str) -> dict:
+    """The gate's expected agreement for the decided output: on the held-back samples (CPU, QNN),
+    and in the confirmation over held-back and calibration samples (CPU, QNN). For a ranked map
+    (a [N, C] Sigmoid output) the ranking's figure: the application's decision here is the best
+    score, not the threshold."""
     verify = report.get("verify") or {}
 
-    def lowest(outputs: list[dict]) -> float | None:
-        values = [o["decision"]["expected_agreement"] for o in outputs
-                  if (o.get("decision") or {}).get("expected_agreement") is not None]
-        return min(values) if values else None
+    def expected(outputs: list[dict]) -> float | None:
+        for entry in outputs:
+            decision = entry.get("decision") or {}
+            if entry.get("name") == output and decision:
+                return (decision.get("ranking") or decision).get("expected_agreement")
+        return None
 
     confirmation = verify.get("confirmation") or {}
-    return {"held_back_cpu": lowest(verify.get("outputs") or []),
-            "held_back_qnn": lowest((verify.get("ep") or {}).get("outputs") or []),
-            "confirmation_cpu": lowest((confirmation.get("cpu") or {}).get("outputs") or []),
-            "confirmation_qnn": lowest((confirmation.get("ep") or {}).get("outputs") or [])}
+    return {"held_back_cpu": expected(verify.get("outputs") or []),
+            "held_back_qnn": expected((verify.get("ep") or {}).get("outputs") or []),
+            "confirmation_cpu": expected((confirmation.get("cpu") or {}).get("outputs") or []),
+            "confirmation_qnn": expected((confirmation.get("ep") or {}).get("outputs") or [])}
 
 
 def measure(case, folder: Path, count: int) -> dict | None:
@@ -85,6 +89,7 @@ def measure(case, folder: Path, count: int) -> dict | None:
     options.intra_op_num_threads = 1
     reference = ort.InferenceSession(str(float_model), options, providers=["CPUExecutionProvider"])
     candidate = ort.InferenceSession(str(qdq), options, providers=["CPUExecutionProvider"])
+    output = reference.get_outputs()[case.decision_output].name
     rng = np.random.default_rng(SEED)
     agree = 0
     started = time.perf_counter()
@@ -99,7 +104,7 @@ def measure(case, folder: Path, count: int) -> dict | None:
             "agreement": agree / count, "interval": [low, high], "bar": bar,
             "below_bar": high < bar, "above_bar": low >= bar,
             "precision": (report.get("auto") or {}).get("chosen"), "excluded": len(report.get("excluded_nodes") or []),
-            "expected": gate_expected(report), "seconds": round(time.perf_counter() - started, 1)}
+            "expected": gate_expected(report, output), "seconds": round(time.perf_counter() - started, 1)}
 
 
 def table(rows: list[dict]) -> str:
@@ -125,7 +130,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--journey", type=Path, default=BENCH / "out" / "journey")
-    parser.add_argument("-n", type=int, default=300, help="fresh inputs per model (default 300)")
+    parser.add_argument("-n", type=int, default=400, help="fresh inputs per model (default 400)")
     parser.add_argument("--only", nargs="*")
     args = parser.parse_args()
     rows = []

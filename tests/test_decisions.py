@@ -166,6 +166,36 @@ def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
     assert judge_decision(told, [r["scores"] for r in reference], [c["scores"] for c in candidate])["passed"] is True
 
 
+def test_a_ranking_fails_beside_a_map_that_passes_and_ties_decide_nothing():
+    """Scores above and below 0.5 (the map has positives and keeps them) whose best two swap on 2
+    of 16 rows: the map passes, the ranking fails, and verify's words say which. Rows whose best
+    two scores are exactly equal (two labels saturated at 1.0 in float32) decide nothing: an
+    identical candidate passes, and one that moves a tied score by a step changes no decision."""
+    from ortprep.transforms.verify import describe_decision
+
+    rng = np.random.default_rng(6)
+    reference, candidate = [], []
+    for index in range(16):
+        scores = np.float32([[0.9, 0.7, 0.3, 0.1]]) + np.float32(0.05) * rng.random((1, 4)).astype(np.float32)
+        other = scores.copy()
+        if index % 8 == 0:
+            other[0, [0, 1]] = other[0, [1, 0]]
+        reference.append(scores)
+        candidate.append(other)
+    record = judge_decision(Decision("map", 0.5, ranked=True), reference, candidate)
+    assert record["agreement"] == 1.0 and record["expected_agreement"] > 0.99  # the same two above 0.5
+    assert record["ranking"]["agreement"] == 0.875 and record["passed"] is False
+    words = describe_decision({**record, "name": "scores"})
+    assert "best-scored class agrees 0.8750" in words and "--metric scores=map" in words
+    tied = [np.float32([[1.0, 1.0, 0.04, 0.01]]) for _ in range(8)]
+    same = judge_decision(Decision("map", 0.5, ranked=True), tied, [t.copy() for t in tied])
+    assert same["passed"] is True and same["ranking"]["agreement"] is None
+    moved = [t - np.float32([[0.0, 1e-6, 0, 0]]) for t in tied]
+    assert judge_decision(Decision("map", 0.5, ranked=True), tied, moved)["passed"] is True
+    assert agreement(Decision("top1"), tied + [np.float32([[0.2, 0.9, 0.1, 0.0]])],
+                     moved + [np.float32([[0.9, 0.2, 0.1, 0.0]])]) == 0.0  # the one decided row flipped
+
+
 def test_a_sequence_is_judged_whole():
     """A frame tagger's [1, 48, 5] scores: one position in 48 changes on a quarter of the samples.
     Per position that is 99.5% agreement, but a tagging (a string) is right only when every

@@ -617,6 +617,11 @@ def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
     assert loaded.exit_code == 0, loaded.stdout[-1500:]
     qnn = next(r for r in loaded.json()["results"] if r["ep"] == "qnn")
     assert qnn["outputs_match"] is True and abs(qnn["three_way"]["total"]["norm_ratio"] - 1) < 0.02
+    # load reads the [1, 32] Sigmoid output as a ranked map unless told otherwise, as quantize does
+    assert qnn["outputs"][0]["decision"]["ranked"] is True and "ranking" in qnn["outputs"][0]["decision"]
+    told = invoke("load", ours, "--ep", "qnn", "--reference", model, "--metric", "y=map", "--json")
+    decision = next(r for r in told.json()["results"] if r["ep"] == "qnn")["outputs"][0]["decision"]
+    assert decision["chosen_by"] == "--metric" and "ranking" not in decision and "ranked" not in decision
 
 
 @needs_qnn

@@ -314,6 +314,10 @@ class LoadOptions(StepOptions):
                                  "file); placement is always recorded at the default level a user's session gets.",
                                  Kind.FLAG)
     device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
+    metrics: dict[str, str] = option(
+        {}, "What the application reads from an output, where an output beyond the elementwise tolerance may still "
+        "hold: OUTPUT=top1, argmax, map[:THRESHOLD] or cosine (none); inferred from each output's form when not given "
+        "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
 
     def validate(self, where: str) -> None:
         _check_device(self.device, self.eps, self.provider_options, where)
@@ -368,6 +372,10 @@ class CompileOptions(StepOptions):
     eval: str | Path | None = option(None, "Also compare on these samples (a folder of .npz/.npy, or a stacked .npz; "
                                      f"up to {32} of them): each is judged as the --inputs run is, and one beyond the "
                                      "tolerance fails the compile.", Kind.DATA, metavar="DATA")
+    metrics: dict[str, str] = option(
+        {}, "What the application reads from an output, where an output beyond the elementwise tolerance may still "
+        "hold: OUTPUT=top1, argmax, map[:THRESHOLD] or cosine (none); inferred from each output's form when not given "
+        "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
 
     def validate(self, where: str) -> None:
         _check_device(self.device, [self.ep], self.provider_options, where)

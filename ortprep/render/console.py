@@ -348,6 +348,7 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
                 f"{escape(o['name'])} {o['decision']['kind']}"
                 + (f"@{o['decision']['threshold']:g}" if o['decision'].get('threshold') is not None else "")
                 + f" {_number(o['decision']['agreement'])}"
+                + (f", ranked {_number(o['decision']['ranking']['agreement'])}" if o['decision'].get('ranking') else "")
                 + (" (reported, not gated)" if not o['decision'].get('gated', True) else
                    f" (needs {o['decision']['required']:g}, " + ("[green]ok[/]" if o['decision']['passed'] else "[red]differs[/]")
                    + ")") for o in decided))

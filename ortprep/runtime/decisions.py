@@ -18,7 +18,9 @@ reads from it:
 - ``map``: a probability map, made by a Sigmoid (or, with one channel, a Softmax) with values
   in [0, 1]: the elements above a threshold (0.5, or ``map:T``), compared by F1; and, for a map
   with two spatial axes, the connected regions above each of :data:`MAP_LEVELS` (or above T alone),
-  compared by their bounding boxes (see :func:`region_agreement`);
+  compared by their bounding boxes (see :func:`region_agreement`); a [N, C] map made by a Sigmoid
+  (a recommender's candidates, a multi-label tagger's labels) is *ranked* too: each row's
+  best-scored class held to the ``top1`` bar (``map`` given by ``--metric`` is not ranked);
 - ``cosine``: no decision; cosine and the norm ratio alone.
 
 ``--metric OUTPUT=KIND`` overrides the inference for one output. Agreement is pooled over the
@@ -46,9 +48,12 @@ REQUIRED_SEQUENCES = 0.95
 CLASS_GAP = 1.0
 MAP_THRESHOLD = 0.5
 # Rows of independent scores from a Sigmoid ([N, C], C >= 2) are thresholded by some applications
-# and ranked by others, and ortprep is not told which: both are held. Measured on the NPU journey's
-# recommender (50 candidates' scores, bench/decision_rates.py): its A16W8 model kept the map at 0.5
-# (F1 1.0, 99.97% expected) while its best-scored candidate changed on 19 of 400 fresh inputs.
+# and ranked by others, and ortprep is not told which: both are held (Decision.ranked). Measured on
+# the NPU journey's recommender (50 candidates' scores, bench/decision_rates.py): its A16W8 model
+# kept the map at 0.5 (F1 1.0, 99.97% expected) while its best-scored candidate changed on 19 of
+# 400 fresh inputs.
+RANKED_MIN_CLASSES = 2
+
 # What an application that boxes a map (a text or object detector: threshold, connected regions, a
 # box per region, a crop per box) reads from it is its regions' boxes, and a box one pixel off is a
 # different crop. Measured on rapidocr's PP-OCRv6 detector (bench/apps): FP16 kept the map's F1 at
@@ -79,7 +84,7 @@ class Decision:
     threshold_given: bool = field(default=False, compare=False)
     # map: True for rows of independent scores ([N, C] from a Sigmoid: a recommender's candidates,
     # a multi-label tagger's labels): an application ranks them too, so each row's best-scored
-    # class is held to the top-1 bar beside the map (see RANKED)
+    # class is held to the top-1 bar beside the map (see RANKED_MIN_CLASSES)
     ranked: bool = field(default=False, compare=False)
 
     def label(self) -> str:
@@ -179,7 +184,8 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
             # raw scores per position (a frame tagger's, a token classifier's): the argmax per position
             decisions[name] = Decision("argmax")
         elif probability and (maker == "Sigmoid" or (maker == "Softmax" and len(shape) >= 3 and shape[1] == 1)):
-            decisions[name] = Decision("map", MAP_THRESHOLD, ranked=maker == "Sigmoid" and len(shape) == 2 and shape[-1] >= 2)
+            decisions[name] = Decision("map", MAP_THRESHOLD,
+                                       ranked=maker == "Sigmoid" and len(shape) == 2 and shape[-1] >= RANKED_MIN_CLASSES)
     return decisions
 
 
@@ -192,6 +198,16 @@ _CLASS_WORDS = ("logit", "class", "score", "prob", "label", "tag", "pred")
 def _named_as_classes(name: str) -> bool:
     lowered = name.lower()
     return any(word in lowered for word in _CLASS_WORDS)
+
+
+def _decided(rows: np.ndarray) -> np.ndarray:
+    """The rows whose largest value is unique: where the float model's top two are exactly equal
+    (two Sigmoid scores saturated at 1.0 in float32) its argmax is the first index by convention,
+    not a decision, and a candidate moving either by one step "flips" it."""
+    if rows.shape[-1] < 2:
+        return np.ones(rows.shape[0], bool)
+    ordered = np.sort(rows, axis=-1)
+    return ordered[:, -1] > ordered[:, -2]
 
 
 def _class_gap(values: list[np.ndarray]) -> float:
@@ -212,7 +228,9 @@ def agreement(decision: Decision, reference: list[np.ndarray], candidate: list[n
         for r, c in pairs:
             if r.ndim < 1 or r.shape[-1] < 2:
                 continue
-            a, b = np.argmax(r, axis=-1), np.argmax(c, axis=-1)
+            rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
+            decided = _decided(rows)
+            a, b = np.argmax(rows[decided], axis=-1), np.argmax(other[decided], axis=-1)
             same += int(np.sum(a == b))
             total += a.size
         return same / total if total else None
@@ -340,10 +358,28 @@ def _flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
     margins, errors = _thin(np.asarray(margins, np.float64)), _thin(np.asarray(errors, np.float64))
     if margins.size == 0 or errors.size == 0:
         return 0.0
-    ordered = np.sort(margins)
-    positions = np.arange(1, ordered.size + 1) / (ordered.size + 1)
-    cdf = np.interp(errors, np.concatenate([[0.0], ordered]), np.concatenate([[0.0], positions]), left=0.0, right=1.0)
-    return float(np.mean(cdf))
+    count = margins.size + 1
+    tied = int(np.sum(margins <= 0.0))  # a margin of 0 (an exact tie) is below any positive error
+    ordered = np.sort(margins[margins > 0.0])
+    floor = tied / count
+    if ordered.size == 0:
+        cdf = np.full(errors.shape, floor)
+    else:
+        # the CDF through (0, floor) and each margin's plotting position k / (n + 1); a repeated margin
+        # rises from its first position to its last where it stands
+        values = np.unique(ordered)
+        first = (tied + np.searchsorted(ordered, values, side="left") + 1) / count
+        last = (tied + np.searchsorted(ordered, values, side="right")) / count
+        index = np.searchsorted(values, errors, side="left")  # the margins' values below each error
+        inside = np.minimum(index, values.size - 1)
+        left_x = np.where(index == 0, 0.0, values[np.maximum(index - 1, 0)])
+        left_y = np.where(index == 0, floor, last[np.maximum(index - 1, 0)])
+        right_x, right_y = values[inside], first[inside]
+        width = np.where(right_x > left_x, right_x - left_x, 1.0)
+        # beyond the largest margin every decision is within reach
+        cdf = np.where(index >= values.size, 1.0, left_y + (errors - left_x) / width * (right_y - left_y))
+    # an error that does not move a decision toward its boundary flips none
+    return float(np.mean(np.where(errors > 0.0, cdf, 0.0)))
 
 
 def _leads(rows: np.ndarray) -> np.ndarray:
@@ -393,6 +429,10 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
             if r.ndim < 1 or r.shape[-1] < 2:
                 continue
             rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
+            decided = _decided(rows)
+            rows, other = rows[decided], other[decided]
+            if rows.shape[0] == 0:
+                continue
             lead = np.argmax(rows, axis=-1)
             index = np.arange(rows.shape[0])
 
@@ -410,7 +450,8 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
             errors.append(float_lead - lead_over_rest(other))
         if not margins:
             return None
-        margins.extend(_raw_leads(m.reshape(-1, m.shape[-1])) for m in more if m.ndim >= 1 and m.shape[-1] >= 2)
+        margins.extend(lead[lead > 0] for lead in (_raw_leads(m.reshape(-1, m.shape[-1])) for m in more
+                                                   if m.ndim >= 1 and m.shape[-1] >= 2))
         return 1.0 - _flip_rate(np.concatenate(margins), np.concatenate(errors))
     threshold = decision.threshold if decision.threshold is not None else MAP_THRESHOLD
     reference_values = np.concatenate([r.ravel() for r, _ in pairs])
@@ -493,8 +534,9 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
         if decision.ranked:
             best = Decision("top1", chosen_by=decision.chosen_by)
             ranked, ranked_expected = agreement(best, reference, candidate), expected_agreement(best, reference, candidate, more)
-            ranking_passed = (ranked is not None and ranked >= REQUIRED["top1"]
-                              and (ranked_expected is None or ranked_expected >= REQUIRED["top1"]))
+            # no row with a unique best score (every row a tie): nothing ranked to keep
+            ranking_passed = ranked is None or (ranked >= REQUIRED["top1"]
+                                                and (ranked_expected is None or ranked_expected >= REQUIRED["top1"]))
             record["ranking"] = {"agreement": ranked, "expected_agreement": ranked_expected, "required": REQUIRED["top1"],
                                  "passed": ranking_passed}
             passed = passed and ranking_passed

@@ -115,14 +115,16 @@ def judge_output(name: str, reference: np.ndarray, candidate: np.ndarray, tolera
             "shape_match": diff.shape_match, "within_tolerance": bool(ok and not scaled)}
 
 
-def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+                  metrics: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Every output of ``reference`` judged (a missing one fails); ``proto`` is the model that made
-    ``candidate`` (its DequantizeLinear scales set a quantized output's tolerance)."""
+    ``candidate`` (its DequantizeLinear scales set a quantized output's tolerance); ``metrics``:
+    output -> decision (--metric), over what each output's form says."""
     from ortprep.runtime.decisions import infer_decisions, judge_decision
 
     quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in proto.graph.node)
     ranges = output_ranges(proto) if quantized else {}
-    decisions = infer_decisions(proto, [{k: np.asarray(v) for k, v in reference.items()}])
+    decisions = infer_decisions(proto, [{k: np.asarray(v) for k, v in reference.items()}], metrics)
     judged = []
     for name, value in reference.items():
         other = candidate.get(name)

@@ -85,7 +85,7 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         if status.get("ok"):
             # load's rule (runtime/tolerance.py): the EP's precision, a quantized model's own steps, the norm
             comparison = judge_outputs(handle.proto, spec.name, {name: reply.reference[name] for name in reply.output_names},
-                                       {name: reply.compiled[name] for name in reply.output_names})
+                                       {name: reply.compiled[name] for name in reply.output_names}, options.metrics)
         data["stage"] = status.get("stage")
         data["error"] = status.get("error")
         data["outputs"] = comparison
@@ -161,19 +161,19 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
     judged = []
     candidates = [{k: np.asarray(v) for k, v in candidate.items()} for candidate in reply.samples]
     for index, (reference, candidate) in enumerate(zip(source.samples, candidates)):
-        outputs = judge_outputs(handle.proto, spec.name, reference, candidate)
+        outputs = judge_outputs(handle.proto, spec.name, reference, candidate, options.metrics)
         lowest = min((c["cosine"] for c in outputs if c["cosine"] is not None), default=None)
         judged.append({"sample": index, "passed": all(c["within_tolerance"] for c in outputs), "cosine": lowest,
                        "outputs": outputs})
-    pooled = _pooled_decisions(handle, source.samples, candidates, judged)
+    pooled = _pooled_decisions(handle, source.samples, candidates, judged, options.metrics)
     failed = [j for j in judged if not j["passed"]]
     worst = sorted(failed or judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0)[:1]
     return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
             "worst": worst[0] if worst else None, "decisions": pooled}
 
 
-def _pooled_decisions(handle: ModelHandle, references: list[dict], candidates: list[dict], judged: list[dict]
-                      ) -> dict[str, Any]:
+def _pooled_decisions(handle: ModelHandle, references: list[dict], candidates: list[dict], judged: list[dict],
+                      metrics: dict[str, str] | None = None) -> dict[str, Any]:
     """Each gated decision judged over all the samples together, as quantize's gate judges it (a
     share of classes, positions, whole strings, regions, against its bar), instead of on one
     sample at a time: one CTC position in one of 24 samples otherwise fails a compile that keeps
@@ -184,7 +184,7 @@ def _pooled_decisions(handle: ModelHandle, references: list[dict], candidates: l
     from ortprep.runtime.decisions import infer_decisions, judge_decision
     from ortprep.runtime.tolerance import DECISION_COSINE, NORM_TOLERANCE
 
-    decisions = infer_decisions(handle.proto, [{k: np.asarray(v) for k, v in r.items()} for r in references])
+    decisions = infer_decisions(handle.proto, [{k: np.asarray(v) for k, v in r.items()} for r in references], metrics)
     pooled: dict[str, Any] = {}
     for name, decision in decisions.items():
         if not decision.gated or not all(name in c for c in candidates):

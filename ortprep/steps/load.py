@@ -99,14 +99,14 @@ def ep_rejections(log_text: str) -> dict[str, dict[str, str]]:
     return found
 
 
-def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], proto, ep: str
-             ) -> tuple[bool | None, float | None, list[dict[str, Any]]]:
+def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], proto, ep: str,
+             metrics: dict[str, str] | None = None) -> tuple[bool | None, float | None, list[dict[str, Any]]]:
     """Do the EP's outputs match the CPU EP's? One rule with compile (runtime/tolerance.py): a share
     of the output's scale by the precision the EP computes in, a quantized model's own steps, and
     the output's norm within NORM_TOLERANCE."""
     if reference is None:
         return None, None, []
-    judged = judge_outputs(proto, ep, reference, outputs)
+    judged = judge_outputs(proto, ep, reference, outputs, metrics)
     worst = max((j["max_abs_diff"] for j in judged if j["max_abs_diff"] is not None), default=None)
     return all(j["within_tolerance"] for j in judged), worst, judged
 
@@ -272,7 +272,7 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     fallback = sorted(n for n, ep in assignment.items() if ep != provider)
     strict_ok = status["strict"]["ok"]
     match, max_abs, judged = (None, None, []) if provider == "CPUExecutionProvider" else \
-        _compare(reference, status["outputs"], analysis.handle.proto, name)
+        _compare(reference, status["outputs"], analysis.handle.proto, name, options.metrics)
     latencies = status.get("latency_ms", [])
     record.update(
         status="ok" if strict_ok is not False and not fallback else "fallback",

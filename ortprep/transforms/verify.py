@@ -162,6 +162,15 @@ def describe_decision(record: dict) -> str:
         parts.append(f"whole sequences {record['sequence_agreement']:.4f}")
     required = REQUIRED.get(record["kind"])
     text = f"'{record['name']}' ({kind}) agrees {', '.join(parts) or 'on nothing comparable'}"
+    ranking = record.get("ranking") or {}
+    if ranking.get("passed") is False and (required is None or (record.get("agreement") or 0.0) >= required):
+        # the thresholded scores agree, the row's best-scored class does not
+        best = ranking.get("agreement")
+        best_expected = ranking.get("expected_agreement")
+        return (text + "; but each row's best-scored class agrees "
+                + (f"{best:.4f} on the samples" if best is not None else "on nothing comparable")
+                + (f", {best_expected:.4f} expected on unseen inputs" if best_expected is not None else "")
+                + f", below the {ranking.get('required', 0.99):g} required (--metric {record['name']}=map: the threshold alone)")
     regions = record.get("region_agreement")
     if regions is not None and regions < record.get("required_regions", 0.0):
         # the map's elements agree but its regions' boxes move: say that, not the F1

@@ -756,8 +756,8 @@ def _decision_text(decision: dict) -> str:
                 f"{share_text(whole_expected)} to expect on unseen ones (the gate asks {REQUIRED_SEQUENCES:.0%}: a string "
                 "is right only when every position is)")
     ranking = decision.get("ranking") or {}
-    if decision["kind"] == "map" and ranking.get("passed") is False and (
-            required is None or (share is not None and share >= required and (expected is None or expected >= required))):
+    if decision["kind"] == "map" and required and ranking.get("passed") is False and (
+            share is not None and share >= required and (expected is None or expected >= required)):
         # the thresholded scores agree, the row's best-scored class (what a ranking reads) does not
         best, best_expected = ranking.get("agreement"), ranking.get("expected_agreement")
         text += (f"; but each row's best-scored class (what an application that ranks the scores reads) agrees on "

@@ -443,7 +443,9 @@ def test_speed_is_timed_on_the_target_ep_where_it_is_the_devices_own(tmp_path):
     assert code == 0, record["findings"]
     timed = record["verify"]["ep_latency"]
     assert timed["ep"] == "openvino-cpu" and timed["float_ms"] > 0 and timed["quant_ms"] > 0
-    assert timed["ratio"] == pytest.approx(timed["quant_ms"] / timed["float_ms"], abs=2e-3)
+    # float_ms and quant_ms are rounded to 1e-4 ms, the ratio is taken before: tens of microseconds
+    # per run under load leave the recomputed ratio off by more than its own rounding
+    assert timed["ratio"] == pytest.approx(timed["quant_ms"] / timed["float_ms"], rel=1e-2)
     slower = findings(record, "QNT004")
     assert (timed["ratio"] > 1.0) == bool(slower)
     if slower:

@@ -16,9 +16,12 @@ A model whose measured agreement is below its bar with its whole interval, and t
 passed, is a pass of a wrong output that 8 samples could not show.
 
     .venv/bin/python bench/decision_rates.py [--journey bench/out/journey] [-n 400] [--only NAME ...]
+        [--ep cpu|qnn] [--qdq NAME=PATH]
 
-Only the CPU EP runs the QDQ model here (the QNN simulator takes seconds per sample on the larger
-models); the journey's own table compares QNN with the CPU EP per model.
+By default the CPU EP runs the QDQ model (the QNN simulator takes seconds per sample on the
+larger models; the journey's own table compares QNN with the CPU EP per model); ``--ep qnn`` runs
+it on the HTP simulator at ortprep's default device. ``--qdq NAME=PATH`` measures another QDQ file
+of that model (a refused one that ``--keep-failed`` wrote: was the refusal needless?).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from journey import decide  # noqa: E402
 from journey_corpus import CORPUS  # noqa: E402
 
 SEED = 11
+QNN_SOC_MODEL = "60"  # ortprep's default QNN device (Snapdragon X Elite), as the journey's sessions
 # the application's bar per decision kind: bench/apps (labels 99%, strings 95%, VAD frames 98%)
 BARS = {"top1": 0.99, "ctc": 0.95, "argmax_seq": 0.95, "speech": 0.98}
 
@@ -74,10 +78,28 @@ def gate_expected(report: dict, output: str) -> dict:
             "confirmation_qnn": expected((confirmation.get("ep") or {}).get("outputs") or [])}
 
 
-def measure(case, folder: Path, count: int) -> dict | None:
+def qnn_session(model: Path, soc_model: str):
+    """The QDQ model on QNN's HTP (the simulator here), as the journey builds it: the plugin EP
+    registered, then added through its device; CPU fallback for the nodes QNN does not take."""
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    provider = "QNNExecutionProvider"
+    if not any(d.ep_name == provider for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library(provider, onnxruntime_qnn.get_library_path())
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == provider]
+    options.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": soc_model})
+    session = ort.InferenceSession(str(model), sess_options=options)
+    session.disable_fallback()  # a failed QNN run stays a failure, never the CPU EP's outputs
+    return session
+
+
+def measure(case, folder: Path, count: int, qdq: Path | None = None, ep: str = "cpu") -> dict | None:
     import onnxruntime as ort
 
-    report_path, qdq = folder / "quantize.json", folder / "qdq.onnx"
+    report_path, qdq = folder / "quantize.json", qdq or folder / "qdq.onnx"
     if not report_path.exists() or not qdq.exists():
         return None
     report = json.loads(report_path.read_text())
@@ -88,7 +110,8 @@ def measure(case, folder: Path, count: int) -> dict | None:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     reference = ort.InferenceSession(str(float_model), options, providers=["CPUExecutionProvider"])
-    candidate = ort.InferenceSession(str(qdq), options, providers=["CPUExecutionProvider"])
+    candidate = (qnn_session(qdq, QNN_SOC_MODEL) if ep == "qnn"
+                 else ort.InferenceSession(str(qdq), options, providers=["CPUExecutionProvider"]))
     output = reference.get_outputs()[case.decision_output].name
     rng = np.random.default_rng(SEED)
     agree = 0
@@ -100,7 +123,8 @@ def measure(case, folder: Path, count: int) -> dict | None:
         agree += want == got
     low, high = wilson(agree, count)
     bar = BARS[case.decision]
-    return {"model": case.name, "half": case.half, "decision": case.decision, "samples": count, "agree": agree,
+    return {"model": case.name, "half": case.half, "decision": case.decision, "ep": ep, "file": str(qdq),
+            "samples": count, "agree": agree,
             "agreement": agree / count, "interval": [low, high], "bar": bar,
             "below_bar": high < bar, "above_bar": low >= bar,
             "precision": (report.get("auto") or {}).get("chosen"), "excluded": len(report.get("excluded_nodes") or []),
@@ -132,19 +156,26 @@ def main() -> int:
     parser.add_argument("--journey", type=Path, default=BENCH / "out" / "journey")
     parser.add_argument("-n", type=int, default=400, help="fresh inputs per model (default 400)")
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--ep", choices=["cpu", "qnn"], default="cpu",
+                        help="where the QDQ model runs (qnn: the HTP simulator, soc_model 60; slow on large models)")
+    parser.add_argument("--qdq", action="append", default=[], metavar="NAME=PATH",
+                        help="measure this QDQ file for model NAME instead of the journey's (e.g. a --keep-failed one)")
     args = parser.parse_args()
+    files = dict(text.split("=", 1) for text in args.qdq)
     rows = []
     for case in CORPUS:
         if case.decision is None or (args.only and case.name not in args.only):
             continue
-        row = measure(case, args.journey / case.name, args.n)
+        given = Path(files[case.name]) if case.name in files else None
+        row = measure(case, args.journey / case.name, args.n, given, args.ep)
         if row is None:
             print(f"{case.name}: no QDQ model written by the journey", file=sys.stderr)
             continue
         print(f"{case.name}: {row['agree']}/{row['samples']} in {row['seconds']} s", file=sys.stderr, flush=True)
         rows.append(row)
     rows.sort(key=lambda r: (r["half"] != "eval", r["model"]))
-    (args.journey / "decision_rates.json").write_text(json.dumps(rows, indent=1))
+    if not files:  # the journey's own files: the record sits beside them
+        (args.journey / f"decision_rates{'' if args.ep == 'cpu' else '_' + args.ep}.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
     return 0
 

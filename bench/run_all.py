@@ -36,6 +36,9 @@ SCRIPTS = [
     ("## One worker protocol", "bench/bench_worker.py"),
     ("## Reducing a failing session to its culprit", "bench/bench_prove.py"),
     ("## The NPU journey (issue 20)", "bench/journey.py"),
+    # the journey's QDQ models on 400 fresh inputs: its first table (the other two are session 12's
+    # files and hand-made QDQ files, left as they are)
+    ("## Decisions on 400 fresh inputs", "bench/decision_rates.py"),
     ("## Applications: ortprep's outputs swapped into real apps", "bench/apps/run.py"),
     ("## Weight-only quantization (issue 22)", "bench/bench_weight_only.py"),
 ]

@@ -399,8 +399,9 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     independent = write_samples(case, folder / "independent", INDEPENDENT, seed=7)
     sample = independent[0]
     fixed, qdq, ctx = folder / "fixed.onnx", folder / "qdq.onnx", folder / "ctx.onnx"
-    for stale in (fixed, qdq, ctx):
+    for stale in (fixed, qdq, ctx):  # and their external data: a refusal this run must leave nothing
         stale.unlink(missing_ok=True)
+        stale.with_name(stale.name + ".data").unlink(missing_ok=True)
     openvino = ["--runtime", f"openvino-cpu={OPENVINO}"]
     steps: dict[str, dict] = {}
 

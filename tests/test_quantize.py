@@ -569,6 +569,15 @@ def test_auto_holds_a_later_precision_to_the_search_margin(tmp_path):
     assert result.exit_code == 1 and not out.exists()
     assert tried[1]["label"] == "static uint16 activations, int8 weights"
     assert 0.9998 <= tried[1]["cosine"] < 0.9999 and tried[1]["passed"] is False and tried[1]["codes"] == ["QNT005"]
+    # --keep-failed keeps the last attempt's model, the one the report describes (it kept the
+    # first attempt's while the report described the last: measured on PP-OCR's direction
+    # classifier, a file of uint8 weights beside a report of int16 ones)
+    kept = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.9998",
+                  "--keep-failed", "--json").json()
+    assert not out.exists() and kept["auto"]["kept_failed_attempt"] == kept["auto"]["tried"][-1]["label"]
+    assert kept["auto"]["tried"][-1]["label"].startswith("dynamic int8")  # the last of static, A16W8, dynamic
+    ops = {node.op_type for node in onnx.load(kept["kept_failed"]).graph.node}
+    assert "DynamicQuantizeLinear" in ops and "QuantizeLinear" not in ops  # the dynamic model, not the static first
 
 
 def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):

@@ -126,7 +126,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
 
     tried: list[dict[str, Any]] = []
     report: StepResult | None = None
-    kept = None  # --keep-failed keeps the first attempt's refused model (NAME.failed.onnx)
+    # --keep-failed keeps the latest refused attempt's model (NAME.failed.onnx) and says which
+    kept, kept_label = None, None
     order = auto_order(options)
     # the CPU's latency judges only a CPU target; a result written over its own input is not moved
     on_cpu = options.ep in (None, "cpu") and not (handle.path is not None and Path(handle.path).resolve() == dest.resolve())
@@ -142,20 +143,25 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             # classifier, per-channel int8 passed at 0.99498 on 8 samples and flipped a confident
             # decision, cosine 0.971, on an unseen one; the journey in bench/RESULTS.md)
             floor = options.min_cosine if number == 0 else margin_aim(options.min_cosine)
-            attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed and number == 0,
+            # --keep-failed: each refused attempt replaces the one before at NAME.failed.onnx, so that
+            # when none passes the file kept is the one the report describes (the last attempt's)
+            attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, **changes)
             if best is not None:
                 os.replace(dest, aside)
                 try:
-                    report = quantize_model(handle, dest, attempt, force=force, progress=progress)
+                    report = quantize_model(handle, dest, attempt, force=True, progress=progress)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
                     tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
                                   "latency_ratio": None, "codes": [], "error": str(error)})
                     os.replace(aside, dest)
                     continue
             else:
-                report = quantize_model(handle, dest, attempt, force=force, progress=progress)
-            kept = kept or report.data.get("kept_failed")
+                # after the first attempt the output is free (a result that passed is set aside) and
+                # the failed file is this run's own: a later attempt replaces it
+                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress)
+            if report.data.get("kept_failed"):
+                kept, kept_label = report.data["kept_failed"], label
             verify = report.data.get("verify") or {}
             passed = not any(f.severity >= Severity.ERROR for f in report.findings) and bool(report.data.get("output"))
             ratio = target_latency_ratio(verify)
@@ -188,7 +194,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     if best is not None:
         report = best[1]
     report.data["auto"] = {"order": [label for label, _ in order], "tried": tried,
-                           "chosen": chosen["label"] if chosen else None}
+                           "chosen": chosen["label"] if chosen else None,
+                           "kept_failed_attempt": kept_label if kept else None}
     failed_first = tried[0]["label"]
     slower = [t for t in tried if t["passed"] and t is not chosen]
     if chosen is not None and slower:

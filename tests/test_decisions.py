@@ -120,7 +120,6 @@ def test_near_ties_fail_on_what_the_samples_say_of_unseen_inputs():
     assert passed.passed and passed.outputs[0]["decision"]["expected_agreement"] > 0.999
 
 
-
 def test_a_two_class_near_tie_counts_in_the_expected_agreement():
     """PP-OCR's direction classifier on the NPU journey: two classes, probabilities from 0.51/0.49
     to 0.99/0.01, and the quantized model moves them by up to 0.05. In each row's standard
@@ -136,6 +135,7 @@ def test_a_two_class_near_tie_counts_in_the_expected_agreement():
     assert 0.95 < record["expected_agreement"] < 0.99 and record["passed"] is False
     still = [{"p": np.float32([[top - move / 50, 1 - top + move / 50]])} for top, move in zip(tops, moves)]
     assert judge("cpu", reference, still, 0.99, {}, {"p": Decision("top1")}).passed
+
 
 def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
     """The NPU journey's recommender: 50 candidates' Sigmoid scores in one row. Its A16W8 model kept

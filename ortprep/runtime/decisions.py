@@ -385,9 +385,8 @@ def _flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
 def _leads(rows: np.ndarray) -> np.ndarray:
     """Each row's largest value's lead over the runner-up, in the row's standard deviations (0 for
     a row of equal values)."""
-    ordered = np.sort(rows, axis=-1)
     spread = np.std(rows, axis=-1)
-    return (ordered[:, -1] - ordered[:, -2]) / np.where(spread > 0, spread, 1.0)
+    return _raw_leads(rows) / np.where(spread > 0, spread, 1.0)
 
 
 def _raw_leads(rows: np.ndarray) -> np.ndarray:
@@ -531,14 +530,12 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
         if kept is not None:
             record.update(kept)
             passed = passed and kept["region_agreement"] >= REQUIRED_REGIONS
-        if decision.ranked:
-            best = Decision("top1", chosen_by=decision.chosen_by)
-            ranked, ranked_expected = agreement(best, reference, candidate), expected_agreement(best, reference, candidate, more)
+        if decision.ranked:  # the rows' best-scored class, held as a top-1 decision is
+            best = judge_decision(Decision("top1", chosen_by=decision.chosen_by), reference, candidate, more)
             # no row with a unique best score (every row a tie): nothing ranked to keep
-            ranking_passed = ranked is None or (ranked >= REQUIRED["top1"]
-                                                and (ranked_expected is None or ranked_expected >= REQUIRED["top1"]))
-            record["ranking"] = {"agreement": ranked, "expected_agreement": ranked_expected, "required": REQUIRED["top1"],
-                                 "passed": ranking_passed}
+            ranking_passed = best["agreement"] is None or bool(best["passed"])
+            record["ranking"] = {"agreement": best["agreement"], "expected_agreement": best["expected_agreement"],
+                                 "required": best["required"], "passed": ranking_passed}
             passed = passed and ranking_passed
     record["passed"] = passed if decision.gated else None
     return record

@@ -144,21 +144,21 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             # decision, cosine 0.971, on an unseen one; the journey in bench/RESULTS.md)
             floor = options.min_cosine if number == 0 else margin_aim(options.min_cosine)
             # --keep-failed: each refused attempt replaces the one before at NAME.failed.onnx, so that
-            # when none passes the file kept is the one the report describes (the last attempt's)
+            # when none passes the file kept is the one the report describes (the last attempt's);
+            # after the first attempt the output is free (a result that passed is set aside) and the
+            # failed file is this run's own, hence force
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, **changes)
             if best is not None:
                 os.replace(dest, aside)
                 try:
-                    report = quantize_model(handle, dest, attempt, force=True, progress=progress)
+                    report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
                     tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
                                   "latency_ratio": None, "codes": [], "error": str(error)})
                     os.replace(aside, dest)
                     continue
             else:
-                # after the first attempt the output is free (a result that passed is set aside) and
-                # the failed file is this run's own: a later attempt replaces it
                 report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress)
             if report.data.get("kept_failed"):
                 kept, kept_label = report.data["kept_failed"], label

@@ -132,9 +132,40 @@ def test_a_two_class_near_tie_counts_in_the_expected_agreement():
     candidate = [{"p": np.float32([[top - move, 1 - top + move]])} for top, move in zip(tops, moves)]
     record = judge("cpu", reference, candidate, 0.99, {}, {"p": Decision("top1")}).outputs[0]["decision"]
     assert record["agreement"] == 1.0
-    assert 0.95 < record["expected_agreement"] < 0.99 and record["passed"] is False
+    assert 0.9 < record["expected_agreement"] < 0.99 and record["passed"] is False
     still = [{"p": np.float32([[top - move / 50, 1 - top + move / 50]])} for top, move in zip(tops, moves)]
     assert judge("cpu", reference, still, 0.99, {}, {"p": Decision("top1")}).passed
+
+
+def test_class_probabilities_are_compared_in_log_space():
+    """magika's content model after int8 dynamic quantization (bench/apps): on confident files a
+    softmax squeezes the model's error to nothing (a median of 1e-5 in probabilities), so an
+    estimate from errors in probabilities saw none and expected 99.9995% while 1 file in 100
+    changed its label. The same error in log probabilities is alike on every row: here every
+    confident row's logit moves by 0.3 while its probability barely moves, and rows whose runner-up
+    is 0.6 nats behind are as common as in the samples, so the estimate must fall under the bar."""
+    rng = np.random.default_rng(3)
+    reference, candidate = [], []
+    for index in range(24):
+        logits = rng.normal(0.0, 1.0, 16)
+        logits[index % 16] += 0.6 if index % 8 == 0 else 14.0  # 3 of 24 rows near a tie
+        noisy = logits + rng.normal(0.0, 0.3, 16)
+        noisy[np.argmax(logits)] = logits[np.argmax(logits)] + (0.0 if index % 8 == 0 else -0.3)
+        if index % 8 == 0:  # the near ties agree on these samples, by a hair
+            noisy = logits.copy()
+            noisy[np.argsort(logits)[-2]] += 0.05
+        as_probabilities = [np.float32(np.exp(v - v.max()) / np.exp(v - v.max()).sum())[None] for v in (logits, noisy)]
+        reference.append({"p": as_probabilities[0]})
+        candidate.append({"p": as_probabilities[1]})
+    record = judge("cpu", reference, candidate, 0.99, {}, {"p": Decision("top1")}).outputs[0]["decision"]
+    assert record["agreement"] == 1.0
+    assert record["expected_agreement"] < 0.99 and record["passed"] is False
+    # the same probabilities, quantized to uint8 steps by a QDQ output: what falls under 1/255 is
+    # read as equal, not as a change of many nats
+    step = np.float32(1 / 255)
+    quantized = [{"p": np.round(sample["p"] / step) * step} for sample in reference]
+    same = judge("cpu", reference, quantized, 0.99, {}, {"p": Decision("top1")}).outputs[0]["decision"]
+    assert same["agreement"] == 1.0 and same["expected_agreement"] > 0.999
 
 
 def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():

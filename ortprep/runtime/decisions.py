@@ -395,6 +395,42 @@ def _raw_leads(rows: np.ndarray) -> np.ndarray:
     return ordered[:, -1] - ordered[:, -2]
 
 
+# Class probabilities are compared in log space, down to this many nats under each row's largest
+# (e^-16: about 1e-7, float32's resolution near 1).
+LOG_SPAN = 16.0
+
+
+def _probability_rows(values: list[np.ndarray]) -> bool:
+    """True when every row of every value is a probability distribution (in [0, 1], summing to 1)."""
+    values = [v for v in values if np.ndim(v) >= 1 and np.shape(v)[-1] >= 2 and np.size(v)]
+    return bool(values) and all(float(np.min(v)) >= 0.0 and float(np.max(v)) <= 1.0
+                                and bool(np.all(np.abs(np.sum(v, axis=-1) - 1.0) < 1e-3)) for v in values)
+
+
+def _smallest_step(values: list[np.ndarray]) -> float:
+    """The smallest positive value in ``values``: a quantized output's step (a uint8 Softmax output
+    holds nothing between 0 and 1/256), so that what lies under it is not read as a change."""
+    positive = [float(np.min(v[v > 0])) for v in values if np.any(v > 0)]
+    return min(positive) if positive else 0.0
+
+
+def _log_scores(rows: np.ndarray, step: float, other: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Probability rows (and a candidate's for the same inputs) as log probabilities, floored per
+    row at the reference's largest value times e^-LOG_SPAN or at ``step``, whichever is larger.
+
+    A decision between classes is a ratio of their probabilities, and a model's error on it is of
+    about the same size in log space on every row, while in probabilities a softmax squeezes it by
+    p(1 - p): on saturated rows it vanishes, near a tie it is largest. Measured on magika's content
+    model (bench/apps, int8 dynamic): over 24 files, errors in probabilities had a median of 1e-5,
+    over 160 others 1.8e-3, 100 times larger; in log space 0.053 and 0.061. Estimated from the 24,
+    probability space expected 99.9995% top-1 agreement, log space 99.92%; measured on 320 other
+    files, 99.06%."""
+    floor = np.maximum(np.max(rows, axis=-1, keepdims=True) * np.exp(-LOG_SPAN), step)
+    floor = np.where(floor > 0, floor, np.finfo(np.float64).tiny)
+    scaled = np.log(np.maximum(rows, floor))
+    return scaled, (np.log(np.maximum(other, floor)) if other is not None else None)
+
+
 def _usable(decision: Decision, reference: list[np.ndarray], more: list[np.ndarray] | None) -> list[np.ndarray]:
     """The float outputs of ``more`` whose margins can join ``reference``'s: for classes the class
     axis must match (sequences of other lengths count), a map any shape."""
@@ -424,6 +460,8 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
         return None
     if decision.kind in ("top1", "argmax"):
         margins, errors = [], []
+        in_log = _probability_rows([r for r, _ in pairs])
+        step = _smallest_step([c for _, c in pairs]) if in_log else 0.0
         for r, c in pairs:
             if r.ndim < 1 or r.shape[-1] < 2:
                 continue
@@ -432,6 +470,8 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
             rows, other = rows[decided], other[decided]
             if rows.shape[0] == 0:
                 continue
+            if in_log:
+                rows, other = _log_scores(rows, step, other)
             lead = np.argmax(rows, axis=-1)
             index = np.arange(rows.shape[0])
 
@@ -449,8 +489,10 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
             errors.append(float_lead - lead_over_rest(other))
         if not margins:
             return None
-        margins.extend(lead[lead > 0] for lead in (_raw_leads(m.reshape(-1, m.shape[-1])) for m in more
-                                                   if m.ndim >= 1 and m.shape[-1] >= 2))
+        more_rows = [m.reshape(-1, m.shape[-1]) for m in more if m.ndim >= 1 and m.shape[-1] >= 2]
+        if in_log:
+            more_rows = [_log_scores(rows, step)[0] for rows in more_rows if _probability_rows([rows])]
+        margins.extend(lead[lead > 0] for lead in map(_raw_leads, more_rows))
         return 1.0 - _flip_rate(np.concatenate(margins), np.concatenate(errors))
     threshold = decision.threshold if decision.threshold is not None else MAP_THRESHOLD
     reference_values = np.concatenate([r.ravel() for r, _ in pairs])

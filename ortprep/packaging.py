@@ -460,7 +460,8 @@ def _proofs(outcome: VariantOutcome, compiled: bool) -> dict[str, Any]:
                                   "inputs": data.get("inputs") or data.get("evaluation_inputs"),
                                   "decisions": [{"output": d.get("name"), "kind": d.get("kind"),
                                                  "agreement": d.get("agreement"), "passed": d.get("passed"),
-                                                 **({"ranking": d["ranking"]} if d.get("ranking") else {})}
+                                                 **({"ranking": d["ranking"]} if d.get("ranking") else {}),
+                                                 **({"confidence": d["confidence"]} if d.get("confidence") else {})}
                                                 for d in verify.get("decisions") or []]}
     load = _step_data(outcome.report, "load")
     if load and load.get("results"):

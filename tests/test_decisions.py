@@ -197,6 +197,43 @@ def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
     assert judge_decision(told, [r["scores"] for r in reference], [c["scores"] for c in candidate])["passed"] is True
 
 
+def test_class_probabilities_are_held_by_their_confidence_too():
+    """magika's content model after int8 dynamic quantization (bench/apps): its top-1 classes agreed
+    as expected, while magika's own per-type thresholds turned 2 of 160 answers from a type into
+    `unknown` or back. Probability rows are held at each tenth as a map is: here the top class
+    never changes, and on 2 of 16 samples its probability falls from 0.55 to 0.45."""
+    rng = np.random.default_rng(7)
+    reference, candidate = [], []
+    for index in range(16):
+        top = 0.55 if index % 8 == 0 else 0.97 - 0.02 * rng.random()
+        rest = rng.random(3)
+        row = np.concatenate([[top], (1.0 - top) * rest / rest.sum()]).astype(np.float32)[None]
+        moved = row.copy()
+        if index % 8 == 0:
+            moved[0, 0], moved[0, 1:] = 0.45, (0.55 / (1.0 - top)) * row[0, 1:]  # still the top class
+        reference.append({"p": row})
+        candidate.append({"p": moved})
+    decision = infer_decisions(_graph({"p": ("Softmax", [1, 4])}), reference)["p"]
+    assert decision.kind == "top1" and decision.confident and decision.record()["confident"] is True
+    record = judge_decision(decision, [r["p"] for r in reference], [c["p"] for c in candidate])
+    assert record["agreement"] == 1.0
+    confidence = record["confidence"]
+    assert confidence["level"] == 0.5 and confidence["agreement"] == 0.875 and confidence["passed"] is False
+    assert record["passed"] is False
+    from ortprep.steps.quantize.evaluate import _decision_text
+
+    assert "probability stays on the same side of 0.5" in _decision_text(record)
+    # an identical candidate keeps every level; --metric OUTPUT=top1 judges the class alone
+    same = judge_decision(decision, [r["p"] for r in reference], [r["p"] for r in reference])
+    assert same["confidence"]["expected_agreement"] == 1.0 and same["passed"] is True
+    told = infer_decisions(_graph({"p": ("Softmax", [1, 4])}), reference, {"p": "top1"})["p"]
+    assert not told.confident
+    assert judge_decision(told, [r["p"] for r in reference], [c["p"] for c in candidate])["passed"] is True
+    # raw scores (logits) are not probabilities: no confidence to hold
+    logits = [{"p": np.log(r["p"]) * 3.0} for r in reference]
+    assert not infer_decisions(_graph({"p": ("Relu", [1, 4])}), logits)["p"].confident
+
+
 def test_a_ranking_fails_beside_a_map_that_passes_and_ties_decide_nothing():
     """Scores above and below 0.5 (the map has positives and keeps them) whose best two swap on 2
     of 16 rows: the map passes, the ranking fails, and verify's words say which. Rows whose best

@@ -149,8 +149,12 @@ def test_where_qnn_parts_from_the_cpu_ep_is_named_and_per_channel_weights_get_pa
     assert parted and parted[0]["op_type"] == "BatchNormalization" and parted[0]["cosine"] < 0.99
     gate = next(f for f in record["findings"] if f["code"] == "QNT005")
     assert f"parts from the CPU EP first at {parted[0]['node']} (BatchNormalization" in gate["message"]
+    # judged by cosine alone: these 20 synthetic lines are too few and too near their classes'
+    # boundary (and 0.9, where PaddleOCR rotates a line) to hold a decision to 99% (the preset's
+    # top-1 kept 98.3% of 600 fresh lines, its side of 0.9 94.3%); the subject here is where QNN
+    # parts from the CPU EP
     auto = invoke("quantize", fixed, "--static", "--ep", "qnn", "--calib", data, "--auto", "-o", tmp_path / "auto.onnx",
-                  "--json")
+                  "--metric", "save_infer_model/scale_0.tmp_1=cosine", "--json")
     record = auto.json()
     assert auto.exit_code == 0 and record["preprocess"].startswith("ORT optimization")
     # on these synthetic lines the preset passes already (on the journey's real crops it measured

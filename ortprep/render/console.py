@@ -349,6 +349,8 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
                 + (f"@{o['decision']['threshold']:g}" if o['decision'].get('threshold') is not None else "")
                 + f" {_number(o['decision']['agreement'])}"
                 + (f", ranked {_number(o['decision']['ranking']['agreement'])}" if o['decision'].get('ranking') else "")
+                + (f", confident@{o['decision']['confidence']['level']:g} {_number(o['decision']['confidence']['agreement'])}"
+                   if o['decision'].get('confidence') else "")
                 + (" (reported, not gated)" if not o['decision'].get('gated', True) else
                    f" (needs {o['decision']['required']:g}, " + ("[green]ok[/]" if o['decision']['passed'] else "[red]differs[/]")
                    + ")") for o in decided))

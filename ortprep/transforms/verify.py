@@ -171,6 +171,12 @@ def describe_decision(record: dict) -> str:
                 + (f"{best:.4f} on the samples" if best is not None else "on nothing comparable")
                 + (f", {best_expected:.4f} expected on unseen inputs" if best_expected is not None else "")
                 + f", below the {ranking.get('required', 0.99):g} required (--metric {record['name']}=map: the threshold alone)")
+    confidence = record.get("confidence") or {}
+    if confidence.get("passed") is False and (required is None or (record.get("agreement") or 0.0) >= required):
+        # the top class agrees, its probability crosses a level an application may accept it at
+        return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} "
+                f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on unseen "
+                f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")
     regions = record.get("region_agreement")
     if regions is not None and regions < record.get("required_regions", 0.0):
         # the map's elements agree but its regions' boxes move: say that, not the F1

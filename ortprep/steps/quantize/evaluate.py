@@ -765,6 +765,14 @@ def _decision_text(decision: dict) -> str:
                  f"{'n/a' if best_expected is None else f'{best_expected:.1%}'} to expect on unseen ones "
                  f"(the gate asks {ranking.get('required', 0.99):.0%}; --metric OUTPUT=map judges the threshold alone)")
         return text
+    confidence = decision.get("confidence") or {}
+    if decision["kind"] == "top1" and required and confidence.get("passed") is False and (
+            share is not None and share >= required and (expected is None or expected >= required)):
+        # the top class agrees, its probability crosses a level an application may accept it at
+        return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} on "
+                f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
+                f"expect on unseen ones (the gate asks {confidence['required']:.0%}: an application that accepts a "
+                "class above a threshold answers otherwise; --metric OUTPUT=top1 judges the class alone)")
     regions, needed = decision.get("region_agreement"), decision.get("required_regions")
     if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
             required is None or (share is not None and share >= required)):

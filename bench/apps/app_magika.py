@@ -6,9 +6,16 @@ file the wheel ships (standard_v3_3/model.onnx), fed 1,024 bytes from the start 
 the end of the file (after magika strips whitespace), padded with 256.
 
 Inputs: real files of this machine (/usr/share, /usr/include, /usr/bin, /usr/lib, /etc): at most
-4 per file-name extension, so that one kind of file does not crowd out the others; ordered by the
-SHA-1 of their path. The first 32 are calibration data; of the rest, even positions are the
-development half, odd positions the evaluation half.
+4 per file-name extension (those with the smallest SHA-1 of their path), so that one kind of file
+does not crowd out the others; then ordered by the SHA-1 of "order:" and the path, a second hash,
+so that the order does not depend on how the files were picked. The first 32 are calibration data;
+of the rest, even positions are the development half, odd positions the evaluation half.
+
+The second hash fixes a bias (session 14): ordered by the same hash that picked them, the 4 files
+of a common extension (the 4 smallest of thousands of hashes) all came first, so the 32
+calibration files were .gz, .h, .pyc, .py and .yaml, which magika reads with confidence (1 of
+their 24 recorded feeds with a top-1 lead under 2.5 nats), while the halves held the rare kinds
+(39% under 2.5 nats).
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ def _digest(path: str) -> str:
     return hashlib.sha1(path.encode()).hexdigest()
 
 
+def _order(path: str) -> str:
+    return hashlib.sha1(f"order:{path}".encode()).hexdigest()
+
+
 def _files() -> list[str]:
     by_extension: dict[str, list[str]] = {}
     for root in ROOTS:
@@ -52,7 +63,7 @@ def _files() -> list[str]:
     chosen = []
     for paths in by_extension.values():
         chosen += sorted(paths, key=_digest)[:PER_EXTENSION]
-    return sorted(chosen, key=_digest)
+    return sorted(chosen, key=_order)
 
 
 def inputs(split: str) -> list[str]:

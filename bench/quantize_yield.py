@@ -68,7 +68,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 import bench_corpus  # noqa: E402
 from decision_rates import BARS, wilson  # noqa: E402
-from journey import compare, decide, launch, ortprep, write_samples  # noqa: E402
+from journey import compare, decide, launch, ortprep, tree_state, write_samples  # noqa: E402
 from journey_corpus import CORPUS, JourneyCase  # noqa: E402
 
 CALIB, CALIB_SEED, FRESH_SEED = 24, 1, 23
@@ -151,7 +151,8 @@ def command_record(entry: dict, target: Path) -> dict:
         "activation_type": preset.get("activation_type"), "weight_type": preset.get("weight_type"),
         "gate_cosine": verify.get("cosine"), "gate_passed": verify.get("passed"), "latency_ratio": verify.get("latency_ratio"),
         "decisions": [{"output": o.get("name"), **{k: (o.get("decision") or {}).get(k) for k in
-                                                     ("kind", "agreement", "expected_agreement", "required", "gated", "passed")}}
+                                                     ("kind", "agreement", "expected_agreement", "required", "gated", "passed", "ranking",
+                                                      "region_agreement", "required_regions")}}
                       for o in verify.get("outputs") or [] if o.get("decision")],
         "excluded_nodes": len(report.get("excluded_nodes") or []),
         "error_codes": sorted({f["code"] for f in errors}),
@@ -248,7 +249,8 @@ def wrong_by_interval(case: JourneyCase, judged: dict | None) -> bool:
 def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
     started = time.perf_counter()
     row: dict = {"model": case.name, "half": case.half, "decision": case.decision,
-                 "bar": BARS[case.decision] if case.decision else COSINE_BAR}
+                 "bar": BARS[case.decision] if case.decision else COSINE_BAR,
+                 "tree": tree_state()}  # others work in the same tree: the code this model's commands ran
     source = float_model(case, journey)
     if source is None:
         print(f"  {case.name}: no float model in {journey}; skipped", file=sys.stderr, flush=True)
@@ -299,6 +301,7 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
             print(f"  {case.name} judged {label}: " + (f"{j['agree']}/{j['samples']}, lowest cosine {j['lowest_cosine']}"
                                                       if j.get("runs") else j.get("error")), file=sys.stderr, flush=True)
     row["commands"] = commands
+    row["tree_after"] = tree_state()
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
@@ -372,8 +375,15 @@ def gate_decision_cell(row: dict, record: dict) -> str:
         next((d for d in decisions if d.get("gated")), None)
     if entry is None:
         return "-"
-    kind = "" if row["decision"] else f" ({entry.get('kind')})"
-    return f"{_pct(entry.get('agreement'))} / {_pct(entry.get('expected_agreement'))}{kind}"
+    if entry.get("ranking"):  # scores a ranking application reads: the gate's best-scored class figures
+        ranking = entry["ranking"]
+        text = f"{_pct(ranking.get('agreement'))} / {_pct(ranking.get('expected_agreement'))} (best score)"
+    else:
+        text = f"{_pct(entry.get('agreement'))} / {_pct(entry.get('expected_agreement'))}"
+        text += "" if row["decision"] else f" ({entry.get('kind')})"
+    if entry.get("region_agreement") is not None:
+        text += f"; regions {_pct(entry['region_agreement'])} (asks {_pct(entry.get('required_regions'))})"
+    return text + ("; failed" if entry.get("passed") is False else "")
 
 
 def peer_verdict(record: dict) -> str:
@@ -469,8 +479,11 @@ def summary_lines(label: str, rows: list[dict]) -> list[str]:
                                      for r in passing) + ")" if passing else ""))
     none = [r for r in refusals if not r["auto_holds_bar"]]
     if none:
-        lines.append("- refusals where --auto wrote nothing that holds the bar: "
-                     + "; ".join(f"{r['model']} {r['kind']} (named: {', '.join(r['names']) or 'nothing'})" for r in none))
+        groups: dict[str, list[str]] = {}
+        for r in none:
+            groups.setdefault(", ".join(r["names"]) or "nothing", []).append(f"{r['model']} {r['kind']}")
+        lines.append(f"- refusals where --auto wrote nothing that holds the bar: {len(none)}; what their findings name: "
+                     + "; ".join(f"{named}: {', '.join(which)}" for named, which in groups.items()))
     for kind in ("static", "dynamic"):
         f = s[kind]
         lines.append(f"- peer {kind} (ORT's defaults): silent failures {len(f['peer_silent'])} of {n}"
@@ -500,7 +513,16 @@ def report(rows: list[dict], meta: dict) -> str:
     rows = sorted(rows, key=lambda r: (r["half"] != "eval", order.get(r["model"], 999)))
     evaluation = [r for r in rows if r["half"] == "eval"]
     development = [r for r in rows if r["half"] == "dev"]
-    lines = [f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}; ortprep at {meta['head']}. "
+    states: dict[str, list[str]] = {}
+    for row in rows:
+        tree = row.get("tree") or {}
+        label = f"{tree.get('head')}" + (f" with uncommitted changes to {', '.join(tree['uncommitted'])} (digest {tree['digest']})"
+                                         if tree.get("uncommitted") else "")
+        changed = row.get("tree_after") not in (None, tree)
+        states.setdefault(label, []).append(row["model"] + (" (the code changed while it ran)" if changed else ""))
+    code = (f"ortprep at {next(iter(states))}" if len(states) == 1 else
+            "the ortprep code changed during the run: " + "; ".join(f"{label} for {', '.join(models)}" for label, models in states.items()))
+    lines = [f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}; {code}. "
              f"{meta['fresh']} fresh inputs per model (seed {FRESH_SEED}); {CALIB} calibration samples (seed {CALIB_SEED}); "
              f"timeout {TIMEOUT:.0f} s per command. Target: the CPU EP.", ""]
     lines += models_table(rows)
@@ -538,10 +560,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown model(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     args.out.mkdir(parents=True, exist_ok=True)
-    import subprocess
-
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    meta = {"versions": versions(), "head": head, "fresh": args.n, "timeout_s": TIMEOUT}
+    meta = {"versions": versions(), "tree_at_start": tree_state(), "fresh": args.n, "timeout_s": TIMEOUT}
     saved = args.out / "results.json"
     rows: dict[str, dict] = {}
     if saved.exists() and (args.only or args.half != "all"):
@@ -554,6 +573,7 @@ def main() -> int:
         rows[case.name] = run_case(case, args.journey, args.out, args.n)
         saved.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1, default=str))
     meta["seconds"] = round(time.perf_counter() - started, 1)
+    meta["tree_at_end"] = tree_state()
     saved.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1, default=str))
     text = report(list(rows.values()), meta)
     (args.out / "table.md").write_text(text)

@@ -41,6 +41,8 @@ SCRIPTS = [
     ("## Decisions on 400 fresh inputs", "bench/decision_rates.py"),
     ("## Applications: ortprep's outputs swapped into real apps", "bench/apps/run.py"),
     ("## Weight-only quantization (issue 22)", "bench/bench_weight_only.py"),
+    # after the journey: it quantizes the float models the journey wrote
+    ("## int8 on the CPU: what ortprep writes", "bench/quantize_yield.py"),
 ]
 
 

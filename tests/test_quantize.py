@@ -523,17 +523,22 @@ def _wide_range_model(path: Path) -> Path:
     return path
 
 
-def test_auto_keeps_the_first_precision_that_passes(tmp_path):
-    """--auto: static uint8 activations fail the gate (the small channels vanish), A16W8 passes and
-    is written; the report lists both attempts and says which was kept (QNT017)."""
-    model = _wide_range_model(tmp_path / "wide.onnx")
+def _wide_range_calib(calib: Path) -> Path:
+    """24 samples for _wide_range_model: channel 0 near 100, the others near 0.1."""
     rng = np.random.default_rng(6)
-    calib = tmp_path / "calib"
     calib.mkdir()
     for index in range(24):
         x = (rng.standard_normal((1, 64, 4, 4)) * 0.1).astype(np.float32)
         x[0, 0] = 100.0 + rng.standard_normal((4, 4))
         np.savez(calib / f"{index:02d}.npz", x=x)
+    return calib
+
+
+def test_auto_keeps_the_first_precision_that_passes(tmp_path):
+    """--auto: static uint8 activations fail the gate (the small channels vanish), A16W8 passes and
+    is written; the report lists both attempts and says which was kept (QNT017)."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    calib = _wide_range_calib(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     plain = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--json")
     assert plain.exit_code == 1 and not out.exists()
@@ -556,13 +561,7 @@ def test_auto_holds_a_later_precision_to_the_search_margin(tmp_path):
     (half-way from --min-cosine to 1). A16W8 of the wide-range model measures 0.99988: it passed
     --min-cosine 0.9998 before; now it needs 0.9999, is refused, and nothing is written."""
     model = _wide_range_model(tmp_path / "wide.onnx")
-    rng = np.random.default_rng(6)
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for index in range(24):
-        x = (rng.standard_normal((1, 64, 4, 4)) * 0.1).astype(np.float32)
-        x[0, 0] = 100.0 + rng.standard_normal((4, 4))
-        np.savez(calib / f"{index:02d}.npz", x=x)
+    calib = _wide_range_calib(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     result = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.9998", "--json")
     tried = result.json()["auto"]["tried"]
@@ -578,6 +577,23 @@ def test_auto_holds_a_later_precision_to_the_search_margin(tmp_path):
     assert kept["auto"]["tried"][-1]["label"].startswith("dynamic int8")  # the last of static, A16W8, dynamic
     ops = {node.op_type for node in onnx.load(kept["kept_failed"]).graph.node}
     assert "DynamicQuantizeLinear" in ops and "QuantizeLinear" not in ops  # the dynamic model, not the static first
+
+
+def test_a_refusal_names_what_auto_would_try_here(tmp_path):
+    """QNT005's fix names the precisions --auto would try for this target and data, in its order
+    (it named A16W16 on a CPU target, and dynamic int8 after dynamic int8 had failed: the bench's
+    bench/quantize_yield.py), and FP16 where --auto has nothing left to try."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    calib = _wide_range_calib(tmp_path / "calib")
+    static = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "s.onnx", "--min-cosine", "0.99999",
+                    "--json")
+    fix = next(f for f in static.json()["findings"] if f["code"] == "QNT005")["fix"]
+    assert static.exit_code == 1 and "--auto tries static uint16 activations, int8 weights, dynamic int8" in fix
+    assert "A16W16" not in fix and "int16 weights" not in fix  # the CPU EP's --auto has no 16-bit weights
+    dynamic = invoke("quantize", model, "--dynamic", "--eval", calib, "-o", tmp_path / "d.onnx", "--min-cosine",
+                     "0.999999", "--json")
+    fix = next(f for f in dynamic.json()["findings"] if f["code"] == "QNT005")["fix"]
+    assert dynamic.exit_code == 1 and "no other precision here" in fix and "convert MODEL --fp16" in fix
 
 
 def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):

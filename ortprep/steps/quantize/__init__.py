@@ -369,8 +369,11 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 writers = "; ".join(part for part in (writers, (
                     f"{target.ep} parts from the CPU EP first at {first['node']} ({first['op_type']}: cosine "
                     f"{first['cosine']:.4f} there, the model's own arithmetic on both)")) if part)
+            from ortprep.steps.quantize.auto import auto_order
+
+            others = [label for label, _ in auto_order(options)[1:]]  # what --auto would try next, here
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
-                                    worst=names, writers=writers))
+                                    worst=names, writers=writers, others=others))
         auto = [e for e in excluded if e["reason"] != "--exclude-node"]
         if auto and evaluation is not None:
             judged = " and ".join(evaluation.judged_on)

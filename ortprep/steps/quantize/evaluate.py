@@ -813,10 +813,11 @@ def _shortfall(judgement: Judgement, min_cosine: float) -> str:
 
 
 def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, stopped: str, worst: str,
-                 writers: str) -> Finding:
+                 writers: str, others: list[str] | None = None) -> Finding:
     """QNT005: what failed the gate, where (the CPU EP, the target EP, both) and what to do.
     ``ep_text`` names the EP and its device; ``worst`` the nodes where the CPU-side error starts;
-    ``writers`` what writes the outputs the EP alone gets wrong."""
+    ``writers`` what writes the outputs the EP alone gets wrong; ``others`` the precisions --auto
+    would try after this one, for this target and data (none: FP16 is named)."""
     on_ep = evaluation.on_ep
     confirmation = evaluation.confirmation
     if (evaluation.error is None and confirmation is not None and confirmation.failing is not None
@@ -866,5 +867,8 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
                                          else f"passes (cosine {fmt_cosine(on_ep.cosine)})"))
     return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}"
                       + (f"; {writers}" if writers else ""),
-                      fix="ortprep quantize ... --auto-exclude, or --exclude-node NAME for the nodes above; --auto tries "
-                          "the other precisions (A16W8, A16W16 on QNN, dynamic int8) and keeps the first that passes")
+                      fix="ortprep quantize ... --auto-exclude" + (", or --exclude-node NAME for the nodes above"
+                                                                     if worst != "none found" else "")
+                          + (f"; --auto tries {', '.join(others)} and keeps the first that passes" if others
+                             else "; no other precision here for --auto to try: ortprep convert MODEL --fp16 keeps float "
+                                  "arithmetic (verified)"))

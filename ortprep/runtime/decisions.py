@@ -183,13 +183,12 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
         high = max(float(np.nanmax(v)) for v in values if v.size)
         probability = 0.0 <= low and high <= 1.0
         if len(shape) == 2 and shape[-1] >= 2 and maker != "Sigmoid":
-            sums = np.concatenate([np.sum(v.astype(np.float64), axis=-1) for v in values])
-            distribution = maker in ("Softmax", "LogSoftmax") or (probability and bool(np.all(np.abs(sums - 1.0) < 1e-3)))
+            probabilities = _probability_rows([v.astype(np.float64) for v in values])
+            distribution = maker in ("Softmax", "LogSoftmax") or probabilities
             # rows that are one input's positions (a frame tagging) are read as one sequence
             kind = "argmax" if _rows_are_positions(proto, name, shape[0]) else "top1"
-            probabilities = kind == "top1" and _probability_rows(values)
             decisions[name] = Decision(kind, gated=distribution or _named_as_classes(name)
-                                       or _class_gap(values) >= CLASS_GAP, confident=probabilities)
+                                       or _class_gap(values) >= CLASS_GAP, confident=kind == "top1" and probabilities)
         elif len(shape) == 3 and shape[-1] >= 2 and maker in ("Softmax", "LogSoftmax"):
             decisions[name] = Decision("argmax")
         elif len(shape) == 3 and shape[-1] >= 2 and maker != "Sigmoid" and (
@@ -221,6 +220,18 @@ def _decided(rows: np.ndarray) -> np.ndarray:
         return np.ones(rows.shape[0], bool)
     ordered = np.sort(rows, axis=-1)
     return ordered[:, -1] > ordered[:, -2]
+
+
+def _decided_rows(pairs: list[tuple[np.ndarray, np.ndarray]]):
+    """Per pair of class-score outputs (float, candidate), their rows as [rows, classes] where the
+    float model decides (see _decided); pairs with fewer than two classes or no such row are left out."""
+    for r, c in pairs:
+        if r.ndim < 1 or r.shape[-1] < 2:
+            continue
+        rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
+        decided = _decided(rows)
+        if np.any(decided):
+            yield rows[decided], other[decided]
 
 
 def _class_gap(values: list[np.ndarray]) -> float:
@@ -425,7 +436,7 @@ def _probability_rows(values: list[np.ndarray]) -> bool:
                                 and bool(np.all(np.abs(np.sum(v, axis=-1) - 1.0) < 1e-3)) for v in values)
 
 
-def _smallest_step(values: list[np.ndarray]) -> float:
+def _grid_floor(values: list[np.ndarray]) -> float:
     """GRID_STEPS times the step of the grid ``values`` lie on (a quantized output's: a uint8
     Softmax output holds only multiples of 1/256), so that what the grid's rounding moves is not
     read as the model's change; 0 where they lie on no grid (a float output)."""
@@ -509,15 +520,8 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
     if decision.kind in ("top1", "argmax"):
         margins, errors = [], []
         in_log = _probability_rows([r for r, _ in pairs])
-        step = _smallest_step([c for _, c in pairs]) if in_log else 0.0
-        for r, c in pairs:
-            if r.ndim < 1 or r.shape[-1] < 2:
-                continue
-            rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
-            decided = _decided(rows)
-            rows, other = rows[decided], other[decided]
-            if rows.shape[0] == 0:
-                continue
+        step = _grid_floor([c for _, c in pairs]) if in_log else 0.0
+        for rows, other in _decided_rows(pairs):
             if in_log:
                 rows, other = _log_scores(rows, step, other)
             lead = np.argmax(rows, axis=-1)
@@ -594,12 +598,7 @@ def _top_probabilities(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.n
     """The float model's top class's probability in each decided row, and the candidate's
     probability of that same class."""
     tops, theirs = [], []
-    for r, c in pairs:
-        if r.ndim < 1 or r.shape[-1] < 2:
-            continue
-        rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
-        decided = _decided(rows)
-        rows, other = rows[decided], other[decided]
+    for rows, other in _decided_rows(pairs):
         lead = np.argmax(rows, axis=-1)
         index = np.arange(rows.shape[0])
         tops.append(rows[index, lead])

@@ -82,6 +82,8 @@ def test_dynamic_cnn_for_gpu_has_no_conv_integer(tmp_path):
     # only the small Gemm is left to quantize, so the model does not shrink: said plainly, and refused
     # (nothing at -o; --keep-failed keeps it under its own name)
     assert code == 1 and "QNT003" in codes(gpu) and "QNT003" not in codes(cpu)
+    [not_smaller] = [f for f in gpu["findings"] if f["code"] == "QNT003"]
+    assert "bytes of float weights" in not_smaller["fix"]  # the sample CNN's 6.5 KB: too few to pay
     assert gpu["output"] is None and not (tmp_path / "gpu.onnx").exists()
     assert "ConvInteger" not in op_types(gpu["kept_failed"])
 
@@ -618,7 +620,10 @@ def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):
     # the same on the CPU preset is a refusal: nothing at -o
     code, cpu, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "c.onnx")
     assert code == 1 and cpu["output"] is None and not (tmp_path / "c.onnx").exists()
-    assert [f["severity"] for f in cpu["findings"] if f["code"] == "QNT003"] == ["error"]
+    [refused] = [f for f in cpu["findings"] if f["code"] == "QNT003"]
+    # 2x2x3x3 float weights are 144 bytes: the fix says int8 cannot pay there, and names FP16
+    assert refused["severity"] == "error" and "only 144 bytes of float weights" in refused["fix"]
+    assert "convert MODEL --fp16" in refused["fix"]
 
 
 def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path):

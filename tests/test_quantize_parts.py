@@ -516,3 +516,72 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
                                                      "ranked below the noise floor (pass 1): worst 1 tensor(s), 1 node(s)"]
     short = Search(proto, attempt, lambda trial, kept: [], **common).run(Trial("baseline", [], 0.9935, False, 100))
     assert short.stopped == "no quantized tensor left adds measurable error" and short.best.cosine == pytest.approx(0.994)
+
+
+def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
+    """A classifier whose cosine is 0.9999 in every trial, failing the gate on its decision alone
+    (its expected agreement short of 99%): keeping the worst-ranked tensors float brings the
+    decision closer, and the search keeps them and ranks again until the gate passes. Judged by
+    cosine alone, it stopped after the first ranked trial, saying it did not improve."""
+    shortfall = {"m1": 0.004, "m2": 0.012, "m3": 0.0, "m4": 0.0}
+    attempted: list[list[str]] = []
+
+    def attempt(kept: list[str], label: str) -> Trial:
+        attempted.append(list(kept))
+        short = round(sum(cost for node, cost in shortfall.items() if node not in kept), 6)
+        return Trial(label, list(kept), 0.9999, short == 0, 100, shortfall=short)
+
+    ranks = iter([[("a1", ["m2"], 0.05)], [("x", ["m1"], 0.03)]])
+    proto = _chain()
+    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, max_trials=20, fixed=[],
+                  aim=0.995)
+    result = Search(proto, attempt, lambda trial, kept: next(ranks, []), **common).run(
+        Trial("baseline", [], 0.9999, False, 100, shortfall=0.016))
+    assert result.stopped == "the gate passed with the margin"
+    # the heads rule (m4 and what feeds it) changes nothing and is not kept; m2 brings the decision
+    # 1.2 points closer: kept, ranked again; m1 passes
+    assert attempted == [["m4", "m3"], ["m2"], ["m2", "m1"]]
+    assert result.best.kept == ["m2", "m1"] and result.best.shortfall == 0
+    assert result.rules[0]["kept"] is False
+    assert result.reasons["m2"].startswith("ranked #1: keeps tensor 'a1' float")
+    # the same trials without the shortfall: the cosine never moves, and the search stops at the first ranked trial
+    ranks = iter([[("a1", ["m2"], 0.05)], [("x", ["m1"], 0.03)]])
+    blind = Search(proto, lambda kept, label: Trial(label, list(kept), 0.9999, False, 100), lambda trial, kept: next(ranks, []),
+                   **common).run(Trial("baseline", [], 0.9999, False, 100))
+    assert blind.stopped.startswith("keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve")
+    assert blind.best.kept == []
+
+
+def test_decision_shortfall_is_the_largest_gap_to_the_gate():
+    from ortprep.runtime.decisions import decision_shortfall
+
+    assert decision_shortfall(None) == 0.0
+    assert decision_shortfall({"passed": True, "required": 0.99, "agreement": 0.5}) == 0.0
+    assert decision_shortfall({"passed": None, "required": None, "agreement": 0.5}) == 0.0  # not gated
+    top1 = {"passed": False, "required": 0.99, "agreement": 1.0, "expected_agreement": 0.968,
+            "confidence": {"required": 0.99, "agreement": 0.95, "expected_agreement": 0.97}}
+    assert decision_shortfall(top1) == pytest.approx(0.04)  # the confidence's 95% on the samples
+    ctc = {"passed": False, "required": 0.99, "agreement": 0.995, "expected_agreement": 0.992,
+           "required_sequences": 0.95, "sequence_agreement": 0.875, "expected_sequence_agreement": 0.9}
+    assert decision_shortfall(ctc) == pytest.approx(0.075)
+    mask = {"passed": False, "required": 0.98, "agreement": 0.989, "required_regions": 0.95, "region_agreement": 0.5}
+    assert decision_shortfall(mask) == pytest.approx(0.45)
+
+
+def test_not_smaller_says_which_ops_hold_the_weights_left_float():
+    from ortprep.steps.quantize import not_smaller_fix
+
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((200, 128)).astype(np.float32), "table")  # 102,400 bytes
+    weight = numpy_helper.from_array(rng.standard_normal((128, 4)).astype(np.float32), "w")  # 2,048 bytes
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["e"], name="lookup"),
+                               helper.make_node("MatMul", ["e", "w"], ["y"], name="proj")], "rec",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [table, weight])
+    proto = models.make(graph)
+    fix = not_smaller_fix(proto, proto, ["lookup", "proj"])
+    assert fix.startswith("100% of the float weights stayed float (read by Gather 98%, MatMul 2%); 2 node(s) were kept")
+    tiny = models.make(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "tiny",
+                                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
+                                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weight]))
+    assert not_smaller_fix(tiny, tiny, []).startswith("the model holds only 2,048 bytes of float weights")

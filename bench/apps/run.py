@@ -227,7 +227,7 @@ def classify(entry: dict, bound: tuple[str, float]) -> str:
     return "NEEDLESS REFUSAL" if ok else "rightly refused"
 
 
-def run_app(app: str, out: Path, split: str, transforms: list[str]) -> dict:
+def run_app(app: str, out: Path, split: str, transforms: list[str], only_models: list[str] | None = None) -> dict:
     module = __import__(f"app_{app}")
     module.NAME_IN_HARNESS = app
     folder = out / app
@@ -244,7 +244,11 @@ def run_app(app: str, out: Path, split: str, transforms: list[str]) -> dict:
               "inputs": len(reference["answers"]), "control": {k: module.score(reference["answers"], control["answers"], k)
                                                                 for k in models},
               "rows": []}
+    source = ortprep_source()
+    earlier = _earlier_rows(folder / "result.json", transforms, only_models)
     for key in models:
+        if only_models and key not in only_models:
+            continue
         mixed = one_shape(folder / "calib" / key, folder / "calib-one-shape" / key)
         for name in transforms:
             if name in ONE_SHAPE and not mixed:
@@ -253,10 +257,29 @@ def run_app(app: str, out: Path, split: str, transforms: list[str]) -> dict:
             entry = run_transform(module, key, name, folder / "models" / f"{key}.onnx", folder / "calib" / key,
                                   folder / "runs" / key / name.replace(" ", "").replace("--", "_"), split, reference)
             entry["verdict"] = classify(entry, module.BOUND)
+            entry["ortprep"] = source
             log(f"{app}/{key}: {name}: exit {entry['exit']}, app {(entry.get('app') or {}).get('value')}, {entry['verdict']}")
             result["rows"].append(entry)
-            (folder / "result.json").write_text(json.dumps(result, indent=1))
+            (folder / "result.json").write_text(json.dumps(result | {"rows": _merged(earlier, result["rows"])}, indent=1))
+    result["rows"] = _merged(earlier, result["rows"])
+    (folder / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _earlier_rows(saved: Path, transforms: list[str], only_models: list[str] | None) -> list[dict]:
+    """The last run's rows that this run does not redo (a run of some models or transforms keeps
+    the others); each keeps the ortprep commit it was measured at ("ortprep", where recorded)."""
+    if not saved.exists() or (only_models is None and set(transforms) == set(TRANSFORMS)):
+        return []
+    rows = json.loads(saved.read_text()).get("rows", [])
+    redone = lambda row: row["transform"] in transforms and (not only_models or row["model"] in only_models)
+    return [row for row in rows if not redone(row)]
+
+
+def _merged(earlier: list[dict], rows: list[dict]) -> list[dict]:
+    """Rows in the order a full run writes them: by model, then by transform."""
+    order = {name: i for i, name in enumerate(TRANSFORMS)}
+    return sorted(earlier + rows, key=lambda row: (row["model"], order.get(row["transform"], len(order))))
 
 
 def _num(value, digits: int = 4) -> str:
@@ -276,6 +299,7 @@ def tables(results: list[dict]) -> str:
         for key, control in result["control"].items():
             lines.append(f"| {key} | control: the shipped file, copied | - | - | - | - | {control['value']:.2f}% | "
                          f"{control.get('detail', '')} | harness check |")
+        commits = {(row.get("ortprep") or {}).get("commit") for row in result["rows"]}
         for row in result["rows"]:
             app = row.get("app") or {}
             value = app.get("value")
@@ -287,7 +311,8 @@ def tables(results: list[dict]) -> str:
                 detail += f"; {app['errors']} inputs raised: {app.get('first_error', '')[:80]}"
             verdict = row["verdict"]
             verdict = f"**{verdict}**" if verdict.isupper() or verdict.startswith(("SILENT", "NEEDLESS", "silent", "exit")) else verdict
-            lines.append(f"| {row['model']} | {row['transform']} | {row['exit']} | {'yes' if row['written'] else 'no'} | "
+            at = f" (at {(row.get('ortprep') or {}).get('commit') or 'an earlier run'})" if len(commits) > 1 else ""
+            lines.append(f"| {row['model']} | {row['transform']}{at} | {row['exit']} | {'yes' if row['written'] else 'no'} | "
                          f"{_num(row.get('cosine'))} | {', '.join(row.get('errors') or []) or '-'} | {metric} | {detail} | {verdict} |")
         lines.append("")
     lines += ["| app | (model, transform) runs | exit 0, answers kept | silent failures | rightly refused | needless refusals | "
@@ -313,6 +338,8 @@ def main() -> int:
     parser.add_argument("--split", choices=["dev", "eval"], default="eval",
                         help="which half of each app's inputs judges the results (default: eval)")
     parser.add_argument("--transforms", nargs="*", choices=list(TRANSFORMS), default=list(TRANSFORMS))
+    parser.add_argument("--models", nargs="*", help="only these models of the apps run (e.g. ocr_rec); "
+                        "the last run's rows of the others are kept, each with its commit")
     parser.add_argument("--render", action="store_true", help="print the tables of the last run (OUT/results.json) again")
     args = parser.parse_args()
     if args.render:
@@ -329,7 +356,7 @@ def main() -> int:
             if saved.exists():  # keep the last run's rows of the apps not rerun
                 results.append(json.loads(saved.read_text()))
             continue
-        results.append(run_app(app, args.out, args.split, args.transforms))
+        results.append(run_app(app, args.out, args.split, args.transforms, args.models))
     text = tables(results)
     source = {"before": source_before, "after": ortprep_source()}
     for result in results:

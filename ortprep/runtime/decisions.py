@@ -688,3 +688,26 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
             passed = passed and confidence["passed"]
     record["passed"] = passed if decision.gated else None
     return record
+
+
+def decision_shortfall(record: dict[str, Any] | None) -> float:
+    """How far a judged decision (judge_decision's record) falls short of the gate: the largest gap
+    between a share the gate asks for and the share measured or expected (agreement, whole
+    sequences, regions, the ranking, the confidence), in share points; 0.0 when it passes, is not
+    gated, or has nothing measured. The accuracy search reads it as progress where the outputs'
+    cosine is already near 1 and the gate fails on the decision alone."""
+    if not record or record.get("passed") is not False:
+        return 0.0
+    gaps: list[float] = []
+
+    def gap(required: float | None, *values: float | None) -> None:
+        if required is not None:
+            gaps.extend(required - value for value in values if value is not None)
+
+    gap(record.get("required"), record.get("agreement"), record.get("expected_agreement"))
+    gap(record.get("required_sequences"), record.get("sequence_agreement"), record.get("expected_sequence_agreement"))
+    gap(record.get("required_regions"), record.get("region_agreement"))
+    for part in ("ranking", "confidence"):
+        nested = record.get(part) or {}
+        gap(nested.get("required"), nested.get("agreement"), nested.get("expected_agreement"))
+    return max([0.0, *gaps])

@@ -410,7 +410,8 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                                       severity=Severity.INFO, fix="nothing to do"))
             else:
                 report.add(Finding.of("QNT003", f"the quantized model is not smaller ({size_after} bytes vs {size_before})",
-                                      fix="few weights were quantized; check the findings above"))
+                                      fix=not_smaller_fix(onnx.load(str(float_path), load_external_data=False), quantized,
+                                                          excluded)))
         # A refusal (the gate, nothing quantized, not smaller) writes nothing at -o; --keep-failed
         # writes the refused model beside it, under a name of its own (NAME.failed.onnx).
         failed = any(f.severity >= Severity.ERROR for f in report.findings)
@@ -472,3 +473,39 @@ class QuantizeStep(Step):
 
             return quantize_auto(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)
         return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force, progress=ctx.progress)
+
+
+# int8 weights save 3 bytes per element; each quantized tensor costs a scale, a zero point and
+# a Q/DQ pair (about 100 bytes in the file with their names): below this many float weight bytes
+# a model cannot get smaller
+SMALL_WEIGHTS = 64 * 1024
+
+
+def not_smaller_fix(float_proto: onnx.ModelProto, quantized: onnx.ModelProto, excluded: list[str]) -> str:
+    """QNT003's fix: why the quantized file is not smaller, from the weights alone (their dims,
+    no data read), and what to do instead."""
+    sizes = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8}
+
+    def float_weights(proto: onnx.ModelProto) -> dict[str, int]:
+        return {t.name: int(np.prod(t.dims)) * sizes[t.data_type] for _, g in iter_graphs(proto.graph)
+                for t in g.initializer if t.data_type in sizes}
+
+    before, after = float_weights(float_proto), float_weights(quantized)
+    total = sum(before.values())
+    if total < SMALL_WEIGHTS:
+        return (f"the model holds only {total:,} bytes of float weights: the scales, zero points and Q/DQ nodes cost "
+                "more than int8 saves on them. Keep the float model; `ortprep convert MODEL --fp16` halves the weights "
+                "where the EP takes FP16")
+    by_op: dict[str, int] = {}
+    for _, graph in iter_graphs(quantized.graph):
+        for node in graph.node:
+            for name in dict.fromkeys(node.input):
+                if name in after and name in before:
+                    by_op[node.op_type] = by_op.get(node.op_type, 0) + after.pop(name)
+    ranked = sorted(by_op.items(), key=lambda kv: -kv[1])
+    where = ", ".join(f"{op} {size / total:.0%}" for i, (op, size) in enumerate(ranked[:3]) if i == 0 or size >= total / 100)
+    kept = f"; {len(excluded)} node(s) were kept float (QNT006)" if excluded else ""
+    stayed = sum(by_op.values())
+    return (f"{stayed / total:.0%} of the float weights stayed float (read by {where or 'no node'}){kept}: "
+            "int8 pays where the weights of the ops it quantizes dominate; where nodes were kept float, a lower "
+            "--max-float-share keeps fewer; else keep the float model")

@@ -21,7 +21,7 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
-from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, infer_decisions, judge_decision
+from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, decision_shortfall, infer_decisions, judge_decision
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.calibrate import exposure_chunks
@@ -79,6 +79,11 @@ class Judgement:
     def failing(self) -> list[dict]:
         """The outputs that fail the gate on this side."""
         return [o for o in self.outputs if not o.get("passed", True)]
+
+    @property
+    def shortfall(self) -> float:
+        """How far this side's decisions fall short of the gate, the worst output's (decision_shortfall)."""
+        return max([0.0, *(decision_shortfall(o.get("decision")) for o in self.outputs)])
 
     def summary(self) -> dict:
         """What a search trial records of this side: the figures, each output's, the verdict."""
@@ -183,6 +188,16 @@ class Evaluation:
             failed += [side.ep for side in (self.confirmation.cpu, self.confirmation.on_ep)
                        if side is not None and not side.passed and side.ep not in failed]
         return failed
+
+    @property
+    def shortfall(self) -> float:
+        """How far the decisions fall short of the gate, the worst over every side judged (the CPU
+        EP's, the target EP's, and both on the calibration samples): what the accuracy search reads
+        as progress where the cosine cannot show it."""
+        sides = [self.outputs] + ([self.on_ep.outputs] if self.on_ep is not None else [])
+        if self.confirmation is not None:
+            sides += [side.outputs for side in (self.confirmation.cpu, self.confirmation.on_ep) if side is not None]
+        return max([0.0, *(decision_shortfall(o.get("decision")) for outputs in sides for o in outputs)])
 
     @property
     def ep_only(self) -> bool:

@@ -21,6 +21,7 @@ from ortprep.model import (
     normalize_domain,
     subgraphs_of,
     tensor_nbytes,
+    text_of,
 )
 
 log = logging.getLogger(__name__)
@@ -123,11 +124,12 @@ def skeleton(proto: ModelProto) -> ModelProto:
     Avoids copying and serializing every weight byte when the weights are loaded."""
     result = ModelProto()
     for name in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
-        setattr(result, name, getattr(proto, name))
+        value = getattr(proto, name)
+        setattr(result, name, text_of(value) if isinstance(value, (str, bytes)) else value)
     result.opset_import.extend(proto.opset_import)
     result.functions.extend(proto.functions)
     graph, source = result.graph, proto.graph
-    graph.name = source.name
+    graph.name = text_of(source.name)
     graph.node.extend(source.node)
     graph.input.extend(source.input)
     graph.output.extend(source.output)

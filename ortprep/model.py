@@ -51,6 +51,13 @@ def normalize_domain(domain: str) -> str:
     return domain or DEFAULT_DOMAIN
 
 
+def text_of(value: str | bytes) -> str:
+    """A string field of a model as text. protobuf hands a string that is not valid UTF-8 back
+    as bytes (a damaged file, a producer that wrote Latin-1), and refuses those bytes when they
+    are assigned to another message: undecodable bytes become U+FFFD."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def dtype_name(elem_type: int) -> str:
     """ONNX element type code -> lower-case ONNX name ("float", "float16", "int64")."""
     try:

@@ -52,6 +52,25 @@ def test_text_that_is_not_utf8(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_producer_name_that_is_not_utf8_is_no_reason_to_fail(tmp_path):
+    """`make fuzz`, case 300 (cnn.onnx, flip_bytes): one byte of the producer's name flipped.
+    Only the names of tensors and nodes make a graph; `check` and `load` copied the producer's
+    name into the graph-only copy they infer shapes on, and protobuf refused the bytes it had
+    handed back (exit 4). Now each command runs, and the name reads with U+FFFD."""
+    import json
+
+    data = (SAMPLES / "cnn.onnx").read_bytes()
+    at = data.find(b"ortprep-sample-models")
+    assert at > 0
+    path = tmp_path / "producer.onnx"
+    path.write_bytes(data[:at + 8] + b"\xb0" + data[at + 9:])
+    for args in (["check", path, "--ep", "cpu"], ["load", path, "--ep", "cpu", "--runs", "1"]):
+        result = invoke(*args, "--json")
+        assert result.exit_code == 0 and "Traceback" not in result.stderr, result.stderr
+    shown = invoke("inspect", path, "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["producer"]["name"] == "ortprep-\ufffdample-models"
+
+
 @pytest.mark.parametrize("seed, case, command", REGRESSIONS)
 def test_regressions(tmp_path, seed, case, command):
     _run(tmp_path, seed, case, command)

@@ -23,6 +23,7 @@ from ortprep.model import (
     normalize_domain,
     tensor_elements,
     tensor_nbytes,
+    text_of,
 )
 from ortprep.runtime.compat import runtime_findings
 from ortprep.report import StepResult
@@ -222,8 +223,8 @@ def inspect_model(handle: ModelHandle, *, hash_data: bool = False, ort_version: 
         },
         "ir_version": proto.ir_version,
         "opsets": opsets,
-        "producer": {"name": proto.producer_name, "version": proto.producer_version},
-        "graph_name": proto.graph.name,
+        "producer": {"name": text_of(proto.producer_name), "version": text_of(proto.producer_version)},
+        "graph_name": text_of(proto.graph.name),
         "inputs": [describe_value(v) for v in _graph_inputs(handle)],
         "outputs": [describe_value(v) for v in proto.graph.output],
         "nodes": _node_counts(handle),

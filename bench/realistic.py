@@ -96,6 +96,67 @@ def page(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     return np.clip(paper[None] * tint[:, None, None], 0, 255)
 
 
+def document(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A whole document page as a layout detector sees it, RGB in 0..255, (3, H, W): a title,
+    paragraphs of text lines in one or two columns, and now and then a figure (a scene), a table
+    (ruled cells with short text) or a caption, stacked top to bottom."""
+    page_tone = rng.uniform(215, 250)
+    canvas = np.full((3, height, width), page_tone, np.float32)
+    margin = int(width * rng.uniform(0.05, 0.1))
+    columns = 2 if rng.random() < 0.35 else 1
+    gutter = int(width * 0.04)
+    column_w = (width - 2 * margin - (columns - 1) * gutter) // columns
+    y = int(height * rng.uniform(0.04, 0.08))
+    # the title, larger and centred
+    title_h = int(rng.integers(24, 40))
+    title_w = int(rng.uniform(0.4, 0.8) * (width - 2 * margin))
+    x = (width - title_w) // 2
+    canvas[:, y:y + title_h, x:x + title_w] = text_line(rng, title_h, title_w)[None]
+    y += title_h + int(rng.integers(12, 28))
+    tops = [y] * columns
+    while True:
+        column = int(np.argmin(tops))
+        y, left = tops[column], margin + column * (column_w + gutter)
+        kind = rng.choice(["text", "text", "text", "figure", "table"])
+        if kind == "text":
+            lines, line_h = int(rng.integers(2, 8)), int(rng.integers(11, 17))
+            block = lines * (line_h + 3)
+            if y + block > height - margin:
+                break
+            for row in range(lines):
+                w = column_w if row < lines - 1 else int(column_w * rng.uniform(0.3, 0.9))
+                canvas[:, y + row * (line_h + 3):y + row * (line_h + 3) + line_h, left:left + w] = \
+                    text_line(rng, line_h, w)[None]
+        elif kind == "figure":
+            h = int(column_w * rng.uniform(0.4, 0.75))
+            block = h + 18
+            if y + block > height - margin:
+                break
+            w = int(column_w * rng.uniform(0.6, 1.0))
+            x = left + (column_w - w) // 2
+            canvas[:, y:y + h, x:x + w] = scene(rng, h, w)
+            canvas[:, y + h + 4:y + h + 16, x:x + w // 2] = text_line(rng, 12, w // 2)[None]  # the caption
+        else:
+            rows, cols = int(rng.integers(3, 7)), int(rng.integers(2, 5))
+            cell_h, cell_w = int(rng.integers(16, 24)), column_w // cols
+            block = rows * cell_h
+            if y + block > height - margin:
+                break
+            ink = rng.uniform(20, 90)
+            for r in range(rows):
+                for c in range(cols):
+                    cy, cx = y + r * cell_h, left + c * cell_w
+                    text_w = int(cell_w * rng.uniform(0.3, 0.8))
+                    canvas[:, cy + 3:cy + cell_h - 3, cx + 3:cx + 3 + text_w] = text_line(rng, cell_h - 6, text_w)[None]
+            for r in range(rows + 1):
+                canvas[:, min(y + r * cell_h, height - 1), left:left + cols * cell_w] = ink
+            for c in range(cols + 1):
+                canvas[:, y:y + block, min(left + c * cell_w, width - 1)] = ink
+        tops[column] = y + block + int(rng.integers(10, 24))
+    tint = rng.uniform(0.92, 1.0, 3).astype(np.float32)
+    return np.clip(canvas * tint[:, None, None] + rng.normal(0, 2.0, canvas.shape).astype(np.float32), 0, 255)
+
+
 def scene(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """A photo-like scene: a gradient sky, filled rectangles and discs, some text; RGB 0..255."""
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)

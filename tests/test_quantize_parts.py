@@ -581,8 +581,17 @@ def test_not_smaller_says_which_ops_hold_the_weights_left_float():
                               [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [table, weight])
     proto = models.make(graph)
-    fix = not_smaller_fix(proto, proto, ["lookup", "proj"])
+    fix = not_smaller_fix(proto, proto, 2)
     assert fix.startswith("100% of the float weights stayed float (read by Gather 98%, MatMul 2%); 2 node(s) were kept")
+    # the MatMul's weight quantized (an int8 initializer of its own name in the quantized model):
+    # what stayed float is the table alone
+    quantized = onnx.ModelProto()
+    quantized.CopyFrom(proto)
+    weight_q = numpy_helper.from_array(np.zeros((128, 4), np.int8), "w_quantized")
+    del quantized.graph.initializer[1]
+    quantized.graph.initializer.append(weight_q)
+    quantized.graph.node[1].input[1] = "w_quantized"
+    assert not_smaller_fix(proto, quantized, 0).startswith("98% of the float weights stayed float (read by Gather 98%):")
     tiny = models.make(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "tiny",
                                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
                                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weight]))

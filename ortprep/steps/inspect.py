@@ -237,7 +237,7 @@ def inspect_model(handle: ModelHandle, *, hash_data: bool = False, ort_version: 
             {"location": f.location, "size": f.size, "tensors": f.tensors, "bytes_referenced": f.bytes_referenced}
             for f in handle.external_files
         ],
-        "metadata": {prop.key: prop.value for prop in proto.metadata_props},
+        "metadata": {text_of(prop.key): text_of(prop.value) for prop in proto.metadata_props},
         "checker": {"passed": passed, "error": error},
         "runtime": _runtime_facts(),
     }

@@ -410,8 +410,8 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                                       severity=Severity.INFO, fix="nothing to do"))
             else:
                 report.add(Finding.of("QNT003", f"the quantized model is not smaller ({size_after} bytes vs {size_before})",
-                                      fix=not_smaller_fix(onnx.load(str(float_path), load_external_data=False), quantized,
-                                                          excluded)))
+                                      fix=not_smaller_fix(onnx.load(str(dict(sources)[outcome.source]),
+                                                                    load_external_data=False), quantized, len(excluded))))
         # A refusal (the gate, nothing quantized, not smaller) writes nothing at -o; --keep-failed
         # writes the refused model beside it, under a name of its own (NAME.failed.onnx).
         failed = any(f.severity >= Severity.ERROR for f in report.findings)
@@ -482,9 +482,11 @@ class QuantizeStep(Step):
 SMALL_WEIGHTS = 64 * 1024
 
 
-def not_smaller_fix(float_proto: onnx.ModelProto, quantized: onnx.ModelProto, excluded: list[str]) -> str:
+def not_smaller_fix(float_proto: onnx.ModelProto, quantized: onnx.ModelProto, kept_float: int) -> str:
     """QNT003's fix: why the quantized file is not smaller, from the weights alone (their dims,
-    no data read), and what to do instead."""
+    no data read), and what to do instead. ``float_proto``: the model that was quantized (ORT's
+    pre-processing renames the weights it fuses, so not the file as given); ``kept_float``: how
+    many nodes were kept float."""
     sizes = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8}
 
     def float_weights(proto: onnx.ModelProto) -> dict[str, int]:
@@ -505,8 +507,7 @@ def not_smaller_fix(float_proto: onnx.ModelProto, quantized: onnx.ModelProto, ex
                     by_op[node.op_type] = by_op.get(node.op_type, 0) + after.pop(name)
     ranked = sorted(by_op.items(), key=lambda kv: -kv[1])
     where = ", ".join(f"{op} {size / total:.0%}" for i, (op, size) in enumerate(ranked[:3]) if i == 0 or size >= total / 100)
-    kept = f"; {len(excluded)} node(s) were kept float (QNT006)" if excluded else ""
+    kept = f"; {kept_float} node(s) were kept float" if kept_float else ""
     stayed = sum(by_op.values())
     return (f"{stayed / total:.0%} of the float weights stayed float (read by {where or 'no node'}){kept}: "
-            "int8 pays where the weights of the ops it quantizes dominate; where nodes were kept float, a lower "
-            "--max-float-share keeps fewer; else keep the float model")
+            "int8 pays where the weights of the ops it quantizes dominate; else keep the float model")

@@ -190,14 +190,16 @@ class Evaluation:
         return failed
 
     @property
-    def shortfall(self) -> float:
-        """How far the decisions fall short of the gate, the worst over every side judged (the CPU
-        EP's, the target EP's, and both on the calibration samples): what the accuracy search reads
-        as progress where the cosine cannot show it."""
-        sides = [self.outputs] + ([self.on_ep.outputs] if self.on_ep is not None else [])
-        if self.confirmation is not None:
-            sides += [side.outputs for side in (self.confirmation.cpu, self.confirmation.on_ep) if side is not None]
-        return max([0.0, *(decision_shortfall(o.get("decision")) for outputs in sides for o in outputs)])
+    def shortfall(self) -> float | None:
+        """How far the decisions fall short of the gate on the held-back samples, the worse of
+        the CPU EP's side and the target EP's: what the accuracy search reads as progress where
+        the cosine cannot show it. The calibration samples' sides are left out: they are judged
+        only once the held-back ones pass, so two trials' figures would rest on different samples.
+        None when the evaluation failed (no outputs to judge)."""
+        if self.error is not None:
+            return None
+        cpu = max([0.0, *(decision_shortfall(o.get("decision")) for o in self.outputs)])
+        return max(cpu, self.on_ep.shortfall) if self.on_ep is not None else cpu
 
     @property
     def ep_only(self) -> bool:

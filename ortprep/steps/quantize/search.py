@@ -75,13 +75,13 @@ class Trial:
     error: str | None = None
     norm_ratio: float | None = None  # of both sides' norm ratios, the one farthest from 1
     sides: dict | None = None  # {"judged_on", "cpu": summary, "ep": summary or None} (Judgement.summary)
-    shortfall: float | None = None  # how far its decisions fall short of the gate (Evaluation.shortfall); 0: none does
+    shortfall: float | None = None  # how far its held-back decisions fall short of the gate (Evaluation.shortfall); 0: none does
 
     def to_record(self, size_before: int) -> dict:
         sides = self.sides or {}
         return {"label": self.label, "kept_in_float": len(self.kept), "cosine": self.cosine, "passed": self.passed,
                 "size_ratio": round(self.size / size_before, 4) if size_before and self.size else None,
-                "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": self.shortfall,
+                "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None if self.shortfall is None else round(self.shortfall, 6),
                 "judged_on": sides.get("judged_on"),
                 "cpu": sides.get("cpu"), "ep": sides.get("ep")}
 
@@ -118,7 +118,8 @@ def improved(new: Trial, old: Trial) -> bool:
         new, old = cpu_side(new), cpu_side(old)
     if new.cosine is None:
         return False
-    # (the shortfall spans every side judged, so it compares only trials judged on the same sides)
+    # (the shortfall spans the sides judged on the held-back samples: it compares only trials
+    # judged on the same sides)
     shortfalls = not mixed and new.shortfall is not None and old.shortfall is not None
     if old.cosine is None or new.cosine > old.cosine + IMPROVES:
         return True

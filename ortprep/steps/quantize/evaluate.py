@@ -59,6 +59,11 @@ def fmt_cosine(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def outputs_shortfall(outputs: list[dict]) -> float:
+    """The worst of the outputs' decision shortfalls (decisions.decision_shortfall); 0.0 for none."""
+    return max([0.0, *(decision_shortfall(o.get("decision")) for o in outputs)])
+
+
 @dataclass
 class Judgement:
     """One run of the quantized model (on the CPU EP, or on the target EP) against the float model
@@ -83,7 +88,7 @@ class Judgement:
     @property
     def shortfall(self) -> float:
         """How far this side's decisions fall short of the gate, the worst output's (decision_shortfall)."""
-        return max([0.0, *(decision_shortfall(o.get("decision")) for o in self.outputs)])
+        return outputs_shortfall(self.outputs)
 
     def summary(self) -> dict:
         """What a search trial records of this side: the figures, each output's, the verdict."""
@@ -198,7 +203,7 @@ class Evaluation:
         None when the evaluation failed (no outputs to judge)."""
         if self.error is not None:
             return None
-        cpu = max([0.0, *(decision_shortfall(o.get("decision")) for o in self.outputs)])
+        cpu = outputs_shortfall(self.outputs)
         return max(cpu, self.on_ep.shortfall) if self.on_ep is not None else cpu
 
     @property

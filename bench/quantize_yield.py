@@ -10,6 +10,9 @@ dynamic inputs, else the built or shipped one):
     quantize FLOAT --static --calib CALIB --auto-exclude -o static.onnx --force --json
     quantize FLOAT --dynamic --eval CALIB -o dynamic.onnx --force --json
 
+Both carry --keep-failed: a refused result is kept beside the output (static.failed.onnx) and judged
+on the fresh inputs like a written one, so that each refusal is measured as right (the refused file
+is below the bar) or needless (it holds the bar: the gate turned away a file that would have served).
 Where either exits non-zero, it runs again with --auto, to learn whether some precision passes
 and whether the refusal's own findings named it. The dynamic retry is given --calib CALIB in
 place of --eval: with --eval alone --auto has no calibration data and so no static precision to
@@ -148,6 +151,7 @@ def command_record(entry: dict, target: Path) -> dict:
         "command": entry["command"], "exit": entry["exit"], "seconds": entry["seconds"], "peak_rss_mb": entry["peak_rss_mb"],
         "traceback": entry.get("traceback"), "stderr_tail": entry.get("stderr_tail"), "written": target.exists(),
         "file": str(target.relative_to(ROOT)), "mode": report.get("mode"),
+        "kept_failed": str(Path(report["kept_failed"]).resolve().relative_to(ROOT)) if report.get("kept_failed") else None,
         "activation_type": preset.get("activation_type"), "weight_type": preset.get("weight_type"),
         "gate_cosine": verify.get("cosine"), "gate_passed": verify.get("passed"), "latency_ratio": verify.get("latency_ratio"),
         "decisions": [{"output": o.get("name"), **{k: (o.get("decision") or {}).get(k) for k in
@@ -240,6 +244,20 @@ def below_bar(case: JourneyCase, judged: dict | None) -> bool | None:
     return judged["nonfinite"] or (judged["lowest_cosine"] is not None and judged["lowest_cosine"] < COSINE_BAR)
 
 
+def refusal_class(case: JourneyCase, judged: dict | None) -> str | None:
+    """A refusal measured by its refused file: "right" (below the bar, or it does not run),
+    "needless" (at or above the bar), "needless by the interval" (the whole interval at or above
+    the bar); None when there was no file to judge."""
+    wrong = below_bar(case, judged)
+    if wrong is None:
+        return None
+    if wrong:
+        return "right"
+    if case.decision and judged["interval"][0] >= BARS[case.decision]:
+        return "needless by the interval"
+    return "needless"
+
+
 def wrong_by_interval(case: JourneyCase, judged: dict | None) -> bool:
     return bool(case.decision and judged and judged.get("runs") and judged["interval"][1] < BARS[case.decision])
 
@@ -270,7 +288,8 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
 
     commands: dict[str, dict] = {}
     calib_dir = folder / "calib"
-    plain = {"static": ["--static", "--calib", calib_dir, "--auto-exclude"], "dynamic": ["--dynamic", "--eval", calib_dir]}
+    plain = {"static": ["--static", "--calib", calib_dir, "--auto-exclude", "--keep-failed"],
+             "dynamic": ["--dynamic", "--eval", calib_dir, "--keep-failed"]}
     retry = {"static": ["--static", "--calib", calib_dir, "--auto-exclude", "--auto"], "dynamic": ["--dynamic", "--calib", calib_dir, "--auto"]}
     for kind in ("static", "dynamic"):
         target = folder / f"{kind}.onnx"
@@ -291,6 +310,12 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
     for label, record in commands.items():
         record["judged"] = judge(case, ROOT / record["file"], reference, feeds) if record["written"] else None
         record["below_bar"] = below_bar(case, record["judged"])
+        kept = ROOT / record["kept_failed"] if record.get("kept_failed") else None
+        if record.get("exit") not in (0, None) and kept is not None and kept.exists():
+            # the refused file the gate turned away, measured as a written one is
+            judged = judge(case, kept, reference, feeds)
+            record["refused_judged"] = judged
+            record["refusal"] = refusal_class(case, judged)
         record["wrong_by_interval"] = wrong_by_interval(case, record["judged"])
         if label.startswith("peer"):  # a peer never refuses: a file below the bar is its silent failure
             record["silent_failure"] = bool(record["written"] and record["below_bar"])
@@ -327,6 +352,12 @@ def measured_cell(row: dict, record: dict | None) -> str:
     return f"{judged['agree']}/{judged['samples']}{what} ({_pct(low)}-{_pct(high)})"
 
 
+def refused_cell(row: dict, record: dict) -> str:
+    """The refused file's measurement: what measured_cell says of a written one."""
+    return measured_cell(row, {"judged": record.get("refused_judged")}) + (
+        "" if row["decision"] else f", lowest cosine {_num((record.get('refused_judged') or {}).get('lowest_cosine'))}")
+
+
 def cosine_cell(record: dict | None) -> str:
     judged = (record or {}).get("judged")
     if not judged or not judged.get("runs"):
@@ -349,6 +380,9 @@ def verdict_cell(row: dict, kind: str) -> str:
         return judged_verdict(record) if record["written"] else "**SILENT FAILURE** (exit 0, nothing written)"
     elif code == 1:
         text = f"refused ({', '.join(record['error_codes']) or 'no error finding'})"
+        if record.get("refusal"):
+            text += f", the refused file: {refused_cell(row, record)}, **{record['refusal']}**" if \
+                record["refusal"] != "right" else f", the refused file: {refused_cell(row, record)}, right"
         if record["written"]:
             text += ", a file written anyway: " + judged_verdict(record)
     else:
@@ -444,7 +478,8 @@ def summary(rows: list[dict]) -> dict:
                 passes = chosen is not None and not auto.get("below_bar")
                 named = passes and chosen.replace(" per channel", "") in record["names"]
                 refusals.append({"model": r["model"], "kind": label, "codes": record["error_codes"], "names": record["names"],
-                                 "auto_chose": chosen, "auto_holds_bar": passes, "named": named})
+                                 "auto_chose": chosen, "auto_holds_bar": passes, "named": named,
+                                 "measured": record.get("refusal")})
     figures.update(silent=silent, wrong_by_interval=by_interval, refusals=refusals)
     n = len(quantizable)
     figures["accepted"] = bool(n) and all(figures[k]["within"] >= 0.9 * n for k in ("static", "dynamic")) and not silent \
@@ -484,6 +519,13 @@ def summary_lines(label: str, rows: list[dict]) -> list[str]:
             groups.setdefault(", ".join(r["names"]) or "nothing", []).append(f"{r['model']} {r['kind']}")
         lines.append(f"- refusals where --auto wrote nothing that holds the bar: {len(none)}; what their findings name: "
                      + "; ".join(f"{named}: {', '.join(which)}" for named, which in groups.items()))
+    measured = [r for r in refusals if r["measured"]]
+    needless = [r for r in measured if r["measured"] != "right"]
+    lines.append(f"- refusals measured by their refused file (--keep-failed): {len(measured)} of {len(refusals)}; right "
+                 f"(the file is below the bar): {len(measured) - len(needless)}; needless (it holds the bar): {len(needless)}"
+                 + (" (" + ", ".join(f"{r['model']} {r['kind']} [{', '.join(r['codes'])}]"
+                                     + (", by the interval" if r["measured"].endswith("interval") else "") for r in needless)
+                    + ")" if needless else ""))
     for kind in ("static", "dynamic"):
         f = s[kind]
         lines.append(f"- peer {kind} (ORT's defaults): silent failures {len(f['peer_silent'])} of {n}"

@@ -151,7 +151,9 @@ def command_record(entry: dict, target: Path) -> dict:
         "command": entry["command"], "exit": entry["exit"], "seconds": entry["seconds"], "peak_rss_mb": entry["peak_rss_mb"],
         "traceback": entry.get("traceback"), "stderr_tail": entry.get("stderr_tail"), "written": target.exists(),
         "file": str(target.relative_to(ROOT)), "mode": report.get("mode"),
-        "kept_failed": str(Path(report["kept_failed"]).resolve().relative_to(ROOT)) if report.get("kept_failed") else None,
+        # NAME.failed.onnx beside the output (model.failed_path), named from the target: the reported path
+        # may run through a symlink that the target's does not
+        "kept_failed": str(target.with_name(f"{target.stem}.failed.onnx").relative_to(ROOT)) if report.get("kept_failed") else None,
         "activation_type": preset.get("activation_type"), "weight_type": preset.get("weight_type"),
         "gate_cosine": verify.get("cosine"), "gate_passed": verify.get("passed"), "latency_ratio": verify.get("latency_ratio"),
         "decisions": [{"output": o.get("name"), **{k: (o.get("decision") or {}).get(k) for k in

@@ -372,6 +372,10 @@ def _thin(values: np.ndarray) -> np.ndarray:
     return values
 
 
+# The margin the near-boundary line of _flip_rate reaches: the second smallest.
+NEAREST_MARGINS = 2
+
+
 def _flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
     """How often a decision changes on an input nobody measured: the chance that an error drawn
     from ``errors`` (how far the candidate moved a decision toward its boundary) exceeds a margin
@@ -402,6 +406,17 @@ def _flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
         width = np.where(right_x > left_x, right_x - left_x, 1.0)
         # beyond the largest margin every decision is within reach
         cdf = np.where(index >= values.size, 1.0, left_y + (errors - left_x) / width * (right_y - left_y))
+        # Near the boundary the CDF is a straight line through the origin up to the second smallest
+        # margin, not the smallest: the smallest of a few samples is the most variable of them, and
+        # one sample that happens to sit at a tie would set the density there for every unseen
+        # input; two samples near the boundary say that decisions sit there. Measured on
+        # ConvNeXt-tiny (the journey's corpus): a lead of 5e-5 among 24 samples (the 0.5% quantile
+        # of 400 fresh inputs is 1.5e-3) made the estimate 98.6% for FP16 weights, which kept all
+        # 400 decisions.
+        k = min(ordered.size, NEAREST_MARGINS)
+        reach = ordered[k - 1]
+        at_reach = (tied + np.searchsorted(ordered, reach, side="left") + 1) / count
+        cdf = np.where(errors < reach, floor + errors / reach * (at_reach - floor), cdf)
     # an error that does not move a decision toward its boundary flips none
     return float(np.mean(np.where(errors > 0.0, cdf, 0.0)))
 

@@ -13,7 +13,8 @@ dynamic inputs, else the built or shipped one):
 Both carry --keep-failed: a refused result is kept beside the output (static.failed.onnx) and judged
 on the fresh inputs like a written one, so that each refusal is measured as right (the refused file
 is below the bar) or needless (it holds the bar: the gate turned away a file that would have served).
-Where either exits non-zero, it runs again with --auto, to learn whether some precision passes
+Where either exits non-zero, it runs again with --auto (and where --auto measures FP16 as passing,
+the `ortprep convert FLOAT --fp16` it prints runs too, and its file is judged), to learn whether some precision passes
 and whether the refusal's own findings named it. The dynamic retry is given --calib CALIB in
 place of --eval: with --eval alone --auto has no calibration data and so no static precision to
 try. ORT's calls run on the same float model and calibration samples (bench_corpus.PEER:
@@ -304,6 +305,15 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
             commands[f"{kind}_auto"] = command_record(entry, target)
             print(f"  {case.name} {kind} --auto: exit {entry['exit']} in {entry['seconds']} s, chose "
                   f"{(commands[f'{kind}_auto']['auto'] or {}).get('chosen')}", file=sys.stderr, flush=True)
+            probe = (((entry.get("report") or {}).get("auto") or {}).get("fp16") or {})
+            if entry["exit"] == 1 and probe.get("passed"):
+                # --auto measured FP16 as passing and printed a convert command: typed as printed, then
+                # judged like every file written
+                target = folder / f"{kind}_fp16.onnx"
+                entry = ortprep(f"{kind}_fp16", ["convert", source, "--fp16", "-o", target, "--force"], folder, TIMEOUT)
+                commands[f"{kind}_fp16"] = command_record(entry, target)
+                print(f"  {case.name} {kind} FP16 as printed: exit {entry['exit']} in {entry['seconds']} s", file=sys.stderr,
+                      flush=True)
         target = folder / f"peer_{kind}.onnx"
         commands[f"peer_{kind}"] = peer_run(kind, source, target, calib, folder)
         print(f"  {case.name} peer {kind}: exit {commands[f'peer_{kind}']['exit']} in {commands[f'peer_{kind}']['seconds']} s",
@@ -399,6 +409,10 @@ def verdict_cell(row: dict, kind: str) -> str:
         text += "; --auto timed out"
     else:
         text += f"; --auto: none passed (exit {auto['exit']}" + (", traceback" if auto.get("traceback") else "") + ")"
+        fp16 = row["commands"].get(f"{kind}_fp16")
+        if fp16 is not None:
+            text += (f", FP16 measured passing; its printed convert: exit {fp16['exit']}, measured {measured_cell(row, fp16)}, "
+                     f"{judged_verdict(fp16) if fp16['written'] else 'nothing written'}")
     return text
 
 
@@ -478,6 +492,10 @@ def summary(rows: list[dict]) -> dict:
                 auto = r["commands"].get(f"{label}_auto") or {}
                 chosen = (auto.get("auto") or {}).get("chosen_name") if auto.get("exit") == 0 else None
                 passes = chosen is not None and not auto.get("below_bar")
+                fp16 = r["commands"].get(f"{label}_fp16")
+                if chosen is None and fp16 is not None and fp16["exit"] == 0 and fp16["written"]:
+                    # --auto wrote nothing but measured FP16 as passing; the file its command writes, judged
+                    chosen, passes = "FP16", not fp16.get("below_bar")
                 named = passes and chosen.replace(" per channel", "") in record["names"]
                 refusals.append({"model": r["model"], "kind": label, "codes": record["error_codes"], "names": record["names"],
                                  "auto_chose": chosen, "auto_holds_bar": passes, "named": named,
@@ -511,7 +529,8 @@ def summary_lines(label: str, rows: list[dict]) -> list[str]:
     refusals = s["refusals"]
     passing = [r for r in refusals if r["auto_holds_bar"]]
     lines.append(f"- refusals of quantizable models: {len(refusals)}; where --auto wrote a precision that holds the bar: "
-                 f"{len(passing)}; of those, the refusal's findings name that precision: {sum(r['named'] for r in passing)}"
+                 f"{len(passing)} (FP16 counts where --auto measured it as passing and the convert command it printed "
+                 f"wrote a file that holds the bar); of those, the refusal's findings name that precision: {sum(r['named'] for r in passing)}"
                  + (" (" + "; ".join(f"{r['model']} {r['kind']}: {r['auto_chose']}, named: {', '.join(r['names']) or 'nothing'}"
                                      for r in passing) + ")" if passing else ""))
     none = [r for r in refusals if not r["auto_holds_bar"]]

@@ -581,6 +581,64 @@ def test_auto_holds_a_later_precision_to_the_search_margin(tmp_path):
     assert "DynamicQuantizeLinear" in ops and "QuantizeLinear" not in ops  # the dynamic model, not the static first
 
 
+def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
+    """Where every precision --auto tries fails the gate, FP16 is measured by the same gate (converted
+    as the printed command converts it) and the refusal says that it passes, with the command;
+    nothing is written, at the output or beside it. The printed command then writes a model that
+    computes the same."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    calib = _wide_range_calib(tmp_path / "calib")
+    out = tmp_path / "q.onnx"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.99999", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == before
+    assert [t["passed"] for t in record["auto"]["tried"]] == [False] * len(record["auto"]["tried"])
+    probe = record["auto"]["fp16"]
+    assert probe["passed"] is True and probe["converted"] and probe["cosine"] >= 0.999995 and probe["size_ratio"] < 0.6
+    note = next(f for f in record["findings"] if f["code"] == "QNT017")
+    assert "FP16 passes the same gate" in note["message"]
+    assert note["fix"].startswith("ortprep convert wide.onnx --fp16 -o wide.fp16.onnx")
+    converted = invoke("convert", model, "--fp16", "-o", tmp_path / "wide.fp16.onnx", "--json")
+    assert converted.exit_code == 0 and (tmp_path / "wide.fp16.onnx").exists()
+
+
+def _near_tie_classifier(path: Path, calib: Path) -> None:
+    """logits = x @ W, where W's first two columns differ by about 1e-5 per weight (either way) and
+    lead the others: on every sample the float model's top two classes are a near tie, either one
+    ahead, and FP16's rounding of W (a step of about 1e-3 at these sizes) makes the two columns equal
+    and moves every such lead as readily as int8 does."""
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal(32).astype(np.float32)
+    weights = np.stack([base, base + 1e-5 * rng.standard_normal(32), 0.2 * rng.standard_normal(32),
+                        0.2 * rng.standard_normal(32)], axis=1).astype(np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "W"], ["logits"], name="head")], "ties",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 32])],
+        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 4])],
+        [onnx.numpy_helper.from_array(weights, "W")])
+    onnx.save_model(models.make(graph), str(path))
+    calib.mkdir()
+    for index in range(24):
+        x = np.abs(rng.standard_normal((1, 32))).astype(np.float32) * np.sign(base)[None]  # both leading columns large
+        np.savez(calib / f"{index:02d}.npz", x=x)
+
+
+def test_auto_says_no_reduced_precision_keeps_decisions_at_ties(tmp_path):
+    """Where even FP16 moves the float model's decisions across their boundaries (near ties on every
+    sample), the refusal says that no reduced precision keeps them and that the float model stays,
+    rather than sending the user on to FP16."""
+    model, calib = tmp_path / "ties.onnx", tmp_path / "calib"
+    _near_tie_classifier(model, calib)
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--auto", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and not (tmp_path / "q.onnx").exists()
+    probe = record["auto"]["fp16"]
+    assert probe["passed"] is False and probe["decision_failed"] is True and probe["decisions"][0]["kind"] == "top1"
+    note = next(f for f in record["findings"] if f["code"] == "QNT017")
+    assert "no reduced precision keeps them" in note["message"] and note["fix"].startswith("keep the float model")
+
+
 def test_a_refusal_names_what_auto_would_try_here(tmp_path):
     """QNT005's fix names the precisions --auto would try for this target and data, in its order
     (it named A16W16 on a CPU target, and dynamic int8 after dynamic int8 had failed: the bench's

@@ -49,6 +49,7 @@ from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
+from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
 
 DYNAMIC_EPS = ("cpu", "cuda")  # EPs with kernels for dynamic quantization's integer ops
 # EPs that run QDQ models with 16-bit (int16, symmetric) weights on their accelerator. QNN: measured
@@ -208,14 +209,23 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
         report.add(Finding.of("QNT017", f"--auto: {failed_first} failed the gate; {chosen['label']} passed and was "
                               f"written" + (f" ({len(tried) - 2} other(s) failed before it)" if len(tried) > 2 else ""),
                               fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
-    elif chosen is None and len(tried) > 1:
+    elif chosen is None and (len(tried) > 1 or _gate_failed(tried)):
+        # FP16, measured by the same gate, so that the refusal says whether it would do (fp16_probe)
+        probe = measure_fp16(handle, options) if _gate_failed(tried) else None
+        report.data["auto"]["fp16"] = probe
+        said, fix = fp16_words(probe) if probe is not None else (
+            "", "FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "
+                "nodes that add the error in float")
         report.add(Finding.of("QNT017", "--auto: no precision passed the gate: " + "; ".join(
-            f"{t['label']} ({', '.join(t['codes']) or 'failed'})" for t in tried),
-            fix="FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "
-                "nodes that add the error in float"))
+            f"{t['label']} ({', '.join(t['codes']) or 'failed'})" for t in tried) + (f"; {said}" if said else ""), fix=fix))
     if kept:
         report.data["kept_failed"] = kept
     return report
+
+
+def _gate_failed(tried: list[dict[str, Any]]) -> bool:
+    """Whether an attempt failed on accuracy (QNT005) or on size (QNT003): what FP16 may answer."""
+    return any(code in ("QNT005", "QNT003") for t in tried for code in t["codes"])
 
 
 def _slow(ratio: float | None) -> bool:

@@ -891,6 +891,7 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
                       + (f"; {writers}" if writers else ""),
                       fix="ortprep quantize ... --auto-exclude" + (", or --exclude-node NAME for the nodes above"
                                                                      if worst != "none found" else "")
-                          + (f"; --auto tries {', '.join(others)} and keeps the first that passes" if others
-                             else "; no other precision here for --auto to try: ortprep convert MODEL --fp16 keeps float "
-                                  "arithmetic (verified)"))
+                          + (f"; --auto tries {', '.join(others)} and keeps the first that passes (where none does, it "
+                             "measures FP16 by this gate)" if others
+                             else "; no other precision here for --auto to try (--auto measures FP16 by this gate): "
+                                  "ortprep convert MODEL --fp16 keeps float arithmetic (verified)"))

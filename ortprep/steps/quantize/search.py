@@ -449,6 +449,24 @@ class Search:
         return None
 
 
+def margin_samples(plan: DataPlan) -> list:
+    """The calibration samples (real data only: seeded noise says nothing of where real decisions
+    sit), for the float model's margins in the expected agreement; at most MARGIN_SAMPLES of them
+    and about MARGIN_BYTES."""
+    calibration = plan.calibration
+    samples: list = []
+    if calibration is not None and calibration.kind != "random" and plan.calib_indices:
+        from ortprep.steps.quantize.evaluate import MARGIN_BYTES, MARGIN_SAMPLES
+
+        held = 0
+        for sample in calibration.samples(plan.calib_indices[:MARGIN_SAMPLES]):
+            held += sum(v.nbytes for v in sample.values())
+            if held > MARGIN_BYTES and samples:
+                break
+            samples.append(sample)
+    return samples
+
+
 class Trials:
     """Quantize with some nodes kept in float, into a folder of its own, and evaluate."""
 
@@ -473,20 +491,9 @@ class Trials:
         self.ep_in_loop = False
 
     def margin_feeds(self) -> list:
-        """The calibration samples (real data only: seeded noise says nothing of where real
-        decisions sit), for the float model's margins in the expected agreement."""
+        """The calibration samples for the float model's margins (margin_samples), read once."""
         if self._margin_feeds is None:
-            calibration = self.plan.calibration
-            self._margin_feeds = []
-            if calibration is not None and calibration.kind != "random" and self.plan.calib_indices:
-                from ortprep.steps.quantize.evaluate import MARGIN_BYTES, MARGIN_SAMPLES
-
-                held = 0
-                for sample in calibration.samples(self.plan.calib_indices[:MARGIN_SAMPLES]):
-                    held += sum(v.nbytes for v in sample.values())
-                    if held > MARGIN_BYTES and self._margin_feeds:
-                        break
-                    self._margin_feeds.append(sample)
+            self._margin_feeds = margin_samples(self.plan)
         return self._margin_feeds
 
     def attempt(self, source: Path, kept: list[str], label: str) -> Trial:

@@ -14,7 +14,8 @@ Both carry --keep-failed: a refused result is kept beside the output (static.fai
 on the fresh inputs like a written one, so that each refusal is measured as right (the refused file
 is below the bar) or needless (it holds the bar: the gate turned away a file that would have served).
 Where either exits non-zero, it runs again with --auto (and where --auto measures FP16 as passing,
-the `ortprep convert FLOAT --fp16` it prints runs too, and its file is judged), to learn whether some precision passes
+the `ortprep convert ... --fp16` command its QNT017 prints runs too, as printed but for the output
+path, and its file is judged), to learn whether some precision passes
 and whether the refusal's own findings named it. The dynamic retry is given --calib CALIB in
 place of --eval: with --eval alone --auto has no calibration data and so no static precision to
 try. ORT's calls run on the same float model and calibration samples (bench_corpus.PEER:
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -75,6 +77,8 @@ from decision_rates import BARS, wilson  # noqa: E402
 from journey import compare, decide, launch, ortprep, tree_state, write_samples  # noqa: E402
 from journey_corpus import CORPUS, JourneyCase  # noqa: E402
 
+CASES = {case.name: case for case in CORPUS}
+
 CALIB, CALIB_SEED, FRESH_SEED = 24, 1, 23
 COSINE_BAR = 0.99
 TIMEOUT = 900.0
@@ -84,7 +88,7 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 # what a refusal's findings may point to, and the words that name it
 REMEDIES = {"--auto": r"--auto(?!-)", "--auto-exclude": r"--auto-exclude", "--exclude-node": r"--exclude-node",
             "A16W8": r"A16W8|uint16 activations", "A16W16": r"A16W16", "dynamic int8": r"dynamic",
-            "static int8": r"--static|static int8", "FP16": r"fp16"}
+            "static int8": r"--static|static int8", "FP16": r"convert \S+ --fp16"}
 
 
 # ---------------------------------------------------------------- the models
@@ -247,15 +251,18 @@ def below_bar(case: JourneyCase, judged: dict | None) -> bool | None:
     return judged["nonfinite"] or (judged["lowest_cosine"] is not None and judged["lowest_cosine"] < COSINE_BAR)
 
 
-def refusal_class(case: JourneyCase, judged: dict | None) -> str | None:
-    """A refusal measured by its refused file: "right" (below the bar, or it does not run),
-    "needless" (at or above the bar), "needless by the interval" (the whole interval at or above
-    the bar); None when there was no file to judge."""
+def refusal_class(case: JourneyCase, judged: dict | None, codes: list[str]) -> str | None:
+    """A refusal measured by its refused file: "right" (below the bar, or it does not run), "for
+    size" (refused for not being smaller alone, QNT003, and the file holds the bar), "needless" (an
+    accuracy refusal whose file is at or above the bar), "needless by the interval" (the whole
+    interval at or above the bar); None when there was no file to judge."""
     wrong = below_bar(case, judged)
     if wrong is None:
         return None
     if wrong:
         return "right"
+    if set(codes) == {"QNT003"}:
+        return "for size"
     if case.decision and judged["interval"][0] >= BARS[case.decision]:
         return "needless by the interval"
     return "needless"
@@ -310,7 +317,10 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
                 # --auto measured FP16 as passing and printed a convert command: typed as printed, then
                 # judged like every file written
                 target = folder / f"{kind}_fp16.onnx"
-                entry = ortprep(f"{kind}_fp16", ["convert", source, "--fp16", "-o", target, "--force"], folder, TIMEOUT)
+                printed = shlex.split(probe["command"])[2:]  # after "ortprep convert"
+                at = printed.index("-o")
+                printed[at + 1] = str(target)  # this script's folder, not the model's
+                entry = ortprep(f"{kind}_fp16", ["convert", *printed, "--force"], folder, TIMEOUT)
                 commands[f"{kind}_fp16"] = command_record(entry, target)
                 print(f"  {case.name} {kind} FP16 as printed: exit {entry['exit']} in {entry['seconds']} s", file=sys.stderr,
                       flush=True)
@@ -327,7 +337,7 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
             # the refused file the gate turned away, measured as a written one is
             judged = judge(case, kept, reference, feeds)
             record["refused_judged"] = judged
-            record["refusal"] = refusal_class(case, judged)
+            record["refusal"] = refusal_class(case, judged, record["error_codes"])
         record["wrong_by_interval"] = wrong_by_interval(case, record["judged"])
         if label.startswith("peer"):  # a peer never refuses: a file below the bar is its silent failure
             record["silent_failure"] = bool(record["written"] and record["below_bar"])
@@ -392,9 +402,11 @@ def verdict_cell(row: dict, kind: str) -> str:
         return judged_verdict(record) if record["written"] else "**SILENT FAILURE** (exit 0, nothing written)"
     elif code == 1:
         text = f"refused ({', '.join(record['error_codes']) or 'no error finding'})"
-        if record.get("refusal"):
-            text += f", the refused file: {refused_cell(row, record)}, **{record['refusal']}**" if \
-                record["refusal"] != "right" else f", the refused file: {refused_cell(row, record)}, right"
+        refusal = refusal_class(CASES[row["model"]], record.get("refused_judged"), record["error_codes"]) \
+            if record.get("refused_judged") else None
+        if refusal:
+            text += f", the refused file: {refused_cell(row, record)}, " + (f"**{refusal}**" if refusal.startswith("needless")
+                                                                            else refusal)
         if record["written"]:
             text += ", a file written anyway: " + judged_verdict(record)
     else:
@@ -493,13 +505,17 @@ def summary(rows: list[dict]) -> dict:
                 chosen = (auto.get("auto") or {}).get("chosen_name") if auto.get("exit") == 0 else None
                 passes = chosen is not None and not auto.get("below_bar")
                 fp16 = r["commands"].get(f"{label}_fp16")
-                if chosen is None and fp16 is not None and fp16["exit"] == 0 and fp16["written"]:
-                    # --auto wrote nothing but measured FP16 as passing; the file its command writes, judged
+                fp16_broken = fp16 is not None and not (fp16["exit"] == 0 and fp16["written"])
+                if chosen is None and fp16 is not None and not fp16_broken:
+                    # --auto wrote nothing but measured FP16 as passing, and QNT017 printed its command:
+                    # the file that command writes, judged
                     chosen, passes = "FP16", not fp16.get("below_bar")
-                named = passes and chosen.replace(" per channel", "") in record["names"]
+                # FP16 is named by the --auto run's QNT017 with its command (the plain refusal points to --auto)
+                named = passes and (chosen == "FP16" or chosen.replace(" per channel", "") in record["names"])
                 refusals.append({"model": r["model"], "kind": label, "codes": record["error_codes"], "names": record["names"],
                                  "auto_chose": chosen, "auto_holds_bar": passes, "named": named,
-                                 "measured": record.get("refusal")})
+                                 "measured": refusal_class(CASES[r["model"]], record.get("refused_judged"), record["error_codes"])
+                                 if record.get("refused_judged") else None, "fp16_broken": fp16_broken})
     figures.update(silent=silent, wrong_by_interval=by_interval, refusals=refusals)
     n = len(quantizable)
     figures["accepted"] = bool(n) and all(figures[k]["within"] >= 0.9 * n for k in ("static", "dynamic")) and not silent \
@@ -540,10 +556,17 @@ def summary_lines(label: str, rows: list[dict]) -> list[str]:
             groups.setdefault(", ".join(r["names"]) or "nothing", []).append(f"{r['model']} {r['kind']}")
         lines.append(f"- refusals where --auto wrote nothing that holds the bar: {len(none)}; what their findings name: "
                      + "; ".join(f"{named}: {', '.join(which)}" for named, which in groups.items()))
+    broken = [r for r in refusals if r["fp16_broken"]]
+    if broken:
+        lines.append(f"- --auto measured FP16 as passing but its printed convert wrote nothing: {len(broken)} ("
+                     + ", ".join(f"{r['model']} {r['kind']}" for r in broken) + ")")
     measured = [r for r in refusals if r["measured"]]
-    needless = [r for r in measured if r["measured"] != "right"]
+    for_size = [r for r in measured if r["measured"] == "for size"]
+    needless = [r for r in measured if r["measured"] not in ("right", "for size")]
     lines.append(f"- refusals measured by their refused file (--keep-failed): {len(measured)} of {len(refusals)}; right "
-                 f"(the file is below the bar): {len(measured) - len(needless)}; needless (it holds the bar): {len(needless)}"
+                 f"(the file is below the bar): {len(measured) - len(needless) - len(for_size)}; refused for size alone "
+                 f"(QNT003, the file holds the bar): {len(for_size)}; needless (refused on accuracy, the file holds "
+                 f"the bar): {len(needless)}"
                  + (" (" + ", ".join(f"{r['model']} {r['kind']} [{', '.join(r['codes'])}]"
                                      + (", by the interval" if r["measured"].endswith("interval") else "") for r in needless)
                     + ")" if needless else ""))
@@ -617,7 +640,14 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="model names (the others' records of the last run are kept)")
     parser.add_argument("--half", choices=["eval", "dev", "all"], default="all")
     parser.add_argument("-n", type=int, default=100, help="fresh inputs per model (default 100)")
+    parser.add_argument("--report-only", action="store_true", help="write table.md from the last run's results.json")
     args = parser.parse_args()
+    if args.report_only:
+        saved = json.loads((args.out / "results.json").read_text())
+        text = report(saved["rows"], saved["meta"])
+        (args.out / "table.md").write_text(text)
+        print(text)
+        return 0
     known = {case.name for case in CORPUS}
     unknown = set(args.only or []) - known
     if unknown:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -596,10 +597,12 @@ def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
     assert [t["passed"] for t in record["auto"]["tried"]] == [False] * len(record["auto"]["tried"])
     probe = record["auto"]["fp16"]
     assert probe["passed"] is True and probe["converted"] and probe["cosine"] >= 0.999995 and probe["size_ratio"] < 0.6
+    assert probe["judged_on"] == ["cpu"]
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "FP16 passes the same gate" in note["message"]
-    assert note["fix"].startswith("ortprep convert wide.onnx --fp16 -o wide.fp16.onnx")
-    converted = invoke("convert", model, "--fp16", "-o", tmp_path / "wide.fp16.onnx", "--json")
+    command = probe["command"]
+    assert note["fix"].startswith(command) and command == f"ortprep convert {model} --fp16 --keep-io-types -o {tmp_path / 'wide.fp16.onnx'}"
+    converted = invoke(*shlex.split(command)[1:], "--json")  # typed as printed
     assert converted.exit_code == 0 and (tmp_path / "wide.fp16.onnx").exists()
 
 
@@ -958,3 +961,24 @@ def test_calibration_samples_that_fail_fail_the_gate(tmp_path):
     verify = record["verify"]
     assert code == 0 and verify["passed"] is True and verify["confirmation"]["passed"] is True
     assert verify["confirmation"]["cpu"]["cosine"] >= 0.99 and verify["gate"]["failed_on"] == []
+
+
+def test_fp16_is_held_to_the_size_rule_where_int8_was(tmp_path):
+    """A model too small for int8 to shrink (QNT003 on the CPU preset) is not sent on to an FP16
+    file that is no smaller either: FP16 is held to the same size rule, and the report says that
+    neither shrinks it."""
+    weight = onnx.numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32), "w")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "tiny",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])], [weight])
+    model = tmp_path / "tiny.onnx"
+    onnx.save_model(models.make(graph), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 4), 24)
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--auto", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and {"QNT003"} <= {c for t in record["auto"]["tried"] for c in t["codes"]}
+    probe = record["auto"]["fp16"]
+    assert probe["gate_passed"] is True and probe["smaller"] is False and probe["passed"] is False
+    note = next(f for f in record["findings"] if f["code"] == "QNT017")
+    assert "FP16 passes the gate on cpu but is not smaller either" in note["message"]
+    assert note["fix"].startswith("keep the float model")

@@ -432,6 +432,39 @@ def test_auto_for_qnn_widens_the_weights_until_the_gate_passes_and_qnn_runs_them
     assert proof["status"] == "created" and proof["nodes_on_ep"] == proof["nodes_total"] - 2, proof
 
 
+@needs_qnn
+def test_auto_for_qnn_measures_fp16_on_the_htp_where_no_quantized_precision_passes(tmp_path):
+    """An input whose channel 0 carries values near 1e4 and the rest near 0.1, read by a 1x1 Conv
+    that ignores channel 0: a 16-bit activation grid over that range has a step of about 0.3, so
+    every precision QNN's --auto tries (all with 16-bit activations) loses the small channels.
+    FP16 keeps each value's own precision: measured by the same gate on the CPU EP and on the HTP
+    simulator, where the whole FP16 model runs, it passes, and QNT017 prints the command."""
+    rng = np.random.default_rng(5)
+    weights = (rng.standard_normal((16, 64, 1, 1)) * 0.3).astype(np.float32)
+    weights[:, 0] = 0.0
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], name="conv")], "wide",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 4, 4])],
+                              [numpy_helper.from_array(weights, "W")])
+    model = tmp_path / "wide.onnx"
+    onnx.save_model(models.make(graph), str(model))
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(24):
+        x = (rng.standard_normal((1, 64, 4, 4)) * 0.1).astype(np.float32)
+        x[0, 0] = 1e4 + rng.standard_normal((4, 4))
+        np.savez(calib / f"{index:02d}.npz", x=x)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib, "--auto", "-o", tmp_path / "q.onnx")
+    assert code == 1 and not (tmp_path / "q.onnx").exists()
+    assert [t["passed"] for t in record["auto"]["tried"]] == [False, False, False], record["auto"]["tried"]
+    probe = record["auto"]["fp16"]
+    assert probe["passed"] is True and probe["judged_on"] == ["cpu", "qnn"], probe
+    assert probe["placement"]["nodes_on_ep"] == probe["placement"]["nodes_total"] > 0
+    note = findings(record, "QNT017")[0]
+    assert "FP16 passes the same gate on cpu and qnn: " in note["message"]
+    assert note["fix"].startswith(f"ortprep convert {model} --fp16 --ep qnn --keep-io-types -o {tmp_path / 'wide.fp16.onnx'}")
+
+
 @needs_openvino
 def test_speed_is_timed_on_the_target_ep_where_it_is_the_devices_own(tmp_path):
     """With OpenVINO's CPU device judging the gate, both models are timed there too, and QNT004

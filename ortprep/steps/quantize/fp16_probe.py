@@ -6,7 +6,9 @@ mixed precision where needed, on seeded inputs; for an EP, the ops it has no FP1
 FP32), and the result is judged by the gate the quantized attempts failed: the same held-back samples, the same
 decisions and their expected agreement on unseen inputs, the same margin as --auto's later
 attempts. It is judged on the CPU EP (where ORT has no FP16 kernel for an op it computes it in
-float32 through casts, so this is mostly the FP16 weights' error); nothing is written at the output.
+float32 through casts, so there this is mostly the FP16 weights' error) and, like the attempts, on
+the target EP where it runs here (QNN's HTP simulator computes a float model in FP16); nothing is
+written at the output.
 
 When FP16 fails too, on a decision, the float model's decisions on these samples sit closer to
 their boundaries than even FP16's rounding moves them: no reduced precision keeps them, and the
@@ -16,6 +18,7 @@ report says so instead of sending the user on to another precision.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,53 +28,94 @@ from ortprep.findings import Severity
 from ortprep.model import ModelHandle
 from ortprep.options import ConvertOptions, QuantizeOptions
 from ortprep.report import StepResult
+from ortprep.steps.base import ProgressCallback
 from ortprep.runtime.compare import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
+from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import evaluate, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.search import margin_aim, margin_samples
 from ortprep.transforms.verify import model_bytes
 
 
-def measure_fp16(handle: ModelHandle, options: QuantizeOptions) -> dict[str, Any] | None:
+# FP16 is not measured for a model above this size (its conversion and runs would add minutes to a
+# refusal); QNT017 then names the command that measures it.
+PROBE_MAX_BYTES = 1 << 30
+
+
+def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None = None
+                 ) -> dict[str, Any] | None:
     """FP16's verdict by quantize's gate (see the module's docstring); None when there is nothing
-    to judge it on (no model file, no held-back samples) or the data cannot be read."""
+    to judge it on (no model file, --no-verify, data that cannot be read). A probe is advisory:
+    whatever goes wrong in it is its record's ``reason``, never the step's failure."""
     if handle.path is None or not options.verify:
         return None
     source = Path(handle.path)
     scratch = StepResult(step="quantize", schema="scratch")  # the data's findings are the attempts' already
-    static = dataclasses.replace(options, mode="static") if options.mode == "dynamic" and options.calib not in (None, "random") \
+    # calibration data splits as for a static attempt (a fifth held back, the rest's margins)
+    static = dataclasses.replace(options, mode="static") if options.mode != "static" and options.calib not in (None, "random") \
         else options
+    settings = resolve_settings(static)
+    ep = options.ep if options.ep not in (None, "cpu") else None
+    target_file = source.with_name(f"{source.stem}.fp16.onnx")
+    metrics = dict(options.metrics or {})
+    command = " ".join(["ortprep", "convert", shlex.quote(str(source)), "--fp16", *(["--ep", ep] if ep else []),
+                        *(part for name, kind in metrics.items() for part in ("--metric", shlex.quote(f"{name}={kind}"))),
+                        "--keep-io-types", "-o", shlex.quote(str(target_file))])
+    # where quantize refuses a result for not being smaller (the CPU preset, dynamic and weight-only
+    # modes), FP16 is held to that too
+    needs_smaller = settings["preset"] == "cpu" or options.mode != "static"
+    if model_bytes(source) > PROBE_MAX_BYTES:
+        return {"passed": False, "command": command, "converted": False, "measured": False,
+                "reason": f"not measured: the model is over {PROBE_MAX_BYTES >> 30} GiB; the command converts and verifies it"}
     try:
-        plan = plan_data(handle, static, resolve_settings(static), scratch)
+        plan = plan_data(handle, static, settings, scratch)
         feeds, _ = evaluation_feeds(handle, plan, static, scratch)
+        target = gate_target(static, scratch)  # the EP the attempts were judged on, where it runs here
     except OrtprepError:
         return None
     if not feeds:
         return None
-    margins = margin_samples(plan)
-    ep = options.ep if options.ep not in (None, "cpu") else None
-    command = f"ortprep convert {source.name} --fp16" + (f" --ep {ep}" if ep else "") + f" -o {source.stem}.fp16.onnx"
+    try:
+        return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command, needs_smaller,
+                        progress)
+    except Exception as error:  # noqa: BLE001 - advisory: its failure is reported, the refusal stands
+        return {"passed": False, "command": command, "converted": False, "measured": False,
+                "reason": f"not measured: {' '.join(str(error).split())[:300] or type(error).__name__}"}
+
+
+def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds: list, margins: list, target, ep: str | None,
+             metrics: dict[str, str], command: str, needs_smaller: bool, progress: ProgressCallback | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ortprep-fp16-probe-") as tmp:
-        folder = Path(tmp)
-        converted = folder / "fp16.onnx"
+        converted = Path(tmp) / "fp16.onnx"
+        if progress is not None:
+            progress("FP16", 0, 2)
         try:
-            # as the printed command converts it (its own verification on seeded inputs); the gate
-            # below judges it on the real samples
-            result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=options.metrics))
+            # as the printed command converts it (its own verification on seeded inputs; float32
+            # inputs and outputs, as the gate feeds them); the gate below judges it on the real samples
+            result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
         except OrtprepError as error:
-            return {"passed": False, "command": command, "converted": False, "reason": str(error)}
+            return {"passed": False, "command": command, "converted": False, "measured": True, "reason": str(error)}
         if result.output is None:
             errors = [f.message for f in result.findings if f.severity >= Severity.ERROR]
-            return {"passed": False, "command": command, "converted": False,
+            return {"passed": False, "command": command, "converted": False, "measured": True,
                     "reason": errors[0] if errors else "convert --fp16 wrote nothing"}
-        evaluation = evaluate(source, converted, feeds, margin_aim(options.min_cosine), {}, output_bounds(handle.proto), None,
-                              options.metrics, lambda: margins, confirm_feeds=lambda: margins)
+        if progress is not None:
+            progress("FP16", 1, 2)
+        aim = margin_aim(options.min_cosine)
+        evaluation = evaluate(source, converted, feeds, aim, {}, output_bounds(handle.proto), target, metrics,
+                              lambda: margins, confirm_feeds=lambda: margins)
+        if progress is not None:
+            progress("FP16", 2, 2)
         decided = [o["decision"] for o in evaluation.outputs if (o.get("decision") or {}).get("gated")]
-        return {"passed": bool(evaluation.passed), "command": command, "converted": True,
-                "cosine": evaluation.gate_cosine, "min_cosine": margin_aim(options.min_cosine),
-                "size_ratio": round(model_bytes(converted) / max(1, model_bytes(source)), 4),
-                "latency_ratio": evaluation.latency_ratio, "judged_on": "cpu",
+        size_ratio = round(model_bytes(converted) / max(1, model_bytes(source)), 4)
+        smaller = size_ratio < 1.0 or not needs_smaller
+        return {"passed": bool(evaluation.passed) and smaller, "command": command, "converted": True, "measured": True,
+                "gate_passed": bool(evaluation.passed), "smaller": size_ratio < 1.0, "cosine": evaluation.gate_cosine,
+                "min_cosine": aim, "size_ratio": size_ratio, "latency_ratio": evaluation.latency_ratio,
+                "judged_on": evaluation.judged_on,
+                # where the target EP judged: how much of the FP16 model it took (the rest ran on the CPU EP)
+                "placement": evaluation.on_ep.placement if evaluation.on_ep is not None else None,
                 "decision_failed": any(d.get("passed") is False for d in decided),
                 "decisions": [{k: d.get(k) for k in ("kind", "agreement", "expected_agreement", "required", "passed")}
                               for d in decided], "error": evaluation.error}
@@ -85,22 +129,31 @@ def _convert(source: Path, dest: Path, options: ConvertOptions) -> StepResult:
 
 def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:
     """(what the report says of FP16, the fix) for a probe's record."""
+    sides = " and ".join(probe.get("judged_on") or ["cpu"])
     if probe["passed"]:
-        decided = probe["decisions"]
         decisions = "; ".join(f"{d['kind']} {d['agreement']:.1%}, about {d['expected_agreement']:.1%} expected on unseen inputs"
-                              for d in decided if d.get("agreement") is not None and d.get("expected_agreement") is not None)
-        timed = probe.get("latency_ratio")
-        said = (f"FP16 passes the same gate (lowest cosine {fmt_cosine(probe['cosine'])}"
-                + (f"; {decisions}" if decisions else "") + f"; {probe['size_ratio']:.2f}x the size"
-                + (f"; {timed:.2f}x the float model's time on the CPU EP here" if timed is not None else "") + ")")
+                              for d in probe["decisions"] if d.get("agreement") is not None and d.get("expected_agreement") is not None)
+        placed = probe.get("placement") or {}
+        parts = [f"lowest cosine {fmt_cosine(probe['cosine'])}", decisions, f"{probe['size_ratio']:.2f}x the size",
+                 f"{placed['nodes_on_ep']} of {placed['nodes_total']} nodes on {probe['judged_on'][-1]}"
+                 if placed.get("nodes_total") and len(probe.get("judged_on") or []) > 1 else "",
+                 f"{probe['latency_ratio']:.2f}x the float model's time on the CPU EP here" if probe.get("latency_ratio") else ""]
+        said = f"FP16 passes the same gate on {sides}: " + "; ".join(part for part in parts if part)
         return said, (f"{probe['command']} writes it (the gate above judged that conversion on these samples); FP16 "
                       "pays where the EP has FP16 kernels (GPU, NPU)")
+    if not probe.get("measured", True):
+        return f"FP16 was {probe['reason']}", f"{probe['command']}, or keep the float model"
     if not probe.get("converted"):
         return f"FP16 could not be made: {probe.get('reason')}", "keep the float model"
+    if probe.get("error"):
+        return f"FP16 could not be judged: {probe['error']}", f"{probe['command']} converts and verifies it on its own"
+    if probe.get("gate_passed") and not probe.get("smaller"):
+        return (f"FP16 passes the gate on {sides} but is not smaller either ({probe['size_ratio']:.2f}x the size)",
+                "keep the float model: neither int8 nor FP16 makes this model smaller")
     if probe["decision_failed"]:
-        return ("FP16 fails it too, on a decision: the float model's decisions on these samples sit closer to their "
-                "boundaries than even FP16's rounding moves them, so no reduced precision keeps them"), (
+        return (f"FP16 fails it too on {sides}, on a decision: the float model's decisions on these samples sit closer "
+                "to their boundaries than even FP16's rounding moves them, so no reduced precision keeps them"), (
                 "keep the float model; or judge on samples more like the application's (--calib DATA), "
                 "or --metric OUTPUT=cosine where no application reads that decision")
-    return (f"FP16 fails it too (lowest cosine {fmt_cosine(probe.get('cosine'))})",
+    return (f"FP16 fails it too on {sides} (lowest cosine {fmt_cosine(probe.get('cosine'))})",
             "keep the float model; ortprep convert MODEL --fp16 --block-op OP keeps the ops that lose precision in FP32")

@@ -143,13 +143,18 @@ def precision_name(label: str | None) -> str | None:
     return name + (" per channel" if channel else "")
 
 
+def remedies_named(findings: list[dict]) -> list[str]:
+    """The remedies (REMEDIES) a command's error findings name, in their message or fix."""
+    text = " ".join(f"{f.get('message') or ''} {f.get('fix') or ''}" for f in findings if f.get("severity") == "error")
+    return [name for name, pattern in REMEDIES.items() if re.search(pattern, text, re.IGNORECASE)]
+
+
 def command_record(entry: dict, target: Path) -> dict:
     """What one quantize command said: exit, the gate's figures, its refusal and where it points."""
     report = entry.get("report") or {}
     verify = report.get("verify") or {}
     findings = report.get("findings") or []
     errors = [f for f in findings if f.get("severity") == "error"]
-    text = " ".join(f"{f.get('message') or ''} {f.get('fix') or ''}" for f in errors)
     auto = report.get("auto")
     preset = report.get("preset") or {}
     return {
@@ -168,7 +173,7 @@ def command_record(entry: dict, target: Path) -> dict:
         "excluded_nodes": len(report.get("excluded_nodes") or []),
         "error_codes": sorted({f["code"] for f in errors}),
         "findings": [{k: f.get(k) for k in ("code", "severity", "message", "fix")} for f in findings],
-        "names": [name for name, pattern in REMEDIES.items() if re.search(pattern, text, re.IGNORECASE)],
+        "names": remedies_named(findings),
         "auto": None if auto is None else {"tried": [{k: t.get(k) for k in ("label", "passed", "cosine", "latency_ratio", "codes")}
                                                      for t in auto.get("tried") or []],
                                            "chosen": auto.get("chosen"), "chosen_name": precision_name(auto.get("chosen"))},
@@ -511,8 +516,9 @@ def summary(rows: list[dict]) -> dict:
                     # the file that command writes, judged
                     chosen, passes = "FP16", not fp16.get("below_bar")
                 # FP16 is named by the --auto run's QNT017 with its command (the plain refusal points to --auto)
-                named = passes and (chosen == "FP16" or chosen.replace(" per channel", "") in record["names"])
-                refusals.append({"model": r["model"], "kind": label, "codes": record["error_codes"], "names": record["names"],
+                named = passes and (chosen == "FP16" or chosen.replace(" per channel", "") in remedies_named(record.get("findings") or []))
+                names = remedies_named(record.get("findings") or [])  # read again: REMEDIES may have changed since the run
+                refusals.append({"model": r["model"], "kind": label, "codes": record["error_codes"], "names": names,
                                  "auto_chose": chosen, "auto_holds_bar": passes, "named": named,
                                  "measured": refusal_class(CASES[r["model"]], record.get("refused_judged"), record["error_codes"])
                                  if record.get("refused_judged") else None, "fp16_broken": fp16_broken})

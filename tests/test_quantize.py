@@ -982,3 +982,35 @@ def test_fp16_is_held_to_the_size_rule_where_int8_was(tmp_path):
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "FP16 passes the gate on cpu but is not smaller either" in note["message"]
     assert note["fix"].startswith("keep the float model")
+
+
+def test_fp16_is_verified_on_a_real_sample_where_seeded_inputs_leave_the_output_flat(tmp_path):
+    """A detector's map is flat on the seeded noise convert verifies on by itself (CNV015: nothing
+    verified, nothing written; measured on PP-OCR's detector), so FP16 is converted again with one
+    of the user's own held-back samples, and the printed command names that file."""
+    rng = np.random.default_rng(7)
+    weights = (rng.standard_normal((16, 64, 1, 1)) * 0.3).astype(np.float32)
+    weights[:, 0] = 0.0
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Sub", ["x", "six"], ["shifted"], name="shift"),
+         onnx.helper.make_node("Relu", ["shifted"], ["r"], name="relu"),  # zero on standard-normal noise
+         onnx.helper.make_node("Conv", ["r", "W"], ["y"], name="conv")], "flat_on_noise",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 4, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 4, 4])],
+        [onnx.numpy_helper.from_array(weights, "W"), onnx.numpy_helper.from_array(np.array(6.0, np.float32), "six")])
+    model = tmp_path / "flat.onnx"
+    onnx.save_model(models.make(graph), str(model))
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(24):  # channel 0 near 1e4 (no activation grid keeps the rest), the others just above 6
+        x = (6.05 + 0.1 * np.abs(rng.standard_normal((1, 64, 4, 4)))).astype(np.float32)
+        x[0, 0] = 1e4
+        np.savez(calib / f"{index:02d}.npz", x=x)
+    result = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--auto", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and [t["passed"] for t in record["auto"]["tried"]] == [False] * len(record["auto"]["tried"])
+    probe = record["auto"]["fp16"]
+    held_back = calib / "02.npz"  # every fifth sample is held back, at least 8 of 24: indices 2, 5, 8, ...
+    assert probe["passed"] is True and f"--inputs {held_back}" in probe["command"], probe
+    converted = invoke(*shlex.split(probe["command"])[1:], "--json")  # typed as printed
+    assert converted.exit_code == 0 and (tmp_path / "flat.fp16.onnx").exists()

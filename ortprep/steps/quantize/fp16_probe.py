@@ -38,6 +38,8 @@ from ortprep.steps.quantize.search import margin_aim, margin_samples
 from ortprep.transforms.verify import model_bytes
 
 
+# convert's refusal where every output is flat on the seeded inputs it made (transforms/common.py)
+VERIFIED_NOTHING = "CNV015"
 # FP16 is not measured for a model above this size (its conversion and runs would add minutes to a
 # refusal); QNT017 then names the command that measures it.
 PROBE_MAX_BYTES = 1 << 30
@@ -76,16 +78,22 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
         return None
     if not feeds:
         return None
+    # a real sample for the conversion's own verification, where seeded inputs verify nothing (a
+    # detector's map is flat on noise): the first held-back sample's own file
+    sample_file = None
+    if plan.eval_set is not None and plan.eval_set.kind == "npz-files" and plan.eval_indices:
+        sample_file = Path(plan.eval_set.files[plan.eval_indices[0]])
     try:
         return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command, needs_smaller,
-                        progress)
+                        progress, sample_file)
     except Exception as error:  # noqa: BLE001 - advisory: its failure is reported, the refusal stands
         return {"passed": False, "command": command, "converted": False, "measured": False,
                 "reason": f"not measured: {' '.join(str(error).split())[:300] or type(error).__name__}"}
 
 
 def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds: list, margins: list, target, ep: str | None,
-             metrics: dict[str, str], command: str, needs_smaller: bool, progress: ProgressCallback | None) -> dict[str, Any]:
+             metrics: dict[str, str], command: str, needs_smaller: bool, progress: ProgressCallback | None,
+             sample_file: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ortprep-fp16-probe-") as tmp:
         converted = Path(tmp) / "fp16.onnx"
         if progress is not None:
@@ -94,6 +102,12 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
             # as the printed command converts it (its own verification on seeded inputs; float32
             # inputs and outputs, as the gate feeds them); the gate below judges it on the real samples
             result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
+            if result.output is None and sample_file is not None and any(
+                    f.code == VERIFIED_NOTHING for f in result.findings):
+                # seeded inputs leave every output flat: verify on one of the user's own samples
+                result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True,
+                                                                    inputs=sample_file))
+                command = command.replace(" --keep-io-types ", f" --keep-io-types --inputs {shlex.quote(str(sample_file))} ")
         except OrtprepError as error:
             return {"passed": False, "command": command, "converted": False, "measured": True, "reason": str(error)}
         if result.output is None:
@@ -144,7 +158,9 @@ def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:
     if not probe.get("measured", True):
         return f"FP16 was {probe['reason']}", f"{probe['command']}, or keep the float model"
     if not probe.get("converted"):
-        return f"FP16 could not be made: {probe.get('reason')}", "keep the float model"
+        # convert refused its own result (its verification failed, or it could not convert)
+        return (f"FP16 is refused by convert itself ({probe['command'].split(' -o ')[0]}): {probe.get('reason')}",
+                "keep the float model: neither int8 nor FP16 keeps what it computes")
     if probe.get("error"):
         return f"FP16 could not be judged: {probe['error']}", f"{probe['command']} converts and verifies it on its own"
     if probe.get("gate_passed") and not probe.get("smaller"):

@@ -604,6 +604,10 @@ def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
     assert note["fix"].startswith(command) and command == f"ortprep convert {model} --fp16 --keep-io-types -o {tmp_path / 'wide.fp16.onnx'}"
     converted = invoke(*shlex.split(command)[1:], "--json")  # typed as printed
     assert converted.exit_code == 0 and (tmp_path / "wide.fp16.onnx").exists()
+    # on seeded noise there is nothing to judge FP16 by: not measured, and said so
+    seeded = invoke("quantize", model, "--static", "--calib", "random", "-o", out, "--auto", "--min-cosine", "0.99999",
+                    "--json").json()["auto"]["fp16"]
+    assert seeded["measured"] is False and seeded["passed"] is False and "no real samples" in seeded["reason"]
 
 
 def _near_tie_classifier(path: Path, calib: Path) -> None:

@@ -78,6 +78,10 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
         return None
     if not feeds:
         return None
+    if plan.eval_set is None or plan.eval_set.kind == "random":
+        # seeded noise says nothing of the application's decisions (QNT019): no verdict on it
+        return {"passed": False, "command": command, "converted": False, "measured": False,
+                "reason": "not measured: there are no real samples to judge it on (--calib DATA or --eval DATA)"}
     # a real sample for the conversion's own verification, where seeded inputs verify nothing (a
     # detector's map is flat on noise): the first held-back sample's own file
     sample_file = None

@@ -145,8 +145,12 @@ def test_auto_exclude_judges_every_trial_on_qnn(tmp_path):
     search = record["search"]
     # nothing adds error on the CPU EP (the HTP's float16 does): no tensor above the noise floor (those
     # below it, ranked next, do not fit the weight budget), no node where it starts
-    assert search["stopped"] == "no quantized tensor left adds measurable error; no node left where the error starts"
-    assert search["ranked"] and all(entry["noise"] <= 0.02 for entry in search["ranked"])
+    # (with every 16-bit range widened for unseen inputs, one tensor's noise reaches the ranking; keeping
+    # it float does not help either)
+    assert search["stopped"] in ("no quantized tensor left adds measurable error; no node left where the error starts",
+                                 "keeping the 2 nodes around the 1 worst-ranked tensors in float did not improve the result; "
+                                 "no node left where the error starts")
+    assert search["ranked"] and sum(entry["noise"] > 0.02 for entry in search["ranked"]) <= 1
     labels = [t["label"] for t in search["trials"]]
     assert labels[0] == "baseline (preprocessed)" and labels[1] == "calibration: percentile"
     assert len(labels) == len(set(labels))  # each trial once

@@ -96,7 +96,8 @@ class Outcome:
     failure: str | None = None  # ORT's quantizer raised or died: its whole message
     source: str = "preprocessed"
     method: str = "minmax"  # the calibration method of the result
-    widened: list[str] = field(default_factory=list)  # outputs given 16-bit headroom (edits.widen_output_encodings)
+    widened: list[str] = field(default_factory=list)  # outputs given 16-bit headroom (edits.widen_activation_encodings)
+    widened_activations: int = 0  # activations (outputs included) given 16-bit headroom
     floored: list[dict] = field(default_factory=list)  # weights whose scales were raised for QNN (edits.floor_weight_scales)
 
 
@@ -163,7 +164,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
         measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed
     return Outcome(best, chosen, excluded, search_record, source=label,
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
-                   floored=trials.floored.get(best.path, []))
+                   floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0))
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -314,7 +315,8 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             preprocess_detail += "; not used: quantizing without it evaluated better"
         report.data = _base_record(handle, options, settings, size_before)
         report.data.update({"preprocess": preprocess_detail, "evaluation_samples": len(eval_feeds),
-                            "output_headroom": {"factor": OUTPUT_HEADROOM_16, "outputs": outcome.widened},
+                            "output_headroom": {"factor": OUTPUT_HEADROOM_16, "outputs": outcome.widened,
+                                            "activations": outcome.widened_activations},
                             "raised_weight_scales": outcome.floored,
                             "gate_target": target.record(),
                             "evaluation_inputs": eval_source,

@@ -280,6 +280,134 @@ def widen_output_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16) -> li
     return widened
 
 
+def _widened(step: float, point: float, dtype, factor: float) -> tuple[float, int]:
+    """A 16-bit encoding (step, zero point) widened ``factor`` times: about its centre, but a
+    bound at 0 stays at 0 (a range [0, high] also clamps what is below 0: it carries the ReLU that
+    ORT's quantizer removed; widened about its centre it would let negative values through)."""
+    info = np.iinfo(dtype)
+    low, high = (info.min - point) * step, (info.max - point) * step
+    width = (high - low) * factor
+    if point <= info.min:  # low at 0
+        low, high = 0.0, width
+    elif point >= info.max:  # high at 0
+        low, high = -width, 0.0
+    else:
+        centre = (low + high) / 2
+        low, high = centre - width / 2, centre + width / 2
+    new_step = width / (info.max - info.min)
+    return new_step, int(np.clip(np.round(info.min - low / new_step), info.min, info.max))
+
+
+def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, float_model: Path | None = None
+                               ) -> tuple[list[str], list[str]]:
+    """Widen every 16-bit activation encoding of a QDQ model by ``factor`` about its centre, in
+    place, and re-encode the int32 biases quantized with the scales that changed; returns the
+    tensors widened (the inputs of their QuantizeLinear nodes).
+
+    A range calibrated on a few samples is the range of those samples, inside the model as at its
+    outputs: an unseen input whose activations reach past it is clipped. Measured on the NPU
+    journey's control-flow classifier (A16W16): one of 8 unseen images pooled to 11.9 where 16
+    calibration samples had set the range to 10.65, and its logits came out at cosine 0.968 and
+    norm 0.944 on the CPU EP and on QNN alike, while every held-back and calibration sample was at
+    0.99999. A 16-bit grid affords the headroom: doubling a range costs one bit of sixteen.
+
+    Each encoding is a pair of initializers (scale, zero point) that Q/DQ nodes share; a pair is
+    widened once, for every node that reads it, so encodings that an EP requires equal (a tensor
+    moved by a Reshape, a Flatten) stay equal. Left as they are: encodings of bounded ops' outputs
+    (BOUNDED_OUTPUT_OPS: QNN fixes those), pairs any other op reads, per-channel or 8-bit ones, and
+    weights (Q/DQ of stored integers), and the encoding of a tensor that a Clip made in the float
+    model (``float_model``) and no longer makes (ORT's quantizer folded it: the range is its
+    bounds); a range with a bound at 0 keeps that bound (a folded ReLU). A bias stored as int32 with scale = input scale x weight
+    scale gets the new input scale and its integers rounded again from the float values they held.
+    Returns (the tensors widened, the graph outputs among what they write). The model's external
+    weights are not read."""
+    proto = onnx.load(str(path), load_external_data=False)
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    qdq = ("QuantizeLinear", "DequantizeLinear")
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    made_by: dict[str, str] = {}
+    if float_model is not None:
+        made_by = {out: node.op_type for node in onnx.load(str(float_model), load_external_data=False).graph.node
+                   for out in node.output}
+
+    def folded_clip(name: str) -> bool:
+        """A Clip made ``name`` in the float model and the QDQ model's range now clamps for it."""
+        maker = producers.get(name)
+        return made_by.get(name) == "Clip" and (maker is None or maker.op_type != "Clip")
+
+    def origin(name: str):
+        """The op that computes ``name``, looking back through Q/DQ pairs and value moves."""
+        seen = 0
+        while name in producers and seen < 32:
+            node = producers[name]
+            if node.op_type not in qdq and node.op_type not in _MOVES:
+                return node
+            name, seen = node.input[0], seen + 1
+        return None
+
+    pairs: dict[tuple[str, str], list[str]] = {}  # (scale, zero point) -> the tensors it quantizes
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear" and len(node.input) >= 3 and node.input[0] not in inits:
+            pairs.setdefault((node.input[1], node.input[2]), []).append(node.input[0])
+    widened_scales: dict[str, tuple[float, float]] = {}  # scale name -> (old step, new step)
+    tensors: list[str] = []
+    for (scale_name, zero_name), quantized in pairs.items():
+        if scale_name not in inits or zero_name not in inits:
+            continue
+        if any(n.op_type not in qdq for name in (scale_name, zero_name) for n in readers.get(name, [])):
+            continue  # another op reads the encoding itself
+        if any(n.op_type == "DequantizeLinear" and n.input[0] in inits for n in readers.get(scale_name, [])):
+            continue  # it also dequantizes stored integers: a new scale would change their values
+        scale_t, zero_t = inits[scale_name], inits[zero_name]
+        if zero_t.data_type not in (TensorProto.UINT16, TensorProto.INT16) or scale_t.data_type != TensorProto.FLOAT:
+            continue
+        scale, zero = onnx.numpy_helper.to_array(scale_t), onnx.numpy_helper.to_array(zero_t)
+        if scale.size != 1 or zero.size != 1 or not float(scale.ravel()[0]) > 0:
+            continue
+        if any((maker := origin(name)) is not None and maker.op_type in BOUNDED_OUTPUT_OPS for name in quantized):
+            continue
+        if any(folded_clip(name) for name in quantized):
+            continue
+        step, point = _widened(float(scale.ravel()[0]), float(zero.ravel()[0]), zero.dtype, factor)
+        widened_scales[scale_name] = (float(scale.ravel()[0]), step)
+        scale_t.CopyFrom(onnx.numpy_helper.from_array(np.array(step, dtype=np.float32).reshape(scale.shape), scale_name))
+        zero_t.CopyFrom(onnx.numpy_helper.from_array(np.array(point, dtype=zero.dtype).reshape(zero.shape), zero_name))
+        tensors.extend(quantized)
+    if not widened_scales:
+        return [], []
+    # int32 biases: scale = the input's scale x the weight's (ORT's quantizer); rounded again
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in inits or inits[node.input[0]].data_type != TensorProto.INT32:
+            continue
+        for user in readers.get(node.output[0], []):
+            if user.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(user.input) < 3 or user.input[2] != node.output[0]:
+                continue
+            source, weight = producers.get(user.input[0]), producers.get(user.input[1])
+            if source is None or weight is None or source.op_type != "DequantizeLinear" or weight.op_type != "DequantizeLinear":
+                continue
+            if source.input[1] not in widened_scales or len(node.input) < 2 or node.input[1] not in inits:
+                continue
+            old_step, new_step = widened_scales[source.input[1]]
+            bias_scale_t, bias_t = inits[node.input[1]], inits[node.input[0]]
+            bias_scale = onnx.numpy_helper.to_array(bias_scale_t).astype(np.float64)
+            values = onnx.numpy_helper.to_array(bias_t).astype(np.float64) * bias_scale  # the float bias it held
+            new_scale = bias_scale * (new_step / old_step)
+            stored = np.clip(np.round(values / np.where(new_scale > 0, new_scale, 1.0)), -2**31, 2**31 - 1).astype(np.int32)
+            bias_scale_t.CopyFrom(onnx.numpy_helper.from_array(new_scale.astype(np.float32), node.input[1]))
+            bias_t.CopyFrom(onnx.numpy_helper.from_array(stored, node.input[0]))
+            break
+    onnx.save(proto, str(path))
+    outputs = [v.name for v in graph.output if (maker := producers.get(v.name)) is not None
+               and maker.op_type == "DequantizeLinear" and maker.input[1] in widened_scales]
+    return tensors, outputs
+
+
 def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: float = HTP_MIN_MULTIPLIER) -> list[dict]:
     """Raise, in place, every weight scale whose requantization multiplier is below ``bound`` so that
     it reaches ``floor``, requantizing the weight's values (and the int32 bias, whose scale is the

@@ -43,7 +43,7 @@ from ortprep.model import iter_graphs
 from ortprep.options import QuantizeOptions
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
-from ortprep.steps.quantize.edits import floor_weight_scales, output_writers, widen_output_encodings
+from ortprep.steps.quantize.edits import floor_weight_scales, output_writers, widen_activation_encodings
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import LATENCY_RUNS, Evaluation, evaluate, fmt_cosine, tensor_noise, worst_nodes
 from ortprep.steps.quantize.presets import quantizer_op_types
@@ -481,6 +481,7 @@ class Trials:
         self.caches: dict[Path, dict] = {}
         self.failure: str | None = None
         self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
+        self.widened_count: dict[Path, int] = {}  # a trial's model -> how many activations' 16-bit encodings were
         self.floored: dict[Path, list[dict]] = {}  # a trial's model -> weights whose scales were raised for QNN's HTP
         self._margin_feeds: list | None = None
         self.started = time.monotonic()  # the search's time bound counts from here (the step's first trial)
@@ -507,8 +508,11 @@ class Trials:
             self.failure = self.failure or error
             return Trial(label, list(kept), None, False, 0, None, error)
         if self.options.mode == "static" and self.settings["activation_type"] in ("uint16", "int16"):
-            # headroom for inputs past the calibration samples' range (edits.widen_output_encodings)
-            self.widened[output] = widen_output_encodings(output)
+            # headroom for inputs past the calibration samples' range, inside the model as at its
+            # outputs (edits.widen_activation_encodings)
+            tensors, outputs = widen_activation_encodings(output, float_model=source)
+            self.widened[output] = outputs
+            self.widened_count[output] = len(tensors)
         if self.options.mode == "static" and self.settings.get("preset") == "qnn":
             # after the widening: it changes the output scales the multipliers divide by (edits.HTP_MIN_MULTIPLIER)
             self.floored[output] = floor_weight_scales(output)

@@ -315,7 +315,7 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
     widened once, for every node that reads it, so encodings that an EP requires equal (a tensor
     moved by a Reshape, a Flatten) stay equal. Left as they are: encodings of bounded ops' outputs
     (BOUNDED_OUTPUT_OPS: QNN fixes those), pairs any other op reads, per-channel or 8-bit ones, and
-    weights (Q/DQ of stored integers), and the encoding of a tensor that a Clip made in the float
+    weights (Q/DQ of stored integers), a scale or zero point two pairs share, and the encoding of a tensor that a Clip made in the float
     model (``float_model``) and no longer makes (ORT's quantizer folded it: the range is its
     bounds); a range with a bound at 0 keeps that bound (a folded ReLU). A bias stored as int32 with scale = input scale x weight
     scale gets the new input scale and its integers rounded again from the float values they held.
@@ -357,12 +357,20 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
             pairs.setdefault((node.input[1], node.input[2]), []).append(node.input[0])
     widened_scales: dict[str, tuple[float, float]] = {}  # scale name -> (old step, new step)
     tensors: list[str] = []
+    uses: dict[str, int] = {}
+    for scale_name, zero_name in pairs:
+        for name in (scale_name, zero_name):
+            uses[name] = uses.get(name, 0) + 1
     for (scale_name, zero_name), quantized in pairs.items():
         if scale_name not in inits or zero_name not in inits:
             continue
+        if uses[scale_name] > 1 or uses[zero_name] > 1:
+            continue  # a scale or zero point shared with another pair: widening one would move the other
         if any(n.op_type not in qdq for name in (scale_name, zero_name) for n in readers.get(name, [])):
             continue  # another op reads the encoding itself
-        if any(n.op_type == "DequantizeLinear" and n.input[0] in inits for n in readers.get(scale_name, [])):
+        if any(n.op_type == "DequantizeLinear" and (producers.get(n.input[0]) is None
+                                                    or producers[n.input[0]].op_type != "QuantizeLinear")
+               for name in (scale_name, zero_name) for n in readers.get(name, [])):
             continue  # it also dequantizes stored integers: a new scale would change their values
         scale_t, zero_t = inits[scale_name], inits[zero_name]
         if zero_t.data_type not in (TensorProto.UINT16, TensorProto.INT16) or scale_t.data_type != TensorProto.FLOAT:
@@ -381,27 +389,36 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
         tensors.extend(quantized)
     if not widened_scales:
         return [], []
-    # int32 biases: scale = the input's scale x the weight's (ORT's quantizer); rounded again
+    # int32 biases: scale = the input's scale x the weight's (ORT's quantizer: Conv, ConvTranspose,
+    # Gemm; LayerNormalization, InstanceNormalization, BatchNormalization with their scale as the
+    # weight); rounded again with the ratio of each widened factor
+    biased_ops = ("Conv", "ConvTranspose", "Gemm", "LayerNormalization", "InstanceNormalization", "BatchNormalization")
     for node in graph.node:
         if node.op_type != "DequantizeLinear" or node.input[0] not in inits or inits[node.input[0]].data_type != TensorProto.INT32:
             continue
-        for user in readers.get(node.output[0], []):
-            if user.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(user.input) < 3 or user.input[2] != node.output[0]:
-                continue
-            source, weight = producers.get(user.input[0]), producers.get(user.input[1])
-            if source is None or weight is None or source.op_type != "DequantizeLinear" or weight.op_type != "DequantizeLinear":
-                continue
-            if source.input[1] not in widened_scales or len(node.input) < 2 or node.input[1] not in inits:
-                continue
-            old_step, new_step = widened_scales[source.input[1]]
-            bias_scale_t, bias_t = inits[node.input[1]], inits[node.input[0]]
-            bias_scale = onnx.numpy_helper.to_array(bias_scale_t).astype(np.float64)
-            values = onnx.numpy_helper.to_array(bias_t).astype(np.float64) * bias_scale  # the float bias it held
-            new_scale = bias_scale * (new_step / old_step)
-            stored = np.clip(np.round(values / np.where(new_scale > 0, new_scale, 1.0)), -2**31, 2**31 - 1).astype(np.int32)
-            bias_scale_t.CopyFrom(onnx.numpy_helper.from_array(new_scale.astype(np.float32), node.input[1]))
-            bias_t.CopyFrom(onnx.numpy_helper.from_array(stored, node.input[0]))
-            break
+        users = readers.get(node.output[0], [])
+        if len(users) != 1 or len(node.input) < 2 or node.input[1] not in inits:
+            continue  # a bias two layers share was quantized from one of their inputs: left as it is
+        user = users[0]
+        if user.op_type not in biased_ops or len(user.input) < 3 or user.input[2] != node.output[0]:
+            continue
+        factors = []
+        for name in user.input[:2]:
+            maker = producers.get(name)
+            if maker is None or maker.op_type != "DequantizeLinear":
+                factors = []
+                break
+            old_step, new_step = widened_scales.get(maker.input[1], (1.0, 1.0))
+            factors.append(new_step / old_step)
+        if len(factors) != 2 or factors == [1.0, 1.0]:
+            continue
+        bias_scale_t, bias_t = inits[node.input[1]], inits[node.input[0]]
+        bias_scale = onnx.numpy_helper.to_array(bias_scale_t).astype(np.float64)
+        values = onnx.numpy_helper.to_array(bias_t).astype(np.float64) * bias_scale  # the float bias it held
+        new_scale = bias_scale * factors[0] * factors[1]
+        stored = np.clip(np.round(values / np.where(new_scale > 0, new_scale, 1.0)), -2**31, 2**31 - 1).astype(np.int32)
+        bias_scale_t.CopyFrom(onnx.numpy_helper.from_array(new_scale.astype(np.float32), node.input[1]))
+        bias_t.CopyFrom(onnx.numpy_helper.from_array(stored, node.input[0]))
     onnx.save(proto, str(path))
     outputs = [v.name for v in graph.output if (maker := producers.get(v.name)) is not None
                and maker.op_type == "DequantizeLinear" and maker.input[1] in widened_scales]

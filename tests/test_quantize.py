@@ -698,7 +698,7 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
     16-bit graph outputs are widened 2x about their centre; a Sigmoid's output is not."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortprep.steps.quantize.edits import widen_output_encodings
+    from ortprep.steps.quantize.edits import widen_activation_encodings
 
     rng = np.random.default_rng(2)
     weight = numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w")
@@ -728,7 +728,7 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
     # the same quantization without the edit: what the calibration samples spanned
     plain = tmp_path / "plain.onnx"
     onnx.save(onnx.load(record["output"]), plain)
-    assert widen_output_encodings(plain, 0.5) == ["scores"]  # halving undoes the doubling
+    assert widen_activation_encodings(plain, 0.5)[1] == ["scores"]  # halving undoes the doubling
     low0, high0 = encoding(onnx.load(plain), "scores")
     assert high - low == pytest.approx(2 * (high0 - low0), rel=1e-3)
     assert (high + low) / 2 == pytest.approx((high0 + low0) / 2, abs=4 * (high0 - low0) / 65535)
@@ -813,7 +813,7 @@ def test_headroom_reaches_through_transpose_and_reshape_sharing_the_encoding(tmp
     pair could be widened)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortprep.steps.quantize.edits import widen_output_encodings
+    from ortprep.steps.quantize.edits import widen_activation_encodings
 
     rng = np.random.default_rng(3)
     weight = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
@@ -841,7 +841,7 @@ def test_headroom_reaches_through_transpose_and_reshape_sharing_the_encoding(tmp
 
     plain = tmp_path / "plain.onnx"
     onnx.save(quantized, plain)
-    assert widen_output_encodings(plain, 0.5) == ["map"]
+    assert widen_activation_encodings(plain, 0.5)[1] == ["map"]
     assert step(record["output"]) == pytest.approx(2 * step(plain), rel=1e-3)
     session = ort.InferenceSession(record["output"], providers=["CPUExecutionProvider"])
     x = rng.standard_normal((1, 16)).astype(np.float32)

@@ -163,121 +163,12 @@ def output_writers(quant_proto: ModelProto, outputs: list[str]) -> tuple[list[st
 # Ops whose output range is known whatever the input (QNN fixes their 16-bit encodings too):
 # their calibrated range needs no headroom.
 BOUNDED_OUTPUT_OPS = ("Sigmoid", "Tanh", "Softmax", "LogSoftmax", "HardSigmoid")
-OUTPUT_HEADROOM_16 = 2.0  # 16-bit output encodings are widened this much about their centre (1 bit of 16)
+OUTPUT_HEADROOM_16 = 2.0  # 16-bit activation encodings are widened this much (1 bit of 16)
 
 
 # Ops that move values without computing new ones: a QDQ model's tensors through them share one
-# encoding (the EP requires it: QNN's Transpose, Reshape), so an output's headroom is the chain's.
+# encoding (the EP requires it: QNN's Transpose, Reshape); looked through for the op that computes one.
 _MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
-
-
-def _encoding_chain(output: str, graph, producers: dict, consumers: dict, users: dict, int32: set) -> list | None:
-    """The Q/DQ nodes to widen together for one graph output: every Q/DQ pair that shares the
-    output's scale and zero point, when they form one chain of value-moving ops (_MOVES) that
-    ends at the output and that nothing else reads; None when the output is not such a chain's end
-    (the encoding also quantizes a tensor another op computes with, feeds an op whose int32 bias
-    was quantized from it, or a bounded op makes it). Other readers of the dequantized values (a
-    Sigmoid after a logits output) keep a consistent, one bit coarser, encoding."""
-
-    def biased(name: str) -> bool:
-        maker = producers.get(name)
-        return maker is not None and maker.op_type == "DequantizeLinear" and maker.input[0] in int32
-    dq = producers.get(output)
-    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3:
-        return None
-    pair = list(dq.input[1:3])
-    group = users.get(pair[0], [])
-    if not group or users.get(pair[1], []) != group:
-        return None
-    if any(n.op_type not in ("QuantizeLinear", "DequantizeLinear") or list(n.input[1:3]) != pair for n in group):
-        return None
-    members = {id(n) for n in group}
-    outputs = {v.name for v in graph.output}
-    origin = None
-    for node in group:
-        if node.op_type == "DequantizeLinear":
-            if id(producers.get(node.input[0])) not in members:
-                return None  # it reads stored integers (a constant): a new scale would change their values
-            # what reads the dequantized value: the output itself, or a move whose result is
-            # quantized again with the same encoding
-            for reader in consumers.get(node.output[0], []):
-                if reader.op_type in _MOVES:
-                    if not all(all(id(q) in members for q in consumers.get(out, [])) and (consumers.get(out) or out in outputs)
-                               for out in reader.output):
-                        return None
-                elif any(biased(name) for name in reader.input):
-                    return None  # its int32 bias was quantized with this scale times the weight's
-            if node.output[0] != output and node.output[0] in outputs:
-                return None  # a second graph output on this encoding: widen neither alone
-        else:
-            source = producers.get(node.input[0])
-            if source is None or source.op_type not in _MOVES or id(producers.get(source.input[0])) not in members:
-                if origin is not None:
-                    return None  # two tensors computed elsewhere share it: a Concat's, an Add's inputs
-                origin = source
-    if origin is not None and origin.op_type in BOUNDED_OUTPUT_OPS:
-        return None
-    return group
-
-
-def widen_output_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16) -> list[str]:
-    """Widen the 16-bit encoding of every graph output written by a Q/DQ pair by ``factor`` about
-    its centre, in place; returns the outputs widened.
-
-    A range calibrated on a few samples is the range of those samples: an unseen input whose
-    output reaches past it is clipped, and a whole output shrinks (measured on the NPU journey: a
-    keyword spotter's logits calibrated to [-0.32, 0.41] on 16 samples, an unseen sample at -0.48,
-    the norm 0.97 on the CPU EP and on QNN). A 16-bit grid can afford the headroom: doubling the
-    range costs one bit of sixteen. Only graph outputs are widened (nothing reads them but the
-    application, so no bias encoding depends on their scale), with the pairs that share their
-    encoding through value-moving ops before them (a detector's map made by a Conv, then
-    Transposed and Reshaped: the journey's dddd_det, norm 0.986 on the gate's samples and 0.979 on
-    unseen ones while only the last pair could have been widened); not those of ops whose range is
-    fixed by nature (BOUNDED_OUTPUT_OPS). The model's weights are not read."""
-    proto = onnx.load(str(path), load_external_data=False)
-    graph = proto.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list] = {}
-    users: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-        for name in dict.fromkeys(node.input[1:3]) if node.op_type in ("QuantizeLinear", "DequantizeLinear") else ():
-            users.setdefault(name, []).append(node)
-    for node in graph.node:  # an initializer read by any other op is not the pairs' own
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            for name in node.input:
-                if name in users:
-                    users[name] = users[name] + [node]
-    inits = {t.name: t for t in graph.initializer}
-    int32 = {t.name for t in graph.initializer if t.data_type == TensorProto.INT32}
-    widened = []
-    for value in graph.output:
-        group = _encoding_chain(value.name, graph, producers, consumers, users, int32)
-        if group is None:
-            continue
-        scale_name, zero_name = group[0].input[1], group[0].input[2]
-        if scale_name not in inits or zero_name not in inits:
-            continue
-        scale_t, zero_t = inits[scale_name], inits[zero_name]
-        if zero_t.data_type not in (TensorProto.UINT16, TensorProto.INT16) or scale_t.data_type != TensorProto.FLOAT:
-            continue
-        scale = onnx.numpy_helper.to_array(scale_t)
-        zero = onnx.numpy_helper.to_array(zero_t)
-        if scale.size != 1 or zero.size != 1 or not float(scale.ravel()[0]) > 0:
-            continue
-        info = np.iinfo(zero.dtype)
-        step, point = float(scale.ravel()[0]), float(zero.ravel()[0])
-        low, high = (info.min - point) * step, (info.max - point) * step
-        centre, half = (low + high) / 2, (high - low) / 2 * factor
-        new_step = 2 * half / (info.max - info.min)
-        new_point = int(np.clip(np.round(info.min - (centre - half) / new_step), info.min, info.max))
-        scale_t.CopyFrom(onnx.numpy_helper.from_array(np.array(new_step, dtype=np.float32).reshape(scale.shape), scale_name))
-        zero_t.CopyFrom(onnx.numpy_helper.from_array(np.array(new_point, dtype=zero.dtype).reshape(zero.shape), zero_name))
-        widened.append(value.name)
-    if widened:
-        onnx.save(proto, str(path))
-    return widened
 
 
 def _widened(step: float, point: float, dtype, factor: float) -> tuple[float, int]:
@@ -300,27 +191,28 @@ def _widened(step: float, point: float, dtype, factor: float) -> tuple[float, in
 
 def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, float_model: Path | None = None
                                ) -> tuple[list[str], list[str]]:
-    """Widen every 16-bit activation encoding of a QDQ model by ``factor`` about its centre, in
-    place, and re-encode the int32 biases quantized with the scales that changed; returns the
-    tensors widened (the inputs of their QuantizeLinear nodes).
+    """Widen every 16-bit activation encoding of a QDQ model by ``factor`` (_widened: about its
+    centre, a bound at 0 kept), in place, and re-encode the int32 biases quantized with the scales
+    that changed. Returns (the tensors widened: the inputs of their QuantizeLinear nodes, the graph
+    outputs among what they write). The model's external weights are not read.
 
     A range calibrated on a few samples is the range of those samples, inside the model as at its
-    outputs: an unseen input whose activations reach past it is clipped. Measured on the NPU
-    journey's control-flow classifier (A16W16): one of 8 unseen images pooled to 11.9 where 16
-    calibration samples had set the range to 10.65, and its logits came out at cosine 0.968 and
-    norm 0.944 on the CPU EP and on QNN alike, while every held-back and calibration sample was at
-    0.99999. A 16-bit grid affords the headroom: doubling a range costs one bit of sixteen.
+    outputs: an unseen input whose values reach past it is clipped. Measured on the NPU journey:
+    a keyword spotter's logits calibrated to [-0.32, 0.41] on 16 samples, an unseen sample at
+    -0.48, norm 0.97 on the CPU EP and on QNN; the control-flow classifier (A16W16), one of 8 unseen
+    images pooled to 11.9 where the calibration samples had set 10.65, its logits at cosine 0.968
+    and norm 0.944 while every held-back and calibration sample was at 0.99999 (1.0000 and 1.0006
+    widened). A 16-bit grid affords the headroom: doubling a range costs one bit of sixteen.
 
     Each encoding is a pair of initializers (scale, zero point) that Q/DQ nodes share; a pair is
     widened once, for every node that reads it, so encodings that an EP requires equal (a tensor
-    moved by a Reshape, a Flatten) stay equal. Left as they are: encodings of bounded ops' outputs
-    (BOUNDED_OUTPUT_OPS: QNN fixes those), pairs any other op reads, per-channel or 8-bit ones, and
-    weights (Q/DQ of stored integers), a scale or zero point two pairs share, and the encoding of a tensor that a Clip made in the float
-    model (``float_model``) and no longer makes (ORT's quantizer folded it: the range is its
-    bounds); a range with a bound at 0 keeps that bound (a folded ReLU). A bias stored as int32 with scale = input scale x weight
-    scale gets the new input scale and its integers rounded again from the float values they held.
-    Returns (the tensors widened, the graph outputs among what they write). The model's external
-    weights are not read."""
+    moved by a Reshape, a Flatten: the journey's dddd_det map, made by a Conv, then Transposed and
+    Reshaped) stay equal. Left as they are: encodings of bounded ops' outputs (BOUNDED_OUTPUT_OPS:
+    QNN fixes those), pairs any other op reads, per-channel or 8-bit ones, weights (Q/DQ of stored
+    integers), a scale or zero point two pairs share, and the encoding of a tensor that a Clip made
+    in the float model (``float_model``) and no longer makes (ORT's quantizer folded it: the range
+    is its bounds). A bias stored as int32 with scale = input scale x weight scale gets the new
+    scales and its integers rounded again from the float values they held."""
     proto = onnx.load(str(path), load_external_data=False)
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}

@@ -72,20 +72,21 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
                 "reason": f"not measured: the model is over {PROBE_MAX_BYTES >> 30} GiB; the command converts and verifies it"}
     try:
         plan = plan_data(handle, static, settings, scratch)
+        if plan.eval_set is None or plan.eval_set.kind == "random":
+            # seeded noise says nothing of the application's decisions (QNT019): no verdict on it,
+            # and no seeded inputs made for it
+            return {"passed": False, "command": command, "converted": False, "measured": False,
+                    "reason": "not measured: there are no real samples to judge it on (--calib DATA or --eval DATA)"}
         feeds, _ = evaluation_feeds(handle, plan, static, scratch)
         target = gate_target(static, scratch)  # the EP the attempts were judged on, where it runs here
     except OrtprepError:
         return None
     if not feeds:
         return None
-    if plan.eval_set is None or plan.eval_set.kind == "random":
-        # seeded noise says nothing of the application's decisions (QNT019): no verdict on it
-        return {"passed": False, "command": command, "converted": False, "measured": False,
-                "reason": "not measured: there are no real samples to judge it on (--calib DATA or --eval DATA)"}
     # a real sample for the conversion's own verification, where seeded inputs verify nothing (a
     # detector's map is flat on noise): the first held-back sample's own file
     sample_file = None
-    if plan.eval_set is not None and plan.eval_set.kind == "npz-files" and plan.eval_indices:
+    if plan.eval_set.kind == "npz-files" and plan.eval_indices:
         sample_file = Path(plan.eval_set.files[plan.eval_indices[0]])
     try:
         return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command, needs_smaller,

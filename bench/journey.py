@@ -13,7 +13,10 @@ Per model (bench/journey_corpus.py: the corpus, its halves and which models are 
    (the corpus's static shapes; verified on a realistic sample);
 3. `quantize FIXED --static --ep qnn --auto --auto-exclude --calib CALIB/` (24 realistic samples;
    `--auto`: where QNN's preset, A16W8, fails the gate, A16W16 next, as QNT005's fix says; from
-   session 10 on, before it the preset alone);
+   session 10 on, before it the preset alone); where it refuses every precision and names FP16,
+   measured to pass its gate on QNN (`auto.fp16` in its JSON, session 17 on), the `ortprep
+   convert ... --fp16` command it printed, and the journey goes on with that file (the "deployed"
+   model below: the QDQ model, or that FP16 one);
 4. `check QDQ --ep qnn --prove`, and `check FIXED --ep openvino-cpu --prove` (when FIXED is
    not the model as shipped);
 5. `load QDQ --ep qnn --reference FIXED --inputs SAMPLE.npz`;
@@ -43,6 +46,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -60,10 +64,11 @@ ORTPREP = [sys.executable, "-m", "ortprep"]
 OPENVINO = ROOT / ".venv-openvino" / "bin" / "python"
 CALIB, INDEPENDENT = 24, 8
 COSINE_GATE, NORM_GATE = 0.99, 0.02  # a "pass of a wrong output": cosine below, or norm ratio beyond 1 +- this
-STEPS = ["check_qnn", "check_ov", "convert", "quantize", "check_qdq_qnn", "check_ov_fixed", "load", "compile"]
+STEPS = ["check_qnn", "check_ov", "convert", "quantize", "fp16", "check_qdq_qnn", "check_ov_fixed", "load", "compile"]
 STEP_TITLES = {"check_qnn": "check qnn", "check_ov": "check ov", "convert": "convert", "quantize": "quantize",
-               "check_qdq_qnn": "check qdq qnn", "check_ov_fixed": "check ov fixed", "load": "load", "compile": "compile"}
-ARTIFACT_STEPS = ["convert", "quantize", "load", "compile"]  # the steps that make or pass the deployed model
+               "fp16": "FP16 (named by quantize)", "check_qdq_qnn": "check deployed qnn", "check_ov_fixed": "check ov fixed",
+               "load": "load", "compile": "compile"}
+ARTIFACT_STEPS = ["convert", "quantize", "fp16", "load", "compile"]  # the steps that make or pass the deployed model
 
 # A step runs under this launcher so that its peak RSS is its own (Linux carries a process's peak
 # across fork and exec, so this benchmark must not be the parent it is measured from), and so that
@@ -399,7 +404,8 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     independent = write_samples(case, folder / "independent", INDEPENDENT, seed=7)
     sample = independent[0]
     fixed, qdq, ctx = folder / "fixed.onnx", folder / "qdq.onnx", folder / "ctx.onnx"
-    for stale in (fixed, qdq, ctx):  # and their external data: a refusal this run must leave nothing
+    fp16 = folder / "fp16.onnx"
+    for stale in (fixed, qdq, ctx, fp16):  # and their external data: a refusal this run must leave nothing
         stale.unlink(missing_ok=True)
         stale.with_name(stale.name + ".data").unlink(missing_ok=True)
     openvino = ["--runtime", f"openvino-cpu={OPENVINO}"]
@@ -422,11 +428,17 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
              "-o", qdq, "--force")
         if fixed != source:
             step("check_ov_fixed", "check", fixed, "--ep", "openvino-cpu", "--prove", *openvino)
-    if qdq.exists():
-        step("check_qdq_qnn", "check", qdq, "--ep", "qnn", "--prove", *device)
-        step("load", "load", qdq, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device)
-        step("compile", "compile", qdq, "--ep", "qnn", "-o", ctx, "--inputs", sample, "--eval", folder / "calib", "--force",
-             *device)
+    named = fp16_named(steps.get("quantize"))
+    if not qdq.exists() and named:
+        # quantize refused every precision it tried and named FP16, measured to pass its gate on this
+        # EP, with the command that writes it: a user runs that command and goes on with its file
+        step("fp16", *named, "-o", fp16, "--force")
+    deployed = qdq if qdq.exists() else fp16 if fp16.exists() else None
+    if deployed is not None:
+        step("check_qdq_qnn", "check", deployed, "--ep", "qnn", "--prove", *device)
+        step("load", "load", deployed, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device)
+        step("compile", "compile", deployed, "--ep", "qnn", "-o", ctx, "--inputs", sample, "--eval", folder / "calib",
+             "--force", *device)
 
     # the sessions a user's application builds, and the outputs the decision is read from
     soc_model = str(((check_record(steps["check_qnn"]).get("device") or {}).get("soc_model")) or "60")
@@ -446,9 +458,9 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     if fixed != source and fixed.exists():
         own("cpu_fixed", fixed, "cpu", independent)
         own("ov_fixed", fixed, "openvino-cpu", independent[:1])
-    if qdq.exists():
-        own("cpu_qdq", qdq, "cpu", independent)  # to tell quantization's share of an error from the EP's
-        own("qnn_qdq", qdq, "qnn", independent)
+    if deployed is not None:  # (labelled "qdq" whichever precision it is: "deployed" in the row says)
+        own("cpu_qdq", deployed, "cpu", independent)  # to tell quantization's share of an error from the EP's
+        own("qnn_qdq", deployed, "qnn", independent)
     if ctx.exists():
         own("qnn_ctx", ctx, "qnn", independent)
     bench_seconds = time.perf_counter() - bench_started
@@ -489,6 +501,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     row = {
         "model": case.name, "half": case.half, "npu_material": case.npu_material, "not_material": case.not_material,
         "note": case.note, "decision_kind": case.decision, "source": _shown(source),
+        "deployed": None if deployed is None else "qdq" if deployed == qdq else "fp16",
         "static": {k: list(v) for k, v in case.static.items()},
         "steps": steps, "sessions": sessions, "verdicts": verdicts, "measures": measures,
         "load": {"status": load_result.get("status"), "three_way": load_result.get("three_way"),
@@ -502,14 +515,33 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     return row
 
 
+def fp16_named(entry: dict | None) -> list[str] | None:
+    """The arguments of the command a refusing quantize printed for FP16 (``auto.fp16``), where it
+    measured that FP16 passes its gate; without its ``-o`` (this script names the file)."""
+    report = (entry or {}).get("report") or {}
+    probe = (report.get("auto") or {}).get("fp16") or {}
+    if entry is None or entry["exit"] != 1 or not probe.get("passed") or not probe.get("command"):
+        return None
+    words = shlex.split(probe["command"])
+    if words[:2] != ["ortprep", "convert"] or "-o" not in words:
+        return None
+    at = words.index("-o")
+    return words[1:at] + words[at + 2:]
+
+
 def outcome(case: JourneyCase, row: dict) -> dict:
     """complete: every step gave its answer (a check's exit 1 is its verdict), and every step that
-    makes or passes the deployed model exited 0, or stopped at a refusal the corpus declared."""
+    makes or passes the deployed model exited 0, or stopped at a refusal the corpus declared. A
+    quantize that refused and named FP16 (measured to pass its gate) is followed by that command:
+    the journey goes on with its file, and ``via`` says so."""
     steps = row["steps"]
+    via = "fp16" if row.get("deployed") == "fp16" else None
     for name in STEPS:
         entry = steps.get(name)
         if entry is None:
             continue
+        if name == "quantize" and via and entry["exit"] == 1:
+            continue  # its refusal named the precision the journey went on with
         if entry["exit"] == "timeout":
             return {"complete": False, "stopped_at": name, "why": "timed out"}
         if entry["traceback"] or entry["exit"] not in (0, 1):
@@ -522,7 +554,7 @@ def outcome(case: JourneyCase, row: dict) -> dict:
             return {"complete": False, "stopped_at": name, "why": first_error(entry)}
     if "compile" not in steps:
         return {"complete": False, "stopped_at": "quantize" if "quantize" not in steps else "-", "why": "no QDQ model"}
-    return {"complete": True, "stopped_at": None, "why": ""}
+    return {"complete": True, "stopped_at": None, "why": "", "via": via}
 
 
 def wrong_passes(row: dict) -> list[str]:
@@ -535,7 +567,7 @@ def wrong_passes(row: dict) -> list[str]:
             found.append(f"convert: fixed vs as shipped on the CPU, {'; '.join(reasons)}")
     if "qnn_qdq" in measures:
         reasons = wrong(measures["qnn_qdq"]["measure"], measures["qnn_qdq"]["decision"])
-        passed = [s for s in ("quantize", "load") if steps.get(s, {}).get("exit") == 0]
+        passed = [s for s in ("quantize", "fp16", "load") if steps.get(s, {}).get("exit") == 0]
         if reasons and passed:
             found.append(f"{' and '.join(passed)}: QDQ on QNN vs float on the CPU, {'; '.join(reasons)}")
     if "qnn_ctx" in measures and steps.get("compile", {}).get("exit") == 0:
@@ -612,16 +644,17 @@ def peak(row: dict) -> float:
 
 
 def tables_for(rows: list[dict]) -> list[str]:
-    lines = ["| model | NPU material | check qnn | check ov | convert | quantize | check qdq qnn | check ov fixed | load | compile "
-             "| journey | wall (s) | peak RSS (MB) |", "|---|---|---|---|---|---|---|---|---|---|---|---:|---:|"]
+    lines = ["| model | NPU material | " + " | ".join(STEP_TITLES[s] for s in STEPS) + " | journey | wall (s) | peak RSS (MB) |",
+             "|---|---|" + "---|" * len(STEPS) + "---|---:|---:|"]
     for row in rows:
         result = row["outcome"]
-        journey = ("complete" if not result["stopped_at"] else f"complete ({result['stopped_at']}: expected refusal)") \
+        journey = (("complete" + (" (in FP16, named by quantize)" if result.get("via") == "fp16" else ""))
+                   if not result["stopped_at"] else f"complete ({result['stopped_at']}: expected refusal)") \
             if result["complete"] else f"stopped at {result['stopped_at']}"
         lines.append(f"| {row['model']} | {'yes' if row['npu_material'] else 'no'} | "
                      + " | ".join(step_cell(row, name) for name in STEPS)
                      + f" | {journey} | {row['seconds']:.0f} | {peak(row):.0f} |")
-    lines += ["", "| model | QNN, as shipped | QNN, QDQ | OpenVINO CPU, as shipped | OpenVINO CPU, static |", "|---|---|---|---|---|"]
+    lines += ["", "| model | QNN, as shipped | QNN, deployed (QDQ, or FP16 where the journey says) | OpenVINO CPU, as shipped | OpenVINO CPU, static |", "|---|---|---|---|---|"]
     for row in rows:
         v = row["verdicts"]
         lines.append(f"| {row['model']} | {verdict_cell(v.get('qnn_float'))} | {verdict_cell(v.get('qnn_qdq'))} | "
@@ -652,10 +685,12 @@ def summary(rows: list[dict]) -> dict:
     wrong_verdicts = [(m, label, rec) for m, label, rec in compared if rec["proven"] != rec["session"]]
     table_agree = [(m, label, rec) for m, label, rec in compared if rec["predicted"] == rec["session"]]
     complete_material = [r for r in material if r["outcome"]["complete"]]
+    quantized_material = [r for r in complete_material if r["outcome"].get("via") != "fp16"]
     wrong_material = [r for r in material if r["wrong_passes"]]
     return {
         "models": len(rows), "npu_material": len(material),
-        "complete_material": len(complete_material), "complete_all": sum(r["outcome"]["complete"] for r in rows),
+        "complete_material": len(complete_material), "complete_quantized_material": len(quantized_material),
+        "complete_all": sum(r["outcome"]["complete"] for r in rows),
         "verdicts_compared": len(compared), "wrong_verdicts": len(wrong_verdicts),
         "table_agreement": len(table_agree), "wrong_passes": sum(bool(r["wrong_passes"]) for r in rows),
         "wrong_shipped": sum(bool(r["wrong_passes"]) and r["outcome"]["complete"] for r in rows),
@@ -673,6 +708,8 @@ def summary_table(groups: list[tuple[str, list[dict]]]) -> list[str]:
     rows = [
         ("models (NPU material)", lambda s: f"{s['models']} ({s['npu_material']})"),
         ("journeys complete, NPU material", lambda s: frac(s["complete_material"], s["npu_material"])),
+        ("of which with a quantized model (the others in FP16, as quantize named it)",
+         lambda s: frac(s.get("complete_quantized_material", s["complete_material"]), s["npu_material"])),
         ("journeys complete, every model", lambda s: frac(s["complete_all"], s["models"])),
         ("wrong verdicts (check --prove vs the session this script builds)", lambda s: f"{s['wrong_verdicts']} of {s['verdicts_compared']}"),
         ("table-only verdict agreement (prediction vs that session)", lambda s: frac(s["table_agreement"], s["verdicts_compared"])),
@@ -688,7 +725,7 @@ def summary_table(groups: list[tuple[str, list[dict]]]) -> list[str]:
 
 def disagreements(rows: list[dict]) -> list[str]:
     """Every verdict that differs, every step that did not give its answer, every wrong output."""
-    titles = {"qnn_float": "QNN, as shipped", "qnn_qdq": "QNN, QDQ", "ov_float": "OpenVINO CPU, as shipped",
+    titles = {"qnn_float": "QNN, as shipped", "qnn_qdq": "QNN, deployed", "ov_float": "OpenVINO CPU, as shipped",
               "ov_fixed": "OpenVINO CPU, static"}
     lines = ["| half | model | where | what | in the EP's or ortprep's words |", "|---|---|---|---|---|"]
 

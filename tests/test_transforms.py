@@ -652,7 +652,10 @@ def test_fix_shape_leaves_no_tensor_dynamic_behind_a_position_buffer(tmp_path):
     graph = onnx.load(str(out)).graph
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]
               for v in list(graph.value_info) + list(graph.output)}
-    assert shapes["positions"] == [1, 12] and shapes["position_vectors"] == [1, 12, 8] and shapes["out"] == [1, 12, 8]
+    assert shapes["position_vectors"] == [1, 12, 8] and shapes["out"] == [1, 12, 8]
+    # the positions' Slice reads folded sizes only: it is a constant [1, 12] now
+    positions = next(t for t in graph.initializer if t.name == "positions")
+    assert list(positions.dims) == [1, 12]
     assert all(isinstance(d, int) and d > 0 for dims in shapes.values() for d in dims), shapes
 
 
@@ -711,3 +714,47 @@ def test_fix_shape_folds_the_shape_computations_a_reshape_reads(tmp_path):
     before = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     after = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert after.shape == (1, 256) and np.array_equal(before, after)
+
+
+def test_fix_shape_makes_an_output_declared_minus_one_static(tmp_path):
+    """PaddlePaddle's exports declare "any" as -1 (PP-OCR's direction classifier: output [-1, 2]).
+    Behind fixed inputs the output is static; kept at -1, onnx's checker refused the written model
+    ("Inferred shape and existing shape differ in dimension 0: (1) vs (-1)") and check predicted
+    QNN to leave its last node on the CPU ("Cannot get shape") where the real session took it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((4, 2)).astype(np.float32), "fc")]
+
+    def constant(name, value, dtype):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([value], dtype), name))
+
+    # the batch read as Paddle writes it: Shape -> Cast(int32) -> Slice(starts, ends, axes, steps from
+    # Constant nodes) -> Cast(int64), the width an int32 Constant cast to int64; onnx's inference
+    # does not follow this to the Reshape on its first pass
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GlobalAveragePool", ["c"], ["pooled"], name="pool"),
+             helper.make_node("Shape", ["pooled"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32, name="cast_shape"),
+             constant("start", 0, np.int64), constant("end", 1, np.int64), constant("axis", 0, np.int64),
+             constant("step", 1, np.int64), constant("width32", 4, np.int32),
+             helper.make_node("Slice", ["s32", "start", "end", "axis", "step"], ["n32"], name="slice"),
+             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64, name="cast_batch"),
+             helper.make_node("Cast", ["width32"], ["w64"], to=TensorProto.INT64, name="cast_width"),
+             helper.make_node("Concat", ["n", "w64"], ["flat_shape"], axis=0, name="concat"),
+             helper.make_node("Reshape", ["pooled", "flat_shape"], ["flat"], name="flatten"),
+             helper.make_node("MatMul", ["flat", "fc"], ["logits"], name="fc"),
+             helper.make_node("Softmax", ["logits"], ["softmax"], axis=-1, name="softmax"),
+             helper.make_node("Identity", ["softmax"], ["probs"], name="out")]
+    graph = helper.make_graph(nodes, "paddle_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [-1, 2])], inits)
+    source = tmp_path / "paddle_like.onnx"
+    onnx.save(models.make(graph, opset=11), str(source))  # PP-OCR's opset: there onnx's data propagation stops at the Slice
+    out = tmp_path / "fixed.onnx"
+    result = invoke("convert", source, "--fix-shape", "x=1,3,16,32", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    assert "CNV016" not in {f["code"] for f in result.json()["findings"]}
+    written = onnx.load(str(out))
+    onnx.checker.check_model(written, full_check=True)
+    assert [d.dim_value for d in written.graph.output[0].type.tensor_type.shape.dim] == [1, 2]

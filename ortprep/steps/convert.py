@@ -264,6 +264,9 @@ def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, li
         folded = rewrites.fold_shape_computations(proto)
         if folded:
             changes.append(f"{len(folded)} shape computation node(s) folded into constants")
+            # what reads a folded shape (a Reshape) can be shaped now: PP-OCR's direction classifier's
+            # output stayed [?, 2] after one pass, its Reshape's shape computed through Casts
+            proto = rewrites.propagate_static_shapes(proto)
         applied.append({"transform": "fix_shape", "detail": "; ".join(changes)})
     if options.conv1d_to_conv2d:
         working = ModelHandle(proto=proto, path=None)

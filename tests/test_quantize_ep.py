@@ -367,6 +367,39 @@ def test_a_trial_not_run_on_the_ep_is_compared_on_the_cpu_side():
     assert improved(cpu_only(0.97), baseline)
 
 
+def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(tmp_path):
+    """A QDQ output (uint8, scale 0.1: 25.5 over its range, so load allows 2 of its 8-bit steps,
+    0.2) that the EP computes 0.5 off the CPU EP's run at one element of 400 keeps its cosine
+    (> 0.9999) and its norm, and fails; 0.1 off passes. What load (LOD006) and compile (CMP002)
+    refuse, quantize's gate on the EP refuses too."""
+    from ortprep.steps.quantize.evaluate import Judgement, _shortfall, ep_apart
+
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq")],
+        "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 400])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 400])],
+        [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")])
+    path = tmp_path / "qdq.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    rng = np.random.default_rng(0)
+    on_cpu = [{"y": np.round(rng.random((1, 400)) * 200).astype(np.float32) / 10} for _ in range(3)]
+
+    def off_by(amount):
+        moved = [{"y": sample["y"].copy()} for sample in on_cpu]
+        moved[2]["y"][0, 17] += amount
+        return moved
+
+    assert ep_apart(path, "qnn", on_cpu, off_by(0.1)) is None
+    apart = ep_apart(path, "qnn", on_cpu, off_by(0.5))
+    assert apart["sample"] == 2 and apart["name"] == "y" and apart["max_abs_diff"] == pytest.approx(0.5, abs=1e-5)
+    assert apart["tolerance"] == pytest.approx(0.2) and "2 steps of an 8-bit grid" in apart["tolerance_rule"]
+    assert apart["cosine"] > 0.9999 and abs(apart["norm_ratio"] - 1) < 1e-3
+    side = Judgement("qnn", 0.9999, 1.0, 0.5, None, False, [{"name": "y", "passed": True}], apart=apart)
+    said = _shortfall(side, 0.99)
+    assert said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said
+
+
 def _wide_weights(folder: Path, within_channels: bool) -> tuple[Path, Path]:
     """Conv -> Relu -> Conv, the first Conv's weights near 0.2 but for some near +-60 that carry
     next to nothing: one output channel of them that the second Conv does not read

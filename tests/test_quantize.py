@@ -611,6 +611,23 @@ def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
     assert seeded["measured"] is False and seeded["passed"] is False and "no real samples" in seeded["reason"]
 
 
+def test_a_failing_fp16_is_said_with_what_fails(tmp_path):
+    """Where FP16 fails the gate too, the refusal says where and on what (here: its cosine on the
+    CPU EP, 0.99999998, below a gate asked at 0.99999999999), not only its lowest cosine (which read as a pass when a
+    decision or the calibration samples failed: PP-OCR's recogniser, cosine 0.9992 on QNN, whole
+    strings 87.5%)."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    calib = _wide_range_calib(tmp_path / "calib")
+    record = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--auto",
+                    "--min-cosine", "0.99999999999", "--json").json()
+    probe = record["auto"]["fp16"]
+    assert probe["passed"] is False and probe["gate_passed"] is False and probe["converted"] is True
+    # enough digits to read it below the gate (the FP16 aim: half-way from the gate to 1)
+    assert probe["why"].startswith("on the CPU EP: cosine 0.9999999") and "on output 'y' (the gate asks 0.99" in probe["why"]
+    note = next(f for f in record["findings"] if f["code"] == "QNT017")
+    assert f"FP16 fails it too (judged on cpu): {probe['why']}" in note["message"]
+
+
 def _near_tie_classifier(path: Path, calib: Path) -> None:
     """logits = x @ W, where W's first two columns differ by about 1e-5 per weight (either way) and
     lead the others: on every sample the float model's top two classes are a near tie, either one

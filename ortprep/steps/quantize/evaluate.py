@@ -54,9 +54,15 @@ def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: di
     return verify_run(run_model(original, feeds), run_model(upgraded, feeds), EXACT_GATE)
 
 
-def fmt_cosine(value: float | None) -> str:
-    """A cosine for a message: four decimals, or n/a."""
-    return "n/a" if value is None else f"{value:.4f}"
+def fmt_cosine(value: float | None, against: float | None = None) -> str:
+    """A cosine for a message: four decimals (more where ``against``, the gate's threshold, needs
+    them: 0.99999997 below a gate of 0.999999999995 is not '1.0000'), or n/a."""
+    if value is None:
+        return "n/a"
+    digits = 4
+    if against is not None and 0.0 < 1.0 - against < 1e-4:
+        digits = min(12, int(np.ceil(-np.log10(1.0 - against))) + 1)
+    return f"{value:.{digits}f}"
 
 
 def outputs_shortfall(outputs: list[dict]) -> float:
@@ -857,12 +863,37 @@ def _shortfall(judgement: Judgement, min_cosine: float) -> str:
         text = (f"output '{name}' scaled as a whole: norm ratio {ratio:.4f}, allowed 1 ± {NORM_TOLERANCE:g} "
                 f"(cosine {fmt_cosine(cosine)}: the direction is right, the size is not)")
     else:
-        text = f"cosine {fmt_cosine(cosine)} on output '{name}'" + (f" (norm ratio {ratio:.4f})" if ratio is not None else "")
+        asked = f"{min_cosine:g}" if 1.0 - min_cosine >= 1e-4 else fmt_cosine(min_cosine, min_cosine)
+        text = (f"cosine {fmt_cosine(cosine, min_cosine)} on output '{name}' (the gate asks {asked}"
+                + (f"; norm ratio {ratio:.4f})" if ratio is not None else ")"))
         if decision and decision.get("agreement") is not None and decision["agreement"] < 1.0:
             text += f"; {_decision_text(decision)}"
     if len(failing) > 1:
         text += f"; {len(failing) - 1} more output(s) fail"
     return text
+
+
+def failing_words(evaluation: Evaluation, min_cosine: float) -> str | None:
+    """What fails the gate, in a few words, the side first: the CPU EP's held-back samples, the
+    target EP's, then the calibration samples (the confirmation); None where it passes."""
+    if evaluation.passed:
+        return None
+    if evaluation.error is not None:
+        return evaluation.error
+    if not evaluation.cpu_verdict:
+        cpu = Judgement("cpu", evaluation.cosine, evaluation.norm_ratio, evaluation.max_abs_diff, None, False,
+                        evaluation.outputs)
+        return f"on the CPU EP: {_shortfall(cpu, min_cosine)}"
+    on_ep = evaluation.on_ep
+    if on_ep is not None and not on_ep.passed:
+        return f"on {on_ep.ep}: {on_ep.error or _shortfall(on_ep, min_cosine)}"
+    confirmation = evaluation.confirmation
+    side = confirmation.failing if confirmation is not None else None
+    if side is not None:
+        where = "the CPU EP" if side.ep == "cpu" else side.ep
+        return (f"with the samples it was calibrated on, on {where}: "
+                f"{side.error or _shortfall(side, min_cosine)}")
+    return None
 
 
 def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, stopped: str, worst: str,

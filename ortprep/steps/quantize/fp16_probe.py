@@ -32,7 +32,7 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.runtime.compare import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
-from ortprep.steps.quantize.evaluate import evaluate, fmt_cosine
+from ortprep.steps.quantize.evaluate import evaluate, failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.search import margin_aim, margin_samples
 from ortprep.transforms.verify import model_bytes
@@ -137,7 +137,8 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                 "placement": evaluation.on_ep.placement if evaluation.on_ep is not None else None,
                 "decision_failed": any(d.get("passed") is False for d in decided),
                 "decisions": [{k: d.get(k) for k in ("kind", "agreement", "expected_agreement", "required", "passed")}
-                              for d in decided], "error": evaluation.error}
+                              for d in decided], "error": evaluation.error,
+                "why": failing_words(evaluation, aim)}
 
 
 def _convert(source: Path, dest: Path, options: ConvertOptions) -> StepResult:
@@ -176,5 +177,6 @@ def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:
                 "to their boundaries than even FP16's rounding moves them, so no reduced precision keeps them"), (
                 "keep the float model; or judge on samples more like the application's (--calib DATA), "
                 "or --metric OUTPUT=cosine where no application reads that decision")
-    return (f"FP16 fails it too on {sides} (lowest cosine {fmt_cosine(probe.get('cosine'))})",
+    why = probe.get("why") or f"lowest cosine {fmt_cosine(probe.get('cosine'))}"
+    return (f"FP16 fails it too (judged on {sides}): {why}",
             "keep the float model; ortprep convert MODEL --fp16 --block-op OP keeps the ops that lose precision in FP32")

@@ -753,8 +753,10 @@ def disagreements(rows: list[dict]) -> list[str]:
             failed = entry["exit"] == "timeout" or entry["traceback"] or entry["exit"] not in (0, 1) \
                 or (name in ARTIFACT_STEPS and entry["exit"] == 1)
             if failed:
-                add(row, STEP_TITLES[name], f"exit {entry['exit']}" + (" with a traceback" if entry["traceback"] else ""),
-                    first_error(entry))
+                followed = " (it named FP16: the journey went on with it)" if name == "quantize" and row.get("deployed") == "fp16" \
+                    else ""
+                add(row, STEP_TITLES[name], f"exit {entry['exit']}" + (" with a traceback" if entry["traceback"] else "")
+                    + followed, first_error(entry))
         for text in row["wrong_passes"]:
             add(row, "output", "pass of a wrong output", text)
         if not row["wrong_passes"]:  # a wrong output no step passed (a step refused it, or nothing ran)

@@ -431,6 +431,10 @@ def test_the_search_starts_no_trial_past_its_time_bound():
     unbounded = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0,
                        max_trials=50, fixed=[], blame=blame)
     assert "time bound" not in unbounded.run(Trial("baseline", [], 0.5, False, 1)).stopped and started
+    # --auto's later attempt, given what the earlier ones left (nothing): said as such, not "a bound of 0 s"
+    spent = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0, max_trials=50,
+                   fixed=[], blame=blame, seconds=0.0)
+    assert spent.run(Trial("baseline", [], 0.5, False, 1)).stopped.startswith("no search time was left")
 
 
 def test_activation_bytes_of_a_dynamic_model_come_from_a_sample(tmp_path):

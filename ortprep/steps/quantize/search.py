@@ -415,6 +415,9 @@ class Search:
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
         if self.out_of_time():
+            if self.seconds is not None and self.seconds <= 0:
+                # --auto: --search-seconds bounds the whole step, and the earlier precisions' searches used it
+                return "no search time was left (--search-seconds bounds the whole step; --auto's earlier attempts used it)"
             return f"the time bound ({self.seconds:g} s, --search-seconds) was reached"
         return f"the trial limit ({self.max_trials}) was reached"
 

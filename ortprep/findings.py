@@ -118,6 +118,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT018", "weight-only: the target EP has no MatMulNBits kernel", Severity.WARNING),
         FindingKind("QNT019", "decisions judged on seeded random inputs only: not written", Severity.ERROR),
         FindingKind("QNT020", "weight scales raised where QNN's HTP requantizes a channel wrongly", Severity.INFO),
+        FindingKind("QNT021", "the target EP judged fewer samples: one run takes long there (--ep-seconds)", Severity.WARNING),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),
@@ -136,6 +137,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
         FindingKind("CMP003", "nodes stay outside the EPContext nodes", Severity.INFO),
+        FindingKind("CMP004", "--eval judged fewer samples: one run takes long on the EP (--ep-seconds)", Severity.WARNING),
         # PKG: model packages (package, load --package)
         FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
         FindingKind("PKG002", "the target's EP does not run where the package was made: no session proves its variant",

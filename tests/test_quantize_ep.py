@@ -400,6 +400,55 @@ def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(
     assert said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said
 
 
+def _slow_convs(folder: Path, layers: int = 6, size: int = 128) -> tuple[Path, Path]:
+    """Conv -> Relu, 32 channels at 128x128, ``layers`` times: QNN's HTP simulator takes 1-2 s a run
+    of it (measured: 2.3 s for 8 layers on this 2-core machine), the CPU EP milliseconds."""
+    rng = np.random.default_rng(0)
+    nodes, inits, previous = [], [], "x"
+    for index in range(layers):
+        inits.append(numpy_helper.from_array((rng.standard_normal((32, 32 if index else 3, 3, 3)) * 0.1).astype(np.float32),
+                                             f"w{index}"))
+        nodes += [helper.make_node("Conv", [previous, f"w{index}"], [f"c{index}"], pads=[1, 1, 1, 1], name=f"conv{index}"),
+                  helper.make_node("Relu", [f"c{index}"], [f"r{index}"], name=f"relu{index}")]
+        previous = f"r{index}"
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [1, 32, size, size])], inits)
+    path = folder / "slow.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    calib = folder / "calib"
+    calib.mkdir()
+    for index in range(10):
+        np.savez(calib / f"{index:02d}.npz", x=rng.random((1, 3, size, size), dtype=np.float32))
+    return path, calib
+
+
+@needs_qnn
+def test_a_slow_ep_judges_the_samples_that_fit_in_ep_seconds_and_says_so(tmp_path):
+    """Where one run on the EP takes longer than --ep-seconds allows for all the samples (the HTP
+    simulator at large inputs), the EP judges the first samples that fit, at least 2, on the
+    held-back and on the calibration samples alike; the CPU EP judges all of them, and QNT021 says
+    so. compile --eval does the same (CMP004)."""
+    model, calib = _slow_convs(tmp_path)
+    out = tmp_path / "slow.qdq.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib, "--ep-seconds", "1", "-o", out)
+    assert code == 0 and out.exists(), record.get("findings")
+    verify = record["verify"]
+    held = verify["ep"]["limited"]
+    assert held["ep"] == "qnn" and held["bound"] == 1.0 and held["offered"] == 5 and held["samples"] == 2
+    assert held["seconds_per_run"] > 0.5  # why: a run took longer than 1 s / 5
+    assert verify["ep"]["spread"]["samples"] == 2 and verify["spread"]["samples"] == 5  # the CPU EP judged all five
+    assert verify["confirmation"]["ep"]["limited"]["samples"] == 2
+    note = findings(record, "QNT021")[0]
+    assert note["severity"] == "warning" and note["message"].startswith("the gate on qnn judged 2 of 5 samples")
+    assert "of the held-back ones" in note["message"] and "of the calibration ones" in note["message"]
+    compiled = invoke("compile", out, "--ep", "qnn", "-o", tmp_path / "ctx.onnx", "--eval", calib, "--ep-seconds", "1",
+                      "--json")
+    assert compiled.exit_code == 0, compiled.output
+    evaluated = compiled.json()["eval"]
+    assert evaluated["samples"] == 2 and evaluated["limited"]["offered"] == 10 and evaluated["failed"] == 0
+    assert any(f["code"] == "CMP004" and "2 of 10 samples" in f["message"] for f in compiled.json()["findings"])
+
+
 def _wide_weights(folder: Path, within_channels: bool) -> tuple[Path, Path]:
     """Conv -> Relu -> Conv, the first Conv's weights near 0.2 but for some near +-60 that carry
     next to nothing: one output channel of them that the second Conv does not read

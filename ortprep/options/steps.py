@@ -56,6 +56,13 @@ MODES = ("static", "dynamic", "weight-only")  # quantize
 WEIGHT_ONLY_BITS = ("int4", "int8")
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
 DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
+# The time one judgement may take on the target EP (runtime/budget.py): QNN's HTP simulator took
+# 25-48 s a sample for a 1x3x800x608 detector here, and a gate of 8 + 24 samples per attempt ran
+# past the journey's 15 minutes a step.
+EP_SECONDS = 180.0
+EP_SECONDS_HELP = ("Seconds the target EP may take to judge the samples of one run (held-back, calibration or --eval "
+                   "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the first "
+                   "samples that fit are judged, at least 2, and the report says how many.")
 
 
 @dataclass
@@ -230,6 +237,7 @@ class QuantizeOptions(StepOptions):
     search_seconds: float = option(240.0, "--auto-exclude starts no trial this many seconds after the first one and "
                                    "keeps the best so far (with --auto, over all the precisions tried).", Kind.FLOAT,
                                    minimum=1.0)
+    ep_seconds: float = option(EP_SECONDS, EP_SECONDS_HELP, Kind.FLOAT, minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
     auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "
@@ -366,6 +374,7 @@ class CompileOptions(StepOptions):
                                        "EP=PYTHON (repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
                                        metavar="EP=PYTHON")
     timeout: float = option(DEFAULT_TIMEOUT, "Seconds before the compile counts as hung.", Kind.FLOAT, minimum=0.1)
+    ep_seconds: float = option(EP_SECONDS, EP_SECONDS_HELP, Kind.FLOAT, minimum=1.0)
     keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as NAME.failed.onnx "
                                "(never at -o).", Kind.FLAG)
     device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")

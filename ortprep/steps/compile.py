@@ -17,6 +17,7 @@ from ortprep.findings import Finding
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
+from ortprep.runtime.budget import LEAST_SAMPLES, limited_words, samples_within
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
@@ -118,6 +119,10 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
                                   f"on the CPU EP beyond tolerance{where}{detail}", ep=spec.name,
                                   fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"))
+        if (data.get("eval") or {}).get("limited"):
+            report.add(Finding.of("CMP004", f"{spec.name}: --eval judged {limited_words(data['eval']['limited'])}",
+                                  ep=spec.name, fix="--ep-seconds N judges more of them; on the device one run takes "
+                                                    "milliseconds"))
         if data.get("other_nodes"):
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
                                   "node(s) and run on the CPU EP", ep=spec.name,
@@ -150,14 +155,33 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
 
     found = discover(str(options.eval), input_specs(handle.proto))
     feeds = list(found.samples(list(range(min(found.count, EVAL_SAMPLES)))))
+    offered = len(feeds)
+
+    def on_ep(part: list) -> Any:
+        return call(RunOnEp(model=str(compiled.resolve()), provider=spec.provider, feeds=part,
+                            provider_options=session_options(target, options.provider_options, options.device),
+                            plugin=target.plugin), python=target.python, timeout=options.timeout)
+
+    # where one run is slow on the EP (a simulator), the first samples that fit in --ep-seconds
+    reply = on_ep(feeds[:1] if offered > LEAST_SAMPLES else feeds)
+    limited = None
+    if reply.ok and offered > LEAST_SAMPLES:
+        per_run = reply.run_seconds
+        count = samples_within(per_run, offered, options.ep_seconds)
+        rest = on_ep(feeds[1:count]) if count > 1 else None
+        if rest is not None and not rest.ok:
+            reply = rest
+        elif rest is not None:
+            reply.samples = reply.samples + rest.samples
+        feeds = feeds[:count]
+        if count < offered:
+            limited = {"samples": count, "offered": offered, "ep": spec.name, "seconds_per_run": round(per_run or 0.0, 2),
+                       "bound": options.ep_seconds}
+    if not reply.ok:
+        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
     source = run_isolated(handle.path, feeds, timeout=options.timeout)
     if not source.ok:
         return {"samples": len(feeds), "error": f"the source model failed on the samples: {source.message}"}
-    reply = call(RunOnEp(model=str(compiled.resolve()), provider=spec.provider, feeds=feeds,
-                         provider_options=session_options(target, options.provider_options, options.device),
-                         plugin=target.plugin), python=target.python, timeout=options.timeout)
-    if not reply.ok:
-        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
     judged = []
     candidates = [{k: np.asarray(v) for k, v in candidate.items()} for candidate in reply.samples]
     for index, (reference, candidate) in enumerate(zip(source.samples, candidates)):
@@ -169,7 +193,7 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
     failed = [j for j in judged if not j["passed"]]
     worst = sorted(failed or judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0)[:1]
     return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
-            "worst": worst[0] if worst else None, "decisions": pooled}
+            "worst": worst[0] if worst else None, "decisions": pooled, "limited": limited}
 
 
 def _pooled_decisions(handle: ModelHandle, references: list[dict], candidates: list[dict], judged: list[dict],

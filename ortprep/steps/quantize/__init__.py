@@ -50,6 +50,7 @@ from ortprep.steps.quantize.evaluate import (
     fmt_cosine,
     gate_finding,
     latency_finding,
+    limited_finding,
     measure_latency,
     measure_on_target,
     opset_upgrade_verified,
@@ -401,6 +402,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         slower = latency_finding(evaluation)
         if slower is not None:
             report.add(slower)
+        fewer = limited_finding(evaluation)
+        if fewer is not None:
+            report.add(fewer)
         size_after = model_bytes(result_path)
         if size_after >= size_before:
             if settings["preset"] != "cpu" and options.mode == "static":

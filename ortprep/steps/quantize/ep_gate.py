@@ -28,6 +28,7 @@ from ortprep.errors import EnvironmentMissingError
 from ortprep.findings import Finding, Severity
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
+from ortprep.runtime.budget import LEAST_SAMPLES, samples_within
 from ortprep.runtime.requests import RunOnEp
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
 from ortprep.runtime.worker import call
@@ -44,6 +45,9 @@ class EpRun:
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)
     nodes_total: int | None = None
     nodes_on_ep: int | None = None
+    # where the time bound left samples out: {"samples", "offered", "seconds_per_run", "ep", "bound"}
+    limited: dict[str, Any] | None = None
+    run_seconds: float | None = None
 
 
 @dataclass
@@ -56,6 +60,7 @@ class GateTarget:
     provider_options: dict[str, str] = field(default_factory=dict)
     device: Device | None = None
     reason: str | None = None
+    seconds: float | None = None  # --ep-seconds: the time one judgement may take on the EP (runtime/budget.py)
 
     @property
     def judged(self) -> bool:
@@ -96,7 +101,25 @@ class GateTarget:
                 "device": self.device.record() if self.device else None}
 
     def run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
-        """``model`` on every sample of ``feeds`` in the EP's session, on a worker of the EP's interpreter."""
+        """``model`` on the samples of ``feeds`` in the EP's session, on a worker of the EP's interpreter:
+        every sample, or where one run is slow (a simulator), the first that fit in ``seconds``
+        (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples."""
+        if self.seconds is None or len(feeds) <= LEAST_SAMPLES:
+            return self._run(model, feeds)
+        first = self._run(model, feeds[:1])
+        count = samples_within(first.run_seconds, len(feeds), self.seconds)
+        if not first.ok or count <= 1:
+            return first
+        rest = self._run(model, feeds[1:count])  # the worker keeps the session the first run built
+        if not rest.ok:
+            return rest
+        limited = None if count == len(feeds) else {"samples": count, "offered": len(feeds), "ep": self.ep,
+                                                    "seconds_per_run": round(first.run_seconds or 0.0, 2),
+                                                    "bound": self.seconds}
+        return EpRun(True, samples=first.samples + rest.samples, nodes_total=first.nodes_total,
+                     nodes_on_ep=first.nodes_on_ep, limited=limited)
+
+    def _run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
         assert self.runtime is not None
         request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=feeds,
                           provider_options=self.provider_options, plugin=self.runtime.plugin)
@@ -109,7 +132,8 @@ class GateTarget:
         if not reply.ok:
             stage = "the run" if reply.stage == "run" else "session creation"
             return EpRun(False, f"{stage} on {self.ep} failed: {reply.message}")
-        return EpRun(True, samples=reply.samples, nodes_total=reply.nodes_total, nodes_on_ep=reply.nodes_on_ep)
+        return EpRun(True, samples=reply.samples, nodes_total=reply.nodes_total, nodes_on_ep=reply.nodes_on_ep,
+                     run_seconds=reply.run_seconds / max(1, len(feeds)) if reply.run_seconds is not None else None)
 
 
 def gate_target(options: QuantizeOptions, report: StepResult) -> GateTarget:
@@ -125,7 +149,8 @@ def gate_target(options: QuantizeOptions, report: StepResult) -> GateTarget:
     runtime = ep_runtime(spec, options.runtimes)
     device = target_device(runtime, options.provider_options, options.device)
     if runtime.available:
-        return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device), device)
+        return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device), device,
+                          seconds=options.ep_seconds)
     where = f"the environment of {runtime.python}" if runtime.python else "this environment"
     why = runtime.probe.error or (f"{spec.provider} is neither built into ONNX Runtime {runtime.probe.version} nor offered "
                                   f"by a plugin package with a device for {spec.name}")

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from ortprep.findings import Finding
+from ortprep.findings import Finding, Severity
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
 from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, decision_shortfall, infer_decisions, judge_decision
 from ortprep.runtime.isolated import RunOutcome, run_isolated
@@ -87,6 +87,7 @@ class Judgement:
     sample_cosines: list[float] = field(default_factory=list)  # each sample's lowest output cosine, in order
     placement: dict | None = None  # the EP's side: {"nodes_total", "nodes_on_ep"} of its session
     apart: dict | None = None  # the EP's side: the first output beyond load's rule against the CPU EP's run (ep_apart)
+    limited: dict | None = None  # the EP's side: the samples it judged within --ep-seconds, of those offered (budget.py)
 
     def failing(self) -> list[dict]:
         """The outputs that fail the gate on this side."""
@@ -106,7 +107,7 @@ class Judgement:
     def to_record(self) -> dict:
         return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "max_abs_diff": self.max_abs_diff,
                 "top1_agreement": self.top1_agreement, "passed": self.passed, "spread": self.spread, "outputs": self.outputs,
-                "error": self.error, "placement": self.placement, "apart": self.apart}
+                "error": self.error, "placement": self.placement, "apart": self.apart, "limited": self.limited}
 
 
 @dataclass
@@ -476,8 +477,10 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         run = target.run(quant_model, feeds)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
-            on_ep = judge(target.ep, reference.samples, run.samples, min_cosine, flat, decisions, more)
+            # (the first samples, where --ep-seconds left some out: run.limited)
+            on_ep = judge(target.ep, reference.samples[:len(run.samples)], run.samples, min_cosine, flat, decisions, more)
             on_ep.placement = placement
+            on_ep.limited = run.limited
             if on_ep.passed:
                 on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics)
                 on_ep.passed = on_ep.apart is None
@@ -538,9 +541,13 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
         held_on_ep = (str(quant_model), run.samples)
     count = min(len(samples), CONFIRM_EP_SAMPLES)
     run = target.run(quant_model, samples[:count])
-    confirmation.on_ep = (judge(target.ep, held_back.samples + reference.samples[:count], held_on_ep[1] + run.samples,
-                                evaluation.min_cosine or 0.99, cache.get("flat", {}), cache.get("decisions", {}))
+    held = held_on_ep[1]  # each side's first samples where --ep-seconds left some out
+    confirmation.on_ep = (judge(target.ep, held_back.samples[:len(held)] + reference.samples[:len(run.samples)],
+                                held + run.samples, evaluation.min_cosine or 0.99, cache.get("flat", {}),
+                                cache.get("decisions", {}))
                           if run.ok else Judgement(target.ep, None, None, None, None, False, error=run.message))
+    if run.ok and run.limited:
+        confirmation.on_ep.limited = run.limited
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
 
@@ -768,6 +775,26 @@ def target_latency_ratio(verify: dict) -> float | None:
     """The latency ratio that counts: the target EP's where it was timed, else this CPU's."""
     timed = verify.get("ep_latency") or {}
     return timed.get("ratio") if timed else verify.get("latency_ratio")
+
+
+def limited_finding(evaluation: Evaluation | None) -> Finding | None:
+    """QNT021 where the target EP judged fewer samples than offered (--ep-seconds: one run takes
+    long there, runtime/budget.py), on the held-back samples or on the calibration samples."""
+    from ortprep.runtime.budget import limited_words
+
+    if evaluation is None:
+        return None
+    sides = [("held-back", evaluation.on_ep)]
+    if evaluation.confirmation is not None:
+        sides.append(("calibration", evaluation.confirmation.on_ep))
+    said = [f"{limited_words(side.limited)} of the {which} ones" for which, side in sides
+            if side is not None and side.limited]
+    if not said:
+        return None
+    ep = next(side.limited["ep"] for _, side in sides if side is not None and side.limited)
+    return Finding.of("QNT021", f"the gate on {ep} judged {'; '.join(said)}; the CPU EP judged every sample",
+                      ep=ep, severity=Severity.WARNING,
+                      fix="--ep-seconds N lets the EP judge more samples; on the device itself one run takes milliseconds")
 
 
 def latency_finding(evaluation: Evaluation | None) -> Finding | None:

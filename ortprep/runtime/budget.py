@@ -1,0 +1,28 @@
+"""How many samples a slow EP judges within a time bound.
+
+QNN's HTP simulator runs a 1x3x800x608 layout detector in 25-48 s a sample on this x86 machine
+(measured, onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md), so judging 8 held-back and 24
+calibration samples there takes quantize, and compile --eval, past any CI step's patience while a
+real device runs the same model in milliseconds. The first sample is run alone and timed (the
+session is kept for the rest); the samples that fit in the bound follow, at least LEAST_SAMPLES,
+and the report says how many of how many were judged, and why.
+"""
+
+from __future__ import annotations
+
+LEAST_SAMPLES = 2  # an EP judges at least this many samples, bound or not
+
+
+def samples_within(seconds_per_sample: float | None, offered: int, seconds: float | None,
+                   least: int = LEAST_SAMPLES) -> int:
+    """How many of ``offered`` samples a run of ``seconds_per_sample`` each fits in ``seconds``
+    (None: no bound), at least ``least`` (or all, where fewer are offered)."""
+    if seconds is None or seconds_per_sample is None or seconds_per_sample <= 0 or offered <= least:
+        return offered
+    return max(least, min(offered, int(seconds // seconds_per_sample)))
+
+
+def limited_words(limited: dict, option: str = "--ep-seconds") -> str:
+    """'3 of 8 samples (a run took 45.2 s on qnn here; --ep-seconds 180)': what a report says."""
+    return (f"{limited['samples']} of {limited['offered']} samples (a run took {limited['seconds_per_run']:.1f} s on "
+            f"{limited['ep']} here; {option} {limited['bound']:g})")

@@ -567,9 +567,13 @@ def wrong_passes(row: dict) -> list[str]:
             found.append(f"convert: fixed vs as shipped on the CPU, {'; '.join(reasons)}")
     if "qnn_qdq" in measures:
         reasons = wrong(measures["qnn_qdq"]["measure"], measures["qnn_qdq"]["decision"])
-        passed = [s for s in ("quantize", "fp16", "load") if steps.get(s, {}).get("exit") == 0]
+        fp16 = row.get("deployed") == "fp16"
+        # in FP16, quantize's probe judged it on QNN (and refused the rest): its claim, and load's
+        passed = (["quantize's FP16 probe"] if fp16 else []) + [s for s in ("quantize", "load")
+                                                               if steps.get(s, {}).get("exit") == 0]
         if reasons and passed:
-            found.append(f"{' and '.join(passed)}: QDQ on QNN vs float on the CPU, {'; '.join(reasons)}")
+            found.append(f"{' and '.join(passed)}: {'FP16' if fp16 else 'QDQ'} on QNN vs float on the CPU, "
+                         f"{'; '.join(reasons)}")
     if "qnn_ctx" in measures and steps.get("compile", {}).get("exit") == 0:
         reasons = wrong(measures["qnn_ctx"]["measure"], measures["qnn_ctx"]["decision"])
         if reasons:

@@ -503,9 +503,8 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     (91.7%) fail."""
     import onnxruntime as ort
 
-    from ortprep.model import ModelHandle
     from ortprep.runtime.tolerance import judge_outputs
-    from ortprep.steps.compile import _pooled_decisions
+    from ortprep.runtime.tolerance import pool_decisions
 
     rng = np.random.default_rng(0)
     proto = _ctc_like(rng)
@@ -528,7 +527,7 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
         for entry in judged:
             entry["passed"] = all(o["within_tolerance"] for o in entry["outputs"])
         assert [entry["passed"] for entry in judged[:count]] == [False] * count  # alone, each flipped sample fails
-        pooled = _pooled_decisions(ModelHandle(proto=proto, path=None), refs, candidates, judged)
+        pooled = pool_decisions(proto, refs, candidates, judged)
         return judged, [pooled]
 
     judged, (pooled,) = flipped(1)

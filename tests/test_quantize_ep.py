@@ -400,6 +400,59 @@ def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(
     assert said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said
 
 
+@pytest.mark.parametrize("shift, passed", [(0.05, True), (0.5, False)])
+def test_the_gate_fails_where_the_ep_computes_apart_from_the_cpu_ep(tmp_path, shift, passed):
+    """evaluate() itself: an EP whose run of the QDQ model is the CPU EP's but for one element of one
+    held-back sample, moved by ``shift`` (the output's uint8 steps are 0.1: load allows 0.2). Its
+    cosine against the float model passes either way; 0.5 fails the EP's side (verify.ep.apart),
+    0.05 does not."""
+    import onnxruntime as ort
+
+    from ortprep.steps.quantize.ep_gate import EpRun, GateTarget
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    float_graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "f",
+                                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    scale, zero = numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")
+    quant_graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+         helper.make_node("Relu", ["xd"], ["r"], name="relu"),
+         helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"], name="qr"),
+         helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"], name="dqr")], "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [scale, zero])
+    float_path, quant_path = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save_model(models.make(float_graph), str(float_path))
+    onnx.save_model(models.make(quant_graph), str(quant_path))
+
+    class Shifted(GateTarget):  # the EP's side: the CPU EP's run, one element moved
+        @property
+        def judged(self) -> bool:
+            return True
+
+        def run(self, model, feeds):
+            session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+            samples = [{"y": session.run(None, feed)[0]} for feed in feeds]
+            samples[1]["y"] = samples[1]["y"].copy()
+            samples[1]["y"][0, 7] += shift
+            return EpRun(True, samples=samples)
+
+    rng = np.random.default_rng(0)
+    feeds = [{"x": (rng.random((1, 64)) * 20).astype(np.float32)} for _ in range(4)]
+    evaluation = evaluate(float_path, quant_path, feeds, 0.99, target=Shifted("qnn"))
+    assert evaluation.cpu_verdict is True and evaluation.on_ep.cosine > 0.999
+    assert evaluation.passed is passed and evaluation.on_ep.passed is passed
+    if passed:
+        assert evaluation.on_ep.apart is None and evaluation.failed_on == []
+    else:
+        apart = evaluation.on_ep.apart
+        assert apart["sample"] == 1 and apart["name"] == "y" and apart["tolerance"] == pytest.approx(0.2)
+        assert evaluation.failed_on == ["qnn"] and evaluation.on_ep.wrong_outputs() == ["y"]
+        assert evaluation.on_ep.to_record()["apart"]["sample"] == 1
+
+
 def _slow_convs(folder: Path, layers: int = 6, size: int = 128) -> tuple[Path, Path]:
     """Conv -> Relu, 32 channels at 128x128, ``layers`` times: QNN's HTP simulator takes 1-2 s a run
     of it (measured: 2.3 s for 8 layers on this 2-core machine), the CPU EP milliseconds."""
@@ -443,7 +496,7 @@ def test_a_slow_ep_judges_the_samples_that_fit_in_ep_seconds_and_says_so(tmp_pat
     assert "of the held-back ones" in note["message"] and "of the calibration ones" in note["message"]
     compiled = invoke("compile", out, "--ep", "qnn", "-o", tmp_path / "ctx.onnx", "--eval", calib, "--ep-seconds", "1",
                       "--json")
-    assert compiled.exit_code == 0, compiled.output
+    assert compiled.exit_code == 0, compiled.stdout[-2000:]
     evaluated = compiled.json()["eval"]
     assert evaluated["samples"] == 2 and evaluated["limited"]["offered"] == 10 and evaluated["failed"] == 0
     assert any(f["code"] == "CMP004" and "2 of 10 samples" in f["message"] for f in compiled.json()["findings"])

@@ -758,3 +758,18 @@ def test_fix_shape_makes_an_output_declared_minus_one_static(tmp_path):
     written = onnx.load(str(out))
     onnx.checker.check_model(written, full_check=True)
     assert [d.dim_value for d in written.graph.output[0].type.tensor_type.shape.dim] == [1, 2]
+
+
+def test_a_negative_dimension_is_not_static():
+    """PaddlePaddle's -1 ("any") is a number in the proto but not a size: is_static says so, and a
+    restored output shape keeps the other dimensions and leaves that one unknown."""
+    from onnx import TensorProto, helper
+
+    from ortprep.transforms.rewrites import _unknown_negative_dims, is_static
+
+    value = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 2])
+    assert not is_static(value) and is_static(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 2]))
+    _unknown_negative_dims(value)
+    dims = value.type.tensor_type.shape.dim
+    assert [d.HasField("dim_value") for d in dims] == [False, True] and dims[1].dim_value == 2 and not dims[0].dim_param
+

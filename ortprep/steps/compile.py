@@ -21,7 +21,7 @@ from ortprep.runtime.budget import LEAST_SAMPLES, limited_words, samples_within
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
-from ortprep.runtime.tolerance import judge_outputs
+from ortprep.runtime.tolerance import judge_each_sample, judge_outputs
 from ortprep.runtime.worker import call
 from ortprep.steps.base import Step, StepContext, output_path
 
@@ -182,52 +182,12 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
     source = run_isolated(handle.path, feeds, timeout=options.timeout)
     if not source.ok:
         return {"samples": len(feeds), "error": f"the source model failed on the samples: {source.message}"}
-    judged = []
     candidates = [{k: np.asarray(v) for k, v in candidate.items()} for candidate in reply.samples]
-    for index, (reference, candidate) in enumerate(zip(source.samples, candidates)):
-        outputs = judge_outputs(handle.proto, spec.name, reference, candidate, options.metrics)
-        lowest = min((c["cosine"] for c in outputs if c["cosine"] is not None), default=None)
-        judged.append({"sample": index, "passed": all(c["within_tolerance"] for c in outputs), "cosine": lowest,
-                       "outputs": outputs})
-    pooled = _pooled_decisions(handle, source.samples, candidates, judged, options.metrics)
+    judged, pooled = judge_each_sample(handle.proto, spec.name, source.samples, candidates, options.metrics)
     failed = [j for j in judged if not j["passed"]]
     worst = sorted(failed or judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0)[:1]
     return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
             "worst": worst[0] if worst else None, "decisions": pooled, "limited": limited}
-
-
-def _pooled_decisions(handle: ModelHandle, references: list[dict], candidates: list[dict], judged: list[dict],
-                      metrics: dict[str, str] | None = None) -> dict[str, Any]:
-    """Each gated decision judged over all the samples together, as quantize's gate judges it (a
-    share of classes, positions, whole strings, regions, against its bar), instead of on one
-    sample at a time: one CTC position in one of 24 samples otherwise fails a compile that keeps
-    96% of the strings, stricter than the gate that passed the model. Where an output's pooled
-    decision passes, a sample that failed on that output only by its decision (the same
-    direction, cosine >= DECISION_COSINE, and the same size) holds, and its rule says why; the
-    elementwise tolerance, the norm and NaN/Inf stay per sample."""
-    from ortprep.runtime.decisions import infer_decisions, judge_decision
-    from ortprep.runtime.tolerance import DECISION_COSINE, NORM_TOLERANCE
-
-    decisions = infer_decisions(handle.proto, [{k: np.asarray(v) for k, v in r.items()} for r in references], metrics)
-    pooled: dict[str, Any] = {}
-    for name, decision in decisions.items():
-        if not decision.gated or not all(name in c for c in candidates):
-            continue
-        record = judge_decision(decision, [np.asarray(r[name]) for r in references], [c[name] for c in candidates])
-        pooled[name] = record
-        if not record.get("passed"):
-            continue
-        for sample in judged:
-            output = next((o for o in sample["outputs"] if o["name"] == name), None)
-            if (output is None or output["within_tolerance"] or not output["shape_match"] or output["nonfinite"]
-                    or (output["cosine"] or 0.0) < DECISION_COSINE or output["norm_ratio"] is None
-                    or abs(output["norm_ratio"] - 1.0) > NORM_TOLERANCE):
-                continue
-            output["within_tolerance"] = True
-            output["tolerance_rule"] += (f"; exceeded at some elements, but the decision ({decision.label()}) over all "
-                                         f"{len(judged)} samples agrees ({record['agreement']:.4f}) and passes")
-            sample["passed"] = all(o["within_tolerance"] for o in sample["outputs"])
-    return pooled
 
 
 class CompileStep(Step):

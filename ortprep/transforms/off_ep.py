@@ -79,7 +79,7 @@ class GraphCut:
         value = self.types.get(name)
         if value is None or not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
             return False
-        return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)
+        return all(d.HasField("dim_value") and d.dim_value >= 0 for d in value.type.tensor_type.shape.dim)  # -1: Paddle's "any"
 
     def _constant_work(self) -> set[int]:
         free: set[int] = set()

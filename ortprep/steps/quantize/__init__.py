@@ -449,7 +449,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
 def _writers_text(quantized: ModelProto, evaluation: Evaluation, target: GateTarget) -> str:
     """What writes the outputs the EP alone gets wrong: the quantized nodes to keep float, and the
     float nodes on the way, which an EP that computes float in float16 computes there."""
-    wrong = [o["name"] for o in evaluation.on_ep.failing()]
+    wrong = evaluation.on_ep.wrong_outputs()
     ops = {node.name: node.op_type for node in quantized.graph.node}
     quantized_nodes, float_nodes = output_writers(quantized, wrong)
     parts = []

@@ -93,6 +93,11 @@ class Judgement:
         """The outputs that fail the gate on this side."""
         return [o for o in self.outputs if not o.get("passed", True)]
 
+    def wrong_outputs(self) -> list[str]:
+        """The outputs this side gets wrong: those failing the gate, or else the one it computes apart
+        from the CPU EP (ep_apart)."""
+        return [o["name"] for o in self.failing()] or ([self.apart["name"]] if self.apart else [])
+
     @property
     def shortfall(self) -> float:
         """How far this side's decisions fall short of the gate, the worst output's (decision_shortfall)."""
@@ -102,7 +107,7 @@ class Judgement:
         """What a search trial records of this side: the figures, each output's, the verdict."""
         return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "passed": self.passed,
                 "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o["norm_ratio"]} for o in self.outputs[:16]],
-                "error": self.error}
+                "error": self.error, "apart": self.apart}
 
     def to_record(self) -> dict:
         return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "max_abs_diff": self.max_abs_diff,
@@ -460,7 +465,8 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         return Evaluation(None, None, None, None, None, None, False, error=f"the {which} model failed: {message}",
                           target=record, min_cosine=min_cosine)
     flat = flat_outputs(reference.samples, bounds)
-    cache["flat"], cache["feeds"] = flat, feeds  # for confirm_on_target
+    cache["flat"], cache["feeds"], cache["metrics"] = flat, feeds, metrics  # for confirm_on_target
+    cache["held_back_cpu"] = (str(quant_model), candidate.samples)
     if "decisions" not in cache:  # what the application reads from each output (--metric overrides)
         graph = onnx.load(str(float_model), load_external_data=False)
         cache["decisions"] = infer_decisions(graph, reference.samples, metrics)
@@ -481,7 +487,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
             on_ep = judge(target.ep, reference.samples[:len(run.samples)], run.samples, min_cosine, flat, decisions, more)
             on_ep.placement = placement
             on_ep.limited = run.limited
-            if on_ep.passed:
+            if on_ep.passed and cpu.passed:  # (against a CPU EP run that fails the gate itself, nothing to learn)
                 on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics)
                 on_ep.passed = on_ep.apart is None
             cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
@@ -548,6 +554,14 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
                           if run.ok else Judgement(target.ep, None, None, None, None, False, error=run.message))
     if run.ok and run.limited:
         confirmation.on_ep.limited = run.limited
+    # and, as on the held-back samples, computed as the CPU EP computes the same model (compile --eval
+    # judges these very samples by that rule)
+    on_cpu, calib_cpu = cache.get("held_back_cpu"), cache.get("confirmation_cpu")
+    if (run.ok and confirmation.on_ep.passed and on_cpu is not None and calib_cpu is not None
+            and on_cpu[0] == calib_cpu[0] == str(quant_model)):
+        confirmation.on_ep.apart = ep_apart(quant_model, target.ep, on_cpu[1][:len(held)] + calib_cpu[1][:len(run.samples)],
+                                            held + run.samples, cache.get("metrics"))
+        confirmation.on_ep.passed = confirmation.on_ep.apart is None
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
 
@@ -572,6 +586,7 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
         return Confirmation(len(samples), Judgement("cpu", None, None, None, None, False, error=candidate.message),
                             held_back=len(held_back))
     cpu = judge("cpu", held_back + reference.samples, held_back_cpu + candidate.samples, min_cosine, flat, decisions)
+    cache["confirmation_cpu"] = (str(quant_model), candidate.samples)  # for confirm_on_target's ep_apart
     return Confirmation(len(samples), cpu, held_back=len(held_back))
 
 
@@ -744,13 +759,18 @@ def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: l
     the float model is not enough: the journey's YOLOv8n A16W8 model passed the gate on QNN at
     cosine 0.996 while its box sizes on QNN were up to 125 px off the CPU EP's run of the same
     model (49 of the output's 8-bit steps), so quantize wrote it and load refused it (LOD006)."""
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.runtime.tolerance import judge_each_sample
 
     proto = onnx.load(str(model), load_external_data=False)
-    for index, (cpu, other) in enumerate(zip(on_cpu, on_ep)):
-        for record in judge_outputs(proto, ep, cpu, other, metrics):
+    count = min(len(on_cpu), len(on_ep))
+    # each decision pooled over the samples, as compile --eval pools it (one CTC position in one
+    # sample of 24 is not a changed application)
+    judged, _ = judge_each_sample(proto, ep, on_cpu[:count], [{k: np.asarray(v) for k, v in s.items()} for s in on_ep[:count]],
+                              metrics)
+    for sample in judged:
+        for record in sample["outputs"]:
             if not record["within_tolerance"]:
-                return {"sample": index, **{key: record.get(key) for key in (
+                return {"sample": sample["sample"], **{key: record.get(key) for key in (
                     "name", "max_abs_diff", "cosine", "norm_ratio", "tolerance", "tolerance_rule")}}
     return None
 

@@ -626,8 +626,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                                 names))
     if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None:
         # then the nodes writing the outputs it gets wrong (their encoding, their precision)
-        wrong = [o["name"] for o in evaluation.on_ep.failing()] or (
-            [evaluation.on_ep.apart["name"]] if evaluation.on_ep.apart else [])  # or the one computed apart from the CPU EP
+        wrong = evaluation.on_ep.wrong_outputs()
         names, _ = output_writers(onnx.load(str(baseline.path), load_external_data=False), wrong)
         if names:
             first_rules.append((f"the nodes that write the outputs {evaluation.on_ep.ep} gets wrong ({', '.join(wrong[:4])})",

@@ -132,14 +132,17 @@ def direction_classifier(tmp_path_factory) -> tuple[Path, Path]:
     return fixed, data
 
 
-def test_where_qnn_parts_from_the_cpu_ep_is_named_and_per_channel_weights_get_past_it(direction_classifier, tmp_path):
+def test_where_qnn_parts_from_the_cpu_ep_is_named_and_fp16_gets_past_it(direction_classifier, tmp_path):
     """Without pre-processing the classifier's BatchNormalizations stand as ops of their own: on
     QNN's HTP (A16W8) the output parts from the CPU EP's, and quantize names where it starts, the
     first BatchNormalization (the model's own arithmetic on both EPs, intermediate tensors
     compared). With ORT's pre-processing (it runs: convert --fix-shape left every shape a constant)
-    the BatchNormalizations are folded into the Convs' weights, and --auto's result (per-channel
-    int8 next where one 8-bit grid per tensor cannot hold their channels) agrees with the float
-    model on the CPU EP and on the HTP."""
+    the BatchNormalizations are folded into the Convs' weights and every precision --auto tries
+    agrees with the float model at cosine >= 0.99 on the HTP, yet the HTP computes the class
+    probabilities 0.015 off the CPU EP's run of the same model, beyond the 0.01 that load and compile
+    allow (judged by cosine, no decision to hold them by): refused, as load would refuse it, and
+    FP16, which the HTP computes within that, is named. (Before session 17 quantize passed the
+    per-channel model that load then refused.)"""
     fixed, data = direction_classifier
     result = invoke("quantize", fixed, "--static", "--ep", "qnn", "--no-preprocess", "--calib", data,
                     "-o", tmp_path / "standing.onnx", "--json")
@@ -156,8 +159,13 @@ def test_where_qnn_parts_from_the_cpu_ep_is_named_and_per_channel_weights_get_pa
     auto = invoke("quantize", fixed, "--static", "--ep", "qnn", "--calib", data, "--auto", "-o", tmp_path / "auto.onnx",
                   "--metric", "save_infer_model/scale_0.tmp_1=cosine", "--json")
     record = auto.json()
-    assert auto.exit_code == 0 and record["preprocess"].startswith("ORT optimization")
-    # on these synthetic lines the preset passes already (on the journey's real crops it measured
-    # 0.88 and per-channel int8 passed: bench/RESULTS.md); either way QNN agrees with the float model
-    assert record["auto"]["tried"][-1]["passed"] and record["auto"]["order"][1].endswith("int8 weights per channel")
-    assert record["verify"]["ep"]["cosine"] >= 0.99 and record["verify"]["cosine"] >= 0.99
+    assert auto.exit_code == 1 and record["preprocess"].startswith("ORT optimization")
+    assert record["auto"]["order"][1].endswith("int8 weights per channel")
+    assert [t["passed"] for t in record["auto"]["tried"]] == [False] * len(record["auto"]["tried"])
+    assert record["verify"]["ep"]["cosine"] >= 0.99 and record["verify"]["cosine"] >= 0.99  # close to the float model
+    apart = record["verify"]["ep"]["apart"]
+    assert apart["name"] == "save_infer_model/scale_0.tmp_1" and apart["max_abs_diff"] > apart["tolerance"] == 0.01
+    gate = next(f for f in record["findings"] if f["code"] == "QNT005")
+    assert "computed otherwise than the CPU EP computes the same model" in gate["message"]
+    fp16 = record["auto"]["fp16"]
+    assert fp16["passed"] is True and fp16["placement"] == {"nodes_total": 183, "nodes_on_ep": 183}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,8 +208,13 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
 
     sources = dict(exposed)
     found = []
+    # each group is a whole run on the EP: bounded by --ep-seconds as its other runs are (on the HTP
+    # simulator the layout detector's 1,493 nodes at 1x3x800x608 took tens of such runs, 45 s each)
+    deadline = None if target.seconds is None else time.monotonic() + target.seconds
     # in groups of at most EXPOSED_BYTES a run, in graph order: the first group that parts is enough
     for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
+        if deadline is not None and time.monotonic() > deadline:
+            return found
         del graph.output[len(existing):]
         graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in chunk)
         path = workdir / f"exposed{index}.onnx"

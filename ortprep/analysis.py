@@ -134,6 +134,8 @@ def skeleton(proto: ModelProto) -> ModelProto:
     graph.input.extend(source.input)
     graph.output.extend(source.output)
     graph.value_info.extend(source.value_info)
+    for value in list(graph.output) + list(graph.value_info):
+        _unknown_negative(value)
     graph.sparse_initializer.extend(source.sparse_initializer)
     for tensor in source.initializer:
         # tensor_nbytes, not len(raw_data): reading the field copies every weight byte.
@@ -149,12 +151,31 @@ def skeleton(proto: ModelProto) -> ModelProto:
     return result
 
 
+def _negative_dims(value) -> bool:
+    """A dimension declared as a negative number (PaddlePaddle's exports write -1 for "any")."""
+    tensor = value.type.tensor_type if value.type.WhichOneof("value") == "tensor_type" else None
+    return tensor is not None and tensor.HasField("shape") and any(
+        d.HasField("dim_value") and d.dim_value < 0 for d in tensor.shape.dim)
+
+
+def _unknown_negative(value) -> None:
+    """Such a dimension as unknown, for inference to fill: kept at -1 on an output behind static
+    inputs it contradicts what inference finds, and the output's node read as dynamic (check
+    predicted QNN to leave PP-OCR's classifier's last node on the CPU, "Cannot get shape", where the
+    real session took every node)."""
+    if _negative_dims(value):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                dim.Clear()
+
+
 def _skeleton_bytes(proto: ModelProto) -> bytes:
     """skeleton(proto), serialized: the model itself where it holds no weight to leave out (a
     graph-only open of a model with external weights), so that the graph is not copied first
     (on 100,000 nodes the copy is 0.1 s and about 60 MB). Shape inference reads nothing of what
     the skeleton drops besides the weights (doc strings, metadata)."""
-    if any(t.HasField("raw_data") and tensor_nbytes(t) > SKELETON_KEEP_BYTES for t in proto.graph.initializer):
+    if any(t.HasField("raw_data") and tensor_nbytes(t) > SKELETON_KEEP_BYTES for t in proto.graph.initializer) or any(
+            _negative_dims(v) for v in list(proto.graph.output) + list(proto.graph.value_info)):
         return skeleton(proto).SerializeToString()
     return proto.SerializeToString()
 

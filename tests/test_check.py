@@ -641,3 +641,23 @@ def test_cuda_gives_small_shape_computations_to_the_cpu_as_ort_does(tmp_path):
     # other EPs keep their own rules: nothing moves on the CPU EP's neighbours
     assert "EP010" not in codes(result_of(_shape_computation(tmp_path, 100), "openvino-cpu"))
     assert "EP010" not in codes(result_of(SAMPLES / "cnn.onnx", "cuda"))
+
+
+def test_an_output_declared_minus_one_behind_static_inputs_is_static(tmp_path):
+    """PaddlePaddle's exports declare "any" as -1 on their outputs (PP-OCR's classifier: [-1, 2]);
+    behind static inputs inference finds the size, and check reads it: measured on the journey, the
+    real QNN session took every node where the table had left the last one to the CPU ("Cannot get
+    shape")."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"), helper.make_node("Identity", ["m"], ["y"], name="out")],
+        "paddle_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3])],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    path = tmp_path / "paddle_out.onnx"
+    onnx.save(models.make(graph, check=False), str(path))  # (onnx's full checker refuses the -1 itself)
+    record = invoke("check", path, "--ep", "qnn", "--json").json()
+    result = record["results"][0]
+    assert result["fallback_nodes"] == [] and result["verdict"] == "full", result["fallback_nodes"]
+    assert not [f for f in record["findings"] if f["code"] == "QNN002"]

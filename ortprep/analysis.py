@@ -135,7 +135,7 @@ def skeleton(proto: ModelProto) -> ModelProto:
     graph.output.extend(source.output)
     graph.value_info.extend(source.value_info)
     for value in list(graph.output) + list(graph.value_info):
-        _unknown_negative(value)
+        unknown_negative_dims(value)
     graph.sparse_initializer.extend(source.sparse_initializer)
     for tensor in source.initializer:
         # tensor_nbytes, not len(raw_data): reading the field copies every weight byte.
@@ -158,11 +158,12 @@ def _negative_dims(value) -> bool:
         d.HasField("dim_value") and d.dim_value < 0 for d in tensor.shape.dim)
 
 
-def _unknown_negative(value) -> None:
-    """Such a dimension as unknown, for inference to fill: kept at -1 on an output behind static
-    inputs it contradicts what inference finds, and the output's node read as dynamic (check
-    predicted QNN to leave PP-OCR's classifier's last node on the CPU, "Cannot get shape", where the
-    real session took every node)."""
+def unknown_negative_dims(value) -> None:
+    """Such a dimension as unknown, for inference to fill. Kept at -1 behind static inputs it
+    contradicts what inference finds: check read the output's node as dynamic (QNN: PP-OCR's
+    classifier's last node predicted on the CPU, "Cannot get shape", where the real session took
+    every node), and onnx's checker refused a model convert --fix-shape wrote ("Inferred shape and
+    existing shape differ in dimension 0: (1) vs (-1)")."""
     if _negative_dims(value):
         for dim in value.type.tensor_type.shape.dim:
             if dim.HasField("dim_value") and dim.dim_value < 0:

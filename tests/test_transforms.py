@@ -765,7 +765,8 @@ def test_a_negative_dimension_is_not_static():
     restored output shape keeps the other dimensions and leaves that one unknown."""
     from onnx import TensorProto, helper
 
-    from ortprep.transforms.rewrites import _unknown_negative_dims, is_static
+    from ortprep.analysis import unknown_negative_dims as _unknown_negative_dims
+    from ortprep.transforms.rewrites import is_static
 
     value = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 2])
     assert not is_static(value) and is_static(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 2]))

@@ -10,6 +10,8 @@ and the report says how many of how many were judged, and why.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 LEAST_SAMPLES = 2  # an EP judges at least this many samples, bound or not
 
 
@@ -20,6 +22,27 @@ def samples_within(seconds_per_sample: float | None, offered: int, seconds: floa
     if seconds is None or seconds_per_sample is None or seconds_per_sample <= 0 or offered <= least:
         return offered
     return max(least, min(offered, int(seconds // seconds_per_sample)))
+
+
+def run_within(run: Callable[[list], Any], feeds: list, seconds: float | None, ep: str) -> tuple[Any, dict | None]:
+    """``run(part)`` (a reply with ``ok``, ``samples`` and ``run_seconds`` for the part) on the
+    samples of ``feeds`` that fit in ``seconds``: the first alone, timed, then the rest that fit
+    (the worker keeps the session the first built). Returns the reply, its ``samples`` those of the
+    first samples judged, and what the bound left out (None: nothing; a caller judges the matching
+    first samples of its own)."""
+    if seconds is None or len(feeds) <= LEAST_SAMPLES:
+        return run(feeds), None
+    first = run(feeds[:1])
+    if not first.ok:
+        return first, None
+    count = samples_within(first.run_seconds, len(feeds), seconds)
+    rest = run(feeds[1:count])
+    if not rest.ok:
+        return rest, None
+    first.samples = first.samples + rest.samples
+    limited = None if count == len(feeds) else {"samples": count, "offered": len(feeds), "ep": ep,
+                                                "seconds_per_run": round(first.run_seconds or 0.0, 2), "bound": seconds}
+    return first, limited
 
 
 def limited_words(limited: dict, option: str = "--ep-seconds") -> str:

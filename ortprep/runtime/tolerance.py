@@ -154,7 +154,7 @@ def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: d
 
 
 def judge_each_sample(proto, ep: str, references: list[dict], candidates: list[dict],
-                  metrics: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                      metrics: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each sample's outputs judged (:func:`judge_outputs`), then each gated decision pooled over
     all the samples (:func:`pool_decisions`): what compile --eval holds the compiled model to, and
     quantize the target EP's run to (its ``ep_apart``). Returns the samples' records

@@ -17,7 +17,7 @@ from ortprep.findings import Finding
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
-from ortprep.runtime.budget import LEAST_SAMPLES, limited_words, samples_within
+from ortprep.runtime.budget import limited_words, run_within
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
@@ -155,7 +155,6 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
 
     found = discover(str(options.eval), input_specs(handle.proto))
     feeds = list(found.samples(list(range(min(found.count, EVAL_SAMPLES)))))
-    offered = len(feeds)
 
     def on_ep(part: list) -> Any:
         return call(RunOnEp(model=str(compiled.resolve()), provider=spec.provider, feeds=part,
@@ -163,20 +162,9 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
                             plugin=target.plugin), python=target.python, timeout=options.timeout)
 
     # where one run is slow on the EP (a simulator), the first samples that fit in --ep-seconds
-    reply = on_ep(feeds[:1] if offered > LEAST_SAMPLES else feeds)
-    limited = None
-    if reply.ok and offered > LEAST_SAMPLES:
-        per_run = reply.run_seconds
-        count = samples_within(per_run, offered, options.ep_seconds)
-        rest = on_ep(feeds[1:count]) if count > 1 else None
-        if rest is not None and not rest.ok:
-            reply = rest
-        elif rest is not None:
-            reply.samples = reply.samples + rest.samples
-        feeds = feeds[:count]
-        if count < offered:
-            limited = {"samples": count, "offered": offered, "ep": spec.name, "seconds_per_run": round(per_run or 0.0, 2),
-                       "bound": options.ep_seconds}
+    reply, limited = run_within(on_ep, feeds, options.ep_seconds, spec.name)
+    if reply.ok:
+        feeds = feeds[:len(reply.samples)]
     if not reply.ok:
         return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
     source = run_isolated(handle.path, feeds, timeout=options.timeout)

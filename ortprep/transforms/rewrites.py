@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper, numpy_helper
 
-from ortprep.analysis import ModelAnalysis
+from ortprep.analysis import ModelAnalysis, unknown_negative_dims
 from ortprep.errors import UsageError
 from ortprep.model import ModelHandle, iter_graphs
 
@@ -110,7 +110,7 @@ def propagate_static_shapes(proto: ModelProto) -> ModelProto:
     for value in inferred.graph.output:
         if value.name in old_outputs and not value.type.tensor_type.HasField("shape"):
             value.type.CopyFrom(old_outputs[value.name])
-            _unknown_negative_dims(value)
+            unknown_negative_dims(value)
     for _, graph in iter_graphs(inferred.graph):
         keep = [v for v in graph.value_info if v.type.WhichOneof("value") != "tensor_type" or v.type.tensor_type.HasField("shape")]
         if len(keep) != len(graph.value_info):
@@ -119,18 +119,6 @@ def propagate_static_shapes(proto: ModelProto) -> ModelProto:
     if _all_static(inferred.graph.input) and not _all_static(list(inferred.graph.value_info) + list(inferred.graph.output)):
         _static_from_symbolic(inferred)
     return inferred
-
-
-def _unknown_negative_dims(value: onnx.ValueInfoProto) -> None:
-    """A dimension stored as a negative number (PaddlePaddle's exports write -1 for "any") becomes
-    an unknown one: kept as -1 beside static inputs, onnx's checker refuses the model ("Inferred
-    shape and existing shape differ in dimension 0: (1) vs (-1)": PP-OCR's direction classifier
-    after --fix-shape) and an EP that needs static shapes reads it as dynamic."""
-    if value.type.WhichOneof("value") != "tensor_type" or not value.type.tensor_type.HasField("shape"):
-        return
-    for dim in value.type.tensor_type.shape.dim:
-        if dim.HasField("dim_value") and dim.dim_value < 0:
-            dim.Clear()
 
 
 def is_static(value: onnx.ValueInfoProto) -> bool:

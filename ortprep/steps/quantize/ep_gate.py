@@ -29,7 +29,7 @@ from ortprep.errors import EnvironmentMissingError
 from ortprep.findings import Finding, Severity
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.runtime.budget import LEAST_SAMPLES, samples_within
+from ortprep.runtime.budget import run_within
 from ortprep.runtime.requests import RunOnEp
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
 from ortprep.runtime.worker import call
@@ -105,20 +105,9 @@ class GateTarget:
         """``model`` on the samples of ``feeds`` in the EP's session, on a worker of the EP's interpreter:
         every sample, or where one run is slow (a simulator), the first that fit in ``seconds``
         (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples."""
-        if self.seconds is None or len(feeds) <= LEAST_SAMPLES:
-            return self._run(model, feeds)
-        first = self._run(model, feeds[:1])
-        count = samples_within(first.run_seconds, len(feeds), self.seconds)
-        if not first.ok or count <= 1:
-            return first
-        rest = self._run(model, feeds[1:count])  # the worker keeps the session the first run built
-        if not rest.ok:
-            return rest
-        limited = None if count == len(feeds) else {"samples": count, "offered": len(feeds), "ep": self.ep,
-                                                    "seconds_per_run": round(first.run_seconds or 0.0, 2),
-                                                    "bound": self.seconds}
-        return EpRun(True, samples=first.samples + rest.samples, nodes_total=first.nodes_total,
-                     nodes_on_ep=first.nodes_on_ep, limited=limited)
+        result, limited = run_within(lambda part: self._run(model, part), feeds, self.seconds, self.ep)
+        result.limited = limited
+        return result
 
     def _run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
         assert self.runtime is not None

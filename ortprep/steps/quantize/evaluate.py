@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from ortprep.findings import Finding, Severity
+from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
 from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, decision_shortfall, infer_decisions, judge_decision
 from ortprep.runtime.isolated import RunOutcome, run_isolated
@@ -813,7 +813,7 @@ def limited_finding(evaluation: Evaluation | None) -> Finding | None:
         return None
     ep = next(side.limited["ep"] for _, side in sides if side is not None and side.limited)
     return Finding.of("QNT021", f"the gate on {ep} judged {'; '.join(said)}; the CPU EP judged every sample",
-                      ep=ep, severity=Severity.WARNING,
+                      ep=ep,
                       fix="--ep-seconds N lets the EP judge more samples; on the device itself one run takes milliseconds")
 
 

@@ -100,6 +100,7 @@ class Outcome:
     widened: list[str] = field(default_factory=list)  # outputs given 16-bit headroom (edits.widen_activation_encodings)
     widened_activations: int = 0  # activations (outputs included) given 16-bit headroom
     floored: list[dict] = field(default_factory=list)  # weights whose scales were raised for QNN (edits.floor_weight_scales)
+    off_ep: list[dict] = field(default_factory=list)  # nodes kept off the target EP (off_target.py): name, op_type, reason
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -163,9 +164,12 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
         best = replace(best, passed=best.passed and chosen.passed)
     if chosen is not None and best.path is not None:
         measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed
+    why_off = (search_record or {}).get("off_ep_reasons") or {}
+    off_ep = [{"name": n, "op_type": ops.get(n, "?"), "reason": why_off.get(n, "kept off the EP")} for n in best.off]
     return Outcome(best, chosen, excluded, search_record, source=label,
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
-                   floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0))
+                   floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
+                   off_ep=off_ep)
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -248,7 +252,8 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
         "evaluation_inputs": None, "output_headroom": None, "raised_weight_scales": None, "ep_divergence": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},
-        "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "search": None, "gate_target": None,
+        "quantized_ops": 0, "quantized_weights": 0, "excluded_nodes": [], "kept_off_ep": [], "search": None,
+        "gate_target": None,
     }
 
 
@@ -384,6 +389,14 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                                   + ", ".join(e["name"] for e in auto[:12]) + ("..." if len(auto) > 12 else "")
                                   + f"): lowest cosine {fmt_cosine(evaluation.gate_cosine)} (judged on {judged})",
                                   fix="see excluded_nodes and search"))
+        if outcome.off_ep and target is not None:
+            first = outcome.off_ep[0]
+            report.add(Finding.of(
+                "QNT022", f"{len(outcome.off_ep)} node(s) kept off {target.ep}, in If nodes that ORT runs on the CPU EP ("
+                + ", ".join(e["name"] for e in outcome.off_ep[:8]) + ("..." if len(outcome.off_ep) > 8 else "")
+                + f"): {first['reason']}", ep=target.ep,
+                fix=f"nothing to do: the application creates its {target.ep} session as before; "
+                    f"ortprep load MODEL --ep {target.ep} shows what runs where"))
         seeded = any(f.code == "QNT011" for f in report.findings) or (
             plan.eval_set is not None and plan.eval_set.kind == "random")  # --calib random, held back
         decided = [o for o in (evaluation.outputs if evaluation is not None else []) if (o.get("decision") or {}).get("gated")]
@@ -440,6 +453,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         "quantized_ops": stats["quantized_ops"],
         "quantized_weights": stats["quantized_weights"],
         "excluded_nodes": excluded,
+        "kept_off_ep": outcome.off_ep,
         "search": outcome.search,
     })
     report.output = written

@@ -21,7 +21,9 @@ Only the EP's final outputs are visible, so the ranking stays the CPU side's per
 quantization noise (it still finds the tensors whose precision matters, which an EP's coarser
 arithmetic hurts first); and where the EP alone fails (the CPU EP passes), the nodes that write
 the outputs the EP gets wrong are tried first, since an EP's own encoding or precision at an
-output is the usual cause.
+output is the usual cause. Before those rules, where the EP alone fails, keep_off_ep_move keeps
+off the EP the node where its run first parts from the CPU EP's, then the nodes alike to it
+(off_target.py): kept float, the EP would still compute them, in its own kernels.
 
 :class:`Search` holds the selection logic alone (trials and ranking are passed in);
 :class:`Trials` runs trials; :func:`run_search` wires them to a model.
@@ -46,7 +48,9 @@ from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import floor_weight_scales, output_writers, widen_activation_encodings
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import LATENCY_RUNS, Evaluation, evaluate, fmt_cosine, tensor_noise, worst_nodes
+from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep
 from ortprep.steps.quantize.presets import quantizer_op_types
+from ortprep.transforms.off_ep import QDQ_OPS
 from ortprep.transforms.verify import model_bytes
 
 IMPROVES = 1e-4  # a rule (or a calibration method) must raise the lowest cosine by at least this much to stay
@@ -76,10 +80,12 @@ class Trial:
     norm_ratio: float | None = None  # of both sides' norm ratios, the one farthest from 1
     sides: dict | None = None  # {"judged_on", "cpu": summary, "ep": summary or None} (Judgement.summary)
     shortfall: float | None = None  # how far its held-back decisions fall short of the gate (Evaluation.shortfall); 0: none does
+    off: list[str] = field(default_factory=list)  # nodes kept off the target EP (off_ep.keep_off_ep): the CPU EP runs them
 
     def to_record(self, size_before: int) -> dict:
         sides = self.sides or {}
-        return {"label": self.label, "kept_in_float": len(self.kept), "cosine": self.cosine, "passed": self.passed,
+        return {"label": self.label, "kept_in_float": len(self.kept), "kept_off_ep": len(self.off),
+                "cosine": self.cosine, "passed": self.passed,
                 "size_ratio": round(self.size / size_before, 4) if size_before and self.size else None,
                 "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None if self.shortfall is None else round(self.shortfall, 6),
                 "judged_on": sides.get("judged_on"),
@@ -94,7 +100,7 @@ def cpu_side(trial: Trial) -> Trial:
     """``trial`` as the CPU EP alone judged it (its cosine and norm ratio on that side)."""
     cpu = (trial.sides or {}).get("cpu") or {}
     return Trial(trial.label, trial.kept, cpu.get("cosine"), trial.passed, trial.size, trial.path, trial.error,
-                 norm_ratio=cpu.get("norm_ratio"), sides=trial.sides)
+                 norm_ratio=cpu.get("norm_ratio"), sides=trial.sides, off=trial.off)
 
 
 def improved(new: Trial, old: Trial) -> bool:
@@ -480,6 +486,7 @@ class Trials:
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
         self.count = 0
         self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
+        self.off: list[str] = []  # kept off the target EP in every trial (keep_off_ep_move)
         self.evaluations: dict[Path, Evaluation] = {}
         self.caches: dict[Path, dict] = {}
         self.failure: str | None = None
@@ -500,7 +507,8 @@ class Trials:
             self._margin_feeds = margin_samples(self.plan)
         return self._margin_feeds
 
-    def attempt(self, source: Path, kept: list[str], label: str) -> Trial:
+    def attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None = None) -> Trial:
+        off = list(self.off if off is None else off)
         self.count += 1
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()
@@ -509,7 +517,7 @@ class Trials:
                                   self.plan.calib_indices, kept, self.options.exclude_ops, self.big, self.progress)
         if not ok:
             self.failure = self.failure or error
-            return Trial(label, list(kept), None, False, 0, None, error)
+            return Trial(label, list(kept), None, False, 0, None, error, off=off)
         if self.options.mode == "static" and self.settings["activation_type"] in ("uint16", "int16"):
             # headroom for inputs past the calibration samples' range, inside the model as at its
             # outputs (edits.widen_activation_encodings)
@@ -519,6 +527,10 @@ class Trials:
         if self.options.mode == "static" and self.settings.get("preset") == "qnn":
             # after the widening: it changes the output scales the multipliers divide by (edits.HTP_MIN_MULTIPLIER)
             self.floored[output] = floor_weight_scales(output)
+        if off:
+            error = move_off_ep(output, off)
+            if error is not None:
+                return Trial(label, list(kept), None, False, 0, None, error, off=off)
         evaluation = None
         if self.eval_feeds:
             if self.progress is not None:
@@ -533,7 +545,7 @@ class Trials:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation
         if evaluation is None:
-            return Trial(label, list(kept), None, True, model_bytes(output), output)
+            return Trial(label, list(kept), None, True, model_bytes(output), output, off=off)
         on_ep = evaluation.on_ep
         error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
         cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
@@ -541,7 +553,7 @@ class Trials:
                            for o in evaluation.outputs[:16]], "error": evaluation.error}
         sides = {"judged_on": evaluation.judged_on, "cpu": cpu, "ep": on_ep.summary() if on_ep is not None else None}
         return Trial(label, list(kept), evaluation.gate_cosine, evaluation.passed, model_bytes(output), output, error,
-                     norm_ratio=evaluation.gate_norm_ratio, sides=sides, shortfall=evaluation.shortfall)
+                     norm_ratio=evaluation.gate_norm_ratio, sides=sides, shortfall=evaluation.shortfall, off=off)
 
 
 def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: float) -> tuple[Trial, list[dict], list[Trial]]:
@@ -567,6 +579,37 @@ def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: floa
             break
     trials.settings = settings
     return best, records, tried
+
+
+def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list[dict], aim: float,
+                     deadline: float | None) -> tuple[Trial, list[dict], dict[str, str]]:
+    """The trials of the move from ``baseline`` (whose EP side alone fails; ``parted``: where the
+    EP first parts, ep_gate.first_divergence): the best trial (``baseline`` where none improved
+    on it), a record per trial, and why each node of the best was kept off."""
+    if not parted or baseline.path is None or trials.target is None:
+        return baseline, [], {}
+    ep = trials.target.ep
+    first = parted[0]
+    total = sum(1 for node in onnx.load(str(baseline.path), load_external_data=False).graph.node
+                if node.op_type not in QDQ_OPS)
+    limit = max(1, int(trials.options.max_float_share * total))
+    best, records, reasons = baseline, [], {}
+    for label, names in candidate_sets(baseline.path, first["node"], limit):
+        if deadline is not None and time.monotonic() >= deadline:
+            records.append({"nodes": len(names), "label": label, "skipped": "the time bound (--search-seconds)"})
+            break
+        outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=names)
+        helped = improved(outcome, best)
+        records.append({"label": label, "nodes": len(names), "cosine_before": best.cosine, "cosine_after": outcome.cosine,
+                        "passed": outcome.passed, "error": outcome.error, "kept": helped})
+        if helped:
+            why = (f"computed otherwise on {ep} than on the CPU EP: {label}; first parting at {first['node']} "
+                   f"({first['op_type']}, cosine {first['cosine']:.4f} there); judged {change(best, outcome)}")
+            reasons = {name: why for name in names}
+            best = outcome
+        if best.passed and (best.cosine is None or best.cosine >= aim):
+            break
+    return best, records, reasons
 
 
 def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto
@@ -616,10 +659,19 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     # the share is of the nodes the quantizer would quantize
     quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
     first_rules = []
+    off_records: list[dict] = []
+    off_reasons: dict[str, str] = {}
     evaluation = trials.evaluations.get(baseline.path) if baseline.path is not None else None
     if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None and trials.target is not None:
-        # the EP alone gets some outputs wrong: the nodes where its run first parts from the CPU EP's first
+        # the EP alone gets some outputs wrong: the nodes where its run first parts from the CPU EP's,
+        # kept off the EP first (off_target.py: kept float, the EP would still compute them), then kept float
         parted = first_divergence(trials.target, baseline.path, trials.eval_feeds[:2], trials.workdir)
+        deadline = trials.started + options.search_seconds if options.search_seconds is not None else None
+        moved, off_records, off_reasons = keep_off_ep_move(trials, source, baseline, parted,
+                                                            margin_aim(options.min_cosine), deadline)
+        if moved is not baseline:
+            trials.off = list(moved.off)  # every later trial keeps them off too
+            baseline = moved
         names = list(dict.fromkeys(entry["node"] for entry in parted[:3]))
         if names:
             first_rules.append((f"the nodes where {evaluation.on_ep.ep} first parts from the CPU EP ({', '.join(names)})",
@@ -646,5 +698,6 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
-              "ranked": result.ranked[:50], "stopped": result.stopped}
+              "ranked": result.ranked[:50], "stopped": result.stopped, "off_ep": off_records,
+              "off_ep_reasons": {name: off_reasons.get(name, "kept off the EP") for name in result.best.off}}
     return result.best, record, result.reasons

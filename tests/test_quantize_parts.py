@@ -644,3 +644,56 @@ def test_calibration_sessions_run_in_priority_order_and_compute_the_same(tmp_pat
     assert orders == [onnxruntime.ExecutionOrder.DEFAULT, onnxruntime.ExecutionOrder.PRIORITY_BASED]
     assert digests[0] == digests[1]
     assert onnxruntime.SessionOptions().execution_order == onnxruntime.ExecutionOrder.DEFAULT
+
+
+def test_later_trials_reuse_the_calibrated_ranges_and_quantize_alike(tmp_path):
+    """run_quantizer keeps the ranges it calibrated (ORT's calibration_cache_path) for later
+    trials on the same source: a second run, keeping a node float, quantizes without reading a
+    sample (the samples are gone) and gives the same encodings as a run that calibrates again."""
+    import shutil
+
+    from ortprep.runtime.calibration import discover
+    from ortprep.runtime.feeds import input_specs
+    from ortprep.steps.quantize.calibrate import run_quantizer
+
+    pytest.importorskip("onnxruntime.quantization")
+    import inspect
+
+    from onnxruntime.quantization import quantize_static
+    if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
+        pytest.skip("this onnxruntime has no calibration cache (before 1.32)")
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")], "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2")])
+    model = tmp_path / "two.onnx"
+    onnx.save_model(models.make(graph), str(model))
+    data = tmp_path / "data"
+    data.mkdir()
+    for index in range(6):
+        np.savez(data / f"{index}.npz", x=rng.standard_normal((1, 16)).astype(np.float32))
+    calibration = discover(str(data), input_specs(onnx.load(str(model))))
+    settings = resolve_settings(QuantizeOptions(mode="static", ep="cpu"))
+    work = tmp_path / "work"
+    work.mkdir()
+    ok, why = run_quantizer(work, model, tmp_path / "a.onnx", "static", settings, calibration, list(range(6)), [], (), False)
+    assert ok, why
+    assert len(list(work.glob("calibration-*.json"))) == 1
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    ok, why = run_quantizer(fresh, model, tmp_path / "c.onnx", "static", settings, calibration, list(range(6)), ["mm2"], (), False)
+    assert ok, why
+    shutil.rmtree(data)  # nothing left to calibrate on: the second trial in ``work`` must reuse the ranges
+    ok, why = run_quantizer(work, model, tmp_path / "b.onnx", "static", settings, calibration, list(range(6)), ["mm2"], (), False)
+    assert ok, why
+
+    def encodings(path):
+        return {t.name: numpy_helper.to_array(t).tolist() for t in onnx.load(str(path)).graph.initializer
+                if t.name.endswith(("_scale", "_zero_point"))}
+
+    assert encodings(tmp_path / "b.onnx") == encodings(tmp_path / "c.onnx") != {}
+    assert "mm2" in {n.name for n in onnx.load(str(tmp_path / "b.onnx")).graph.node if n.op_type == "MatMul"}

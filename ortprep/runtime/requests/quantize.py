@@ -4,6 +4,7 @@ calibration streamed in strides), in a private working directory for the time of
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -199,11 +200,16 @@ class Quantize(Request):
             extra["TensorQuantOverrides"] = {**fixed, **extra.get("TensorQuantOverrides", {})}
         methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                    "percentile": CalibrationMethod.Percentile}
+        cached = {}
+        if options.get("calibration_cache") and "calibration_cache_path" in inspect.signature(quantize_static).parameters:
+            # ranges measured once per source and method, reused by later trials (onnxruntime >= 1.32;
+            # older releases calibrate every time)
+            cached["calibration_cache_path"] = options["calibration_cache"]
         with calibration_in_priority_order():
             quantize_static(self.model, self.output, reader,
                             quant_format=QuantFormat.QDQ if options["format"] == "qdq" else QuantFormat.QOperator,
                             activation_type=types[options["activation_type"]], calibrate_method=methods[options["method"]],
-                            extra_options=extra, **common)
+                            extra_options=extra, **common, **cached)
 
 
     def _weight_only(self, options: dict[str, Any]) -> None:

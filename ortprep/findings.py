@@ -120,6 +120,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT020", "weight scales raised where QNN's HTP requantizes a channel wrongly", Severity.INFO),
         FindingKind("QNT021", "the target EP judged fewer samples: one run takes long there (--ep-seconds)", Severity.WARNING),
         FindingKind("QNT022", "nodes kept off the target EP, which computes them otherwise than the CPU EP", Severity.WARNING),
+        FindingKind("QNT023", "the step's time on the target EP was spent (--ep-total-seconds)", Severity.WARNING),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

@@ -130,7 +130,7 @@ def test_the_gate_fails_on_qnn_where_the_cpu_ep_passes(tmp_path):
     assert cpu_only["verify"]["judged_on"] == ["cpu"] and cpu_only["verify"]["ep"] is None
     assert cpu_only["verify"]["cosine"] == pytest.approx(verify["cosine"], abs=1e-6)
     assert cpu_only["gate_target"] == {"ep": "qnn", "judged": False, "reason": "--gate-on-cpu", "runtime": None,
-                                       "package": None, "provider_options": None, "device": None}
+                                       "package": None, "provider_options": None, "device": None, "time": None}
     assert not findings(cpu_only, "QNT005") and not findings(cpu_only, "LOD002")
 
 
@@ -839,3 +839,22 @@ def test_nodes_qnn_computes_otherwise_are_kept_off_it_and_the_result_compiles(tm
     assert result.exit_code == 0, result.stdout[-2000:]
     report = result.json()
     assert report["outputs"][0]["within_tolerance"] is True and cpu.shape == (1, 32, 10, 10)
+
+
+@needs_qnn
+def test_the_steps_time_on_the_ep_is_bounded_across_auto_attempts(tmp_path):
+    """--ep-total-seconds bounds every judgement of the step on the EP together, over --auto's
+    attempts: after the first judgement (two runs of 1-2 s each on the simulator) the bound of 1 s
+    is spent, no later judgement runs there, nothing can pass, and QNT023 says so; the FP16 probe
+    is judged apart, on the EP."""
+    model, calib = _slow_convs(tmp_path, layers=4)
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib, "--auto", "--ep-total-seconds", "1",
+                               "-o", tmp_path / "q.onnx")
+    assert code == 1 and not (tmp_path / "q.onnx").exists()
+    clock = record["gate_target"]["time"]
+    assert clock["total"] == 1.0 and clock["spent"] >= 1.0 and clock["runs"] == 1 and clock["refused"] >= 3, clock
+    note = findings(record, "QNT023")[0]
+    assert note["message"].startswith("the step's time on qnn (1 s, --ep-total-seconds) was spent after 1 judgement(s)")
+    assert all("QNT005" in attempt["codes"] for attempt in record["auto"]["tried"]), record["auto"]["tried"]
+    assert "not run on qnn: the step's time there (1 s, --ep-total-seconds) was spent" in record["verify"]["ep"]["error"]
+    assert record["auto"]["fp16"]["measured"] is True and record["auto"]["fp16"]["judged_on"] == ["cpu", "qnn"]

@@ -63,6 +63,11 @@ EP_SECONDS = 180.0
 EP_SECONDS_HELP = ("Seconds the target EP may take to judge the samples of one run (held-back, calibration or --eval "
                    "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the first "
                    "samples that fit are judged, at least 2, and the report says how many.")
+# The time all of a quantize step's judgements may take on the target EP together (runtime/budget.py,
+# EpClock): per attempt a baseline for each source, the calibration samples, the divergence search
+# and the trials each judge there, and --auto makes up to four attempts; the layout detector's
+# quantize passed the journey's 30 minutes a step twice, each judgement within --ep-seconds.
+EP_TOTAL_SECONDS = 900.0
 
 
 @dataclass
@@ -238,6 +243,10 @@ class QuantizeOptions(StepOptions):
                                    "keeps the best so far (with --auto, over all the precisions tried).", Kind.FLOAT,
                                    minimum=1.0)
     ep_seconds: float = option(EP_SECONDS, EP_SECONDS_HELP, Kind.FLOAT, minimum=1.0)
+    ep_total_seconds: float = option(EP_TOTAL_SECONDS, "Seconds the target EP may take over the whole step (every "
+                                     "judgement of every attempt --auto makes): once spent, no later trial runs there, "
+                                     "so none can pass the gate on it; --auto's FP16 probe still gets one judgement.",
+                                     Kind.FLOAT, minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude stops rather than keep more than this share of the quantized "
                                     "nodes in float.", Kind.FLOAT, minimum=0.0)
     auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "

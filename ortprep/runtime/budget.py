@@ -10,9 +10,48 @@ and the report says how many of how many were judged, and why.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 LEAST_SAMPLES = 2  # an EP judges at least this many samples, bound or not
+
+
+@dataclass
+class EpClock:
+    """The time a step's judgements on a slow EP took together, against ``total`` seconds (None:
+    no bound): each judgement is also bound by what is left, and none starts once it is spent."""
+
+    total: float | None
+    spent: float = 0.0
+    runs: int = 0  # judgements that ran
+    refused: int = 0  # judgements not run: the time was spent
+
+    def left(self) -> float | None:
+        return None if self.total is None else max(0.0, self.total - self.spent)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.total is not None and self.spent >= self.total
+
+    def timed(self, work: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        try:
+            return work()
+        finally:
+            self.spent += time.monotonic() - started
+            self.runs += 1
+
+    def bound(self, seconds: float | None) -> float | None:
+        """One judgement's bound: ``seconds`` or what is left, the smaller."""
+        left = self.left()
+        if left is None:
+            return seconds
+        return left if seconds is None else min(seconds, left)
+
+    def record(self, option: str) -> dict[str, Any]:
+        return {"total": self.total, "spent": round(self.spent, 1), "runs": self.runs, "refused": self.refused,
+                "option": option}
 
 
 def samples_within(seconds_per_sample: float | None, offered: int, seconds: float | None,

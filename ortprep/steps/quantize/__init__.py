@@ -29,6 +29,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path, iter_graphs
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
+from ortprep.runtime.budget import EpClock
 from ortprep.runtime.compare import output_bounds
 from ortprep.runtime.tolerance import FLOAT16_COMPUTE
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
@@ -258,7 +259,7 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
 
 
 def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
-                   progress: ProgressCallback | None = None) -> StepResult:
+                   progress: ProgressCallback | None = None, clock: EpClock | None = None) -> StepResult:
     """Quantize ``handle``'s model and write ``dest`` when the accuracy gate passes.
     ``progress(stage, done, total)`` is called during calibration and evaluation."""
     settings = resolve_settings(options)
@@ -281,7 +282,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
     if weight_only:
         _matmulnbits_on(options.ep, report)
     plan = plan_data(handle, options, settings, report)
-    target = gate_target(options, report)  # before any work: --gate-on-ep without the EP stops here
+    target = gate_target(options, report, clock)  # before any work: --gate-on-ep without the EP stops here
     calibration, calib_indices = plan.calibration, plan.calib_indices
     handle.load_weights()
     eval_feeds, eval_source = evaluation_feeds(handle, plan, options, report)
@@ -418,6 +419,14 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         fewer = limited_finding(evaluation)
         if fewer is not None:
             report.add(fewer)
+        if target.clock is not None and target.clock.refused:
+            clock = target.clock
+            report.add(Finding.of(
+                "QNT023", f"the step's time on {target.ep} ({clock.total:g} s, --ep-total-seconds) was spent after "
+                f"{clock.runs} judgement(s) there; {clock.refused} later one(s) did not run, and a trial not judged on "
+                f"{target.ep} cannot pass the gate", ep=target.ep,
+                fix=f"a larger --ep-total-seconds, or fewer judgements: --ep-seconds (each one's bound), fewer "
+                    f"samples (--samples), or --gate-on-cpu to judge on the CPU EP only"))
         size_after = model_bytes(result_path)
         if size_after >= size_before:
             if settings["preset"] != "cpu" and options.mode == "static":

@@ -47,6 +47,7 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
+from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
 from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
@@ -135,6 +136,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     best: tuple[dict[str, Any], StepResult] | None = None  # the fastest attempt that passed, written at dest
     aside = dest.with_name(f".{dest.name}.auto-best")  # the written best while a later attempt runs
     started = time.monotonic()
+    clock = EpClock(options.ep_total_seconds)  # the target EP's time, over every attempt (--ep-total-seconds)
     try:
         for number, (label, changes) in enumerate(order):
             # --search-seconds bounds the whole step: a later precision's search gets what is left
@@ -153,14 +155,15 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             if best is not None:
                 os.replace(dest, aside)
                 try:
-                    report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress)
+                    report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress,
+                                            clock=clock)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
                     tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
                                   "latency_ratio": None, "codes": [], "error": str(error)})
                     os.replace(aside, dest)
                     continue
             else:
-                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress)
+                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress, clock=clock)
             if report.data.get("kept_failed"):
                 kept, kept_label = report.data["kept_failed"], label
             verify = report.data.get("verify") or {}

@@ -29,7 +29,7 @@ from ortprep.errors import EnvironmentMissingError
 from ortprep.findings import Finding, Severity
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.runtime.budget import run_within
+from ortprep.runtime.budget import EpClock, run_within
 from ortprep.runtime.requests import RunOnEp
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
 from ortprep.runtime.worker import call
@@ -62,6 +62,7 @@ class GateTarget:
     device: Device | None = None
     reason: str | None = None
     seconds: float | None = None  # --ep-seconds: the time one judgement may take on the EP (runtime/budget.py)
+    clock: EpClock | None = None  # --ep-total-seconds: the step's time on the EP, all judgements together
 
     @property
     def judged(self) -> bool:
@@ -81,10 +82,18 @@ class GateTarget:
         """``runs`` timed runs of ``model`` on one sample in the EP's session (after one untimed run);
         [] when the session fails."""
         assert self.runtime is not None
+        if self.clock is not None and self.clock.exhausted:
+            return []
         request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=[feed],
                           provider_options=self.provider_options, plugin=self.runtime.plugin, latency_runs=runs)
-        reply = call(request, python=self.runtime.python, timeout=EP_TIMEOUT)
+        work = lambda: call(request, python=self.runtime.python, timeout=EP_TIMEOUT)  # noqa: E731
+        reply = self.clock.timed(work) if self.clock is not None else work()
         return list(reply.latency_ms) if reply.ok else []
+
+    def spent_words(self) -> str:
+        """'not run on qnn: the step's time there (900 s, --ep-total-seconds) was spent'."""
+        total = self.clock.total if self.clock is not None else None
+        return f"not run on {self.ep}: the step's time there ({total:g} s, --ep-total-seconds) was spent"
 
     def describe(self) -> str:
         """The EP as a message names it: 'qnn (Snapdragon X Elite / X Plus (SC8380XP), soc_model 60)'."""
@@ -99,13 +108,22 @@ class GateTarget:
                 "runtime": (runtime.python or "this environment") if runtime else None,
                 "package": (runtime.plugin or {}).get("package") if runtime else None,
                 "provider_options": dict(self.provider_options) if runtime else None,
-                "device": self.device.record() if self.device else None}
+                "device": self.device.record() if self.device else None,
+                "time": self.clock.record("--ep-total-seconds") if self.clock is not None and runtime else None}
 
     def run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
         """``model`` on the samples of ``feeds`` in the EP's session, on a worker of the EP's interpreter:
         every sample, or where one run is slow (a simulator), the first that fit in ``seconds``
         (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples."""
-        result, limited = run_within(lambda part: self._run(model, part), feeds, self.seconds, self.ep)
+        clock = self.clock
+        if clock is None:
+            result, limited = run_within(lambda part: self._run(model, part), feeds, self.seconds, self.ep)
+        elif clock.exhausted:
+            clock.refused += 1
+            return EpRun(False, self.spent_words())
+        else:
+            result, limited = clock.timed(lambda: run_within(lambda part: self._run(model, part), feeds,
+                                                             clock.bound(self.seconds), self.ep))
         result.limited = limited
         return result
 
@@ -126,9 +144,10 @@ class GateTarget:
                      run_seconds=reply.run_seconds / max(1, len(feeds)) if reply.run_seconds is not None else None)
 
 
-def gate_target(options: QuantizeOptions, report: StepResult) -> GateTarget:
+def gate_target(options: QuantizeOptions, report: StepResult, clock: EpClock | None = None) -> GateTarget:
     """Where the gate is judged for these options; a finding when the EP cannot judge it here, an
-    EnvironmentMissingError when --gate-on-ep asked for it."""
+    EnvironmentMissingError when --gate-on-ep asked for it. ``clock``: the step's time on the EP
+    (--ep-total-seconds), shared by --auto's attempts; a new one where none is given."""
     spec = resolve_ep(options.ep)
     if spec.name == "cpu":
         return GateTarget("cpu", reason="the target is the CPU EP")
@@ -140,7 +159,7 @@ def gate_target(options: QuantizeOptions, report: StepResult) -> GateTarget:
     device = target_device(runtime, options.provider_options, options.device)
     if runtime.available:
         return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device), device,
-                          seconds=options.ep_seconds)
+                          seconds=options.ep_seconds, clock=clock or EpClock(options.ep_total_seconds))
     where = f"the environment of {runtime.python}" if runtime.python else "this environment"
     why = runtime.probe.error or (f"{spec.provider} is neither built into ONNX Runtime {runtime.probe.version} nor offered "
                                   f"by a plugin package with a device for {spec.name}")
@@ -199,7 +218,8 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     found = []
     # each group is a whole run on the EP: bounded by --ep-seconds as its other runs are (on the HTP
     # simulator the layout detector's 1,493 nodes at 1x3x800x608 took tens of such runs, 45 s each)
-    deadline = None if target.seconds is None else time.monotonic() + target.seconds
+    seconds = target.clock.bound(target.seconds) if target.clock is not None else target.seconds
+    deadline = None if seconds is None else time.monotonic() + seconds
     # in groups of at most EXPOSED_BYTES a run, in graph order: the first group that parts is enough
     for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
         if deadline is not None and time.monotonic() > deadline:

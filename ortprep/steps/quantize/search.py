@@ -43,6 +43,7 @@ from onnx import ModelProto
 
 from ortprep.model import iter_graphs
 from ortprep.options import QuantizeOptions
+from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import floor_weight_scales, output_writers, widen_activation_encodings
@@ -205,7 +206,10 @@ class Search:
                  first_rules: list[tuple[str, list[str]]] | None = None,
                  blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None,
                  seconds: float | None = None, started: float | None = None,
-                 fine_rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]] | None = None) -> None:
+                 fine_rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]] | None = None,
+                 clock: EpClock | None = None) -> None:
+        # the step's time on the target EP (--ep-total-seconds): once spent, no trial can pass there
+        self.clock = clock
         # no trial starts ``seconds`` after ``started`` (time.monotonic(), the quantize step's
         # start by default now); None: no time bound
         self.deadline = (time.monotonic() if started is None else started) + seconds if seconds is not None else None
@@ -416,10 +420,15 @@ class Search:
         return current, "the gate passed with the margin"
 
     def out_of_time(self) -> bool:
+        if self.clock is not None and self.clock.exhausted:
+            return True
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
+        if self.clock is not None and self.clock.exhausted:
+            return (f"the step's time on the target EP ({self.clock.total:g} s, --ep-total-seconds) was spent: no later "
+                    "trial could be judged there")
         if self.out_of_time():
             if self.seconds is not None and self.seconds <= 0:
                 # --auto: --search-seconds bounds the whole step, and the earlier precisions' searches used it
@@ -595,8 +604,10 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
     limit = max(1, int(trials.options.max_float_share * total))
     best, records, reasons = baseline, [], {}
     for label, names in candidate_sets(baseline.path, first["node"], limit):
-        if deadline is not None and time.monotonic() >= deadline:
-            records.append({"nodes": len(names), "label": label, "skipped": "the time bound (--search-seconds)"})
+        clock = trials.target.clock
+        if (deadline is not None and time.monotonic() >= deadline) or (clock is not None and clock.exhausted):
+            why = "the time bound (--search-seconds)" if clock is None or not clock.exhausted else "--ep-total-seconds"
+            records.append({"nodes": len(names), "label": label, "skipped": why})
             break
         outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=names)
         helped = improved(outcome, best)
@@ -694,7 +705,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                     max_float_share=options.max_float_share, max_trials=options.max_exclude_rounds + 1,
                     fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame,
                     seconds=options.search_seconds, started=trials.started,
-                    fine_rank=lambda trial, kept: rank(trial, kept, floor=0.0))
+                    fine_rank=lambda trial, kept: rank(trial, kept, floor=0.0),
+                    clock=trials.target.clock if trials.target is not None else None)
     result = search.run(baseline)
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

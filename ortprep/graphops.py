@@ -61,3 +61,85 @@ def topological_sort(graph: GraphProto) -> bool:
         graph.node.extend(nodes[i] for i in order)
         return True
     return changed
+
+
+# ORT keeps an initializer larger than this many bytes as an OrtValue with an in-memory address
+# marker (its utils::kSmallTensorExternalDataThreshold, 127), which its compile API then wrote into
+# a body's initializers and refused to read back (onnxruntime issue 28158; measured 2026-11-27: "Initializer
+# 'block.w_body' references an ORT in-memory address marker").
+SMALL_INITIALIZER_BYTES = 127
+
+
+def tensor_bytes(tensor) -> int:
+    """A TensorProto's size in bytes, from its dims and type (no data read)."""
+    from onnx import helper
+
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    try:
+        return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return count * 8
+
+
+def localize_body_initializers(graph: GraphProto, max_bytes: int | None = SMALL_INITIALIZER_BYTES) -> list[str]:
+    """Copy into each If/Loop/Scan body of ``graph``'s nodes the initializers of ``graph`` it reads,
+    of at most ``max_bytes`` each (under fresh names, its reads renamed, nested bodies included),
+    and drop from ``graph`` the initializers nothing there reads any more. In place; returns the
+    initializers copied.
+
+    Why: ORT's EP-context writer (compile; onnxruntime 1.32 with onnxruntime-qnn 2.7.0, measured
+    2026-11-27) keeps only the initializers that main-graph nodes read by name, so an If whose
+    branches read a scale that the EP's partition shares was written without it ("input
+    '..._scale' of node ... is not output of any previous nodes") and the compiled model did not
+    load. Larger ones (a Loop body's Conv weight) it fails on either way: read from the main graph
+    they are dropped, copied into the body they are written as in-memory markers
+    (SMALL_INITIALIZER_BYTES); they are left where they are."""
+    inits = {t.name: t for t in graph.initializer if max_bytes is None or tensor_bytes(t) <= max_bytes}
+    taken = set(inits) | {v.name for v in graph.input} | {v.name for v in graph.output}
+    for node in graph.node:
+        taken.update(node.input)
+        taken.update(node.output)
+    copied: list[str] = []
+    for node in graph.node:
+        for _, body in subgraphs_of(node):
+            reads = sorted(outer_scope_names(body) & set(inits))
+            if not reads:
+                continue
+            renamed = {}
+            for name in reads:
+                fresh, number = f"{name}_body", 1
+                while fresh in taken:
+                    number += 1
+                    fresh = f"{name}_body{number}"
+                taken.add(fresh)
+                renamed[name] = fresh
+                tensor = body.initializer.add()
+                tensor.CopyFrom(inits[name])
+                tensor.name = fresh
+            _rename_reads(body, renamed)
+            copied.extend(name for name in reads if name not in copied)
+    if copied:
+        read = {name for node in graph.node for name in node_dependencies(node)} | {v.name for v in graph.output}
+        for tensor in [t for t in graph.initializer if t.name in copied and t.name not in read]:
+            graph.initializer.remove(tensor)
+    return copied
+
+
+def body_weights(graph: GraphProto, min_bytes: int = SMALL_INITIALIZER_BYTES + 1) -> list[str]:
+    """Initializers of ``graph`` of at least ``min_bytes`` that If/Loop/Scan bodies read from it
+    (what ORT's EP-context writer cannot keep: localize_body_initializers)."""
+    large = {t.name for t in graph.initializer if tensor_bytes(t) >= min_bytes}
+    found: list[str] = []
+    for node in graph.node:
+        for _, body in subgraphs_of(node):
+            found.extend(name for name in sorted(outer_scope_names(body) & large) if name not in found)
+    return found
+
+
+def _rename_reads(graph: GraphProto, renamed: dict[str, str]) -> None:
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for _, body in subgraphs_of(node):
+            _rename_reads(body, renamed)

@@ -760,3 +760,54 @@ def test_prove_runs_the_session_once(tmp_path):
     result = invoke("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--prove", "--json")
     proof = result.json()["results"][0]["proof"]
     assert proof["status"] == "created" and proof["run"] == "ran"
+
+
+def _loop_model(folder: Path, weight_elements: int) -> Path:
+    """Relu in the main graph (QNN takes it), then a Loop whose body reads, from the main graph, a
+    MatMul weight of ``weight_elements`` floats and a one-element scale."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    side = int(weight_elements ** 0.5)
+    rng = np.random.default_rng(0)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep"),
+         helper.make_node("MatMul", ["state_in", "w"], ["mm"], name="body_mm"),
+         helper.make_node("Mul", ["mm", "s"], ["state_out"], name="body_scale")],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [1, side])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [1, side])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Loop", ["trips", "go", "r"], ["y"], name="loop", body=body)],
+        "looped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, side])],
+        [numpy_helper.from_array((rng.standard_normal((side, side)) * 0.1).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([0.5], np.float32), "s"),
+         numpy_helper.from_array(np.array(2, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go")])
+    path = folder / f"loop{weight_elements}.onnx"
+    onnx.save_model(models.make(graph, ir_version=9), str(path))
+    return path
+
+
+@needs_qnn
+def test_compile_copies_small_body_initializers_and_names_the_weights_ort_cannot_keep(tmp_path):
+    """ORT's EP-context writer (1.32) keeps only the initializers main-graph nodes read: a Loop body
+    reading its scale and a 16-float weight from the main graph did not compile before; compile
+    copies such small ones (<= 127 bytes) into the body (CMP005) and the result loads and matches.
+    A 256-float weight it cannot keep either way (dropped, or an in-memory marker in the body):
+    CMP001 names it and says to ship the source model."""
+    small = _loop_model(tmp_path, 16)
+    result = invoke("compile", small, "--ep", "qnn", "-o", tmp_path / "small_ctx.onnx", "--json")
+    record = result.json()
+    assert result.exit_code == 0, record["findings"]
+    assert record["localized_initializers"] == ["s", "w"]
+    assert any(f["code"] == "CMP005" for f in record["findings"])
+    assert onnx.load(str(small)).graph.initializer[0].name == "w"  # the input is not changed
+    large = _loop_model(tmp_path, 256)
+    result = invoke("compile", large, "--ep", "qnn", "-o", tmp_path / "large_ctx.onnx", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and not (tmp_path / "large_ctx.onnx").exists()
+    failure = next(f for f in record["findings"] if f["code"] == "CMP001")
+    assert failure["fix"].startswith("ORT's EP-context writer cannot keep weights that only If/Loop/Scan bodies read (w;")

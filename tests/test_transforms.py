@@ -774,3 +774,32 @@ def test_a_negative_dimension_is_not_static():
     dims = value.type.tensor_type.shape.dim
     assert [d.HasField("dim_value") for d in dims] == [False, True] and dims[1].dim_value == 2 and not dims[0].dim_param
 
+
+
+def test_localize_body_initializers_copies_the_small_ones_a_body_reads_and_leaves_the_rest():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortprep.graphops import localize_body_initializers
+
+    branch = helper.make_graph([helper.make_node("Mul", ["x", "small"], ["t"]), helper.make_node("Add", ["t", "big"], ["o"])],
+                               "then", [], [helper.make_tensor_value_info("o", TensorProto.FLOAT, [64])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "shared"], ["a"]), helper.make_node("ReduceMax", ["a"], ["m"], keepdims=0),
+         helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])],
+        [numpy_helper.from_array(np.ones(1, np.float32), "small"), numpy_helper.from_array(np.ones(64, np.float32), "big"),
+         numpy_helper.from_array(np.ones(1, np.float32), "shared")])
+    proto = models.make(graph)
+    assert localize_body_initializers(proto.graph) == ["small"]
+    names = [t.name for t in proto.graph.initializer]
+    assert names == ["big", "shared"]  # the small one lives in the branches now; the 256-byte one stays
+    for attribute in proto.graph.node[-1].attribute:
+        body = attribute.g
+        (own,) = [t.name for t in body.initializer]
+        assert own.startswith("small_body") and body.node[0].input[1] == own and body.node[1].input[1] == "big"
+    x = np.arange(64, dtype=np.float32)
+    before = ort.InferenceSession(models.make(graph).SerializeToString()).run(None, {"x": x})[0]
+    after = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(before, after)

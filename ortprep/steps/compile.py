@@ -14,7 +14,8 @@ import onnx
 
 from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding
-from ortprep.model import ModelHandle, failed_path
+from ortprep.graphops import body_weights, localize_body_initializers
+from ortprep.model import ModelHandle, failed_path, subgraphs_of
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import limited_words, run_within
@@ -46,6 +47,24 @@ def ep_context_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
+def _bodies_with_own_weights(handle: ModelHandle, staging: Path) -> tuple[Path, list[str]]:
+    """The model to compile: ``handle``'s file, or where If/Loop/Scan bodies read main-graph
+    initializers, a copy in ``staging`` with those copied into the bodies
+    (graphops.localize_body_initializers); and the initializers copied."""
+    graph = handle.proto.graph
+    if not any(True for node in graph.node for _ in subgraphs_of(node)):
+        return Path(handle.path), []
+    handle.load_weights()
+    proto = onnx.ModelProto()
+    proto.CopyFrom(handle.proto)
+    localized = localize_body_initializers(proto.graph)
+    if not localized:
+        return Path(handle.path), []
+    written = ModelHandle(proto=proto, path=None).save(staging / "source.onnx", external_data=True if
+                                                         handle.has_external_data() else None)
+    return written, localized
+
+
 def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, force: bool = False) -> StepResult:
     """Compile ``handle``'s model for ``options.ep``; write ``dest`` when the reloaded result
     matches the source model on the CPU EP."""
@@ -73,7 +92,15 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     data["inputs"] = choice.record()
     with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
-        request = Compile(model=os.path.abspath(handle.path), output=str(compiled.resolve()), provider=spec.provider,
+        source, localized = _bodies_with_own_weights(handle, Path(staging))
+        if localized:
+            data["localized_initializers"] = localized
+            report.add(Finding.of(
+                "CMP005", f"{len(localized)} initializer(s) that If/Loop/Scan bodies read from the main graph were "
+                f"copied into those bodies before compiling ({', '.join(localized[:4])}"
+                + (", ..." if len(localized) > 4 else "") + "): ORT's EP-context writer keeps only what main-graph nodes "
+                "read, and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
+        request = Compile(model=os.path.abspath(source), output=str(compiled.resolve()), provider=spec.provider,
                           feeds=feeds, provider_options=session_options(target, options.provider_options, options.device),
                           plugin=target.plugin)
         reply = call(request, python=target.python, timeout=options.timeout)
@@ -100,7 +127,10 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         if not status.get("ok"):
             what = {"compile": "compiling failed", "reload": "the compiled model does not load",
                     "run": "the compiled model does not run"}.get(status.get("stage"), "compile failed")
-            fix = (f"ortprep load MODEL --ep {spec.name} shows what the EP takes; a model the EP takes no node of "
+            stuck = body_weights(handle.proto.graph) if status.get("stage") == "compile" else []
+            fix = (f"ORT's EP-context writer cannot keep weights that only If/Loop/Scan bodies read ({', '.join(stuck[:4])}"
+                   f"; onnxruntime 1.32): ship the source model, which {spec.name} compiles at load" if stuck else
+                   f"ortprep load MODEL --ep {spec.name} shows what the EP takes; a model the EP takes no node of "
                    "cannot be compiled" if status.get("stage") == "compile" else
                    "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
                    "source model, which the EP compiles at load, or compile with another release of the EP")

@@ -19,7 +19,7 @@ from typing import Any
 
 from ortprep.analysis import skeleton
 from ortprep.errors import OrtprepError
-from ortprep.graphops import node_dependencies, topological_sort
+from ortprep.graphops import localize_body_initializers, node_dependencies, topological_sort
 from ortprep.model import ModelHandle, subgraphs_of
 
 log = logging.getLogger(__name__)
@@ -340,32 +340,17 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
             typed.CopyFrom(value)
             typed.name = renamed[name]
             body_outputs.append(typed)
-        # The initializers the unit reads go into its branches as their own: ORT's EP-context model
-        # writer (compile) keeps only the initializers that main-graph nodes read by name, so one
-        # read from inside an If was dropped ("input '..._scale' ... is not output of any previous
-        # nodes", a Sigmoid's output scale shared with a Q node in the QNN partition; measured with
-        # onnxruntime 1.32 + onnxruntime-qnn 2.7.0, 2026-11-27).
-        inner = {name: _fresh(f"{name}_{OFF_EP_PREFIX}", used)
-                 for i in order for name in cut.nodes[i].input if name in cut.initializers}
-        reads = {**renamed, **inner}
         branches = []
         for branch in ("then", "else"):
             body_nodes = []
             for i in order:
                 node = onnx.NodeProto()
                 node.CopyFrom(cut.nodes[i])
-                node.input[:] = [reads.get(name, name) for name in node.input]
+                node.input[:] = [renamed.get(name, name) for name in node.input]
                 node.output[:] = [renamed.get(name, name) for name in node.output]
-                _rename_outer_reads(node, reads)
+                _rename_outer_reads(node, renamed)
                 body_nodes.append(node)
-            weights = []
-            for name, fresh in inner.items():
-                weight = onnx.TensorProto()
-                weight.CopyFrom(cut.initializers[name])
-                weight.name = fresh
-                weights.append(weight)
-            branches.append(helper.make_graph(body_nodes, f"{OFF_EP_PREFIX}_{number}_{branch}", [], body_outputs,
-                                              initializer=weights))
+            branches.append(helper.make_graph(body_nodes, f"{OFF_EP_PREFIX}_{number}_{branch}", [], body_outputs))
         named = [cut.nodes[i].name for i in order if i not in cut.free and cut.nodes[i].op_type not in QDQ_OPS]
         moved.extend(cut.label(i) for i in order)
         taken |= group
@@ -378,12 +363,9 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
     kept = [node for index, node in enumerate(cut.nodes) if index not in taken]
     del proto.graph.node[:]
     proto.graph.node.extend(kept + new_nodes)
-    # initializers that only the moved units read now live in the branches
-    still_read = {name for node in proto.graph.node for name in node_dependencies(node)} | {
-        o.name for o in proto.graph.output} | {v.name for v in proto.graph.input}
-    unread = [t for t in proto.graph.initializer if t.name not in still_read]
-    for tensor in unread:
-        proto.graph.initializer.remove(tensor)
+    # the initializers the moved units read go into their branches: ORT's EP-context writer (compile)
+    # dropped a scale read from inside an If that a Q node in the QNN partition shared
+    localize_body_initializers(proto.graph)
     topological_sort(proto.graph)
     return proto, moved
 

@@ -204,7 +204,8 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
             # The If's own single-op probes say little (onnx's If cases return constants from their
             # branches); a tensor of the If without a static shape still keeps it off (QNN002).
             own = verdicts[index]
-            if not blockers and own.code != "QNN002":
+            shared = _shared_branch_names(node.node)
+            if not blockers and own.code != "QNN002" and not shared:
                 taken = NodeVerdict(SupportLevel.SUPPORTED, "QNN takes the If with its branches", QNN_SESSIONS)
                 result[index] = taken
                 for i in members:
@@ -212,6 +213,9 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
                 decided.update(members)
                 continue
             why = (f"its branches hold {', '.join(blockers)}, which QNN does not take inside an If" if blockers
+                   else f"its two branches make a tensor of the same name ('{shared[0]}'), which QNN does not rename "
+                        "(\"If branches share internal tensor name\"; measured with onnxruntime-qnn 2.7.0: the If "
+                        "nodes of convert --keep-off-ep)" if shared
                    else f"QNN does not take the If itself ({own.reason})")
         else:
             why = f"QNN takes no {node.op_type}, nor the nodes of its body"
@@ -221,6 +225,15 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
                                     QNN_SESSIONS, "EP001")
         decided.update(members)
     return result
+
+
+def _shared_branch_names(node) -> list[str]:
+    """Names that both branches of an If make (node outputs), sorted; [] for other nodes."""
+    made = []
+    for attribute in node.attribute:
+        if attribute.name in ("then_branch", "else_branch") and attribute.HasField("g"):
+            made.append({out for inner in attribute.g.node for out in inner.output if out})
+    return sorted(made[0] & made[1]) if len(made) == 2 else []
 
 
 LEVEL_CODES = {

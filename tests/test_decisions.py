@@ -558,3 +558,43 @@ def test_one_sample_at_a_tie_does_not_set_the_density_at_the_boundary():
     tied_twice = rows(np.concatenate([[5e-5, 8e-5], leads[2:]]))
     moved = [r - np.float32([[1e-3, 0.0, 0.0]]) for r in tied_twice]
     assert expected_agreement(Decision("top1"), tied_twice, moved) < 0.95
+
+
+def _detector_output(rng, anchors: int = 60, classes: int = 3) -> np.ndarray:
+    """A YOLOv8-style [1, 4 + C, N] output: boxes in pixels, class scores mostly near 0.02, two
+    anchors detecting (0.6 and 0.4)."""
+    boxes = rng.uniform(20, 300, (4, anchors))
+    scores = rng.uniform(0.0, 0.05, (classes, anchors))
+    scores[1, 7], scores[2, 30] = 0.6, 0.4
+    return np.concatenate([boxes, scores])[None].astype(np.float32)
+
+
+def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
+    """detect:T reads what a detector's application reads: a detection lost (a score pushed under
+    T) fails although the output's cosine, dominated by the boxes in pixels, stays near 1; a kept
+    detection whose box moved past the slack fails too; small noise passes. Either layout."""
+    rng = np.random.default_rng(0)
+    reference = _detector_output(rng)
+    decision = parse_metric("detect")
+    assert (decision.kind, decision.threshold) == ("detect", 0.25)
+    assert parse_metric("detect:0.3").threshold == 0.3
+    with pytest.raises(ValueError):
+        parse_metric("detect:high")
+    lost = reference.copy()
+    lost[0, 4 + 2, 30] = 0.2
+    cosine = float(np.sum(reference * lost) / np.linalg.norm(reference) / np.linalg.norm(lost))
+    assert cosine > 0.9999
+    record = judge_decision(decision, [reference], [lost])
+    assert record["passed"] is False and record["agreement"] == pytest.approx(2 / 3)
+    moved = reference.copy()
+    moved[0, 0, 7] += 5.0  # the 0.6 detection's box, 5 px off
+    record = judge_decision(decision, [reference], [moved])
+    assert record["agreement"] == 1.0 and record["detections_kept"] == 2 and record["box_agreement"] == 0.5
+    assert record["passed"] is False
+    noisy = reference + rng.normal(0, 0.002, reference.shape).astype(np.float32)
+    record = judge_decision(decision, [reference], [noisy])
+    assert record["passed"] is True and record["box_agreement"] == 1.0
+    transposed = judge_decision(decision, [reference.transpose(0, 2, 1)], [lost.transpose(0, 2, 1)])
+    assert transposed["agreement"] == pytest.approx(2 / 3)
+    flat = judge_decision(decision, [np.zeros((1, 3))], [np.zeros((1, 3))])
+    assert flat["passed"] is False and "not a detector output" in flat["error"]

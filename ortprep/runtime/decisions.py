@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("top1", "argmax", "map", "cosine")
+KINDS = ("top1", "argmax", "map", "detect", "cosine")
 # What the gate asks: the share of rows (top1) or positions (argmax) whose argmax agrees, and the
 # F1 of the thresholded map. The bench's application bars (bench/apps): labels >= 99% equal,
 # strings >= 95%, VAD frames >= 98%: a string of 20 positions is equal only when every position is.
-REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98}
+REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98, "detect": 0.98}
 # An argmax decision is read as a whole sequence (a CTC string, a frame tagging): the share of
 # sequences equal in every position must reach this too (the bench's bar for strings: 95%). At
 # 99% per position, a 48-step sequence is whole on about 62% of inputs.
@@ -54,6 +54,16 @@ REQUIRED_SEQUENCES = 0.95
 # output may be an embedding (the largest of 512 Gaussian values leads the second by about 0.3).
 CLASS_GAP = 1.0
 MAP_THRESHOLD = 0.5
+# A YOLO-style detector's output ([1, 4 + C, N] or [1, N, 4 + C]: a box's centre and size in pixels,
+# then a score per class, no objectness) holds boxes beside scores, and its cosine weighs the
+# boxes: measured on the NPU journey's YOLOv8n (NudeNet), A16W8 at cosine 0.9998 lost or moved 2 of
+# the float model's 3 detections on 100 fresh scenes (bench/yolo_app.py). ``detect:T`` judges what
+# a detector's application reads: the class scores at its threshold T, as a map (F1 of the
+# (class, anchor) cells above T, and its expected agreement), and the boxes of the detections kept
+# on both sides, each coordinate within DETECT_BOX_SLACK pixels (the share held to
+# REQUIRED_REGIONS). Default T: NudeNet 3.4.2's NMS score threshold.
+DETECT_THRESHOLD = 0.25
+DETECT_BOX_SLACK = 2.0
 # Rows of independent scores from a Sigmoid ([N, C], C >= 2) are thresholded by some applications
 # and ranked by others, and ortprep is not told which: both are held (Decision.ranked). Measured on
 # the NPU journey's recommender (50 candidates' scores, bench/decision_rates.py): its A16W8 model
@@ -98,7 +108,7 @@ class Decision:
     confident: bool = field(default=False, compare=False)
 
     def label(self) -> str:
-        return f"map:{self.threshold:g}" if self.kind == "map" else self.kind
+        return f"{self.kind}:{self.threshold:g}" if self.kind in ("map", "detect") else self.kind
 
     def record(self) -> dict[str, Any]:
         record = {"kind": self.kind, "threshold": self.threshold, "chosen_by": self.chosen_by, "gated": self.gated,
@@ -111,15 +121,20 @@ class Decision:
 
 
 def parse_metric(text: str) -> Decision:
-    """``top1``, ``argmax``, ``map``, ``map:0.3`` or ``cosine`` (ValueError otherwise)."""
+    """``top1``, ``argmax``, ``map``, ``map:0.3``, ``detect``, ``detect:0.25`` or ``cosine``
+    (ValueError otherwise)."""
     kind, _, value = text.strip().lower().partition(":")
-    if kind not in KINDS or (value and kind != "map"):
-        raise ValueError(f"{text!r} is not a metric: use one of top1, argmax, map, map:THRESHOLD, cosine")
+    if kind not in KINDS or (value and kind not in ("map", "detect")):
+        raise ValueError(f"{text!r} is not a metric: use one of top1, argmax, map, map:THRESHOLD, detect, "
+                         "detect:THRESHOLD, cosine")
     threshold = None
-    if kind == "map":
-        threshold = float(value) if value else MAP_THRESHOLD
+    if kind in ("map", "detect"):
+        try:
+            threshold = float(value) if value else MAP_THRESHOLD if kind == "map" else DETECT_THRESHOLD
+        except ValueError:
+            raise ValueError(f"{text!r}: the threshold after '{kind}:' is a number between 0 and 1") from None
         if not 0.0 < threshold < 1.0:
-            raise ValueError(f"{text!r}: a map's threshold lies between 0 and 1")
+            raise ValueError(f"{text!r}: a {kind} threshold lies between 0 and 1")
     return Decision(kind, threshold, "--metric", threshold_given=bool(value))
 
 
@@ -660,6 +675,50 @@ def confidence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray
     return worst
 
 
+def detector_rows(value: np.ndarray) -> np.ndarray | None:
+    """A YOLO-style detector output as [4 + C, N] (rows: box centre x, y, width, height, then a
+    score per class; the axis of fewer entries is the rows'); None for another layout."""
+    array = np.asarray(value, np.float64)
+    if array.ndim < 2 or int(np.prod(array.shape[:-2])) != 1:
+        return None
+    rows = array.reshape(array.shape[-2:])
+    if rows.shape[0] > rows.shape[1]:
+        rows = rows.T
+    return rows if rows.shape[0] >= 5 else None
+
+
+def _judge_detections(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
+                      more: list[np.ndarray] | None) -> dict[str, Any]:
+    """``detect:T``: the class scores judged as ``map:T`` (flattened: no regions), then the boxes
+    of the detections both sides keep (an anchor whose best class is the same and above T)."""
+    threshold = decision.threshold if decision.threshold is not None else DETECT_THRESHOLD
+    ref_rows = [detector_rows(r) for r in reference]
+    cand_rows = [detector_rows(c) if c is not None else None for c in candidate]
+    if not ref_rows or any(r is None for r in ref_rows):
+        return {**decision.record(), "agreement": None, "expected_agreement": None, "passed": False if decision.gated
+                else None, "error": "not a detector output ([1, 4 + C, N] or [1, N, 4 + C])"}
+    scores = Decision("map", threshold, decision.chosen_by, decision.gated, threshold_given=True)
+    more_rows = [detector_rows(m) for m in more or []]
+    record = judge_decision(scores, [r[4:].ravel() for r in ref_rows],
+                            [c[4:].ravel() if c is not None and c.shape == r.shape else None
+                             for r, c in zip(ref_rows, cand_rows)],
+                            [m[4:].ravel() for m in more_rows if m is not None])
+    record.update(decision.record())
+    kept = held = 0
+    for r, c in zip(ref_rows, cand_rows):
+        if c is None or c.shape != r.shape:
+            continue
+        best_r, best_c = r[4:].max(axis=0), c[4:].max(axis=0)
+        both = (best_r >= threshold) & (best_c >= threshold) & (r[4:].argmax(axis=0) == c[4:].argmax(axis=0))
+        kept += int(both.sum())
+        held += int(np.sum(np.max(np.abs(r[:4, both] - c[:4, both]), axis=0) <= DETECT_BOX_SLACK)) if both.any() else 0
+    record.update(detections_kept=kept, box_agreement=held / kept if kept else None, box_slack=DETECT_BOX_SLACK,
+                  required_regions=REQUIRED_REGIONS)
+    if record.get("passed") is not None and kept:
+        record["passed"] = bool(record["passed"]) and held / kept >= REQUIRED_REGIONS
+    return record
+
+
 def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
                    more: list[np.ndarray] | None = None) -> dict[str, Any]:
     """One output's decision held to the gate, as quantize's gate and load/compile's tolerance both
@@ -668,7 +727,9 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
     REQUIRED_SEQUENCES); a ``map`` with two spatial axes also by its regions' boxes (the share of
     region_agreement reaches REQUIRED_REGIONS). ``more``: the float model's outputs on other
     samples, whose margins join the estimate (expected_agreement). The record's ``passed`` is None
-    when the decision is not gated."""
+    when the decision is not gated. ``detect``: see _judge_detections."""
+    if decision.kind == "detect":
+        return _judge_detections(decision, reference, candidate, more)
     agreed = agreement(decision, reference, candidate)
     expected = expected_agreement(decision, reference, candidate, more)
     record: dict[str, Any] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}
@@ -722,7 +783,7 @@ def decision_shortfall(record: dict[str, Any] | None) -> float:
 
     gap(record.get("required"), record.get("agreement"), record.get("expected_agreement"))
     gap(record.get("required_sequences"), record.get("sequence_agreement"), record.get("expected_sequence_agreement"))
-    gap(record.get("required_regions"), record.get("region_agreement"))
+    gap(record.get("required_regions"), record.get("region_agreement"), record.get("box_agreement"))
     for part in ("ranking", "confidence"):
         nested = record.get(part) or {}
         gap(nested.get("required"), nested.get("agreement"), nested.get("expected_agreement"))

@@ -152,7 +152,7 @@ def describe_decision(record: dict) -> str:
     """One judged decision in words: what it is, what the candidate kept, what the gate asks."""
     from ortprep.runtime.decisions import REQUIRED
 
-    kind = record["kind"] if record["kind"] != "map" else f"map:{record['threshold']:g}"
+    kind = record["kind"] if record["kind"] not in ("map", "detect") else f"{record['kind']}:{record['threshold']:g}"
     parts = []
     if record.get("agreement") is not None:
         parts.append(f"{record['agreement']:.4f} on the samples")

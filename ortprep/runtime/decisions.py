@@ -58,11 +58,15 @@ MAP_THRESHOLD = 0.5
 # then a score per class, no objectness) holds boxes beside scores, and its cosine weighs the
 # boxes: measured on the NPU journey's YOLOv8n (NudeNet), A16W8 at cosine 0.9998 lost or moved 2 of
 # the float model's 3 detections on 100 fresh scenes (bench/yolo_app.py). ``detect:T`` judges what
-# a detector's application reads: the class scores at its threshold T, as a map (F1 of the
-# (class, anchor) cells above T, and its expected agreement), and the boxes of the detections kept
-# on both sides, each coordinate within DETECT_BOX_SLACK pixels (the share held to
-# REQUIRED_REGIONS). Default T: NudeNet 3.4.2's NMS score threshold.
+# a detector's application reads: its detections after non-maximum suppression (score >= T, IoU
+# DETECT_NMS_IOU), matched by class and overlap, their F1, and the boxes of the matched ones, each
+# coordinate within DETECT_BOX_SLACK pixels (the share held to REQUIRED_REGIONS). What to expect
+# on unseen inputs comes from the (class, anchor) scores' distance to T, as for a map (before NMS:
+# a cautious estimate, since a duplicate anchor that crosses T changes nothing after it). Default
+# T and the IoU: NudeNet 3.4.2's NMS.
 DETECT_THRESHOLD = 0.25
+DETECT_NMS_IOU = 0.45
+DETECT_MATCH_IOU = 0.5
 DETECT_BOX_SLACK = 2.0
 # Rows of independent scores from a Sigmoid ([N, C], C >= 2) are thresholded by some applications
 # and ranked by others, and ortprep is not told which: both are held (Decision.ranked). Measured on
@@ -687,10 +691,36 @@ def detector_rows(value: np.ndarray) -> np.ndarray | None:
     return rows if rows.shape[0] >= 5 else None
 
 
+def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """IoU of one (cx, cy, w, h) box with each of ``others`` ([K, 4])."""
+    def corners(b):
+        return b[..., 0] - b[..., 2] / 2, b[..., 1] - b[..., 3] / 2, b[..., 0] + b[..., 2] / 2, b[..., 1] + b[..., 3] / 2
+    ax1, ay1, ax2, ay2 = corners(box)
+    bx1, by1, bx2, by2 = corners(others)
+    inter = np.clip(np.minimum(ax2, bx2) - np.maximum(ax1, bx1), 0, None) * np.clip(
+        np.minimum(ay2, by2) - np.maximum(ay1, by1), 0, None)
+    union = np.abs(box[2] * box[3]) + np.abs(others[:, 2] * others[:, 3]) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+def detections(rows: np.ndarray, threshold: float) -> list[tuple[int, np.ndarray]]:
+    """(class, box) of a detector's [4 + C, N] rows after non-maximum suppression: anchors whose
+    best class score reaches ``threshold``, highest first, each kept unless it overlaps a kept one
+    by more than DETECT_NMS_IOU (class-agnostic, as NudeNet's cv2.dnn.NMSBoxes)."""
+    best = rows[4:].max(axis=0)
+    order = [int(i) for i in np.argsort(-best) if best[i] >= threshold]
+    kept: list[int] = []
+    for index in order:
+        if not kept or np.all(_iou(rows[:4, index], rows[:4, kept].T) <= DETECT_NMS_IOU):
+            kept.append(index)
+    return [(int(rows[4:, i].argmax()), rows[:4, i]) for i in kept]
+
+
 def _judge_detections(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
                       more: list[np.ndarray] | None) -> dict[str, Any]:
-    """``detect:T``: the class scores judged as ``map:T`` (flattened: no regions), then the boxes
-    of the detections both sides keep (an anchor whose best class is the same and above T)."""
+    """``detect:T``: the detections after NMS, matched by class and IoU >= DETECT_MATCH_IOU (F1),
+    the matched ones' boxes held to DETECT_BOX_SLACK, and the agreement to expect from the class
+    scores judged as ``map:T``."""
     threshold = decision.threshold if decision.threshold is not None else DETECT_THRESHOLD
     ref_rows = [detector_rows(r) for r in reference]
     cand_rows = [detector_rows(c) if c is not None else None for c in candidate]
@@ -704,18 +734,32 @@ def _judge_detections(decision: Decision, reference: list[np.ndarray], candidate
                              for r, c in zip(ref_rows, cand_rows)],
                             [m[4:].ravel() for m in more_rows if m is not None])
     record.update(decision.record())
-    kept = held = 0
+    matched = missed = added = held = compared = 0
     for r, c in zip(ref_rows, cand_rows):
         if c is None or c.shape != r.shape:
             continue
-        best_r, best_c = r[4:].max(axis=0), c[4:].max(axis=0)
-        both = (best_r >= threshold) & (best_c >= threshold) & (r[4:].argmax(axis=0) == c[4:].argmax(axis=0))
-        kept += int(both.sum())
-        held += int(np.sum(np.max(np.abs(r[:4, both] - c[:4, both]), axis=0) <= DETECT_BOX_SLACK)) if both.any() else 0
-    record.update(detections_kept=kept, box_agreement=held / kept if kept else None, box_slack=DETECT_BOX_SLACK,
-                  required_regions=REQUIRED_REGIONS)
-    if record.get("passed") is not None and kept:
-        record["passed"] = bool(record["passed"]) and held / kept >= REQUIRED_REGIONS
+        compared += 1
+        want, got = detections(r, threshold), detections(c, threshold)
+        free = list(range(len(got)))
+        for cls, box in want:
+            same = [j for j in free if got[j][0] == cls]
+            overlaps = _iou(box, np.array([got[j][1] for j in same])) if same else np.array([])
+            if same and overlaps.max() >= DETECT_MATCH_IOU:
+                j = same[int(overlaps.argmax())]
+                free.remove(j)
+                matched += 1
+                held += int(np.max(np.abs(box - got[j][1])) <= DETECT_BOX_SLACK)
+            else:
+                missed += 1
+        added += len(free)
+    agreed = (1.0 if matched + missed + added == 0 else 2 * matched / (2 * matched + missed + added)) if compared else None
+    boxes = held / matched if matched else None
+    record.update(agreement=agreed, detections_kept=matched, detections_lost=missed, detections_added=added,
+                  box_agreement=boxes, box_slack=DETECT_BOX_SLACK, required_regions=REQUIRED_REGIONS)
+    expected = record.get("expected_agreement")
+    passed = agreed is not None and agreed >= REQUIRED["detect"] and (expected is None or expected >= REQUIRED["detect"]) \
+        and (boxes is None or boxes >= REQUIRED_REGIONS)
+    record["passed"] = passed if decision.gated else None
     return record
 
 

@@ -102,24 +102,20 @@ def localize_body_initializers(graph: GraphProto, max_bytes: int | None = SMALL_
         taken.update(node.input)
         taken.update(node.output)
     copied: list[str] = []
-    for node in graph.node:
-        for _, body in subgraphs_of(node):
-            reads = sorted(outer_scope_names(body) & set(inits))
-            if not reads:
-                continue
-            renamed = {}
-            for name in reads:
-                fresh, number = f"{name}_body", 1
-                while fresh in taken:
-                    number += 1
-                    fresh = f"{name}_body{number}"
-                taken.add(fresh)
-                renamed[name] = fresh
-                tensor = body.initializer.add()
-                tensor.CopyFrom(inits[name])
-                tensor.name = fresh
-            _rename_reads(body, renamed)
-            copied.extend(name for name in reads if name not in copied)
+    for body, reads in _bodies_reading(graph, set(inits)):
+        renamed = {}
+        for name in reads:
+            fresh, number = f"{name}_body", 1
+            while fresh in taken:
+                number += 1
+                fresh = f"{name}_body{number}"
+            taken.add(fresh)
+            renamed[name] = fresh
+            tensor = body.initializer.add()
+            tensor.CopyFrom(inits[name])
+            tensor.name = fresh
+        _rename_reads(body, renamed)
+        copied.extend(name for name in reads if name not in copied)
     if copied:
         read = {name for node in graph.node for name in node_dependencies(node)} | {v.name for v in graph.output}
         for tensor in [t for t in graph.initializer if t.name in copied and t.name not in read]:
@@ -130,12 +126,31 @@ def localize_body_initializers(graph: GraphProto, max_bytes: int | None = SMALL_
 def body_weights(graph: GraphProto, min_bytes: int = SMALL_INITIALIZER_BYTES + 1) -> list[str]:
     """Initializers of ``graph`` of at least ``min_bytes`` that If/Loop/Scan bodies read from it
     (what ORT's EP-context writer cannot keep: localize_body_initializers)."""
-    large = {t.name for t in graph.initializer if tensor_bytes(t) >= min_bytes}
+    return _read_by_bodies(graph, lambda tensor: tensor_bytes(tensor) >= min_bytes)
+
+
+def small_body_reads(graph: GraphProto, max_bytes: int = SMALL_INITIALIZER_BYTES) -> list[str]:
+    """What localize_body_initializers would copy (graph only: no weight is read)."""
+    return _read_by_bodies(graph, lambda tensor: tensor_bytes(tensor) <= max_bytes)
+
+
+def _read_by_bodies(graph: GraphProto, keep) -> list[str]:
+    """Initializers of ``graph`` that ``keep(tensor)`` selects and If/Loop/Scan bodies read, in order."""
+    names = {t.name for t in graph.initializer if keep(t)}
     found: list[str] = []
+    for _, reads in _bodies_reading(graph, names):
+        found.extend(name for name in reads if name not in found)
+    return found
+
+
+def _bodies_reading(graph: GraphProto, names: set[str]):
+    """(body, the ``names`` it reads from ``graph``, sorted) for each If/Loop/Scan body of ``graph``'s
+    nodes that reads any."""
     for node in graph.node:
         for _, body in subgraphs_of(node):
-            found.extend(name for name in sorted(outer_scope_names(body) & large) if name not in found)
-    return found
+            reads = sorted(outer_scope_names(body) & names)
+            if reads:
+                yield body, reads
 
 
 def _rename_reads(graph: GraphProto, renamed: dict[str, str]) -> None:

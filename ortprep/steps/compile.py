@@ -14,8 +14,8 @@ import onnx
 
 from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding
-from ortprep.graphops import body_weights, localize_body_initializers
-from ortprep.model import ModelHandle, failed_path, subgraphs_of
+from ortprep.graphops import body_weights, localize_body_initializers, small_body_reads
+from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import limited_words, run_within
@@ -51,15 +51,12 @@ def _bodies_with_own_weights(handle: ModelHandle, staging: Path) -> tuple[Path, 
     """The model to compile: ``handle``'s file, or where If/Loop/Scan bodies read main-graph
     initializers, a copy in ``staging`` with those copied into the bodies
     (graphops.localize_body_initializers); and the initializers copied."""
-    graph = handle.proto.graph
-    if not any(True for node in graph.node for _ in subgraphs_of(node)):
+    if not small_body_reads(handle.proto.graph):  # from the graph alone: the weights stay where they are
         return Path(handle.path), []
     handle.load_weights()
     proto = onnx.ModelProto()
     proto.CopyFrom(handle.proto)
     localized = localize_body_initializers(proto.graph)
-    if not localized:
-        return Path(handle.path), []
     written = ModelHandle(proto=proto, path=None).save(staging / "source.onnx", external_data=True if
                                                          handle.has_external_data() else None)
     return written, localized

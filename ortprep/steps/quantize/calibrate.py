@@ -184,16 +184,13 @@ def calibration_cache(workdir: Path, model: Path, settings: dict, op_types: list
     type and granularity do not change what calibration measures, so the search's trials and
     --auto's weight widenings on one source reuse one calibration (measured on the layout detector,
     1,493 nodes at 1x3x800x608: one quantization with its calibration took about a minute)."""
-    digest = hashlib.sha1()
-    with open(model, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    # the sources are the step's own files in its work folder: path, size and time name one (no byte
+    # of a model of gigabytes read again per trial)
     stat = model.stat()
     extra = {k: v for k, v in (settings.get("extra_options") or {}).items() if k != "TensorQuantOverrides"}
-    digest.update(json.dumps([str(model), stat.st_size, stat.st_mtime_ns, settings.get("method"), sorted(op_types or []),
-                              settings.get("activation_type"), stride, list(indices), extra],
-                             sort_keys=True, default=str).encode())
-    return workdir / f"calibration-{digest.hexdigest()[:20]}.json"
+    key = json.dumps([str(model), stat.st_size, stat.st_mtime_ns, settings.get("method"), sorted(op_types or []),
+                      settings.get("activation_type"), stride, list(indices), extra], sort_keys=True, default=str)
+    return workdir / f"calibration-{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
 # Calibration methods whose calibrator (ORT's HistogramCalibrater) keeps every intermediate tensor

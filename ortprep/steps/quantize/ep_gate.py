@@ -82,18 +82,21 @@ class GateTarget:
         """``runs`` timed runs of ``model`` on one sample in the EP's session (after one untimed run);
         [] when the session fails."""
         assert self.runtime is not None
-        if self.clock is not None and self.clock.exhausted:
-            return []
         request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=[feed],
                           provider_options=self.provider_options, plugin=self.runtime.plugin, latency_runs=runs)
-        work = lambda: call(request, python=self.runtime.python, timeout=EP_TIMEOUT)  # noqa: E731
-        reply = self.clock.timed(work) if self.clock is not None else work()
-        return list(reply.latency_ms) if reply.ok else []
+        reply = self._on_clock(lambda seconds: call(request, python=self.runtime.python, timeout=EP_TIMEOUT))
+        return list(reply.latency_ms) if reply is not None and reply.ok else []
 
-    def spent_words(self) -> str:
-        """'not run on qnn: the step's time there (900 s, --ep-total-seconds) was spent'."""
-        total = self.clock.total if self.clock is not None else None
-        return f"not run on {self.ep}: the step's time there ({total:g} s, --ep-total-seconds) was spent"
+    def _on_clock(self, work):
+        """``work(seconds)`` (``seconds``: the bound of this judgement) timed on the step's clock;
+        None, counted as refused, once the clock is spent."""
+        clock = self.clock
+        if clock is None:
+            return work(self.seconds)
+        if clock.exhausted:
+            clock.refused += 1
+            return None
+        return clock.timed(lambda: work(clock.bound(self.seconds)))
 
     def describe(self) -> str:
         """The EP as a message names it: 'qnn (Snapdragon X Elite / X Plus (SC8380XP), soc_model 60)'."""
@@ -115,15 +118,11 @@ class GateTarget:
         """``model`` on the samples of ``feeds`` in the EP's session, on a worker of the EP's interpreter:
         every sample, or where one run is slow (a simulator), the first that fit in ``seconds``
         (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples."""
-        clock = self.clock
-        if clock is None:
-            result, limited = run_within(lambda part: self._run(model, part), feeds, self.seconds, self.ep)
-        elif clock.exhausted:
-            clock.refused += 1
-            return EpRun(False, self.spent_words())
-        else:
-            result, limited = clock.timed(lambda: run_within(lambda part: self._run(model, part), feeds,
-                                                             clock.bound(self.seconds), self.ep))
+        outcome = self._on_clock(lambda seconds: run_within(lambda part: self._run(model, part), feeds, seconds, self.ep))
+        if outcome is None:
+            return EpRun(False, f"not run on {self.ep}: the step's time there ({self.clock.total:g} s, "
+                                "--ep-total-seconds) was spent")
+        result, limited = outcome
         result.limited = limited
         return result
 

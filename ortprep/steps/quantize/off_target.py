@@ -94,12 +94,11 @@ def candidate_sets(model: Path, first: str, limit: int) -> list[tuple[str, list[
         if value.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in shape.dim):
             dims[value.name] = [d.dim_value for d in shape.dim]
     made_by = _real_producers(graph)
-    # a node's size: that of the float value it computes (its output's Q reads it)
 
     def signature(node) -> tuple:
         return node.op_type, node.domain, tuple(sorted(made_by.get(name, "?") for name in node.input if name))
 
-    def size(node) -> tuple | None:
+    def size(node) -> tuple | None:  # that of the float value it computes (its output's Q reads it)
         return _shape_key(dims.get(node.output[0])) if node.output else None
 
     anchor = nodes[first]

@@ -607,3 +607,126 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     dropped[0, 4 + 1, 8] = 0.24
     record = judge_decision(decision, [duplicate], [dropped])
     assert record["agreement"] == 1.0 and record["detections_kept"] == 2 and record["detections_lost"] == 0
+
+
+def _ctc_lines(rng: np.random.Generator, count: int, positions: int = 12, classes: int = 6, top: float = 0.9
+               ) -> list[np.ndarray]:
+    """``count`` recogniser outputs [1, positions, classes] of probabilities: each position's class
+    drawn (0 is the blank, in runs of two), at probability ``top``, the rest spread evenly."""
+    lines = []
+    for _ in range(count):
+        tags = np.repeat(rng.integers(0, classes, positions // 2), 2)
+        probs = np.full((1, positions, classes), (1.0 - top) / (classes - 1), np.float32)
+        probs[0, np.arange(positions), tags] = top
+        lines.append(probs)
+    return lines
+
+
+def _set(probs: np.ndarray, position: int, cls: int, top: float = 0.9) -> np.ndarray:
+    out = probs.copy()
+    out[0, position] = (1.0 - top) / (probs.shape[-1] - 1)
+    out[0, position, cls] = top
+    return out
+
+
+def _near_tie(probs: np.ndarray, position: int, first: int, second: int) -> np.ndarray:
+    """``probs`` with ``position`` at 0.55 for ``first``, 0.40 for ``second``."""
+    out = probs.copy()
+    out[0, position] = 0.05 / (probs.shape[-1] - 2)
+    out[0, position, first], out[0, position, second] = 0.55, 0.40
+    return out
+
+
+def _trailing_edge(line: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float, candidate) for one line: the last position of a character's run at a near tie with
+    the blank, read as the character in the float line and as the blank in the candidate's. The
+    decoder merges that position into the run in one and drops it in the other: the same string,
+    the same characters read at the same positions (the line's score unchanged)."""
+    tags = line[0].argmax(-1)
+    start = next(p for p in range(0, line.shape[1], 2)
+                 if tags[p] != 0 and (p + 2 >= line.shape[1] or tags[p + 2] != tags[p]))
+    cls = int(tags[start])
+    return _near_tie(line, start + 1, cls, 0), _near_tie(line, start + 1, 0, cls)
+
+
+def test_ctc_reads_the_decoded_strings_in_place_of_the_cosine():
+    """ctc decodes as a greedy CTC decoder does (argmax, repeats merged, blank dropped). A repeated
+    character turning blank at its run's edge changes no string, while the output's cosine falls
+    below the gate's (measured on PP-OCRv6's recogniser in FP16: a line at cosine 0.9973 under
+    quantize's 0.995 aim, its text unchanged): over 24 lines ctc passes where argmax fails on that
+    cosine. Characters read as others on 2 lines of 24 fail it; so do a scaled output (the norm
+    ratio still gates) and a blank given at the other end (ctc:-1). A time-major [T, 1, C] output
+    decodes too."""
+    rng = np.random.default_rng(3)
+    reference = _ctc_lines(rng, 24)
+    decision = parse_metric("ctc")
+    assert (decision.kind, decision.blank, decision.replaces_cosine) == ("ctc", 0, True)
+    assert parse_metric("ctc:-1").blank == -1 and parse_metric("ctc:-1").label() == "ctc:-1"
+    with pytest.raises(ValueError):
+        parse_metric("ctc:blank")
+    # line 0: a run of a character (not the blank) ends at a near tie with the blank, and the
+    # candidate reads the blank there (0.55/0.40 swapped)
+    reference[0], changed = _trailing_edge(reference[0])
+    edge = [changed] + reference[1:]
+    records = {kind: judge("cpu", [{"out": r} for r in reference], [{"out": c} for c in edge], 0.999, {},
+                           {"out": parse_metric(kind)}) for kind in ("ctc", "argmax")}
+    ctc, argmax = records["ctc"].outputs[0], records["argmax"].outputs[0]
+    assert ctc["decision"]["agreement"] == 1.0 and ctc["decision"]["strings_changed"] == 0
+    assert ctc["cosine"] < 0.999 and records["ctc"].passed and ctc["cosine_replaced_by"] == "ctc"
+    assert argmax["decision"]["passed"] and argmax["cosine"] < 0.999 and not records["argmax"].passed
+    # characters read as others on two lines: 22 of 24 strings (91.7%, the gate asks 95%)
+    misread = [r.copy() for r in reference]
+    for index in (1, 2):
+        row = misread[index][0].argmax(-1)
+        at = next(p for p in range(0, 12, 2) if row[p] != 0)
+        other = (int(row[at]) % 5) + 1
+        misread[index] = _set(_set(misread[index], at, other), at + 1, other)
+    record = judge_decision(decision, reference, misread)
+    assert record["agreement"] == 22 / 24 and record["strings_changed"] == 2 and record["passed"] is False
+    scaled = judge("cpu", [{"out": r} for r in reference], [{"out": r * np.float32(0.5)} for r in reference], 0.99, {},
+                   {"out": decision})
+    assert scaled.outputs[0]["decision"]["agreement"] == 1.0 and not scaled.passed
+    # the blank at either end: the same scores read as other strings
+    from ortprep.runtime.decisions import ctc_strings
+
+    scores = np.eye(6, dtype=np.float32)[[1, 1, 0, 2, 2, 5, 3]][None]
+    assert ctc_strings(scores)[0][0] == (1, 2, 5, 3) and ctc_strings(scores, -1)[0][0] == (1, 0, 2, 3)
+    time_major = judge_decision(decision, [r.transpose(1, 0, 2) for r in reference], [c.transpose(1, 0, 2) for c in misread])
+    assert time_major["agreement"] == 22 / 24 and time_major["strings"] == 24
+
+
+def test_ctc_holds_each_lines_score_as_an_application_that_drops_weak_lines():
+    """The strings equal but a line's score (its characters' mean top probability) falling from
+    0.9 to 0.45 on two lines of eight crosses rapidocr's 0.5 text_score: the confidence record
+    fails at a level and says so; the same text at 0.85 passes."""
+    rng = np.random.default_rng(5)
+    reference = _ctc_lines(rng, 8)
+    weaker = []
+    for index, line in enumerate(reference):
+        top = 0.45 if index < 2 else 0.9
+        tags = line[0].argmax(-1)
+        out = line.copy()
+        for position in range(12):
+            if tags[position] != 0:
+                out = _set(out, position, int(tags[position]), top)
+        weaker.append(out)
+    record = judge_decision(parse_metric("ctc"), reference, weaker)
+    assert record["agreement"] == 1.0 and record["confidence"]["passed"] is False
+    assert record["confidence"]["agreement"] == 0.75 and record["passed"] is False
+    assert 0.45 <= record["confidence"]["level"] < 0.9
+    slightly = [_set(r, 0, int(r[0].argmax(-1)[0]), 0.85) for r in reference]
+    assert judge_decision(parse_metric("ctc"), reference, slightly)["passed"] is True
+
+
+def test_ctc_lets_load_hold_a_sample_whose_text_stays():
+    """runtime/tolerance (load, compile): a sample beyond the elementwise tolerance (a near tie
+    read the other way) holds with --metric OUT=ctc when its decoded string is the same, and not
+    without it (inferred argmax: a position differs)."""
+    from ortprep.runtime.tolerance import judge_outputs
+
+    proto = _graph({"probs": ("Softmax", [1, 12, 6])})
+    rng = np.random.default_rng(3)
+    line, edge = _trailing_edge(_ctc_lines(rng, 1)[0])
+    held = judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge}, {"probs": "ctc"})[0]
+    assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"] and "the decision (ctc) agrees" in held["tolerance_rule"]
+    assert not judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge})[0]["within_tolerance"]

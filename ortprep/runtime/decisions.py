@@ -21,6 +21,10 @@ reads from it:
   compared by their bounding boxes (see :func:`region_agreement`); a [N, C] map made by a Sigmoid
   (a recommender's candidates, a multi-label tagger's labels) is *ranked* too: each row's
   best-scored class held to the ``top1`` bar (``map`` given by ``--metric`` is not ranked);
+- ``ctc[:BLANK]``: a CTC recogniser's per-position scores, read as its greedy decoder reads them:
+  the argmax per position, repeats merged, the blank (index BLANK, default 0, PaddleOCR's and
+  ddddocr's; negative counts from the end) dropped. The decoded strings must be equal (see
+  :data:`CTC_REPLACES_COSINE`). Never inferred: ``--metric OUTPUT=ctc``;
 - ``cosine``: no decision; cosine and the norm ratio alone.
 
 A ``top1`` output inferred from probability rows (values in [0, 1], each row summing to 1) is
@@ -41,15 +45,25 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("top1", "argmax", "map", "detect", "cosine")
+KINDS = ("top1", "argmax", "map", "detect", "ctc", "cosine")
 # What the gate asks: the share of rows (top1) or positions (argmax) whose argmax agrees, and the
 # F1 of the thresholded map. The bench's application bars (bench/apps): labels >= 99% equal,
 # strings >= 95%, VAD frames >= 98%: a string of 20 positions is equal only when every position is.
-REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98, "detect": 0.98}
+REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98, "detect": 0.98, "ctc": 0.95}
 # An argmax decision is read as a whole sequence (a CTC string, a frame tagging): the share of
 # sequences equal in every position must reach this too (the bench's bar for strings: 95%). At
 # 99% per position, a 48-step sequence is whole on about 62% of inputs.
 REQUIRED_SEQUENCES = 0.95
+# A CTC decoder merges repeats before it drops blanks, so a position that turns from a repeated
+# character to the blank at the edge of its run changes nothing it reads, while the output's
+# cosine drops by about that position's share of the sequence. Measured on rapidocr's PP-OCRv6
+# recogniser ([1, 40, 18710] probabilities, the NPU journey's 24 calibration lines): FP16 moved
+# two positions (33 33 -> 0 33 at p = 0.58, 63 63 -> 63 0 at 0.37), both lines' text unchanged,
+# one at cosine 0.9973, below quantize's 0.995 aim only by that position. So ``ctc`` replaces the
+# output's cosine floor (quantize's gate, convert's verification, load's and compile's tolerance):
+# the strings, their expected agreement, the lines' scores and the norm ratio judge it instead.
+CTC_REPLACES_COSINE = True
+CTC_BLANK = 0
 # A class score's lead over the runner-up, in the row's standard deviations, below which a raw
 # output may be an embedding (the largest of 512 Gaussian values leads the second by about 0.3).
 CLASS_GAP = 1.0
@@ -110,8 +124,17 @@ class Decision:
     # top1: True for probability rows (inferred): the top class's probability is held at each of
     # MAP_LEVELS too, as an application that accepts a class above a threshold reads it
     confident: bool = field(default=False, compare=False)
+    # ctc: the blank's class index (negative: from the end)
+    blank: int = CTC_BLANK
+
+    @property
+    def replaces_cosine(self) -> bool:
+        """Whether this decision, gated, judges its output in place of the cosine floor (``ctc``)."""
+        return self.kind == "ctc" and self.gated and CTC_REPLACES_COSINE
 
     def label(self) -> str:
+        if self.kind == "ctc":
+            return "ctc" if self.blank == CTC_BLANK else f"ctc:{self.blank}"
         return f"{self.kind}:{self.threshold:g}" if self.kind in ("map", "detect") else self.kind
 
     def record(self) -> dict[str, Any]:
@@ -121,16 +144,25 @@ class Decision:
             record["ranked"] = True
         if self.confident:
             record["confident"] = True
+        if self.kind == "ctc":
+            record.update(blank=self.blank, replaces_cosine=self.replaces_cosine)
         return record
 
 
 def parse_metric(text: str) -> Decision:
-    """``top1``, ``argmax``, ``map``, ``map:0.3``, ``detect``, ``detect:0.25`` or ``cosine``
-    (ValueError otherwise)."""
+    """``top1``, ``argmax``, ``map``, ``map:0.3``, ``detect``, ``detect:0.25``, ``ctc``, ``ctc:-1``
+    or ``cosine`` (ValueError otherwise)."""
     kind, _, value = text.strip().lower().partition(":")
-    if kind not in KINDS or (value and kind not in ("map", "detect")):
+    if kind not in KINDS or (value and kind not in ("map", "detect", "ctc")):
         raise ValueError(f"{text!r} is not a metric: use one of top1, argmax, map, map:THRESHOLD, detect, "
-                         "detect:THRESHOLD, cosine")
+                         "detect:THRESHOLD, ctc, ctc:BLANK, cosine")
+    if kind == "ctc":
+        try:
+            blank = int(value) if value else CTC_BLANK
+        except ValueError:
+            raise ValueError(f"{text!r}: the number after 'ctc:' is the blank's class index (0, or -1 for the last)"
+                             ) from None
+        return Decision("ctc", None, "--metric", blank=blank)
     threshold = None
     if kind in ("map", "detect"):
         try:
@@ -266,6 +298,8 @@ def agreement(decision: Decision, reference: list[np.ndarray], candidate: list[n
              if c is not None and np.shape(r) == np.shape(c)]
     if not pairs or decision.kind == "cosine":
         return None
+    if decision.kind == "ctc":
+        return ctc_agreement(decision, reference, candidate)
     if decision.kind in ("top1", "argmax"):
         same = total = 0
         for r, c in pairs:
@@ -552,6 +586,8 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
              if c is not None and np.shape(r) == np.shape(c)]
     if not pairs or decision.kind == "cosine":
         return None
+    if decision.kind == "ctc":
+        return expected_ctc_agreement(decision, reference, candidate, more)[1]
     if decision.kind in ("top1", "argmax"):
         margins, errors = [], []
         in_log = _probability_rows([r for r, _ in pairs])
@@ -763,6 +799,132 @@ def _judge_detections(decision: Decision, reference: list[np.ndarray], candidate
     return record
 
 
+def _sequence_scores(value: np.ndarray) -> np.ndarray:
+    """An [N, T, C] output (or a time-major [T, 1, C], as _as_sequences tells it) as [N, T, C]."""
+    array = np.asarray(value, np.float64)
+    if array.ndim == 3 and array.shape[1] == 1 and array.shape[0] > 1:
+        array = np.transpose(array, (1, 0, 2))
+    return array.reshape(-1, *array.shape[-2:]) if array.ndim >= 2 else array.reshape(1, 1, -1)
+
+
+def ctc_strings(value: np.ndarray, blank: int = CTC_BLANK) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """Greedy CTC decoding of each sequence of ``value``: (the class indices kept, the positions
+    they were read at): the argmax per position, repeats merged, the blank dropped."""
+    scores = _sequence_scores(value)
+    classes = scores.shape[-1]
+    blank = blank % classes if classes else 0
+    decoded = []
+    for row in np.argmax(scores, axis=-1):
+        keep = np.ones(row.size, bool)
+        keep[1:] = row[1:] != row[:-1]
+        keep &= row != blank
+        decoded.append((tuple(int(i) for i in row[keep]), np.nonzero(keep)[0]))
+    return decoded
+
+
+def _line_scores(value: np.ndarray, blank: int) -> list[float | None]:
+    """Each decoded line's score as PaddleOCR-style recognisers report it: the mean of the top
+    probability over the positions it keeps; None for an empty line."""
+    scores = _sequence_scores(value)
+    lines = []
+    for (_, kept), row in zip(ctc_strings(value, blank), scores):
+        lines.append(float(np.mean(np.max(row[kept], axis=-1))) if kept.size else None)
+    return lines
+
+
+def _ctc_pairs(reference: list[np.ndarray], candidate: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(np.asarray(r), np.asarray(c)) for r, c in zip(reference, candidate)
+            if c is not None and np.shape(r) == np.shape(c) and np.ndim(r) >= 2 and np.shape(r)[-1] >= 2]
+
+
+def ctc_agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> float | None:
+    """The share of decoded strings (over the samples' sequences) that are equal."""
+    same = total = 0
+    for r, c in _ctc_pairs(reference, candidate):
+        for (want, _), (got, _) in zip(ctc_strings(r, decision.blank), ctc_strings(c, decision.blank)):
+            same += want == got
+            total += 1
+    return same / total if total else None
+
+
+def expected_ctc_agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
+                           more: list[np.ndarray] | None = None) -> tuple[float | None, float | None]:
+    """(the agreement per position to expect on unseen inputs, the strings' from it): every
+    position's argmax taken as able to change a string, so the strings' figure is cautious (a
+    repeat turning blank at its run's edge changes nothing; see CTC_REPLACES_COSINE)."""
+    per_position = expected_agreement(Decision("argmax"), reference, candidate, more)
+    return per_position, expected_sequence_agreement(reference, per_position)
+
+
+def _ctc_confidence(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
+                    more: list[np.ndarray] | None) -> dict[str, Any] | None:
+    """The lines' scores (see _line_scores) held at each of MAP_LEVELS, as a top-1 class's
+    probability is (confidence_agreement): a recogniser's application drops a line below a score
+    of its own (rapidocr: text_score 0.5), and ortprep is not told it. Per level, the share of lines
+    on the same side of it, and the share to expect from the float lines' distances to it (those
+    of ``more`` too) and the candidate's moves; the worst level, held to REQUIRED["ctc"]. None
+    where the output is not probabilities or no line is read."""
+    pairs = _ctc_pairs(reference, candidate)
+    if not pairs or not _probability_rows([_sequence_scores(r).reshape(-1, r.shape[-1]) for r, _ in pairs]):
+        return None
+    ours, theirs = [], []
+    for r, c in pairs:
+        for want, got in zip(_line_scores(r, decision.blank), _line_scores(c, decision.blank)):
+            if want is not None:
+                ours.append(want)
+                theirs.append(got if got is not None else 0.0)  # an emptied line has no score to keep
+    if not ours:
+        return None
+    ours_a, theirs_a = np.asarray(ours), np.asarray(theirs)
+    pooled = [ours_a]
+    for m in more or []:
+        m = np.asarray(m)
+        if np.ndim(m) >= 2 and np.shape(m)[-1] == np.shape(pairs[0][0])[-1]:
+            pooled.append(np.asarray([v for v in _line_scores(m, decision.blank) if v is not None]))
+    everything = np.concatenate(pooled)
+    required = REQUIRED["ctc"]
+    worst: dict[str, Any] | None = None
+    for level in MAP_LEVELS:
+        above = ours_a > level
+        agreed = float(np.mean(above == (theirs_a > level)))
+        errors = np.where(above, ours_a - theirs_a, theirs_a - ours_a)
+        expected = 1.0 - _flip_rate(np.abs(everything - level), errors)
+        entry = {"level": level, "agreement": agreed, "expected_agreement": expected, "lines": int(ours_a.size)}
+        if worst is None or min(agreed, expected) < min(worst["agreement"], worst["expected_agreement"]):
+            worst = entry
+    worst["required"] = required
+    worst["passed"] = bool(worst["agreement"] >= required and worst["expected_agreement"] >= required)
+    return worst
+
+
+def _judge_ctc(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
+               more: list[np.ndarray] | None) -> dict[str, Any]:
+    """``ctc``: the decoded strings equal on at least REQUIRED["ctc"] of the samples' sequences, as
+    many to expect on unseen inputs (cautious: from the positions' margins), and the lines' scores
+    on the same side of each level (_ctc_confidence, for probabilities)."""
+    record: dict[str, Any] = {**decision.record()}
+    agreed = ctc_agreement(decision, reference, candidate)
+    per_position, expected = expected_ctc_agreement(decision, reference, candidate, more)
+    strings = sum(_sequence_scores(r).shape[0] for r, _ in _ctc_pairs(reference, candidate))
+    record.update(agreement=agreed, expected_agreement=expected, strings=strings,
+                  strings_changed=None if agreed is None else int(round(strings * (1.0 - agreed))),
+                  position_agreement=agreement(Decision("argmax"), reference, candidate),
+                  expected_position_agreement=per_position)
+    usable = _usable(decision, reference, more)
+    if usable:
+        record["margin_samples"] = len(reference) + len(usable)
+    required = REQUIRED["ctc"]
+    passed = agreed is not None and agreed >= required and (expected is None or expected >= required)
+    confidence = _ctc_confidence(decision, reference, candidate, usable)
+    if confidence is not None:
+        record["confidence"] = confidence
+        passed = passed and confidence["passed"]
+    if agreed is None:
+        record["error"] = "no [N, T, C] or [T, 1, C] scores with C >= 2 to decode"
+    record["passed"] = passed if decision.gated else None
+    return record
+
+
 def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
                    more: list[np.ndarray] | None = None) -> dict[str, Any]:
     """One output's decision held to the gate, as quantize's gate and load/compile's tolerance both
@@ -774,6 +936,8 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
     when the decision is not gated. ``detect``: see _judge_detections."""
     if decision.kind == "detect":
         return _judge_detections(decision, reference, candidate, more)
+    if decision.kind == "ctc":
+        return _judge_ctc(decision, reference, candidate, more)
     agreed = agreement(decision, reference, candidate)
     expected = expected_agreement(decision, reference, candidate, more)
     record: dict[str, Any] = {**decision.record(), "agreement": agreed, "expected_agreement": expected}

@@ -143,7 +143,7 @@ def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: d
             # the same size: what the application reads is the same (a detector's map off at a few
             # pixels with its text regions unchanged), so the output holds, and the rule says why.
             if (not record["within_tolerance"] and record["decision"]["passed"] and record["shape_match"]
-                    and not record["nonfinite"] and (record["cosine"] or 0.0) >= DECISION_COSINE
+                    and not record["nonfinite"] and (decision.replaces_cosine or (record["cosine"] or 0.0) >= DECISION_COSINE)
                     and record["norm_ratio"] is not None and abs(record["norm_ratio"] - 1.0) <= NORM_TOLERANCE):
                 record["within_tolerance"] = True
                 record["tolerance_rule"] += (f"; exceeded at some elements, but the decision ({decision.label()}) agrees "
@@ -191,7 +191,8 @@ def pool_decisions(proto, references: list[dict], candidates: list[dict], judged
         for sample in judged:
             output = next((o for o in sample["outputs"] if o["name"] == name), None)
             if (output is None or output["within_tolerance"] or not output["shape_match"] or output["nonfinite"]
-                    or (output["cosine"] or 0.0) < DECISION_COSINE or output["norm_ratio"] is None
+                    or (not decision.replaces_cosine and (output["cosine"] or 0.0) < DECISION_COSINE)
+                    or output["norm_ratio"] is None
                     or abs(output["norm_ratio"] - 1.0) > NORM_TOLERANCE):
                 continue
             output["within_tolerance"] = True

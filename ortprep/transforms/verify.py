@@ -35,10 +35,12 @@ class Gate:
     # to the output's declared range or its own scale
     degenerate_tol: float = 1e-2
 
-    def passes(self, diff: OutputDiff, reference: np.ndarray | None = None) -> bool:
+    def passes(self, diff: OutputDiff, reference: np.ndarray | None = None, cosine_replaced: bool = False) -> bool:
+        """``cosine_replaced``: the output's gated decision judges it in place of the cosine floor
+        (runtime.decisions.CTC_REPLACES_COSINE); the elementwise bound still holds where set."""
         if not diff.shape_match or diff.nonfinite or diff.cosine is None:
             return False
-        if diff.cosine < self.min_cosine:
+        if diff.cosine < self.min_cosine and not cosine_replaced:
             return False
         if self.max_abs is not None and diff.max_abs_diff is not None:
             scale = 1.0
@@ -124,7 +126,8 @@ def verify_run(reference: RunOutcome, candidate: RunOutcome, gate: Gate) -> Veri
         ref = reference.outputs.get(diff.name)
         flatness = degenerate(ref, reference.bounds.get(diff.name)) if ref is not None else None
         if flatness is None:
-            verdicts.append(gate.passes(diff, ref))
+            decision = reference.decisions.get(diff.name)
+            verdicts.append(gate.passes(diff, ref, cosine_replaced=decision is not None and decision.replaces_cosine))
             continue
         limit = gate.degenerate_tol * flatness.scale
         diff.judged_by = f"absolute error <= {limit:.3g} (output {flatness.what})"
@@ -152,12 +155,15 @@ def describe_decision(record: dict) -> str:
     """One judged decision in words: what it is, what the candidate kept, what the gate asks."""
     from ortprep.runtime.decisions import REQUIRED
 
-    kind = record["kind"] if record["kind"] not in ("map", "detect") else f"{record['kind']}:{record['threshold']:g}"
+    kind = (f"{record['kind']}:{record['threshold']:g}" if record["kind"] in ("map", "detect")
+            else f"ctc:{record['blank']}" if record["kind"] == "ctc" and record.get("blank") else record["kind"])
     parts = []
     if record.get("agreement") is not None:
         parts.append(f"{record['agreement']:.4f} on the samples")
     if record.get("expected_agreement") is not None:
         parts.append(f"{record['expected_agreement']:.4f} expected on unseen inputs")
+    if record.get("strings") is not None and record.get("strings_changed") is not None:
+        parts.append(f"{record['strings_changed']} of {record['strings']} decoded strings changed")
     if record.get("sequence_agreement") is not None:
         parts.append(f"whole sequences {record['sequence_agreement']:.4f}")
     required = REQUIRED.get(record["kind"])
@@ -174,6 +180,10 @@ def describe_decision(record: dict) -> str:
     confidence = record.get("confidence") or {}
     if confidence.get("passed") is False and (required is None or (record.get("agreement") or 0.0) >= required):
         # the top class agrees, its probability crosses a level an application may accept it at
+        if record["kind"] == "ctc":
+            return (text + f"; but the lines' scores stay on the same side of {confidence['level']:g} "
+                    f"{confidence['agreement']:.4f} of the lines, {confidence['expected_agreement']:.4f} expected on unseen "
+                    f"inputs, below the {confidence['required']:g} required")
         return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} "
                 f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on unseen "
                 f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")

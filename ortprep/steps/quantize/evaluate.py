@@ -370,7 +370,11 @@ def judge(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[
             record["judged_by"] = f"absolute error <= {limit:.3g} (output {flat[name].what})"
             verdict = worst_abs is not None and worst_abs <= limit and all(d.shape_match and not d.nonfinite for d, _ in rows)
         else:
-            verdict = (comparable and record["cosine"] is not None and record["cosine"] >= min_cosine
+            # a gated ctc decision judges the output in place of the cosine floor (decisions.CTC_REPLACES_COSINE)
+            replaced = decision is not None and decision.replaces_cosine
+            if replaced:
+                record["cosine_replaced_by"] = decision.label()
+            verdict = (comparable and record["cosine"] is not None and (replaced or record["cosine"] >= min_cosine)
                        and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
         if decision is not None and decision.kind != "cosine":
             # held on the samples, and on what their margins and errors say of unseen ones
@@ -840,6 +844,7 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
 
 def _decision_text(decision: dict) -> str:
     what = {"top1": "its top-1 class agrees with the float model's on", "argmax": "its argmax per position agrees on",
+            "ctc": "its decoded strings (greedy CTC) equal the float model's on",
             "map": f"its map above {decision.get('threshold')} matches the float model's with F1",
             "detect": f"its detections (class scores above {decision.get('threshold')}) match the float model's with F1"
             }[decision["kind"]]
@@ -869,6 +874,13 @@ def _decision_text(decision: dict) -> str:
                  f"(the gate asks {ranking.get('required', 0.99):.0%}; --metric OUTPUT=map judges the threshold alone)")
         return text
     confidence = decision.get("confidence") or {}
+    if decision["kind"] == "ctc" and required and confidence.get("passed") is False and (
+            share is not None and share >= required and (expected is None or expected >= required)):
+        # the strings agree, a line's score crosses a level an application may drop it below
+        return (text + f"; but the lines' scores (the mean top probability over the characters read) stay on the same "
+                f"side of {confidence['level']:g} on {confidence['agreement']:.1%} of these lines and about "
+                f"{confidence['expected_agreement']:.1%} to expect on unseen ones (the gate asks {confidence['required']:.0%}: "
+                "an application drops a line below a score of its own, rapidocr at 0.5)")
     if decision["kind"] == "top1" and required and confidence.get("passed") is False and (
             share is not None and share >= required and (expected is None or expected >= required)):
         # the top class agrees, its probability crosses a level an application may accept it at
@@ -912,11 +924,11 @@ def _shortfall(judgement: Judgement, min_cosine: float) -> str:
     decision = worst.get("decision") or {}
     if worst["judged_by"] != "cosine":
         text = f"output '{name}' off by {worst['max_abs_diff']:.4g} ({worst['judged_by']})"
-    elif decision and decision.get("passed") is False and cosine is not None and cosine >= min_cosine and (
-            ratio is None or abs(ratio - 1.0) <= NORM_TOLERANCE):
+    elif decision and decision.get("passed") is False and cosine is not None and (
+            cosine >= min_cosine or decision.get("replaces_cosine")) and (ratio is None or abs(ratio - 1.0) <= NORM_TOLERANCE):
         text = (f"output '{name}' decides otherwise: {_decision_text(decision)} (cosine {fmt_cosine(cosine)} passes: "
                 "the tensor is close, the application's answer is not)")
-    elif cosine is not None and cosine >= min_cosine and ratio is not None:
+    elif cosine is not None and (cosine >= min_cosine or decision.get("replaces_cosine")) and ratio is not None:
         text = (f"output '{name}' scaled as a whole: norm ratio {ratio:.4f}, allowed 1 ± {NORM_TOLERANCE:g} "
                 f"(cosine {fmt_cosine(cosine)}: the direction is right, the size is not)")
     else:
@@ -997,7 +1009,7 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
                 f"{on_ep.ep} --reference MODEL.onnx separates the EP's error from quantization's; --gate-on-cpu judges on "
                 "the CPU EP only")
     below = [o for o in evaluation.outputs if not o.get("passed", True) and o["judged_by"] == "cosine"
-             and (o["cosine"] is None or o["cosine"] < min_cosine)]
+             and not o.get("cosine_replaced_by") and (o["cosine"] is None or o["cosine"] < min_cosine)]
     if below or evaluation.cpu_verdict:
         what = f"lowest output cosine {fmt_cosine(evaluation.cosine)} is below {min_cosine}"
     else:  # scaled, or a flat output off by too much

@@ -620,7 +620,9 @@ CORPUS: list[JourneyCase] = [
                 # rapidocr boxes the map at 0.3 (its config.yaml: Det.thresh), as a user who knows it says
                 metrics={"fetch_name_0": "map:0.3"}),
     JourneyCase("ocr_rec", "wheel:ocr_rec.onnx", _from_corpus("ocr_rec"), {"x": (1, 3, 48, 320)}, True,
-                "PP-OCRv6 text recogniser (rapidocr 3.10.0), 18,710 characters; text lines", decision="ctc"),
+                "PP-OCRv6 text recogniser (rapidocr 3.10.0), 18,710 characters; text lines", decision="ctc",
+                # rapidocr decodes it greedily with the blank at 0 (its CTCLabelDecode), as a user who knows it says
+                metrics={"fetch_name_0": "ctc"}),
     JourneyCase("ocr_cls", "wheel:ocr_cls.onnx", _from_corpus("ocr_cls"), {"x": (1, 3, 48, 192)}, True,
                 "PP-OCR direction classifier (rapidocr 3.10.0); text lines, half upside down", decision="top1"),
     JourneyCase("dddd_ocr", "wheel:dddd_ocr.onnx", _from_corpus("dddd_ocr"), {"input1": (1, 1, 64, 256)}, True,

@@ -697,3 +697,30 @@ def test_later_trials_reuse_the_calibrated_ranges_and_quantize_alike(tmp_path):
 
     assert encodings(tmp_path / "b.onnx") == encodings(tmp_path / "c.onnx") != {}
     assert "mm2" in {n.name for n in onnx.load(str(tmp_path / "b.onnx")).graph.node if n.op_type == "MatMul"}
+
+
+def test_the_move_off_the_ep_tries_every_node_of_the_op_that_reads_activations_only(tmp_path):
+    """off_target.candidate_sets from an attention MatMul (query by key: it reads two activations,
+    no weight): the node alone, then every MatMul that reads activations only (the softmax-by-value
+    one too, whose inputs come from other ops), never the projection that reads a weight (measured:
+    PP-OCRv6's recogniser on QNN needed all four such MatMuls kept off, where the first alone and
+    its alike did not mend the line). From the projection there is no such set."""
+    from ortprep.steps.quantize.off_target import candidate_sets
+
+    weight = numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")
+    value = numpy_helper.from_array(np.eye(8, dtype=np.float32), "wv")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["q"], name="proj"),
+             helper.make_node("Transpose", ["x"], ["k"], name="keys", perm=[1, 0]),
+             helper.make_node("MatMul", ["q", "k"], ["scores"], name="qk"),
+             helper.make_node("Softmax", ["scores"], ["attn"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["x", "wv"], ["v"], name="values"),
+             helper.make_node("MatMul", ["attn", "v"], ["y"], name="sv")]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [weight, value])
+    path = tmp_path / "attention.onnx"
+    onnx.save_model(models.make(graph), str(path))
+    sets = candidate_sets(path, "qk", 10)
+    assert [names for _, names in sets] == [["qk"], ["qk", "sv"]], sets
+    assert "read activations only" in sets[1][0]
+    assert [names for _, names in candidate_sets(path, "proj", 10)] == [["proj"], ["proj", "values"]]
+    assert [names for _, names in candidate_sets(path, "qk", 1)] == [["qk"]]  # the limit leaves the set out

@@ -58,7 +58,8 @@ from ortprep.steps.quantize.evaluate import (
     worst_nodes,
 )
 from ortprep.steps.quantize.presets import resolve_settings
-from ortprep.steps.quantize.search import Trial, Trials, margin_aim, run_search, try_calibration_methods
+from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, run_search,
+                                           try_calibration_methods)
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import model_bytes, save_temp
 
@@ -162,6 +163,17 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     if chosen is not None and best.path is not None and target is not None:
         # the calibration samples on the target EP, once, for the result chosen (evaluate.confirm_on_target)
         confirm_on_target(chosen, best.path, trials.margin_feeds, target, trials.caches.setdefault(source, {}))
+        if not chosen.passed and options.auto_exclude and options.mode == "static":
+            # only the EP's runs of the calibration samples fail: what it computes otherwise is kept off it
+            moved, moves, why_moved = confirmation_move(trials, source, best, options)
+            if moves:
+                size = max(model_bytes(source), 1)
+                search_record = search_record or {"aim": None, "trials": [best.to_record(size)], "rules": [],
+                                                  "ranked": [], "stopped": "the gate passed on the held-back samples"}
+                search_record["off_ep"] = [*search_record.get("off_ep", []), *moves]
+                search_record["off_ep_reasons"] = {**search_record.get("off_ep_reasons", {}), **why_moved}
+            if moved is not best:
+                best, chosen = moved, trials.evaluations[moved.path]
         best = replace(best, passed=best.passed and chosen.passed)
     if chosen is not None and best.path is not None:
         measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed

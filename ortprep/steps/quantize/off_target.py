@@ -14,9 +14,16 @@ SiLUs on the 10x10 maps fail alike. Keeping its 16 alike Muls off (each reads a 
 Sigmoid, all on 10x10 maps) brought the output to within 3.3 of the CPU EP's, with 2 steps of
 the output's grid allowed (5.1).
 
+rapidocr's PP-OCRv6 recogniser (A16W16, same setup) read one of 24 calibration lines otherwise on
+the HTP: a character at probability 0.78 became the blank. QNN parts first at the attention's
+MatMul of the softmax by the values (MatMul.2, cosine 0.984). Keeping it and its alike MatMul.8
+off did not mend the line; keeping off all four MatMuls that read two activations (the two
+attention blocks' query-by-key and softmax-by-value) did.
+
 So the move (search.keep_off_ep_move) tries, in order, each while the gate still fails: the node where the EP first parts;
-the nodes alike to it (same op, their inputs made by the same ops) on maps of its size; the
-alike nodes on maps of any size. Each is one trial, judged on both EPs like every other trial.
+the nodes alike to it (same op, their inputs made by the same ops) on maps of its size; where it
+reads activations only, every node of its op that does; the alike nodes on maps of any size. Each
+is one trial, judged on both EPs like every other trial.
 """
 
 from __future__ import annotations
@@ -66,6 +73,10 @@ def _real_producers(graph) -> dict[str, str]:
     return {value: source(value) for node in graph.node for value in node.input if value}
 
 
+# what a node reads that is no activation (_real_producers' words)
+WEIGHTS = ("const", "Constant")
+
+
 def _shape_key(dims: list[int] | None) -> tuple | None:
     """A tensor's size without its channels (axis 1 of a rank >= 3 tensor): alike kernels on maps
     of the same size."""
@@ -76,9 +87,10 @@ def _shape_key(dims: list[int] | None) -> tuple | None:
 
 def candidate_sets(model: Path, first: str, limit: int) -> list[tuple[str, list[str]]]:
     """(label, node names) for the move's trials, from the node ``first`` where the EP first parts
-    in the QDQ model at ``model``: it alone; the nodes alike to it on maps of its size; the alike
-    nodes on any maps. A set larger than ``limit`` nodes, or the same as the one before, is left
-    out."""
+    in the QDQ model at ``model``: it alone; the nodes alike to it on maps of its size; where it
+    reads two or more activations and no weight (an attention MatMul), every node of its op that
+    does; the alike nodes on any maps. A set larger than ``limit`` nodes, or one already tried, is
+    left out."""
     proto = onnx.load(str(model), load_external_data=False)
     graph = proto.graph
     nodes = {node.name: node for node in graph.node}
@@ -101,16 +113,23 @@ def candidate_sets(model: Path, first: str, limit: int) -> list[tuple[str, list[
     def size(node) -> tuple | None:  # that of the float value it computes (its output's Q reads it)
         return _shape_key(dims.get(node.output[0])) if node.output else None
 
+    def computed_only(node) -> bool:  # every input an activation: no weight, no constant
+        return all(made_by.get(name, "?") not in WEIGHTS for name in node.input if name)
+
     anchor = nodes[first]
     alike = [node.name for node in graph.node if node.op_type not in QDQ_OPS and signature(node) == signature(anchor)]
     same_size = [name for name in alike if size(nodes[name]) == size(anchor) and size(anchor) is not None]
     shown = "x".join(str(d) for d in (size(anchor) or ())[1:]) or "?"
     reads = " and ".join(signature(anchor)[2]) or "nothing computed"
+    activations = ([node.name for node in graph.node if node.op_type == anchor.op_type and node.domain == anchor.domain
+                    and computed_only(node)] if computed_only(anchor) and len(anchor.input) > 1 else [])
     sets = [(f"{first}, where it first parts from the CPU EP", [first]),
             (f"the {len(same_size)} {anchor.op_type} node(s) alike to {first} (reading {reads}) on {shown} maps", same_size),
+            (f"the {len(activations)} {anchor.op_type} node(s) that, as {first}, read activations only (no weight)",
+             activations),
             (f"the {len(alike)} {anchor.op_type} node(s) alike to {first} (reading {reads}), any size", alike)]
     chosen: list[tuple[str, list[str]]] = []
     for label, names in sets:
-        if names and len(names) <= limit and (not chosen or set(names) != set(chosen[-1][1])):
+        if names and len(names) <= limit and all(set(names) != set(other) for _, other in chosen):
             chosen.append((label, names))
     return chosen

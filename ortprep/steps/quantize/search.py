@@ -48,7 +48,8 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import floor_weight_scales, output_writers, widen_activation_encodings
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import LATENCY_RUNS, Evaluation, evaluate, fmt_cosine, tensor_noise, worst_nodes
+from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, confirm_on_target, evaluate, fmt_cosine, tensor_noise,
+                                             worst_nodes)
 from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.transforms.off_ep import QDQ_OPS
@@ -591,10 +592,13 @@ def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: floa
 
 
 def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list[dict], aim: float,
-                     deadline: float | None) -> tuple[Trial, list[dict], dict[str, str]]:
+                     deadline: float | None, accept: Callable[[Trial], bool] | None = None
+                     ) -> tuple[Trial, list[dict], dict[str, str]]:
     """The trials of the move from ``baseline`` (whose EP side alone fails; ``parted``: where the
     EP first parts, ep_gate.first_divergence): the best trial (``baseline`` where none improved
-    on it), a record per trial, and why each node of the best was kept off."""
+    on it), a record per trial, and why each node of the best was kept off. ``accept``: a trial is
+    taken only when it says so (confirmation_move: its calibration samples pass on the EP), and
+    the first taken ends the move; otherwise a trial is taken where it improved on the best."""
     if not parted or baseline.path is None or trials.target is None:
         return baseline, [], {}
     ep = trials.target.ep
@@ -609,18 +613,56 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
             why = "the time bound (--search-seconds)" if clock is None or not clock.exhausted else "--ep-total-seconds"
             records.append({"nodes": len(names), "label": label, "skipped": why})
             break
-        outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=names)
-        helped = improved(outcome, best)
+        off = list(dict.fromkeys([*baseline.off, *names]))
+        outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=off)
+        helped = accept(outcome) if accept is not None else improved(outcome, best)
         records.append({"label": label, "nodes": len(names), "cosine_before": best.cosine, "cosine_after": outcome.cosine,
-                        "passed": outcome.passed, "error": outcome.error, "kept": helped})
+                        "passed": outcome.passed, "error": outcome.error, "kept": helped,
+                        **({"confirmed": helped} if accept is not None else {})})
         if helped:
             why = (f"computed otherwise on {ep} than on the CPU EP: {label}; first parting at {first['node']} "
                    f"({first['op_type']}, cosine {first['cosine']:.4f} there); judged {change(best, outcome)}")
             reasons = {name: why for name in names}
             best = outcome
-        if best.passed and (best.cosine is None or best.cosine >= aim):
+        if (accept is not None and helped) or (accept is None and best.passed and (best.cosine is None or best.cosine >= aim)):
             break
     return best, records, reasons
+
+
+def confirmation_move(trials: Trials, source: Path, best: Trial, options: QuantizeOptions
+                      ) -> tuple[Trial, list[dict], dict[str, str]]:
+    """The move (keep_off_ep_move) for a result that passed its held-back samples on both EPs and
+    its calibration samples on the CPU EP, but whose calibration samples fail on the target EP
+    (evaluate.confirm_on_target, which runs them only for the result chosen): where the EP first
+    parts on the sample it did worst on, and each trial taken only when its own calibration
+    samples pass there too. Measured on rapidocr's PP-OCRv6 recogniser (A16W16, HTP simulator):
+    the 8 held-back lines passed, one calibration line of 24 was read otherwise on QNN, and the
+    search never ran, since nothing had failed before that. It runs after the search, so
+    --search-seconds (spent there, or by --auto's earlier attempts) does not bound it: its few
+    trials (off_target.candidate_sets: at most four) are bound by --ep-total-seconds."""
+    evaluation = trials.evaluations.get(best.path) if best.path is not None else None
+    confirmation = evaluation.confirmation if evaluation is not None else None
+    side = confirmation.on_ep if confirmation is not None else None
+    if (trials.target is None or side is None or side.passed or side.error is not None or not side.sample_cosines
+            or not confirmation.cpu.passed or not evaluation.cpu_verdict):
+        return best, [], {}
+    worst = side.sample_cosines.index(min(side.sample_cosines))
+    held = confirmation.held_back  # the held-back samples come first, then the calibration ones
+    feed = trials.eval_feeds[worst] if worst < held else (trials.margin_feeds() or [None])[min(worst - held,
+                                                                                          len(trials.margin_feeds()) - 1)]
+    if feed is None:
+        return best, [], {}
+    parted = first_divergence(trials.target, best.path, [feed], trials.workdir)
+    cache = trials.caches.setdefault(source, {})
+
+    def confirmed(outcome: Trial) -> bool:
+        judged = trials.evaluations.get(outcome.path) if outcome.path is not None else None
+        if not outcome.passed or judged is None:
+            return False
+        confirm_on_target(judged, outcome.path, trials.margin_feeds, trials.target, cache)
+        return bool(judged.passed)
+
+    return keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), None, accept=confirmed)
 
 
 def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto

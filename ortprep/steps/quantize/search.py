@@ -655,14 +655,30 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
     parted = first_divergence(trials.target, best.path, [feed], trials.workdir)
     cache = trials.caches.setdefault(source, {})
 
+    needed = len(side.sample_cosines)  # the EP runs the samples in one order: as many reach the one that failed
+    short: dict[str, str] = {}
+
     def confirmed(outcome: Trial) -> bool:
         judged = trials.evaluations.get(outcome.path) if outcome.path is not None else None
         if not outcome.passed or judged is None:
             return False
         confirm_on_target(judged, outcome.path, trials.margin_feeds, trials.target, cache)
+        on_ep = judged.confirmation.on_ep if judged.confirmation is not None else None
+        reached = len(on_ep.sample_cosines) if on_ep is not None else 0
+        if reached < needed:
+            # the EP's time left judged fewer samples than showed the error: not a confirmation
+            short[outcome.label] = (f"the EP judged {reached} of the {needed} samples that showed the error "
+                                    "(--ep-seconds, --ep-total-seconds)")
+            judged.passed = False
+            return False
         return bool(judged.passed)
 
-    return keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), None, accept=confirmed)
+    moved, records, reasons = keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), None,
+                                               accept=confirmed)
+    for record in records:
+        if record.get("label") is not None and f"off {trials.target.ep}: {record['label']}" in short:
+            record["not_confirmed"] = short[f"off {trials.target.ep}: {record['label']}"]
+    return moved, records, reasons
 
 
 def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto

@@ -724,3 +724,28 @@ def test_the_move_off_the_ep_tries_every_node_of_the_op_that_reads_activations_o
     assert "read activations only" in sets[1][0]
     assert [names for _, names in candidate_sets(path, "proj", 10)] == [["proj"], ["proj", "values"]]
     assert [names for _, names in candidate_sets(path, "qk", 1)] == [["qk"]]  # the limit leaves the set out
+
+
+def test_a_move_that_empties_the_eps_session_is_not_taken():
+    """search.placement_lost: nodes kept off the EP take their Q/DQ nodes along (up to
+    MOVE_NODE_SLACK each), no more. A move of 4 nodes after which the session put 0 of 1,002 nodes
+    on the EP (measured: PP-OCRv6's recogniser, its attention MatMuls in If nodes, on QNN) says the
+    EP's outputs were the CPU EP's; a move of 2 nodes that took 2 nodes and their Q/DQ off keeps
+    the placement; unknown placements say nothing."""
+    from types import SimpleNamespace
+
+    from ortprep.steps.quantize.search import MOVE_NODE_SLACK, placement_lost
+
+    def judged(on_ep: int | None, total: int) -> SimpleNamespace:
+        placement = None if on_ep is None else {"nodes_on_ep": on_ep, "nodes_total": total}
+        return SimpleNamespace(on_ep=SimpleNamespace(placement=placement))
+
+    paths = {name: Path(f"/nowhere/{name}.onnx") for name in ("before", "emptied", "kept", "unknown")}
+    trials = SimpleNamespace(evaluations={paths["before"]: judged(962, 977), paths["emptied"]: judged(0, 1002),
+                                          paths["kept"]: judged(960, 985), paths["unknown"]: judged(None, 0)})
+    trial = {name: Trial(name, [], 0.999, True, 1, path) for name, path in paths.items()}
+    lost = placement_lost(trials, trial["before"], trial["emptied"], 4)
+    assert lost and "0 of 1002" in lost and "962 of 977" in lost
+    assert placement_lost(trials, trial["before"], trial["kept"], 2) is None
+    assert placement_lost(trials, trial["before"], trial["unknown"], 4) is None
+    assert MOVE_NODE_SLACK * 4 < 962

@@ -591,6 +591,29 @@ def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: floa
     return best, records, tried
 
 
+# A node kept off the EP takes its activations' QuantizeLinear and DequantizeLinear nodes along:
+# a move of N nodes may take up to this many times N off the EP's share, no more.
+MOVE_NODE_SLACK = 8
+
+
+def placement_lost(trials: Trials, before: Trial, after: Trial, moved: int) -> str | None:
+    """Why the EP's run of ``after`` (``before`` with ``moved`` more nodes kept off the EP) no longer
+    shows what the EP computes: its session took fewer nodes than the move accounts for. Measured
+    (onnxruntime 1.32 + onnxruntime-qnn 2.7.0): rapidocr's PP-OCRv6 recogniser with its four
+    attention MatMuls in If nodes put 0 of 1,002 nodes on QNN, where 962 of 977 ran there before
+    (ORT logged that the EP's capability fused nodes with an unsupported one between them, and
+    dropped it); the gate's "QNN" outputs were the CPU EP's. None where both placements keep the
+    share, or either is unknown."""
+    old = trials.evaluations.get(before.path) if before.path is not None else None
+    new = trials.evaluations.get(after.path) if after.path is not None else None
+    was = old.on_ep.placement if old is not None and old.on_ep is not None else None
+    now = new.on_ep.placement if new is not None and new.on_ep is not None else None
+    if not was or not now or was["nodes_on_ep"] - now["nodes_on_ep"] <= MOVE_NODE_SLACK * moved:
+        return None
+    return (f"the EP's session took {now['nodes_on_ep']} of {now['nodes_total']} nodes after the move, "
+            f"{was['nodes_on_ep']} of {was['nodes_total']} before: its outputs are no longer the EP's")
+
+
 def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list[dict], aim: float,
                      deadline: float | None, accept: Callable[[Trial], bool] | None = None
                      ) -> tuple[Trial, list[dict], dict[str, str]]:
@@ -615,10 +638,12 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
             break
         off = list(dict.fromkeys([*baseline.off, *names]))
         outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=off)
-        helped = accept(outcome) if accept is not None else improved(outcome, best)
+        lost = placement_lost(trials, baseline, outcome, len(names))
+        helped = not lost and (accept(outcome) if accept is not None else improved(outcome, best))
         records.append({"label": label, "nodes": len(names), "cosine_before": best.cosine, "cosine_after": outcome.cosine,
                         "passed": outcome.passed, "error": outcome.error, "kept": helped,
-                        **({"confirmed": helped} if accept is not None else {})})
+                        **({"confirmed": helped} if accept is not None else {}),
+                        **({"placement_lost": lost} if lost else {})})
         if helped:
             why = (f"computed otherwise on {ep} than on the CPU EP: {label}; first parting at {first['node']} "
                    f"({first['op_type']}, cosine {first['cosine']:.4f} there); judged {change(best, outcome)}")

@@ -172,6 +172,9 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                                                   "ranked": [], "stopped": "the gate passed on the held-back samples"}
                 search_record["off_ep"] = [*search_record.get("off_ep", []), *moves]
                 search_record["off_ep_reasons"] = {**search_record.get("off_ep_reasons", {}), **why_moved}
+                if moved is best:
+                    search_record["stopped"] = (f"{search_record['stopped']}; then {len(moves)} set(s) of nodes kept off "
+                                                f"{target.ep} did not mend its calibration samples there (search.off_ep)")
             if moved is not best:
                 best, chosen = moved, trials.evaluations[moved.path]
         best = replace(best, passed=best.passed and chosen.passed)

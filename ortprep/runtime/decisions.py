@@ -698,7 +698,15 @@ def confidence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray
         m = np.asarray(m, np.float64)
         if m.ndim >= 1 and m.shape[-1] >= 2 and _probability_rows([m]):
             pooled.append(_top_probabilities([(m, m)])[0])
-    everything = np.concatenate(pooled)
+    return held_at_levels(ours, theirs, np.concatenate(pooled), REQUIRED["top1"])
+
+
+def held_at_levels(ours: np.ndarray, theirs: np.ndarray, everything: np.ndarray, required: float) -> dict[str, Any]:
+    """Scores in 0..1 (``ours`` the float model's, ``theirs`` the candidate's for the same rows)
+    held at each of MAP_LEVELS: per level, the share on the same side of it, and the share to
+    expect from the float scores' distances to it (``everything``: ours and those of other
+    samples) and the candidate's moves toward it; the worst level, with ``passed`` against
+    ``required``."""
     worst: dict[str, Any] | None = None
     for level in MAP_LEVELS:
         above = ours > level
@@ -709,7 +717,6 @@ def confidence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray
         entry = {"level": level, "agreement": agreed, "expected_agreement": expected}
         if worst is None or min(agreed, expected) < min(worst["agreement"], worst["expected_agreement"]):
             worst = entry
-    required = REQUIRED["top1"]
     worst["required"] = required
     worst["passed"] = bool(worst["agreement"] >= required and worst["expected_agreement"] >= required)
     return worst
@@ -881,20 +888,7 @@ def _ctc_confidence(decision: Decision, reference: list[np.ndarray], candidate: 
         m = np.asarray(m)
         if np.ndim(m) >= 2 and np.shape(m)[-1] == np.shape(pairs[0][0])[-1]:
             pooled.append(np.asarray([v for v in _line_scores(m, decision.blank) if v is not None]))
-    everything = np.concatenate(pooled)
-    required = REQUIRED["ctc"]
-    worst: dict[str, Any] | None = None
-    for level in MAP_LEVELS:
-        above = ours_a > level
-        agreed = float(np.mean(above == (theirs_a > level)))
-        errors = np.where(above, ours_a - theirs_a, theirs_a - ours_a)
-        expected = 1.0 - _flip_rate(np.abs(everything - level), errors)
-        entry = {"level": level, "agreement": agreed, "expected_agreement": expected, "lines": int(ours_a.size)}
-        if worst is None or min(agreed, expected) < min(worst["agreement"], worst["expected_agreement"]):
-            worst = entry
-    worst["required"] = required
-    worst["passed"] = bool(worst["agreement"] >= required and worst["expected_agreement"] >= required)
-    return worst
+    return {**held_at_levels(ours_a, theirs_a, np.concatenate(pooled), REQUIRED["ctc"]), "lines": int(ours_a.size)}
 
 
 def _judge_ctc(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],

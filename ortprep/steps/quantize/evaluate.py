@@ -874,20 +874,16 @@ def _decision_text(decision: dict) -> str:
                  f"(the gate asks {ranking.get('required', 0.99):.0%}; --metric OUTPUT=map judges the threshold alone)")
         return text
     confidence = decision.get("confidence") or {}
-    if decision["kind"] == "ctc" and required and confidence.get("passed") is False and (
+    if decision["kind"] in ("ctc", "top1") and required and confidence.get("passed") is False and (
             share is not None and share >= required and (expected is None or expected >= required)):
-        # the strings agree, a line's score crosses a level an application may drop it below
-        return (text + f"; but the lines' scores (the mean top probability over the characters read) stay on the same "
-                f"side of {confidence['level']:g} on {confidence['agreement']:.1%} of these lines and about "
-                f"{confidence['expected_agreement']:.1%} to expect on unseen ones (the gate asks {confidence['required']:.0%}: "
-                "an application drops a line below a score of its own, rapidocr at 0.5)")
-    if decision["kind"] == "top1" and required and confidence.get("passed") is False and (
-            share is not None and share >= required and (expected is None or expected >= required)):
-        # the top class agrees, its probability crosses a level an application may accept it at
-        return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} on "
+        # the decision agrees, a score crosses a level an application may accept (or drop) it at
+        what, why = ({"ctc": ("the lines' scores (the mean top probability over the characters read) stay",
+                              "an application drops a line below a score of its own, rapidocr at 0.5"),
+                      "top1": ("the top class's probability stays", "an application that accepts a class above a threshold "
+                               "answers otherwise; --metric OUTPUT=top1 judges the class alone")})[decision["kind"]]
+        return (text + f"; but {what} on the same side of {confidence['level']:g} on "
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
-                f"expect on unseen ones (the gate asks {confidence['required']:.0%}: an application that accepts a "
-                "class above a threshold answers otherwise; --metric OUTPUT=top1 judges the class alone)")
+                f"expect on unseen ones (the gate asks {confidence['required']:.0%}: {why})")
     boxes, needed = decision.get("box_agreement"), decision.get("required_regions")
     if decision["kind"] == "detect" and boxes is not None and needed is not None and boxes < needed and (
             required is None or share >= required):

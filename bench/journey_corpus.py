@@ -626,7 +626,9 @@ CORPUS: list[JourneyCase] = [
     JourneyCase("ocr_cls", "wheel:ocr_cls.onnx", _from_corpus("ocr_cls"), {"x": (1, 3, 48, 192)}, True,
                 "PP-OCR direction classifier (rapidocr 3.10.0); text lines, half upside down", decision="top1"),
     JourneyCase("dddd_ocr", "wheel:dddd_ocr.onnx", _from_corpus("dddd_ocr"), {"input1": (1, 1, 64, 256)}, True,
-                "ddddocr 1.6.1 OCR (its output is (steps, 1, 8210) logits, not the (1, seqlen) it declares); text lines", decision="ctc"),
+                "ddddocr 1.6.1 OCR (its output is (steps, 1, 8210) logits, not the (1, seqlen) it declares); text lines", decision="ctc",
+                # ddddocr decodes it greedily with the blank at 0 (ocr_engine._ctc_decode_indices), as a user who knows it says
+                metrics={"387": "ctc"}),
     JourneyCase("dddd_ocr_old", "wheel:dddd_ocr_old.onnx", _from_corpus("dddd_ocr_old"), {"input1": (1, 1, 64, 256)}, False,
                 "ddddocr 1.6.1's older OCR, shipped partly int8; text lines", decision="ctc",
                 not_material="already quantized with contrib ops (DynamicQuantizeLinear, ConvInteger)",

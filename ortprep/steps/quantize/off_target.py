@@ -17,8 +17,10 @@ the output's grid allowed (5.1).
 rapidocr's PP-OCRv6 recogniser (A16W16, same setup) read one of 24 calibration lines otherwise on
 the HTP: a character at probability 0.78 became the blank. QNN parts first at the attention's
 MatMul of the softmax by the values (MatMul.2, cosine 0.984). Keeping it and its alike MatMul.8
-off did not mend the line; keeping off all four MatMuls that read two activations (the two
-attention blocks' query-by-key and softmax-by-value) did.
+off kept QNN's placement (961 of 981 nodes) and did not mend the line; keeping off all four
+MatMuls that read two activations (the two attention blocks' query-by-key and softmax-by-value)
+read it right only because QNN then took none of the model (0 of 1,002 nodes), so the move refuses
+that set (search.placement_lost).
 
 So the move (search.keep_off_ep_move) tries, in order, each while the gate still fails: the node where the EP first parts;
 the nodes alike to it (same op, their inputs made by the same ops) on maps of its size; where it

@@ -615,13 +615,14 @@ def placement_lost(trials: Trials, before: Trial, after: Trial, moved: int) -> s
 
 
 def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list[dict], aim: float,
-                     deadline: float | None, accept: Callable[[Trial], bool] | None = None
+                     deadline: float | None, accept: Callable[[Trial], tuple[bool, str | None]] | None = None
                      ) -> tuple[Trial, list[dict], dict[str, str]]:
     """The trials of the move from ``baseline`` (whose EP side alone fails; ``parted``: where the
     EP first parts, ep_gate.first_divergence): the best trial (``baseline`` where none improved
     on it), a record per trial, and why each node of the best was kept off. ``accept``: a trial is
-    taken only when it says so (confirmation_move: its calibration samples pass on the EP), and
-    the first taken ends the move; otherwise a trial is taken where it improved on the best."""
+    taken only when it says so (confirmation_move: its calibration samples pass on the EP; with
+    why not, where that is not the samples' verdict), and the first taken ends the move; otherwise
+    a trial is taken where it improved on the best."""
     if not parted or baseline.path is None or trials.target is None:
         return baseline, [], {}
     ep = trials.target.ep
@@ -639,10 +640,17 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
         off = list(dict.fromkeys([*baseline.off, *names]))
         outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=off)
         lost = placement_lost(trials, baseline, outcome, len(names))
-        helped = not lost and (accept(outcome) if accept is not None else improved(outcome, best))
+        unconfirmed = None
+        if lost:
+            helped = False
+        elif accept is not None:
+            helped, unconfirmed = accept(outcome)
+        else:
+            helped = improved(outcome, best)
         records.append({"label": label, "nodes": len(names), "cosine_before": best.cosine, "cosine_after": outcome.cosine,
                         "passed": outcome.passed, "error": outcome.error, "kept": helped,
                         **({"confirmed": helped} if accept is not None else {}),
+                        **({"not_confirmed": unconfirmed} if unconfirmed else {}),
                         **({"placement_lost": lost} if lost else {})})
         if helped:
             why = (f"computed otherwise on {ep} than on the CPU EP: {label}; first parting at {first['node']} "
@@ -671,39 +679,30 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
     if (trials.target is None or side is None or side.passed or side.error is not None or not side.sample_cosines
             or not confirmation.cpu.passed or not evaluation.cpu_verdict):
         return best, [], {}
+    # the held-back samples come first in the EP's judgement, then the calibration ones
+    samples = trials.eval_feeds[:confirmation.held_back] + trials.margin_feeds()
     worst = side.sample_cosines.index(min(side.sample_cosines))
-    held = confirmation.held_back  # the held-back samples come first, then the calibration ones
-    feed = trials.eval_feeds[worst] if worst < held else (trials.margin_feeds() or [None])[min(worst - held,
-                                                                                          len(trials.margin_feeds()) - 1)]
-    if feed is None:
+    if worst >= len(samples):
         return best, [], {}
-    parted = first_divergence(trials.target, best.path, [feed], trials.workdir)
+    parted = first_divergence(trials.target, best.path, [samples[worst]], trials.workdir)
     cache = trials.caches.setdefault(source, {})
-
     needed = len(side.sample_cosines)  # the EP runs the samples in one order: as many reach the one that failed
-    short: dict[str, str] = {}
 
-    def confirmed(outcome: Trial) -> bool:
+    def confirmed(outcome: Trial) -> tuple[bool, str | None]:
         judged = trials.evaluations.get(outcome.path) if outcome.path is not None else None
         if not outcome.passed or judged is None:
-            return False
+            return False, None
         confirm_on_target(judged, outcome.path, trials.margin_feeds, trials.target, cache)
         on_ep = judged.confirmation.on_ep if judged.confirmation is not None else None
         reached = len(on_ep.sample_cosines) if on_ep is not None else 0
         if reached < needed:
             # the EP's time left judged fewer samples than showed the error: not a confirmation
-            short[outcome.label] = (f"the EP judged {reached} of the {needed} samples that showed the error "
-                                    "(--ep-seconds, --ep-total-seconds)")
             judged.passed = False
-            return False
-        return bool(judged.passed)
+            return False, (f"the EP judged {reached} of the {needed} samples that showed the error "
+                           "(--ep-seconds, --ep-total-seconds)")
+        return bool(judged.passed), None
 
-    moved, records, reasons = keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), None,
-                                               accept=confirmed)
-    for record in records:
-        if record.get("label") is not None and f"off {trials.target.ep}: {record['label']}" in short:
-            record["not_confirmed"] = short[f"off {trials.target.ep}: {record['label']}"]
-    return moved, records, reasons
+    return keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), None, accept=confirmed)
 
 
 def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto

@@ -21,6 +21,12 @@ def outer_scope_names(graph: GraphProto) -> set[str]:
     return used - defined
 
 
+def has_unnamed_nodes(graph: GraphProto) -> bool:
+    """A main-graph node without a name: ORT's graph assignment cannot tell such nodes apart, so a
+    session whose placement is read gets them labelled (SessionSpec.label_unnamed)."""
+    return any(not node.name for node in graph.node)
+
+
 def node_dependencies(node: NodeProto) -> set[str]:
     deps = {name for name in node.input if name}
     for _, sub in subgraphs_of(node):

@@ -87,6 +87,31 @@ def test_qnn_rejection_names_the_node_and_the_reason():
 
 
 @needs_qnn
+def test_unnamed_nodes_are_placed_one_by_one(qdq_cnn, tmp_path):
+    """ORT records its graph assignment by node name: with every name empty, the whole model was one
+    node '' and check --prove said 'none' for a model QNN takes. Each node now keeps the label check
+    gives it (OP#INDEX), so the proof and load count them one by one."""
+    model = onnx.load(qdq_cnn)
+    for node in model.graph.node:
+        node.name = ""
+    unnamed = tmp_path / "unnamed.onnx"
+    onnx.save(model, unnamed)
+    first_q = next(i for i, n in enumerate(model.graph.node) if n.op_type == "QuantizeLinear")
+    named = _only(invoke("check", qdq_cnn, "--ep", "qnn", "--prove", "--json").json())["proof"]
+    proof = _only(invoke("check", unnamed, "--ep", "qnn", "--prove", "--json").json())
+    # the same placement as the named file's (ORT adds a few DQ copies of its own: more than 20 nodes)
+    assert named["nodes_total"] > 20
+    assert (proof["proof"]["nodes_total"], proof["proof"]["nodes_on_ep"]) == (named["nodes_total"], named["nodes_on_ep"])
+    assert proof["verdict"] == proof["predicted_verdict"] == "partial"
+    assert f"QuantizeLinear#{first_q}" in proof["proof"]["fallback_nodes"]
+    assert proof["proof"]["comparison"]["node_agreement"] == 1.0
+    loaded = _only(invoke("load", unnamed, "--ep", "qnn", "--runs", "1", "--json").json())
+    assert (loaded["nodes_on_ep"], loaded["nodes_total"]) == (named["nodes_on_ep"], named["nodes_total"])
+    assert loaded["check_comparison"]["actual_verdict"] == "partial"
+    assert onnx.load(unnamed).graph.node[0].name == ""  # the user's file is not touched
+
+
+@needs_qnn
 def test_float_model_runs_on_qnn_htp():
     """Measured: the simulator takes the float CNN whole (QNN001 is a warning, not an error)."""
     record = invoke("load", SAMPLES / "cnn.onnx", "--ep", "qnn", "--runs", "1", "--json").json()

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ortprep.analysis import ModelAnalysis
+from ortprep.graphops import has_unnamed_nodes
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
@@ -43,9 +44,10 @@ SCHEMA = "ortprep.load/2"
 # Output tolerance against the CPU EP, relative to the output's scale (at least 1).
 
 
-def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path) -> dict[str, Any]:
+def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path,
+           label_unnamed: bool = False) -> dict[str, Any]:
     """One EP in a worker process (a Placement request); returns its answer as a dict, with the
-    outputs (or a crash/timeout)."""
+    outputs (or a crash/timeout). ``label_unnamed``: the model has unnamed nodes (SessionSpec)."""
     from ortprep.runtime.requests import Placement
     from ortprep.runtime.worker import call
 
@@ -63,6 +65,7 @@ def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options
         workdir=str(folder),
         levels=["default", "off"] if options.placement_off else ["default"],
         verbose_record=target.spec.provider == "QNNExecutionProvider",
+        label_unnamed=label_unnamed,
     )
     reply = call(request, python=target.python, timeout=options.timeout)
     if reply.status == "timeout":
@@ -157,13 +160,15 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
 
         stop = threading.Event()
 
+        unnamed = has_unnamed_nodes(handle.graph)
+
         def run_all() -> dict[str, dict]:
-            raw = {"cpu": run_ep(handle.path, cpu, feeds, options, workdir)}
+            raw = {"cpu": run_ep(handle.path, cpu, feeds, options, workdir, unnamed)}
             for target in targets:
                 if stop.is_set():
                     break
                 if target.available and target.spec.name not in raw:
-                    raw[target.spec.name] = run_ep(handle.path, target, feeds, options, workdir)
+                    raw[target.spec.name] = run_ep(handle.path, target, feeds, options, workdir, unnamed)
             return raw
 
         # The workers build sessions and run while this process analyses the graph for the

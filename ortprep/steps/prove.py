@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis
+from ortprep.graphops import has_unnamed_nodes
 from ortprep.eps.registry import EpSpec, resolve_ep
 from ortprep.findings import Finding
 from ortprep.options import CheckOptions
@@ -104,7 +105,8 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
         chosen = session_options(target, options.provider_options, options.device)
 
         reply = call(Prove(model=os.path.abspath(handle.path), provider=spec.provider, provider_options=chosen,
-                           plugin=target.plugin, verbose_record=spec.provider == "QNNExecutionProvider", run_once=True),
+                           plugin=target.plugin, verbose_record=spec.provider == "QNNExecutionProvider", run_once=True,
+                           label_unnamed=has_unnamed_nodes(handle.graph)),
                      python=target.python, timeout=options.timeout)
         proof: dict[str, Any] = {"status": "created" if reply.ok else reply.status, "provider_options": chosen,
                                  "run": reply.placement.get("run")}

@@ -57,6 +57,7 @@ class Placement(Request):
     workdir: str | None = None  # where the profiler writes
     levels: list[str] = field(default_factory=lambda: ["default"])
     verbose_record: bool = False
+    label_unnamed: bool = False  # SessionSpec.label_unnamed: the model has unnamed nodes
     test_hook: str = field(default_factory=lambda: _hook("ORTPREP_TEST_LOAD_HOOK"))
 
     def affinity(self):
@@ -69,7 +70,7 @@ class Placement(Request):
         base = SessionSpec(self.model, provider=self.provider, provider_options=tuple(sorted(self.provider_options.items())),
                            plugin_library=plugin.get("library"),
                            device_metadata=tuple(sorted((plugin.get("device_metadata") or {}).items())),
-                           custom_op_library=self.custom_op_library)
+                           custom_op_library=self.custom_op_library, label_unnamed=self.label_unnamed)
         return SessionSpec(**{**base.__dict__, **changes})
 
     def _session(self, state: WorkerState, reply: PlacementReply, **changes):

@@ -37,6 +37,9 @@ class SessionSpec:
     extra_outputs: tuple[str, ...] = ()  # intermediates to expose as outputs
     profile_prefix: str | None = None  # profiling on: never cached (ending it ends the session's use)
     verbose: bool = False
+    # give every unnamed main-graph node the label ortprep's analysis knows it by (OP#INDEX): ORT
+    # records its graph assignment by node name, and unnamed nodes would all be '' there
+    label_unnamed: bool = False
 
     def __post_init__(self) -> None:
         if self.provider == "CPUExecutionProvider":  # the CPU EP alone either way: one key for one session
@@ -45,7 +48,8 @@ class SessionSpec:
 
     def key(self) -> tuple:
         return model_key(self.model) + (self.provider, self.provider_options, self.with_cpu, self.strict, self.optimization,
-                                        self.plugin_library, self.device_metadata, self.custom_op_library, self.extra_outputs)
+                                        self.plugin_library, self.device_metadata, self.custom_op_library, self.label_unnamed,
+                                        self.extra_outputs)
 
 
 def session_options(state: WorkerState, spec: SessionSpec):
@@ -82,13 +86,18 @@ def add_plugin_ep(state: WorkerState, spec: SessionSpec, options) -> None:
 
 
 def _with_extra_outputs(spec: SessionSpec, options) -> tuple[str | bytes, list[str] | None]:
-    """What to give InferenceSession: the file itself, or (with ``extra_outputs``) its graph with
-    the intermediates as outputs, in memory, its external data read from the file's folder."""
-    if not spec.extra_outputs:
+    """What to give InferenceSession: the file itself, or (with ``extra_outputs`` or
+    ``label_unnamed``) its graph changed in memory (the intermediates as outputs, the unnamed nodes
+    labelled), its external data read from the file's folder."""
+    if not spec.extra_outputs and not spec.label_unnamed:
         return spec.model, None
     import onnx
 
     proto = onnx.load(spec.model, load_external_data=False)
+    if spec.label_unnamed:
+        for index, node in enumerate(proto.graph.node):
+            if not node.name:
+                node.name = f"{node.op_type}#{index}"
     graph_outputs = [v.name for v in proto.graph.output]
     present = set(graph_outputs)
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(spec.extra_outputs) if n not in present)

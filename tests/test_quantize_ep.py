@@ -863,3 +863,84 @@ def test_the_steps_time_on_the_ep_is_bounded_across_auto_attempts(tmp_path):
     assert all("QNT005" in attempt["codes"] for attempt in record["auto"]["tried"]), record["auto"]["tried"]
     assert "not run on qnn: the step's time there (1 s, --ep-total-seconds) was spent" in record["verify"]["ep"]["error"]
     assert record["auto"]["fp16"]["measured"] is True and record["auto"]["fp16"]["judged_on"] == ["cpu", "qnn"]
+
+
+def _attention_scores(folder: Path) -> tuple[Path, Path]:
+    """q [1, 4, 26, 16] x k [1, 4, 16, 26] -> scores: a MatMul of two activations, as attention
+    computes, and 24 calibration samples."""
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["q", "k"], ["scores"], name="scores")],
+        "attention_scores", [helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 4, 26, 16]),
+                             helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 4, 16, 26])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, 26, 26])])
+    path = folder / "scores.onnx"
+    onnx.save_model(models.make(graph, opset=13, ir_version=8), str(path))
+    calib = folder / "calib"
+    calib.mkdir()
+    for i in range(24):
+        np.savez(calib / f"{i:03d}.npz", q=rng.standard_normal((1, 4, 26, 16)).astype(np.float32),
+                 k=(rng.standard_normal((1, 4, 16, 26)) + 0.5).astype(np.float32))
+    return path, calib
+
+
+def _without_fp16_casts(quantized: Path, out: Path) -> Path:
+    """The quantized model with the Casts around its FP16 MatMuls taken out again: the 16-bit
+    MatMul ORT's quantizer wrote."""
+    proto = onnx.load(str(quantized))
+    casts = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Cast"}
+    back = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
+    nodes = []
+    for node in proto.graph.node:
+        if node.op_type == "Cast":
+            continue
+        if node.op_type == "MatMul" and node.input[0] in casts:
+            node.input[:] = [casts[name] for name in node.input]
+            node.output[0] = back[node.output[0]]
+        nodes.append(node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    onnx.save(proto, str(out))
+    return out
+
+
+@needs_qnn
+def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
+    """QNN's HTP computes a MatMul of two 16-bit activations far less precisely than the CPU EP's run
+    of the same QDQ model; quantize --ep qnn puts a Cast to float16 around it, QNN keeps it, and
+    computes it about ten times closer to the float model (measured, onnxruntime-qnn 2.7.0,
+    soc_model 60)."""
+    from ortprep.eps.htp import sixteen_bit_activation_matmuls
+    from ortprep.options import QuantizeOptions
+    from ortprep.report import StepResult
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.ep_gate import gate_target
+
+    model, calib = _attention_scores(tmp_path)
+    out = tmp_path / "q.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint8",
+                               "--calib", calib, "-o", out, "--no-preprocess", "--metric", "scores=cosine")
+    assert code == 0, record["findings"]
+    assert record["fp16_matmuls"] == ["scores"] and findings(record, "QNT024")
+    written = onnx.load(str(out))
+    makers = {o: n for n in written.graph.node for o in n.output}
+    scores = next(n for n in written.graph.node if n.name == "scores")
+    assert [(makers[i].op_type, makers[i].attribute[0].i) for i in scores.input] == [("Cast", TensorProto.FLOAT16)] * 2
+    assert sixteen_bit_activation_matmuls(written) == []
+    raw = _without_fp16_casts(out, tmp_path / "raw.onnx")
+    assert sixteen_bit_activation_matmuls(onnx.load(str(raw))) == ["scores"]
+    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
+    samples = [dict(np.load(calib / f"{i:03d}.npz")) for i in range(4)]
+    meant = [s["scores"] for s in run_isolated(raw, samples).samples]  # what the QDQ model means: the CPU EP's run
+    scale = max(float(np.abs(m).max()) for m in meant)
+
+    def qnn_error(path: Path) -> float:
+        return max(float(np.abs(ours["scores"] - want).max()) for ours, want in zip(target.run(path, samples).samples, meant))
+
+    raw_error, fp16_error = qnn_error(raw), qnn_error(out)
+    assert raw_error > 2e-3 * scale  # the 16-bit MatMul on the HTP: far more than a 16-bit step off
+    assert fp16_error < raw_error / 4, (raw_error, fp16_error, scale)
+    # check warns of a QDQ model made elsewhere with such a MatMul, and not of ortprep's
+    warned = invoke("check", raw, "--ep", "qnn", "--json").json()
+    assert [f["node"] for f in warned["findings"] if f["code"] == "QNN006"] == ["scores"]
+    assert not [f for f in invoke("check", out, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN006"]

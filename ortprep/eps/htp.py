@@ -19,6 +19,34 @@ HTP_MULTIPLIER_FLOOR = 2.0 ** -23  # what the edit raises to: a factor 2 above t
 WEIGHTED_OPS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "MatMul": None}  # op -> index of its bias input
 
 
+# QNN's HTP computes a MatMul of two 16-bit activations (A16 QDQ on both inputs, no weight) far less
+# precisely than its 16-bit encodings carry. Measured on the HTP simulator (onnxruntime-qnn 2.7.0,
+# soc_model 60; bench/RESULTS.md, "A MatMul of two 16-bit activations on QNN's HTP"): [1,4,26,16] x
+# [1,4,16,26], output range 20.7, max abs diff 0.099 against the float result where the CPU EP's run of
+# the same QDQ model is off by 0.0007 (output step 0.0006). With the MatMul computed in FP16 on the HTP
+# (Cast to float16 around it; every node still on QNN) it is 0.0064. An elementwise Mul of two 16-bit
+# activations is not affected (0.0019 at range 6.2; FP16 0.0039). A Cast from float to float or an
+# Identity between the MatMul and its Q does not help: ORT removes it before QNN sees the graph.
+SIXTEEN_BIT = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
+
+
+def sixteen_bit_activation_matmuls(proto: ModelProto) -> list[str]:
+    """The MatMul nodes of a QDQ model whose two inputs are 16-bit activations (each the output of a
+    DequantizeLinear of a computed tensor, with a 16-bit zero point), by name, in graph order."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    producers = {out: node for node in proto.graph.node for out in node.output}
+
+    def sixteen_bit_activation(name: str) -> bool:
+        dq = producers.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] in inits:
+            return False
+        zero = inits.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+        return zero is not None and zero.data_type in SIXTEEN_BIT
+
+    return [node.name for node in proto.graph.node
+            if node.op_type == "MatMul" and len(node.input) == 2 and all(map(sixteen_bit_activation, node.input))]
+
+
 def _array(inits: dict, name: str) -> np.ndarray | None:
     """An initializer's values, or None where they are not here (not an initializer, or weights
     left out: external data, a check's skeleton)."""

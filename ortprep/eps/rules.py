@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, is_float32_tensor
-from ortprep.eps.htp import small_multipliers
+from ortprep.eps.htp import sixteen_bit_activation_matmuls, small_multipliers
 from ortprep.eps.registry import EpSpec
 from ortprep.eps.tables import Match, SupportLevel, SupportTable
 from ortprep.findings import Finding, Severity
@@ -394,6 +394,22 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                     fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it raises those "
                         "scales, QNT020), then ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",
                     source=QNN_MEASURED + "; bench/RESULTS.md, QNN's smallest requantization multiplier",
+                )
+            )
+    if spec.name == "qnn" and _has_qdq(analysis):
+        for name in sixteen_bit_activation_matmuls(analysis.handle.proto):
+            findings.append(
+                Finding.of(
+                    "QNN006",
+                    f"qnn: MatMul '{name}' multiplies two 16-bit activations, which QNN's HTP computes far less precisely "
+                    "than the CPU EP's run of the same QDQ model (measured: max abs diff 0.099 at an output range of "
+                    "20.7, the CPU EP 0.0007); in FP16 on the HTP it is 0.0064",
+                    ep=spec.name,
+                    node=name,
+                    fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it computes such "
+                        "MatMuls in FP16, QNT024), or put a Cast to float16 around this MatMul; then ortprep load "
+                        "MODEL.qdq.onnx --ep qnn --reference MODEL",
+                    source=QNN_MEASURED + "; bench/RESULTS.md, A MatMul of two 16-bit activations on QNN's HTP",
                 )
             )
     if spec.name == "tensorrt" and opset is not None:

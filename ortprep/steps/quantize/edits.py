@@ -13,7 +13,13 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto
 
-from ortprep.eps.htp import HTP_MIN_MULTIPLIER, HTP_MULTIPLIER_FLOOR, WEIGHTED_OPS, weight_multipliers
+from ortprep.eps.htp import (
+    HTP_MIN_MULTIPLIER,
+    HTP_MULTIPLIER_FLOOR,
+    WEIGHTED_OPS,
+    sixteen_bit_activation_matmuls,
+    weight_multipliers,
+)
 from ortprep.errors import UsageError
 from ortprep.model import iter_graphs
 from ortprep.runtime.compare import PASS_THROUGH
@@ -372,3 +378,49 @@ def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: 
     if raised:
         onnx.save(proto, str(path))
     return raised
+
+
+def fp16_activation_matmuls(path: Path) -> list[str]:
+    """Compute, in place, every MatMul of two 16-bit activations in FP16: a Cast to float16 on each
+    input and a Cast back to float on the output, between the DequantizeLinears and the
+    QuantizeLinear. QNN's HTP then runs it as an FP16 MatMul, not as the 16-bit one it computes far
+    less precisely (eps/htp.py); the CPU EP runs the same FP16 MatMul, so both sides of quantize's
+    gate judge what the HTP computes. Returns the MatMuls changed, by name."""
+    proto = onnx.load(str(path), load_external_data=False)
+    changed = sixteen_bit_activation_matmuls(proto)
+    names = set(changed)
+    if not names:
+        return []
+    graph = proto.graph
+    taken = {n for node in graph.node for n in (*node.input, *node.output, node.name)}
+
+    def fresh(base: str) -> str:
+        name, count = base, 0
+        while name in taken:
+            count += 1
+            name = f"{base}_{count}"
+        taken.add(name)
+        return name
+
+    nodes = []
+    for node in graph.node:
+        if node.name not in names:
+            nodes.append(node)
+            continue
+        halves = []
+        for index, name in enumerate(node.input):
+            half = fresh(f"{node.name}_input{index}_fp16")
+            nodes.append(onnx.helper.make_node("Cast", [name], [half], name=half, to=TensorProto.FLOAT16))
+            halves.append(half)
+        product = fresh(f"{node.name}_fp16")
+        output = node.output[0]
+        del node.input[:]
+        node.input.extend(halves)
+        node.output[0] = product
+        nodes.append(node)
+        nodes.append(onnx.helper.make_node("Cast", [product], [output], name=fresh(f"{node.name}_to_float"),
+                                           to=TensorProto.FLOAT))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(proto, str(path))
+    return changed

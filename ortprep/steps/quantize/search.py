@@ -46,7 +46,12 @@ from ortprep.options import QuantizeOptions
 from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
-from ortprep.steps.quantize.edits import floor_weight_scales, output_writers, widen_activation_encodings
+from ortprep.steps.quantize.edits import (
+    floor_weight_scales,
+    fp16_activation_matmuls,
+    output_writers,
+    widen_activation_encodings,
+)
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, confirm_on_target, evaluate, fmt_cosine, tensor_noise,
                                              worst_nodes)
@@ -503,6 +508,7 @@ class Trials:
         self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
         self.widened_count: dict[Path, int] = {}  # a trial's model -> how many activations' 16-bit encodings were
         self.floored: dict[Path, list[dict]] = {}  # a trial's model -> weights whose scales were raised for QNN's HTP
+        self.fp16_matmuls: dict[Path, list[str]] = {}  # a trial's model -> MatMuls of two 16-bit activations, in FP16
         self._margin_feeds: list | None = None
         self.started = time.monotonic()  # the search's time bound counts from here (the step's first trial)
         # The target EP runs the baselines (both sides reported, where they part
@@ -537,6 +543,9 @@ class Trials:
         if self.options.mode == "static" and self.settings.get("preset") == "qnn":
             # after the widening: it changes the output scales the multipliers divide by (edits.HTP_MIN_MULTIPLIER)
             self.floored[output] = floor_weight_scales(output)
+            if self.settings["activation_type"] in ("uint16", "int16"):
+                # the HTP's 16-bit MatMul of two activations is far less precise than FP16 (eps/htp.py)
+                self.fp16_matmuls[output] = fp16_activation_matmuls(output)
         if off:
             error = move_off_ep(output, off)
             if error is not None:

@@ -415,3 +415,65 @@ def test_convert_keep_off_ep_refuses_an_unknown_node_and_verifies_a_qdq_model(tm
     assert done.exit_code == 0, done.stdout[-800:]
     assert done.json()["verify"]["max_abs_diff"] == 0.0 and done.json()["verify"]["optimization"] == "disable"
     assert "c0q_DequantizeLinear, culprit_dw" in done.json()["transforms"][0]["detail"]
+
+
+def _bias_between_identities(folder: Path) -> Path:
+    """ConvTranspose -> Identity -> Add(bias [1, 8, 1, 1]) -> Identity -> Relu -> Conv, quantized
+    A16W16 with the QNN preset: the shape of a PP-OCR detector's head as Paddle exports it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import models
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "w1"], ["a"], strides=[2, 2], name="up"),
+         helper.make_node("Identity", ["a"], ["ai"], name="id1"),
+         helper.make_node("Add", ["ai", "b"], ["ab"], name="bias"),
+         helper.make_node("Identity", ["ab"], ["abi"], name="id2"),
+         helper.make_node("Relu", ["abi"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="head")],
+        "bias_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32, 32])],
+        [numpy_helper.from_array((rng.standard_normal((8, 8, 2, 2)) * 0.3).astype(np.float32), "w1"),
+         numpy_helper.from_array((rng.standard_normal((1, 8, 1, 1)) * 0.1).astype(np.float32), "b"),
+         numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")])
+    model = folder / "bias_head.onnx"
+    onnx.save_model(models.make(graph, opset=17, ir_version=8), str(model))
+    calib = folder / "calib"
+    calib.mkdir()
+    for i in range(16):
+        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    quantized = folder / "q.onnx"
+    done = invoke("quantize", model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
+                  "--calib", calib, "-o", quantized, "--gate-on-cpu", "--no-preprocess", "--metric", "y=cosine")
+    assert done.exit_code == 0, done.stdout[-800:]
+    return quantized
+
+
+def test_convert_keep_off_ep_never_writes_what_a_default_session_cannot_create(tmp_path):
+    """--keep-off-ep is verified with graph optimizations off; the result must also create the session
+    an application gets (ORT's default level). With onnxruntime 1.32, that session aborts its process
+    on this model's Add kept off the EP (measured: a vector index assertion in ORT's QDQ clean-up,
+    QDQFinalCleanupTransformer; fine with it disabled, at ORT_ENABLE_BASIC and with optimizations
+    off); convert then refuses and writes nothing."""
+    import subprocess
+    import sys
+
+    import onnxruntime
+
+    quantized = _bias_between_identities(tmp_path)
+    out = tmp_path / "off.onnx"
+    done = invoke("convert", quantized, "--keep-off-ep", "bias", "-o", out, "--keep-failed", "--json")
+    kept = tmp_path / "off.failed.onnx"
+    written = out if out.exists() else kept
+    assert written.exists()
+    session = subprocess.run([sys.executable, "-c", "import onnxruntime as o, sys; o.InferenceSession(sys.argv[1], "
+                              "providers=['CPUExecutionProvider'])", str(written)], capture_output=True, text=True)
+    if session.returncode == 0:  # an ORT that creates it: written and verified as before
+        assert done.exit_code == 0 and out.exists() and not kept.exists()
+        return
+    assert done.exit_code == 1 and not out.exists()
+    finding = next(f for f in done.json()["findings"] if f["code"] == "CNV006")
+    assert "ORT's default optimization level" in finding["message"] and "killed its process" in finding["message"]
+    assert onnxruntime.__version__.startswith("1.32")  # the version this was measured on

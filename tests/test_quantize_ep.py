@@ -944,3 +944,84 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     warned = invoke("check", raw, "--ep", "qnn", "--json").json()
     assert [f["node"] for f in warned["findings"] if f["code"] == "QNN006"] == ["scores"]
     assert not [f for f in invoke("check", out, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN006"]
+
+
+def _bias_after_conv_transpose(folder: Path) -> tuple[Path, Path]:
+    """x -> ConvTranspose (8 -> 8, 2x2, stride 2, no bias) -> Identity -> Add [1, 8, 1, 1] -> Relu
+    -> Conv -> y, as Paddle exports a detector head, and 16 calibration samples."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "w1"], ["a"], strides=[2, 2], name="up"),
+         helper.make_node("Identity", ["a"], ["ai"], name="id"),
+         helper.make_node("Add", ["ai", "b"], ["ab"], name="bias"),
+         helper.make_node("Relu", ["ab"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="head")],
+        "bias_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32, 32])],
+        [numpy_helper.from_array((rng.standard_normal((8, 8, 2, 2)) * 0.3).astype(np.float32), "w1"),
+         numpy_helper.from_array((rng.standard_normal((1, 8, 1, 1)) * 0.1).astype(np.float32), "b"),
+         numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")])
+    path = folder / "bias_head.onnx"
+    onnx.save_model(models.make(graph, opset=17, ir_version=8), str(path))
+    calib = folder / "calib"
+    calib.mkdir()
+    for i in range(16):
+        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    return path, calib
+
+
+def test_fold_conv_transpose_bias_is_the_same_function_in_float(tmp_path):
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.edits import fold_conv_transpose_bias
+
+    model, calib = _bias_after_conv_transpose(tmp_path)
+    proto = onnx.load(str(model))
+    assert fold_conv_transpose_bias(proto, keep={"bias"}) == []  # --exclude-node keeps it as it is
+    assert fold_conv_transpose_bias(proto) == ["bias"]
+    assert [n.op_type for n in proto.graph.node] == ["ConvTranspose", "Identity", "Relu", "Conv"]
+    assert "b" not in {t.name for t in proto.graph.initializer}
+    folded = tmp_path / "folded.onnx"
+    onnx.save(proto, str(folded))
+    sample = [dict(np.load(calib / "000.npz"))]
+    want, got = run_isolated(model, sample).samples[0]["y"], run_isolated(folded, sample).samples[0]["y"]
+    assert np.abs(want - got).max() < 1e-5
+    assert fold_conv_transpose_bias(proto) == []  # nothing left to fold
+
+
+@needs_qnn
+def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypatch):
+    """QNN's HTP computes the Add of a per-channel constant after a quantized ConvTranspose 6.5% of
+    its range off the CPU EP's run of the same model; folded into the ConvTranspose's bias it agrees
+    (measured, onnxruntime-qnn 2.7.0, soc_model 60). check names the Add in a QDQ model made
+    elsewhere (QNN007)."""
+    from ortprep.eps.htp import conv_transpose_bias_adds
+    from ortprep.options import QuantizeOptions
+    from ortprep.report import StepResult
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.ep_gate import gate_target
+
+    model, calib = _bias_after_conv_transpose(tmp_path)
+    ours = tmp_path / "q.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
+                               "--calib", calib, "-o", ours, "--no-preprocess", "--metric", "y=cosine")
+    assert code == 0, record["findings"]
+    assert record["folded_biases"] == ["bias"] and findings(record, "QNT025")
+    # the same quantization without the fold, as a QDQ model made elsewhere would be
+    monkeypatch.setattr("ortprep.steps.quantize.fold_conv_transpose_bias", lambda proto, keep=(): [])
+    raw = tmp_path / "raw.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
+                               "--calib", calib, "-o", raw, "--no-preprocess", "--metric", "y=cosine", "--gate-on-cpu")
+    assert record["folded_biases"] == [] and conv_transpose_bias_adds(onnx.load(str(raw))) == ["bias"]
+    assert conv_transpose_bias_adds(onnx.load(str(ours))) == []
+    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
+    samples = [dict(np.load(calib / f"{i:03d}.npz")) for i in range(4)]
+
+    def qnn_error(path: Path) -> float:
+        cpu, qnn = run_isolated(path, samples).samples, target.run(path, samples).samples
+        return max(float(np.abs(c["y"] - q["y"]).max() / np.abs(c["y"]).max()) for c, q in zip(cpu, qnn))
+
+    assert qnn_error(raw) > 0.01
+    assert qnn_error(ours) < 0.002
+    warned = invoke("check", raw, "--ep", "qnn", "--json").json()
+    assert [f["node"] for f in warned["findings"] if f["code"] == "QNN007"] == ["bias"]
+    assert not [f for f in invoke("check", ours, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN007"]

@@ -29,6 +29,50 @@ WEIGHTED_OPS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "MatMul": None}  # op 
 # Identity between the MatMul and its Q does not help: ORT removes it before QNN sees the graph.
 SIXTEEN_BIT = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
 
+# QNN's HTP computes an Add of a per-channel constant that reads a quantized ConvTranspose's output
+# wrongly. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md, "A bias
+# Add after a ConvTranspose on QNN's HTP"): ConvTranspose (8 -> 8, 2x2, stride 2) -> Add [1, 8, 1, 1]
+# -> Relu, A16W16 and A8W8 alike: the ConvTranspose's output agrees with the CPU EP's run of the same
+# model within 0.02% of its range, the Add's is 6.5% off (cosine 0.9927); with a Conv in its place, or
+# with the constant folded into the ConvTranspose's bias input, it agrees within 0.02%. The float
+# model on the HTP (FP16) is not affected. PP-OCRv4's detector head (Paddle's export) has two.
+CONV_TRANSPOSE_BIAS = "an Add of a per-channel constant after a quantized ConvTranspose"
+
+
+def conv_transpose_bias_adds(proto: ModelProto) -> list[str]:
+    """The Add nodes of a QDQ model that add a constant per channel (or one value) to a quantized
+    ConvTranspose's output (through its Q/DQ pair and any Identity), by name (CONV_TRANSPOSE_BIAS)."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    producers = {out: node for node in proto.graph.node for out in node.output}
+
+    def source(name: str):
+        node = producers.get(name)
+        while node is not None and node.op_type in ("DequantizeLinear", "QuantizeLinear", "Identity"):
+            if node.input[0] in inits:
+                return "constant", inits[node.input[0]]
+            node = producers.get(node.input[0])
+        if node is None:
+            return ("constant", inits[name]) if name in inits else ("input", None)
+        return node.op_type, node
+
+    found = []
+    for node in proto.graph.node:
+        if node.op_type != "Add" or len(node.input) != 2:
+            continue
+        kinds = [source(name) for name in node.input]
+        ops = sorted(kind for kind, _ in kinds)
+        if ops != ["ConvTranspose", "constant"]:
+            continue
+        conv = next(value for kind, value in kinds if kind == "ConvTranspose")
+        maker = producers.get(conv.input[0])
+        if maker is None or maker.op_type != "DequantizeLinear":
+            continue  # a float ConvTranspose: the HTP computes it in FP16, unaffected
+        constant = next(value for kind, value in kinds if kind == "constant")
+        dims = [d for d in constant.dims if d != 1]
+        if len(dims) <= 1:
+            found.append(node.name)
+    return found
+
 
 def sixteen_bit_activation_matmuls(proto: ModelProto) -> list[str]:
     """The MatMul nodes of a QDQ model whose two inputs are 16-bit activations (each the output of a

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, is_float32_tensor
-from ortprep.eps.htp import sixteen_bit_activation_matmuls, small_multipliers
+from ortprep.eps.htp import conv_transpose_bias_adds, sixteen_bit_activation_matmuls, small_multipliers
 from ortprep.eps.registry import EpSpec
 from ortprep.eps.tables import Match, SupportLevel, SupportTable
 from ortprep.findings import Finding, Severity
@@ -410,6 +410,21 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                         "MatMuls in FP16, QNT024), or put a Cast to float16 around this MatMul; then ortprep load "
                         "MODEL.qdq.onnx --ep qnn --reference MODEL",
                     source=QNN_MEASURED + "; bench/RESULTS.md, A MatMul of two 16-bit activations on QNN's HTP",
+                )
+            )
+    if spec.name == "qnn" and _has_qdq(analysis):
+        for name in conv_transpose_bias_adds(analysis.handle.proto):
+            findings.append(
+                Finding.of(
+                    "QNN007",
+                    f"qnn: Add '{name}' adds a constant per channel to a quantized ConvTranspose's output, which QNN's HTP "
+                    "computes wrongly (measured: 6.5% of the output's range off the CPU EP's run of the same model, "
+                    "cosine 0.9927, where the ConvTranspose's own output agrees within 0.02%)",
+                    ep=spec.name,
+                    node=name,
+                    fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it folds the constant "
+                        "into the ConvTranspose's bias, QNT025); then ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",
+                    source=QNN_MEASURED + "; bench/RESULTS.md, A bias Add after a ConvTranspose on QNN's HTP",
                 )
             )
     if spec.name == "tensorrt" and opset is not None:

@@ -424,3 +424,76 @@ def fp16_activation_matmuls(path: Path) -> list[str]:
     graph.node.extend(nodes)
     onnx.save(proto, str(path))
     return changed
+
+
+def fold_conv_transpose_bias(proto: ModelProto, keep: set[str] = frozenset()) -> list[str]:
+    """Fold, in place, an Add of a constant per output channel (shape [1, C, 1, 1], [C, 1, 1] or one
+    value) that reads a ConvTranspose's output (through Identity nodes), and nothing else does, into that ConvTranspose's
+    bias: the same function in float, one node fewer. Paddle exports its transposed convolutions so
+    (PP-OCR's detector head). QNN's HTP computes such an Add wrongly once both are quantized
+    (eps/htp.py, CONV_TRANSPOSE_BIAS). Nodes named in ``keep`` are left as they are. Returns the Adds
+    folded, by name."""
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    for _, sub in iter_graphs(graph):
+        if sub is not graph:
+            for node in sub.node:
+                for name in node.input:
+                    readers[name] = readers.get(name, 0) + 1
+    producers = {out: node for node in graph.node for out in node.output}
+    outputs = {v.name for v in graph.output}
+    folded, dropped, gone = [], set(), set()
+    for node in graph.node:
+        if node.op_type != "Add" or node.name in keep or len(node.input) != 2:
+            continue
+        for act, const in ((0, 1), (1, 0)):
+            tail = conv = producers.get(node.input[act])
+            while conv is not None and conv.op_type == "Identity" and readers.get(conv.input[0], 0) == 1 \
+                    and conv.input[0] not in outputs:  # Paddle's exports put one between them
+                conv = producers.get(conv.input[0])
+            tensor = inits.get(node.input[const])
+            if conv is None or conv.op_type != "ConvTranspose" or tensor is None or conv.name in keep:
+                continue
+            if readers.get(node.input[act], 0) != 1 or node.input[act] in outputs or readers.get(node.input[const], 0) != 1:
+                continue
+            weight = inits.get(conv.input[1])
+            if weight is None or tensor.data_type != TensorProto.FLOAT or weight.data_location == TensorProto.EXTERNAL:
+                continue
+            channels = weight.dims[1] * next((a.i for a in conv.attribute if a.name == "group"), 1)
+            value = onnx.numpy_helper.to_array(tensor).astype(np.float32)
+            if value.size == 1:
+                per_channel = np.full(channels, value.ravel()[0], np.float32)
+            elif value.size == channels and list(value.shape) in ([1, channels, 1, 1], [channels, 1, 1], [1, channels, 1], [channels, 1]):
+                per_channel = value.ravel()
+            else:
+                continue
+            bias_name = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+            if bias_name is not None:
+                if bias_name not in inits or readers.get(bias_name, 0) != 1:
+                    continue
+                per_channel = per_channel + onnx.numpy_helper.to_array(inits[bias_name]).astype(np.float32)
+                inits[bias_name].CopyFrom(onnx.numpy_helper.from_array(per_channel, bias_name))
+            else:
+                bias_name = f"{conv.name or conv.output[0]}_folded_bias"
+                graph.initializer.append(onnx.numpy_helper.from_array(per_channel, bias_name))
+                while len(conv.input) < 2:
+                    conv.input.append("")
+                conv.input.append(bias_name)
+            gone.update({node.input[act], node.input[const]})
+            tail.output[0] = node.output[0]
+            dropped.add(id(node))
+            folded.append(node.name or node.output[0])
+            break
+    if dropped:
+        kept = [node for node in graph.node if id(node) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+        for tensor in [t for t in graph.initializer if t.name in gone]:
+            graph.initializer.remove(tensor)
+        for value in [v for v in graph.value_info if v.name in gone]:
+            graph.value_info.remove(value)
+    return folded

@@ -27,6 +27,16 @@ def has_unnamed_nodes(graph: GraphProto) -> bool:
     return any(not node.name for node in graph.node)
 
 
+def fresh_name(base: str, used: set[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``... the first not in ``used``; added to ``used``."""
+    name, number = base, 1
+    while name in used:
+        number += 1
+        name = f"{base}_{number}"
+    used.add(name)
+    return name
+
+
 def node_dependencies(node: NodeProto) -> set[str]:
     deps = {name for name in node.input if name}
     for _, sub in subgraphs_of(node):

@@ -668,3 +668,30 @@ def conv_bn_uneven_channels(channels: int = 64) -> onnx.ModelProto:
         ],
     )
     return _model17(graph)
+
+
+def bias_after_conv_transpose(folder: Path, identity_after: bool = False) -> tuple[Path, Path]:
+    """x -> ConvTranspose (8 -> 8, 2x2, stride 2, no bias) -> Identity -> Add [1, 8, 1, 1]
+    [-> Identity] -> Relu -> Conv -> y, as Paddle exports a detector head (PP-OCR's), and 16
+    calibration samples in folder/calib."""
+    rng = np.random.default_rng(0)
+    after = [helper.make_node("Identity", ["ab"], ["abi"], name="id2")] if identity_after else []
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "w1"], ["a"], strides=[2, 2], name="up"),
+         helper.make_node("Identity", ["a"], ["ai"], name="id"),
+         helper.make_node("Add", ["ai", "b"], ["ab"], name="bias"),
+         *after,
+         helper.make_node("Relu", ["abi" if identity_after else "ab"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="head")],
+        "bias_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32, 32])],
+        [numpy_helper.from_array((rng.standard_normal((8, 8, 2, 2)) * 0.3).astype(np.float32), "w1"),
+         numpy_helper.from_array((rng.standard_normal((1, 8, 1, 1)) * 0.1).astype(np.float32), "b"),
+         numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")])
+    path = Path(folder) / "bias_head.onnx"
+    onnx.save_model(make(graph, opset=17, ir_version=8), str(path))
+    calib = Path(folder) / "calib"
+    calib.mkdir()
+    for i in range(16):
+        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    return path, calib

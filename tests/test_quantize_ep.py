@@ -946,35 +946,11 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     assert not [f for f in invoke("check", out, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN006"]
 
 
-def _bias_after_conv_transpose(folder: Path) -> tuple[Path, Path]:
-    """x -> ConvTranspose (8 -> 8, 2x2, stride 2, no bias) -> Identity -> Add [1, 8, 1, 1] -> Relu
-    -> Conv -> y, as Paddle exports a detector head, and 16 calibration samples."""
-    rng = np.random.default_rng(0)
-    graph = helper.make_graph(
-        [helper.make_node("ConvTranspose", ["x", "w1"], ["a"], strides=[2, 2], name="up"),
-         helper.make_node("Identity", ["a"], ["ai"], name="id"),
-         helper.make_node("Add", ["ai", "b"], ["ab"], name="bias"),
-         helper.make_node("Relu", ["ab"], ["r"], name="relu"),
-         helper.make_node("Conv", ["r", "w2"], ["y"], name="head")],
-        "bias_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32, 32])],
-        [numpy_helper.from_array((rng.standard_normal((8, 8, 2, 2)) * 0.3).astype(np.float32), "w1"),
-         numpy_helper.from_array((rng.standard_normal((1, 8, 1, 1)) * 0.1).astype(np.float32), "b"),
-         numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")])
-    path = folder / "bias_head.onnx"
-    onnx.save_model(models.make(graph, opset=17, ir_version=8), str(path))
-    calib = folder / "calib"
-    calib.mkdir()
-    for i in range(16):
-        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
-    return path, calib
-
-
 def test_fold_conv_transpose_bias_is_the_same_function_in_float(tmp_path):
     from ortprep.runtime.isolated import run_isolated
     from ortprep.steps.quantize.edits import fold_conv_transpose_bias
 
-    model, calib = _bias_after_conv_transpose(tmp_path)
+    model, calib = models.bias_after_conv_transpose(tmp_path)
     proto = onnx.load(str(model))
     assert fold_conv_transpose_bias(proto, keep={"bias"}) == []  # --exclude-node keeps it as it is
     assert fold_conv_transpose_bias(proto) == ["bias"]
@@ -1000,7 +976,7 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
     from ortprep.runtime.isolated import run_isolated
     from ortprep.steps.quantize.ep_gate import gate_target
 
-    model, calib = _bias_after_conv_transpose(tmp_path)
+    model, calib = models.bias_after_conv_transpose(tmp_path)
     ours = tmp_path / "q.onnx"
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
                                "--calib", calib, "-o", ours, "--no-preprocess", "--metric", "y=cosine")

@@ -418,37 +418,17 @@ def test_convert_keep_off_ep_refuses_an_unknown_node_and_verifies_a_qdq_model(tm
 
 
 def _bias_between_identities(folder: Path) -> Path:
-    """ConvTranspose -> Identity -> Add(bias [1, 8, 1, 1]) -> Identity -> Relu -> Conv, quantized
-    A16W16 with the QNN preset: the shape of a PP-OCR detector's head as Paddle exports it."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
+    """models.bias_after_conv_transpose with an Identity after the Add too, quantized A16W16 in QDQ
+    form (the CPU preset: the QNN one would fold the Add into the ConvTranspose, QNT025)."""
     import models
 
-    rng = np.random.default_rng(0)
-    graph = helper.make_graph(
-        [helper.make_node("ConvTranspose", ["x", "w1"], ["a"], strides=[2, 2], name="up"),
-         helper.make_node("Identity", ["a"], ["ai"], name="id1"),
-         helper.make_node("Add", ["ai", "b"], ["ab"], name="bias"),
-         helper.make_node("Identity", ["ab"], ["abi"], name="id2"),
-         helper.make_node("Relu", ["abi"], ["r"], name="relu"),
-         helper.make_node("Conv", ["r", "w2"], ["y"], name="head")],
-        "bias_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32, 32])],
-        [numpy_helper.from_array((rng.standard_normal((8, 8, 2, 2)) * 0.3).astype(np.float32), "w1"),
-         numpy_helper.from_array((rng.standard_normal((1, 8, 1, 1)) * 0.1).astype(np.float32), "b"),
-         numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")])
-    model = folder / "bias_head.onnx"
-    onnx.save_model(models.make(graph, opset=17, ir_version=8), str(model))
-    calib = folder / "calib"
-    calib.mkdir()
-    for i in range(16):
-        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    model, calib = models.bias_after_conv_transpose(folder, identity_after=True)
     quantized = folder / "q.onnx"
-    done = invoke("quantize", model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
-                  "--calib", calib, "-o", quantized, "--gate-on-cpu", "--no-preprocess", "--metric", "y=cosine")
-    assert done.exit_code == 0, done.stdout[-800:]
-    return quantized
+    done = invoke("quantize", model, "--static", "--format", "qdq", "--activation-type", "uint16", "--weight-type",
+                  "uint16", "--calib", calib, "-o", quantized, "--no-preprocess", "--metric", "y=cosine", "--keep-failed")
+    # refused on size alone for the CPU (QNT003: a tiny model); the QDQ file it kept is what this needs
+    assert done.exit_code == 1 and "QNT003" in done.stdout, done.stdout[-800:]
+    return folder / "q.failed.onnx"
 
 
 def test_convert_keep_off_ep_never_writes_what_a_default_session_cannot_create(tmp_path):
@@ -470,7 +450,7 @@ def test_convert_keep_off_ep_never_writes_what_a_default_session_cannot_create(t
     assert written.exists()
     session = subprocess.run([sys.executable, "-c", "import onnxruntime as o, sys; o.InferenceSession(sys.argv[1], "
                               "providers=['CPUExecutionProvider'])", str(written)], capture_output=True, text=True)
-    if session.returncode == 0:  # an ORT that creates it: written and verified as before
+    if session.returncode == 0 and not onnxruntime.__version__.startswith("1.32"):  # an ORT that creates it
         assert done.exit_code == 0 and out.exists() and not kept.exists()
         return
     assert done.exit_code == 1 and not out.exists()

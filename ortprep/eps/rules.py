@@ -397,36 +397,12 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                 )
             )
     if spec.name == "qnn" and _has_qdq(analysis):
-        for name in sixteen_bit_activation_matmuls(analysis.handle.proto):
-            findings.append(
-                Finding.of(
-                    "QNN006",
-                    f"qnn: MatMul '{name}' multiplies two 16-bit activations, which QNN's HTP computes far less precisely "
-                    "than the CPU EP's run of the same QDQ model (measured: max abs diff 0.099 at an output range of "
-                    "20.7, the CPU EP 0.0007); in FP16 on the HTP it is 0.0064",
-                    ep=spec.name,
-                    node=name,
-                    fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it computes such "
-                        "MatMuls in FP16, QNT024), or put a Cast to float16 around this MatMul; then ortprep load "
-                        "MODEL.qdq.onnx --ep qnn --reference MODEL",
-                    source=QNN_MEASURED + "; bench/RESULTS.md, A MatMul of two 16-bit activations on QNN's HTP",
-                )
-            )
-    if spec.name == "qnn" and _has_qdq(analysis):
-        for name in conv_transpose_bias_adds(analysis.handle.proto):
-            findings.append(
-                Finding.of(
-                    "QNN007",
-                    f"qnn: Add '{name}' adds a constant per channel to a quantized ConvTranspose's output, which QNN's HTP "
-                    "computes wrongly (measured: 6.5% of the output's range off the CPU EP's run of the same model, "
-                    "cosine 0.9927, where the ConvTranspose's own output agrees within 0.02%)",
-                    ep=spec.name,
-                    node=name,
-                    fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it folds the constant "
-                        "into the ConvTranspose's bias, QNT025); then ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",
-                    source=QNN_MEASURED + "; bench/RESULTS.md, A bias Add after a ConvTranspose on QNN's HTP",
-                )
-            )
+        for code, finder, words, fix, source in _HTP_NODE_RULES:
+            for name in finder(analysis.handle.proto):
+                findings.append(Finding.of(code, f"qnn: {words.format(name=name)}", ep=spec.name, node=name,
+                                           fix=f"quantize the float model again: ortprep quantize FLOAT.onnx --static --ep qnn "
+                                               f"({fix}); then ortprep load FLOAT.qdq.onnx --ep qnn --reference FLOAT.onnx",
+                                           source=f"{QNN_MEASURED}; bench/RESULTS.md, {source}"))
     if spec.name == "tensorrt" and opset is not None:
         low, high = table.extra["opset_range"]
         if not low <= opset <= high:
@@ -441,6 +417,24 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                 )
             )
     return findings
+
+
+# What QNN's HTP computes otherwise than the CPU EP in a QDQ model, node by node, read from the graph
+# alone (eps/htp.py): (code, finder, message, what quantize --ep qnn does instead, RESULTS section).
+_HTP_NODE_RULES = (
+    ("QNN006", sixteen_bit_activation_matmuls,
+     "MatMul '{name}' multiplies two 16-bit activations, which QNN's HTP computes far less precisely than the CPU "
+     "EP's run of the same QDQ model (measured: max abs diff 0.099 at an output range of 20.7, the CPU EP 0.0007); "
+     "in FP16 on the HTP it is 0.0064",
+     "it computes such MatMuls in FP16, QNT024; or put a Cast to float16 around this MatMul",
+     "A MatMul of two 16-bit activations on QNN's HTP"),
+    ("QNN007", conv_transpose_bias_adds,
+     "Add '{name}' adds a constant per channel to a quantized ConvTranspose's output, which QNN's HTP computes "
+     "wrongly (measured: 6.5% of the output's range off the CPU EP's run of the same model, cosine 0.9927, where "
+     "the ConvTranspose's own output agrees within 0.02%)",
+     "it folds the constant into the ConvTranspose's bias, QNT025",
+     "A bias Add after a ConvTranspose on QNN's HTP"),
+)
 
 
 def _float32_tensors(analysis: ModelAnalysis) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ortprep.analysis import skeleton
 from ortprep.errors import OrtprepError
-from ortprep.graphops import localize_body_initializers, node_dependencies, topological_sort
+from ortprep.graphops import fresh_name, localize_body_initializers, node_dependencies, topological_sort
 from ortprep.model import ModelHandle, subgraphs_of
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
             name in cut.graph_outputs or any(user not in group for user in cut.consumers.get(name, [])))]
         if not outside:
             continue
-        renamed = {name: _fresh(f"{name}_{OFF_EP_PREFIX}", used) for name in made}
+        renamed = {name: fresh_name(f"{name}_{OFF_EP_PREFIX}", used) for name in made}
         body_outputs = []
         for name in outside:
             value = cut.value_info(name)
@@ -354,7 +354,7 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
         named = [cut.nodes[i].name for i in order if i not in cut.free and cut.nodes[i].op_type not in QDQ_OPS]
         moved.extend(cut.label(i) for i in order)
         taken |= group
-        if_name = _fresh(f"{OFF_EP_PREFIX}_{named[0] if named else number}", used)
+        if_name = fresh_name(f"{OFF_EP_PREFIX}_{named[0] if named else number}", used)
         cond = _condition(cut, _condition_source(cut, proto, order, group), used, new_nodes)
         new_nodes.append(helper.make_node("If", [cond], outside, name=if_name, then_branch=branches[0],
                                           else_branch=branches[1]))
@@ -444,15 +444,6 @@ def _rename_outer_reads(node, renamed: dict[str, str]) -> None:
             _rename_outer_reads(inner, renamed)
 
 
-def _fresh(base: str, used: set[str]) -> str:
-    name, number = base, 1
-    while name in used:
-        number += 1
-        name = f"{base}_{number}"
-    used.add(name)
-    return name
-
-
 def _condition_source(cut: GraphCut, proto, order: list[int], group: set[int]) -> str:
     """The value an If's condition is computed from: a float tensor the unit reads from outside;
     for a quantized one, the float value its QuantizeLinear quantized (QNN fails to create a Cast
@@ -494,10 +485,10 @@ def _condition(cut: GraphCut, source: str, used: set[str], nodes: list) -> str:
 
     value = cut.types.get(source)
     if value is None or value.type.tensor_type.elem_type not in (TensorProto.FLOAT, TensorProto.FLOAT16):
-        as_float = _fresh(f"{OFF_EP_PREFIX}_float", used)
+        as_float = fresh_name(f"{OFF_EP_PREFIX}_float", used)
         nodes.append(helper.make_node("Cast", [source], [as_float], to=TensorProto.FLOAT, name=as_float))
         source = as_float
-    largest, is_nan, cond = (_fresh(f"{OFF_EP_PREFIX}_{part}", used) for part in ("max", "isnan", "cond"))
+    largest, is_nan, cond = (fresh_name(f"{OFF_EP_PREFIX}_{part}", used) for part in ("max", "isnan", "cond"))
     nodes.extend([helper.make_node("ReduceMax", [source], [largest], keepdims=0, name=largest),
                   helper.make_node("IsNaN", [largest], [is_nan], name=is_nan),
                   helper.make_node("Not", [is_nan], [cond], name=cond)])

@@ -21,6 +21,7 @@ from ortprep.eps.htp import (
     weight_multipliers,
 )
 from ortprep.errors import UsageError
+from ortprep.graphops import fresh_name
 from ortprep.model import iter_graphs
 from ortprep.runtime.compare import PASS_THROUGH
 from ortprep.transforms.fp16 import ensure_node_names
@@ -395,12 +396,7 @@ def fp16_activation_matmuls(path: Path) -> list[str]:
     taken = {n for node in graph.node for n in (*node.input, *node.output, node.name)}
 
     def fresh(base: str) -> str:
-        name, count = base, 0
-        while name in taken:
-            count += 1
-            name = f"{base}_{count}"
-        taken.add(name)
-        return name
+        return fresh_name(base, taken)
 
     nodes = []
     for node in graph.node:

@@ -77,6 +77,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNN005", "a QDQ weight channel whose requantization multiplier HTP computes wrongly", Severity.WARNING),
         FindingKind("QNN006", "a MatMul of two 16-bit activations, which QNN's HTP computes imprecisely", Severity.WARNING),
         FindingKind("QNN007", "a quantized ConvTranspose's bias Add, which QNN's HTP computes wrongly", Severity.WARNING),
+        FindingKind("QNN008", "a BatchNormalization quantized on its own, which QNN's HTP computes wrongly", Severity.WARNING),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)
@@ -125,6 +126,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT023", "the step's time on the target EP was spent (--ep-total-seconds)", Severity.WARNING),
         FindingKind("QNT024", "MatMuls of two 16-bit activations computed in FP16 for QNN's HTP", Severity.INFO),
         FindingKind("QNT025", "bias Adds after ConvTranspose folded into its bias for QNN's HTP", Severity.INFO),
+        FindingKind("QNT026", "BatchNormalizations after Conv folded into it for QNN's HTP", Severity.INFO),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

@@ -695,3 +695,28 @@ def bias_after_conv_transpose(folder: Path, identity_after: bool = False) -> tup
     for i in range(16):
         np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
     return path, calib
+
+
+def conv_batch_norm(folder: Path) -> tuple[Path, Path]:
+    """x [1, 16, 1, 40] -> Conv (16 -> 48, 1x1) -> BatchNormalization -> Relu -> y, as Paddle exports
+    a recogniser's neck (PP-OCR's), and 16 calibration samples in folder/calib."""
+    rng = np.random.default_rng(0)
+    channels = 48
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"], name="bn"),
+         helper.make_node("Relu", ["n"], ["y"], name="relu")],
+        "conv_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 1, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 1, 40])],
+        [numpy_helper.from_array((rng.standard_normal((channels, 16, 1, 1)) * 0.3).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.uniform(1.1, 4.6, channels).astype(np.float32), "gamma"),
+         numpy_helper.from_array(rng.uniform(0.3, 3.0, channels).astype(np.float32), "beta"),
+         numpy_helper.from_array(rng.uniform(-0.4, 0.4, channels).astype(np.float32), "mean"),
+         numpy_helper.from_array(rng.uniform(0.2, 2.0, channels).astype(np.float32), "var")])
+    path = Path(folder) / "conv_bn.onnx"
+    onnx.save_model(make(graph, opset=17, ir_version=8), str(path))
+    calib = Path(folder) / "calib"
+    calib.mkdir()
+    for i in range(16):
+        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 16, 1, 40)).astype(np.float32))
+    return path, calib

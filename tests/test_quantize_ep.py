@@ -1001,3 +1001,57 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
     warned = invoke("check", raw, "--ep", "qnn", "--json").json()
     assert [f["node"] for f in warned["findings"] if f["code"] == "QNN007"] == ["bias"]
     assert not [f for f in invoke("check", ours, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN007"]
+
+
+def test_fold_batch_norms_is_the_same_function_in_float(tmp_path):
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.edits import fold_batch_norms
+
+    model, calib = models.conv_batch_norm(tmp_path)
+    proto = onnx.load(str(model))
+    assert fold_batch_norms(proto, keep={"bn"}) == []
+    assert fold_batch_norms(proto) == ["bn"]
+    assert [n.op_type for n in proto.graph.node] == ["Conv", "Relu"]
+    assert {t.name for t in proto.graph.initializer} == {"w", "conv_folded_bias"}
+    folded = tmp_path / "folded.onnx"
+    onnx.save(proto, str(folded))
+    sample = [dict(np.load(calib / "000.npz"))]
+    want, got = run_isolated(model, sample).samples[0]["y"], run_isolated(folded, sample).samples[0]["y"]
+    assert np.abs(want - got).max() < 1e-4 * np.abs(want).max()
+
+
+@needs_qnn
+def test_a_batch_norm_is_folded_into_its_conv_for_qnn(tmp_path, monkeypatch):
+    """QNN's HTP computes a BatchNormalization quantized on its own (A16W16) up to half of its
+    output's range off the CPU EP's run of the same model; folded into the Conv before quantizing,
+    it agrees (measured, onnxruntime-qnn 2.7.0, soc_model 60). check names one in a QDQ model made
+    elsewhere (QNN008)."""
+    from ortprep.eps.htp import quantized_batch_norms
+    from ortprep.options import QuantizeOptions
+    from ortprep.report import StepResult
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.ep_gate import gate_target
+
+    model, calib = models.conv_batch_norm(tmp_path)
+    args = ("--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16", "--calib", calib,
+            "--no-preprocess", "--metric", "y=cosine", "--gate-on-cpu")
+    ours = tmp_path / "q.onnx"
+    code, record, _ = quantize(model, *args, "-o", ours)
+    assert code == 0, record["findings"]
+    assert record["folded_batch_norms"] == ["bn"] and findings(record, "QNT026")
+    assert quantized_batch_norms(onnx.load(str(ours))) == []
+    monkeypatch.setattr("ortprep.steps.quantize.fold_batch_norms", lambda proto, keep=(): [])
+    raw = tmp_path / "raw.onnx"
+    code, record, _ = quantize(model, *args, "-o", raw)
+    assert code == 0 and quantized_batch_norms(onnx.load(str(raw))) == ["bn"]
+    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
+    samples = [dict(np.load(calib / f"{i:03d}.npz")) for i in range(4)]
+
+    def qnn_error(path: Path) -> float:
+        cpu, qnn = run_isolated(path, samples).samples, target.run(path, samples).samples
+        return max(float(np.abs(c["y"] - q["y"]).max() / np.abs(c["y"]).max()) for c, q in zip(cpu, qnn))
+
+    assert qnn_error(raw) > 0.1
+    assert qnn_error(ours) < 0.005
+    warned = invoke("check", raw, "--ep", "qnn", "--json").json()
+    assert [f["node"] for f in warned["findings"] if f["code"] == "QNN008"] == ["bn"]

@@ -74,6 +74,23 @@ def conv_transpose_bias_adds(proto: ModelProto) -> list[str]:
     return found
 
 
+# QNN's HTP computes a BatchNormalization quantized on its own (not folded into the Conv before it)
+# wrongly. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md, "A
+# BatchNormalization on QNN's HTP"): Conv (16 -> 48, 1x1) -> BatchNormalization -> Relu on a [1,16,1,40]
+# map, A16W16 and A8W8: up to 50% of the output's range off, cosine 0.975; A16W8: 0.5%. Folded
+# into the Conv it is a Conv. PP-OCRv6's recogniser (Paddle's export, quantized as given because
+# pre-processing evaluated worse) has three; one of its channels came out 3.90 -> -2.70 on QNN.
+BATCH_NORM = "a BatchNormalization quantized on its own"
+
+
+def quantized_batch_norms(proto: ModelProto) -> list[str]:
+    """The BatchNormalization nodes of a QDQ model that read a DequantizeLinear (quantized on their
+    own), by name (BATCH_NORM)."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    return [node.name for node in proto.graph.node if node.op_type == "BatchNormalization" and node.input
+            and (maker := producers.get(node.input[0])) is not None and maker.op_type == "DequantizeLinear"]
+
+
 def sixteen_bit_activation_matmuls(proto: ModelProto) -> list[str]:
     """The MatMul nodes of a QDQ model whose two inputs are 16-bit activations (each the output of a
     DequantizeLinear of a computed tensor, with a 16-bit zero point), by name, in graph order."""

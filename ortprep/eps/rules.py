@@ -11,7 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortprep.analysis import ModelAnalysis, NodeInfo, is_float32_tensor
-from ortprep.eps.htp import conv_transpose_bias_adds, sixteen_bit_activation_matmuls, small_multipliers
+from ortprep.eps.htp import (
+    conv_transpose_bias_adds,
+    quantized_batch_norms,
+    sixteen_bit_activation_matmuls,
+    small_multipliers,
+)
 from ortprep.eps.registry import EpSpec
 from ortprep.eps.tables import Match, SupportLevel, SupportTable
 from ortprep.findings import Finding, Severity
@@ -434,6 +439,11 @@ _HTP_NODE_RULES = (
      "the ConvTranspose's own output agrees within 0.02%)",
      "it folds the constant into the ConvTranspose's bias, QNT025",
      "A bias Add after a ConvTranspose on QNN's HTP"),
+    ("QNN008", quantized_batch_norms,
+     "BatchNormalization '{name}' is quantized on its own, which QNN's HTP computes wrongly (measured: up to half "
+     "of the output's range off, cosine 0.975, in A16W16 and A8W8)",
+     "it folds a BatchNormalization after a Conv into the Conv, QNT026",
+     "A BatchNormalization on QNN's HTP"),
 )
 
 

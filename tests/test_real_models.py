@@ -132,11 +132,12 @@ def direction_classifier(tmp_path_factory) -> tuple[Path, Path]:
     return fixed, data
 
 
-def test_where_qnn_parts_from_the_cpu_ep_is_named_and_fp16_gets_past_it(direction_classifier, tmp_path):
-    """Without pre-processing the classifier's BatchNormalizations stand as ops of their own: on
-    QNN's HTP (A16W8) the output parts from the CPU EP's, and quantize names where it starts, the
-    first BatchNormalization (the model's own arithmetic on both EPs, intermediate tensors
-    compared). With ORT's pre-processing (it runs: convert --fix-shape left every shape a constant)
+def test_where_qnn_parts_from_the_cpu_ep_is_named_and_fp16_gets_past_it(direction_classifier, tmp_path, monkeypatch):
+    """Without pre-processing the classifier's BatchNormalizations stand as ops of their own, unless
+    quantize --ep qnn folds them into their Convs (QNT026): folded, QNN's output stays with the CPU
+    EP's. Left standing (the fold turned off here), on QNN's HTP (A16W8) the output parts from the
+    CPU EP's, and quantize names where it starts, the first BatchNormalization (the model's own
+    arithmetic on both EPs, intermediate tensors compared). With ORT's pre-processing (it runs: convert --fix-shape left every shape a constant)
     the BatchNormalizations are folded into the Convs' weights and every precision --auto tries
     agrees with the float model at cosine >= 0.99 on the HTP, yet the HTP computes the class
     probabilities 0.015 off the CPU EP's run of the same model, beyond the 0.01 that load and compile
@@ -144,8 +145,14 @@ def test_where_qnn_parts_from_the_cpu_ep_is_named_and_fp16_gets_past_it(directio
     FP16, which the HTP computes within that, is named. (Before session 17 quantize passed the
     per-channel model that load then refused.)"""
     fixed, data = direction_classifier
-    result = invoke("quantize", fixed, "--static", "--ep", "qnn", "--no-preprocess", "--calib", data,
-                    "-o", tmp_path / "standing.onnx", "--json")
+    folded = invoke("quantize", fixed, "--static", "--ep", "qnn", "--no-preprocess", "--calib", data,
+                    "-o", tmp_path / "folded.onnx", "--json").json()
+    assert len(folded["folded_batch_norms"]) >= 1 and folded["ep_divergence"] == []
+    assert folded["verify"]["ep"]["cosine"] >= folded["verify"]["cosine"] - 0.01  # measured: 0.9959 vs 0.9936
+    with monkeypatch.context() as patched:
+        patched.setattr("ortprep.steps.quantize.fold_batch_norms", lambda proto, keep=(): [])
+        result = invoke("quantize", fixed, "--static", "--ep", "qnn", "--no-preprocess", "--calib", data,
+                        "-o", tmp_path / "standing.onnx", "--json")
     record = result.json()
     assert result.exit_code == 1 and record["verify"]["ep"]["cosine"] < record["verify"]["cosine"] - 0.01
     parted = record["ep_divergence"]

@@ -430,10 +430,7 @@ def fold_conv_transpose_bias(proto: ModelProto, keep: set[str] = frozenset()) ->
     (eps/htp.py, CONV_TRANSPOSE_BIAS). Nodes named in ``keep`` are left as they are. Returns the Adds
     folded, by name."""
     graph = proto.graph
-    inits = {t.name: t for t in graph.initializer}
-    readers = _readers(graph)
-    producers = {out: node for node in graph.node for out in node.output}
-    outputs = {v.name for v in graph.output}
+    inits, readers, producers, outputs = _graph_facts(graph)
     folded, dropped, gone = [], set(), set()
     for node in graph.node:
         if node.op_type != "Add" or node.name in keep or len(node.input) != 2:
@@ -486,10 +483,7 @@ def fold_batch_norms(proto: ModelProto, keep: set[str] = frozenset()) -> list[st
     BATCH_NORM). Nodes named in ``keep`` are left as they are. Returns the BatchNormalizations
     folded, by name."""
     graph = proto.graph
-    inits = {t.name: t for t in graph.initializer}
-    readers = _readers(graph)
-    producers = {out: node for node in graph.node for out in node.output}
-    outputs = {v.name for v in graph.output}
+    inits, readers, producers, outputs = _graph_facts(graph)
     folded, dropped, gone = [], set(), set()
     for node in graph.node:
         if node.op_type != "BatchNormalization" or node.name in keep or len(node.input) < 5 or len(node.output) != 1:
@@ -556,11 +550,13 @@ def _walk_identities(producers: dict, readers: dict, outputs: set[str], name: st
     return tail, node
 
 
-def _readers(graph) -> dict[str, int]:
-    """How many nodes read each value, subgraphs' nodes included."""
+def _graph_facts(graph) -> tuple[dict, dict[str, int], dict, set[str]]:
+    """What a fold reads off a graph: its initializers by name, how many nodes read each value
+    (subgraphs' nodes included), the node that makes each value, and the graph's outputs."""
     readers: dict[str, int] = {}
     for _, sub in iter_graphs(graph):
         for node in sub.node:
             for name in node.input:
                 readers[name] = readers.get(name, 0) + 1
-    return readers
+    return ({t.name: t for t in graph.initializer}, readers,
+            {out: node for node in graph.node for out in node.output}, {v.name for v in graph.output})

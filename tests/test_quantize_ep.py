@@ -971,10 +971,6 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
     (measured, onnxruntime-qnn 2.7.0, soc_model 60). check names the Add in a QDQ model made
     elsewhere (QNN007)."""
     from ortprep.eps.htp import conv_transpose_bias_adds
-    from ortprep.options import QuantizeOptions
-    from ortprep.report import StepResult
-    from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.ep_gate import gate_target
 
     model, calib = models.bias_after_conv_transpose(tmp_path)
     ours = tmp_path / "q.onnx"
@@ -989,15 +985,9 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
                                "--calib", calib, "-o", raw, "--no-preprocess", "--metric", "y=cosine", "--gate-on-cpu")
     assert record["folded_biases"] == [] and conv_transpose_bias_adds(onnx.load(str(raw))) == ["bias"]
     assert conv_transpose_bias_adds(onnx.load(str(ours))) == []
-    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
     samples = [dict(np.load(calib / f"{i:03d}.npz")) for i in range(4)]
-
-    def qnn_error(path: Path) -> float:
-        cpu, qnn = run_isolated(path, samples).samples, target.run(path, samples).samples
-        return max(float(np.abs(c["y"] - q["y"]).max() / np.abs(c["y"]).max()) for c, q in zip(cpu, qnn))
-
-    assert qnn_error(raw) > 0.01
-    assert qnn_error(ours) < 0.002
+    assert _qnn_apart_from_cpu(raw, samples) > 0.01
+    assert _qnn_apart_from_cpu(ours, samples) < 0.002
     warned = invoke("check", raw, "--ep", "qnn", "--json").json()
     assert [f["node"] for f in warned["findings"] if f["code"] == "QNN007"] == ["bias"]
     assert not [f for f in invoke("check", ours, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN007"]
@@ -1027,10 +1017,6 @@ def test_a_batch_norm_is_folded_into_its_conv_for_qnn(tmp_path, monkeypatch):
     it agrees (measured, onnxruntime-qnn 2.7.0, soc_model 60). check names one in a QDQ model made
     elsewhere (QNN008)."""
     from ortprep.eps.htp import quantized_batch_norms
-    from ortprep.options import QuantizeOptions
-    from ortprep.report import StepResult
-    from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.ep_gate import gate_target
 
     model, calib = models.conv_batch_norm(tmp_path)
     args = ("--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16", "--calib", calib,
@@ -1044,14 +1030,21 @@ def test_a_batch_norm_is_folded_into_its_conv_for_qnn(tmp_path, monkeypatch):
     raw = tmp_path / "raw.onnx"
     code, record, _ = quantize(model, *args, "-o", raw)
     assert code == 0 and quantized_batch_norms(onnx.load(str(raw))) == ["bn"]
-    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
     samples = [dict(np.load(calib / f"{i:03d}.npz")) for i in range(4)]
-
-    def qnn_error(path: Path) -> float:
-        cpu, qnn = run_isolated(path, samples).samples, target.run(path, samples).samples
-        return max(float(np.abs(c["y"] - q["y"]).max() / np.abs(c["y"]).max()) for c, q in zip(cpu, qnn))
-
-    assert qnn_error(raw) > 0.1
-    assert qnn_error(ours) < 0.005
+    assert _qnn_apart_from_cpu(raw, samples) > 0.1
+    assert _qnn_apart_from_cpu(ours, samples) < 0.005
     warned = invoke("check", raw, "--ep", "qnn", "--json").json()
     assert [f["node"] for f in warned["findings"] if f["code"] == "QNN008"] == ["bn"]
+
+
+def _qnn_apart_from_cpu(path: Path, samples: list[dict], output: str = "y") -> float:
+    """The largest difference between QNN's run of ``path`` (the gate's session) and the CPU EP's run
+    of the same file over ``samples``, as a share of the CPU output's largest value."""
+    from ortprep.options import QuantizeOptions
+    from ortprep.report import StepResult
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.steps.quantize.ep_gate import gate_target
+
+    target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
+    cpu, qnn = run_isolated(path, samples).samples, target.run(path, samples).samples
+    return max(float(np.abs(c[output] - q[output]).max() / np.abs(c[output]).max()) for c, q in zip(cpu, qnn))

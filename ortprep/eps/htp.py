@@ -36,12 +36,11 @@ SIXTEEN_BIT = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
 # model within 0.02% of its range, the Add's is 6.5% off (cosine 0.9927); with a Conv in its place, or
 # with the constant folded into the ConvTranspose's bias input, it agrees within 0.02%. The float
 # model on the HTP (FP16) is not affected. PP-OCRv4's detector head (Paddle's export) has two.
-CONV_TRANSPOSE_BIAS = "an Add of a per-channel constant after a quantized ConvTranspose"
 
 
 def conv_transpose_bias_adds(proto: ModelProto) -> list[str]:
     """The Add nodes of a QDQ model that add a constant per channel (or one value) to a quantized
-    ConvTranspose's output (through its Q/DQ pair and any Identity), by name (CONV_TRANSPOSE_BIAS)."""
+    ConvTranspose's output (through its Q/DQ pair and any Identity), by name (measured: the comment above)."""
     inits = {t.name: t for t in proto.graph.initializer}
     producers = {out: node for node in proto.graph.node for out in node.output}
 
@@ -80,12 +79,11 @@ def conv_transpose_bias_adds(proto: ModelProto) -> list[str]:
 # map, A16W16 and A8W8: up to 50% of the output's range off, cosine 0.975; A16W8: 0.5%. Folded
 # into the Conv it is a Conv. PP-OCRv6's recogniser (Paddle's export, quantized as given because
 # pre-processing evaluated worse) has three; one of its channels came out 3.90 -> -2.70 on QNN.
-BATCH_NORM = "a BatchNormalization quantized on its own"
 
 
 def quantized_batch_norms(proto: ModelProto) -> list[str]:
     """The BatchNormalization nodes of a QDQ model that read a DequantizeLinear (quantized on their
-    own), by name (BATCH_NORM)."""
+    own), by name (measured: the comment above)."""
     producers = {out: node for node in proto.graph.node for out in node.output}
     return [node.name for node in proto.graph.node if node.op_type == "BatchNormalization" and node.input
             and (maker := producers.get(node.input[0])) is not None and maker.op_type == "DequantizeLinear"]

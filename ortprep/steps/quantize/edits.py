@@ -427,7 +427,7 @@ def fold_conv_transpose_bias(proto: ModelProto, keep: set[str] = frozenset()) ->
     value) that reads a ConvTranspose's output (through Identity nodes), and nothing else does, into that ConvTranspose's
     bias: the same function in float, one node fewer. Paddle exports its transposed convolutions so
     (PP-OCR's detector head). QNN's HTP computes such an Add wrongly once both are quantized
-    (eps/htp.py, CONV_TRANSPOSE_BIAS). Nodes named in ``keep`` are left as they are. Returns the Adds
+    (eps/htp.py, conv_transpose_bias_adds). Nodes named in ``keep`` are left as they are. Returns the Adds
     folded, by name."""
     graph = proto.graph
     inits, readers, producers, outputs = _graph_facts(graph)
@@ -480,7 +480,7 @@ def fold_batch_norms(proto: ModelProto, keep: set[str] = frozenset()) -> list[st
     float32 rounding), one node fewer. ORT's quantization pre-processing does this too, but ortprep
     keeps the model as given where pre-processing evaluates worse (QNT013), and then the
     BatchNormalization is quantized on its own, which QNN's HTP computes wrongly (eps/htp.py,
-    BATCH_NORM). Nodes named in ``keep`` are left as they are. Returns the BatchNormalizations
+    quantized_batch_norms). Nodes named in ``keep`` are left as they are. Returns the BatchNormalizations
     folded, by name."""
     graph = proto.graph
     inits, readers, producers, outputs = _graph_facts(graph)

@@ -944,6 +944,18 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     warned = invoke("check", raw, "--ep", "qnn", "--json").json()
     assert [f["node"] for f in warned["findings"] if f["code"] == "QNN006"] == ["scores"]
     assert not [f for f in invoke("check", out, "--ep", "qnn", "--json").json()["findings"] if f["code"] == "QNN006"]
+    # no tensor before the output parts (the MatMul reads the inputs' encodings): the search starts
+    # from the node that writes the output the EP gets wrong, and says so
+    from ortprep.steps.quantize.ep_gate import first_divergence
+    from ortprep.steps.quantize.evaluate import Judgement
+    from ortprep.steps.quantize.search import parting_points
+
+    side = Judgement("qnn", 0.97, 1.01, None, None, False,
+                     outputs=[{"name": "scores", "cosine": 0.97, "norm_ratio": 1.01, "passed": False}])
+    assert first_divergence(target, raw, samples[:2], tmp_path) == []
+    parted = parting_points(target, raw, samples[:2], tmp_path, side)
+    assert [(p["node"], p["op_type"], p["tensor"], p["cosine"]) for p in parted] == [("scores", "MatMul", "scores", 0.97)]
+    assert parted[0]["where"] == "where the output it gets wrong is written"
 
 
 def test_fold_conv_transpose_bias_is_the_same_function_in_float(tmp_path):

@@ -87,12 +87,12 @@ def _shape_key(dims: list[int] | None) -> tuple | None:
     return tuple(dims[:1] + dims[2:]) if len(dims) >= 3 else tuple(dims)
 
 
-def candidate_sets(model: Path, first: str, limit: int) -> list[tuple[str, list[str]]]:
+def candidate_sets(model: Path, first: str, limit: int, where: str | None = None) -> list[tuple[str, list[str]]]:
     """(label, node names) for the move's trials, from the node ``first`` where the EP first parts
     in the QDQ model at ``model``: it alone; the nodes alike to it on maps of its size; where it
     reads two or more activations and no weight (an attention MatMul), every node of its op that
     does; the alike nodes on any maps. A set larger than ``limit`` nodes, or one already tried, is
-    left out."""
+    left out. ``where``: how ``first`` was found, in its set's label (where it first parts)."""
     proto = onnx.load(str(model), load_external_data=False)
     graph = proto.graph
     nodes = {node.name: node for node in graph.node}
@@ -125,7 +125,7 @@ def candidate_sets(model: Path, first: str, limit: int) -> list[tuple[str, list[
     reads = " and ".join(signature(anchor)[2]) or "nothing computed"
     activations = ([node.name for node in graph.node if node.op_type == anchor.op_type and node.domain == anchor.domain
                     and computed_only(node)] if computed_only(anchor) and len(anchor.input) > 1 else [])
-    sets = [(f"{first}, where it first parts from the CPU EP", [first]),
+    sets = [(f"{first}, {where or 'where it first parts from the CPU EP'}", [first]),
             (f"the {len(same_size)} {anchor.op_type} node(s) alike to {first} (reading {reads}) on {shown} maps", same_size),
             (f"the {len(activations)} {anchor.op_type} node(s) that, as {first}, read activations only (no weight)",
              activations),

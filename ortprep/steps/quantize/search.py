@@ -53,7 +53,7 @@ from ortprep.steps.quantize.edits import (
     widen_activation_encodings,
 )
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, confirm_on_target, evaluate, fmt_cosine, tensor_noise,
+from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, Judgement, confirm_on_target, evaluate, fmt_cosine, tensor_noise,
                                              worst_nodes)
 from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep
 from ortprep.steps.quantize.presets import quantizer_op_types
@@ -640,7 +640,7 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
                 if node.op_type not in QDQ_OPS)
     limit = max(1, int(trials.options.max_float_share * total))
     best, records, reasons = baseline, [], {}
-    for label, names in candidate_sets(baseline.path, first["node"], limit):
+    for label, names in candidate_sets(baseline.path, first["node"], limit, where=first.get("where")):
         clock = trials.target.clock
         if (deadline is not None and time.monotonic() >= deadline) or (clock is not None and clock.exhausted):
             why = "the time bound (--search-seconds)" if clock is None or not clock.exhausted else "--ep-total-seconds"
@@ -662,13 +662,40 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
                         **({"not_confirmed": unconfirmed} if unconfirmed else {}),
                         **({"placement_lost": lost} if lost else {})})
         if helped:
-            why = (f"computed otherwise on {ep} than on the CPU EP: {label}; first parting at {first['node']} "
+            at = (f"first parting at {first['node']}" if "where" not in first else
+                  f"parting seen at output '{first['tensor']}', written by {first['node']}")
+            why = (f"computed otherwise on {ep} than on the CPU EP: {label}; {at} "
                    f"({first['op_type']}, cosine {first['cosine']:.4f} there); judged {change(best, outcome)}")
             reasons = {name: why for name in names}
             best = outcome
         if (accept is not None and helped) or (accept is None and best.passed and (best.cosine is None or best.cosine >= aim)):
             break
     return best, records, reasons
+
+
+def parting_points(target: GateTarget, model: Path, feeds: list[dict], workdir: Path, side: Judgement) -> list[dict]:
+    """Where the EP's run of ``model`` parts from the CPU EP's (ep_gate.first_divergence); where
+    no exposed tensor parts, the node that writes the first output ``side`` (the EP's judgement of
+    the model as it is) gets wrong, marked ``where``. Exposing tensors as outputs can change what
+    the EP computes: measured on the HTP simulator (onnxruntime-qnn 2.7.0), two Conv+SiLU blocks on
+    10x10 maps (cosine 0.80 at the output as written) agreed with the CPU EP at the output in each
+    of 6 runs with their tensors exposed, and at every tensor in 1 of those 6, on one input; the
+    move then had nothing to start from (2 searches of 8 failed so)."""
+    parted = first_divergence(target, model, feeds, workdir)
+    if parted or side is None:
+        return parted
+    proto = onnx.load(str(model), load_external_data=False)
+    ops = {node.name: node.op_type for node in proto.graph.node}
+    outputs = {o["name"]: o for o in side.outputs}
+    for name in side.wrong_outputs():
+        quantized, computed = output_writers(proto, [name])
+        writers = quantized or computed
+        if writers and name in outputs:
+            figures = outputs[name]
+            return [{"tensor": name, "node": writers[0], "op_type": ops.get(writers[0], "?"),
+                     "cosine": figures.get("cosine") if figures.get("cosine") is not None else -1.0,
+                     "norm_ratio": figures.get("norm_ratio"), "where": "where the output it gets wrong is written"}]
+    return []
 
 
 def confirmation_move(trials: Trials, source: Path, best: Trial, options: QuantizeOptions
@@ -693,7 +720,7 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
     worst = side.sample_cosines.index(min(side.sample_cosines))
     if worst >= len(samples):
         return best, [], {}
-    parted = first_divergence(trials.target, best.path, [samples[worst]], trials.workdir)
+    parted = parting_points(trials.target, best.path, [samples[worst]], trials.workdir, side)
     cache = trials.caches.setdefault(source, {})
     needed = len(side.sample_cosines)  # the EP runs the samples in one order: as many reach the one that failed
 
@@ -767,7 +794,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None and trials.target is not None:
         # the EP alone gets some outputs wrong: the nodes where its run first parts from the CPU EP's,
         # kept off the EP first (off_target.py: kept float, the EP would still compute them), then kept float
-        parted = first_divergence(trials.target, baseline.path, trials.eval_feeds[:2], trials.workdir)
+        parted = parting_points(trials.target, baseline.path, trials.eval_feeds[:2], trials.workdir, evaluation.on_ep)
         deadline = trials.started + options.search_seconds if options.search_seconds is not None else None
         moved, off_records, off_reasons = keep_off_ep_move(trials, source, baseline, parted,
                                                             margin_aim(options.min_cosine), deadline)

@@ -720,3 +720,35 @@ def conv_batch_norm(folder: Path) -> tuple[Path, Path]:
     for i in range(16):
         np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 16, 1, 40)).astype(np.float32))
     return path, calib
+
+
+def lstm_keywords(folder: Path, hidden: int = 64, features: int = 40, frames: int = 48, samples: int = 24
+                  ) -> tuple[Path, Path]:
+    """A keyword spotter at fixed shapes: band energies [1, frames, 40] -> Transpose -> ONNX LSTM ->
+    last hidden state -> Reshape -> Gemm -> 8 logits; and ``samples`` calibration samples (smooth
+    positive energies, as log bands are). QNN's HTP computes the LSTM a little otherwise than the
+    CPU EP (cosine 0.99994 against the CPU EP's run of the same QDQ file, the logits at 0.998)."""
+    rng = np.random.default_rng(21)
+    bound = 1 / np.sqrt(hidden)
+    bias = np.zeros((1, 8 * hidden), np.float32)
+    bias[0, hidden:2 * hidden] = 1.0  # the forget gate opens at the start, as trained LSTMs do
+    weights = [numpy_helper.from_array(rng.uniform(-bound, bound, (1, 4 * hidden, features)).astype(np.float32), "W"),
+               numpy_helper.from_array(rng.uniform(-bound, bound, (1, 4 * hidden, hidden)).astype(np.float32), "R"),
+               numpy_helper.from_array(bias, "B"), numpy_helper.from_array(np.array([1, hidden], np.int64), "flat"),
+               numpy_helper.from_array((rng.standard_normal((8, hidden)) * np.sqrt(2 / hidden)).astype(np.float32), "head.w"),
+               numpy_helper.from_array(np.zeros(8, np.float32), "head.b")]
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["features"], ["time_major"], perm=[1, 0, 2], name="to_time_major"),
+         helper.make_node("LSTM", ["time_major", "W", "R", "B"], ["", "last"], hidden_size=hidden, name="lstm"),
+         helper.make_node("Reshape", ["last", "flat"], ["h"], name="flatten"),
+         helper.make_node("Gemm", ["h", "head.w", "head.b"], ["logits"], transB=1, name="head")],
+        "lstm_keywords", [_vi("features", TensorProto.FLOAT, [1, frames, features])],
+        [_vi("logits", TensorProto.FLOAT, [1, 8])], weights)
+    path = folder / "lstm.onnx"
+    onnx.save_model(make(graph, opset=17, ir_version=9), str(path))
+    calib = folder / "calib"
+    calib.mkdir()
+    for index in range(samples):
+        energy = np.cumsum(rng.standard_normal((1, frames, features)) * 0.3, axis=1) + rng.uniform(2, 6, (1, 1, features))
+        np.savez(calib / f"{index:03d}.npz", features=energy.astype(np.float32))
+    return path, calib

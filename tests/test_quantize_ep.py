@@ -1060,3 +1060,25 @@ def _qnn_apart_from_cpu(path: Path, samples: list[dict], output: str = "y") -> f
     target = gate_target(QuantizeOptions(ep="qnn"), StepResult("quantize", "ortprep.quantize/1"))
     cpu, qnn = run_isolated(path, samples).samples, target.run(path, samples).samples
     return max(float(np.abs(c[output] - q[output]).max() / np.abs(c[output]).max()) for c, q in zip(cpu, qnn))
+
+
+@needs_qnn
+def test_a_small_ep_error_no_tensor_parts_at_is_traced_to_the_float_node_before_it(tmp_path):
+    """QNN's HTP computes a keyword model's LSTM (float: ORT's quantizer leaves it so) a little
+    otherwise than the CPU EP: no tensor parts below DIVERGED (the first quantized one, after a
+    Reshape, is 0.99994), yet at a gate of 0.99999 QNN's logits fail and the CPU EP's pass. The
+    search's rules do not mend it; the move after it starts where QNN's run is farthest from the
+    CPU EP's, traced through the Reshape to the LSTM, keeps that off QNN, and the gate passes there."""
+    model, calib = models.lstm_keywords(tmp_path)
+    args = ("--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "int16", "--calib", calib,
+            "--min-cosine", "0.99999")
+    code, plain, _ = quantize(model, *args, "-o", tmp_path / "plain.onnx")
+    assert code == 1 and plain["verify"]["cosine"] > 0.99999 and plain["verify"]["ep"]["cosine"] < 0.99999
+    code, record, _ = quantize(model, *args, "--auto-exclude", "-o", tmp_path / "q.onnx")
+    assert code == 0, [f["message"] for f in record["findings"]]
+    assert [entry["name"] for entry in record["kept_off_ep"]] == ["lstm"]
+    move = record["search"]["off_ep"]
+    assert [(m["label"], m["kept"], m["passed"]) for m in move] == [("lstm, where its run is farthest from the CPU EP's", True, True)]
+    assert record["search"]["stopped"].endswith("then nodes kept off the EP passed the gate (search.off_ep)")
+    assert "seen at 'h_DequantizeLinear_Output' (LSTM lstm, cosine 0.9999" in findings(record, "QNT022")[0]["message"]
+    assert record["verify"]["ep"]["cosine"] > 0.99999 and record["verify"]["ep"]["passed"] is True

@@ -177,17 +177,25 @@ def gate_target(options: QuantizeOptions, report: StepResult, clock: EpClock | N
 
 
 DIVERGED = 0.99  # a tensor whose cosine between the EP's and the CPU EP's run falls below this has parted
+# The same QDQ file on two EPs: integer arithmetic done alike agrees to within a step of rounding;
+# a tensor further off than this many of its own steps is computed otherwise (first_divergence).
+APART_STEPS = 2.0
+_RESHAPING = {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"}
 
 
 def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.ndarray]], workdir: Path,
-                     *, limit: int = 5) -> list[dict[str, Any]]:
+                     *, limit: int = 5, nearest: bool = False) -> list[dict[str, Any]]:
     """Where the EP's run of a QDQ model first parts from the CPU EP's (graph optimizations off,
     the model's own arithmetic): every activation's DequantizeLinear is made an output, both run
     on ``feeds`` (one or two samples), and the first ``limit`` tensors in graph order whose cosine
     falls below DIVERGED are returned with the node that computes them. Only the final outputs
     are seen otherwise; this names the op whose EP kernel computes otherwise (measured: PP-OCR's
     direction classifier parted at its first BatchNormalization, cosine 0.32). [] when nothing
-    parts or a run fails."""
+    parts or a run fails. A reshaping node of float values stands for the node that computed them.
+    ``nearest``: where nothing falls below DIVERGED, the tensor farthest from the CPU EP's run (by
+    cosine) of those more than APART_STEPS of their own quantization steps off it, marked
+    ``where``: a small error that the nodes after it magnify (a keyword model's float LSTM on the
+    HTP: cosine 0.99993 at the first quantized tensor after it, 0.998 at the logits)."""
     import onnx
 
     from ortprep.runtime.compare import compare_arrays
@@ -198,9 +206,10 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
         return []  # the weights stay where they are: not worth copying a big model for a diagnosis
     producers = {out: node for node in graph.node for out in node.output}
-    constants = {t.name for t in graph.initializer}
+    constants = {t.name: t for t in graph.initializer}
     existing = {value.name for value in graph.output}
     exposed: list[tuple[str, Any]] = []
+    steps: dict[str, float] = {}
     for node in graph.node:
         if node.op_type != "DequantizeLinear" or node.input[0] in constants or node.output[0] in existing:
             continue
@@ -208,13 +217,21 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
         source = producers.get(quantize.input[0]) if quantize is not None and quantize.op_type == "QuantizeLinear" else None
         if source is None:
             continue
+        # a reshaping node of float values passes on its input's error: the node that computed it
+        while (source.op_type in _RESHAPING and source.input and source.input[0] in producers
+               and producers[source.input[0]].op_type not in ("QuantizeLinear", "DequantizeLinear")):
+            source = producers[source.input[0]]
         exposed.append((node.output[0], source))
+        scale = constants.get(node.input[1]) if len(node.input) > 1 else None
+        if scale is not None and int(np.prod(scale.dims)) == 1:
+            steps[node.output[0]] = float(onnx.numpy_helper.to_array(scale).ravel()[0])
     if not exposed:
         return []
     from ortprep.steps.quantize.calibrate import exposure_chunks
 
     sources = dict(exposed)
-    found = []
+    found: list[dict[str, Any]] = []
+    farthest: dict[str, Any] | None = None
     # each group is a whole run on the EP: bounded by --ep-seconds as its other runs are (on the HTP
     # simulator the layout detector's 1,493 nodes at 1x3x800x608 took tens of such runs, 45 s each)
     seconds = target.clock.bound(target.seconds) if target.clock is not None else target.seconds
@@ -234,17 +251,26 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
             return found
         for name in chunk:
             source = sources[name]
-            cosines, ratios = [], []
+            cosines, ratios, gaps = [], [], []
             for ours, theirs in zip(cpu.samples, run.samples):
                 if name not in ours or name not in theirs:
                     break
                 diff = compare_arrays(name, np.asarray(ours[name]), np.asarray(theirs[name]))
                 cosines.append(diff.cosine if diff.cosine is not None else -1.0)
                 ratios.append(diff.norm_ratio)
-            if cosines and min(cosines) < DIVERGED:
-                found.append({"tensor": name, "node": source.name, "op_type": source.op_type, "cosine": min(cosines),
-                              "norm_ratio": ratios[cosines.index(min(cosines))]})
+                gaps.append(diff.max_abs_diff or 0.0)
+            if not cosines:
+                continue
+            entry = {"tensor": name, "node": source.name, "op_type": source.op_type, "cosine": min(cosines),
+                     "norm_ratio": ratios[cosines.index(min(cosines))]}
+            if min(cosines) < DIVERGED:
+                found.append(entry)
                 if len(found) >= limit:
                     return found
+            elif (nearest and name in steps and max(gaps) > APART_STEPS * steps[name]
+                  and (farthest is None or entry["cosine"] < farthest["cosine"])):
+                farthest = entry
         del cpu, run
+    if not found and farthest is not None:
+        return [{**farthest, "where": "where its run is farthest from the CPU EP's"}]
     return found

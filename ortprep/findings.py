@@ -147,6 +147,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CMP003", "nodes stay outside the EPContext nodes", Severity.INFO),
         FindingKind("CMP004", "--eval judged fewer samples: one run takes long on the EP (--ep-seconds)", Severity.WARNING),
         FindingKind("CMP005", "initializers read inside If/Loop/Scan bodies were copied into them before compiling", Severity.INFO),
+        FindingKind("CMP006", "larger initializers read inside If/Loop/Scan bodies were read through main-graph Identity nodes before compiling", Severity.INFO),
         # PKG: model packages (package, load --package)
         FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
         FindingKind("PKG002", "the target's EP does not run where the package was made: no session proves its variant",

@@ -145,6 +145,38 @@ def body_weights(graph: GraphProto, min_bytes: int = SMALL_INITIALIZER_BYTES + 1
     return _read_by_bodies(graph, lambda tensor: tensor_bytes(tensor) >= min_bytes)
 
 
+def feed_body_weights(graph: GraphProto, min_bytes: int = SMALL_INITIALIZER_BYTES + 1) -> list[str]:
+    """For each initializer of ``graph`` of at least ``min_bytes`` that If/Loop/Scan bodies read
+    (body_weights), an Identity node first in ``graph`` that reads it, and the bodies read its output
+    instead. In place; returns the initializers fed so.
+
+    Why: ORT's EP-context writer keeps only the initializers that main-graph nodes read by name,
+    and a large one copied into a body it writes as an in-memory marker (localize_body_initializers).
+    Read by a main-graph node, it is kept. Measured (onnxruntime 1.32 + onnxruntime-qnn 2.7.0,
+    2026-11-28): a keyword model whose LSTM was kept off QNN in an If, its 10 KB weights read from
+    the main graph, did not compile ("input 'lstm.W' of node ... is not output of any previous
+    nodes"); fed so, it compiled, QNN took the Identity nodes into an EPContext node, and the
+    compiled model's outputs equalled QNN's session of the source model exactly."""
+    from onnx import helper
+
+    names = body_weights(graph, min_bytes)
+    if not names:
+        return []
+    used = {t.name for t in graph.initializer} | {v.name for v in graph.input} | {v.name for v in graph.output}
+    for node in graph.node:
+        used.update(node.input)
+        used.update(node.output)
+        used.add(node.name)
+    renamed = {name: fresh_name(f"{name}_feed", used) for name in names}
+    for body, reads in _bodies_reading(graph, set(names)):
+        _rename_reads(body, {name: renamed[name] for name in reads})
+    nodes = [helper.make_node("Identity", [name], [renamed[name]], name=renamed[name]) for name in names]
+    nodes += list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return names
+
+
 def small_body_reads(graph: GraphProto, max_bytes: int = SMALL_INITIALIZER_BYTES) -> list[str]:
     """What localize_body_initializers would copy (graph only: no weight is read)."""
     return _read_by_bodies(graph, lambda tensor: tensor_bytes(tensor) <= max_bytes)

@@ -817,12 +817,13 @@ def _loop_model(folder: Path, weight_elements: int) -> Path:
 
 
 @needs_qnn
-def test_compile_copies_small_body_initializers_and_names_the_weights_ort_cannot_keep(tmp_path):
+def test_compile_copies_small_body_initializers_and_feeds_the_larger_ones(tmp_path):
     """ORT's EP-context writer (1.32) keeps only the initializers main-graph nodes read: a Loop body
     reading its scale and a 16-float weight from the main graph did not compile before; compile
     copies such small ones (<= 127 bytes) into the body (CMP005) and the result loads and matches.
     A 256-float weight it cannot keep either way (dropped, or an in-memory marker in the body):
-    CMP001 names it and says to ship the source model."""
+    compile reads it through an Identity node in the main graph (CMP006), and the result loads and
+    matches too."""
     small = _loop_model(tmp_path, 16)
     result = invoke("compile", small, "--ep", "qnn", "-o", tmp_path / "small_ctx.onnx", "--json")
     record = result.json()
@@ -833,6 +834,8 @@ def test_compile_copies_small_body_initializers_and_names_the_weights_ort_cannot
     large = _loop_model(tmp_path, 256)
     result = invoke("compile", large, "--ep", "qnn", "-o", tmp_path / "large_ctx.onnx", "--json")
     record = result.json()
-    assert result.exit_code == 1 and not (tmp_path / "large_ctx.onnx").exists()
-    failure = next(f for f in record["findings"] if f["code"] == "CMP001")
-    assert failure["fix"].startswith("ORT's EP-context writer cannot keep weights that only If/Loop/Scan bodies read (w;")
+    assert result.exit_code == 0 and (tmp_path / "large_ctx.onnx").exists(), record["findings"]
+    assert record["fed_initializers"] == ["w"] and record["localized_initializers"] == ["s"]
+    assert any(f["code"] == "CMP006" for f in record["findings"])
+    assert all(output["within_tolerance"] for output in record["outputs"]), record["outputs"]
+    assert [t.name for t in onnx.load(str(large)).graph.initializer][0] == "w"  # the input is not changed

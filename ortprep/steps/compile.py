@@ -14,7 +14,7 @@ import onnx
 
 from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding
-from ortprep.graphops import body_weights, localize_body_initializers, small_body_reads
+from ortprep.graphops import body_weights, feed_body_weights, localize_body_initializers, small_body_reads
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
@@ -47,19 +47,22 @@ def ep_context_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def _bodies_with_own_weights(handle: ModelHandle, staging: Path) -> tuple[Path, list[str]]:
+def _bodies_with_own_weights(handle: ModelHandle, staging: Path) -> tuple[Path, list[str], list[str]]:
     """The model to compile: ``handle``'s file, or where If/Loop/Scan bodies read main-graph
-    initializers, a copy in ``staging`` with those copied into the bodies
-    (graphops.localize_body_initializers); and the initializers copied."""
-    if not small_body_reads(handle.proto.graph):  # from the graph alone: the weights stay where they are
-        return Path(handle.path), []
+    initializers, a copy in ``staging`` with the small ones copied into the bodies
+    (graphops.localize_body_initializers) and the larger ones read through a main-graph Identity
+    (graphops.feed_body_weights); and the initializers copied, and those fed."""
+    graph = handle.proto.graph
+    if not small_body_reads(graph) and not body_weights(graph):  # from the graph alone: the weights stay put
+        return Path(handle.path), [], []
     handle.load_weights()
     proto = onnx.ModelProto()
     proto.CopyFrom(handle.proto)
     localized = localize_body_initializers(proto.graph)
+    fed = feed_body_weights(proto.graph)
     written = ModelHandle(proto=proto, path=None).save(staging / "source.onnx", external_data=True if
                                                          handle.has_external_data() else None)
-    return written, localized
+    return written, localized, fed
 
 
 def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, force: bool = False) -> StepResult:
@@ -89,7 +92,7 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     data["inputs"] = choice.record()
     with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
-        source, localized = _bodies_with_own_weights(handle, Path(staging))
+        source, localized, fed = _bodies_with_own_weights(handle, Path(staging))
         if localized:
             data["localized_initializers"] = localized
             report.add(Finding.of(
@@ -97,6 +100,13 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
                 f"copied into those bodies before compiling ({', '.join(localized[:4])}"
                 + (", ..." if len(localized) > 4 else "") + "): ORT's EP-context writer keeps only what main-graph nodes "
                 "read, and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
+        if fed:
+            data["fed_initializers"] = fed
+            report.add(Finding.of(
+                "CMP006", f"{len(fed)} larger initializer(s) that If/Loop/Scan bodies read from the main graph were read "
+                f"through an Identity node in the main graph before compiling ({', '.join(fed[:4])}"
+                + (", ..." if len(fed) > 4 else "") + "): ORT's EP-context writer keeps only what main-graph nodes read, "
+                "and one copied into a body it writes as an in-memory marker", ep=spec.name, fix="nothing to do"))
         request = Compile(model=os.path.abspath(source), output=str(compiled.resolve()), provider=spec.provider,
                           feeds=feeds, provider_options=session_options(target, options.provider_options, options.device),
                           plugin=target.plugin)
@@ -124,10 +134,7 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         if not status.get("ok"):
             what = {"compile": "compiling failed", "reload": "the compiled model does not load",
                     "run": "the compiled model does not run"}.get(status.get("stage"), "compile failed")
-            stuck = body_weights(handle.proto.graph) if status.get("stage") == "compile" else []
-            fix = (f"ORT's EP-context writer cannot keep weights that only If/Loop/Scan bodies read ({', '.join(stuck[:4])}"
-                   f"; onnxruntime 1.32): ship the source model, which {spec.name} compiles at load" if stuck else
-                   f"ortprep load MODEL --ep {spec.name} shows what the EP takes; a model the EP takes no node of "
+            fix = (f"ortprep load MODEL --ep {spec.name} shows what the EP takes; a model the EP takes no node of "
                    "cannot be compiled" if status.get("stage") == "compile" else
                    "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
                    "source model, which the EP compiles at load, or compile with another release of the EP")

@@ -111,6 +111,40 @@ def test_unnamed_nodes_are_placed_one_by_one(qdq_cnn, tmp_path):
     assert onnx.load(unnamed).graph.node[0].name == ""  # the user's file is not touched
 
 
+@needs_openvino
+def test_unnamed_nodes_are_labelled_in_an_ep_environment_without_onnx(qdq_cnn, tmp_path):
+    """onnxruntime-openvino's own environment (make install's .venv-openvino) has no onnx: the
+    worker there labels the unnamed nodes at the protobuf wire level. Before, check --prove of the
+    PP-Structure layout detector (unnamed nodes) said 'none' there: "No module named 'onnx'"."""
+    model = onnx.load(qdq_cnn)
+    for node in model.graph.node:
+        node.name = ""
+    unnamed = tmp_path / "unnamed.onnx"
+    onnx.save(model, unnamed)
+    runtime = ("--runtime", f"openvino-cpu={OPENVINO_PYTHON}")
+    named = _only(invoke("check", qdq_cnn, "--ep", "openvino-cpu", "--prove", *runtime, "--json").json())
+    proof = _only(invoke("check", unnamed, "--ep", "openvino-cpu", "--prove", *runtime, "--json").json())
+    assert proof["proof"]["status"] == "created", proof["proof"]
+    assert (proof["proof"]["nodes_total"], proof["proof"]["nodes_on_ep"]) == (named["proof"]["nodes_total"],
+                                                                              named["proof"]["nodes_on_ep"])
+    assert proof["verdict"] == named["verdict"]
+
+
+def test_the_wire_level_labels_equal_checks():
+    """runtime/requests/sessions.label_unnamed_nodes names each unnamed main-graph node OP#INDEX and
+    leaves everything else as it was: read back by onnx, the same model with those names."""
+    from ortprep.runtime.requests.sessions import label_unnamed_nodes
+
+    model = models.diamond()
+    model.graph.node[1].name = ""
+    model.graph.node[2].name = ""
+    labelled = onnx.load_from_string(label_unnamed_nodes(model.SerializeToString()))
+    assert [n.name for n in labelled.graph.node] == [n.name or f"{n.op_type}#{i}" for i, n in enumerate(model.graph.node)]
+    for index in (1, 2):
+        labelled.graph.node[index].name = ""
+    assert labelled == model  # field by field: nothing else changed
+
+
 @needs_qnn
 def test_float_model_runs_on_qnn_htp():
     """Measured: the simulator takes the float CNN whole (QNN001 is a warning, not an error)."""

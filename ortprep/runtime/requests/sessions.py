@@ -91,7 +91,15 @@ def _with_extra_outputs(spec: SessionSpec, options) -> tuple[str | bytes, list[s
     labelled), its external data read from the file's folder."""
     if not spec.extra_outputs and not spec.label_unnamed:
         return spec.model, None
-    import onnx
+    try:
+        import onnx
+    except ImportError:  # an EP's own environment (--runtime EP=PYTHON) need not have onnx
+        if spec.extra_outputs:
+            raise
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         os.path.dirname(os.path.abspath(spec.model)))
+        with open(spec.model, "rb") as handle:
+            return label_unnamed_nodes(handle.read()), None
 
     proto = onnx.load(spec.model, load_external_data=False)
     if spec.label_unnamed:
@@ -104,6 +112,87 @@ def _with_extra_outputs(spec: SessionSpec, options) -> tuple[str | bytes, list[s
     options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                      os.path.dirname(os.path.abspath(spec.model)))
     return proto.SerializeToString(), graph_outputs
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _fields(data: bytes):
+    """(field number, wire type, the field's raw bytes, its payload for a length-delimited field)
+    of one protobuf message, in order."""
+    at = 0
+    while at < len(data):
+        start = at
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        payload = None
+        if wire == 0:
+            _, at = _varint(data, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            size, at = _varint(data, at)
+            payload = data[at:at + size]
+            at += size
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not one ONNX writes")
+        yield number, wire, data[start:at], payload
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def label_unnamed_nodes(model: bytes) -> bytes:
+    """``model`` (a serialized ModelProto) with each unnamed node of its main graph named
+    OP#INDEX, as check labels them, read and written at the protobuf wire level: an EP's own
+    environment (onnxruntime-openvino's, say) has protobuf, which ONNX Runtime needs, and not
+    necessarily onnx. ModelProto.graph is field 7, GraphProto.node field 1, NodeProto.name field 3
+    and op_type field 4 (onnx.proto); a field appended to a message is read as if it were in place."""
+    out = bytearray()
+    for number, wire, raw, payload in _fields(model):
+        if number != 7 or wire != 2:
+            out += raw
+            continue
+        graph = bytearray()
+        index = 0
+        for g_number, g_wire, g_raw, g_payload in _fields(payload):
+            if g_number != 1 or g_wire != 2:
+                graph += g_raw
+                continue
+            named, op_type = False, ""
+            for n_number, n_wire, _, n_payload in _fields(g_payload):
+                if n_number == 3 and n_wire == 2 and n_payload:
+                    named = True
+                elif n_number == 4 and n_wire == 2:
+                    op_type = n_payload.decode("utf-8", "replace")
+            node = g_payload if named else g_payload + _length_delimited(3, f"{op_type}#{index}".encode())
+            graph += _length_delimited(1, node)
+            index += 1
+        out += _length_delimited(7, bytes(graph))
+    return bytes(out)
 
 
 def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:

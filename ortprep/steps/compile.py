@@ -93,20 +93,17 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
     with tempfile.TemporaryDirectory(prefix=".ortprep-tmp-compile-", dir=dest.parent) as staging:
         compiled = Path(staging) / dest.name
         source, localized, fed = _bodies_with_own_weights(handle, Path(staging))
-        if localized:
-            data["localized_initializers"] = localized
+        for code, key, names, how in (
+                ("CMP005", "localized_initializers", localized, "were copied into those bodies"),
+                ("CMP006", "fed_initializers", fed, "(larger ones) were read through an Identity node in the main graph")):
+            if not names:
+                continue
+            data[key] = names
             report.add(Finding.of(
-                "CMP005", f"{len(localized)} initializer(s) that If/Loop/Scan bodies read from the main graph were "
-                f"copied into those bodies before compiling ({', '.join(localized[:4])}"
-                + (", ..." if len(localized) > 4 else "") + "): ORT's EP-context writer keeps only what main-graph nodes "
-                "read, and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
-        if fed:
-            data["fed_initializers"] = fed
-            report.add(Finding.of(
-                "CMP006", f"{len(fed)} larger initializer(s) that If/Loop/Scan bodies read from the main graph were read "
-                f"through an Identity node in the main graph before compiling ({', '.join(fed[:4])}"
-                + (", ..." if len(fed) > 4 else "") + "): ORT's EP-context writer keeps only what main-graph nodes read, "
-                "and one copied into a body it writes as an in-memory marker", ep=spec.name, fix="nothing to do"))
+                code, f"{len(names)} initializer(s) that If/Loop/Scan bodies read from the main graph {how} before "
+                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "") + "): ORT's EP-context writer "
+                "keeps only what main-graph nodes read (and writes a larger one copied into a body as an in-memory "
+                "marker), and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
         request = Compile(model=os.path.abspath(source), output=str(compiled.resolve()), provider=spec.provider,
                           feeds=feeds, provider_options=session_options(target, options.provider_options, options.device),
                           plugin=target.plugin)

@@ -147,11 +147,11 @@ def test_auto_exclude_judges_every_trial_on_qnn(tmp_path):
     assert code == 0, [f["message"] for f in record["findings"]]
     assert [entry["name"] for entry in record["kept_off_ep"]] == ["log"]
     search = record["search"]
-    move = [(m["label"], m["kept"]) for m in search["off_ep"]]
-    assert move == [("mel, where its run is farthest from the CPU EP's", True),
-                    ("log, computed in float on the way to the output it gets wrong", True),
-                    ("without mel, where its run is farthest from the CPU EP's", True)], search["off_ep"]
-    assert search["off_ep"][1]["cosine_before"] < 0.9 and search["off_ep"][1]["cosine_after"] > 0.9999
+    # the start before the Log (the tensor farthest from the CPU EP's run) depends on which of two
+    # nearly equal tensors the simulator's exposed runs show farther: whatever it was, the Log mends
+    # the output, and a set the result passes without is dropped again
+    log = next(m for m in search["off_ep"] if m["label"] == "log, computed in float on the way to the output it gets wrong")
+    assert log["kept"] is True and log["cosine_before"] < 0.9 and log["cosine_after"] > 0.9999, search["off_ep"]
     assert record["verify"]["ep"]["passed"] is True and record["verify"]["ep"]["cosine"] > 0.9999
     # nothing adds error on the CPU EP (the HTP's float16 does): no tensor above the noise floor (those
     # below it, ranked next, do not fit the weight budget), no node where it starts

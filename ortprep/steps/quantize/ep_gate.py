@@ -237,9 +237,14 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     seconds = target.clock.bound(target.seconds) if target.clock is not None else target.seconds
     deadline = None if seconds is None else time.monotonic() + seconds
     # in groups of at most EXPOSED_BYTES a run, in graph order: the first group that parts is enough
+    def answer() -> list[dict[str, Any]]:
+        if not found and farthest is not None:
+            return [{**farthest, "where": "where its run is farthest from the CPU EP's"}]
+        return found
+
     for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
         if deadline is not None and time.monotonic() > deadline:
-            return found
+            return answer()
         del graph.output[len(existing):]
         graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in chunk)
         path = workdir / f"exposed{index}.onnx"
@@ -248,7 +253,7 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
         run = target.run(path, feeds)
         path.unlink(missing_ok=True)
         if not cpu.ok or not run.ok or len(run.samples) != len(cpu.samples):
-            return found
+            return answer()
         for name in chunk:
             source = sources[name]
             cosines, ratios, gaps = [], [], []
@@ -271,6 +276,4 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
                   and (farthest is None or entry["cosine"] < farthest["cosine"])):
                 farthest = entry
         del cpu, run
-    if not found and farthest is not None:
-        return [{**farthest, "where": "where its run is farthest from the CPU EP's"}]
-    return found
+    return answer()

@@ -647,11 +647,12 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
     def done() -> bool:
         return best is not baseline and (accept is not None or (best.passed and (best.cosine is None or best.cosine >= aim)))
 
-    for first in parted[:starts]:
+    usable = [entry for entry in parted if entry["node"] and not entry["node"].startswith(OFF_EP_PREFIX)]
+    for first in usable[:starts]:
         for label, names in candidate_sets(baseline.path, first["node"], limit, where=first.get("where")):
             off = list(dict.fromkeys([*best.off, *names]))
-            if set(off) in tried or set(off) == set(best.off):
-                continue
+            if set(off) in tried or set(off) == set(best.off) or len(off) - len(baseline.off) > limit:
+                continue  # tried, nothing new, or more than the float share allows
             tried.append(set(off))
             clock = trials.target.clock
             if (deadline is not None and time.monotonic() >= deadline) or (clock is not None and clock.exhausted):
@@ -667,7 +668,7 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
                 helped, unconfirmed = accept(outcome)
             else:
                 helped = improved(outcome, best)
-            records.append({"label": label, "nodes": len(names), "cosine_before": best.cosine,
+            records.append({"label": label, "nodes": len(off) - len(best.off), "cosine_before": best.cosine,
                             "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error, "kept": helped,
                             **({"confirmed": helped} if accept is not None else {}),
                             **({"not_confirmed": unconfirmed} if unconfirmed else {}),
@@ -695,7 +696,7 @@ def _without_needless(trials: Trials, source: Path, baseline: Trial, best: Trial
     mends it. One trial per earlier set."""
     last = set(taken[-1][1])
     for label, names in taken[:-1]:
-        dropped = set(names) - last
+        dropped = (set(names) - last) & set(best.off)
         if not dropped:
             continue
         off = [name for name in best.off if name not in dropped]
@@ -746,6 +747,13 @@ def parting_points(target: GateTarget, model: Path, feeds: list[dict], workdir: 
 LATE_STARTS = 3
 
 
+def movable(path: Path) -> bool:
+    """Whether nodes of the QDQ model at ``path`` can be kept off the EP (off_target.move_off_ep:
+    not in a model with external data): else the move's trials would each be refused."""
+    proto = onnx.load(str(path), load_external_data=False)
+    return not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
 def late_move(trials: Trials, source: Path, best: Trial, options: QuantizeOptions
               ) -> tuple[Trial, list[dict], dict[str, str]]:
     """The move (keep_off_ep_move) from the search's result ``best`` where it still fails on the
@@ -755,10 +763,13 @@ def late_move(trials: Trials, source: Path, best: Trial, options: QuantizeOption
     CPU EP. Bound by --search-seconds (as the search) and --ep-total-seconds."""
     evaluation = trials.evaluations.get(best.path) if best.path is not None else None
     if (evaluation is None or trials.target is None or not evaluation.ep_only or evaluation.on_ep is None
-            or evaluation.on_ep.error is not None):
+            or evaluation.on_ep.error is not None or not movable(best.path)):
+        return best, [], {}
+    deadline = trials.started + options.search_seconds if options.search_seconds is not None else None
+    clock = trials.target.clock
+    if (deadline is not None and time.monotonic() >= deadline) or (clock is not None and clock.exhausted):
         return best, [], {}
     parted = parting_points(trials.target, best.path, trials.eval_feeds[:2], trials.workdir, evaluation.on_ep)
-    deadline = trials.started + options.search_seconds if options.search_seconds is not None else None
     return keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), deadline, starts=LATE_STARTS)
 
 
@@ -772,7 +783,9 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
     the 8 held-back lines passed, one calibration line of 24 was read otherwise on QNN, and the
     search never ran, since nothing had failed before that. It runs after the search, so
     --search-seconds (spent there, or by --auto's earlier attempts) does not bound it: its few
-    trials (off_target.candidate_sets: at most four) are bound by --ep-total-seconds."""
+    trials (off_target.candidate_sets: at most four a start; one start where a tensor parts, up to
+    LATE_STARTS where none does and parting_points starts from the output's side) are bound by
+    --ep-total-seconds."""
     evaluation = trials.evaluations.get(best.path) if best.path is not None else None
     confirmation = evaluation.confirmation if evaluation is not None else None
     side = confirmation.on_ep if confirmation is not None else None
@@ -782,7 +795,7 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
     # the held-back samples come first in the EP's judgement, then the calibration ones
     samples = trials.eval_feeds[:confirmation.held_back] + trials.margin_feeds()
     worst = side.sample_cosines.index(min(side.sample_cosines))
-    if worst >= len(samples):
+    if worst >= len(samples) or not movable(best.path):
         return best, [], {}
     parted = parting_points(trials.target, best.path, [samples[worst]], trials.workdir, side)
     cache = trials.caches.setdefault(source, {})

@@ -328,12 +328,14 @@ def test_a_map_whose_regions_move_fails_though_its_elements_agree():
     assert record["agreement"] > 0.998 and record["expected_agreement"] > 0.98  # what the gate held before
     assert record["region_agreement"] == pytest.approx(0.8) and record["required_regions"] == 0.95
     assert set(record["region_levels"].values()) == {0.8} and record["passed"] is False
+    assert (record["regions_kept"], record["regions"]) == (8, 10)  # the float map's 10 lines, 8 boxes kept
     assert judge_decision(Decision("map", 0.5), [reference], [reference + 0.01])["passed"] is True
     # the refusal says what failed: the boxes, not the pixels' F1 (which passes)
     from ortprep.steps.quantize.evaluate import _decision_text
 
     text = _decision_text(record)
-    assert "keep their bounding box on only 80.0% (the gate asks 95%" in text and text.startswith("its map above 0.5")
+    assert "keep their bounding box on only 80.0%, 8 of the float map's 10 boxes kept (the gate asks 95%" in text
+    assert text.startswith("its map above 0.5")
 
 
 def test_regions_are_judged_at_every_level_unless_the_threshold_is_given():
@@ -346,6 +348,7 @@ def test_regions_are_judged_at_every_level_unless_the_threshold_is_given():
     candidate[0, 0, 3:19, 7] = 0.35
     inferred = judge_decision(Decision("map", 0.5), [reference], [candidate])
     assert inferred["region_level"] in (0.1, 0.2, 0.3) and inferred["region_agreement"] == pytest.approx(14 / 18)
+    assert (inferred["regions_kept"], inferred["regions"]) == (7, 10)
     assert inferred["region_levels"]["0.5"] == 1.0 and inferred["passed"] is False
     told = judge_decision(parse_metric("map:0.5"), [reference], [candidate])
     assert told["region_levels"] == {"0.5": 1.0} and told["passed"] is True

@@ -396,8 +396,9 @@ def region_agreement(decision: Decision, reference: list[np.ndarray], candidate:
     levels = (decision.threshold,) if decision.threshold_given and decision.threshold is not None else MAP_LEVELS
     shares: dict[float, float] = {}
     counts: dict[float, int] = {}
+    boxes: dict[float, tuple[int, int]] = {}  # (kept, the float map's) per level
     for level in levels:
-        same = total = 0
+        same = total = floats = 0
         for r, c in pairs:
             boxes_r = [tuple(box) for box in regions(r > level)]
             boxes_c = [tuple(box) for box in regions(c > level)]
@@ -405,12 +406,14 @@ def region_agreement(decision: Decision, reference: list[np.ndarray], candidate:
             # a box held by several regions (rare: nested ones) counts as often as both maps hold it
             same += sum(min(boxes_r.count(box), boxes_c.count(box)) for box in kept) if kept else 0
             total += len(boxes_r) + len(boxes_c)
+            floats += len(boxes_r)
         shares[level] = 2 * same / total if total else 1.0
         counts[level] = total
+        boxes[level] = (same, floats)
     worst = min(levels, key=lambda level: (shares[level], -counts[level]))
     return {"region_agreement": shares[worst], "region_level": worst,
             "region_levels": {f"{level:g}": round(share, 6) for level, share in shares.items()},
-            "required_regions": REQUIRED_REGIONS}
+            "required_regions": REQUIRED_REGIONS, "regions_kept": boxes[worst][0], "regions": boxes[worst][1]}
 
 
 # At most this many margins (and errors) enter the expected-agreement estimate (a detector's map

@@ -190,7 +190,9 @@ def describe_decision(record: dict) -> str:
     regions = record.get("region_agreement")
     if regions is not None and regions < record.get("required_regions", 0.0):
         # the map's elements agree but its regions' boxes move: say that, not the F1
-        return (text + f"; its regions above {record['region_level']:g} keep their boxes {regions:.4f}, below "
+        counted = (f" ({record['regions_kept']} of the float map's {record['regions']})"
+                   if record.get("regions") is not None else "")
+        return (text + f"; its regions above {record['region_level']:g} keep their boxes {regions:.4f}{counted}, below "
                 f"the {record['required_regions']:g} required")
     return text + (f", below the {required:g} required" if required is not None else "")
 

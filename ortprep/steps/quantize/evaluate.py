@@ -894,8 +894,10 @@ def _decision_text(decision: dict) -> str:
     if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
             required is None or (share is not None and share >= required)):
         # the pixels agree, the regions an application boxes do not
+        counted = (f", {decision['regions_kept']} of the float map's {decision['regions']} boxes kept"
+                   if decision.get("regions") is not None else "")
         return (text + f"; but its regions above {decision.get('region_level'):g} keep their bounding box on only "
-                f"{regions:.1%} (the gate asks {needed:.0%}: a box one pixel off is another crop)")
+                f"{regions:.1%}{counted} (the gate asks {needed:.0%}: a box one pixel off is another crop)")
     if required and share is not None and share >= required and expected is not None and expected < required:
         # the samples agreed, their margins say unseen ones will not
         text += (f" on these samples, but only about {expected:.1%} to expect on unseen ones: the float model's "

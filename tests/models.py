@@ -688,13 +688,8 @@ def bias_after_conv_transpose(folder: Path, identity_after: bool = False) -> tup
         [numpy_helper.from_array((rng.standard_normal((8, 8, 2, 2)) * 0.3).astype(np.float32), "w1"),
          numpy_helper.from_array((rng.standard_normal((1, 8, 1, 1)) * 0.1).astype(np.float32), "b"),
          numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")])
-    path = Path(folder) / "bias_head.onnx"
-    onnx.save_model(make(graph, opset=17, ir_version=8), str(path))
-    calib = Path(folder) / "calib"
-    calib.mkdir()
-    for i in range(16):
-        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
-    return path, calib
+    return saved_with_samples(make(graph, opset=17, ir_version=8), Path(folder) / "bias_head.onnx",
+                              [{"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} for _ in range(16)])
 
 
 def conv_batch_norm(folder: Path) -> tuple[Path, Path]:
@@ -713,13 +708,8 @@ def conv_batch_norm(folder: Path) -> tuple[Path, Path]:
          numpy_helper.from_array(rng.uniform(0.3, 3.0, channels).astype(np.float32), "beta"),
          numpy_helper.from_array(rng.uniform(-0.4, 0.4, channels).astype(np.float32), "mean"),
          numpy_helper.from_array(rng.uniform(0.2, 2.0, channels).astype(np.float32), "var")])
-    path = Path(folder) / "conv_bn.onnx"
-    onnx.save_model(make(graph, opset=17, ir_version=8), str(path))
-    calib = Path(folder) / "calib"
-    calib.mkdir()
-    for i in range(16):
-        np.savez(calib / f"{i:03d}.npz", x=rng.standard_normal((1, 16, 1, 40)).astype(np.float32))
-    return path, calib
+    return saved_with_samples(make(graph, opset=17, ir_version=8), Path(folder) / "conv_bn.onnx",
+                              [{"x": rng.standard_normal((1, 16, 1, 40)).astype(np.float32)} for _ in range(16)])
 
 
 def lstm_keywords(folder: Path, hidden: int = 64, features: int = 40, frames: int = 48, samples: int = 24
@@ -744,11 +734,17 @@ def lstm_keywords(folder: Path, hidden: int = 64, features: int = 40, frames: in
          helper.make_node("Gemm", ["h", "head.w", "head.b"], ["logits"], transB=1, name="head")],
         "lstm_keywords", [_vi("features", TensorProto.FLOAT, [1, frames, features])],
         [_vi("logits", TensorProto.FLOAT, [1, 8])], weights)
-    path = folder / "lstm.onnx"
-    onnx.save_model(make(graph, opset=17, ir_version=9), str(path))
-    calib = folder / "calib"
+    energies = [np.cumsum(rng.standard_normal((1, frames, features)) * 0.3, axis=1) + rng.uniform(2, 6, (1, 1, features))
+                for _ in range(samples)]
+    return saved_with_samples(make(graph, opset=17, ir_version=9), Path(folder) / "lstm.onnx",
+                              [{"features": energy.astype(np.float32)} for energy in energies])
+
+
+def saved_with_samples(model: onnx.ModelProto, path: Path, samples: list[dict[str, np.ndarray]]) -> tuple[Path, Path]:
+    """``model`` saved at ``path``, and ``samples`` as 000.npz, 001.npz ... in a calib folder beside it."""
+    onnx.save_model(model, str(path))
+    calib = path.parent / "calib"
     calib.mkdir()
-    for index in range(samples):
-        energy = np.cumsum(rng.standard_normal((1, frames, features)) * 0.3, axis=1) + rng.uniform(2, 6, (1, 1, features))
-        np.savez(calib / f"{index:03d}.npz", features=energy.astype(np.float32))
+    for index, sample in enumerate(samples):
+        np.savez(calib / f"{index:03d}.npz", **sample)
     return path, calib

@@ -39,11 +39,16 @@ from ortprep.model import ModelHandle
 from ortprep.transforms.off_ep import QDQ_OPS, CutError, keep_off_ep
 
 
+def movable(proto: onnx.ModelProto) -> bool:
+    """Whether nodes of this QDQ model can be kept off the EP: not in a model with external data."""
+    return not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
 def move_off_ep(path: Path, names: list[str]) -> str | None:
     """Keep ``names`` of the QDQ model at ``path`` (a trial's own file) off the EP, in place; the
     error where it cannot (a model with external data, a graph that cannot be cut there)."""
     proto = onnx.load(str(path), load_external_data=False)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+    if not movable(proto):
         return "nodes are kept off the EP only in a model without external data"
     try:
         moved, _ = keep_off_ep(ModelHandle(proto=proto, path=None), names)

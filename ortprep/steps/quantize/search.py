@@ -55,7 +55,7 @@ from ortprep.steps.quantize.edits import (
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, Judgement, confirm_on_target, evaluate, fmt_cosine, tensor_noise,
                                              worst_nodes)
-from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep
+from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep, movable
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.transforms.off_ep import OFF_EP_PREFIX, QDQ_OPS
 from ortprep.transforms.verify import model_bytes
@@ -712,11 +712,11 @@ def _without_needless(trials: Trials, source: Path, baseline: Trial, best: Trial
 
 
 def parting_points(target: GateTarget, model: Path, feeds: list[dict], workdir: Path, side: Judgement) -> list[dict]:
-    """Where the EP's run of ``model`` parts from the CPU EP's (ep_gate.first_divergence), else
-    the tensor farthest from it (ep_gate.APART_STEPS); where no exposed tensor is apart, the node that
-    writes the first output ``side`` (the EP's judgement of the model as it is) gets wrong. Both
-    are marked ``where``. Exposing tensors as outputs can change what
-    the EP computes: measured on the HTP simulator (onnxruntime-qnn 2.7.0), two Conv+SiLU blocks on
+    """Where the EP's run of ``model`` parts from the CPU EP's (ep_gate.first_divergence); else,
+    each marked ``where``: the tensor farthest from it (ep_gate.APART_STEPS), then, for each output
+    ``side`` (the EP's judgement of the model as it is) gets wrong, the float nodes on the way to it
+    and the quantized node that writes it. Exposing tensors as outputs can change what the EP
+    computes: measured on the HTP simulator (onnxruntime-qnn 2.7.0), two Conv+SiLU blocks on
     10x10 maps (cosine 0.80 at the output as written) agreed with the CPU EP at the output in each
     of 6 runs with their tensors exposed, and at every tensor in 1 of those 6, on one input; the
     move then had nothing to start from (2 searches of 8 failed so)."""
@@ -747,13 +747,6 @@ def parting_points(target: GateTarget, model: Path, feeds: list[dict], workdir: 
 LATE_STARTS = 3
 
 
-def movable(path: Path) -> bool:
-    """Whether nodes of the QDQ model at ``path`` can be kept off the EP (off_target.move_off_ep:
-    not in a model with external data): else the move's trials would each be refused."""
-    proto = onnx.load(str(path), load_external_data=False)
-    return not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
-
-
 def late_move(trials: Trials, source: Path, best: Trial, options: QuantizeOptions
               ) -> tuple[Trial, list[dict], dict[str, str]]:
     """The move (keep_off_ep_move) from the search's result ``best`` where it still fails on the
@@ -763,7 +756,8 @@ def late_move(trials: Trials, source: Path, best: Trial, options: QuantizeOption
     CPU EP. Bound by --search-seconds (as the search) and --ep-total-seconds."""
     evaluation = trials.evaluations.get(best.path) if best.path is not None else None
     if (evaluation is None or trials.target is None or not evaluation.ep_only or evaluation.on_ep is None
-            or evaluation.on_ep.error is not None or not movable(best.path)):
+            or evaluation.on_ep.error is not None
+            or not movable(onnx.load(str(best.path), load_external_data=False))):
         return best, [], {}
     deadline = trials.started + options.search_seconds if options.search_seconds is not None else None
     clock = trials.target.clock
@@ -795,7 +789,7 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
     # the held-back samples come first in the EP's judgement, then the calibration ones
     samples = trials.eval_feeds[:confirmation.held_back] + trials.margin_feeds()
     worst = side.sample_cosines.index(min(side.sample_cosines))
-    if worst >= len(samples) or not movable(best.path):
+    if worst >= len(samples) or not movable(onnx.load(str(best.path), load_external_data=False)):
         return best, [], {}
     parted = parting_points(trials.target, best.path, [samples[worst]], trials.workdir, side)
     cache = trials.caches.setdefault(source, {})

@@ -137,6 +137,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD007", "NaN or Inf in outputs", Severity.ERROR),
         FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
         FindingKind("LOD009", "inputs were guessed and none of the guesses ran", Severity.WARNING),
+        FindingKind("LOD010", "outputs that differed match with TF32 off: the difference is TF32's", Severity.INFO),
         # PRV: proven verdicts (check --prove): the real session's word
         FindingKind("PRV001", "the real session placed nodes otherwise than check predicted", Severity.WARNING),
         FindingKind("PRV002", "the real session is not created on the EP", Severity.ERROR),

@@ -74,3 +74,45 @@ def test_ort_cuda_sessions_survive_a_foreign_cuda_context():
     for row in rows.values():
         assert row["status"] == "ok" and row["providers"][0] == "CUDAExecutionProvider", row
     assert "run after it ok" in rows["foreign_current_at_create_then_destroyed"]["steps"]
+
+
+def _tf32_sensitive(tmp_path):
+    """x @ w where each pair of x's columns differs by less than half a TF32 step and w's matching
+    rows cancel: float32 keeps the difference (every output about -1.23), TF32 rounds it away (0)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    u = rng.integers(16, 32, (64, 2048)).astype(np.float32) / 16  # exact in TF32: [1, 2) in steps of 1/16
+    v = rng.integers(16, 32, 2048).astype(np.float32) / 16
+    x = np.empty((64, 4096), np.float32)
+    x[:, 0::2], x[:, 1::2] = u, u + np.float32(4e-4)  # TF32's step in [1, 2) is 2**-10; half of it is 4.9e-4
+    w = np.empty((4096, 64), np.float32)
+    w[0::2], w[1::2] = v[:, None], -v[:, None]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "tf32",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 4096])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    path = tmp_path / "tf32.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.savez(tmp_path / "x.npz", x=x)
+    return path, tmp_path / "x.npz"
+
+
+def test_load_on_cuda_puts_a_tf32_difference_down_to_tf32(tmp_path):
+    model, inputs = _tf32_sensitive(tmp_path)
+    result = invoke("load", model, "--ep", "cuda", "--ep", "cpu", "--inputs", inputs, "--json")
+    record = result.json()
+    cuda = {row["ep"]: row for row in record["results"]}["cuda"]
+    codes = {f["code"] for f in record["findings"]}
+    # CUDA's default session (use_tf32 on) loses the difference; the same session with it off keeps it
+    assert result.exit_code == 1 and "LOD006" in codes and cuda["outputs_match"] is False, record["findings"]
+    assert cuda["max_abs_diff"] > 1.0
+    assert cuda["tf32_off"]["ran"] and cuda["tf32_off"]["outputs_match"] is True and cuda["tf32_off"]["max_abs_diff"] < 1e-2
+    told = [f for f in record["findings"] if f["code"] == "LOD010"]
+    assert told and "use_tf32=0" in told[0]["fix"]
+    # and asked for float32 from the start, it matches
+    plain = invoke("load", model, "--ep", "cuda", "--ep", "cpu", "--inputs", inputs,
+                   "--provider-option", "cuda:use_tf32=0", "--json")
+    assert plain.exit_code == 0, plain.stdout
+    assert {row["ep"]: row for row in plain.json()["results"]}["cuda"]["outputs_match"] is True

@@ -145,6 +145,12 @@ def test_output_comparison_tolerances():
     assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float32)}, plain, "cpu")[0] is False
     assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float32)}, plain, "qnn")[0] is True  # HTP: float16
     assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float16)}, plain, "cpu")[0] is True  # float16 is looser
+    # CUDA's default session computes float32 products in TF32 (float16's mantissa); use_tf32=0 is float32
+    tf32 = {"y": np.array([1.0, 2.0, 3.01], np.float32)}
+    assert _compare(reference, tf32, plain, "cuda")[0] is True
+    assert "TF32 compute on cuda" in _compare(reference, tf32, plain, "cuda")[2][0]["tolerance_rule"]
+    assert _compare(reference, tf32, plain, "cuda", provider_options={"use_tf32": "0"})[0] is False
+    assert _compare(reference, tf32, plain, "tensorrt")[0] is False  # no TF32 rule without a source for it
     assert _compare(reference, {"y": np.array([1.0, 2.0], np.float32)}, plain, "cpu")[0] is False
     assert _compare(None, {"y": reference["y"]}, plain, "cpu") == (None, None, [])
     # a uniformly scaled output fails on its norm, whatever its cosine

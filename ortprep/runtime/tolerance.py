@@ -2,7 +2,8 @@
 
 - Float models: a share of the output's scale (its largest magnitude, at least 1) by the precision
   the EP computes in: 1e-3 for float32, 1e-2 where the EP runs float graphs in float16 (QNN's HTP,
-  the DirectML NPU path, OpenVINO's GPU and NPU devices).
+  the DirectML NPU path, OpenVINO's GPU and NPU devices) or its float32 matrix products and
+  convolutions in TF32 (CUDA's default session; TF32 keeps float16's 10-bit mantissa).
 - Quantized (QDQ) models: the model's own quantization steps. An EP's integer arithmetic rounds
   some steps otherwise than the CPU EP's, and the error grows through the layers, so an output
   may differ by GRID_STEPS steps of an 8-bit grid over the output's calibrated range (read from
@@ -25,6 +26,13 @@ FLOAT_SHARE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e
 # EPs that compute float graphs in float16 by default (QNN HTP: enable_htp_fp16_precision; see the
 # qnn table's HTP constraint; OpenVINO GPU/NPU: f16 inference precision; the DirectML NPU path).
 FLOAT16_COMPUTE = ("qnn", "dml-npu", "openvino-gpu", "openvino-npu")
+# EPs whose default session computes float32 MatMul/Gemm and cuDNN convolutions in TF32 (float32's
+# range, float16's 10-bit mantissa) on NVIDIA GPUs of the Ampere generation and later, and the
+# provider option that turns it off. CUDA: ORT's CUDAExecutionProviderInfo sets use_tf32 to true
+# ("By default, enable TF32 to speed up float GEMM/MatMul or cuDNN convolution of float matrices",
+# onnxruntime/core/providers/cuda/cuda_execution_provider_info.h). Measured on an H200 with
+# onnxruntime-gpu 1.31.1 (bench/RESULTS.md, "The journey corpus on CUDA").
+TF32_COMPUTE = {"cuda": "use_tf32"}
 QUANTIZED_SHARE = 1e-2  # the least a quantized model's output may differ, of its scale
 GRID_STEPS = 2  # steps of an 8-bit grid over a quantized output's calibrated range
 DECISION_COSINE = 0.99  # an output whose decision agrees holds beyond the max abs diff only this close in direction
@@ -83,9 +91,19 @@ def output_ranges(proto) -> dict[str, float]:
     return ranges
 
 
+def computes_tf32(ep: str, provider_options: dict[str, str] | None) -> bool:
+    """Does this EP's session, with these provider options, compute float32 products in TF32
+    (TF32_COMPUTE; on by default where the EP has the option)?"""
+    option = TF32_COMPUTE.get(ep)
+    if option is None:
+        return False
+    return str((provider_options or {}).get(option, "1")).strip().lower() not in ("0", "false")
+
+
 def tolerance_for(ep: str, reference: np.ndarray, candidate_dtype: str, quantized_range: float | None,
-                  quantized: bool) -> Tolerance:
-    """The largest max abs diff allowed for one output (see the module's docstring)."""
+                  quantized: bool, tf32: bool = False) -> Tolerance:
+    """The largest max abs diff allowed for one output (see the module's docstring); ``tf32``: the
+    session computes float32 products in TF32 (:func:`computes_tf32`)."""
     if reference.dtype.kind != "f":
         return Tolerance(0.0, "exact (not a float output)")
     scale = max(1.0, float(np.abs(reference).max())) if reference.size else 1.0
@@ -93,6 +111,8 @@ def tolerance_for(ep: str, reference: np.ndarray, candidate_dtype: str, quantize
     precision = candidate_dtype
     if ep in FLOAT16_COMPUTE and share < FLOAT_SHARE["float16"]:
         share, precision = FLOAT_SHARE["float16"], f"float16 compute on {ep}"
+    elif tf32 and candidate_dtype == "float32":
+        share, precision = FLOAT_SHARE["float16"], f"TF32 compute on {ep}: its {TF32_COMPUTE[ep]}, on by default"
     if not quantized:
         return Tolerance(share * scale, f"{share:g} of the output's scale {scale:.4g} ({precision})")
     least = max(share, QUANTIZED_SHARE) * scale
@@ -116,15 +136,18 @@ def judge_output(name: str, reference: np.ndarray, candidate: np.ndarray, tolera
 
 
 def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-                  metrics: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                  metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None
+                  ) -> list[dict[str, Any]]:
     """Every output of ``reference`` judged (a missing one fails); ``proto`` is the model that made
     ``candidate`` (its DequantizeLinear scales set a quantized output's tolerance); ``metrics``:
-    output -> decision (--metric), over what each output's form says."""
+    output -> decision (--metric), over what each output's form says; ``provider_options``: the
+    session's, where they set the precision the EP computes in (TF32_COMPUTE)."""
     from ortprep.runtime.decisions import infer_decisions, judge_decision
 
     quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in proto.graph.node)
     ranges = output_ranges(proto) if quantized else {}
     decisions = infer_decisions(proto, [{k: np.asarray(v) for k, v in reference.items()}], metrics)
+    tf32 = computes_tf32(ep, provider_options)
     judged = []
     for name, value in reference.items():
         other = candidate.get(name)
@@ -134,7 +157,7 @@ def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: d
                            "within_tolerance": False})
             continue
         value, other = np.asarray(value), np.asarray(other)
-        record = judge_output(name, value, other, tolerance_for(ep, value, str(other.dtype), ranges.get(name), quantized))
+        record = judge_output(name, value, other, tolerance_for(ep, value, str(other.dtype), ranges.get(name), quantized, tf32))
         decision = decisions.get(name)
         if decision is not None and decision.gated:
             record["decision"] = judge_decision(decision, [value], [other])
@@ -154,14 +177,15 @@ def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: d
 
 
 def judge_each_sample(proto, ep: str, references: list[dict], candidates: list[dict],
-                      metrics: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                      metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None
+                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each sample's outputs judged (:func:`judge_outputs`), then each gated decision pooled over
     all the samples (:func:`pool_decisions`): what compile --eval holds the compiled model to, and
     quantize the target EP's run to (its ``ep_apart``). Returns the samples' records
     (``{"sample", "passed", "cosine", "outputs"}``) and the pooled decisions."""
     judged = []
     for index, (reference, candidate) in enumerate(zip(references, candidates)):
-        outputs = judge_outputs(proto, ep, reference, candidate, metrics)
+        outputs = judge_outputs(proto, ep, reference, candidate, metrics, provider_options)
         lowest = min((o["cosine"] for o in outputs if o["cosine"] is not None), default=None)
         judged.append({"sample": index, "passed": all(o["within_tolerance"] for o in outputs), "cosine": lowest,
                        "outputs": outputs})

@@ -11,6 +11,7 @@ import statistics
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from ortprep.runtime.providers import (
     probe_runtime,
 )
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
-from ortprep.runtime.tolerance import NORM_TOLERANCE, judge_outputs
+from ortprep.runtime.tolerance import NORM_TOLERANCE, TF32_COMPUTE, computes_tf32, judge_outputs
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.prove import compare_prediction
@@ -45,13 +46,14 @@ SCHEMA = "ortprep.load/2"
 
 
 def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path,
-           label_unnamed: bool = False) -> dict[str, Any]:
+           label_unnamed: bool = False, label: str | None = None) -> dict[str, Any]:
     """One EP in a worker process (a Placement request); returns its answer as a dict, with the
-    outputs (or a crash/timeout). ``label_unnamed``: the model has unnamed nodes (SessionSpec)."""
+    outputs (or a crash/timeout). ``label_unnamed``: the model has unnamed nodes (SessionSpec);
+    ``label``: the run's folder under ``workdir`` (default: the EP's name)."""
     from ortprep.runtime.requests import Placement
     from ortprep.runtime.worker import call
 
-    folder = workdir / target.spec.name
+    folder = workdir / (label or target.spec.name)
     folder.mkdir()
     request = Placement(
         model=os.path.abspath(model),
@@ -103,13 +105,14 @@ def ep_rejections(log_text: str) -> dict[str, dict[str, str]]:
 
 
 def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], proto, ep: str,
-             metrics: dict[str, str] | None = None) -> tuple[bool | None, float | None, list[dict[str, Any]]]:
+             metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None
+             ) -> tuple[bool | None, float | None, list[dict[str, Any]]]:
     """Do the EP's outputs match the CPU EP's? One rule with compile (runtime/tolerance.py): a share
-    of the output's scale by the precision the EP computes in, a quantized model's own steps, and
-    the output's norm within NORM_TOLERANCE."""
+    of the output's scale by the precision the EP computes in (its provider options can set it:
+    CUDA's use_tf32), a quantized model's own steps, and the output's norm within NORM_TOLERANCE."""
     if reference is None:
         return None, None, []
-    judged = judge_outputs(proto, ep, reference, outputs, metrics)
+    judged = judge_outputs(proto, ep, reference, outputs, metrics, provider_options)
     worst = max((j["max_abs_diff"] for j in judged if j["max_abs_diff"] is not None), default=None)
     return all(j["within_tolerance"] for j in judged), worst, judged
 
@@ -203,12 +206,40 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                 continue
             record = _result(analysis, target, raw[name], reference, options, report,
                              guessed_inputs=_shapes_of(feeds) if guess_failed else None)
+            if record.get("outputs_match") is False and computes_tf32(name, record.get("provider_options")):
+                record["tf32_off"] = _without_tf32(handle, target, feeds, options, workdir, unnamed, reference, report)
             if float_outputs is not None and raw[name].get("ok"):
                 record["three_way"] = three_way(float_outputs, reference, raw[name]["outputs"])
             results.append(record)
     available = [s.name for s in EPS if local.runs(s.name)]
     report.data = {"model": str(handle.path), "available": available, "inputs": choice.record(), "results": results}
     return report
+
+
+def _without_tf32(handle: ModelHandle, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions,
+                  workdir: Path, unnamed: bool, reference: dict[str, np.ndarray], report: StepResult) -> dict[str, Any]:
+    """An EP whose outputs differ from the CPU EP's while it computes float32 products in TF32 (its
+    default): the same session once more with TF32 off, judged by the same rule at float32's
+    precision. Outputs that then match put the difference down to TF32, and the option that gets
+    past it is printed (LOD010)."""
+    name = target.spec.name
+    option = TF32_COMPUTE[name]
+    provider_options = {**options.provider_options, name: {**options.provider_options.get(name, {}), option: "0"}}
+    again = run_ep(handle.path, target, feeds, replace(options, provider_options=provider_options, runs=1), workdir,
+                   unnamed, label=f"{name}-{option}-0")
+    if not again.get("ok"):
+        return {"option": f"{option}=0", "ran": False, "error": again.get("error") or again.get("message")}
+    match, max_abs, _ = _compare(reference, again["outputs"], handle.proto, name, options.metrics,
+                                 session_options(target, provider_options, options.device))
+    record = {"option": f"{option}=0", "ran": True, "outputs_match": match, "max_abs_diff": max_abs}
+    if match:
+        report.add(Finding.of(
+            "LOD010", f"{name}: with {option}=0 the outputs match the CPU EP's (max abs diff {max_abs:.3g}): the "
+            f"difference is TF32's precision, which {name} uses for float32 MatMul/Gemm and convolutions by default on "
+            "GPUs since Ampere", ep=name,
+            fix=f"where the application needs float32's precision, create its session with {option}=0 "
+                f"(--provider-option {name}:{option}=0 here); or judge by what the application reads (--metric)"))
+    return record
 
 
 def _shapes_of(feeds: dict[str, np.ndarray]) -> dict[str, list[int]]:
@@ -277,7 +308,7 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     fallback = sorted(n for n, ep in assignment.items() if ep != provider)
     strict_ok = status["strict"]["ok"]
     match, max_abs, judged = (None, None, []) if provider == "CPUExecutionProvider" else \
-        _compare(reference, status["outputs"], analysis.handle.proto, name, options.metrics)
+        _compare(reference, status["outputs"], analysis.handle.proto, name, options.metrics, record["provider_options"])
     latencies = status.get("latency_ms", [])
     record.update(
         status="ok" if strict_ok is not False and not fallback else "fallback",

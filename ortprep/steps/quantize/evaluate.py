@@ -492,7 +492,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
             on_ep.placement = placement
             on_ep.limited = run.limited
             if on_ep.passed and cpu.passed:  # (against a CPU EP run that fails the gate itself, nothing to learn)
-                on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics)
+                on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options)
                 on_ep.passed = on_ep.apart is None
             cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
         else:
@@ -564,7 +564,7 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
     if (run.ok and confirmation.on_ep.passed and on_cpu is not None and calib_cpu is not None
             and on_cpu[0] == calib_cpu[0] == str(quant_model)):
         confirmation.on_ep.apart = ep_apart(quant_model, target.ep, on_cpu[1][:len(held)] + calib_cpu[1][:len(run.samples)],
-                                            held + run.samples, cache.get("metrics"))
+                                            held + run.samples, cache.get("metrics"), target.provider_options)
         confirmation.on_ep.passed = confirmation.on_ep.apart is None
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
@@ -755,7 +755,7 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
 
 
 def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: list[dict[str, np.ndarray]],
-             metrics: dict[str, str] | None = None) -> dict | None:
+             metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None) -> dict | None:
     """The EP's outputs of ``model`` held to the rule load and compile hold them to
     (runtime/tolerance.py: a quantized output within a few of its own steps of the CPU EP's run of
     the same model, a float one within the EP's precision; the same decision, direction and size
@@ -770,7 +770,7 @@ def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: l
     # each decision pooled over the samples, as compile --eval pools it (one CTC position in one
     # sample of 24 is not a changed application)
     judged, _ = judge_each_sample(proto, ep, on_cpu[:count], [{k: np.asarray(v) for k, v in s.items()} for s in on_ep[:count]],
-                              metrics)
+                                  metrics, provider_options)
     for sample in judged:
         for record in sample["outputs"]:
             if not record["within_tolerance"]:

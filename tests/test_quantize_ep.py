@@ -567,6 +567,8 @@ def test_auto_for_qnn_widens_the_weights_until_the_gate_passes_and_qnn_runs_them
     assert [t["label"] for t in tried] == expected
     assert [t["passed"] for t in tried] == [False] * (len(expected) - 1) + [True], tried
     assert tried[0]["cosine"] < 0.95 and tried[-1]["cosine"] > 0.999
+    # the attempts the CPU EP already fails spend none of the EP's time; the one that passes is judged there
+    assert [t["judged_on"] for t in tried] == [["cpu"]] * (len(expected) - 1) + [["cpu", "qnn"]], tried
     assert record["auto"]["chosen"] == expected[-1]
     assert record["verify"]["judged_on"] == ["cpu", "qnn"] and record["verify"]["ep"]["passed"] is True
     note = findings(record, "QNT017")[0]["fix"]

@@ -2,6 +2,8 @@
 order and keep the first that passes, so a refusal comes with the path that works. With
 --auto-exclude, --search-seconds bounds the searches of all the attempts together (each later one
 gets the time the earlier ones left; with none left, a later precision runs without a search).
+--ep-total-seconds bounds the target EP's judgements over all the attempts alike; an attempt that
+fails on the CPU EP while later ones remain is not judged on the target EP at all (it cannot pass).
 
 The order (each a full quantize, judged by the same gate; nothing is written until one passes):
 
@@ -152,6 +154,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             # failed file is this run's own, hence force
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, **changes)
+            # an attempt that fails on the CPU EP while later ones remain leaves the EP's time to them
+            clock.spare_failing_baselines = number + 1 < len(order)
             if best is not None:
                 os.replace(dest, aside)
                 try:
@@ -159,7 +163,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                                             clock=clock)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
                     tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
-                                  "latency_ratio": None, "codes": [], "error": str(error)})
+                                  "latency_ratio": None, "judged_on": None, "codes": [], "error": str(error)})
                     os.replace(aside, dest)
                     continue
             else:
@@ -172,6 +176,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             timed_here = on_cpu or bool(verify.get("ep_latency"))
             entry = {"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),
                      "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
+                     "judged_on": verify.get("judged_on"),
                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
             tried.append(entry)
             # a later result replaces the one written only when both were timed in the same place

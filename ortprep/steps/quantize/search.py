@@ -512,10 +512,20 @@ class Trials:
         self._margin_feeds: list | None = None
         self.started = time.monotonic()  # the search's time bound counts from here (the step's first trial)
         # The target EP runs the baselines (both sides reported, where they part
-        # named), then a trial only once the CPU EP passes it, until a trial passes on the CPU EP
+        # named; not an --auto attempt's that the CPU EP fails while later precisions remain), then
+        # a trial only once the CPU EP passes it, until a trial passes on the CPU EP
         # and fails on the EP: from then on every trial runs there too (the EP's own error is what
         # the search works on). A trial failing on the CPU EP fails the gate either way.
         self.ep_in_loop = False
+
+    def _spare_baseline(self) -> bool:
+        """An --auto attempt with later precisions (EpClock.spare_failing_baselines): its baseline
+        runs on the EP only where the CPU EP passes it. A baseline that fails there cannot pass, and
+        on a slow EP its run costs what a later precision's trials need: on the journey's layout
+        detector (QNN's simulator, about 200 s a judgement) three precisions that failed on the CPU EP
+        took the 900 s before any search could use them."""
+        clock = self.target.clock if self.target is not None else None
+        return clock is not None and clock.spare_failing_baselines
 
     def margin_feeds(self) -> list:
         """The calibration samples for the float model's margins (margin_samples), read once."""
@@ -556,7 +566,8 @@ class Trials:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or label.startswith("baseline"),
+                                  self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or (
+                                      label.startswith("baseline") and not self._spare_baseline()),
                                   latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0,
                                   confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only

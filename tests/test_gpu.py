@@ -100,6 +100,10 @@ def _tf32_sensitive(tmp_path):
 
 
 def test_load_on_cuda_puts_a_tf32_difference_down_to_tf32(tmp_path):
+    from ortprep.runtime.gpu import compute_capability
+
+    if (compute_capability() or 8.0) < 8.0:
+        pytest.skip("this GPU predates TF32 (compute capability below 8.0): its CUDA session computes in float32")
     model, inputs = _tf32_sensitive(tmp_path)
     result = invoke("load", model, "--ep", "cuda", "--ep", "cpu", "--inputs", inputs, "--json")
     record = result.json()

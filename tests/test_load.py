@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 import sys
 import textwrap
@@ -169,6 +170,57 @@ def test_output_comparison_tolerances():
     judged = judge_outputs(fine, "qnn", reference, further)[0]
     assert judged["within_tolerance"] is True and judged["tolerance"] == pytest.approx(2 * 65.535 / 255)
     assert "8-bit grid" in judged["tolerance_rule"]
+
+
+def test_a_gpu_older_than_ampere_is_held_to_float32(tmp_path, monkeypatch):
+    """TF32 exists from compute capability 8.0: on a T4 (7.5), as its driver's nvidia-smi reports
+    it, CUDA's session computes in float32 and is held to float32's 1e-3."""
+    from onnx import TensorProto, helper
+
+    from ortprep.runtime.gpu import compute_capability
+    from ortprep.steps.load import _compare
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho 7.5\necho 9.0\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    compute_capability.cache_clear()
+    try:
+        plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f",
+                                                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]))
+        reference, tf32 = {"y": np.array([1.0, 2.0, 3.0], np.float32)}, {"y": np.array([1.0, 2.0, 3.01], np.float32)}
+        assert compute_capability(0) == 7.5 and compute_capability(1) == 9.0
+        assert _compare(reference, tf32, plain, "cuda")[0] is False  # device 0: a T4
+        assert _compare(reference, tf32, plain, "cuda", provider_options={"device_id": "1"})[0] is True  # an H100
+    finally:
+        compute_capability.cache_clear()
+
+
+def test_the_tf32_rerun_says_so_where_the_ep_took_nothing(tmp_path):
+    """The run with TF32 off counts only where the EP took nodes: here CUDA does not run, and the
+    record says the re-run did not run (no LOD010), in its own folder."""
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.model import ModelHandle
+    from ortprep.options import LoadOptions
+    from ortprep.report import StepResult
+    from ortprep.runtime.targets import ep_runtime
+    from ortprep.runtime.worker import workers_scope
+    from ortprep.steps.load import _without_tf32
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA runs here: tests/test_gpu.py holds the re-run")
+    model = SAMPLES / "cnn.onnx"
+    feeds = {"image": np.zeros((1, 3, 32, 32), np.float32)}
+    report = StepResult(step="load", schema="ortprep.load/2")
+    with workers_scope():
+        record = _without_tf32(ModelHandle(onnx.load(str(model)), model), ep_runtime(resolve_ep("cuda"), {}), feeds,
+                               LoadOptions(provider_options={"cuda": {"device_id": "0"}}), tmp_path, False,
+                               {"logits": np.zeros((1, 10), np.float32)}, report)
+    assert record["option"] == "use_tf32=0" and record["ran"] is False, record
+    assert "took no node on cuda" in record["error"] or record["error"]
+    assert (tmp_path / "cuda-use_tf32-0").is_dir() and not report.findings
+
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA EP in this ONNX Runtime (CI has no GPU)")

@@ -609,6 +609,8 @@ def test_auto_for_qnn_measures_fp16_on_the_htp_where_no_quantized_precision_pass
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", calib, "--auto", "-o", tmp_path / "q.onnx")
     assert code == 1 and not (tmp_path / "q.onnx").exists()
     assert [t["passed"] for t in record["auto"]["tried"]] == [False, False, False], record["auto"]["tried"]
+    # each fails on the CPU EP; only the last, with no precision after it, is judged on the HTP too
+    assert [t["judged_on"] for t in record["auto"]["tried"]] == [["cpu"], ["cpu"], ["cpu", "qnn"]]
     probe = record["auto"]["fp16"]
     assert probe["passed"] is True and probe["judged_on"] == ["cpu", "qnn"], probe
     assert probe["placement"]["nodes_on_ep"] == probe["placement"]["nodes_total"] > 0

@@ -91,13 +91,22 @@ def output_ranges(proto) -> dict[str, float]:
     return ranges
 
 
+# TF32 exists on NVIDIA GPUs of compute capability 8.0 (Ampere) and later; on older ones (a T4, a
+# V100) use_tf32 changes nothing and the session computes in float32.
+TF32_LEAST_CAPABILITY = 8.0
+
+
 def computes_tf32(ep: str, provider_options: dict[str, str] | None) -> bool:
     """Does this EP's session, with these provider options, compute float32 products in TF32
-    (TF32_COMPUTE; on by default where the EP has the option)?"""
+    (TF32_COMPUTE; on by default where the EP has the option) on this machine's GPU? Where the
+    GPU's compute capability cannot be read (no nvidia-smi), TF32 is taken as on."""
+    from ortprep.runtime.gpu import compute_capability
+
     option = TF32_COMPUTE.get(ep)
-    if option is None:
+    if option is None or str((provider_options or {}).get(option, "1")).strip().lower() in ("0", "false"):
         return False
-    return str((provider_options or {}).get(option, "1")).strip().lower() not in ("0", "false")
+    capability = compute_capability(int((provider_options or {}).get("device_id", 0) or 0))
+    return capability is None or capability >= TF32_LEAST_CAPABILITY
 
 
 def tolerance_for(ep: str, reference: np.ndarray, candidate_dtype: str, quantized_range: float | None,
@@ -112,7 +121,7 @@ def tolerance_for(ep: str, reference: np.ndarray, candidate_dtype: str, quantize
     if ep in FLOAT16_COMPUTE and share < FLOAT_SHARE["float16"]:
         share, precision = FLOAT_SHARE["float16"], f"float16 compute on {ep}"
     elif tf32 and candidate_dtype == "float32":
-        share, precision = FLOAT_SHARE["float16"], f"TF32 compute on {ep}: its {TF32_COMPUTE[ep]}, on by default"
+        share, precision = FLOAT_SHARE["float16"], f"TF32 compute on {ep}: {TF32_COMPUTE[ep]} on (ORT's default)"
     if not quantized:
         return Tolerance(share * scale, f"{share:g} of the output's scale {scale:.4g} ({precision})")
     least = max(share, QUANTIZED_SHARE) * scale

@@ -225,16 +225,20 @@ def _without_tf32(handle: ModelHandle, target: EpRuntime, feeds: dict[str, np.nd
     name = target.spec.name
     option = TF32_COMPUTE[name]
     provider_options = {**options.provider_options, name: {**options.provider_options.get(name, {}), option: "0"}}
-    again = run_ep(handle.path, target, feeds, replace(options, provider_options=provider_options, runs=1), workdir,
+    again = run_ep(handle.path, target, feeds, replace(options, provider_options=provider_options, runs=1,
+                                                       placement_off=False, profile=False), workdir,
                    unnamed, label=f"{name}-{option}-0")
     if not again.get("ok"):
         return {"option": f"{option}=0", "ran": False, "error": again.get("error") or again.get("message")}
+    assignment = (again.get("placement", {}).get("default") or {}).get("assignment") or {}
+    if not any(ep == target.spec.provider for ep in assignment.values()):
+        return {"option": f"{option}=0", "ran": False, "error": f"the session with {option}=0 took no node on {name}"}
     match, max_abs, _ = _compare(reference, again["outputs"], handle.proto, name, options.metrics,
                                  session_options(target, provider_options, options.device))
     record = {"option": f"{option}=0", "ran": True, "outputs_match": match, "max_abs_diff": max_abs}
     if match:
         report.add(Finding.of(
-            "LOD010", f"{name}: with {option}=0 the outputs match the CPU EP's (max abs diff {max_abs:.3g}): the "
+            "LOD010", f"{name}: with {option}=0 the outputs match the CPU EP's by load's rule (max abs diff {max_abs:.3g}): the "
             f"difference is TF32's precision, which {name} uses for float32 MatMul/Gemm and convolutions by default on "
             "GPUs since Ampere", ep=name,
             fix=f"where the application needs float32's precision, create its session with {option}=0 "

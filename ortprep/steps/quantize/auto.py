@@ -2,8 +2,9 @@
 order and keep the first that passes, so a refusal comes with the path that works. With
 --auto-exclude, --search-seconds bounds the searches of all the attempts together (each later one
 gets the time the earlier ones left; with none left, a later precision runs without a search).
---ep-total-seconds bounds the target EP's judgements over all the attempts alike; an attempt that
-fails on the CPU EP while later ones remain is not judged on the target EP at all (it cannot pass).
+--ep-total-seconds bounds the target EP's judgements over all the attempts alike; the baseline of
+an attempt that fails on the CPU EP while later ones remain is not judged on the target EP (it
+cannot pass); its search's trials are, once one passes on the CPU EP.
 
 The order (each a full quantize, judged by the same gate; nothing is written until one passes):
 

@@ -20,6 +20,7 @@ ENVIRONMENT_ONLY = {
     "DOC001": "needs two ONNX Runtime flavours installed side by side",
     "DOC002": "needs onnxruntime-gpu with a CUDA/TensorRT library missing",
     "DOC004": "needs pycuda or another CUDA context owner installed next to onnxruntime-gpu",
+    "LOD010": "needs onnxruntime-gpu on a GPU with TF32 (compute capability 8.0 or later): tests/test_gpu.py",
 }
 RAISED_CODES: set[str] = set()
 

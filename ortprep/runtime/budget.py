@@ -26,9 +26,6 @@ class EpClock:
     spent: float = 0.0
     runs: int = 0  # judgements that ran
     refused: int = 0  # judgements not run: the time was spent
-    # an --auto attempt with later precisions to try: its baseline is not judged on the EP where the
-    # CPU EP already fails it (it cannot pass; the EP's time is kept for what can)
-    spare_failing_baselines: bool = False
 
     def left(self) -> float | None:
         return None if self.total is None else max(0.0, self.total - self.spent)

@@ -110,9 +110,11 @@ class Outcome:
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
                         plan: DataPlan, eval_feeds: list, big: bool, bounds: dict, progress: ProgressCallback | None,
-                        report: StepResult, sentinels: list[str], target: GateTarget | None = None) -> Outcome:
-    """The baseline on each source (pre-processed, as given), the better kept; then the search."""
-    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress, target)
+                        report: StepResult, sentinels: list[str], target: GateTarget | None = None,
+                        spare_failing_baseline: bool = False) -> Outcome:
+    """The baseline on each source (pre-processed, as given), the better kept; then the search.
+    ``spare_failing_baseline``: see Trials."""
+    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress, target, spare_failing_baseline)
     trials.fixed += [n for n in sentinels if n not in trials.fixed]
     baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})"))
                  for label, path in sources]
@@ -277,7 +279,8 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
 
 
 def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
-                   progress: ProgressCallback | None = None, clock: EpClock | None = None) -> StepResult:
+                   progress: ProgressCallback | None = None, clock: EpClock | None = None,
+                   spare_failing_baseline: bool = False) -> StepResult:
     """Quantize ``handle``'s model and write ``dest`` when the accuracy gate passes.
     ``progress(stage, done, total)`` is called during calibration and evaluation."""
     settings = resolve_settings(options)
@@ -350,7 +353,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 # checked, not trusted: both are quantized and evaluated when there is data to judge by
                 sources = [("preprocessed", preprocessed)] + (sources if eval_feeds else [])
         outcome = quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report,
-                                      sentinels, target)
+                                      sentinels, target, spare_failing_baseline)
         settings = {**settings, "method": outcome.method}
         if outcome.source == "as given" and options.preprocess and len(sources) > 1:
             preprocess_detail += "; not used: quantizing without it evaluated better"

@@ -156,19 +156,20 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, **changes)
             # an attempt that fails on the CPU EP while later ones remain leaves the EP's time to them
-            clock.spare_failing_baselines = number + 1 < len(order)
+            spare = number + 1 < len(order)
             if best is not None:
                 os.replace(dest, aside)
                 try:
                     report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress,
-                                            clock=clock)
+                                            clock=clock, spare_failing_baseline=spare)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
                     tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
                                   "latency_ratio": None, "judged_on": None, "codes": [], "error": str(error)})
                     os.replace(aside, dest)
                     continue
             else:
-                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress, clock=clock)
+                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress, clock=clock,
+                                        spare_failing_baseline=spare)
             if report.data.get("kept_failed"):
                 kept, kept_label = report.data["kept_failed"], label
             verify = report.data.get("verify") or {}

@@ -236,12 +236,12 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     # simulator the layout detector's 1,493 nodes at 1x3x800x608 took tens of such runs, 45 s each)
     seconds = target.clock.bound(target.seconds) if target.clock is not None else target.seconds
     deadline = None if seconds is None else time.monotonic() + seconds
-    # in groups of at most EXPOSED_BYTES a run, in graph order: the first group that parts is enough
     def answer() -> list[dict[str, Any]]:
         if not found and farthest is not None:
             return [{**farthest, "where": "where its run is farthest from the CPU EP's"}]
         return found
 
+    # in groups of at most EXPOSED_BYTES a run, in graph order: the first group that parts is enough
     for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
         if deadline is not None and time.monotonic() > deadline:
             return answer()

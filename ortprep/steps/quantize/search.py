@@ -495,7 +495,8 @@ class Trials:
     """Quantize with some nodes kept in float, into a folder of its own, and evaluate."""
 
     def __init__(self, workdir: Path, options: QuantizeOptions, settings: dict, plan: DataPlan, eval_feeds: list,
-                 big: bool, bounds: dict, progress: ProgressCallback | None, target: GateTarget | None = None) -> None:
+                 big: bool, bounds: dict, progress: ProgressCallback | None, target: GateTarget | None = None,
+                 spare_failing_baseline: bool = False) -> None:
         self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
         self.target = target  # where the gate is judged besides the CPU EP
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
@@ -517,15 +518,12 @@ class Trials:
         # and fails on the EP: from then on every trial runs there too (the EP's own error is what
         # the search works on). A trial failing on the CPU EP fails the gate either way.
         self.ep_in_loop = False
-
-    def _spare_baseline(self) -> bool:
-        """An --auto attempt with later precisions (EpClock.spare_failing_baselines): its baseline
-        runs on the EP only where the CPU EP passes it. A baseline that fails there cannot pass, and
-        on a slow EP its run costs what a later precision's trials need: on the journey's layout
-        detector (QNN's simulator, about 200 s a judgement) three precisions that failed on the CPU EP
-        took the 900 s before any search could use them."""
-        clock = self.target.clock if self.target is not None else None
-        return clock is not None and clock.spare_failing_baselines
+        # An --auto attempt with later precisions to try: its baseline runs on the EP only where the
+        # CPU EP passes it. A baseline that fails there cannot pass, and on a slow EP its run costs what
+        # a later precision's trials need: on the journey's layout detector (QNN's simulator, about
+        # 200 s a judgement) three precisions that failed on the CPU EP took the 900 s before any
+        # search could use them.
+        self.spare_failing_baseline = spare_failing_baseline
 
     def margin_feeds(self) -> list:
         """The calibration samples for the float model's margins (margin_samples), read once."""
@@ -567,7 +565,7 @@ class Trials:
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
                                   self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or (
-                                      label.startswith("baseline") and not self._spare_baseline()),
+                                      label.startswith("baseline") and not self.spare_failing_baseline),
                                   latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0,
                                   confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only

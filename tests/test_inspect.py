@@ -75,6 +75,11 @@ def test_symbolic_dims_are_named(samples):
     record = record_of(samples / "transformer_block.onnx")
     assert record["inputs"][0]["shape"] == ["batch", "sequence", 64]
     assert record["op_histogram"]["ai.onnx"]["MatMul"] == 8  # q, k, v, qk, attend, o, ffn1, ffn2
+    # the human table prints them: '[batch, sequence, 64]' is the model's text, not Rich markup
+    # (openwakeword's '[batch_size, samples]' was printed as an empty cell)
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    render_inspect(record, console)
+    assert "[batch, sequence, 64]" in console.file.getvalue()
 
 
 def test_subgraph_nodes_counted(samples):

@@ -73,7 +73,8 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
     for direction in ("inputs", "outputs"):
         for value in record[direction]:
             io_table.add_row(
-                direction[:-1], value["name"], value["kind"], value["dtype"] or "-", format_shape(value["shape"])
+                # names and symbolic dims are the model's text: '[unk__314, 76]' is not Rich markup
+                direction[:-1], escape(value["name"]), value["kind"], value["dtype"] or "-", escape(format_shape(value["shape"]))
             )
     console.print(io_table)
 
@@ -88,7 +89,7 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
     add_column(ops_table, "count", justify="right")
     for domain, ops in record["op_histogram"].items():
         for op, count in ops.items():
-            ops_table.add_row(domain, op, str(count))
+            ops_table.add_row(escape(domain), escape(op), str(count))
     console.print(ops_table)
     if record["custom_domains"]:
         console.print("custom domains: " + ", ".join(record["custom_domains"]))
@@ -99,7 +100,7 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         add_column(weights, "count", justify="right")
         add_column(weights, "size", justify="right")
         for dtype, stats in record["initializers"].items():
-            weights.add_row(dtype, str(stats["count"]), human_bytes(stats["bytes"]))
+            weights.add_row(escape(dtype), str(stats["count"]), human_bytes(stats["bytes"]))
         console.print(weights)
     constants = record["constant_nodes"]
     if constants["count"]:
@@ -110,7 +111,7 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         add_column(external, "size", justify="right")
         add_column(external, "tensors", justify="right")
         for entry in record["external_data"]:
-            external.add_row(entry["location"], human_bytes(entry["size"]), str(entry["tensors"]))
+            external.add_row(escape(entry["location"]), human_bytes(entry["size"]), str(entry["tensors"]))
         console.print(external)
     for key, value in record["metadata"].items():
         console.print(f"metadata {key}: {value}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -37,7 +38,7 @@ def render_package(record: dict[str, Any], console: Console) -> None:
         load_text = load.get("status", "-")
         if load.get("vs_float"):
             load_text += f", cosine {_figure(load['vs_float'].get('cosine'), 5)} vs float"
-        table.add_row(row["name"], row["ep"], row["kind"], row["status"],
+        table.add_row(escape(row["name"]), row["ep"], row["kind"], row["status"],
                       f"{placement.get('verdict', '-')} ({share:.0%})" if share is not None else placement.get("verdict", "-"),
                       f"cosine {_figure(accuracy.get('cosine'), 5)}" if accuracy else "-", load_text)
     console.print(table)

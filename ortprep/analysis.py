@@ -370,7 +370,8 @@ def formal_types(node: NodeInfo) -> list[tuple[str, str, ValueFacts | None]]:
 
 
 def _known(shape: Shape | None) -> list[int] | None:
-    if shape is None or any(not isinstance(d, int) for d in shape):
+    # a dim of -1 (PaddlePaddle's exports write the batch so) or 0 is not a known size
+    if shape is None or any(not isinstance(d, int) or d < 1 for d in shape):
         return None
     return [int(d) for d in shape]
 

@@ -878,3 +878,33 @@ def test_compile_copies_small_body_initializers_and_feeds_the_larger_ones(tmp_pa
     assert any(f["code"] == "CMP006" for f in record["findings"])
     assert all(output["within_tolerance"] for output in record["outputs"]), record["outputs"]
     assert large.read_bytes() == given  # the input is not changed
+
+
+@needs_qnn
+def test_the_answer_line_is_the_real_sessions_where_it_is_proven(tmp_path):
+    """A Clip whose min and max are computed (not initializers), as openwakeword's mel front end
+    writes it: the tables predict every node on QNN, QNN's session gives the Clip back to the CPU
+    ("doesn't support dynamic min/max"). The one-line answer and the summary row are the real
+    session's (they said "yes: every node runs on qnn" next to the proven 'partial')."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("ReduceMax", ["c"], ["top"], keepdims=0, name="top"),
+         helper.make_node("Sub", ["top", "eighty"], ["floor"], name="floor"),
+         helper.make_node("Clip", ["c", "floor", ""], ["y"], name="clip_dynamic")],
+        "clip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 4, 1, 1)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "eighty")])
+    path = tmp_path / "clip.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    run = invoke("check", path, "--ep", "qnn", "--prove", "--json")
+    target = run.json()["results"][0]
+    assert (target["predicted_verdict"], target["verdict"]) == ("full", "partial")
+    assert target["proof"]["fallback_nodes"] == ["clip_dynamic"]
+    human = invoke("check", path, "--ep", "qnn", "--prove", env={"COLUMNS": "200"}).stdout
+    assert f"qnn: yes, with 1 CPU fallback(s) in the real session: {target['proof']['comparison']['actual_partitions']} partition(s)" in human
+    assert "every node runs on qnn" not in human
+    total = target["proof"]["nodes_total"]
+    assert f"{total - 1}/{total}" in human

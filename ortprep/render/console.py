@@ -152,10 +152,29 @@ def _percent(share: float | None) -> str:
 VERDICT_STYLE = {"full": "green", "partial": "yellow", "none": "red"}
 
 
+def placement(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures a target's row and answer show: the real session's where check --prove built
+    it (its nodes on the EP, partitions and CPU nodes; the tensor copies are check's count and are
+    shown only where the session's partitions and verdict are check's), else check's prediction."""
+    proof = result.get("proof") or {}
+    comparison = proof.get("comparison") or {}
+    if proof.get("status") == "created" and proof.get("nodes_total") is not None and comparison:
+        partitions = comparison.get("actual_partitions")
+        return {"proven": True, "on_ep": proof["nodes_on_ep"], "nodes": proof["nodes_total"],
+                "share": proof["nodes_on_ep"] / proof["nodes_total"] if proof["nodes_total"] else None,
+                "partitions": partitions, "fallbacks": len(proof.get("fallback_nodes") or []),
+                "copies": result["copies"] if partitions == result["partitions"]
+                and comparison.get("actual_verdict") == comparison.get("predicted_verdict") else None}
+    return {"proven": False, "on_ep": result["supported_nodes"], "nodes": result["nodes"], "share": result["node_share"],
+            "partitions": result["partitions"], "fallbacks": len(result["fallback_nodes"]), "copies": result["copies"]}
+
+
 def answer(result: dict[str, Any], findings: list[dict[str, Any]]) -> str:
-    """One line: will the model run on this target, and why not."""
+    """One line: will the model run on this target, and why not (the real session's placement
+    where it was proven)."""
     blocking = sorted({f["code"] for f in findings if f["severity"] == "error"})
-    fallbacks = len(result["fallback_nodes"])
+    placed = placement(result)
+    fallbacks = placed["fallbacks"]
     fused = ""
     if "fused_nodes" in result:
         fused = f"; {result['fused_nodes']} of {result['nodes']} in the fused DirectML graph"
@@ -165,10 +184,11 @@ def answer(result: dict[str, Any], findings: list[dict[str, Any]]) -> str:
     if blocking:
         return (f"not as it is: {result['supported_nodes']}/{result['nodes']} nodes are {result['ep']} ops, but "
                 f"{len(blocking)} problem(s) block it ({', '.join(blocking)}){fused}")
+    where = " in the real session" if placed["proven"] else ""
     if fallbacks:
-        return (f"yes, with {fallbacks} CPU fallback(s): {result['partitions']} partition(s), "
-                f"{result['copies']} copies per run{fused}")
-    return f"yes: every node runs on {result['ep']}{fused}"
+        copies = f", {placed['copies']} copies per run" if placed["copies"] is not None else ""
+        return f"yes, with {fallbacks} CPU fallback(s){where}: {placed['partitions']} partition(s){copies}{fused}"
+    return f"yes: every node runs on {result['ep']}{where}{fused}"
 
 
 def render_check(record: dict[str, Any], console: Console) -> None:
@@ -180,13 +200,16 @@ def render_check(record: dict[str, Any], console: Console) -> None:
     for result in record["results"]:
         style = VERDICT_STYLE.get(result["verdict"], "")
         findings = [f for f in record["findings"] if f.get("target") == result["ep"]]
+        placed = placement(result)
         summary.add_row(
             result["ep"],
-            f"{result['supported_nodes']}/{result['nodes']} ({_percent(result['node_share'])})",
-            str(result["partitions"]),
-            str(len(result["fallback_nodes"])),
-            str(result["copies"]),
-            _percent(result["mac_share"]),
+            f"{placed['on_ep']}/{placed['nodes']} ({_percent(placed['share'])})",
+            str(placed["partitions"]),
+            str(placed["fallbacks"]),
+            "-" if placed["copies"] is None else str(placed["copies"]),
+            # the MACs are check's estimate: where the session placed otherwise they are not shown
+            _percent(result["mac_share"]) if not placed["proven"] or result["verdict"] == result.get("predicted_verdict")
+            else "-",
             str(len({f["code"] for f in findings if f["severity"] == "error"})),
             f"[{style}]{result['verdict']}[/]" + _proof_mark(result),
         )

@@ -327,6 +327,13 @@ def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
     return "partial"
 
 
+def predicted_ep_nodes(analysis: ModelAnalysis, spec: EpSpec) -> set[str]:
+    """The nodes check places on ``spec`` as a one-EP target (neither a CPU fallback nor folded by
+    ORT's optimizer): what a real session's placement is held against."""
+    assignment, _, _ = _assign(analysis, (spec,), {spec.name: support_table(spec.name)})
+    return {node.name for node, placed in zip(analysis.all_nodes(), assignment) if placed >= 0}
+
+
 def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_version: str | None = None,
                  device: Device | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Check one target (one session's EP priority list) and return its result record and findings.
@@ -519,7 +526,8 @@ class CheckStep(Step):
         if self.options.prove:
             from ortprep.steps.prove import prove_targets
 
-            prove_targets(analysis, result, self.options, ctx.progress)
+            prove_targets(analysis, result, self.options, ctx.progress,
+                          ep_nodes=lambda spec: predicted_ep_nodes(analysis, spec))
         if self.options.html is not None or self.options.graph:
             # What the placement page draws, as data: the renderer reads the report, not the model.
             result.data["graph"] = graph_view(model.graph)

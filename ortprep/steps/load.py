@@ -121,10 +121,11 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
                        subgraphs: list[list], device=None) -> tuple[dict[str, Any], list[Finding]]:
     """check's prediction next to what the EP claimed for the same file: node-level agreement over
     the nodes both know, partitions on both sides, verdicts, and the op types where they differ."""
-    from ortprep.steps.check import check_target
+    from ortprep.steps.check import check_target, predicted_ep_nodes
 
     predicted, _ = check_target(analysis, (spec,), device=device)
-    comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs)
+    comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs,
+                                               predicted_ep_nodes(analysis, spec))
     findings = [Finding.of("LOD001", what, node=node, op_type=op_type, ep=spec.name,
                            fix="a gap in ortprep's table or rules for this EP: please report it with the model")
                 for node, op_type, what in differing]
@@ -305,7 +306,7 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
             record["check_comparison"] = {"nodes_compared": 0, "node_agreement": None,
                                           "predicted_partitions": predicted["partitions"], "actual_partitions": 0,
                                           "predicted_verdict": predicted["verdict"], "actual_verdict": "none",
-                                          "differing_op_types": {}, "session": "not created"}
+                                          "differing_op_types": {}, "predicted_on_ep_absent": [], "session": "not created"}
         return record
     assignment = default.get("assignment", {})
     on_ep = [n for n, ep in assignment.items() if ep == provider]

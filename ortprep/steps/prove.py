@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ortprep.analysis import ModelAnalysis
@@ -27,9 +28,12 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.steps.reduce import find_fix, reduce_failure
 
 def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[str, Any], assignment: dict[str, str],
-                       subgraphs: list[list]) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+                       subgraphs: list[list], predicted_on_ep: set[str] | None = None
+                       ) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
     """A target's predicted record (check) next to a real session's assignment for the same file:
-    (the comparison, the differing nodes as (node, op type, what differs))."""
+    (the comparison, the differing nodes as (node, op type, what differs)). ``predicted_on_ep``:
+    the nodes check placed on the EP (steps/check.py: predicted_ep_nodes), to name those the
+    session's graph no longer holds."""
     predicted_fallback = set(predicted["fallback_nodes"])
     op_of = {node.name: node.op_type for node in analysis.all_nodes()}
     compared = agree = 0
@@ -48,6 +52,10 @@ def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[st
                           f"{spec.name}" if on_cpu else f"node '{node}' ({op_of[node]}) ran on {ep}, but check predicted "
                           "a CPU fallback"))
     on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
+    # nodes check placed on the EP that the session's graph no longer holds: ORT's optimizer removed
+    # or fused them before the EP was asked (a Shape of a dynamic input, folded constants), so a
+    # verdict can differ with no node placed otherwise
+    absent = sorted(name for name in (predicted_on_ep or ()) if name not in assignment) if assignment else []
     actual_verdict = "none" if on_ep == 0 else "full" if on_ep == len(assignment) else "partial"
     if support_table(spec.name).granularity == "kernel":
         # A kernel EP (CUDA, DirectML, XNNPACK) lists each node as its own subgraph in the record; its
@@ -63,6 +71,7 @@ def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[st
         "predicted_verdict": predicted["verdict"],
         "actual_verdict": actual_verdict,
         "differing_op_types": dict(sorted(differing_ops.items(), key=lambda kv: -kv[1])),
+        "predicted_on_ep_absent": absent,
     }
     return comparison, differing
 
@@ -79,7 +88,8 @@ def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], prov
 
 
 def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOptions,
-                  progress: ProgressCallback | None = None) -> None:
+                  progress: ProgressCallback | None = None,
+                  ep_nodes: Callable[[EpSpec], set[str]] | None = None) -> None:
     """Build each target's real session where its EP runs here and make its outcome the verdict
     (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003. ``analysis`` is
     the one check predicted from. A session that is not created is reduced to its culprit nodes and
@@ -103,6 +113,9 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                                   ep=label, target=label, fix=spec.install_hint))
             continue
         chosen = session_options(target, options.provider_options, options.device)
+        # what a printed fix names: this model, and the EP's own environment where it is not this one
+        model_arg = shlex.quote(str(handle.path))
+        runtime_arg = f" --runtime {label}={shlex.quote(str(target.python))}" if target.python else ""
 
         reply = call(Prove(model=os.path.abspath(handle.path), provider=spec.provider, provider_options=chosen,
                            plugin=target.plugin, verbose_record=spec.provider == "QNNExecutionProvider", run_once=True,
@@ -120,14 +133,14 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             result.add(Finding.of("PRV002", f"{label}: the real session is created, and its first run fails on the EP "
                                   f"({reply.message}); check predicted '{record['predicted_verdict']}'; {EP_RUN_FALLBACK}"
                                   f"{culprit_text}", ep=label, target=label,
-                                  fix=found or f"ortprep load MODEL --ep {label} --inputs SAMPLE.npz shows the same "
-                                      "failure; keep the failing part off the EP (ortprep convert MODEL --keep-off-ep "
-                                      "NODE) or try another device or precision"))
+                                  fix=found or f"ortprep load {model_arg} --ep {label}{runtime_arg} --inputs SAMPLE.npz "
+                                      f"shows the same failure; keep the failing part off the EP (ortprep convert "
+                                      f"{model_arg} --keep-off-ep NODE) or try another device or precision"))
             continue
         if not reply.ok:
             proof["message"] = reply.message
             record["verdict"] = "none"
-            fix = f"ortprep load MODEL --ep {label} shows the same failure with its log"
+            fix = f"ortprep load {model_arg} --ep {label}{runtime_arg} shows the same failure with its log"
             culprit_text = ""
             if reply.status == "failed":
                 culprit_text, found = _reduce_and_fix(handle, spec, target, label, chosen, proof, options, progress)
@@ -138,7 +151,8 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             continue
         default = reply.placement.get("default", {})
         assignment, subgraphs = default.get("assignment", {}), default.get("subgraphs", [])
-        comparison, differing = compare_prediction(analysis, spec, record, assignment, subgraphs)
+        comparison, differing = compare_prediction(analysis, spec, record, assignment, subgraphs,
+                                                   ep_nodes(spec) if ep_nodes else None)
         proof.update(nodes_total=len(assignment), nodes_on_ep=sum(1 for ep in assignment.values() if ep == spec.provider),
                      fallback_nodes=sorted(node for node, ep in assignment.items() if ep != spec.provider),
                      comparison=comparison)
@@ -151,10 +165,15 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             or (f.code in ("EP006", "EP007") and comparison["actual_verdict"] == "full"))]
         if differing or comparison["actual_verdict"] != comparison["predicted_verdict"]:
             shown = ", ".join(node for node, _, _ in differing[:5]) + (", ..." if len(differing) > 5 else "")
+            absent = comparison["predicted_on_ep_absent"]
+            gone = ""
+            if absent and comparison["actual_verdict"] != comparison["predicted_verdict"]:
+                gone = (f"; {len(absent)} node(s) check placed on {label} are not in the session's graph (ORT's "
+                        f"optimizer removed or fused them first): " + ", ".join(absent[:5]) + (", ..." if len(absent) > 5 else ""))
             result.add(Finding.of(
                 "PRV001", f"{label}: the real session's verdict is '{comparison['actual_verdict']}' (check predicted "
                 f"'{comparison['predicted_verdict']}'); {len(differing)} node(s) placed otherwise"
-                + (f": {shown}" if shown else ""), ep=label, target=label,
+                + (f": {shown}" if shown else "") + gone, ep=label, target=label,
                 fix="the proven verdict counts; please report the model so the tables learn it"))
 
 

@@ -96,6 +96,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CNV015", "every output is flat on the inputs ortprep made: nothing verified, nothing written", Severity.ERROR),
         FindingKind("CNV014", "FP16 for no particular EP: the CPU EP runs some ops through Casts", Severity.INFO),
         FindingKind("CNV016", "inputs fixed, but some tensors inside still have unknown dimensions", Severity.WARNING),
+        FindingKind("CNV017", "FP16 verified on inputs ortprep made: the real input range is unknown", Severity.WARNING),
         FindingKind("VFY001", "an output is constant or near zero on the inputs used; judged by absolute error", Severity.WARNING),
         FindingKind("SIM001", "a simplifier (onnxsim or onnxoptimizer) could not run; the other's result is used", Severity.WARNING),
         FindingKind("OPT001", "level 'all' output is specific to this machine and the CPU EP", Severity.WARNING),

@@ -602,7 +602,9 @@ def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "FP16 passes the same gate" in note["message"]
     command = probe["command"]
-    assert note["fix"].startswith(command) and command == f"ortprep convert {model} --fp16 --keep-io-types -o {tmp_path / 'wide.fp16.onnx'}"
+    # converted on a held-back sample of the user's (every fifth, from index 2), not on made-up inputs
+    assert note["fix"].startswith(command) and command == (f"ortprep convert {model} --fp16 --keep-io-types --inputs "
+                                                           f"{tmp_path / 'calib' / '02.npz'} -o {tmp_path / 'wide.fp16.onnx'}")
     converted = invoke(*shlex.split(command)[1:], "--json")  # typed as printed
     assert converted.exit_code == 0 and (tmp_path / "wide.fp16.onnx").exists()
     # on seeded noise there is nothing to judge FP16 by: not measured, and said so
@@ -1009,8 +1011,8 @@ def test_fp16_is_held_to_the_size_rule_where_int8_was(tmp_path):
 
 def test_fp16_is_verified_on_a_real_sample_where_seeded_inputs_leave_the_output_flat(tmp_path):
     """A detector's map is flat on the seeded noise convert verifies on by itself (CNV015: nothing
-    verified, nothing written; measured on PP-OCR's detector), so FP16 is converted again with one
-    of the user's own held-back samples, and the printed command names that file."""
+    verified, nothing written; measured on PP-OCR's detector), so FP16 is converted with one of the
+    user's own held-back samples, and the printed command names that file."""
     rng = np.random.default_rng(7)
     weights = (rng.standard_normal((16, 64, 1, 1)) * 0.3).astype(np.float32)
     weights[:, 0] = 0.0

@@ -616,7 +616,8 @@ def test_auto_for_qnn_measures_fp16_on_the_htp_where_no_quantized_precision_pass
     assert probe["placement"]["nodes_on_ep"] == probe["placement"]["nodes_total"] > 0
     note = findings(record, "QNT017")[0]
     assert "FP16 passes the same gate on cpu and qnn: " in note["message"]
-    assert note["fix"].startswith(f"ortprep convert {model} --fp16 --ep qnn --keep-io-types -o {tmp_path / 'wide.fp16.onnx'}")
+    assert note["fix"].startswith(f"ortprep convert {model} --fp16 --ep qnn --keep-io-types --inputs "
+                                  f"{calib / '02.npz'} -o {tmp_path / 'wide.fp16.onnx'}")
 
 
 @needs_openvino

@@ -3,6 +3,7 @@ only when verified."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -673,6 +674,9 @@ def test_fix_shape_names_tensors_that_stay_dynamic(tmp_path):
     assert result.exit_code == 0, result.stderr
     warning = next(f for f in result.json()["findings"] if f["code"] == "CNV016")
     assert warning["severity"] == "warning" and "1 tensor(s)" in warning["message"] and "where" in warning["message"]
+    # the fix names the written file, and asks for sympy only where it is missing (make install has it)
+    assert f"ortprep simplify {tmp_path / 'f.onnx'}" in warning["fix"]
+    assert ("pip install sympy" in warning["fix"]) == (importlib.util.find_spec("sympy") is None)
     clean = invoke("convert", tmp_path / "f.onnx", "-o", tmp_path / "g.onnx", "--json").json()
     assert "CNV016" not in {f["code"] for f in clean["findings"]}  # no --fix-shape: not asked about
 
@@ -803,3 +807,34 @@ def test_localize_body_initializers_copies_the_small_ones_a_body_reads_and_leave
     before = ort.InferenceSession(models.make(graph).SerializeToString()).run(None, {"x": x})[0]
     after = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0]
     np.testing.assert_array_equal(before, after)
+
+
+def test_fp16_verified_on_made_up_inputs_says_the_real_range_is_unknown(tmp_path):
+    """A power spectrum (x squared, summed) is far inside FP16 on the inputs convert makes and
+    beyond 65504 on audio in int16's scale (openwakeword's mel front end: verified at cosine 1 on
+    made-up inputs, then NaN on audio). Without --inputs, convert says it verified on made-up inputs
+    and what they reached (CNV017); with a real sample it does not, and the result computes the
+    float model's output on that audio."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Mul", ["x", "x"], ["power"], name="square"),
+         onnx.helper.make_node("ReduceSum", ["power", "axes"], ["energy"], keepdims=1, name="energy"),
+         onnx.helper.make_node("Add", ["energy", "tiny"], ["positive"], name="floor"),
+         onnx.helper.make_node("Log", ["positive"], ["y"], name="log")], "power",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 256])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 1])],
+        [onnx.numpy_helper.from_array(np.array([2], np.int64), "axes"),
+         onnx.numpy_helper.from_array(np.array(1e-3, np.float32), "tiny")])
+    model = tmp_path / "power.onnx"
+    onnx.save_model(models.make(graph), str(model))
+    made_up = invoke("convert", model, "--fp16", "-o", tmp_path / "a.onnx", "--json")
+    note = next(f for f in made_up.json()["findings"] if f["code"] == "CNV017")
+    assert made_up.exit_code == 0 and "--inputs" in note["fix"] and "the largest activation on them is" in note["message"]
+    audio = (np.random.default_rng(3).standard_normal((1, 4, 256)) * 8000).astype(np.float32)
+    np.savez(tmp_path / "audio.npz", x=audio)
+    real = invoke("convert", model, "--fp16", "--inputs", tmp_path / "audio.npz", "-o", tmp_path / "b.onnx", "--json")
+    assert real.exit_code == 0 and not any(f["code"] == "CNV017" for f in real.json()["findings"])
+    session = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: audio.astype(session.get_inputs()[0].type == "tensor(float16)"
+                                                                         and np.float16 or np.float32)})[0]
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": audio})[0]
+    assert np.isfinite(got).all() and np.allclose(got.astype(np.float32), want, atol=1e-2)

@@ -4,7 +4,9 @@ result verified against the original before it is written."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +113,11 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
             "CNV016", f"every input is static, but {len(left)} tensor(s) inside keep an unknown dimension (e.g. "
             f"{', '.join(left[:3])}): shape inference could not follow the sizes the model computes; an EP that needs "
             "every tensor static (QNN: 'Cannot get shape') leaves their nodes to the CPU",
-            fix="pip install sympy (ortprep[symbolic]: ONNX Runtime's symbolic inference follows computed sizes), or "
-                "ortprep simplify MODEL to fold the shape computations, then check --ep qnn --prove"))
+            fix=("ONNX Runtime's symbolic inference (sympy is installed) could not follow them either: "
+                 if importlib.util.find_spec("sympy") is not None else
+                 "pip install sympy (ortprep[symbolic]: ONNX Runtime's symbolic inference follows computed sizes), or ")
+            + f"ortprep simplify {shlex.quote(str(written or dest))} folds the shape computations; then "
+              f"ortprep check {shlex.quote(str(written or dest))} --ep qnn --prove"))
     if isinstance(report.data.get("verify"), dict):
         report.data["verify"]["optimization"] = _level(options)  # ORT's graph optimization level of both runs
     size_after = report.data.get("size_after")

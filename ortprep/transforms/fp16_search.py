@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from onnx import ModelProto
 
 from ortprep.eps.registry import resolve_ep
@@ -362,6 +364,23 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
                         f"{len(flagged)} node(s) produce or read activations beyond FP16's range on the test inputs "
                         f"({', '.join(sorted(flagged)[:5])}); they stay FP32",
                         fix="pass real inputs with --inputs FILE.npz to base this on your data",
+                    )
+                )
+            if getattr(options, "inputs", None) is None:
+                # Made-up inputs say nothing of the range real ones reach: openwakeword's mel front end
+                # verified at cosine 1 on random [0, 1) samples, then gave NaN on audio in int16's
+                # scale (a Pow of its STFT beyond 65,504), where --inputs kept 12 nodes in FP32.
+                peak = max((float(np.max(np.abs(value))) for value in activations.outputs.values()
+                            if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size
+                            and np.isfinite(value).all()), default=0.0)
+                report.add(
+                    Finding.of(
+                        "CNV017",
+                        f"FP16 was verified on inputs ortprep made, not on yours: the largest activation on them is "
+                        f"{peak:.3g} (FP16 holds up to 65504); inputs of another range (audio in int16's scale, "
+                        "pixels in 0..255) can overflow where these did not, and the nodes that must stay FP32 are "
+                        "chosen from what these inputs reach",
+                        fix="pass a real sample: --inputs FILE.npz (one array per input)",
                     )
                 )
     converted, result = run.convert()

@@ -104,15 +104,16 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
         if progress is not None:
             progress("FP16", 0, 2)
         try:
-            # as the printed command converts it (its own verification on seeded inputs; float32
-            # inputs and outputs, as the gate feeds them); the gate below judges it on the real samples
-            result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
-            if result.output is None and sample_file is not None and any(
-                    f.code == VERIFIED_NOTHING for f in result.findings):
-                # seeded inputs leave every output flat: verify on one of the user's own samples
-                result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True,
-                                                                    inputs=sample_file))
+            # as the printed command converts it (float32 inputs and outputs, as the gate feeds them),
+            # on one of the user's own samples where there is one: the nodes kept in FP32 are chosen
+            # from the activations the conversion's inputs reach, and seeded inputs reach neither a
+            # real input's range (openwakeword's mel front end: NaN on audio after a conversion
+            # verified on random [0, 1) samples) nor, for a detector, anything (every output flat).
+            # The gate below judges the result on every real sample.
+            if sample_file is not None:
                 command = command.replace(" --keep-io-types ", f" --keep-io-types --inputs {shlex.quote(str(sample_file))} ")
+            result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True,
+                                                                inputs=sample_file))
         except OrtprepError as error:
             return {"passed": False, "command": command, "converted": False, "measured": True, "reason": str(error)}
         if result.output is None:

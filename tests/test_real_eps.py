@@ -235,6 +235,16 @@ def test_qnn_compile_round_trip(qdq_cnn, tmp_path):
     # The compiled model loads and runs on QNN, through load too.
     loaded = _only(invoke("load", out, "--ep", "qnn", "--runs", "1", "--json").json())
     assert loaded["status"] == "fallback" and "QNNExecutionProvider" in [ep for ep, _ in loaded["subgraphs"]]
+    assert "LOD001" not in codes(invoke("load", out, "--ep", "qnn", "--runs", "1", "--json").json())
+    # check knows the EPContext node is QNN's: predicted as the session places it, not a float
+    # model (QNN001) nor an unknown op; another EP is told only QNN runs it
+    checked = invoke("check", out, "--ep", "qnn", "--prove", "--json").json()
+    target = _only(checked)
+    assert target["predicted_verdict"] == target["verdict"] and target["proof"]["comparison"]["node_agreement"] == 1.0
+    assert not codes(checked) & {"QNN001", "PRV001", "EP001", "EP005"}
+    other = invoke("check", out, "--ep", "openvino-cpu", "--json").json()
+    refusal = next(f for f in other["findings"] if f["code"] == "EP001")
+    assert refusal["op_type"] == "EPContext" and "compiled for QNNExecutionProvider" in refusal["message"]
     # Steps that change a model refuse a compiled one with one line, and write nothing.
     for args in (["convert", out, "--fp16"], ["quantize", out, "--dynamic"], ["simplify", out]):
         refused = invoke(*args, "-o", tmp_path / "x.onnx")

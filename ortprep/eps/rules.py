@@ -259,10 +259,33 @@ def reads_the_node(spec: EpSpec, node: NodeInfo, found: Match) -> bool:
         spec.name == "dml-npu" and node.op_type in ONE_D_OPS)
 
 
+# An EPContext node (com.microsoft) holds a graph an EP compiled (compile's output); its ``source``
+# attribute names the EP that wrote it, and only that EP runs it.
+EP_CONTEXT_SOURCE = ("ONNX Runtime docs, EP context design (execution-providers/EP-Context-Design): an EPContext "
+                     "node's 'source' attribute names the EP that generated it; measured: onnxruntime-qnn 2.7.0 writes "
+                     "'QNNExecutionProvider', and that EP takes the node")
+
+
+def ep_context_source(node: NodeInfo) -> str | None:
+    """The EP an EPContext node was compiled by (its ``source`` attribute), '' where it names none;
+    None for any other node."""
+    if node.op_type != "EPContext" or node.domain != "com.microsoft":
+        return None
+    source = node.attribute("source", b"")
+    return (source.decode(errors="replace") if isinstance(source, bytes) else str(source or "")).strip()
+
+
 def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,
                   graph_io: tuple[set[str], set[str]] = (set(), set())) -> NodeVerdict:
     """A table match, adjusted by the EP's node rules. ``graph_io``: the main graph's input and
     output names."""
+    source = ep_context_source(node)
+    if source is not None:
+        if source == spec.provider:
+            return NodeVerdict(SupportLevel.SUPPORTED, f"a graph compiled for {spec.provider} (EPContext)", EP_CONTEXT_SOURCE)
+        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, f"a graph compiled for {source or 'an EP it does not name'} "
+                           f"(EPContext): only that EP runs it, not {spec.provider}", EP_CONTEXT_SOURCE,
+                           LEVEL_CODES[SupportLevel.UNSUPPORTED_OP])
     verdict = NodeVerdict(found.level, found.reason, found.src, LEVEL_CODES.get(found.level))
     if found.note:
         verdict.extra.append(
@@ -452,8 +475,10 @@ def _float32_tensors(analysis: ModelAnalysis) -> int:
 
 
 def _has_float_compute(analysis: ModelAnalysis) -> bool:
+    # an EPContext node's float outputs are a compiled graph's: what it computes in is the compiler's
     return any(
         any(is_float32_tensor(v) for v in node.outputs) and node.op_type not in QDQ_OPS
+        and ep_context_source(node) is None
         for node in analysis.all_nodes()
     )
 

@@ -661,3 +661,27 @@ def test_an_output_declared_minus_one_behind_static_inputs_is_static(tmp_path):
     result = record["results"][0]
     assert result["fallback_nodes"] == [] and result["verdict"] == "full", result["fallback_nodes"]
     assert not [f for f in record["findings"] if f["code"] == "QNN002"]
+
+
+def test_a_dim_check_cannot_size_is_a_placeholder_in_the_fix(tmp_path):
+    """SHP001's fix guesses a batch (1), a sequence (128) and an image's sides (640); any other dim
+    is written in capitals, its own name or the input's and the axis, not a made-up number (a
+    'samples' of 256 was below openwakeword's STFT kernel of 512). Pasted as it is, convert says
+    what the placeholder stands for, exit 2, and writes nothing."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["audio"], ["a"], name="r1"),
+                               helper.make_node("Relu", ["state"], ["s"], name="r2")], "dims",
+                              [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", "samples"]),
+                               helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, None, 128])],
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "samples"]),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, None, 128])])
+    model = tmp_path / "dims.onnx"
+    onnx.save(models.make(graph), str(model))
+    record = invoke("check", model, "--ep", "qnn", "--json").json()
+    fix = next(f["fix"] for f in record["findings"] if f["code"] == "SHP001")
+    assert "--fix-shape audio=1,SAMPLES --fix-shape state=2,STATE_DIM1,128" in fix
+    assert "(SAMPLES, STATE_DIM1: your sizes; pick the sizes you deploy with)" in fix
+    pasted = invoke("convert", model, "--fix-shape", "audio=1,SAMPLES", "-o", tmp_path / "s.onnx")
+    assert pasted.exit_code == 2 and "'SAMPLES' stands for a size of yours" in pasted.stderr
+    assert len(pasted.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.onnx").exists()

@@ -210,6 +210,11 @@ def convert_value(field: dataclasses.Field, value: Any, where: str, base: Path |
                 dims = [d for d in dims.replace("x", ",").split(",") if d.strip()]
             if not isinstance(dims, (list, tuple)) or not dims:
                 raise _bad(where, f"{key}.{name}", dims, "a list of positive integers")
+            for d in dims:
+                if isinstance(d, str) and d.strip()[:1].isalpha():
+                    # check's fix writes a dim it cannot know as a placeholder (SAMPLES, STATE_DIM1)
+                    raise UsageError(f"{where}: {key}.{name}: {d.strip()!r} stands for a size of yours, not a number",
+                                     hint="put the size you deploy with in its place (a positive integer)")
             shapes[name] = [_int(where, f"{key}.{name}", d, positive=True) for d in dims]
         return shapes
     if kind == Kind.DIMS:

@@ -455,10 +455,17 @@ def _check_model(handle: ModelHandle, resolved: list[tuple[EpSpec, ...]], ort_ve
 
 def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
     """A convert command that makes every dynamic input static, with sizes guessed from the
-    dimension names (batch 1, sequence 128, spatial 640), or None when all are static."""
+    dimension names (batch 1, sequence 128) and an image's layout (spatial 640), or None when all
+    are static. A dim none of these tells is a placeholder in capitals (its own name, else the
+    input's and the axis: STATE_DIM1):
+    a made-up number there was a wrong fix (openwakeword's mel front end: 'samples' as 256, below
+    its STFT's 512-sample kernel; Silero's unnamed state batch as 256)."""
+    import re
+
     from ortprep.runtime.feeds import BATCH_LIKE, SEQUENCE_LIKE
 
     parts = []
+    placeholders: list[str] = []
     for name, facts in analysis.graph_inputs():
         if facts.shape is None or all(isinstance(d, int) and d > 0 for d in facts.shape):
             continue
@@ -470,13 +477,21 @@ def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
                 dims.append(1)
             elif isinstance(dim, str) and SEQUENCE_LIKE.search(dim):
                 dims.append(128)
+            elif len(facts.shape) == 4 and index >= 2:
+                dims.append(640)
             else:
-                dims.append(640 if len(facts.shape) == 4 and index >= 2 else 256)
+                word = re.sub(r"[^A-Za-z0-9]+", "_", dim).strip("_").upper() if isinstance(dim, str) else ""
+                if not word or word[0].isdigit():  # unnamed: the input's name and the axis
+                    word = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper() + f"_DIM{index}"
+                dims.append(word)
+                if word not in placeholders:
+                    placeholders.append(word)
         parts.append(f"--fix-shape {name}={','.join(map(str, dims))}")
     if not parts:
         return None
     stem = model.removesuffix(".onnx")
-    return f"ortprep convert {model} {' '.join(parts)} -o {stem}.static.onnx (pick the sizes you deploy with)"
+    told = f"{', '.join(placeholders)}: your size{'s' if len(placeholders) > 1 else ''}; " if placeholders else ""
+    return f"ortprep convert {model} {' '.join(parts)} -o {stem}.static.onnx ({told}pick the sizes you deploy with)"
 
 
 def _pasteable(finding: Finding, model: str, static_fix: str | None) -> Finding:

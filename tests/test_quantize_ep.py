@@ -411,12 +411,13 @@ def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(
     assert said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said
 
 
-@pytest.mark.parametrize("shift, passed", [(0.05, True), (0.5, False)])
+@pytest.mark.parametrize("shift, passed", [(0.05, True), (0.5, False), ("zeros", False)])
 def test_the_gate_fails_where_the_ep_computes_apart_from_the_cpu_ep(tmp_path, shift, passed):
     """evaluate() itself: an EP whose run of the QDQ model is the CPU EP's but for one element of one
     held-back sample, moved by ``shift`` (the output's uint8 steps are 0.1: load allows 0.2). Its
     cosine against the float model passes either way; 0.5 fails the EP's side (verify.ep.apart),
-    0.05 does not."""
+    0.05 does not. An EP whose output is all zeros (openwakeword's mel front end on QNN) fails the
+    gate itself, and apart says so too (it was null, as if the EP agreed with the CPU EP)."""
     import onnxruntime as ort
 
     from ortprep.steps.quantize.ep_gate import EpRun, GateTarget
@@ -446,6 +447,8 @@ def test_the_gate_fails_where_the_ep_computes_apart_from_the_cpu_ep(tmp_path, sh
         def run(self, model, feeds):
             session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
             samples = [{"y": session.run(None, feed)[0]} for feed in feeds]
+            if shift == "zeros":
+                return EpRun(True, samples=[{"y": np.zeros_like(sample["y"])} for sample in samples])
             samples[1]["y"] = samples[1]["y"].copy()
             samples[1]["y"][0, 7] += shift
             return EpRun(True, samples=samples)
@@ -453,6 +456,11 @@ def test_the_gate_fails_where_the_ep_computes_apart_from_the_cpu_ep(tmp_path, sh
     rng = np.random.default_rng(0)
     feeds = [{"x": (rng.random((1, 64)) * 20).astype(np.float32)} for _ in range(4)]
     evaluation = evaluate(float_path, quant_path, feeds, 0.99, target=Shifted("qnn"))
+    if shift == "zeros":
+        assert evaluation.cpu_verdict is True and evaluation.on_ep.passed is False and evaluation.passed is False
+        assert evaluation.on_ep.apart["sample"] == 0 and evaluation.on_ep.apart["name"] == "y"
+        assert evaluation.on_ep.apart["norm_ratio"] == 0.0
+        return
     assert evaluation.cpu_verdict is True and evaluation.on_ep.cosine > 0.999
     assert evaluation.passed is passed and evaluation.on_ep.passed is passed
     if passed:

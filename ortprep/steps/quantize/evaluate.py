@@ -491,8 +491,11 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
             on_ep = judge(target.ep, reference.samples[:len(run.samples)], run.samples, min_cosine, flat, decisions, more)
             on_ep.placement = placement
             on_ep.limited = run.limited
-            if on_ep.passed and cpu.passed:  # (against a CPU EP run that fails the gate itself, nothing to learn)
-                on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options)
+            # apart is said wherever both runs are there, so that null means "within load's rule" (an
+            # EP whose output is all zeros failed the gate, and apart was null as if it agreed); it
+            # decides the EP's side only where both sides pass the gate
+            on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options)
+            if on_ep.passed and cpu.passed:
                 on_ep.passed = on_ep.apart is None
             cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
         else:

@@ -749,3 +749,17 @@ def test_a_move_that_empties_the_eps_session_is_not_taken():
     assert placement_lost(trials, trial["before"], trial["kept"], 2) is None
     assert placement_lost(trials, trial["before"], trial["unknown"], 4) is None
     assert MOVE_NODE_SLACK * 4 < 962
+
+
+def test_the_gate_finding_does_not_ask_for_the_search_that_ran():
+    """QNT005's fix offered --auto-exclude to a user who had passed it (an unseen-model sweep); where
+    the search ran, it offers more room for it instead."""
+    from ortprep.steps.quantize.evaluate import Evaluation, gate_finding
+
+    failed = Evaluation(0.97, 0.5, None, None, None, None, False,
+                        outputs=[{"name": "y", "cosine": 0.97, "passed": False, "judged_by": "cosine"}])
+    plain = gate_finding(failed, min_cosine=0.99, ep_text="cpu", stopped="", worst="none found", writers="")
+    searched = gate_finding(failed, min_cosine=0.99, ep_text="cpu", stopped="", worst="none found", writers="",
+                            searched=True)
+    assert plain.fix.startswith("ortprep quantize ... --auto-exclude")
+    assert "--auto-exclude" not in searched.fix and "--search-seconds" in searched.fix and "it ran" in searched.fix

@@ -967,11 +967,15 @@ def failing_words(evaluation: Evaluation, min_cosine: float) -> str | None:
 
 
 def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, stopped: str, worst: str,
-                 writers: str, others: list[str] | None = None) -> Finding:
+                 writers: str, others: list[str] | None = None, searched: bool = False) -> Finding:
     """QNT005: what failed the gate, where (the CPU EP, the target EP, both) and what to do.
     ``ep_text`` names the EP and its device; ``worst`` the nodes where the CPU-side error starts;
     ``writers`` what writes the outputs the EP alone gets wrong; ``others`` the precisions --auto
-    would try after this one, for this target and data (none: FP16 is named)."""
+    would try after this one, for this target and data (none: FP16 is named); ``searched``: the
+    search already ran (--auto-exclude was given), so the fix does not ask for it again."""
+    # what the fix offers for the search: to run it, or where it ran, more room for it
+    search = ("more room for the search (--search-seconds, --max-float-share, --max-exclude-rounds; it ran)"
+              if searched else "--auto-exclude")
     on_ep = evaluation.on_ep
     confirmation = evaluation.confirmation
     if (evaluation.error is None and confirmation is not None and confirmation.failing is not None
@@ -986,7 +990,7 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
             f"sample(s) pass, but on {where} the {judged} held-back and calibration samples together give {what}: the "
             f"held-back samples miss inputs that the calibration samples show{stopped}",
             ep=side.ep if side.ep != "cpu" else None,
-            fix="ortprep quantize ... --auto (a wider precision) or --auto-exclude (it works on the sample that fails "
+            fix=f"ortprep quantize ... --auto (a wider precision) or {search} (it works on the sample that fails "
                 "worst); verify.confirmation in the JSON gives the figures per output")
     if evaluation.error is not None:
         return Finding.of("QNT005", f"accuracy gate failed: {evaluation.error}{stopped}",
@@ -1005,7 +1009,7 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
             "QNT005", f"accuracy gate failed on {ep_text}: it passes on the CPU EP ({cpu}) but {on_ep.ep} gives "
             f"{_shortfall(on_ep, min_cosine)}: the EP's own error, not quantization's{stopped}"
             + (f"; {writers}" if writers else ""), ep=on_ep.ep,
-            fix=f"ortprep quantize ... --auto-exclude (its trials are judged on {on_ep.ep} too), a different --device, or "
+            fix=f"ortprep quantize ... {search} (its trials are judged on {on_ep.ep} too), a different --device, or "
                 f"keep the nodes that write that output in float (--exclude-node NAME); ortprep load MODEL.int8.onnx --ep "
                 f"{on_ep.ep} --reference MODEL.onnx separates the EP's error from quantization's; --gate-on-cpu judges on "
                 "the CPU EP only")
@@ -1021,8 +1025,8 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
                                          else f"passes (cosine {fmt_cosine(on_ep.cosine)})"))
     return Finding.of("QNT005", f"accuracy gate failed: {what}{stopped}; worst nodes: {worst}"
                       + (f"; {writers}" if writers else ""),
-                      fix="ortprep quantize ... --auto-exclude" + (", or --exclude-node NAME for the nodes above"
-                                                                     if worst != "none found" else "")
+                      fix=f"ortprep quantize ... {search}" + (", or --exclude-node NAME for the nodes above"
+                                                               if worst != "none found" else "")
                           + (f"; --auto tries {', '.join(others)} and keeps the first that passes (where none does, it "
                              "measures FP16 by this gate)" if others
                              else "; no other precision here for --auto to try (--auto measures FP16 by this gate): "

@@ -119,6 +119,29 @@ def test_overflowing_activations_stay_fp32(tmp_path):
     assert "CNV003" in codes(record)
 
 
+@pytest.mark.parametrize("budget", [None, 64])
+def test_overflowing_activations_are_found_a_group_of_tensors_at_a_time(tmp_path, monkeypatch, budget):
+    """FP16's activation scan and its search read the original's intermediates a group at a time
+    (at most EXPOSED_BYTES a run; a 1x3x800x608 detector held 2 GB at once in each process). With
+    a budget of 64 bytes every tensor is a group of its own: the same nodes stay FP32, and the
+    result verifies as with one group."""
+    from ortprep.transforms import verify
+
+    if budget is not None:
+        monkeypatch.setattr(verify, "EXPOSED_BYTES", budget)
+    runs = []
+    real = verify.Intermediates._run
+    monkeypatch.setattr(verify.Intermediates, "_run", lambda self, names: runs.append(list(names)) or real(self, names))
+    record = fp16(tmp_path, models.fp16_overflowing_activations())
+    assert_verified(record, tmp_path)
+    assert {"square", "sum", "norm"} <= kept(record) and "scale_up" not in kept(record)
+    assert "CNV003" in codes(record)
+    assert (len(runs) == 1) == (budget is None)
+    if budget is not None:  # each run exposed a part, and the parts together are every intermediate
+        assert all(len(names) < len(verify.float_intermediates(models.fp16_overflowing_activations())) for names in runs)
+        assert sorted(n for names in runs for n in names) == sorted(verify.float_intermediates(models.fp16_overflowing_activations()))
+
+
 def test_batchnorm_with_huge_variance_is_folded(tmp_path):
     model = models.fp16_batchnorm_huge_variance()
     record = fp16(tmp_path, model)

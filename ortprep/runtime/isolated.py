@@ -51,11 +51,13 @@ def run_isolated(
     latency_runs: int = 0,
     extra_outputs: list[str] | None = None,
     model_bytes: bytes | None = None,
+    once: bool = False,
 ) -> RunOutcome:
     """Create a session for ``model`` (or reuse the worker's) and run it on ``feeds`` in a worker
     process. With ``optimized_model``, only create the session, letting ORT write its optimized
     graph there. ``extra_outputs``: intermediate tensors to return beside the graph's outputs.
-    ``model_bytes``: a serialized model sent as it is (``model`` then only names it)."""
+    ``model_bytes``: a serialized model sent as it is (``model`` then only names it). ``once``: a
+    session built for this call is not kept in the worker."""
     require_ort()
     request = RunModel(
         model=os.path.abspath(model) if model_bytes is None else str(model),
@@ -68,6 +70,7 @@ def run_isolated(
         optimized_model=os.path.abspath(optimized_model) if optimized_model else None,
         optimized_data=optimized_data,
         latency_runs=latency_runs,
+        once=once,
     )
     reply = call(request, timeout=timeout)
     if reply.status == "crashed":

@@ -37,12 +37,11 @@ from ortprep.runtime.compare import expect
 from ortprep.runtime.isolated import run_isolated
 from ortprep.transforms.verify import (
     EXACT_GATE,
+    Intermediates,
     VerifyResult,
     cast_feeds,
-    float_intermediates,
     model_bytes,
     node_count,
-    run_file_with_intermediates,
     run_model,
     verify_run,
 )
@@ -169,20 +168,26 @@ def _reference(handle: ModelHandle, feeds, report: StepResult, optimization: str
 
 def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult, metrics: dict[str, str] | None = None,
                                   seeded: bool = False):
-    """The original's run with every intermediate exposed, from its own file: the worker adds the
+    """(the original's intermediates, its reference run), from its own file: the worker adds the
     outputs to the file's graph, so its weights are not serialized again here, and its session
-    stays in the worker for later runs of that file. (A model held in memory only goes through a
-    temporary copy, as transforms.common does.)"""
+    stays in the worker for later runs of that file. Where every intermediate fits one group
+    (transforms/verify.py: EXPOSED_BYTES), one run serves both. (A model held in memory only goes
+    through a temporary copy, as transforms.common does.)"""
     if handle.path is None:
         return reference_with_intermediates(handle.proto, feeds, report, metrics, seeded)
-    full = run_file_with_intermediates(handle.path, handle.proto, feeds, float_intermediates(handle.proto))
+    activations = Intermediates(handle.proto, feeds, path=handle.path)
+    if not activations.single:
+        # more than one group: the reference is a run of its own, and the groups run when read
+        reference = _reference(handle, feeds, report, "default", metrics, seeded)
+        return (activations if reference is not None else None), reference
+    _, full = next(activations.runs())
     if not full.ok:
         report_unverifiable(full, report)
         return None, None
     names = {v.name for v in handle.proto.graph.output}
     reference = expect(dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names}),
                        handle.proto, metrics, seeded)
-    return full, reference
+    return activations, reference
 
 
 def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, checks: ConvertOptions, report: StepResult,

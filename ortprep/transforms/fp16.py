@@ -258,13 +258,9 @@ def no_fp16_signature_ops(proto: ModelProto) -> dict[str, str]:
     return found
 
 
-def activation_overflow_nodes(proto: ModelProto, activations: dict[str, np.ndarray]) -> dict[str, float]:
-    """Top-level nodes reading or writing a float tensor beyond FP16's safe range on real inputs."""
-    peaks = {
-        name: float(np.abs(value[np.isfinite(value)]).max()) if value.size and np.isfinite(value).any() else 0.0
-        for name, value in activations.items()
-        if value.dtype.kind == "f"
-    }
+def activation_overflow_nodes(proto: ModelProto, peaks: dict[str, float]) -> dict[str, float]:
+    """Top-level nodes reading or writing a float tensor beyond FP16's safe range on real inputs;
+    ``peaks``: each tensor's largest magnitude there (transforms/verify.py: Intermediates.peaks)."""
     flagged: dict[str, float] = {}
     for node in proto.graph.node:
         peak = max((peaks.get(name, 0.0) for name in list(node.input) + list(node.output)), default=0.0)

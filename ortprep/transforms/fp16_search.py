@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from onnx import ModelProto
 
 from ortprep.eps.registry import resolve_ep
@@ -21,8 +19,8 @@ from ortprep.transforms.verify import (
     EXACT_GATE,
     node_count,
     Gate,
+    Intermediates,
     VerifyResult,
-    float_intermediates,
     run_model,
     run_with_intermediates,
     verify_run,
@@ -177,24 +175,29 @@ class Fp16Search:
 
     def _localize(self, converted: ModelProto, gate: Gate | None = None) -> dict[str, tuple[KeepReason, str]]:
         """Compare every intermediate tensor; the nodes where the error starts stay FP32."""
-        names = [n for n in float_intermediates(self.source)]
         present = {out for node in converted.graph.node for out in node.output}
-        names = [n for n in names if n in present]
         if self.source_activations is None:
-            self.source_activations = run_with_intermediates(self.source, self.feeds, float_intermediates(self.source))
-        original = self.source_activations
-        candidate = run_with_intermediates(converted, self.feeds, names)
-        if not original.ok:
-            return {}
+            self.source_activations = Intermediates(self.source, self.feeds)
+        # a group of tensors at a time (Intermediates: at most EXPOSED_BYTES a run), the candidate
+        # exposing the same ones; the graph's outputs are compared once
         bad: set[str] = set()
-        compared = set(names) | {v.name for v in self.source.graph.output}
-        for name, value in original.outputs.items():
-            if name not in compared or value.dtype.kind != "f":
-                continue
-            other = candidate.outputs.get(name) if candidate.ok else None
-            if other is None or not (gate or self.gate).passes(compare_arrays(name, value, other), value):
-                bad.add(name)
-        return blame(self.source, bad, set(self.block_nodes), None if candidate.ok else candidate.message)
+        outputs_done = False
+        failure = None
+        for names, original in self.source_activations.runs(only=present):
+            if not original.ok:
+                return {}
+            candidate = run_with_intermediates(converted, self.feeds, names)
+            if not candidate.ok:
+                failure = candidate.message
+            compared = set(names) | (set() if outputs_done else {v.name for v in self.source.graph.output})
+            outputs_done = True
+            for name, value in original.outputs.items():
+                if name not in compared or value.dtype.kind != "f":
+                    continue
+                other = candidate.outputs.get(name) if candidate.ok else None
+                if other is None or not (gate or self.gate).passes(compare_arrays(name, value, other), value):
+                    bad.add(name)
+        return blame(self.source, bad, set(self.block_nodes), failure)
 
 
 def keeps_io_types(options: ConvertOptions) -> bool:
@@ -307,8 +310,8 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
 def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult, activations=None):
     """FP16 with the range scans first (constants, activations), the EP's FP32-only ops kept, and
     the mixed-precision search; returns (converted model, verification, kept nodes).
-    ``activations``: a run of ``proto`` with every intermediate exposed, reused when prefolding
-    leaves the graph as it is."""
+    ``activations``: ``proto``'s intermediates (transforms/verify.py: Intermediates), reused when
+    prefolding leaves the graph as it is."""
     fp16_step.ensure_node_names(proto)
     scan = fp16_step.scan_constants(proto)
     before = [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node]
@@ -351,10 +354,11 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
         run.block_ops.setdefault(op, reason)
     if reference is not None:
         if activations is None:
-            activations = run_with_intermediates(proto, feeds, float_intermediates(proto))
+            activations = Intermediates(proto, feeds)
         run.source_activations = activations
-        if activations.ok:
-            flagged = fp16_step.activation_overflow_nodes(proto, activations.outputs)
+        peaks = activations.peaks()
+        if peaks is not None:
+            flagged = fp16_step.activation_overflow_nodes(proto, peaks)
             for name, peak in flagged.items():
                 run.keep(name, KeepReason.ACTIVATION_RANGE, f"activations reach {peak:.4g}, beyond FP16's safe range", replace=False)
             if flagged:
@@ -370,9 +374,7 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
                 # Made-up inputs say nothing of the range real ones reach: openwakeword's mel front end
                 # verified at cosine 1 on random [0, 1) samples, then gave NaN on audio in int16's
                 # scale (a Pow of its STFT beyond 65,504), where --inputs kept 12 nodes in FP32.
-                peak = max((float(np.max(np.abs(value))) for value in activations.outputs.values()
-                            if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size
-                            and np.isfinite(value).all()), default=0.0)
+                peak = max(peaks.values(), default=0.0)
                 report.add(
                     Finding.of(
                         "CNV017",

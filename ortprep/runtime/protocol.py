@@ -142,11 +142,24 @@ def model_key(path: str) -> tuple:
     return absolute, stat.st_size, stat.st_mtime_ns
 
 
+# A C++ function's signature in an EP's exception ("onnxruntime::openvino_ep::BasicBackend::BasicBackend
+# (std::unique_ptr<onnx::ModelProto>&, ...)", "auto ...OvExceptionBoundary(Func&&, ...) [with bool
+# typed = false; ...]"): the OpenVINO EP's 'dynamic rank' refusal of Silero v5 was 3 KB of them
+# around its one sentence.
+_SIGNATURE = re.compile(r"(?:\b(?:auto|void|bool|int) )?(?:[\w~]+(?:<[^<>()]*>)?::)+[\w~]+(?:<[^<>()]*>)?"
+                        r"\((?:[^()]|\([^()]*\))*\)(?: const)?(?: \[with [^\]]*\])?")
+
+
 def clean_error(message: str) -> str:
-    """ORT's exception text without its error-code prefix and build paths."""
+    """ORT's exception text without its error-code prefix, build paths and C++ signatures."""
     text = message.strip().removeprefix("[ONNXRuntimeError] : ")
     text = re.sub(r"^\d+ : [A-Z_]+ : ", "", text)
     text = re.sub(r"/onnxruntime_src/\S+:\d+ ", "", text)
+    text = re.sub(r"(?<!\S)/\S+\.(?:cc|cpp|cxx|h|hpp):\d+ ", "", text)
+    text = _SIGNATURE.sub("", text)
+    # OpenVINO's chain of source locations ("Exception from src/inference/src/cpp/core.cpp:114: ...")
+    text = re.sub(r"Exception from src/\S+:\d+:\s*", "", text)
+    text = re.sub(r" at src/\S+:\d+:", ":", text)
     return " ".join(text.split())
 
 

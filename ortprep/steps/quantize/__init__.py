@@ -184,7 +184,8 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                 best, chosen = moved, trials.evaluations[moved.path]
         best = replace(best, passed=best.passed and chosen.passed)
     if chosen is not None and best.path is not None:
-        measure_latency(chosen, best.path, trials.eval_feeds)  # search trials are not timed
+        if best.path in trials.sources:  # search trials are not timed
+            measure_latency(chosen, trials.sources[best.path], best.path, trials.eval_feeds)
     why_off = (search_record or {}).get("off_ep_reasons") or {}
     off_ep = [{"name": n, "op_type": ops.get(n, "?"), "reason": why_off.get(n, "kept off the EP")} for n in best.off]
     return Outcome(best, chosen, excluded, search_record, source=label,

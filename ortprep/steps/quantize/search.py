@@ -518,6 +518,7 @@ class Trials:
         # and fails on the EP: from then on every trial runs there too (the EP's own error is what
         # the search works on). A trial failing on the CPU EP fails the gate either way.
         self.ep_in_loop = False
+        self.sources: dict = {}  # each result's float model (its trial's source)
         # An --auto attempt with later precisions to try: its baseline runs on the EP only where the
         # CPU EP passes it. A baseline that fails there cannot pass, and on a slow EP its run costs what
         # a later precision's trials need: on the journey's layout detector (QNN's simulator, about
@@ -572,6 +573,7 @@ class Trials:
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation
+            self.sources[output] = source  # the float model it was compared (and is timed) with
         if evaluation is None:
             return Trial(label, list(kept), None, True, model_bytes(output), output, off=off)
         on_ep = evaluation.on_ep

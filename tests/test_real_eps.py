@@ -391,6 +391,8 @@ def test_compile_eval_judges_every_sample_and_names_the_one_that_fails(qdq_cnn, 
     assert passed.exit_code == 0, passed.stdout
     assert passed.json()["eval"]["samples"] == 6 and passed.json()["eval"]["failed"] == 0
     assert passed.json()["eval"]["lowest_cosine"] > 0.99
+    human = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "ok2.onnx", "--eval", samples).stdout
+    assert "eval: 6 sample(s), 0 failed, lowest cosine" in human  # the human report says it too
     original = tolerance.tolerance_for
 
     def strict_for_large(ep, value, *args):

@@ -485,6 +485,16 @@ def render_compile(record: dict[str, Any], console: Console) -> None:
         verdict = "[green]within tolerance[/]" if output["within_tolerance"] else "[red]differs[/]"
         console.print(f"output {escape(output['name'])}: {verdict}, max abs diff {_number(output['max_abs_diff'])}, "
                       f"cosine {_number(output['cosine'])}")
+    evaluation = record.get("eval")
+    if evaluation:  # compile --eval: every sample held to load's rule
+        if evaluation.get("error"):
+            console.print(f"eval: {evaluation.get('samples', 0)} sample(s), not judged: {escape(str(evaluation['error']))}")
+        else:
+            failed = evaluation.get("failed", 0)
+            verdict = "[green]0 failed[/]" if not failed else f"[red]{failed} failed[/]"
+            console.print(f"eval: {evaluation['samples']} sample(s), {verdict}, lowest cosine "
+                          f"{_number(evaluation.get('lowest_cosine'))}"
+                          + (f"; worst: sample {evaluation['worst']['sample']}" if failed and evaluation.get("worst") else ""))
     render_causes(record["findings"], console)
 
 

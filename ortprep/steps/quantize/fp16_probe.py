@@ -38,8 +38,8 @@ from ortprep.steps.quantize.search import margin_aim, margin_samples
 from ortprep.transforms.verify import model_bytes
 
 
-# convert's refusal where every output is flat on the seeded inputs it made (transforms/common.py)
-VERIFIED_NOTHING = "CNV015"
+# convert's refusal where its verification fails (transforms/common.py)
+VERIFICATION_FAILED = "CNV006"
 # FP16 is not measured for a model above this size (its conversion and runs would add minutes to a
 # refusal); QNT017 then names the command that measures it.
 PROBE_MAX_BYTES = 1 << 30
@@ -114,6 +114,11 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                 command = command.replace(" --keep-io-types ", f" --keep-io-types --inputs {shlex.quote(str(sample_file))} ")
             result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True,
                                                                 inputs=sample_file))
+            if result.output is None and sample_file is not None and any(f.code == VERIFICATION_FAILED for f in result.findings):
+                # convert refuses FP16 on that sample (as the printed command will): the conversion
+                # it verifies on its own inputs is judged by the gate on every sample, which says what
+                # fails (a decision at a near tie, an output)
+                result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
         except OrtprepError as error:
             return {"passed": False, "command": command, "converted": False, "measured": True, "reason": str(error)}
         if result.output is None:

@@ -685,3 +685,51 @@ def test_a_dim_check_cannot_size_is_a_placeholder_in_the_fix(tmp_path):
     pasted = invoke("convert", model, "--fix-shape", "audio=1,SAMPLES", "-o", tmp_path / "s.onnx")
     assert pasted.exit_code == 2 and "'SAMPLES' stands for a size of yours" in pasted.stderr
     assert len(pasted.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.onnx").exists()
+
+
+@pytest.mark.parametrize("source", ["QNNExecutionProvider", "QNN", "qnn"])
+def test_an_ep_context_node_runs_on_the_ep_that_compiled_it(tmp_path, source):
+    """compile's output is one EPContext node (com.microsoft) whose 'source' names the EP that wrote
+    it; ORT's QNN EP reads it without regard to case, as 'qnn' or 'QNNExecutionProvider'. check puts
+    it on that EP (it said 'none', and QNN001 'a float model'), and on no other."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("EPContext", ["x"], ["y"], name="ctx", domain="com.microsoft", main_context=1, embed_mode=1,
+                            ep_cache_context=b"opaque", source=source)
+    graph = helper.make_graph([node], "compiled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=9)
+    path = tmp_path / "ctx.onnx"
+    onnx.save(model, str(path))
+    record = invoke("check", path, "--ep", "qnn", "--json").json()
+    target = record["results"][0]
+    assert target["verdict"] == "full" and target["supported_nodes"] == 1
+    assert not {f["code"] for f in record["findings"]} & {"QNN001", "EP001", "EP005", "EP007"}
+    other = invoke("check", path, "--ep", "openvino-cpu", "--json").json()
+    refusal = next(f for f in other["findings"] if f["code"] == "EP001")
+    assert refusal["node"] == "ctx" and f"compiled for {source}" in refusal["message"]
+    assert other["results"][0]["verdict"] == "none"
+
+
+def test_a_verdict_that_differs_with_no_node_placed_otherwise_names_the_absent_nodes():
+    """compare_prediction against a session's assignment: a node check placed on the EP that the
+    session's graph does not hold (ORT's optimizer removed or fused it) is named in
+    predicted_on_ep_absent; the verdicts differ though no node that both know is placed otherwise
+    (PP-OCR's dynamic classifier: 4 predicted on QNN, none left)."""
+    from ortprep.analysis import ModelAnalysis
+    from ortprep.eps.registry import resolve_ep
+    from ortprep.model import ModelHandle
+    from ortprep.steps.check import check_target, predicted_ep_nodes
+    from ortprep.steps.prove import compare_prediction
+
+    analysis = ModelAnalysis(ModelHandle.open(SAMPLES / "cnn.onnx"))
+    spec = resolve_ep("qnn")
+    predicted, _ = check_target(analysis, (spec,))
+    on_ep = predicted_ep_nodes(analysis, spec)
+    assert on_ep and predicted["verdict"] in ("full", "partial")
+    # the session: every node check placed on the EP is gone but one, which the CPU runs
+    kept = sorted(on_ep)[0]
+    comparison, differing = compare_prediction(analysis, spec, predicted, {kept: "CPUExecutionProvider"}, [], on_ep)
+    assert comparison["actual_verdict"] == "none" and [node for node, _, _ in differing] == [kept]
+    assert comparison["predicted_on_ep_absent"] == sorted(on_ep - {kept})

@@ -80,6 +80,13 @@ def test_symbolic_dims_are_named(samples):
     console = Console(file=io.StringIO(), width=200, color_system=None)
     render_inspect(record, console)
     assert "[batch, sequence, 64]" in console.file.getvalue()
+    # metadata and the producer are the model's text too: '[/data/labels.txt]' raised MarkupError
+    record = {**record, "metadata": {"labels": "in [/data/labels.txt]", "imgsz": "[batch_size, 640]"},
+              "producer": {"name": "exporter [/x]", "version": "1"}}
+    render_inspect(record, console)
+    text = console.file.getvalue()
+    assert "metadata labels: in [/data/labels.txt]" in text and "metadata imgsz: [batch_size, 640]" in text
+    assert "producer: exporter [/x] 1" in text
 
 
 def test_subgraph_nodes_counted(samples):

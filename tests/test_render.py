@@ -76,3 +76,26 @@ def test_tables_at_80_columns_keep_every_header_word_whole(report):
     header_cells = [" ".join(row.split("┃")[i].strip() for row in header_rows).split()
                     for i in range(1, len(header_rows[0].split("┃")) - 1)]
     assert [" ".join(words) for words in header_cells] == headers
+
+
+def test_the_answer_and_the_row_are_the_real_sessions_where_proven():
+    """placement() and answer() read the proof where check --prove built the session: its nodes on
+    the EP, partitions and CPU nodes; copies only where partitions and verdict agree with check's.
+    Without a proof (or one not created) they are the prediction."""
+    from ortprep.render.console import answer, placement
+
+    predicted = {"ep": "qnn", "nodes": 20, "supported_nodes": 20, "node_share": 1.0, "partitions": 1, "copies": 2,
+                 "fallback_nodes": [], "verdict": "full"}
+    assert placement(predicted) == {"proven": False, "on_ep": 20, "nodes": 20, "share": 1.0, "partitions": 1,
+                                    "fallbacks": 0, "copies": 2}
+    assert answer(predicted, []) == "yes: every node runs on qnn"
+    proven = {**predicted, "verdict": "partial", "predicted_verdict": "full",
+              "proof": {"status": "created", "nodes_total": 17, "nodes_on_ep": 16, "fallback_nodes": ["Clip_28"],
+                        "comparison": {"actual_partitions": 1, "actual_verdict": "partial", "predicted_verdict": "full"}}}
+    placed = placement(proven)
+    assert (placed["proven"], placed["on_ep"], placed["nodes"], placed["fallbacks"], placed["copies"]) == (True, 16, 17, 1, None)
+    assert answer(proven, []) == "yes, with 1 CPU fallback(s) in the real session: 1 partition(s)"
+    blocked = answer(proven, [{"code": "SHP001", "severity": "error"}])
+    assert blocked.startswith("not as it is: 16/17 nodes are on qnn in the real session, but 1 problem(s)")
+    failed = {**predicted, "verdict": "none", "proof": {"status": "failed", "message": "finalize"}}
+    assert placement(failed)["proven"] is False and answer(failed, []).startswith("no: it runs nowhere on qnn")

@@ -281,7 +281,10 @@ def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Matc
     output names."""
     source = ep_context_source(node)
     if source is not None:
-        if source == spec.provider:
+        # ORT's EPs read the attribute without regard to case, QNN's as 'qnn' or 'QNNExecutionProvider'
+        # (onnxruntime's QNN EP: GraphHasEpContextNode lowercases it)
+        provider = spec.provider.lower()
+        if source.lower() in (provider, provider.removesuffix("executionprovider")):
             return NodeVerdict(SupportLevel.SUPPORTED, f"a graph compiled for {spec.provider} (EPContext)", EP_CONTEXT_SOURCE)
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, f"a graph compiled for {source or 'an EP it does not name'} "
                            f"(EPContext): only that EP runs it, not {spec.provider}", EP_CONTEXT_SOURCE,

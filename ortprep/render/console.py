@@ -63,7 +63,7 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
     opsets = ", ".join(f"{domain} {version}" for domain, version in record["opsets"].items())
     console.print(f"IR version {record['ir_version']}; opsets: {opsets or 'none'}")
     if producer["name"] or producer["version"]:
-        console.print(f"producer: {producer['name']} {producer['version']}".rstrip())
+        console.print(escape(f"producer: {producer['name']} {producer['version']}".rstrip()), highlight=False)
     for name, digest in model["sha256"].items():
         console.print(f"sha256 {name}: {digest}")
 
@@ -113,8 +113,8 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         for entry in record["external_data"]:
             external.add_row(escape(entry["location"]), human_bytes(entry["size"]), str(entry["tensors"]))
         console.print(external)
-    for key, value in record["metadata"].items():
-        console.print(f"metadata {key}: {value}")
+    for key, value in record["metadata"].items():  # the model's own text: '[/data/labels.txt]' is not markup
+        console.print(escape(f"metadata {key}: {value}"), highlight=False)
     checker = record["checker"]
     console.print("onnx.checker: " + ("passed" if checker["passed"] else f"[red]failed[/] ({escape(checker['error'] or '')})"))
     runtime = record["runtime"]
@@ -181,10 +181,11 @@ def answer(result: dict[str, Any], findings: list[dict[str, Any]]) -> str:
     if result["verdict"] == "none":
         why = ", ".join(blocking) or "no node runs on it"
         return f"no: it runs nowhere on {result['ep']} as it is ({why})"
-    if blocking:
-        return (f"not as it is: {result['supported_nodes']}/{result['nodes']} nodes are {result['ep']} ops, but "
-                f"{len(blocking)} problem(s) block it ({', '.join(blocking)}){fused}")
     where = " in the real session" if placed["proven"] else ""
+    if blocking:
+        return (f"not as it is: {placed['on_ep']}/{placed['nodes']} nodes {'are on' if placed['proven'] else 'are'} "
+                f"{result['ep']}{' ops' if not placed['proven'] else ''}{where}, but "
+                f"{len(blocking)} problem(s) block it ({', '.join(blocking)}){fused}")
     if fallbacks:
         copies = f", {placed['copies']} copies per run" if placed["copies"] is not None else ""
         return f"yes, with {fallbacks} CPU fallback(s){where}: {placed['partitions']} partition(s){copies}{fused}"

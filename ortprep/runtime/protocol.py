@@ -146,17 +146,23 @@ def model_key(path: str) -> tuple:
 # (std::unique_ptr<onnx::ModelProto>&, ...)", "auto ...OvExceptionBoundary(Func&&, ...) [with bool
 # typed = false; ...]"): the OpenVINO EP's 'dynamic rank' refusal of Silero v5 was 3 KB of them
 # around its one sentence.
-_SIGNATURE = re.compile(r"(?:\b(?:auto|void|bool|int) )?(?:[\w~]+(?:<[^<>()]*>)?::)+[\w~]+(?:<[^<>()]*>)?"
-                        r"\((?:[^()]|\([^()]*\))*\)(?: const)?(?: \[with [^\]]*\])?")
+# At least three names joined by '::' (a namespace, a class, a function), so that a node named
+# "conv::block(1)" or a "std::max(a, b)" in a message stays; possessive, and anchored where a name
+# starts, so that a long word costs one pass.
+_SIGNATURE = re.compile(r"(?<![\w~:])(?:(?:auto|void|bool|int) )?(?:[\w~]++(?:<[^<>()]*+>)?::){2,}+[\w~]++"
+                        r"(?:<[^<>()]*+>)?\((?:[^()]|\([^()]*+\))*+\)(?: const)?(?: \[with [^\]]*+\])?")
+# An EP's message is cleaned from at most this many characters (it is cut shorter after).
+_CLEAN_CHARS = 16_000
 
 
 def clean_error(message: str) -> str:
     """ORT's exception text without its error-code prefix, build paths and C++ signatures."""
-    text = message.strip().removeprefix("[ONNXRuntimeError] : ")
+    text = message.strip()[:_CLEAN_CHARS].removeprefix("[ONNXRuntimeError] : ")
     text = re.sub(r"^\d+ : [A-Z_]+ : ", "", text)
     text = re.sub(r"/onnxruntime_src/\S+:\d+ ", "", text)
     text = re.sub(r"(?<!\S)/\S+\.(?:cc|cpp|cxx|h|hpp):\d+ ", "", text)
-    text = _SIGNATURE.sub("", text)
+    if "::" in text:
+        text = _SIGNATURE.sub("", text)
     # OpenVINO's chain of source locations ("Exception from src/inference/src/cpp/core.cpp:114: ...")
     text = re.sub(r"Exception from src/\S+:\d+:\s*", "", text)
     text = re.sub(r" at src/\S+:\d+:", ":", text)

@@ -483,6 +483,8 @@ def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
                 word = re.sub(r"[^A-Za-z0-9]+", "_", dim).strip("_").upper() if isinstance(dim, str) else ""
                 if not word or word[0].isdigit():  # unnamed: the input's name and the axis
                     word = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper() + f"_DIM{index}"
+                if not word[0].isalpha():  # an input named '0': a placeholder starts with a letter
+                    word = "SIZE_" + word
                 dims.append(word)
                 if word not in placeholders:
                     placeholders.append(word)

@@ -327,6 +327,7 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
         # what prefolding left: BNs reading such constants whose rank is unknown, and the like
         fp16_step.fold_batchnorms(proto, overflow_names)
         remaining = fp16_step.scan_constants(proto).overflow
+        activations = None  # the graph changed in place: its intermediates are read again
     run = Fp16Search(proto, options, feeds, reference, report)
     for name, peak in scan.overflow:
         handled = "folded away before conversion" if name not in {n for n, _ in remaining} else "kept in FP32 with its consumers"
@@ -357,6 +358,21 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
             activations = Intermediates(proto, feeds)
         run.source_activations = activations
         peaks = activations.peaks()
+        if getattr(options, "inputs", None) is None:
+            # Made-up inputs say nothing of the range real ones reach: openwakeword's mel front end
+            # verified at cosine 1 on random [0, 1) samples, then gave NaN on audio in int16's
+            # scale (a Pow of its STFT beyond 65,504), where --inputs kept 12 nodes in FP32.
+            reached = (f"the largest activation on them is {max(peaks.values(), default=0.0):.3g}"
+                       if peaks is not None else "their activations could not be read")
+            report.add(
+                Finding.of(
+                    "CNV017",
+                    f"FP16 was verified on inputs ortprep made, not on yours: {reached} (FP16 holds up to 65504); "
+                    "inputs of another range (audio in int16's scale, pixels in 0..255) can overflow where these "
+                    "did not, and the nodes that must stay FP32 are chosen from what these inputs reach",
+                    fix="pass a real sample: --inputs FILE.npz (one array per input)",
+                )
+            )
         if peaks is not None:
             flagged = fp16_step.activation_overflow_nodes(proto, peaks)
             for name, peak in flagged.items():
@@ -368,21 +384,6 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
                         f"{len(flagged)} node(s) produce or read activations beyond FP16's range on the test inputs "
                         f"({', '.join(sorted(flagged)[:5])}); they stay FP32",
                         fix="pass real inputs with --inputs FILE.npz to base this on your data",
-                    )
-                )
-            if getattr(options, "inputs", None) is None:
-                # Made-up inputs say nothing of the range real ones reach: openwakeword's mel front end
-                # verified at cosine 1 on random [0, 1) samples, then gave NaN on audio in int16's
-                # scale (a Pow of its STFT beyond 65,504), where --inputs kept 12 nodes in FP32.
-                peak = max(peaks.values(), default=0.0)
-                report.add(
-                    Finding.of(
-                        "CNV017",
-                        f"FP16 was verified on inputs ortprep made, not on yours: the largest activation on them is "
-                        f"{peak:.3g} (FP16 holds up to 65504); inputs of another range (audio in int16's scale, "
-                        "pixels in 0..255) can overflow where these did not, and the nodes that must stay FP32 are "
-                        "chosen from what these inputs reach",
-                        fix="pass a real sample: --inputs FILE.npz (one array per input)",
                     )
                 )
     converted, result = run.convert()

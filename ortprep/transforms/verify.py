@@ -235,15 +235,6 @@ def run_model(proto: ModelProto, feeds: dict[str, np.ndarray] | list, *, outputs
         return outcome
 
 
-def run_file_with_intermediates(path: Path, proto: ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> RunOutcome:
-    """Like :func:`run_with_intermediates` for a model that is on disk as ``proto`` holds it: the
-    worker adds the outputs to the file's graph itself, so nothing is serialized here, and its
-    session (kept by the worker) also serves later plain runs of that file."""
-    outcome = run_isolated(path, cast_feeds(feeds, proto), extra_outputs=list(dict.fromkeys(names)))
-    outcome.message = outcome.message.replace(str(path), "the model")
-    return outcome
-
-
 def float_intermediates(proto: ModelProto) -> list[str]:
     """Names of top-level node outputs that are not graph outputs (candidates to expose)."""
     graph_outputs = {v.name for v in proto.graph.output}
@@ -315,10 +306,15 @@ def intermediate_bytes(proto: ModelProto, feeds: dict[str, np.ndarray], names: l
 
 def exposure_groups(names: list[str], sizes: dict[str, int | None], budget: int | None = None) -> list[list[str]]:
     """``names`` in graph order, in groups of at most ``budget`` bytes (EXPOSED_BYTES); a tensor of
-    unknown size counts as the largest known one (or the whole budget)."""
+    unknown size counts as the largest known one (``sizes`` should count the inputs' too); where no
+    size is known, one group."""
     budget = EXPOSED_BYTES if budget is None else budget
     known = [size for size in sizes.values() if size]
-    unknown = max(known) if known else budget
+    if not known:
+        # shape inference followed nothing (contrib ops, local functions): one group, as one run
+        # with every tensor exposed was, rather than a run per tensor
+        return [list(names)] if names else []
+    unknown = max(known)
     groups: list[list[str]] = []
     current: list[str] = []
     used = 0
@@ -345,7 +341,10 @@ class Intermediates:
         self.proto, self.path = proto, path
         self.feeds = cast_feeds(feeds, proto)  # in the dtypes the model declares now
         self.names = float_intermediates(proto) if names is None else names
-        self.groups = exposure_groups(self.names, intermediate_bytes(proto, self.feeds, self.names), budget) or [[]]
+        sizes = intermediate_bytes(proto, self.feeds, self.names)
+        if any(sizes.values()):  # an activation of unknown size counts as at least the largest input
+            sizes.update({f"<input {name}>": int(np.asarray(value).nbytes) for name, value in self.feeds.items()})
+        self.groups = exposure_groups(self.names, sizes, budget) or [[]]
         self._kept: RunOutcome | None = None
         self._peaks: dict[str, float] | None = None
         self.message = ""

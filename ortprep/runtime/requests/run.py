@@ -64,6 +64,7 @@ class RunModel(Request):
         from ortprep.runtime.values import portable
 
         reply = RunReply(stage="import")
+        entry = None
         try:
             state.ort  # noqa: B018 - the import is its own stage
             if _crash_requested(self.crash_hook, self.model_bytes or self.model):
@@ -92,11 +93,12 @@ class RunModel(Request):
                         session.run(names, feeds)
                         reply.latency_ms.append((time.perf_counter() - began) * 1000.0)
             reply.output_names = names
-            if self.once and not reply.cached_session:
-                for key in [k for k, kept in state.sessions.items() if kept is entry]:
-                    del state.sessions[key]
         except Exception as exc:  # noqa: BLE001 - reported to the parent as data
             reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
+        finally:
+            if self.once and entry is not None and not reply.cached_session:  # its run failed or not
+                for key in [k for k, kept in state.sessions.items() if kept is entry]:
+                    del state.sessions[key]
         return reply
 
     def _from_bytes(self, state: WorkerState, spec: SessionSpec) -> CachedSession:

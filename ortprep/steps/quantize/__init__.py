@@ -430,7 +430,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
 
             others = [label for label, _ in auto_order(options)[1:]]  # what --auto would try next, here
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
-                                    worst=names, writers=writers, others=others, searched=options.auto_exclude))
+                                    worst=names, writers=writers, others=others, searched=bool(outcome.search)))
         auto = [e for e in excluded if e["reason"] != "--exclude-node"]
         if auto and evaluation is not None:
             judged = " and ".join(evaluation.judged_on)

@@ -115,10 +115,11 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
             result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True,
                                                                 inputs=sample_file))
             if result.output is None and sample_file is not None and any(f.code == VERIFICATION_FAILED for f in result.findings):
-                # convert refuses FP16 on that sample (as the printed command will): the conversion
-                # it verifies on its own inputs is judged by the gate on every sample, which says what
-                # fails (a decision at a near tie, an output)
+                # convert refuses FP16 on that sample: the conversion it verifies on its own inputs is
+                # judged by the gate on every sample, which says what fails (a decision at a near
+                # tie, an output), and the printed command is the one that writes what was judged
                 result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
+                command = command.replace(f" --inputs {shlex.quote(str(sample_file))} ", " ")
         except OrtprepError as error:
             return {"passed": False, "command": command, "converted": False, "measured": True, "reason": str(error)}
         if result.output is None:

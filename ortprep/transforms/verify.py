@@ -304,23 +304,25 @@ def intermediate_bytes(proto: ModelProto, feeds: dict[str, np.ndarray], names: l
     return {name: sizes.get(name) for name in names}
 
 
-def exposure_groups(names: list[str], sizes: dict[str, int | None], budget: int | None = None) -> list[list[str]]:
-    """``names`` in graph order, in groups of at most ``budget`` bytes (EXPOSED_BYTES); a tensor of
-    unknown size counts as the largest known one (``sizes`` should count the inputs' too); where no
-    size is known, one group."""
+def exposure_groups(names: list[str], sizes: dict[str, int | None], budget: int | None = None,
+                    scale: int = 1, none_known: str = "one group") -> list[list[str]]:
+    """``names`` in graph order, in groups of at most ``budget`` bytes (EXPOSED_BYTES), each size
+    times ``scale`` (the samples a run holds); a tensor of unknown size counts as the largest known
+    one (``sizes`` should count the inputs' too). Where no size is known: ``"one group"``, or
+    ``"budget"`` (each tensor counts as the whole budget)."""
     budget = EXPOSED_BYTES if budget is None else budget
     known = [size for size in sizes.values() if size]
-    if not known:
+    if not known and none_known == "one group":
         # shape inference followed nothing (contrib ops, local functions): one group, as one run
         # with every tensor exposed was, rather than a run per tensor
         return [list(names)] if names else []
-    unknown = max(known)
+    unknown = max(known) if known else budget // max(1, scale)
     groups: list[list[str]] = []
     current: list[str] = []
     used = 0
     for name in names:
         size = sizes.get(name)
-        size = unknown if size is None else size
+        size = (unknown if size is None else size) * max(1, scale)
         if current and used + size > budget:
             groups.append(current)
             current, used = [], 0

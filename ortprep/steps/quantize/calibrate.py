@@ -366,19 +366,7 @@ def exposure_chunks(model: Path, names: list[str], feeds: list[dict[str, np.ndar
     """``names`` (intermediates of ``model``) in groups whose values on ``feeds`` take at most
     ``budget`` bytes (EXPOSED_BYTES): one run per group exposes them. Sizes come from shape
     inference with the feeds' shapes; a tensor of unknown size counts as the largest known one."""
-    budget = EXPOSED_BYTES if budget is None else budget
+    from ortprep.transforms.verify import exposure_groups
+
     sizes = tensor_bytes(model, {name: list(np.shape(value)) for name, value in feeds[0].items()}) if feeds else {}
-    known = [size for size in sizes.values() if size]
-    unknown = max(known) if known else budget
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    used = 0
-    for name in names:
-        size = sizes.get(name)
-        size = (unknown if size is None else size) * max(1, len(feeds))
-        if current and used + size > budget:
-            chunks.append(current)
-            current, used = [], 0
-        current.append(name)
-        used += size
-    return chunks + [current] if current else chunks
+    return exposure_groups(names, sizes, EXPOSED_BYTES if budget is None else budget, scale=len(feeds), none_known="budget")

@@ -1089,3 +1089,30 @@ def test_16bit_activations_inside_the_model_get_headroom_and_biases_follow(tmp_p
     past = [cosine(session, x * 1.6) for x in samples for session in (widened, calibrated)]  # 1.6x each sample
     assert all(c > 0.9999 and abs(r - 1) < 0.01 for c, r in past[0::2])
     assert max(abs(r - 1) for _, r in past[1::2]) > 0.02  # the calibrated ranges clip some of them
+
+
+def test_16_bit_quantization_of_a_model_with_external_data(tmp_path):
+    """A model kept with external data is quantized with its weights beside it, and 16-bit
+    activations' headroom rescales its int32 biases: those were read without the file's folder and
+    quantize stopped with an internal error ("should be stored in quantized.onnx.data", exit 4;
+    a MiniLM from a PyPI wheel, saved as .onnx + .data). Now it runs to the gate's verdict."""
+    rng = np.random.default_rng(2)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+         onnx.helper.make_node("Relu", ["c"], ["y"], name="relu")], "wide_bias",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 4, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 512, 4, 4])],
+        [onnx.numpy_helper.from_array((rng.standard_normal((512, 8, 1, 1)) * 0.3).astype(np.float32), "w"),
+         onnx.numpy_helper.from_array(rng.standard_normal(512).astype(np.float32), "b")])
+    model = tmp_path / "ext" / "wide.onnx"
+    model.parent.mkdir()
+    onnx.save_model(models.make(graph), str(model), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="wide.onnx.data", size_threshold=0)
+    calib = write_samples(tmp_path / "calib", "x", (1, 8, 4, 4), 16)
+    (tmp_path / "out").mkdir()
+    result = invoke("quantize", model, "--static", "--calib", calib, "--activation-type", "uint16", "--weight-type", "int8",
+                    "-o", tmp_path / "out" / "q.onnx", "--json")
+    assert result.exit_code in (0, 1) and "internal error" not in result.stderr, result.stderr
+    if result.exit_code == 0:
+        session = ort.InferenceSession(str(tmp_path / "out" / "q.onnx"), providers=["CPUExecutionProvider"])
+        assert session.run(None, {"x": np.ones((1, 8, 4, 4), np.float32)})[0].shape == (1, 512, 4, 4)

@@ -274,7 +274,8 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
         scale_t, zero_t = inits[scale_name], inits[zero_name]
         if zero_t.data_type not in (TensorProto.UINT16, TensorProto.INT16) or scale_t.data_type != TensorProto.FLOAT:
             continue
-        scale, zero = onnx.numpy_helper.to_array(scale_t), onnx.numpy_helper.to_array(zero_t)
+        scale, zero = (onnx.numpy_helper.to_array(scale_t, base_dir=str(path.parent)),
+                       onnx.numpy_helper.to_array(zero_t, base_dir=str(path.parent)))
         if scale.size != 1 or zero.size != 1 or not float(scale.ravel()[0]) > 0:
             continue
         if any((maker := origin(name)) is not None and maker.op_type in BOUNDED_OUTPUT_OPS for name in quantized):
@@ -312,8 +313,10 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
         if len(factors) != 2 or factors == [1.0, 1.0]:
             continue
         bias_scale_t, bias_t = inits[node.input[1]], inits[node.input[0]]
-        bias_scale = onnx.numpy_helper.to_array(bias_scale_t).astype(np.float64)
-        values = onnx.numpy_helper.to_array(bias_t).astype(np.float64) * bias_scale  # the float bias it held
+        # a model with external data keeps its quantized biases there too (a MiniLM's LayerNorm bias:
+        # "should be stored in quantized.onnx.data": read beside the file; written back inline)
+        bias_scale = onnx.numpy_helper.to_array(bias_scale_t, base_dir=str(path.parent)).astype(np.float64)
+        values = onnx.numpy_helper.to_array(bias_t, base_dir=str(path.parent)).astype(np.float64) * bias_scale
         new_scale = bias_scale * factors[0] * factors[1]
         stored = np.clip(np.round(values / np.where(new_scale > 0, new_scale, 1.0)), -2**31, 2**31 - 1).astype(np.int32)
         bias_scale_t.CopyFrom(onnx.numpy_helper.from_array(new_scale.astype(np.float32), node.input[1]))

@@ -96,12 +96,13 @@ class WorkerState:
     def count_session(self, model: str) -> None:
         self.sessions_created[model if model.startswith("<") else os.path.abspath(model)] += 1  # "<memory>": bytes
 
-    def cached(self, base: tuple, outputs: set[str]) -> CachedSession | None:
+    def cached(self, base: tuple, outputs: set[str], exact: bool = False) -> CachedSession | None:
         """A session whose key starts with ``base`` (the model file and options; the last element of
-        a key is the extra outputs) and that exposes ``outputs``."""
+        a key is the extra outputs) and that exposes ``outputs`` (``exact``: those and no more)."""
         self._forget_missing()
         for key, entry in self.sessions.items():
-            if key[:-1] == base and outputs <= entry.extra_outputs | set(entry.graph_outputs):
+            if key[:-1] == base and (entry.extra_outputs == outputs if exact
+                                     else outputs <= entry.extra_outputs | set(entry.graph_outputs)):
                 self.sessions.move_to_end(key)
                 return entry
         return None

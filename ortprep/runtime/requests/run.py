@@ -77,7 +77,8 @@ class RunModel(Request):
             spec = SessionSpec(self.model, provider=self.providers[0], with_cpu=len(self.providers) > 1,
                                optimization=self.optimization, extra_outputs=tuple(self.extra_outputs))
             created_before = sum(state.sessions_created.values())
-            entry = build_session(state, spec) if self.model_bytes is None else self._from_bytes(state, spec)
+            entry = build_session(state, spec, exact=bool(self.latency_runs)) if self.model_bytes is None \
+                else self._from_bytes(state, spec)
             reply.cached_session = sum(state.sessions_created.values()) == created_before
             reply.session_seconds = time.perf_counter() - started
             session = entry.session

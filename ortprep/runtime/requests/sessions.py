@@ -195,13 +195,15 @@ def label_unnamed_nodes(model: bytes) -> bytes:
     return bytes(out)
 
 
-def build_session(state: WorkerState, spec: SessionSpec) -> CachedSession:
-    """A session for ``spec``: from the cache when an equal one was built, else a new one (counted)."""
+def build_session(state: WorkerState, spec: SessionSpec, exact: bool = False) -> CachedSession:
+    """A session for ``spec``: from the cache when an equal one was built, else a new one (counted).
+    ``exact``: only a session exposing exactly ``spec``'s outputs (a timed run: one exposing every
+    intermediate ran a 1 ms classifier about 9x slower, its outputs' buffers never reused)."""
     key = None if spec.profile_prefix or spec.verbose else spec.key()
     if key is not None:
         # A session exposing more outputs serves a request for fewer (the reference run with every
-        # intermediate also serves the plain runs of the same model).
-        entry = state.cached(key[:-1], set(spec.extra_outputs))
+        # intermediate also serves the plain runs of the same model), except where it is timed.
+        entry = state.cached(key[:-1], set(spec.extra_outputs), exact=exact)
         if entry is not None:
             return entry
     ort = state.ort

@@ -428,10 +428,11 @@ def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndar
 
 def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndarray]) -> tuple[float, float] | None:
     """(float ms, quantized ms): the medians of LATENCY_RUNS runs of each, twice, in turns (float,
-    quantized, float, quantized), so that both are timed under the same load. Timed minutes apart, an
-    FP16 model of openwakeword's mel front end came out at 0.19x and 0.41x the float model's time on
-    the same two files (an unseen-model sweep, beside another job); timed in turns, 1.04x. None where
-    a run fails."""
+    quantized, float, quantized), so that both are timed under the same load, each in a session that
+    exposes nothing more (RunModel: a timed run builds its own). An FP16 probe read 0.19x and 0.41x
+    the float model's time for openwakeword's mel front end, and 0.11x for PP-OCR's direction
+    classifier: the float model was timed in the session that had exposed its every intermediate
+    for FP16's scan (2-9x slower); measured directly, about 1.0x. None where a run fails."""
     times: dict[Path, list[float]] = {float_model: [], quant_model: []}
     for _ in range(2):
         for model in (float_model, quant_model):

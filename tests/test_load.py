@@ -379,3 +379,15 @@ def test_doctor_names_an_installable_package_per_gpu_library():
     assert "pip install 'nvidia-cublas-cu12'" in _gpu_library_fix("cublas", "libcublas.so.12", 12)
     assert "pip install 'tensorrt-cu13-libs==10.*'" in _gpu_library_fix("nvinfer", "libnvinfer.so.10", 13)
     assert "pip install" not in _gpu_library_fix("cudnn", "libcudnn.so.9", 11)  # no guess for an unknown major
+
+
+def test_made_up_token_inputs_attend_every_token():
+    """Inputs ortprep makes for a transformer: token ids small and random, the attention mask all
+    ones, token types all zeros. A MiniLM from a PyPI wheel fed a mask of 0..3 gave NaN, and every
+    transform of it was refused as if it had changed the model's results."""
+    from ortprep.runtime.feeds import InputSpec, random_feeds
+
+    specs = [InputSpec(name, np.dtype(np.int64), [1, 12]) for name in ("input_ids", "attention_mask", "token_type_ids")]
+    feeds = random_feeds(specs)
+    assert (feeds["attention_mask"] == 1).all() and (feeds["token_type_ids"] == 0).all()
+    assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < 4 and len(set(feeds["input_ids"].ravel())) > 1

@@ -97,7 +97,10 @@ def random_feeds(
     dims: dict[str, int] | None = None,
     other: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Seeded random inputs: normal floats, small non-negative integers (safe as indices), bools."""
+    """Seeded random inputs: normal floats, small non-negative integers (safe as indices), bools.
+    An integer input named as an attention mask is all ones (every token attended) and one named as
+    token types or segments all zeros: a MiniLM fed a mask of 0..3 gave NaN, and every transform
+    of it was refused as if it had changed the model's results (an unseen-model sweep)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
@@ -110,7 +113,13 @@ def random_feeds(
         if spec.dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 4, size=shape).astype(spec.dtype)
+            lowered = spec.name.lower()
+            if "mask" in lowered:
+                feeds[spec.name] = np.ones(shape, spec.dtype)
+            elif "token_type" in lowered or "segment" in lowered:
+                feeds[spec.name] = np.zeros(shape, spec.dtype)
+            else:
+                feeds[spec.name] = rng.integers(0, 4, size=shape).astype(spec.dtype)
         elif spec.dtype.kind == "b":
             feeds[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
         else:

@@ -391,3 +391,16 @@ def test_made_up_token_inputs_attend_every_token():
     feeds = random_feeds(specs)
     assert (feeds["attention_mask"] == 1).all() and (feeds["token_type_ids"] == 0).all()
     assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < 4 and len(set(feeds["input_ids"].ravel())) > 1
+
+
+def test_the_norm_rule_needs_more_than_one_value():
+    """A single value's norm ratio is its relative error, which the max abs diff already bounds: a
+    VAD's probability of 0.0305 computed as 0.0273 on QNN (within 0.01) was refused at norm ratio
+    0.89. Two or more values keep the rule: a pair scaled by half fails however small."""
+    from ortprep.runtime.tolerance import Tolerance, judge_output
+
+    rule = Tolerance(0.01, "0.01 of the output's scale 1 (float16 compute on qnn)")
+    one = judge_output("probability", np.array([0.0305], np.float32), np.array([0.0273], np.float32), rule)
+    assert one["within_tolerance"] is True and one["norm_ratio"] < 0.9
+    pair = judge_output("scores", np.array([0.004, 0.008], np.float32), np.array([0.002, 0.004], np.float32), rule)
+    assert pair["max_abs_diff"] < 0.01 and pair["within_tolerance"] is False

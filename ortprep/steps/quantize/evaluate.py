@@ -937,6 +937,10 @@ def _shortfall(judgement: Judgement, min_cosine: float) -> str:
     if not failing and apart:
         size = "" if apart["max_abs_diff"] is None else f"max abs diff {apart['max_abs_diff']:.4g}, "
         allowed = "" if apart["tolerance"] is None else f"allowed {apart['tolerance']:.4g}: "
+        if (apart.get("tolerance") is not None and apart.get("max_abs_diff") is not None
+                and apart["max_abs_diff"] <= apart["tolerance"] and apart.get("norm_ratio") is not None):
+            # within the max abs diff: the norm is what fails, and the words say so
+            size = f"norm ratio {apart['norm_ratio']:.4f}, outside the 1 ± {NORM_TOLERANCE:g} asked; max abs diff {apart['max_abs_diff']:.4g}, "
         return (f"output '{apart['name']}' computed otherwise than the CPU EP computes the same model, beyond what load "
                 f"and compile allow (held-back sample {apart['sample']}: {size}{allowed}{apart['tolerance_rule']}) though "
                 f"its cosine against the float model passes ({fmt_cosine(judgement.cosine)})")

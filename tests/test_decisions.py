@@ -62,6 +62,29 @@ def test_kinds_are_inferred_from_shape_values_and_the_op_that_makes_them():
     assert overridden["prob_map"].threshold == 0.3 and overridden["prob_map"].chosen_by == "--metric"
 
 
+def test_hidden_states_from_a_normalization_carry_no_class():
+    """A transformer's hidden states [1, T, 384] come out of a LayerNormalization, and their few
+    outlier dimensions lead every row (BERT-like models have them): read as an argmax per token,
+    FP16 at cosine 0.9999997 was refused (a MiniLM from a PyPI wheel). Made by a normalization, an
+    output has no decision unless its name says class scores; the same values made by a MatMul head
+    are still read."""
+    rng = np.random.default_rng(3)
+    hidden = rng.standard_normal((1, 12, 64)).astype(np.float32)
+    hidden[..., 7] += 12.0  # an outlier dimension: it leads every row by far more than CLASS_GAP
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["last_hidden_state"], axis=-1),
+             helper.make_node("LayerNormalization", ["x", "g", "b"], ["token_logits"], axis=-1),
+             helper.make_node("MatMul", ["x", "w"], ["head"])]
+    graph = helper.make_graph(
+        nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 12, 64]) for n in ("last_hidden_state", "token_logits", "head")],
+        [onnx.numpy_helper.from_array(np.ones(64, np.float32), "g"), onnx.numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+         onnx.numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inferred = infer_decisions(proto, [{"last_hidden_state": hidden, "token_logits": hidden, "head": hidden}])
+    assert "last_hidden_state" not in inferred
+    assert inferred["token_logits"].label() == "argmax" and inferred["head"].label() == "argmax"
+
+
 def test_parse_metric_refuses_what_is_not_a_metric():
     assert parse_metric("MAP:0.25") == Decision("map", 0.25, "--metric")
     for bad in ("f1", "top1:3", "map:1.5"):

@@ -230,6 +230,8 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
             continue
         shape = values[0].shape
         maker = _maker(proto, name)
+        if maker in _FEATURE_MAKERS and not _named_as_classes(name):
+            continue  # hidden states: no class is read from them (the cosine and the norm hold them)
         low = min(float(np.nanmin(v)) for v in values if v.size)
         high = max(float(np.nanmax(v)) for v in values if v.size)
         probability = 0.0 <= low and high <= 1.0
@@ -251,6 +253,14 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
                                        ranked=maker == "Sigmoid" and len(shape) == 2 and shape[-1] >= RANKED_MIN_CLASSES)
     return decisions
 
+
+# Ops whose output is a feature vector, never class scores: a transformer's hidden states end in a
+# normalization, and their few outlier dimensions (a known trait of BERT-like models) lead every
+# row by more than CLASS_GAP, so they were read as an argmax per token. Measured on a MiniLM and a
+# BERT-like masked-sequence model from PyPI wheels: FP16 at cosine 0.9999997 was refused on that
+# argmax (an unseen-model sweep).
+_FEATURE_MAKERS = ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+                   "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization")
 
 # Output names that say "class scores" (an exporter's or a framework's words): a raw [N, C] or
 # [N, T, C] output so named is read by its argmax, however close its classes are (an untrained or

@@ -920,3 +920,29 @@ def test_the_answer_line_is_the_real_sessions_where_it_is_proven(tmp_path):
     assert "every node runs on qnn" not in human
     total = target["proof"]["nodes_total"]
     assert f"{total - 1}/{total}" in human
+
+
+@needs_qnn
+def test_fallbacks_the_real_session_contradicts_are_dropped(tmp_path):
+    """A Reshape whose shape comes from a ReduceMax of the input's Shape: onnx's inference cannot
+    follow it, so the tables predict QNN002 ("no static shape") on the Reshape and the Relu and
+    'none'; ORT folds the shape (the input is static) and QNN takes both. With --prove the verdict
+    is the session's, and the QNN002 findings it contradicts go (akiki's GRU VAD listed 36 of them
+    beside a proof of every node on QNN)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("ReduceMax", ["s"], ["m"], keepdims=1, name="rmax"),
+             helper.make_node("Concat", ["head", "m"], ["shp"], axis=0, name="concat"),
+             helper.make_node("Reshape", ["x", "shp"], ["r"], name="reshape"), helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "folded_shape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])],
+                              [numpy_helper.from_array(np.array([1, 4], np.int64), "head")])
+    path = tmp_path / "folded.onnx"
+    onnx.save(models.make(graph), str(path))
+    predicted = invoke("check", path, "--ep", "qnn", "--json").json()
+    assert predicted["results"][0]["verdict"] == "none"
+    assert {f["node"] for f in predicted["findings"] if f["code"] == "QNN002"} == {"reshape", "relu"}
+    proven = invoke("check", path, "--ep", "qnn", "--prove", "--json").json()
+    assert proven["results"][0]["verdict"] == "full" and proven["results"][0]["proof"]["fallback_nodes"] == []
+    assert not {f["code"] for f in proven["findings"]} & {"QNN002", "EP007"}

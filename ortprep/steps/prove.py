@@ -27,6 +27,12 @@ from ortprep.runtime.targets import ep_runtime, session_options
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.reduce import find_fix, reduce_failure
 
+# Per-node findings, besides EP0xx, that predict a CPU fallback: where the real session put the
+# node on the EP they are contradicted and go (akiki's GRU VAD: 36 QNN002 "falls back" warnings
+# beside a proof of 34 of 34 nodes on QNN).
+NODE_FALLBACK_CODES = ("QNN002",)
+
+
 def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[str, Any], assignment: dict[str, str],
                        subgraphs: list[list], predicted_on_ep: set[str] | None = None
                        ) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
@@ -161,7 +167,7 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
         # the EP took, and the coverage finding of a target the EP takes whole. PRV001 names them.
         on_ep = {node for node, ep in assignment.items() if ep == spec.provider}
         result.findings = [f for f in result.findings if f.target != label or not (
-            (f.code.startswith("EP") and f.node in on_ep)
+            ((f.code.startswith("EP") or f.code in NODE_FALLBACK_CODES) and f.node in on_ep)
             or (f.code in ("EP006", "EP007") and comparison["actual_verdict"] == "full"))]
         if differing or comparison["actual_verdict"] != comparison["predicted_verdict"]:
             shown = ", ".join(node for node, _, _ in differing[:5]) + (", ..." if len(differing) > 5 else "")

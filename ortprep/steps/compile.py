@@ -5,6 +5,7 @@ its outputs compared with the source model's on the CPU EP before it is written.
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,16 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         if not status.get("ok"):
             what = {"compile": "compiling failed", "reload": "the compiled model does not load",
                     "run": "the compiled model does not run"}.get(status.get("stage"), "compile failed")
-            fix = (f"ortprep load MODEL --ep {spec.name} shows what the EP takes; a model the EP takes no node of "
-                   "cannot be compiled" if status.get("stage") == "compile" else
+            from ortprep.transforms.off_ep import OFF_EP_PREFIX
+
+            wrapped = [n.name for n in handle.graph.node if n.op_type == "If" and n.name.startswith(OFF_EP_PREFIX)]
+            fix = (f"{len(wrapped)} node(s) are kept off {spec.name} inside If nodes (quantize's or convert's "
+                   f"--keep-off-ep: {', '.join(wrapped[:3])}), where ORT's compile API can fail (INVALID_GRAPH, "
+                   "measured on a MiniLM's QNN model); ship the model as it is, which the EP compiles when the "
+                   f"session is created (ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what it takes)"
+                   if status.get("stage") == "compile" and wrapped else
+                   f"ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what the EP takes; a model the EP takes no "
+                   "node of cannot be compiled" if status.get("stage") == "compile" else
                    "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
                    "source model, which the EP compiles at load, or compile with another release of the EP")
             report.add(Finding.of("CMP001", f"{spec.name}: {what}: {status.get('error')}", ep=spec.name, fix=fix))

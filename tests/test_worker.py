@@ -278,11 +278,8 @@ def test_an_eps_exception_is_cleaned_of_cpp_signatures_and_source_locations():
         "QNN graph finalize failed: QNN_COMMON_ERROR_MEM_ALLOC"
 
 
-def test_a_session_asked_once_is_not_kept(tmp_path):
-    """FP16's intermediates are read a group at a time (transforms/verify.py: Intermediates); each
-    group's session is used once, and kept it would hold its arena (PP-PicoDet: the worker at 1.06
-    GB with them, 0.54 GB without). A ``once`` request's session is closed after its run, whether
-    the run succeeds or fails; the plain session stays."""
+def _two_nodes(tmp_path) -> Path:
+    """x -> Relu -> a -> Neg -> y: 'a' is an intermediate a request can expose."""
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")],
@@ -290,6 +287,15 @@ def test_a_session_asked_once_is_not_kept(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
     path = tmp_path / "two.onnx"
     onnx.save(models.make(graph), str(path))
+    return path
+
+
+def test_a_session_asked_once_is_not_kept(tmp_path):
+    """FP16's intermediates are read a group at a time (transforms/verify.py: Intermediates); each
+    group's session is used once, and kept it would hold its arena (PP-PicoDet: the worker at 1.06
+    GB with them, 0.54 GB without). A ``once`` request's session is closed after its run, whether
+    the run succeeds or fails; the plain session stays."""
+    path = _two_nodes(tmp_path)
     feeds = [{"x": np.ones((2, 4), np.float32)}]
     with workers_scope() as pool:
         assert call(RunModel(model=str(path), feeds=feeds)).ok
@@ -306,13 +312,7 @@ def test_a_timed_run_is_never_a_session_that_exposes_more(tmp_path):
     """A session exposing every intermediate serves plain runs of the same model, but not a timed
     one: its outputs' buffers are never reused, and a 1 ms classifier (PP-OCR's direction
     classifier) timed there ran 2-9x slower, which read as FP16 at 0.11x the float model's time."""
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")],
-                              "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
-    path = tmp_path / "two.onnx"
-    onnx.save(models.make(graph), str(path))
+    path = _two_nodes(tmp_path)
     feeds = [{"x": np.ones((2, 4), np.float32)}]
     with workers_scope() as pool:
         assert call(RunModel(model=str(path), feeds=feeds, extra_outputs=["a"])).ok

@@ -128,6 +128,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT024", "MatMuls of two 16-bit activations computed in FP16 for QNN's HTP", Severity.INFO),
         FindingKind("QNT025", "bias Adds after ConvTranspose folded into its bias for QNN's HTP", Severity.INFO),
         FindingKind("QNT026", "BatchNormalizations after Conv folded into it for QNN's HTP", Severity.INFO),
+        FindingKind("QNT027", "most of the result's weights stay float", Severity.WARNING),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

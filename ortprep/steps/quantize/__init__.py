@@ -38,6 +38,7 @@ from ortprep.steps.quantize.edits import (
     OUTPUT_HEADROOM_16,
     already_quantized,
     constants_to_initializers,
+    float_weighted,
     fold_batch_norms,
     fold_conv_transpose_bias,
     name_nodes,
@@ -382,6 +383,17 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         if stats["quantized_ops"] == 0:
             report.add(Finding.of("QNT002", "nothing was quantized: no op computes on quantized data",
                                   fix="check --exclude-op/--exclude-node, and that the model's weights are initializers"))
+        elif options.mode == "static":
+            kept_float, weighted = float_weighted(quantized)
+            if weighted >= 2 and 2 * len(kept_float) > weighted:
+                # a MiniLM's QNN result kept 17 of its 18 Gemm weights float and said nothing of it
+                report.add(Finding.of(
+                    "QNT027", f"most of the model's weights stay float: {len(kept_float)} of {weighted} MatMul/Gemm/Conv "
+                    f"node(s) keep float weights (" + ", ".join(kept_float[:6]) + (", ..." if len(kept_float) > 6 else "")
+                    + "): the result is a float model with some quantized parts, and the target computes those nodes in "
+                    "float (on an NPU: FP16, or on the CPU)",
+                    fix="see excluded_nodes for why they stayed float; where the search kept them, a wider precision "
+                        "(--auto) may quantize them; FP16 (ortprep convert MODEL --fp16) may be the format that fits"))
         if outcome.floored:
             channels = sum(f["channels"] for f in outcome.floored)
             shown = ", ".join(f"{f['node']} ({f['channels']}, down to 2^{np.log2(f['smallest']):.1f})" for f in outcome.floored[:4])

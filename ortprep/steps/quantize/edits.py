@@ -116,6 +116,25 @@ def already_quantized(proto: ModelProto) -> str | None:
     return f"{listed}; {weights} 8-bit (or smaller) integer weight tensor(s)"
 
 
+def float_weighted(proto: ModelProto) -> tuple[list[str], int]:
+    """(the top-level MatMul/Gemm/Conv nodes whose weight is still a float initializer, how many such
+    nodes have a weight at all): where most of a model's weights stayed float, the file is a float
+    model with a few Q/DQ pairs."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    dq_outputs = {out for node in proto.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    float_nodes, weighted = [], 0
+    for node in proto.graph.node:
+        if node.op_type not in ("MatMul", "Gemm", "Conv", "ConvTranspose") or len(node.input) < 2:
+            continue
+        weight = node.input[1]
+        if weight in dq_outputs:
+            weighted += 1
+        elif weight in inits and inits[weight].data_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            weighted += 1
+            float_nodes.append(node.name or node.output[0])
+    return float_nodes, weighted
+
+
 def quantization_stats(proto: ModelProto) -> dict[str, int]:
     """Ops computed on quantized data, and quantized weights, over all graphs."""
     dq_outputs = set()

@@ -206,3 +206,64 @@ def _rename_reads(graph: GraphProto, renamed: dict[str, str]) -> None:
         node.input[:] = [renamed.get(name, name) for name in node.input]
         for _, body in subgraphs_of(node):
             _rename_reads(body, renamed)
+
+
+# Initializers up to this size keep their values in the shape-inference skeleton (shape constants
+# a Reshape reads); larger ones keep their dims only, so that no weight is copied.
+_SKELETON_VALUES = 1024
+_FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def intermediate_bytes(proto, input_shapes: dict[str, list[int]] | None = None, names: list[str] | None = None,
+                       float_only: bool = False) -> dict[str, int | None]:
+    """Bytes of each top-level node output (``names``, default all, in graph order) for one sample
+    with the graph inputs set to ``input_shapes``, from onnx's shape inference (with data
+    propagation) on a skeleton of the graph: weights reduced to their dims, so none is read or
+    copied. None where a size is not known; 0 for a tensor that is not float where ``float_only``."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    graph = onnx.GraphProto(name=proto.graph.name)
+    graph.node.extend(proto.graph.node)
+    for value in proto.graph.input:
+        shape = (input_shapes or {}).get(value.name)
+        elem = value.type.tensor_type.elem_type if value.type.HasField("tensor_type") else 0
+        graph.input.append(helper.make_tensor_value_info(value.name, elem, [int(d) for d in shape])
+                           if shape is not None and elem else value)
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(tensor) <= _SKELETON_VALUES:
+            graph.initializer.append(tensor)
+        else:
+            graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
+    # onnx does not refine a graph output's declared type: each is read by an Identity that writes a
+    # new output, so that its size is inferred like the others'
+    for value in proto.graph.output:
+        graph.node.append(helper.make_node("Identity", [value.name], [value.name + "__sized"]))
+        graph.output.append(onnx.ValueInfoProto(name=value.name + "__sized"))
+    skeleton = helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
+    wanted = [out for node in proto.graph.node for out in node.output if out] if names is None else names
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
+    except Exception:  # noqa: BLE001 - no sizes known
+        return {name: None for name in wanted}
+    infos = {v.name: v for v in inferred.graph.value_info}
+    sizes: dict[str, int | None] = {}
+    for name in wanted:
+        info = infos.get(name)
+        if info is None or not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+            sizes[name] = None
+            continue
+        tensor = info.type.tensor_type
+        if float_only and tensor.elem_type not in _FLOAT_TYPES:
+            sizes[name] = 0
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            sizes[name] = None
+            continue
+        sizes[name] = None if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)) * itemsize
+    return sizes
+

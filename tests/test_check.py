@@ -726,7 +726,7 @@ def test_a_verdict_that_differs_with_no_node_placed_otherwise_names_the_absent_n
     analysis = ModelAnalysis(ModelHandle.open(SAMPLES / "cnn.onnx"))
     spec = resolve_ep("qnn")
     predicted, _ = check_target(analysis, (spec,))
-    on_ep = predicted_ep_nodes(analysis, spec)
+    on_ep = predicted_ep_nodes(analysis, predicted)
     assert on_ep and predicted["verdict"] in ("full", "partial")
     # the session: every node check placed on the EP is gone but one, which the CPU runs
     kept = sorted(on_ep)[0]

@@ -327,11 +327,13 @@ def _verdict(findings: list[Finding], nodes_placed: int, supported: int) -> str:
     return "partial"
 
 
-def predicted_ep_nodes(analysis: ModelAnalysis, spec: EpSpec) -> set[str]:
-    """The nodes check places on ``spec`` as a one-EP target (neither a CPU fallback nor folded by
-    ORT's optimizer): what a real session's placement is held against."""
-    assignment, _, _ = _assign(analysis, (spec,), {spec.name: support_table(spec.name)})
-    return {node.name for node, placed in zip(analysis.all_nodes(), assignment) if placed >= 0}
+def predicted_ep_nodes(analysis: ModelAnalysis, record: dict[str, Any]) -> set[str]:
+    """The nodes a one-EP target's ``record`` (check_target's) places on its EP: neither a CPU
+    fallback nor folded by ORT's optimizer; what a real session's placement is held against. Read
+    from the record, not predicted again."""
+    folded, fallback = folded_nodes(analysis), set(record["fallback_nodes"])
+    return {node.name for position, node in enumerate(analysis.all_nodes())
+            if position not in folded and node.name not in fallback}
 
 
 def check_target(analysis: ModelAnalysis, target: tuple[EpSpec, ...], ort_version: str | None = None,
@@ -544,7 +546,7 @@ class CheckStep(Step):
             from ortprep.steps.prove import prove_targets
 
             prove_targets(analysis, result, self.options, ctx.progress,
-                          ep_nodes=lambda spec: predicted_ep_nodes(analysis, spec))
+                          ep_nodes=lambda record: predicted_ep_nodes(analysis, record))
         if self.options.html is not None or self.options.graph:
             # What the placement page draws, as data: the renderer reads the report, not the model.
             result.data["graph"] = graph_view(model.graph)

@@ -28,7 +28,6 @@ from ortprep.transforms.common import (
     finish,
     make_feeds,
     reference_run,
-    reference_with_intermediates,
     report_unverifiable,
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
@@ -171,10 +170,8 @@ def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult
     """(the original's intermediates, its reference run), from its own file: the worker adds the
     outputs to the file's graph, so its weights are not serialized again here, and its session
     stays in the worker for later runs of that file. Where every intermediate fits one group
-    (transforms/verify.py: EXPOSED_BYTES), one run serves both. (A model held in memory only goes
-    through a temporary copy, as transforms.common does.)"""
-    if handle.path is None:
-        return reference_with_intermediates(handle.proto, feeds, report, metrics, seeded)
+    (transforms/verify.py: EXPOSED_BYTES), one run serves both. A model held in memory only is run
+    from memory (Intermediates, and _reference's reference_run)."""
     activations = Intermediates(handle.proto, feeds, path=handle.path)
     if not activations.single:
         # more than one group: the reference is a run of its own, and the groups run when read

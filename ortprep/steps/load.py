@@ -125,7 +125,7 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
 
     predicted, _ = check_target(analysis, (spec,), device=device)
     comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs,
-                                               predicted_ep_nodes(analysis, spec))
+                                               predicted_ep_nodes(analysis, predicted))
     findings = [Finding.of("LOD001", what, node=node, op_type=op_type, ep=spec.name,
                            fix="a gap in ortprep's table or rules for this EP: please report it with the model")
                 for node, op_type, what in differing]

@@ -95,7 +95,7 @@ def _kernel_partitions(analysis: ModelAnalysis, assignment: dict[str, str], prov
 
 def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOptions,
                   progress: ProgressCallback | None = None,
-                  ep_nodes: Callable[[EpSpec], set[str]] | None = None) -> None:
+                  ep_nodes: Callable[[dict[str, Any]], set[str]] | None = None) -> None:
     """Build each target's real session where its EP runs here and make its outcome the verdict
     (``results[].proof``, ``results[].predicted_verdict``); findings PRV001-PRV003. ``analysis`` is
     the one check predicted from. A session that is not created is reduced to its culprit nodes and
@@ -158,7 +158,7 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
         default = reply.placement.get("default", {})
         assignment, subgraphs = default.get("assignment", {}), default.get("subgraphs", [])
         comparison, differing = compare_prediction(analysis, spec, record, assignment, subgraphs,
-                                                   ep_nodes(spec) if ep_nodes else None)
+                                                   ep_nodes(record) if ep_nodes else None)
         proof.update(nodes_total=len(assignment), nodes_on_ep=sum(1 for ep in assignment.values() if ep == spec.provider),
                      fallback_nodes=sorted(node for node, ep in assignment.items() if ep != spec.provider),
                      comparison=comparison)

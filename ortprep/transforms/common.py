@@ -78,29 +78,6 @@ def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
     )
 
 
-def reference_with_intermediates(original: ModelProto, feeds: dict[str, np.ndarray], report: StepResult,
-                                 metrics: dict[str, str] | None = None, seeded: bool = False
-                                 ) -> tuple[RunOutcome | None, RunOutcome | None]:
-    """The original's intermediates (the FP16 activation scan reads them; transforms/verify.py:
-    Intermediates) and its reference run, one run for both where every intermediate fits one
-    group, or (None, None) when the original does not run (said as CNV007)."""
-    import dataclasses
-
-    from ortprep.transforms.verify import Intermediates
-
-    activations = Intermediates(original, feeds)
-    if not activations.single:
-        reference = reference_run(original, feeds, report, metrics, seeded)
-        return (activations if reference is not None else None), reference
-    _, full = next(activations.runs())
-    if not full.ok:
-        report_unverifiable(full, report)
-        return None, None
-    names = {v.name for v in original.graph.output}
-    reference = dataclasses.replace(full, outputs={k: v for k, v in full.outputs.items() if k in names})
-    return activations, expect(reference, original, metrics, seeded)
-
-
 def finish(
     report: StepResult,
     handle: ModelHandle,

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
+from ortprep.graphops import intermediate_bytes
 from ortprep.model import approx_serialized_bytes, iter_graphs
 from ortprep.runtime.compare import OutputDiff, compare_outputs, degenerate
 from ortprep.runtime.isolated import RunOutcome, run_isolated
@@ -259,51 +260,6 @@ def run_with_intermediates(proto: ModelProto, feeds: dict[str, np.ndarray], name
 # activations a sample) took 2.1 GB in the worker and 2.0 GB in ortprep's process for convert
 # --fp16, and quantize --auto's FP16 probe so peaked at 2.35 GB (bench/RESULTS.md).
 EXPOSED_BYTES = 128 * 2**20
-# Initializers up to this size keep their values in the shape-inference skeleton (shape constants
-# a Reshape reads); larger ones keep their dims only.
-_SKELETON_VALUES = 1024
-
-
-def intermediate_bytes(proto: ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, int | None]:
-    """Bytes of each of ``names`` (top-level node outputs) for one sample of ``feeds``' shapes, from
-    onnx's shape inference on a skeleton of the graph (weights reduced to their dims: no copy of
-    them is made); None where the size is not known."""
-    from onnx import helper
-
-    from ortprep.graphops import tensor_bytes
-
-    graph = onnx.GraphProto(name=proto.graph.name)
-    graph.node.extend(proto.graph.node)
-    graph.output.extend(proto.graph.output)
-    for value in proto.graph.input:
-        shape = np.shape(feeds[value.name]) if value.name in feeds else None
-        elem = value.type.tensor_type.elem_type
-        graph.input.append(helper.make_tensor_value_info(value.name, elem, list(shape)) if shape is not None and elem
-                           else value)
-    for tensor in proto.graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(tensor) <= _SKELETON_VALUES:
-            graph.initializer.append(tensor)
-        else:
-            graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
-    skeleton = helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
-    except Exception:  # noqa: BLE001 - no sizes known: every tensor counts as unknown
-        return {name: None for name in names}
-    sizes: dict[str, int | None] = {}
-    for value in inferred.graph.value_info:
-        kind = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim]
-        if not kind.HasField("shape") or any(d is None for d in dims):
-            continue
-        try:
-            itemsize = helper.tensor_dtype_to_np_dtype(kind.elem_type).itemsize
-        except (KeyError, TypeError, ValueError):
-            continue
-        sizes[value.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
-    return {name: sizes.get(name) for name in names}
-
-
 def exposure_groups(names: list[str], sizes: dict[str, int | None], budget: int | None = None,
                     scale: int = 1, none_known: str = "one group") -> list[list[str]]:
     """``names`` in graph order, in groups of at most ``budget`` bytes (EXPOSED_BYTES), each size
@@ -343,7 +299,7 @@ class Intermediates:
         self.proto, self.path = proto, path
         self.feeds = cast_feeds(feeds, proto)  # in the dtypes the model declares now
         self.names = float_intermediates(proto) if names is None else names
-        sizes = intermediate_bytes(proto, self.feeds, self.names)
+        sizes = intermediate_bytes(proto, {name: list(np.shape(value)) for name, value in self.feeds.items()}, self.names)
         if any(sizes.values()):  # an activation of unknown size counts as at least the largest input
             sizes.update({f"<input {name}>": int(np.asarray(value).nbytes) for name, value in self.feeds.items()})
         self.groups = exposure_groups(self.names, sizes, budget) or [[]]

@@ -203,9 +203,6 @@ ACTIVATION_BUDGET = 512 * 2**20
 MAX_STRIDE = 8
 
 
-_ELEMENT_BYTES = {1: 4, 10: 2, 11: 8, 16: 2}  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
-
-
 def activation_bytes(model: Path, input_shapes: dict[str, list[int]] | None = None) -> int | None:
     """Bytes of every float intermediate tensor of one sample, from the shapes the graph holds
     (after ORT's pre-processing, its shape inference), with the graph inputs set to
@@ -222,40 +219,9 @@ def tensor_bytes(model: Path, input_shapes: dict[str, list[int]] | None = None) 
     tensors that are not float, None where the size is not known. As :func:`activation_bytes`."""
     import onnx
 
-    proto = onnx.load(str(model), load_external_data=False)
-    for value in proto.graph.input:
-        shape = (input_shapes or {}).get(value.name)
-        if shape is not None and value.type.HasField("tensor_type"):
-            dims = value.type.tensor_type.shape.dim
-            del dims[:]
-            for size in shape:
-                dims.add().dim_value = int(size)
-    del proto.graph.value_info[:]  # inferred again from the inputs' sizes
-    # onnx does not refine a graph output's declared type: each becomes an intermediate (read by an
-    # Identity that writes the output), so that its size is inferred like the others'
-    counted = [name for node in proto.graph.node for name in node.output if name]
-    for value in list(proto.graph.output):
-        proto.graph.node.add().CopyFrom(onnx.helper.make_node("Identity", [value.name], [value.name + "__sized"]))
-        value.name += "__sized"
-        value.type.tensor_type.ClearField("shape")
-    try:
-        proto = onnx.shape_inference.infer_shapes(proto)
-    except Exception:  # noqa: BLE001 - the shapes the model holds are what there is
-        pass
-    infos = {v.name: v for v in proto.graph.value_info}
-    sizes: dict[str, int | None] = {}
-    for name in counted:
-        info = infos.get(name)
-        if info is None or not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
-            sizes[name] = None
-            continue
-        tensor = info.type.tensor_type
-        if tensor.elem_type not in _ELEMENT_BYTES:
-            sizes[name] = 0
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        sizes[name] = None if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)) * _ELEMENT_BYTES[tensor.elem_type]
-    return sizes
+    from ortprep.graphops import intermediate_bytes
+
+    return intermediate_bytes(onnx.load(str(model), load_external_data=False), input_shapes, float_only=True)
 
 
 _ACTIVATION_BYTES: dict[tuple, int | None] = {}

@@ -446,7 +446,7 @@ def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndar
 def measure_latency(evaluation: Evaluation, float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]]) -> None:
     """Time ``quant_model`` against the float model (paired_latency) where its evaluation did not,
     and set the evaluation's latency figures."""
-    if evaluation.quant_latency_ms is not None or evaluation.float_latency_ms is None or not feeds:
+    if evaluation.quant_latency_ms is not None or not feeds:
         return
     paired = paired_latency(float_model, quant_model, feeds[0])
     if paired is not None:
@@ -476,7 +476,7 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     failing there fails the evaluation."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
-        cache["evaluation"] = _run_model(float_model, feeds, latency_runs=LATENCY_RUNS)
+        cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
     reference = cache["evaluation"]
     candidate = _run_model(quant_model, feeds)  # timed below, in turns with the float model
     record = target.record() if target is not None else None
@@ -521,10 +521,9 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
     if confirm_feeds is not None and cpu.passed and (on_ep is None or on_ep.passed):
         confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
                                reference.samples, candidate.samples)
-    float_ms = statistics.median(reference.latency_ms) if reference.latency_ms else None
-    quant_ms = None
+    float_ms = quant_ms = None
     if latency_runs and feeds:
-        # the float model's time in the cache may be minutes old: both are timed again in turns
+        # both in turns, in the same minute (the reference run above is not timed)
         paired = paired_latency(float_model, quant_model, feeds[0])
         if paired is not None:
             float_ms, quant_ms = paired

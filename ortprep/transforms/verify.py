@@ -157,7 +157,8 @@ def describe_decision(record: dict) -> str:
     from ortprep.runtime.decisions import REQUIRED
 
     kind = (f"{record['kind']}:{record['threshold']:g}" if record["kind"] in ("map", "detect")
-            else f"ctc:{record['blank']}" if record["kind"] == "ctc" and record.get("blank") else record["kind"])
+            else f"ctc:{record['blank']}" if record["kind"] == "ctc" and record.get("blank")
+            else f"dfl:{record['bins']}" if record["kind"] == "dfl" and record.get("bins") else record["kind"])
     parts = []
     if record.get("agreement") is not None:
         parts.append(f"{record['agreement']:.4f} on the samples")
@@ -168,6 +169,8 @@ def describe_decision(record: dict) -> str:
     if record.get("sequence_agreement") is not None:
         parts.append(f"whole sequences {record['sequence_agreement']:.4f}")
     required = REQUIRED.get(record["kind"])
+    if record.get("error") and record.get("agreement") is None:
+        return f"'{record['name']}' ({kind}) cannot be read so: {record['error']}"
     text = f"'{record['name']}' ({kind}) agrees {', '.join(parts) or 'on nothing comparable'}"
     ranking = record.get("ranking") or {}
     if ranking.get("passed") is False and (required is None or (record.get("agreement") or 0.0) >= required):
@@ -188,6 +191,9 @@ def describe_decision(record: dict) -> str:
         return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} "
                 f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on unseen "
                 f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")
+    if record["kind"] == "dfl" and (record.get("largest_move_bins") or 0.0) > record.get("limit_bins", float("inf")):
+        return text + (f"; but a box side moves {record['largest_move_bins']:.2f} bins, past the "
+                       f"{record['limit_bins']:g} allowed")
     regions = record.get("region_agreement")
     if regions is not None and regions < record.get("required_regions", 0.0):
         # the map's elements agree but its regions' boxes move: say that, not the F1

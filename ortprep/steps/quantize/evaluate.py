@@ -412,7 +412,7 @@ def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndar
     """The float model's decided outputs on the samples ``feeds()`` reads (capped at MARGIN_SAMPLES
     and MARGIN_BYTES), for their margins; nothing when no output has a gated decision (then no
     sample is read) or the run fails."""
-    names = [name for name, d in decisions.items() if d.gated and d.kind != "cosine"]
+    names = [name for name, d in decisions.items() if d.gated and d.kind not in ("cosine", "dfl")]  # (dfl: no margins)
     if feeds is None or not names or not reference:
         return []
     feeds = feeds()
@@ -870,7 +870,9 @@ def _decision_text(decision: dict) -> str:
     what = {"top1": "its top-1 class agrees with the float model's on", "argmax": "its argmax per position agrees on",
             "ctc": "its decoded strings (greedy CTC) equal the float model's on",
             "map": f"its map above {decision.get('threshold')} matches the float model's with F1",
-            "detect": f"its detections (class scores above {decision.get('threshold')}) match the float model's with F1"
+            "detect": f"its detections (class scores above {decision.get('threshold')}) match the float model's with F1",
+            "dfl": f"its box sides (decoded as DFL distances) stay within {decision.get('slack_bins')} bins of the float "
+                   "model's on"
             }[decision["kind"]]
     share, expected, required = decision["agreement"], decision.get("expected_agreement"), decision.get("required")
     if share is None:
@@ -922,6 +924,9 @@ def _decision_text(decision: dict) -> str:
                    if decision.get("regions") is not None else "")
         return (text + f"; but its regions above {decision.get('region_level'):g} keep their bounding box on only "
                 f"{regions:.1%}{counted} (the gate asks {needed:.0%}: a box one pixel off is another crop)")
+    largest, limit = decision.get("largest_move_bins"), decision.get("limit_bins")
+    if decision["kind"] == "dfl" and largest is not None and limit is not None and largest > limit:
+        return text + f"; but a side moves {largest:.2f} bins, past the {limit:g} allowed (a whole bin is another box)"
     if required and share is not None and share >= required and expected is not None and expected < required:
         # the samples agreed, their margins say unseen ones will not
         text += (f" on these samples, but only about {expected:.1%} to expect on unseen ones: the float model's "

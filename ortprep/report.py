@@ -192,3 +192,20 @@ def placement_of(run: dict[str, Any]) -> dict[str, Any] | None:
     """The check result of a pair record's target (its placement), or None when no check ran."""
     check = step_report(run.get("steps", []), "check")
     return next((r for r in (check or {}).get("results", []) if r.get("ep") == run["ep"]), None)
+
+
+def proven_placement(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures a target's row and answer show: the real session's where check --prove built
+    it (its nodes on the EP, partitions and CPU nodes; the tensor copies are check's count and are
+    shown only where the session's partitions and verdict are check's), else check's prediction."""
+    proof = result.get("proof") or {}
+    comparison = proof.get("comparison") or {}
+    if proof.get("status") == "created" and proof.get("nodes_total") is not None and comparison:
+        partitions = comparison.get("actual_partitions")
+        return {"proven": True, "on_ep": proof["nodes_on_ep"], "nodes": proof["nodes_total"],
+                "share": proof["nodes_on_ep"] / proof["nodes_total"] if proof["nodes_total"] else None,
+                "partitions": partitions, "fallbacks": len(proof.get("fallback_nodes") or []),
+                "copies": result["copies"] if partitions == result["partitions"]
+                and comparison.get("actual_verdict") == comparison.get("predicted_verdict") else None}
+    return {"proven": False, "on_ep": result["supported_nodes"], "nodes": result["nodes"], "share": result["node_share"],
+            "partitions": result["partitions"], "fallbacks": len(result["fallback_nodes"]), "copies": result["copies"]}

@@ -79,10 +79,11 @@ def test_tables_at_80_columns_keep_every_header_word_whole(report):
 
 
 def test_the_answer_and_the_row_are_the_real_sessions_where_proven():
-    """placement() and answer() read the proof where check --prove built the session: its nodes on
+    """proven_placement() and answer() read the proof where check --prove built the session: its nodes on
     the EP, partitions and CPU nodes; copies only where partitions and verdict agree with check's.
     Without a proof (or one not created) they are the prediction."""
-    from ortprep.render.console import answer, placement
+    from ortprep.render.console import answer
+    from ortprep.report import proven_placement as placement
 
     predicted = {"ep": "qnn", "nodes": 20, "supported_nodes": 20, "node_share": 1.0, "partitions": 1, "copies": 2,
                  "fallback_nodes": [], "verdict": "full"}

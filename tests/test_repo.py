@@ -466,3 +466,26 @@ def test_a_target_can_prove_its_verdicts(tmp_path):
     (folder / "ortprep.toml").write_text(text.replace("prove = true", "prove = 1"))
     bad = invoke("run", folder)
     assert bad.exit_code == 2 and "targets.npu.prove: must be true or false" in bad.stderr
+
+
+def test_the_check_page_shows_the_real_sessions_placement_where_it_was_proven(tmp_path):
+    """check --prove: the page's summary is the real session's (verdict, nodes on the EP, marked
+    so), check's prediction beside it, and the nodes drawn with the session's placement; a session
+    that is not created is said with the EP's words (the console's row and answer do the same)."""
+    import ortprep
+    from ortprep.render.html import target_from_check
+
+    page = tmp_path / "page.html"
+    result = ortprep.run_step("check", SAMPLES / "cnn.onnx", eps=["cpu"], prove=True, html=page)
+    text = page.read_text()
+    record = result.data["results"][0]
+    assert record["proof"]["status"] == "created"
+    target = page_data(text)["targets"][0]
+    assert target["actual"] is not None and set(target["actual"].values()) == {"ep"}
+    assert "full (the real session)" in text and "check predicted" in text
+    # the same record, its session not created: the verdict is the session's, the EP's words shown
+    failed = {**record, "verdict": "none", "proof": {"status": "failed", "message": "QNN graph finalize failed"}}
+    view = {"nodes": [{"name": n["name"]} for n in page_data(text)["graph"]["nodes"]]}
+    summary = target_from_check(view, "cnn", failed, [])["summary"]
+    assert summary["verdict"] == "none" and summary["real session"] == "failed: QNN graph finalize failed"
+    assert summary["check predicted"].startswith(f"{record['predicted_verdict']}, ")

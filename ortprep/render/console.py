@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortprep.findings import CATALOGUE
+from ortprep.report import proven_placement
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -152,28 +153,11 @@ def _percent(share: float | None) -> str:
 VERDICT_STYLE = {"full": "green", "partial": "yellow", "none": "red"}
 
 
-def placement(result: dict[str, Any]) -> dict[str, Any]:
-    """The figures a target's row and answer show: the real session's where check --prove built
-    it (its nodes on the EP, partitions and CPU nodes; the tensor copies are check's count and are
-    shown only where the session's partitions and verdict are check's), else check's prediction."""
-    proof = result.get("proof") or {}
-    comparison = proof.get("comparison") or {}
-    if proof.get("status") == "created" and proof.get("nodes_total") is not None and comparison:
-        partitions = comparison.get("actual_partitions")
-        return {"proven": True, "on_ep": proof["nodes_on_ep"], "nodes": proof["nodes_total"],
-                "share": proof["nodes_on_ep"] / proof["nodes_total"] if proof["nodes_total"] else None,
-                "partitions": partitions, "fallbacks": len(proof.get("fallback_nodes") or []),
-                "copies": result["copies"] if partitions == result["partitions"]
-                and comparison.get("actual_verdict") == comparison.get("predicted_verdict") else None}
-    return {"proven": False, "on_ep": result["supported_nodes"], "nodes": result["nodes"], "share": result["node_share"],
-            "partitions": result["partitions"], "fallbacks": len(result["fallback_nodes"]), "copies": result["copies"]}
-
-
 def answer(result: dict[str, Any], findings: list[dict[str, Any]]) -> str:
     """One line: will the model run on this target, and why not (the real session's placement
     where it was proven)."""
     blocking = sorted({f["code"] for f in findings if f["severity"] == "error"})
-    placed = placement(result)
+    placed = proven_placement(result)
     fallbacks = placed["fallbacks"]
     fused = ""
     if "fused_nodes" in result:
@@ -201,7 +185,7 @@ def render_check(record: dict[str, Any], console: Console) -> None:
     for result in record["results"]:
         style = VERDICT_STYLE.get(result["verdict"], "")
         findings = [f for f in record["findings"] if f.get("target") == result["ep"]]
-        placed = placement(result)
+        placed = proven_placement(result)
         summary.add_row(
             result["ep"],
             f"{placed['on_ep']}/{placed['nodes']} ({_percent(placed['share'])})",

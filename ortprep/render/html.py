@@ -31,7 +31,7 @@ from importlib import resources
 from typing import Any
 
 from ortprep.render.run_page import page_name, run_page
-from ortprep.report import placement_of, step_report
+from ortprep.report import placement_of, proven_placement, step_report
 
 PALETTE = ["#15803d", "#1d4ed8", "#7e22ce", "#0f766e", "#a16207", "#be185d", "#4338ca", "#065f46"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -396,12 +396,26 @@ def target_from_check(view: dict[str, Any], name: str, result: dict[str, Any], f
     fallback = set(result.get("fallback_nodes") or [])
     placement = {n: ("cpu" if n in fallback else "ep") for n in names}
     actual = None
+    proof = result.get("proof") or {}
     if load is not None and load.get("status") in ("ok", "fallback") and load.get("fallback_nodes") is not None:
         on_cpu = set(load.get("fallback_nodes") or [])
         actual = {n: ("cpu" if n in on_cpu else "ep") for n in names}
-    summary = {"verdict": result.get("verdict"), "nodes on the EP": f"{result.get('supported_nodes')}/{result.get('nodes')}",
-               "partitions": result.get("partitions"), "copies per run": result.get("copies"),
+    elif proof.get("status") == "created" and proof.get("fallback_nodes") is not None:
+        on_cpu = set(proof["fallback_nodes"])  # check --prove: the real session's placement
+        actual = {n: ("cpu" if n in on_cpu else "ep") for n in names}
+    placed = proven_placement(result) if result.get("nodes") is not None else {"proven": False}
+    real = " (the real session)" if placed["proven"] else ""
+    summary = {"verdict": f"{result.get('verdict')}{real}",
+               "nodes on the EP": (f"{placed['on_ep']}/{placed['nodes']}{real}" if placed["proven"]
+                                   else f"{result.get('supported_nodes')}/{result.get('nodes')}"),
+               "partitions": placed["partitions"] if placed["proven"] else result.get("partitions"),
+               "copies per run": placed["copies"] if placed["proven"] else result.get("copies"),
                "MACs on the EP": f"{result['mac_share']:.1%}" if result.get("mac_share") is not None else "-"}
+    if "predicted_verdict" in result and proof.get("status") not in (None, "unavailable", "not proven"):
+        summary["check predicted"] = (f"{result['predicted_verdict']}, {result.get('supported_nodes')}/{result.get('nodes')} "
+                                      f"nodes, {result.get('partitions')} partition(s)")
+        if proof.get("status") != "created":
+            summary["real session"] = f"{proof.get('status')}: {str(proof.get('message') or '')[:300]}"
     if load is not None:
         summary["load"] = load.get("status")
     return {"name": name, "ep": result["ep"], "placement": placement, "actual": actual, "summary": summary,

@@ -404,3 +404,17 @@ def test_the_norm_rule_needs_more_than_one_value():
     assert one["within_tolerance"] is True and one["norm_ratio"] < 0.9
     pair = judge_output("scores", np.array([0.004, 0.008], np.float32), np.array([0.002, 0.004], np.float32), rule)
     assert pair["max_abs_diff"] < 0.01 and pair["within_tolerance"] is False
+
+
+def test_load_reference_takes_an_fp16_models_float16_inputs(tmp_path):
+    """load --reference with a model made by convert --fp16 --fp16-io: the float model gets the
+    same inputs cast to its float32, so the three-way comparison is made (it failed with
+    "Unexpected input data type" before)."""
+    fp16 = tmp_path / "cnn16.onnx"
+    assert invoke("convert", SAMPLES / "cnn.onnx", "--fp16", "--fp16-io", "-o", fp16).exit_code == 0
+    result = invoke("load", fp16, "--reference", SAMPLES / "cnn.onnx", "--ep", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert not [f for f in record["findings"] if f["code"] == "LOD004"]
+    cpu = record["results"][0]
+    assert cpu["three_way"]["quantization"]["cosine"] > 0.999

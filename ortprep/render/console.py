@@ -414,7 +414,7 @@ def render_load(record: dict[str, Any], console: Console) -> None:
         three = result.get("three_way")
         if three:
             parts = []
-            for key, label in (("quantization", "quantization (CPU: model vs float)"), ("ep", "EP error (EP vs CPU)"),
+            for key, label in (("quantization", "precision (CPU: this model vs float)"), ("ep", "EP error (EP vs CPU)"),
                                ("total", "total (EP vs float)")):
                 pair = three.get(key)
                 if pair:

@@ -380,12 +380,27 @@ def _float_reference(options: LoadOptions, feeds: dict[str, np.ndarray], report:
     """The float model's outputs on the CPU EP, for the three-way comparison."""
     if options.reference is None:
         return None
+    feeds = reference_feeds(Path(options.reference), feeds)
     outcome = run_isolated(Path(options.reference), feeds)
     if not outcome.ok:
         report.add(Finding.of("LOD004", f"the reference model does not run on the CPU EP ({outcome.message})",
                               fix="pass the float model the tested one came from, with the same inputs"))
         return None
     return outcome.outputs
+
+
+def reference_feeds(reference: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` as the float model the tested one came from takes them: a float input of another
+    width (an FP16 model with float16 inputs, made by convert --fp16-io) cast to the reference's
+    float type; anything else as it is (a reference that takes other inputs then says so)."""
+    import onnx
+
+    try:
+        wanted = {spec.name: spec.dtype for spec in input_specs(onnx.load(str(reference), load_external_data=False))}
+    except Exception:  # noqa: BLE001 - an unreadable reference is reported by its run
+        return feeds
+    return {name: value.astype(wanted[name]) if wanted.get(name) is not None and value.dtype.kind == "f"
+            and wanted[name].kind == "f" and value.dtype != wanted[name] else value for name, value in feeds.items()}
 
 
 def _pair(reference: dict | None, candidate: dict | None) -> dict[str, Any] | None:

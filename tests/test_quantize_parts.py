@@ -522,6 +522,18 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
                                                      "ranked below the noise floor (pass 1): worst 1 tensor(s), 1 node(s)"]
     short = Search(proto, attempt, lambda trial, kept: [], **common).run(Trial("baseline", [], 0.9935, False, 100))
     assert short.stopped == "no quantized tensor left adds measurable error" and short.best.cosine == pytest.approx(0.994)
+    # the same search where the CPU EP passes and the target EP fails: the stop says the ranking's
+    # noise is the CPU's, where nothing is left to find, and the error is the EP's
+
+    def on_ep(kept: list[str], label: str) -> Trial:
+        trial = attempt(kept, label)
+        trial.sides = {"judged_on": ["cpu", "qnn"], "cpu": {"ep": "cpu", "passed": True}, "ep": {"ep": "qnn", "passed": False}}
+        trial.passed = False
+        return trial
+
+    ep_only = Search(proto, on_ep, lambda trial, kept: [], **common).run(on_ep([], "baseline"))
+    assert ep_only.stopped == ("no quantized tensor left adds measurable error on the CPU EP, where it passes; what "
+                               "fails is qnn's own error, which that ranking does not see")
 
 
 def test_search_reads_decisions_where_the_cosine_cannot_show_progress():

@@ -385,6 +385,11 @@ class Search:
         float budget or the trial limit is reached, or no node introduces measurable error. Returns
         the best trial and why the search stopped."""
         stopped = why or "no quantized tensor left adds measurable error"
+        sides = current.sides or {}
+        if why is None and (sides.get("cpu") or {}).get("passed") and (sides.get("ep") or {}).get("passed") is False:
+            # the ranking measures activation noise on the CPU EP, where this model already passes
+            stopped += (f" on the CPU EP, where it passes; what fails is {sides['ep'].get('ep') or 'the target EP'}'s own "
+                        "error, which that ranking does not see")
         if self.blame is None:
             return current, stopped
         count, rounds = self.FIRST_BLAMED, 0

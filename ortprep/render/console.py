@@ -323,10 +323,15 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
                       f"{' (symmetric)' if weight_only['symmetric'] else ''}, activations float ({weight_only['op']}), "
                       f"for {preset['ep']}")
     else:
-        console.print(
-            f"{record['mode']} {record['format']}: activations {preset['activation_type']}, weights {preset['weight_type']}"
-            f"{' per channel' if preset['per_channel'] else ''}, preset {preset['ep']} ({escape(preset['reason'])})"
-        )
+        per_channel = " per channel" if preset["per_channel"] else ""
+        if record["mode"] == "dynamic":
+            # dynamic: integer ops (MatMulInteger, ConvInteger) quantize their activations at run time;
+            # the preset's reason speaks of static QDQ models
+            console.print(f"dynamic int8: weights {preset['weight_type']}{per_channel}, activations quantized to "
+                          f"{preset['activation_type']} at run time ({record['format']} form), preset {preset['ep']}")
+        else:
+            console.print(f"static {record['format']}: activations {preset['activation_type']}, weights "
+                          f"{preset['weight_type']}{per_channel}, preset {preset['ep']} ({escape(preset['reason'])})")
     calibration = record["calibration"]
     if calibration["source"] and record["mode"] == "static":
         console.print(f"calibration: {calibration['samples']} samples from {escape(calibration['source'])} ({calibration['kind']}), method {preset['method']}")

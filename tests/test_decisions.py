@@ -804,3 +804,14 @@ def test_dfl_reads_a_box_heads_decoded_distances():
     assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"]
     assert "the decision (dfl) agrees" in held["tolerance_rule"]
     assert not judge_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy})[0]["within_tolerance"]
+
+
+def test_a_refusal_on_a_box_heads_logits_hints_at_dfl():
+    """dfl is never inferred; a refusal on an output of a DFL head's form names the metric (once a
+    metric is given for it, or for a form that is not one, nothing is said)."""
+    from ortprep.runtime.decisions import dfl_hint
+
+    assert "--metric boxes=dfl" in dfl_hint("boxes", (1, 7600, 32)) and "8 bins" in dfl_hint("boxes", (1, 7600, 32))
+    assert "16 bins" in dfl_hint("reg", (1, 64, 2100))
+    assert dfl_hint("boxes", (1, 7600, 32), {"boxes": "cosine"}) == ""
+    assert dfl_hint("logits", (1, 10)) == "" and dfl_hint("map", (1, 3, 640, 640)) == ""

@@ -875,6 +875,21 @@ def dfl_distances(value: np.ndarray, bins: int | None = None) -> np.ndarray | No
     return weights @ np.arange(per_side, dtype=np.float64)
 
 
+def dfl_hint(name: str, shape: tuple[int, ...], metrics: dict[str, str] | None = None) -> str:
+    """A refusal's hint where an output has the form of a DFL box head (an axis of 4 x bins
+    values, 4 to 32 bins, smaller than the axis of positions beside it) and no --metric was given
+    for it: its logits are not what an application reads. Only a hint: ``dfl`` is never inferred
+    (a 32-channel feature map has the same form)."""
+    if (metrics or {}).get(name) or len(shape) < 2:
+        return ""
+    for axis, other in ((-1, -2), (-2, -1)):
+        size = shape[axis]
+        if size % 4 == 0 and 4 <= size // 4 <= 32 and shape[other] > size:
+            return (f"; if '{name}' is a DFL box head (4 sides x {size // 4} bins, decoded by a softmax), "
+                    f"--metric {name}=dfl judges the distances its application decodes")
+    return ""
+
+
 def _judge_dfl(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, Any]:
     """``dfl[:BINS]``: each box side's decoded distance (:func:`dfl_distances`), pooled over the
     samples: the share within DFL_SLACK bins of the float model's reaches REQUIRED["dfl"], and no

@@ -20,6 +20,7 @@ from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import limited_words, run_within
+from ortprep.runtime.decisions import dfl_hint
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
@@ -158,7 +159,9 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
                      "fail)" if sample else "")
             report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
                                   f"on the CPU EP beyond tolerance{where}{detail}", ep=spec.name,
-                                  fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"))
+                                  fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"
+                                  + (dfl_hint(worst["name"], tuple(np.shape(reply.reference[worst["name"]])), options.metrics)
+                                     if worst and status.get("ok") and worst["name"] in reply.reference else "")))
         if (data.get("eval") or {}).get("limited"):
             report.add(Finding.of("CMP004", f"{spec.name}: --eval judged {limited_words(data['eval']['limited'])}",
                                   ep=spec.name, fix="--ep-seconds N judges more of them; on the device one run takes "

@@ -22,6 +22,7 @@ from ortprep.graphops import has_unnamed_nodes
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
+from ortprep.runtime.decisions import dfl_hint
 from ortprep.model import ModelHandle
 from ortprep.options import LoadOptions
 from ortprep.report import StepResult
@@ -357,7 +358,9 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
             fix=("an op with a fixed output encoding on the EP (QNN: Sigmoid, Tanh, Softmax) before a graph-output "
                  "DequantizeLinear whose scale is calibrated; quantize with the EP's encodings, or keep that op in float "
                  "(ortprep quantize MODEL --exclude-nodes NAME)") if scaled
-            else "compare per output with --json; check precision settings of the EP"))
+            else "compare per output with --json; check precision settings of the EP"
+            + (dfl_hint(failing[0]["name"], tuple(np.shape(reference[failing[0]["name"]])), options.metrics)
+               if failing and failing[0]["name"] in (reference or {}) else "")))
     if record["nonfinite_outputs"]:
         report.add(Finding.of("LOD007", f"{name}: NaN or Inf in outputs {', '.join(record['nonfinite_outputs'])}", ep=name,
                               fix="check the inputs (--inputs) and FP16 overflow (ortprep convert --fp16 reports it)"))

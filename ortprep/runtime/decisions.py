@@ -909,10 +909,11 @@ def _judge_dfl(decision: Decision, reference: list[np.ndarray], candidate: list[
         record["passed"] = False if decision.gated else None
         return record
     every = np.concatenate(moved)
-    agreed = float(np.mean(every <= DFL_SLACK))
-    largest = float(every.max()) if every.size else 0.0
+    finite = np.isfinite(every)  # a NaN side is a side moved
+    agreed = float(np.mean(finite & (every <= DFL_SLACK))) if every.size else 1.0
+    largest = float(every[finite].max()) if finite.any() else None
     record.update(agreement=agreed, sides=int(every.size), largest_move_bins=largest)
-    passed = agreed >= REQUIRED["dfl"] and largest <= DFL_LIMIT
+    passed = agreed >= REQUIRED["dfl"] and bool(finite.all()) and (largest is None or largest <= DFL_LIMIT)
     record["passed"] = passed if decision.gated else None
     return record
 

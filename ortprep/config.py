@@ -179,8 +179,11 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> tuple[list[StepEntry], Pa
     base = path.parent.resolve()
     unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
+        near = sorted({key for key in REPO_KEYS if any(u.rstrip("s") == key.rstrip("s") for u in unknown)} - set(TOP_LEVEL_KEYS))
         raise UsageError(f"{path.name}: unknown top-level key(s) {', '.join(unknown)}",
-                         hint=f"valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+                         hint=f"valid keys: {', '.join(TOP_LEVEL_KEYS)} for one model's pipeline"
+                              + (f"; a repository config has {', '.join(near)} (spelled so)" if near else
+                                 f", or {', '.join(k for k in REPO_KEYS if k not in TOP_LEVEL_KEYS)} for a repository"))
     default_fail = parse_fail_on(raw.get("fail_on", "error"), path.name)
     entries = raw.get("steps") or []
     if not isinstance(entries, list) or not entries:
@@ -281,6 +284,9 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
         for path in found:
             entries.append(ModelEntry(path, dict(shapes), (base / data).resolve() if data else None, index))
     targets_raw = raw.get("targets")
+    if isinstance(targets_raw, list) and targets_raw:
+        raise text.error("must be named tables, not a list", "targets",
+                         hint='write each target as [targets.NAME] with ep = "...", e.g. [targets.cpu] (not [[targets]])')
     if not isinstance(targets_raw, dict) or not targets_raw:
         raise text.error("no targets", "targets", hint='add [targets.cpu] with ep = "cpu"')
     targets = []

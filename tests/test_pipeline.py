@@ -99,6 +99,9 @@ def test_failing_gate_stops_the_run(tmp_path):
         ('model = "cnn.onnx"\n', "no steps"),
         ('model = "missing.onnx"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "model file not found"),
         ('model = "cnn.onnx"\n[[steps]\n', "not valid TOML"),
+        # a repository's keys misspelled: the message names the spelling that works
+        ('[[target]]\nep = "cpu"\n', "a repository config has targets (spelled so)"),
+        ('[[models]]\npath = "*.onnx"\n[[targets]]\nep = "cpu"\n', "write each target as [targets.NAME]"),
     ],
 )
 def test_bad_config_exit_2(tmp_path, config, message):

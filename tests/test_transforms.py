@@ -89,11 +89,27 @@ def test_if_with_float_branches(tmp_path):
         np.testing.assert_allclose(run(tmp_path / "out.onnx", feeds)[0], run(tmp_path / "m.onnx", feeds)[0], atol=1e-3)
 
 
-def test_resize_with_float_scales_stays_fp32(tmp_path):
-    record = fp16(tmp_path, models.fp16_resize_float_scales())
+@pytest.mark.parametrize("as_constant", [False, True])
+def test_resize_with_float_scales_stays_fp32(tmp_path, as_constant):
+    """Resize stays FP32, and its scales reach it as a float32 constant, not through a Cast of the
+    converted float16 one: QNN's compile (ORT's compile API) is given such a Cast unfolded and fails
+    to compose its graph (measured on the journey's layout detector, error 7004), where a session
+    folds it first. Scales held in a Constant node are folded alike."""
+    model = models.fp16_resize_float_scales()
+    if as_constant:
+        scales = next(t for t in model.graph.initializer if t.name == "scales")
+        model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["scales"], value=scales, name="scales_node"))
+        model.graph.initializer.remove(scales)
+    record = fp16(tmp_path, model)
     assert_verified(record, tmp_path)
     assert "resize" in kept(record)
     assert "conv" not in kept(record)
+    out = onnx.load(str(tmp_path / "out.onnx"))
+    constants = {t.name: t for t in out.graph.initializer}
+    constants.update({n.output[0]: n for n in out.graph.node if n.op_type == "Constant"})
+    assert not [n.name for n in out.graph.node if n.op_type == "Cast" and n.input[0] in constants]
+    resize = next(n for n in out.graph.node if n.op_type == "Resize")
+    assert onnx.numpy_helper.to_array(constants[resize.input[2]]).dtype == np.float32
 
 
 def test_lstm_then_matmul_gemm_on_cpu(tmp_path):

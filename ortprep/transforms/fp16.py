@@ -23,9 +23,9 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 from ortprep.analysis import ModelAnalysis, formal_types
 from ortprep.runtime.kernels import support_table
-from ortprep.graphops import topological_sort
+from ortprep.graphops import outer_scope_names, topological_sort
 from ortprep.transforms.fp16_types import drop_cast_round_trips, reconcile_types, run_converter
-from ortprep.model import ModelHandle, iter_graphs
+from ortprep.model import ModelHandle, iter_graphs, subgraphs_of
 
 log = logging.getLogger(__name__)
 
@@ -302,12 +302,59 @@ def convert_once(
     repairs = repair_casts(converted, proto, block_ops, block_nodes)
     if round_trips:
         repairs.append(f"removed {round_trips} float32 -> float16 -> float32 Cast round trip(s)")
+    repairs += fold_constant_casts(converted)
     repairs += clear_stale_value_info(converted)
     repairs += reconcile_types(converted, set(block_nodes), op_blocks)
     if topological_sort(converted.graph):
         # The converter sorts nodes without seeing what If/Loop bodies read from outside.
         repairs.append("re-sorted nodes so If/Loop/Scan come after the values their bodies read")
     return converted, repairs
+
+
+# Casts of constants no larger than this are folded into constants of the cast type (a larger one,
+# a weight of a node kept in FP32, would be stored twice or in float32: left to ORT's folding).
+FOLD_CAST_ELEMENTS = 4096
+
+
+def fold_constant_casts(proto: ModelProto) -> list[str]:
+    """A Cast whose input is a small constant (an initializer, or a Constant node's ``value``)
+    becomes an initializer of the cast type under the Cast's output name. The converter casts
+    the constant inputs of nodes kept in FP32 (Resize's scales, for one) back to float32 at run
+    time; ORT folds them when a session is created, but the QNN EP, compiling the model through
+    ORT's compile API, is given them unfolded and fails to compose its graph (error 7004 on the
+    Cast's constant tensor; measured on the NPU journey's layout detector, onnxruntime-qnn 2.7.0)."""
+    folded = 0
+    for _, graph in iter_graphs(proto.graph):
+        values = {t.name: t for t in graph.initializer}
+        for node in graph.node:
+            if node.op_type == "Constant" and node.output:
+                for attribute in node.attribute:
+                    if attribute.name == "value":
+                        values.setdefault(node.output[0], attribute.t)
+        outputs = {v.name for v in graph.output}
+        keep = []
+        for node in graph.node:
+            tensor = values.get(node.input[0]) if node.op_type == "Cast" and node.input else None
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if (tensor is None or to is None or node.output[0] in outputs or tensor.data_location == TensorProto.EXTERNAL
+                    or int(np.prod(tensor.dims)) > FOLD_CAST_ELEMENTS):
+                keep.append(node)
+                continue
+            array = numpy_helper.to_array(tensor).astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+            graph.initializer.append(numpy_helper.from_array(array, node.output[0]))
+            folded += 1
+        if len(keep) != len(graph.node):
+            del graph.node[:]
+            graph.node.extend(keep)
+            # Constant nodes nobody reads any more go too
+            read = {name for n in graph.node for name in n.input} | outputs | {
+                name for n in graph.node for _, body in subgraphs_of(n) for name in outer_scope_names(body)}
+            unread = [n for n in graph.node if n.op_type == "Constant" and n.output and n.output[0] not in read]
+            for node in unread:
+                graph.node.remove(node)
+    if folded:
+        _drop_unused_initializers(proto)
+    return [f"folded {folded} Cast(s) of constants into constants of the cast type"] if folded else []
 
 
 def repair_casts(converted: ModelProto, original: ModelProto, block_ops: set[str], block_nodes: set[str]) -> list[str]:

@@ -416,6 +416,8 @@ def render_load(record: dict[str, Any], console: Console) -> None:
                           f"{escape(options)}", highlight=False)
         if result.get("message"):
             console.print(f"{escape(result['ep'])}: {escape(result['message'])}", highlight=False)
+        if result.get("latency_not_timed"):
+            console.print(f"{escape(result['ep'])}: not timed: {escape(result['latency_not_timed'])}", highlight=False)
         three = result.get("three_way")
         if three:
             parts = []

@@ -12,6 +12,17 @@ from ortprep.eps.registry import EpSpec
 from ortprep.runtime.providers import RuntimeProbe, plugin_table, probe_runtime
 
 
+def simulated(ep: str) -> str | None:
+    """Why this EP's time here is not the device's, or None where it is: QNN's HTP backend on an
+    x86 machine is a simulator (its time says nothing of a Snapdragon's; one run of the NPU
+    journey's layout detector took about 40 s there)."""
+    import platform
+
+    if ep == "qnn" and platform.machine().lower() in ("x86_64", "amd64", "x86", "i686"):
+        return "QNN's HTP on an x86 machine is a simulator, whose time says nothing of the device's"
+    return None
+
+
 @dataclass
 class EpRuntime:
     """Where one EP of a load runs: which interpreter (None: this one), which provider, plugin."""

@@ -34,7 +34,7 @@ from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
 )
-from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
+from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, simulated, target_device
 from ortprep.runtime.tolerance import NORM_TOLERANCE, TF32_COMPUTE, computes_tf32, judge_outputs
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
@@ -63,7 +63,7 @@ def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options
         provider_options=session_options(target, options.provider_options, options.device),
         plugin=target.plugin,
         custom_op_library=str(options.custom_op_library) if options.custom_op_library else None,
-        runs=options.runs,
+        runs=0 if simulated(target.spec.name) else options.runs,
         profile=options.profile,
         workdir=str(folder),
         levels=["default", "off"] if options.placement_off else ["default"],
@@ -330,6 +330,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         nonfinite_outputs=status.get("nonfinite", []),
         latency_ms={"median": statistics.median(latencies), "p90": float(np.percentile(latencies, 90))} if latencies else None,
     )
+    if simulated(name):
+        record["latency_not_timed"] = simulated(name)  # one run gave the outputs; no timed runs
     if status.get("profile") is not None:  # profiled runs only (the JSON has no key otherwise)
         record["profile"] = status["profile"]
     if record["status"] == "fallback":

@@ -15,7 +15,6 @@ False judges on the CPU EP only (--gate-on-cpu).
 from __future__ import annotations
 
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +75,9 @@ class GateTarget:
     def timed(self) -> bool:
         """The EP's time here is the device's: judged here, and not a simulator (QNN's HTP on an x86
         machine is one: its time says nothing of a Snapdragon's)."""
-        return self.judged and not (self.ep == "qnn" and platform.machine().lower() in ("x86_64", "amd64", "x86", "i686"))
+        from ortprep.runtime.targets import simulated
+
+        return self.judged and simulated(self.ep) is None
 
     def latency(self, model: Path, feed: dict[str, np.ndarray], runs: int) -> list[float]:
         """``runs`` timed runs of ``model`` on one sample in the EP's session (after one untimed run);

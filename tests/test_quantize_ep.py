@@ -406,7 +406,11 @@ def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(
     apart = ep_apart(path, "qnn", on_cpu, off_by(0.5))
     assert apart["sample"] == 2 and apart["name"] == "y" and apart["max_abs_diff"] == pytest.approx(0.5, abs=1e-5)
     assert apart["tolerance"] == pytest.approx(0.2) and "2 steps of an 8-bit grid" in apart["tolerance_rule"]
-    assert apart["cosine"] > 0.9999 and abs(apart["norm_ratio"] - 1) < 1e-3
+    assert apart["cosine"] > 0.9999 and abs(apart["norm_ratio"] - 1) < 1e-3 and apart["hint"] is None
+    # an output of a DFL box head's form gets the metric that reads it as its application does
+    boxes = [{"y": np.zeros((1, 100, 32), np.float32)} for _ in range(2)]
+    moved = [{"y": b["y"] + 0.5} for b in boxes]
+    assert ep_apart(path, "qnn", boxes, moved)["hint"].startswith("if 'y' is a DFL box head (4 sides x 8 bins")
     side = Judgement("qnn", 0.9999, 1.0, 0.5, None, False, [{"name": "y", "passed": True}], apart=apart)
     said = _shortfall(side, 0.99)
     assert said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said

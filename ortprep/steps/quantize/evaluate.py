@@ -21,7 +21,8 @@ from onnx import ModelProto
 
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
-from ortprep.runtime.decisions import REQUIRED_SEQUENCES, Decision, decision_shortfall, infer_decisions, judge_decision
+from ortprep.runtime.decisions import (REQUIRED_SEQUENCES, Decision, decision_shortfall, dfl_hint, infer_decisions,
+                                       judge_decision)
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.calibrate import exposure_chunks
@@ -798,8 +799,10 @@ def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: l
     for sample in judged:
         for record in sample["outputs"]:
             if not record["within_tolerance"]:
+                shape = np.shape(on_cpu[sample["sample"]].get(record["name"], ()))
                 return {"sample": sample["sample"], **{key: record.get(key) for key in (
-                    "name", "max_abs_diff", "cosine", "norm_ratio", "tolerance", "tolerance_rule")}}
+                    "name", "max_abs_diff", "cosine", "norm_ratio", "tolerance", "tolerance_rule")},
+                    "hint": dfl_hint(record["name"], tuple(shape), metrics).lstrip("; ") or None}
     return None
 
 
@@ -947,7 +950,8 @@ def _shortfall(judgement: Judgement, min_cosine: float) -> str:
             size = f"norm ratio {apart['norm_ratio']:.4f}, outside the 1 ± {NORM_TOLERANCE:g} asked; max abs diff {apart['max_abs_diff']:.4g}, "
         return (f"output '{apart['name']}' computed otherwise than the CPU EP computes the same model, beyond what load "
                 f"and compile allow (held-back sample {apart['sample']}: {size}{allowed}{apart['tolerance_rule']}) though "
-                f"its cosine against the float model passes ({fmt_cosine(judgement.cosine)})")
+                f"its cosine against the float model passes ({fmt_cosine(judgement.cosine)})"
+                + (f"; {apart['hint']}" if apart.get("hint") else ""))
     if not failing:
         return f"lowest cosine {fmt_cosine(judgement.cosine)}"
     worst = min(failing, key=lambda o: (o["cosine"] if o["cosine"] is not None else -2.0))

@@ -564,6 +564,32 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     assert pooled["probs"]["passed"] is False and [entry["passed"] for entry in judged[:3]] == [False, False, True]
 
 
+def test_compile_eval_reads_the_margins_of_the_samples_the_ep_did_not_run():
+    """compile --eval on a simulator judges the first samples that fit in --ep-seconds (3 of 24 on
+    the layout detector); the reference's decisions on the other samples join the margins, as
+    quantize's gate reads its calibration samples'. Three samples whose map sits close to its
+    threshold, each moved by 0.01, expect to keep fewer positions than when 21 more samples show
+    that few values sit that close."""
+    from ortprep.runtime.tolerance import judge_each_sample
+
+    proto = _graph({"prob_map": ("Sigmoid", [1, 1, 16, 16])})
+    rng = np.random.default_rng(4)
+
+    def page(near: bool) -> np.ndarray:
+        values = np.where(rng.random((1, 1, 16, 16)) < 0.5, 0.9, 0.1).astype(np.float32)
+        if near:  # a band of values just above the threshold
+            values[0, 0, :4, :] = 0.505 + rng.random((4, 16)).astype(np.float32) * 0.02
+        return values
+
+    references = [{"prob_map": page(True)} for _ in range(3)]
+    candidates = [{"prob_map": r["prob_map"] - 0.01} for r in references]
+    _, alone = judge_each_sample(proto, "qnn", references, candidates)
+    more = [{"prob_map": page(False)} for _ in range(21)]
+    _, pooled = judge_each_sample(proto, "qnn", references, candidates, more=more)
+    assert pooled["prob_map"]["margin_samples"] == 24 and "margin_samples" not in alone["prob_map"]
+    assert pooled["prob_map"]["expected_agreement"] > alone["prob_map"]["expected_agreement"]
+
+
 def test_one_sample_at_a_tie_does_not_set_the_density_at_the_boundary():
     """ConvNeXt-tiny of the journey's corpus: among 24 samples one float decision led its runner-up
     by 5e-5 (0.0002 of the output's spread; the 0.5% quantile of 400 fresh inputs is 1.5e-3). With

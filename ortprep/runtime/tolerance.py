@@ -191,23 +191,24 @@ def judge_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate: d
 
 
 def judge_each_sample(proto, ep: str, references: list[dict], candidates: list[dict],
-                      metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None
-                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                      metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None,
+                      more: list[dict] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each sample's outputs judged (:func:`judge_outputs`), then each gated decision pooled over
     all the samples (:func:`pool_decisions`): what compile --eval holds the compiled model to, and
-    quantize the target EP's run to (its ``ep_apart``). Returns the samples' records
-    (``{"sample", "passed", "cosine", "outputs"}``) and the pooled decisions."""
+    quantize the target EP's run to (its ``ep_apart``). ``more``: the reference's outputs on other
+    samples, whose decisions' margins join the expected agreement (judge_decision). Returns the
+    samples' records (``{"sample", "passed", "cosine", "outputs"}``) and the pooled decisions."""
     judged = []
     for index, (reference, candidate) in enumerate(zip(references, candidates)):
         outputs = judge_outputs(proto, ep, reference, candidate, metrics, provider_options)
         lowest = min((o["cosine"] for o in outputs if o["cosine"] is not None), default=None)
         judged.append({"sample": index, "passed": all(o["within_tolerance"] for o in outputs), "cosine": lowest,
                        "outputs": outputs})
-    return judged, pool_decisions(proto, references, candidates, judged, metrics)
+    return judged, pool_decisions(proto, references, candidates, judged, metrics, more)
 
 
 def pool_decisions(proto, references: list[dict], candidates: list[dict], judged: list[dict],
-                   metrics: dict[str, str] | None = None) -> dict[str, Any]:
+                   metrics: dict[str, str] | None = None, more: list[dict] | None = None) -> dict[str, Any]:
     """Each gated decision judged over all the samples together, as quantize's gate judges it (a
     share of classes, positions, whole strings, regions, against its bar), instead of on one
     sample at a time: one CTC position in one of 24 samples otherwise fails a compile that keeps
@@ -222,7 +223,8 @@ def pool_decisions(proto, references: list[dict], candidates: list[dict], judged
     for name, decision in decisions.items():
         if not decision.gated or not all(name in c for c in candidates):
             continue
-        record = judge_decision(decision, [np.asarray(r[name]) for r in references], [c[name] for c in candidates])
+        record = judge_decision(decision, [np.asarray(r[name]) for r in references], [c[name] for c in candidates],
+                                [np.asarray(m[name]) for m in more or [] if name in m])
         pooled[name] = record
         if not record.get("passed"):
             continue

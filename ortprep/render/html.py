@@ -395,21 +395,17 @@ def target_from_check(view: dict[str, Any], name: str, result: dict[str, Any], f
     names = [node["name"] for node in all_nodes(view)]
     fallback = set(result.get("fallback_nodes") or [])
     placement = {n: ("cpu" if n in fallback else "ep") for n in names}
-    actual = None
     proof = result.get("proof") or {}
-    if load is not None and load.get("status") in ("ok", "fallback") and load.get("fallback_nodes") is not None:
-        on_cpu = set(load.get("fallback_nodes") or [])
-        actual = {n: ("cpu" if n in on_cpu else "ep") for n in names}
-    elif proof.get("status") == "created" and proof.get("fallback_nodes") is not None:
-        on_cpu = set(proof["fallback_nodes"])  # check --prove: the real session's placement
-        actual = {n: ("cpu" if n in on_cpu else "ep") for n in names}
-    placed = proven_placement(result) if result.get("nodes") is not None else {"proven": False}
-    real = " (the real session)" if placed["proven"] else ""
-    summary = {"verdict": f"{result.get('verdict')}{real}",
-               "nodes on the EP": (f"{placed['on_ep']}/{placed['nodes']}{real}" if placed["proven"]
-                                   else f"{result.get('supported_nodes')}/{result.get('nodes')}"),
-               "partitions": placed["partitions"] if placed["proven"] else result.get("partitions"),
-               "copies per run": placed["copies"] if placed["proven"] else result.get("copies"),
+    on_cpu = (load.get("fallback_nodes") if load is not None and load.get("status") in ("ok", "fallback")
+              else proof.get("fallback_nodes") if proof.get("status") == "created" else None)  # (--prove: the session's)
+    on_cpu = set(on_cpu) if on_cpu is not None else None
+    actual = {n: ("cpu" if n in on_cpu else "ep") for n in names} if on_cpu is not None else None
+    placed = proven_placement(result) if proof.get("status") == "created" else None
+    real = " (the real session)" if placed and placed["proven"] else ""
+    figures = placed if real else {"on_ep": result.get("supported_nodes"), "nodes": result.get("nodes"),
+                                   "partitions": result.get("partitions"), "copies": result.get("copies")}
+    summary = {"verdict": f"{result.get('verdict')}{real}", "nodes on the EP": f"{figures['on_ep']}/{figures['nodes']}{real}",
+               "partitions": figures["partitions"], "copies per run": figures["copies"],
                "MACs on the EP": f"{result['mac_share']:.1%}" if result.get("mac_share") is not None else "-"}
     if "predicted_verdict" in result and proof.get("status") not in (None, "unavailable", "not proven"):
         summary["check predicted"] = (f"{result['predicted_verdict']}, {result.get('supported_nodes')}/{result.get('nodes')} "

@@ -147,6 +147,13 @@ class Decision:
     bins: int | None = None
 
     @property
+    def reads_margins(self) -> bool:
+        """Whether the agreement to expect on unseen inputs is estimated from the float model's
+        margins (how near each decision sits to its boundary): not for ``cosine`` (no decision)
+        nor ``dfl`` (distances, judged as they move)."""
+        return self.kind not in ("cosine", "dfl")
+
+    @property
     def replaces_cosine(self) -> bool:
         """Whether this decision, gated, judges its output in place of the cosine floor (``ctc``)."""
         return self.kind == "ctc" and self.gated and CTC_REPLACES_COSINE

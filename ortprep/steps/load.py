@@ -330,8 +330,9 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         nonfinite_outputs=status.get("nonfinite", []),
         latency_ms={"median": statistics.median(latencies), "p90": float(np.percentile(latencies, 90))} if latencies else None,
     )
-    if simulated(name):
-        record["latency_not_timed"] = simulated(name)  # one run gave the outputs; no timed runs
+    not_timed = simulated(name)
+    if not_timed:
+        record["latency_not_timed"] = not_timed  # one run gave the outputs; no timed runs
     if status.get("profile") is not None:  # profiled runs only (the JSON has no key otherwise)
         record["profile"] = status["profile"]
     if record["status"] == "fallback":

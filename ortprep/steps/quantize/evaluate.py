@@ -413,7 +413,7 @@ def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndar
     """The float model's decided outputs on the samples ``feeds()`` reads (capped at MARGIN_SAMPLES
     and MARGIN_BYTES), for their margins; nothing when no output has a gated decision (then no
     sample is read) or the run fails."""
-    names = [name for name, d in decisions.items() if d.gated and d.kind not in ("cosine", "dfl")]  # (dfl: no margins)
+    names = [name for name, d in decisions.items() if d.gated and d.reads_margins]
     if feeds is None or not names or not reference:
         return []
     feeds = feeds()

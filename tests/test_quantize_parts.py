@@ -136,9 +136,28 @@ def test_already_quantized_and_stats_read_a_qdq_graph():
     qdq = models.qdq_relu()
     found = already_quantized(qdq)
     assert found == "1 QuantizeLinear, 1 DequantizeLinear; 0 8-bit (or smaller) integer weight tensor(s)"
-    assert quantization_stats(qdq) == {"quantized_ops": 1, "quantized_weights": 0}  # the Relu reads the DQ
+    assert quantization_stats(qdq) == {"quantized_ops": 1, "quantized_weights": 0,  # the Relu reads the DQ
+                                       "quantized_weight_share": None}  # no weight at all
     assert already_quantized(models.matmul_weights()) is None
-    assert quantization_stats(models.matmul_weights()) == {"quantized_ops": 0, "quantized_weights": 0}
+    float_weights = models.matmul_weights()
+    assert quantization_stats(float_weights) == {"quantized_ops": 0, "quantized_weights": 0, "quantized_weight_share": 0.0}
+
+
+def test_weight_share_counts_integer_and_float_weight_values():
+    """One MatMul's 16x8 weight stored as int8 (through a DequantizeLinear), the other's 8x4 kept
+    float: 128 of 160 weight values are integers; the scale and zero point are scalars."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-100, 100, (16, 8)).astype(np.int8), "Wq"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W2")]
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", ["Wq", "s", "z"], ["W1"], name="dq"),
+                               helper.make_node("MatMul", ["x", "W1"], ["h"], name="m1"),
+                               helper.make_node("MatMul", ["h", "W2"], ["y"], name="m2")], "mixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    stats = quantization_stats(models.make(graph))
+    assert stats["quantized_weight_share"] == pytest.approx(128 / 160, abs=1e-4)
+    assert stats["quantized_ops"] == 1 and stats["quantized_weights"] == 1
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -292,7 +311,11 @@ def test_search_stops_at_the_trial_limit():
     search, attempted = _search(max_float_share=1.0, max_trials=2)  # the baseline and one more
     result = search.run(Trial("baseline", [], 0.944, False, 100))
     assert attempted == [["m4", "m3"]]
-    assert result.stopped == "the trial limit (2) was reached" and result.best.cosine == pytest.approx(0.949)
+    # past the limit, the bisection from the float end has no point between the best trial and the
+    # float model: keeping m2 float keeps m1 (what writes its input), and that is every node left
+    assert result.stopped == ("the trial limit (2) was reached; only the float model is past it: every node still "
+                              "quantized (2) is kept float by keeping the first one")
+    assert result.best.cosine == pytest.approx(0.949)
 
 
 def test_ok_needs_the_gate_and_the_aim():
@@ -521,7 +544,8 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
     assert [t.label for t in result.trials[-2:]] == ["ranked below the noise floor (pass 1): worst 2 tensor(s), 2 node(s)",
                                                      "ranked below the noise floor (pass 1): worst 1 tensor(s), 1 node(s)"]
     short = Search(proto, attempt, lambda trial, kept: [], **common).run(Trial("baseline", [], 0.9935, False, 100))
-    assert short.stopped == "no quantized tensor left adds measurable error" and short.best.cosine == pytest.approx(0.994)
+    assert short.stopped.startswith("no quantized tensor left adds measurable error; only the float model is past it")
+    assert short.best.cosine == pytest.approx(0.994)
     # the same search where the CPU EP passes and the target EP fails: the stop says the ranking's
     # noise is the CPU's, where nothing is left to find, and the error is the EP's
 
@@ -532,8 +556,8 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
         return trial
 
     ep_only = Search(proto, on_ep, lambda trial, kept: [], **common).run(on_ep([], "baseline"))
-    assert ep_only.stopped == ("no quantized tensor left adds measurable error on the CPU EP, where it passes; what "
-                               "fails is qnn's own error, which that ranking does not see")
+    assert ep_only.stopped.startswith("no quantized tensor left adds measurable error on the CPU EP, where it passes; "
+                                      "what fails is qnn's own error, which that ranking does not see; ")
 
 
 def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
@@ -568,6 +592,87 @@ def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
                    **common).run(Trial("baseline", [], 0.9999, False, 100))
     assert blind.stopped.startswith("keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve")
     assert blind.best.kept == []
+
+
+def _fan() -> onnx.ModelProto:
+    """x -> m1..m6 (six MatMuls side by side) -> Sum -> m7 -> y: keeping one of m1..m6 float keeps no
+    other (their input is the graph's)."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["x", f"W{i}"], [f"a{i}"], name=f"m{i}") for i in range(1, 7)]
+    nodes += [helper.make_node("Sum", [f"a{i}" for i in range(1, 7)], ["s"], name="sum"),
+              helper.make_node("MatMul", ["s", "W7"], ["y"], name="m7")]
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), f"W{i}") for i in range(1, 8)]
+    graph = helper.make_graph(nodes, "fan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    return models.make(graph)
+
+
+FAN_NOISE = {"m1": 0.001, "m2": 0.004, "m3": 0.003, "m4": 0.0005, "m5": 0.0, "m6": 0.0, "m7": 0.0}
+
+
+def _fan_search(needed: float = 0.002, **overrides) -> tuple[Search, list[list[str]]]:
+    """A search whose ranking points at a node that adds nothing (m5), so that its own phases stop
+    short ("did not improve"); the fine ranking knows m2, m3 and m1. A trial passes when the
+    noise of the nodes left quantized is at most ``needed``."""
+    attempted: list[list[str]] = []
+
+    def attempt(kept: list[str], label: str) -> Trial:
+        attempted.append(list(kept))
+        cosine = round(1 - sum(cost for node, cost in FAN_NOISE.items() if node not in kept), 6)
+        return Trial(label, list(kept), cosine, cosine >= 1 - needed, 100, path=Path(label))
+
+    proto = _fan()
+    settings = dict(quantizable_nodes={f"m{i}" for i in range(1, 8)}, max_float_share=1.0, max_trials=20, fixed=[],
+                    aim=0.998, fine_rank=lambda trial, kept: [("a2", ["m2"], 0.04), ("a3", ["m3"], 0.03),
+                                                              ("a1", ["m1"], 0.01)])
+    settings.update(overrides)
+    return Search(proto, attempt, lambda trial, kept: [("a5", ["m5"], 0.05)], **settings), attempted
+
+
+def test_search_converges_from_the_float_end():
+    """Where the search's own phases stop short of the gate (the ranked node does not help), the
+    nodes still quantized are ordered by the noise they add and bisected against the float model:
+    it ends at the fewest that pass (m2 and m3), where it used to stop and refuse."""
+    search, attempted = _fan_search()
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert result.best.passed and result.best.kept == ["m2", "m3"]
+    assert result.best.cosine == pytest.approx(0.9985)
+    # the heads rule (m7 and the Sum) and the ranked m5 change nothing; then 3 of the 7 ordered
+    # nodes (m2, m3, m1: 0.9995) pass, 1 (m2: 0.9955) fails, 2 (m2, m3) pass
+    assert attempted[-3:] == [["m2", "m3", "m1"], ["m2"], ["m2", "m3"]]
+    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n} node(s) of 7 kept float" for n in (3, 1, 2)]
+    assert result.stopped == ("keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve the result; "
+                              "then the bisection from the float end passed the gate with the margin, keeping 2 of the "
+                              "7 nodes still quantized in float")
+    assert result.reasons["m3"] == ("from the float end: ranked #2 of 7 by the noise it adds (the fewest of the ranked "
+                                    "nodes kept float that pass)")
+
+
+def test_search_says_when_only_the_float_model_passes():
+    search, attempted = _fan_search(needed=0.0)  # any quantized noise fails, m4's 0.0005 included
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert not result.best.passed
+    # never all 7 groups (m7's brings the Sum that writes its input): the float model is not run
+    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n} node(s) of 7 kept float" for n in (3, 5, 6)]
+    assert attempted[-1] == ["m2", "m3", "m1", "m7", "sum", "m6", "m5"]
+    assert result.stopped.endswith("; the bisection from the float end found no pass short of the float model "
+                                   "(keeping 6 of the 7 nodes still quantized in float failed)")
+
+
+def test_float_end_bisection_keeps_the_weight_cap_and_the_time_bound():
+    # at most 2 of the 7 equal weights float: the nearest point to the float end is run (it passes),
+    # then bisected
+    search, attempted = _fan_search(max_float_share=2 / 7 + 1e-6)
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert attempted[-2:] == [["m2", "m3"], ["m2"]] and result.best.kept == ["m2", "m3"] and result.best.passed
+    capped, attempted = _fan_search(max_float_share=1 / 7 + 1e-6)
+    result = capped.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert attempted[-1] == ["m2"] and not result.best.passed
+    assert result.stopped.endswith("keeping 1 of the 7 nodes still quantized in float (the most --max-float-share "
+                                   f"{1 / 7 + 1e-6:g} allows) did not pass either")
+    spent, attempted = _fan_search(seconds=0.0)
+    result = spent.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert attempted == [] and result.stopped == spent.limit_reached() and "float end" not in result.stopped
 
 
 def test_decision_shortfall_is_the_largest_gap_to_the_gate():

@@ -339,7 +339,9 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
         console.print(f"evaluation data: {escape(calibration['source'])} ({calibration['kind']})")
     console.print(f"pre-processing: {escape(record['preprocess'])}")
     console.print(
-        f"quantized ops {record['quantized_ops']}, weights {record['quantized_weights']}; size "
+        f"quantized ops {record['quantized_ops']}, weights {record['quantized_weights']}"
+        + (f" ({record['quantized_weight_share']:.0%} of the weight values)" if record.get("quantized_weight_share") is not None
+           else "") + "; size "
         f"{human_bytes(record['size_before'])} -> {human_bytes(record['size_after'])}"
     )
     verify = record["verify"]

@@ -149,9 +149,27 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
         if (node.op_type.startswith("QLinear") or node.op_type.endswith("Integer") or node.op_type in BLOCK_QUANTIZED_OPS
                 or any(i in dq_outputs for i in node.input)):
             ops += 1
+    integer_elements = float_elements = 0
     for _, graph in iter_graphs(proto.graph):
-        weights += sum(1 for t in graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4, TensorProto.UINT4) and len(t.dims) >= 1 and np.prod(t.dims) > 1)
-    return {"quantized_ops": ops, "quantized_weights": weights}
+        integers = [t for t in graph.initializer if t.data_type in INTEGER_WEIGHT_TYPES and len(t.dims) >= 1
+                    and np.prod(t.dims) > 1]
+        weights += len(integers)
+        integer_elements += sum(int(np.prod(t.dims)) for t in integers)
+        floats = {t.name: int(np.prod(t.dims)) for t in graph.initializer
+                  if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)}
+        read = {node.input[1] for node in graph.node if node.op_type in WEIGHTED_OPS and len(node.input) > 1}
+        read |= {node.input[0] for node in graph.node if node.op_type == "Gather" and node.input}
+        float_elements += sum(count for name, count in floats.items() if name in read)
+    total = integer_elements + float_elements
+    return {"quantized_ops": ops, "quantized_weights": weights,
+            # of the weight elements (integer initializers, and float ones a Conv/MatMul/Gemm/... or a
+            # Gather table reads), the share stored as integers: what --auto-exclude's float nodes cost
+            "quantized_weight_share": round(integer_elements / total, 4) if total else None}
+
+
+INTEGER_WEIGHT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
+                        TensorProto.UINT4)
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN", "Attention")
 
 
 def output_writers(quant_proto: ModelProto, outputs: list[str]) -> tuple[list[str], list[str]]:

@@ -13,7 +13,11 @@ the result on the held-back samples. Once the baseline fails the gate:
    floor deems worth keeping float), then the nodes where the error starts;
 3. the search stops when the gate passes with a margin (half-way from the gate to 1: a result
    chosen on a few held-back samples must hold on others), or when passing would keep more than
-   ``max_float_share`` of the quantized nodes in float, and says which.
+   ``max_float_share`` of the quantized nodes in float (no cap by default), and says which;
+4. where it stopped short of the gate with time left (nothing it ranks helps, or its trials were
+   spent), every node still quantized is ordered by the noise it adds and the order is bisected
+   between the best trial and the float model (Search.converge): the search ends at a pass, at
+   the float model (then it says only the float model passes), or at the time bound.
 
 Where the gate is judged on the target EP too (ep_gate.py), every trial is, and the search
 accepts, rejects and compares trials on the worse of the two sides (lowest cosine, norm ratio).
@@ -48,6 +52,7 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import (
     floor_weight_scales,
+    quantization_stats,
     fp16_activation_matmuls,
     output_writers,
     widen_activation_encodings,
@@ -257,8 +262,18 @@ class Search:
         self.budget = max_float_share * total if total else float("inf")
         self.max_trials = max_trials
         self.fixed = list(fixed)
+        # the nodes the quantizer would quantize, in graph order (the float end's bisection orders them)
+        self.quantizable = [node.name for node in graph.node if node.name in quantizable_nodes]
 
     def run(self, baseline: Trial) -> SearchResult:
+        """The search; where it ends short of the gate with time left, the bisection from the float
+        end (converge) follows, so that it stops only at a pass, the float model, or a bound."""
+        result = self._run(baseline)
+        if self.ok(result.best) or self.out_of_time():
+            return result
+        return self.converge(result)
+
+    def _run(self, baseline: Trial) -> SearchResult:
         result = SearchResult(best=baseline, trials=[baseline])
         current = baseline
         kept = list(self.fixed)
@@ -367,6 +382,101 @@ class Search:
             current = top
         result.reasons = reasons
         return result
+
+    def converge(self, result: SearchResult) -> SearchResult:
+        """The bisection from the float end, where the search ended short of the gate: every node
+        the quantizer would quantize, ordered by the noise it adds in the best trial (fine_rank,
+        every tensor with any noise; the unranked ones last, the nodes nearest the outputs first),
+        and bisected on how many of the first ones to keep float, between the best trial (fails)
+        and the float model (keeps them all: passes, and is not run). It ends at the fewest nodes
+        that pass, or says that only the float model does. Its trials are its own (about
+        log2(nodes) + 1, past --max-exclude-rounds, which bounds the search before it); the time
+        bound and the target EP's clock still hold, and so does --max-float-share."""
+        best = result.best
+        kept = list(best.kept)
+        before = result.stopped
+        ranked = self._units(best, kept, self.fine_rank or self.rank) if best.path is not None else []
+        order: list[str] = []
+        for _, members, _ in ranked:
+            order += [n for n in members if n not in order]
+        order += [n for n in reversed(self.quantizable) if n not in order and n not in kept]
+        order = [n for n in order if n not in kept]
+        groups = [[m for m in self.closure.get(n, [n]) if m not in kept] for n in order]
+
+        def prefix(count: int) -> list[str]:
+            return list(dict.fromkeys(m for group in groups[:count] for m in group))
+
+        high = len(groups)
+        everything = set(order)
+        while high > 1 and everything <= set(prefix(high - 1)):
+            high -= 1  # the inputs' producers go with each node: fewer groups may already reach the float model
+        while high > 0 and not self.fits(kept + prefix(high)):
+            high -= 1
+        if not groups:
+            result.stopped = f"{before}; no node is left to keep float"
+            return result
+        if high == 0:  # --max-float-share leaves no room
+            if "of the weights quantized" not in before:
+                result.stopped = (f"{before}; keeping any more in float would leave less than {1 - self.share:.0%} of "
+                                  "the weights quantized")
+            return result
+        capped = not everything <= set(prefix(high))
+        if high == 1 and not capped:
+            result.stopped = (f"{before}; only the float model is past it: every node still quantized ({len(order)}) is "
+                              "kept float by keeping the first one")
+            return result
+        low, passing = 0, None
+        allowed = len(result.trials) + int(np.ceil(np.log2(high + 1))) + 1
+        stopped_by = None
+        if capped:  # the float end is beyond --max-float-share: its nearest point is run, not assumed
+            outcome = self._converge_trial(result, kept + prefix(high), f"from the float end: {high} node(s) of "
+                                           f"{len(groups)} kept float (the most --max-float-share allows)", allowed)
+            if outcome is None:
+                stopped_by = self._converge_limit(allowed)
+            elif self.ok(outcome):
+                passing = (high, outcome)
+            else:
+                low = high
+        while stopped_by is None and high - low > 1:
+            middle = (low + high) // 2
+            outcome = self._converge_trial(result, kept + prefix(middle),
+                                           f"from the float end: {middle} node(s) of {len(groups)} kept float", allowed)
+            if outcome is None:
+                stopped_by = self._converge_limit(allowed)
+                break
+            if self.ok(outcome):
+                high, passing = middle, (middle, outcome)
+            else:
+                low = middle
+        if passing is not None:
+            count, outcome = passing
+            for position, name in enumerate(order[:count], start=1):
+                for member in groups[position - 1]:
+                    result.reasons.setdefault(member, f"from the float end: ranked #{position} of {len(order)} by the "
+                                                      "noise it adds (the fewest of the ranked nodes kept float that pass)")
+            result.best = outcome
+            result.stopped = (f"{before}; then the bisection from the float end passed the gate with the margin, "
+                              f"keeping {count} of the {len(order)} nodes still quantized in float")
+            return result
+        if stopped_by is not None:
+            result.stopped = f"{before}; the bisection from the float end stopped: {stopped_by}"
+        elif capped:
+            result.stopped = (f"{before}; keeping {high} of the {len(order)} nodes still quantized in float (the most "
+                              f"--max-float-share {self.share:g} allows) did not pass either")
+        else:
+            result.stopped = (f"{before}; the bisection from the float end found no pass short of the float model "
+                              f"(keeping {low} of the {len(order)} nodes still quantized in float failed)")
+        return result
+
+    def _converge_limit(self, allowed: int) -> str:
+        return self.limit_reached() if self.out_of_time() else f"its trials were spent ({allowed} in all)"
+
+    def _converge_trial(self, result: SearchResult, nodes: list[str], label: str, allowed: int) -> Trial | None:
+        if self.out_of_time() or len(result.trials) >= allowed:
+            return None
+        outcome = self.attempt(nodes, label)
+        result.trials.append(outcome)
+        return outcome
 
     def ok(self, trial: Trial) -> bool:
         """A trial the search accepts: it passes the gate, and its lowest cosine reaches ``aim``
@@ -583,6 +693,13 @@ class Trials:
             return Trial(label, list(kept), None, True, model_bytes(output), output, off=off)
         on_ep = evaluation.on_ep
         error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
+        if kept and not error and quantization_stats(onnx.load(str(output), load_external_data=False))["quantized_ops"] == 0:
+            # every node the quantizer computes on kept float: the float model passes trivially, and a
+            # search that took it would end at "nothing was quantized" instead of at its verdict; no
+            # figure, so that it counts neither as a pass nor as progress
+            evaluation.passed = False
+            return Trial(label, list(kept), None, False, model_bytes(output), output,
+                         "nothing is quantized with these nodes kept float: this is the float model", off=off)
         cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
                            for o in evaluation.outputs[:16]], "error": evaluation.error}

@@ -1142,3 +1142,28 @@ def test_a_result_whose_weights_mostly_stay_float_says_so(tmp_path):
     assert warning["severity"] == "warning" and "2 of 3 MatMul/Gemm/Conv node(s) keep float weights (mm1, mm2)" in warning["message"]
     code, record, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "all.onnx")
     assert code in (0, 1) and "QNT027" not in codes(record)
+
+
+def test_auto_exclude_ends_at_the_float_model_and_says_so(tmp_path):
+    """A gate no int8 assignment can meet (cosine 1 - 1e-7): the search goes on past its own phases,
+    bisects from the float end, and refuses (exit 1, nothing written) saying no pass is short of the
+    float model. A trial that keeps every quantized node float is not taken as a pass (it would end
+    at "nothing was quantized")."""
+    model = tmp_path / "outlier.onnx"
+    onnx.save_model(models.outlier_sensitive(), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 64), 20)
+    code, record, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "--min-cosine", "0.9999999",
+                               "-o", tmp_path / "q.onnx")
+    assert code == 1 and not (tmp_path / "q.onnx").exists()
+    assert "QNT005" in codes(record) and "QNT002" not in codes(record)
+    stopped = record["search"]["stopped"]
+    # the model's two MatMuls: keeping the first float leaves nothing quantized (the quantizer quantizes
+    # the rest only around it), and none short of that passes
+    assert stopped.endswith("the bisection from the float end found no pass short of the float model (keeping 0 of the "
+                            "2 nodes still quantized in float failed; keeping 1 leaves nothing quantized)")
+    assert not any(t["passed"] for t in record["search"]["trials"])
+    floats = [t for t in record["search"]["trials"] if t["error"] == "nothing is quantized with these nodes kept float: "
+              "this is the float model"]
+    assert floats and all(t["cosine"] is None for t in floats)
+    gate = next(f for f in record["findings"] if f["code"] == "QNT005")
+    assert "float model" in gate["message"]

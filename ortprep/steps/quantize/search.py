@@ -73,6 +73,10 @@ NORM_IMPROVES = 5e-3  # or bring the norm ratio this much closer to 1 (a scaled 
 DECISION_IMPROVES = 2e-3
 
 
+# a trial's error where the nodes it kept float leave nothing quantized (Trials.attempt)
+FLOAT_MODEL = "nothing is quantized with these nodes kept float: this is the float model"
+
+
 def margin_aim(min_cosine: float) -> float:
     """The lowest cosine the search aims for: half-way from the gate to 1."""
     return min_cosine + (1 - min_cosine) / 2
@@ -435,7 +439,7 @@ class Search:
                 stopped_by = self._converge_limit(allowed)
             elif self.ok(outcome):
                 passing = (high, outcome)
-            else:
+            elif outcome.error != FLOAT_MODEL:
                 low = high
         while stopped_by is None and high - low > 1:
             middle = (low + high) // 2
@@ -446,6 +450,8 @@ class Search:
                 break
             if self.ok(outcome):
                 high, passing = middle, (middle, outcome)
+            elif outcome.error == FLOAT_MODEL:
+                high = middle  # the quantizer leaves nothing quantized already: the float end is nearer
             else:
                 low = middle
         if passing is not None:
@@ -465,7 +471,8 @@ class Search:
                               f"--max-float-share {self.share:g} allows) did not pass either")
         else:
             result.stopped = (f"{before}; the bisection from the float end found no pass short of the float model "
-                              f"(keeping {low} of the {len(order)} nodes still quantized in float failed)")
+                              f"(keeping {low} of the {len(order)} nodes still quantized in float failed"
+                              + (f"; keeping {high} leaves nothing quantized" if high < len(groups) else "") + ")")
         return result
 
     def _converge_limit(self, allowed: int) -> str:
@@ -698,8 +705,7 @@ class Trials:
             # search that took it would end at "nothing was quantized" instead of at its verdict; no
             # figure, so that it counts neither as a pass nor as progress
             evaluation.passed = False
-            return Trial(label, list(kept), None, False, model_bytes(output), output,
-                         "nothing is quantized with these nodes kept float: this is the float model", off=off)
+            return Trial(label, list(kept), None, False, model_bytes(output), output, FLOAT_MODEL, off=off)
         cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
                            for o in evaluation.outputs[:16]], "error": evaluation.error}

@@ -237,7 +237,8 @@ class QuantizeOptions(StepOptions):
     auto_exclude: bool = option(False, "Search for the fewest nodes to keep in float that pass the gate: op-type rules "
                                 "first (kept when they help), then the nodes ranked by the error they add, bisected.",
                                 Kind.FLAG)
-    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first.", Kind.INT,
+    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first, before "
+                                     "its bisection from the float end (about log2(nodes) + 1 more).", Kind.INT,
                                      minimum=1)
     search_seconds: float = option(240.0, "--auto-exclude starts no trial this many seconds after the first one and "
                                    "keeps the best so far (with --auto, over all the precisions tried).", Kind.FLOAT,

@@ -117,15 +117,14 @@ def test_outlier_sensitive_node_auto_exclude(tmp_path):
     assert code == 1 and plain["verify"]["passed"] is False and plain["output"] is None
     gate = next(f for f in plain["findings"] if f["code"] == "QNT005")
     assert "readout" in gate["message"]
-    # the fix keeps 3 of the 4 weight matrices float: beyond a budget of half the weights
-    code, capped, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "--max-float-share", "0.5",
-                               "-o", tmp_path / "capped.onnx")
+    # the fix keeps 3 of the 4 weight matrices float: beyond the default budget (half the weights)
+    code, capped, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "-o", tmp_path / "capped.onnx")
     assert code == 1 and not (tmp_path / "capped.onnx").exists()
     gate = next(f for f in capped["findings"] if f["code"] == "QNT005")
     assert "less than 50% of the weights quantized" in gate["message"]
     assert capped["search"]["stopped"].startswith("keeping more in float")
-    # no cap by default: the search ends at the pass
-    code, fixed, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "-o", tmp_path / "fixed.onnx")
+    code, fixed, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "--max-float-share", "0.8",
+                              "-o", tmp_path / "fixed.onnx")
     assert code == 0, fixed
     assert fixed["verify"]["cosine"] > plain["verify"]["cosine"] + 0.5
     assert "readout" in {n["name"] for n in fixed["excluded_nodes"]}
@@ -1153,14 +1152,14 @@ def test_auto_exclude_ends_at_the_float_model_and_says_so(tmp_path):
     onnx.save_model(models.outlier_sensitive(), str(model))
     calib = write_samples(tmp_path / "calib", "x", (1, 64), 20)
     code, record, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "--min-cosine", "0.9999999",
-                               "-o", tmp_path / "q.onnx")
+                               "--max-float-share", "1", "-o", tmp_path / "q.onnx")
     assert code == 1 and not (tmp_path / "q.onnx").exists()
     assert "QNT005" in codes(record) and "QNT002" not in codes(record)
     stopped = record["search"]["stopped"]
     # the model's two MatMuls: keeping the first float leaves nothing quantized (the quantizer quantizes
     # the rest only around it), and none short of that passes
-    assert stopped.endswith("the bisection from the float end found no pass short of the float model (keeping 0 of the "
-                            "2 nodes still quantized in float failed; keeping 1 leaves nothing quantized)")
+    assert stopped.endswith("the bisection from the float end found no pass short of the float model (keeping the first "
+                            "0 of the 2 nodes still quantized in float failed; keeping 1 leaves nothing quantized)")
     assert not any(t["passed"] for t in record["search"]["trials"])
     floats = [t for t in record["search"]["trials"] if t["error"] == "nothing is quantized with these nodes kept float: "
               "this is the float model"]

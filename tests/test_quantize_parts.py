@@ -313,8 +313,8 @@ def test_search_stops_at_the_trial_limit():
     assert attempted == [["m4", "m3"]]
     # past the limit, the bisection from the float end has no point between the best trial and the
     # float model: keeping m2 float keeps m1 (what writes its input), and that is every node left
-    assert result.stopped == ("the trial limit (2) was reached; only the float model is past it: every node still "
-                              "quantized (2) is kept float by keeping the first one")
+    assert result.stopped == ("the trial limit (2) was reached; only the float model is past it: keeping the first of "
+                              "the 2 node(s) still quantized in float keeps them all (with what writes their inputs)")
     assert result.best.cosine == pytest.approx(0.949)
 
 
@@ -556,8 +556,9 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
         return trial
 
     ep_only = Search(proto, on_ep, lambda trial, kept: [], **common).run(on_ep([], "baseline"))
-    assert ep_only.stopped.startswith("no quantized tensor left adds measurable error on the CPU EP, where it passes; "
-                                      "what fails is qnn's own error, which that ranking does not see; ")
+    # (no bisection from the float end: where only the EP fails, the float model need not pass there)
+    assert ep_only.stopped == ("no quantized tensor left adds measurable error on the CPU EP, where it passes; what "
+                               "fails is qnn's own error, which that ranking does not see")
 
 
 def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
@@ -640,12 +641,13 @@ def test_search_converges_from_the_float_end():
     # the heads rule (m7 and the Sum) and the ranked m5 change nothing; then 3 of the 7 ordered
     # nodes (m2, m3, m1: 0.9995) pass, 1 (m2: 0.9955) fails, 2 (m2, m3) pass
     assert attempted[-3:] == [["m2", "m3", "m1"], ["m2"], ["m2", "m3"]]
-    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n} node(s) of 7 kept float" for n in (3, 1, 2)]
+    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n} node(s) kept float, the first {n} of 7"
+                                                     for n in (3, 1, 2)]
     assert result.stopped == ("keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve the result; "
-                              "then the bisection from the float end passed the gate with the margin, keeping 2 of the "
-                              "7 nodes still quantized in float")
-    assert result.reasons["m3"] == ("from the float end: ranked #2 of 7 by the noise it adds (the fewest of the ranked "
-                                    "nodes kept float that pass)")
+                              "then the bisection from the float end passed the gate with the margin, keeping 2 more "
+                              "node(s) in float (the first 2 of the 7 still quantized)")
+    assert result.reasons["m3"] == "from the float end: #2 by the noise it adds (the fewest kept float that pass)"
+    assert "m1" not in result.reasons
 
 
 def test_search_says_when_only_the_float_model_passes():
@@ -653,10 +655,11 @@ def test_search_says_when_only_the_float_model_passes():
     result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
     assert not result.best.passed
     # never all 7 groups (m7's brings the Sum that writes its input): the float model is not run
-    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n} node(s) of 7 kept float" for n in (3, 5, 6)]
+    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n + (n > 3)} node(s) kept float, the first {n} "
+                                                     "of 7" for n in (3, 5, 6)]
     assert attempted[-1] == ["m2", "m3", "m1", "m7", "sum", "m6", "m5"]
     assert result.stopped.endswith("; the bisection from the float end found no pass short of the float model "
-                                   "(keeping 6 of the 7 nodes still quantized in float failed)")
+                                   "(keeping the first 6 of the 7 nodes still quantized in float failed)")
 
 
 def test_float_end_bisection_keeps_the_weight_cap_and_the_time_bound():
@@ -668,11 +671,38 @@ def test_float_end_bisection_keeps_the_weight_cap_and_the_time_bound():
     capped, attempted = _fan_search(max_float_share=1 / 7 + 1e-6)
     result = capped.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
     assert attempted[-1] == ["m2"] and not result.best.passed
-    assert result.stopped.endswith("keeping 1 of the 7 nodes still quantized in float (the most --max-float-share "
-                                   f"{1 / 7 + 1e-6:g} allows) did not pass either")
+    assert result.stopped.endswith("keeping the first 1 of the 7 nodes still quantized in float (the most "
+                                   f"--max-float-share {1 / 7 + 1e-6:g} allows) did not pass either")
     spent, attempted = _fan_search(seconds=0.0)
     result = spent.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
     assert attempted == [] and result.stopped == spent.limit_reached() and "float end" not in result.stopped
+
+
+def test_float_end_keeps_a_pass_short_of_the_margin_where_none_reaches_it():
+    """No trial of the bisection reaches the margin (0.9999); three pass the gate (0.9995): the best
+    of those is the result, as the search's own phases keep such a trial, not the failing baseline."""
+    search, attempted = _fan_search(needed=0.006, aim=0.9999)
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert result.best.passed and not search.ok(result.best)
+    assert result.best.cosine == pytest.approx(max(t.cosine for t in result.trials if t.passed and t.cosine))
+    assert "passed the gate short of the margin at best" in result.stopped
+
+
+def test_float_end_is_not_tried_where_only_the_target_ep_fails():
+    """The CPU EP passes, the target EP fails: the float model need not pass on that EP either (it
+    computes float in its own precision), so no bisection runs toward it."""
+    search, attempted = _fan_search()
+
+    def on_ep(kept: list[str], label: str) -> Trial:
+        trial = Trial(label, list(kept), 0.999, False, 100, path=Path(label))
+        trial.sides = {"judged_on": ["cpu", "qnn"], "cpu": {"ep": "cpu", "passed": True}, "ep": {"ep": "qnn", "passed": False}}
+        attempted.append(list(kept))
+        return trial
+
+    search.attempt = on_ep
+    result = search.run(on_ep([], "baseline"))
+    assert not any(t.label.startswith("from the float end") for t in result.trials)
+    assert "float end" not in result.stopped
 
 
 def test_decision_shortfall_is_the_largest_gap_to_the_gate():

@@ -248,9 +248,9 @@ class QuantizeOptions(StepOptions):
                                      "judgement of every attempt --auto makes): once spent, no later trial runs there, "
                                      "so none can pass the gate on it; --auto's FP16 probe still gets one judgement.",
                                      Kind.FLOAT, minimum=1.0)
-    max_float_share: float = option(1.0, "--auto-exclude keeps at most this share of the quantizable weights in float "
-                                    "(default: no cap: the search ends at a pass or at the float model; the report "
-                                    "gives the share kept).", Kind.FLOAT, minimum=0.0)
+    max_float_share: float = option(0.5, "--auto-exclude keeps at most this share of the quantizable weights in float: "
+                                    "its search ends at a pass or at this cap (1: at the float model); the report gives "
+                                    "the share left quantized.", Kind.FLOAT, minimum=0.0)
     auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "
                         "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.", Kind.FLAG)
     metrics: dict[str, str] = option(

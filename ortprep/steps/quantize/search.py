@@ -130,7 +130,7 @@ def improved(new: Trial, old: Trial) -> bool:
     Where one of them was not run on the target EP (a trial the CPU EP already failed), both are
     compared on the CPU EP's figures: a cosine over both sides against one over the CPU alone
     would count the EP's error as progress."""
-    if new.path is None and new.cosine is None:
+    if (new.path is None and new.cosine is None) or new.error == FLOAT_MODEL:
         return False
     if new.passed and not old.passed:
         return True
@@ -268,6 +268,7 @@ class Search:
         self.fixed = list(fixed)
         # the nodes the quantizer would quantize, in graph order (the float end's bisection orders them)
         self.quantizable = [node.name for node in graph.node if node.name in quantizable_nodes]
+        self.quantizable_set = set(self.quantizable)
 
     def run(self, baseline: Trial) -> SearchResult:
         """The search; where it ends short of the gate with time left, the bisection from the float
@@ -388,21 +389,29 @@ class Search:
         return result
 
     def converge(self, result: SearchResult) -> SearchResult:
-        """The bisection from the float end, where the search ended short of the gate: every node
-        the quantizer would quantize, ordered by the noise it adds in the best trial (fine_rank,
-        every tensor with any noise; the unranked ones last, the nodes nearest the outputs first),
-        and bisected on how many of the first ones to keep float, between the best trial (fails)
-        and the float model (keeps them all: passes, and is not run). It ends at the fewest nodes
-        that pass, or says that only the float model does. Its trials are its own (about
-        log2(nodes) + 1, past --max-exclude-rounds, which bounds the search before it); the time
-        bound and the target EP's clock still hold, and so does --max-float-share."""
+        """The bisection from the float end, where the search ended short of the gate: the nodes the
+        quantizer would quantize that are still quantized, ordered by the noise they add in the
+        best trial (fine_rank, every tensor with any noise; the unranked ones after them, those
+        nearest the outputs first), bisected on how many of the first ones to keep float (with
+        what writes their inputs), between the best trial (fails) and the float model (passes,
+        and is not run); within --max-float-share, from the most it allows (that trial is run).
+        It ends at the fewest that pass, or says that only the float model (or the cap) is left.
+        Its trials are its own, about log2(nodes) + 1, past --max-exclude-rounds (which bounds the
+        search before it); the time bound and the target EP's clock still hold. Not run where the
+        CPU EP passes and only the target EP fails: there the float model need not pass either
+        (the EP computes float in its own precision), and the moves off the EP come next."""
         best = result.best
-        kept = list(best.kept)
         before = result.stopped
+        sides = best.sides or {}
+        if (sides.get("cpu") or {}).get("passed") and (sides.get("ep") or {}).get("passed") is False:
+            return result
+        kept = list(best.kept)
+        quantizable = set(self.quantizable)
         ranked = self._units(best, kept, self.fine_rank or self.rank) if best.path is not None else []
         order: list[str] = []
         for _, members, _ in ranked:
-            order += [n for n in members if n not in order]
+            order += [n for n in members if n in quantizable and n not in order]
+        measured = len(order)
         order += [n for n in reversed(self.quantizable) if n not in order and n not in kept]
         order = [n for n in order if n not in kept]
         groups = [[m for m in self.closure.get(n, [n]) if m not in kept] for n in order]
@@ -410,15 +419,15 @@ class Search:
         def prefix(count: int) -> list[str]:
             return list(dict.fromkeys(m for group in groups[:count] for m in group))
 
+        if not groups:
+            result.stopped = f"{before}; no node is left to keep float"
+            return result
         high = len(groups)
         everything = set(order)
         while high > 1 and everything <= set(prefix(high - 1)):
             high -= 1  # the inputs' producers go with each node: fewer groups may already reach the float model
         while high > 0 and not self.fits(kept + prefix(high)):
             high -= 1
-        if not groups:
-            result.stopped = f"{before}; no node is left to keep float"
-            return result
         if high == 0:  # --max-float-share leaves no room
             if "of the weights quantized" not in before:
                 result.stopped = (f"{before}; keeping any more in float would leave less than {1 - self.share:.0%} of "
@@ -426,15 +435,26 @@ class Search:
             return result
         capped = not everything <= set(prefix(high))
         if high == 1 and not capped:
-            result.stopped = (f"{before}; only the float model is past it: every node still quantized ({len(order)}) is "
-                              "kept float by keeping the first one")
+            result.stopped = (f"{before}; only the float model is past it: keeping the first of the {len(order)} node(s) "
+                              "still quantized in float keeps them all (with what writes their inputs)")
             return result
-        low, passing = 0, None
+        low, passing, closest = 0, None, None  # closest: the best trial that passed the gate short of the margin
         allowed = len(result.trials) + int(np.ceil(np.log2(high + 1))) + 1
         stopped_by = None
+        tried: dict[frozenset, int] = {frozenset(prefix(0)): 0}
+
+        def judge(count: int, label: str) -> Trial | None:
+            nonlocal closest
+            outcome = self._converge_trial(result, kept + prefix(count), label, allowed)
+            if outcome is not None and outcome.passed and not self.ok(outcome) and (
+                    closest is None or improved(outcome, closest)):
+                closest = outcome
+            return outcome
+
         if capped:  # the float end is beyond --max-float-share: its nearest point is run, not assumed
-            outcome = self._converge_trial(result, kept + prefix(high), f"from the float end: {high} node(s) of "
-                                           f"{len(groups)} kept float (the most --max-float-share allows)", allowed)
+            outcome = judge(high, f"from the float end: {len(prefix(high))} node(s) kept float, the first {high} of "
+                                  f"{len(order)} (the most --max-float-share allows)")
+            tried[frozenset(prefix(high))] = high
             if outcome is None:
                 stopped_by = self._converge_limit(allowed)
             elif self.ok(outcome):
@@ -443,8 +463,16 @@ class Search:
                 low = high
         while stopped_by is None and high - low > 1:
             middle = (low + high) // 2
-            outcome = self._converge_trial(result, kept + prefix(middle),
-                                           f"from the float end: {middle} node(s) of {len(groups)} kept float", allowed)
+            same = tried.get(frozenset(prefix(middle)))
+            if same is not None:  # what it keeps is an endpoint's: that endpoint's verdict stands
+                if same == low:
+                    low = middle
+                else:
+                    high = middle
+                continue
+            tried[frozenset(prefix(middle))] = middle
+            outcome = judge(middle, f"from the float end: {len(prefix(middle))} node(s) kept float, the first {middle} "
+                                    f"of {len(order)}")
             if outcome is None:
                 stopped_by = self._converge_limit(allowed)
                 break
@@ -456,27 +484,40 @@ class Search:
                 low = middle
         if passing is not None:
             count, outcome = passing
-            for position, name in enumerate(order[:count], start=1):
-                for member in groups[position - 1]:
-                    result.reasons.setdefault(member, f"from the float end: ranked #{position} of {len(order)} by the "
-                                                      "noise it adds (the fewest of the ranked nodes kept float that pass)")
+            self._explain_order(order[:count], groups, measured, result.reasons)
             result.best = outcome
             result.stopped = (f"{before}; then the bisection from the float end passed the gate with the margin, "
-                              f"keeping {count} of the {len(order)} nodes still quantized in float")
+                              f"keeping {len(prefix(count))} more node(s) in float (the first {count} of the "
+                              f"{len(order)} still quantized)")
+            return result
+        if closest is not None and improved(closest, result.best):
+            # none reached the margin; one passed the gate: as the search's own phases keep such a trial
+            count = len(closest.kept) - len(kept)
+            self._explain_order([n for n in order if n in set(closest.kept)], groups, measured, result.reasons)
+            result.best = closest
+            result.stopped = (f"{before}; then the bisection from the float end passed the gate short of the margin at "
+                              f"best, keeping {count} more node(s) in float")
             return result
         if stopped_by is not None:
             result.stopped = f"{before}; the bisection from the float end stopped: {stopped_by}"
-        elif capped:
-            result.stopped = (f"{before}; keeping {high} of the {len(order)} nodes still quantized in float (the most "
-                              f"--max-float-share {self.share:g} allows) did not pass either")
+        elif capped and low == high:
+            result.stopped = (f"{before}; keeping the first {high} of the {len(order)} nodes still quantized in float "
+                              f"(the most --max-float-share {self.share:g} allows) did not pass either")
         else:
             result.stopped = (f"{before}; the bisection from the float end found no pass short of the float model "
-                              f"(keeping {low} of the {len(order)} nodes still quantized in float failed"
-                              + (f"; keeping {high} leaves nothing quantized" if high < len(groups) else "") + ")")
+                              f"(keeping the first {low} of the {len(order)} nodes still quantized in float failed"
+                              + (f"; keeping {high} leaves nothing quantized" if high < len(groups) and not capped else "")
+                              + ")")
         return result
 
-    def _converge_limit(self, allowed: int) -> str:
-        return self.limit_reached() if self.out_of_time() else f"its trials were spent ({allowed} in all)"
+    def _explain_order(self, names: list[str], groups: list[list[str]], measured: int, reasons: dict[str, str]) -> None:
+        for position, group in enumerate(groups, start=1):
+            if not group or group[0] not in names:
+                continue
+            why = (f"from the float end: #{position} by the noise it adds" if position <= measured else
+                   f"from the float end: #{position}, no noise measured on it (nearest the outputs first)")
+            for member in group:
+                reasons.setdefault(member, why + " (the fewest kept float that pass)")
 
     def _converge_trial(self, result: SearchResult, nodes: list[str], label: str, allowed: int) -> Trial | None:
         if self.out_of_time() or len(result.trials) >= allowed:
@@ -565,7 +606,11 @@ class Search:
         return f"the trial limit ({self.max_trials}) was reached"
 
     def fits(self, nodes: list[str]) -> bool:
-        unique = set(nodes)
+        """Whether keeping ``nodes`` float keeps within --max-float-share of the quantizable weights
+        (only the quantizable nodes' weights count: the others stay float anyway)."""
+        if self.share >= 1:
+            return True
+        unique = set(nodes) & self.quantizable_set
         return sum(self.cost.get(n, 0) for n in unique) <= self.budget
 
     def _units(self, current: Trial, kept: list[str], rank=None) -> list[tuple[str, list[str], float]]:
@@ -681,6 +726,12 @@ class Trials:
             error = move_off_ep(output, off)
             if error is not None:
                 return Trial(label, list(kept), None, False, 0, None, error, off=off)
+        if (not label.startswith("baseline") and set(kept) - set(self.fixed)
+                and quantization_stats(onnx.load(str(output), load_external_data=False))["quantized_ops"] == 0):
+            # a search trial whose kept nodes leave nothing quantized is the float model: it passes
+            # trivially, and a search that took it would end at "nothing was quantized" instead of at
+            # its verdict; not evaluated (no EP time), no figure: neither a pass nor progress
+            return Trial(label, list(kept), None, False, model_bytes(output), output, FLOAT_MODEL, off=off)
         evaluation = None
         if self.eval_feeds:
             if self.progress is not None:
@@ -700,12 +751,6 @@ class Trials:
             return Trial(label, list(kept), None, True, model_bytes(output), output, off=off)
         on_ep = evaluation.on_ep
         error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
-        if kept and not error and quantization_stats(onnx.load(str(output), load_external_data=False))["quantized_ops"] == 0:
-            # every node the quantizer computes on kept float: the float model passes trivially, and a
-            # search that took it would end at "nothing was quantized" instead of at its verdict; no
-            # figure, so that it counts neither as a pass nor as progress
-            evaluation.passed = False
-            return Trial(label, list(kept), None, False, model_bytes(output), output, FLOAT_MODEL, off=off)
         cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
                            for o in evaluation.outputs[:16]], "error": evaluation.error}

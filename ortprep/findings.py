@@ -129,6 +129,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT025", "bias Adds after ConvTranspose folded into its bias for QNN's HTP", Severity.INFO),
         FindingKind("QNT026", "BatchNormalizations after Conv folded into it for QNN's HTP", Severity.INFO),
         FindingKind("QNT027", "most of the result's weights stay float", Severity.WARNING),
+        FindingKind("QNT028", "activations given 16 bits by --auto-exclude", Severity.INFO),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

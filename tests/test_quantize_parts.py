@@ -678,6 +678,39 @@ def test_float_end_bisection_keeps_the_weight_cap_and_the_time_bound():
     assert attempted == [] and result.stopped == spent.limit_reached() and "float end" not in result.stopped
 
 
+def test_search_gives_16_bits_before_it_keeps_nodes_float():
+    """With a 16-bit rung (static, 8-bit activations), the ranked tensors get 16 bits, the worst 1,
+    then 2 (a2 and a3: their nodes' noise gone, 0.9985 passes), before any node is kept float; the
+    weights stay quantized."""
+    search, attempted = _fan_search()
+    tensors_of = {"a1": "m1", "a2": "m2", "a3": "m3"}
+    widened: list[list[str]] = []
+
+    def attempt_wide(kept: list[str], tensors: list[str], label: str) -> Trial:
+        widened.append(list(tensors))
+        quiet = {tensors_of[t] for t in tensors}
+        cosine = round(1 - sum(cost for node, cost in FAN_NOISE.items() if node not in kept and node not in quiet), 6)
+        return Trial(label, list(kept), cosine, cosine >= 0.998, 100, path=Path(label), wide=list(tensors))
+
+    search.attempt_wide = attempt_wide
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert widened == [["a2"], ["a2", "a3"]]
+    assert result.best.wide == ["a2", "a3"] and result.best.kept == [] and result.best.passed
+    assert not any(t.label.startswith("from the float end") for t in result.trials)
+    assert result.stopped.endswith("then 16-bit activations on the 2 worst-ranked tensor(s) passed the gate with the "
+                                   "margin (the weights stay as asked)")
+    assert result.best.to_record(100)["activations_16bit"] == 2
+    # where no count of 16-bit tensors passes, the float end follows
+    search, attempted = _fan_search()
+    search.attempt_wide = lambda kept, tensors, label: Trial(label, list(kept), 0.99, False, 100, path=Path(label),
+                                                             wide=list(tensors))
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert [t.label for t in result.trials if t.wide] == [f"16-bit activations: the worst {n} of 3 ranked tensor(s)"
+                                                         for n in (1, 2, 3)]
+    assert "16-bit activations on the worst 1 to 3 of 3 ranked tensors did not pass" in result.stopped
+    assert result.best.kept == ["m2", "m3"] and result.best.passed
+
+
 def test_float_end_keeps_a_pass_short_of_the_margin_where_none_reaches_it():
     """No trial of the bisection reaches the margin (0.9999); three pass the gate (0.9995): the best
     of those is the result, as the search's own phases keep such a trial, not the failing baseline."""

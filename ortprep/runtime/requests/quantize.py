@@ -198,6 +198,14 @@ class Quantize(Request):
                                  set(options.get("exclude_nodes") or ()))
         if fixed:
             extra["TensorQuantOverrides"] = {**fixed, **extra.get("TensorQuantOverrides", {})}
+        wide = [name for name in options.get("wide_tensors") or () if name not in extra.get("TensorQuantOverrides", {})]
+        if wide:
+            # the search's 16-bit rung: these activations get 16-bit Q/DQ (the quantizer converts
+            # between widths where a tensor's neighbours differ), the weights stay as asked
+            signed = types[options["activation_type"]] in (QuantType.QInt8, QuantType.QInt16)
+            width = QuantType.QInt16 if signed else QuantType.QUInt16
+            extra["TensorQuantOverrides"] = {**extra.get("TensorQuantOverrides", {}),
+                                             **{name: [{"quant_type": width}] for name in wide}}
         methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                    "percentile": CalibrationMethod.Percentile}
         cached = {}

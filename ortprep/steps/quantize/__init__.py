@@ -107,6 +107,7 @@ class Outcome:
     floored: list[dict] = field(default_factory=list)  # weights whose scales were raised for QNN (edits.floor_weight_scales)
     fp16_matmuls: list[str] = field(default_factory=list)  # MatMuls of two 16-bit activations computed in FP16 (QNN)
     off_ep: list[dict] = field(default_factory=list)  # nodes kept off the target EP (off_target.py): name, op_type, reason
+    wide: list[str] = field(default_factory=list)  # activations the search gave 16 bits (Search.widen)
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -192,7 +193,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     return Outcome(best, chosen, excluded, search_record, source=label,
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
                    floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
-                   off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []))
+                   off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide))
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -275,7 +276,7 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
         "evaluation_inputs": None, "output_headroom": None, "raised_weight_scales": None, "fp16_matmuls": None, "folded_biases": None, "folded_batch_norms": None, "ep_divergence": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},
-        "quantized_ops": 0, "quantized_weights": 0, "quantized_weight_share": None, "excluded_nodes": [], "kept_off_ep": [], "search": None,
+        "quantized_ops": 0, "quantized_weights": 0, "quantized_weight_share": None, "wide_activations": [], "excluded_nodes": [], "kept_off_ep": [], "search": None,
         "gate_target": None,
     }
 
@@ -443,6 +444,12 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             others = [label for label, _ in auto_order(options)[1:]]  # what --auto would try next, here
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
                                     worst=names, writers=writers, others=others, searched=bool(outcome.search)))
+        if outcome.wide and evaluation is not None:
+            report.add(Finding.of(
+                "QNT028", f"--auto-exclude gave {len(outcome.wide)} activation(s) 16 bits, the weights staying "
+                f"{settings['weight_type']} (" + ", ".join(outcome.wide[:8]) + (", ..." if len(outcome.wide) > 8 else "")
+                + f"): lowest cosine {fmt_cosine(evaluation.gate_cosine)}",
+                fix="see wide_activations and search; the CPU EP computes a 16-bit node in float between its Q/DQ pairs"))
         auto = [e for e in excluded if e["reason"] != "--exclude-node"]
         if auto and evaluation is not None:
             judged = " and ".join(evaluation.judged_on)
@@ -522,6 +529,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         "quantized_ops": stats["quantized_ops"],
         "quantized_weights": stats["quantized_weights"],
         "quantized_weight_share": stats["quantized_weight_share"],
+        "wide_activations": outcome.wide,
         "excluded_nodes": excluded,
         "kept_off_ep": outcome.off_ep,
         "search": outcome.search,

@@ -97,10 +97,12 @@ class Trial:
     sides: dict | None = None  # {"judged_on", "cpu": summary, "ep": summary or None} (Judgement.summary)
     shortfall: float | None = None  # how far its held-back decisions fall short of the gate (Evaluation.shortfall); 0: none does
     off: list[str] = field(default_factory=list)  # nodes kept off the target EP (off_ep.keep_off_ep): the CPU EP runs them
+    wide: list[str] = field(default_factory=list)  # activations given 16 bits (the search's 16-bit rung; weights as asked)
 
     def to_record(self, size_before: int) -> dict:
         sides = self.sides or {}
         return {"label": self.label, "kept_in_float": len(self.kept), "kept_off_ep": len(self.off),
+                "activations_16bit": len(self.wide),
                 "cosine": self.cosine, "passed": self.passed,
                 "size_ratio": round(self.size / size_before, 4) if size_before and self.size else None,
                 "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None if self.shortfall is None else round(self.shortfall, 6),
@@ -222,7 +224,11 @@ class Search:
                  blame: Callable[[Trial, list[str]], list[tuple[str, str, float]]] | None = None,
                  seconds: float | None = None, started: float | None = None,
                  fine_rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]] | None = None,
-                 clock: EpClock | None = None) -> None:
+                 clock: EpClock | None = None,
+                 attempt_wide: Callable[[list[str], list[str], str], Trial] | None = None) -> None:
+        # attempt_wide(kept, tensors, label): a trial whose ``tensors`` get 16-bit activations (the
+        # 16-bit rung, where the activations are 8-bit and the EP runs mixed widths); None: no such rung
+        self.attempt_wide = attempt_wide
         # the step's time on the target EP (--ep-total-seconds): once spent, no trial can pass there
         self.clock = clock
         # no trial starts ``seconds`` after ``started`` (time.monotonic(), the quantize step's
@@ -276,7 +282,92 @@ class Search:
         result = self._run(baseline)
         if self.ok(result.best) or self.out_of_time():
             return result
+        result = self.widen(result)
+        if self.ok(result.best) or self.out_of_time():
+            return result
         return self.converge(result)
+
+    def widen(self, result: SearchResult) -> SearchResult:
+        """The 16-bit rung, before the float end: the tensors still quantized, ranked by their noise
+        in the best trial (fine_rank), the worst 1, 2, 4, ... given 16-bit activations (weights stay
+        as asked) until a trial passes, then bisected between the last that failed and it for the
+        fewest that pass. Doubling rather than bisecting from "all 16-bit": that end need not pass
+        (measured: ORT 1.32's CPU EP fuses a MatMul whose input is 16-bit and whose weight is an 8-bit
+        DequantizeLinear into MatMulNBits at accuracy level 4, int8 activations per block of 32, and a
+        block with one large value loses the rest; cosine 0.70 where optimizations off give 0.9999).
+        A tensor costs no weight this way, so this comes before keeping nodes float. Not run where
+        only the target EP fails (its own error, as for the float end) or without attempt_wide."""
+        best = result.best
+        sides = best.sides or {}
+        if self.attempt_wide is None or best.path is None or (
+                (sides.get("cpu") or {}).get("passed") and (sides.get("ep") or {}).get("passed") is False):
+            return result
+        kept = list(best.kept)
+        tensors = list(dict.fromkeys(label for label, _, _ in self._units(best, kept, self.fine_rank or self.rank)))
+        if not tensors:
+            return result
+        before = result.stopped
+        steps = int(np.ceil(np.log2(len(tensors)))) + 1
+        allowed = len(result.trials) + 2 * steps
+
+        def judge(count: int) -> Trial | None:
+            if self.out_of_time() or len(result.trials) >= allowed:
+                return None
+            outcome = self.attempt_wide(kept, tensors[:count], f"16-bit activations: the worst {count} of "
+                                                                 f"{len(tensors)} ranked tensor(s)")
+            result.trials.append(outcome)
+            return outcome
+
+        low, count, chosen, closest = 0, 1, None, None
+        while True:
+            count = min(count, len(tensors))
+            outcome = judge(count)
+            if outcome is None:
+                break
+            if self.ok(outcome):
+                chosen = outcome
+                break
+            if outcome.passed and (closest is None or improved(outcome, closest)):
+                closest = outcome
+            low = count
+            if count == len(tensors):
+                break
+            count *= 2
+        if chosen is not None:
+            high = count
+            while high - low > 1:
+                middle = (low + high) // 2
+                outcome = judge(middle)
+                if outcome is None:
+                    break
+                if self.ok(outcome):
+                    high, chosen = middle, outcome
+                else:
+                    low = middle
+            earlier = [n for n in kept if n not in self.fixed]
+            if earlier and not self.out_of_time():
+                # the nodes the earlier phases kept float may be needless now: one trial without them
+                outcome = self.attempt_wide(list(self.fixed), list(chosen.wide),
+                                            f"16-bit activations: the worst {len(chosen.wide)}, without the "
+                                            f"{len(earlier)} node(s) kept float before")
+                result.trials.append(outcome)
+                if self.ok(outcome):
+                    chosen = outcome
+                    for name in earlier:
+                        result.reasons.pop(name, None)
+            result.best = chosen
+            result.stopped = (f"{before}; then 16-bit activations on the {len(chosen.wide)} worst-ranked tensor(s) passed "
+                              "the gate with the margin (the weights stay as asked"
+                              + (f"; {len(chosen.kept) - len(self.fixed)} node(s) kept float" if len(chosen.kept) > len(self.fixed)
+                                 else "") + ")")
+        elif closest is not None and improved(closest, best):
+            result.best = closest
+            result.stopped = (f"{before}; 16-bit activations on the {len(closest.wide)} worst-ranked tensor(s) passed the "
+                              "gate short of the margin at best")
+        else:
+            result.stopped = (f"{before}; 16-bit activations on the worst 1 to {low} of {len(tensors)} ranked tensors did "
+                              "not pass" + ("" if low else " (no trial ran: " + self._converge_limit(allowed) + ")"))
+        return result
 
     def _run(self, baseline: Trial) -> SearchResult:
         result = SearchResult(best=baseline, trials=[baseline])
@@ -699,13 +790,21 @@ class Trials:
             self._margin_feeds = margin_samples(self.plan)
         return self._margin_feeds
 
-    def attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None = None) -> Trial:
+    def attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None = None,
+                wide: list[str] | None = None) -> Trial:
+        """``wide``: activations given 16 bits (Search.widen)."""
+        trial = self._attempt(source, kept, label, off, list(wide or []))
+        trial.wide = list(wide or [])
+        return trial
+
+    def _attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str]) -> Trial:
         off = list(self.off if off is None else off)
         self.count += 1
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()
         output = folder / "quantized.onnx"
-        ok, error = run_quantizer(self.workdir, source, output, self.options.mode, self.settings, self.plan.calibration,
+        settings = {**self.settings, "wide_tensors": wide} if wide else self.settings
+        ok, error = run_quantizer(self.workdir, source, output, self.options.mode, settings, self.plan.calibration,
                                   self.plan.calib_indices, kept, self.options.exclude_ops, self.big, self.progress)
         if not ok:
             self.failure = self.failure or error
@@ -997,6 +1096,19 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
                             starts=1 if parted and "where" not in parted[0] else LATE_STARTS)
 
 
+# EPs that run QDQ models whose activations mix 8 and 16 bits (the quantizer's conversions between
+# widths): ORT's CPU EP (its Q/DQ kernels take 16-bit types; measured: the journey's CNN with two
+# 16-bit tensors, cosine 0.99998 against float) and QNN's HTP (ORT's mixed-precision QDQ for QNN)
+MIXED_WIDTH_EPS = (None, "cpu", "qnn")
+
+
+def wide_rung(options: QuantizeOptions, settings: dict) -> bool:
+    """Whether the search has a 16-bit rung: static QDQ with 8-bit activations, for an EP that runs
+    mixed widths."""
+    return (options.mode == "static" and settings.get("format") == "qdq"
+            and settings.get("activation_type") in ("uint8", "int8") and options.ep in MIXED_WIDTH_EPS)
+
+
 def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeOptions, proto: ModelProto
                ) -> tuple[Trial, dict, dict[str, str]]:
     """The search from ``baseline`` on the float model ``source`` (``proto``: its graph): the best
@@ -1080,7 +1192,9 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                     fixed=list(trials.fixed), aim=margin_aim(options.min_cosine), first_rules=first_rules, blame=blame,
                     seconds=options.search_seconds, started=trials.started,
                     fine_rank=lambda trial, kept: rank(trial, kept, floor=0.0),
-                    clock=trials.target.clock if trials.target is not None else None)
+                    clock=trials.target.clock if trials.target is not None else None,
+                    attempt_wide=(lambda kept, wide, label: trials.attempt(source, kept, label, wide=wide))
+                    if wide_rung(options, trials.settings) else None)
     result = search.run(baseline)
     if not off_records and not search.ok(result.best):
         # nothing parted below DIVERGED before the search, and the search did not pass: the move

@@ -1218,3 +1218,46 @@ def test_auto_exclude_gives_the_outlier_tensor_16_bits(tmp_path):
     expected = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, fresh)[0]
     got = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, fresh)[0]
     assert float(np.dot(expected.ravel(), got.ravel()) / np.linalg.norm(expected) / np.linalg.norm(got)) > 0.99
+
+
+def test_sixteen_bit_matmuls_on_the_cpu_ep_are_named(tmp_path):
+    """A16W8 of x -> MatMul -> Add (one channel at 2000) -> MatMul (which ignores that channel): ORT's
+    CPU EP fuses the second MatMul into MatMulNBits at accuracy level 4 (int8 activations per block
+    of 32), the gate sees the default session fail (cosine about 0.7), and QNT029 names the MatMuls
+    and the session option that computes them in float; with it the same file holds."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((64, 64)) * 0.3).astype(np.float32)
+    bias = np.zeros(64, np.float32)
+    bias[0] = 2000.0
+    w2 = (rng.standard_normal((64, 256)) * 0.1).astype(np.float32)
+    w2[0, :] = 0.0
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Add", ["h", "b"], ["h2"], name="shift"),
+         helper.make_node("MatMul", ["h2", "W2"], ["y"], name="mm2")], "shifted",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(bias, "b"), numpy_helper.from_array(w2, "W2")])
+    model = tmp_path / "shifted.onnx"
+    onnx.save_model(models.make(graph), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 64), 20)
+    code, record, _ = quantize(model, "--static", "--calib", calib, "--activation-type", "uint16", "--keep-failed",
+                               "-o", tmp_path / "q.onnx")
+    assert code == 1 and record["verify"]["cosine"] < 0.9
+    warning = next(f for f in record["findings"] if f["code"] == "QNT029")
+    # (ORT's pre-processing made the first MatMul and the Add a Gemm)
+    assert warning["message"].startswith("2 MatMul/Gemm node(s) read 16-bit activations and 8-bit weights "
+                                         "(mm1/MatMulAddFusion, mm2)")
+    assert "session.qdq_matmulnbits_accuracy_level=1" in warning["fix"]
+    # what the fix says, measured on the refused file: float compute gives back the float model's output
+    fresh = {"x": np.random.default_rng(7).standard_normal((1, 64)).astype(np.float32)}
+    expected = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, fresh)[0]
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
+    fixed = ort.InferenceSession(record["kept_failed"], options, providers=["CPUExecutionProvider"]).run(None, fresh)[0]
+    default = ort.InferenceSession(record["kept_failed"], providers=["CPUExecutionProvider"]).run(None, fresh)[0]
+
+    def cosine(a, b):
+        return float(np.dot(a.ravel(), b.ravel()) / np.linalg.norm(a) / np.linalg.norm(b))
+
+    assert cosine(expected, fixed) > 0.999 and cosine(expected, default) < 0.9

@@ -41,6 +41,7 @@ from ortprep.steps.quantize.edits import (
     float_weighted,
     fold_batch_norms,
     fold_conv_transpose_bias,
+    int8_compute_matmuls,
     name_nodes,
     output_writers,
     quantization_stats,
@@ -444,6 +445,16 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             others = [label for label, _ in auto_order(options)[1:]]  # what --auto would try next, here
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
                                     worst=names, writers=writers, others=others, searched=bool(outcome.search)))
+        int8_compute = int8_compute_matmuls(quantized) if options.mode == "static" and options.ep in (None, "cpu") else []
+        if int8_compute:
+            shown = ", ".join(int8_compute[:6]) + (", ..." if len(int8_compute) > 6 else "")
+            report.add(Finding.of(
+                "QNT029", f"{len(int8_compute)} MatMul/Gemm node(s) read 16-bit activations and 8-bit weights ({shown}): "
+                "ORT's CPU EP fuses each into MatMulNBits at accuracy level 4, which quantizes the activation to int8 per "
+                "block of 32 at run time (measured, onnxruntime 1.32: an activation with one large channel, cosine 0.70 "
+                "against float; 0.9999 in float compute); the gate judged that default session",
+                fix="where the application's output suffers there, its session can set "
+                    "session.qdq_matmulnbits_accuracy_level=1 (float compute: SessionOptions.add_session_config_entry)"))
         if outcome.wide and evaluation is not None:
             report.add(Finding.of(
                 "QNT028", f"--auto-exclude gave {len(outcome.wide)} activation(s) 16 bits, the weights staying "

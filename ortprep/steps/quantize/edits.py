@@ -172,6 +172,38 @@ INTEGER_WEIGHT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN", "Attention")
 
 
+def int8_compute_matmuls(proto: ModelProto) -> list[str]:
+    """The MatMul/Gemm nodes (top graph) that read a 16-bit activation through a DequantizeLinear and
+    an 8- or 4-bit constant weight through another: ORT's CPU EP (its default session) fuses each
+    DequantizeLinear(weight) + MatMul into MatMulNBits at accuracy level 4
+    (``session.qdq_matmulnbits_accuracy_level``, default 4: onnxruntime's session options header,
+    DQMatMulToMatMulNBitsSelector), which quantizes the activation to int8 per block of 32 at run
+    time. Measured with onnxruntime 1.32.0: a 16-bit activation with one channel at 2000 beside values
+    near 1, read by a MatMul, cosine 0.70 against float; 0.9999 with the option at 1 (float compute)
+    or with optimizations off."""
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    narrow = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
+
+    def dq_width(name: str) -> int | None:
+        node = producers.get(name)
+        if node is None or node.op_type != "DequantizeLinear" or len(node.input) < 3 or node.input[2] not in inits:
+            return None
+        return inits[node.input[2]].data_type
+
+    found = []
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        weight = producers.get(node.input[1])
+        if (dq_width(node.input[0]) in (TensorProto.UINT16, TensorProto.INT16) and weight is not None
+                and weight.op_type == "DequantizeLinear" and weight.input[0] in inits
+                and inits[weight.input[0]].data_type in narrow):
+            found.append(node.name or node.output[0])
+    return found
+
+
 def output_writers(quant_proto: ModelProto, outputs: list[str]) -> tuple[list[str], list[str]]:
     """For ``outputs`` of a quantized model: the first node on the way back from each that computes
     on quantized data (a QOperator op, or a QDQ node unit: DequantizeLinear in, QuantizeLinear out),

@@ -10,9 +10,11 @@ dynamic inputs, else the built or shipped one):
     quantize FLOAT --static --calib CALIB --auto-exclude -o static.onnx --force --json
     quantize FLOAT --dynamic --eval CALIB --auto-exclude -o dynamic.onnx --force --json
 
-(--auto-exclude on both since session 25: the search that ends at a pass or at the float model is
-what a user asking for int8 within the gate types; the table gives the share of the weights each
-written file keeps quantized.)
+(--auto-exclude on both since session 25: the search that ends at a pass, at the float model or at
+--max-float-share is what a user asking for int8 within the gate types; the table gives the share
+of the weights each written file keeps quantized. Since session 25 too, each command carries the
+case's --metric, as the journey passes it: what a user who knows the model's application says; and
+a built or sample case the journey has not run is built here as the journey builds it.)
 
 Both carry --keep-failed: a refused result is kept beside the output (static.failed.onnx) and judged
 on the fresh inputs like a written one, so that each refusal is measured as right (the refused file
@@ -79,7 +81,7 @@ sys.path.insert(0, str(BENCH))
 import bench_corpus  # noqa: E402
 from decision_rates import BARS, wilson  # noqa: E402
 from journey import compare, decide, launch, ortprep, tree_state, write_samples  # noqa: E402
-from journey_corpus import CORPUS, JourneyCase  # noqa: E402
+from journey_corpus import CORPUS, JourneyCase, build  # noqa: E402
 
 CASES = {case.name: case for case in CORPUS}
 
@@ -104,6 +106,24 @@ def float_model(case: JourneyCase, journey: Path) -> Path | None:
     candidates = [journey / case.name / "fixed.onnx",
                   journey / "models" / name if kind == "wheel" else journey / case.name / f"{name}.onnx"]
     return next((path for path in candidates if path.exists()), None)
+
+
+def build_float_model(case: JourneyCase, journey: Path) -> Path | None:
+    """Where the journey has not run a built or sample case: its model built as the journey builds
+    it (journey_corpus.build), and its shapes fixed with the journey's own command (convert
+    --fix-shape) where the journey fixes them. Wheel models come from bench_corpus.fetch."""
+    kind, _, _ = case.source.partition(":")
+    if kind == "wheel":
+        return None
+    folder = journey / case.name
+    built = build(case, folder, journey / "models")
+    if not case.static:
+        return built
+    fixed = folder / "fixed.onnx"
+    shapes = [a for name, dims in case.static.items() for a in ("--fix-shape", f"{name}={','.join(map(str, dims))}")]
+    sample = write_samples(case, folder / "independent", 1, seed=7)[0]
+    entry = ortprep("convert", ["convert", built, *shapes, "--inputs", sample, "-o", fixed, "--force"], folder, TIMEOUT)
+    return fixed if entry["exit"] == 0 and fixed.exists() else None
 
 
 def _nodes(graph: onnx.GraphProto):
@@ -175,6 +195,8 @@ def command_record(entry: dict, target: Path) -> dict:
                                                       "region_agreement", "required_regions")}}
                       for o in verify.get("outputs") or [] if o.get("decision")],
         "excluded_nodes": len(report.get("excluded_nodes") or []),
+        # the share of the weight values stored as integers (what the nodes kept float cost)
+        "weight_share": report.get("quantized_weight_share"),
         "error_codes": sorted({f["code"] for f in errors}),
         "findings": [{k: f.get(k) for k in ("code", "severity", "message", "fix")} for f in findings],
         "names": remedies_named(findings),
@@ -288,7 +310,7 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
     row: dict = {"model": case.name, "half": case.half, "decision": case.decision,
                  "bar": BARS[case.decision] if case.decision else COSINE_BAR,
                  "tree": tree_state()}  # others work in the same tree: the code this model's commands ran
-    source = float_model(case, journey)
+    source = float_model(case, journey) or build_float_model(case, journey)
     if source is None:
         print(f"  {case.name}: no float model in {journey}; skipped", file=sys.stderr, flush=True)
         return {**row, "skipped": f"no float model in {journey.relative_to(ROOT)}/{case.name}"}
@@ -307,10 +329,12 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
 
     commands: dict[str, dict] = {}
     calib_dir = folder / "calib"
-    plain = {"static": ["--static", "--calib", calib_dir, "--auto-exclude", "--keep-failed"],
-             "dynamic": ["--dynamic", "--eval", calib_dir, "--auto-exclude", "--keep-failed"]}
-    retry = {"static": ["--static", "--calib", calib_dir, "--auto-exclude", "--auto"],
-             "dynamic": ["--dynamic", "--calib", calib_dir, "--auto-exclude", "--auto"]}
+    # what the application reads, as the journey passes it (a user who knows the model says it)
+    metric_args = [a for name, kind in case.metrics.items() for a in ("--metric", f"{name}={kind}")]
+    plain = {"static": ["--static", "--calib", calib_dir, "--auto-exclude", "--keep-failed", *metric_args],
+             "dynamic": ["--dynamic", "--eval", calib_dir, "--auto-exclude", "--keep-failed", *metric_args]}
+    retry = {"static": ["--static", "--calib", calib_dir, "--auto-exclude", "--auto", *metric_args],
+             "dynamic": ["--dynamic", "--calib", calib_dir, "--auto-exclude", "--auto", *metric_args]}
     for kind in ("static", "dynamic"):
         target = folder / f"{kind}.onnx"
         entry = ortprep(kind, ["quantize", source, *plain[kind], "-o", target, "--force"], folder, TIMEOUT)
@@ -464,10 +488,15 @@ def peer_verdict(record: dict) -> str:
     return judged_verdict(record)
 
 
+def kept_cell(record: dict) -> str:
+    share = record.get("weight_share")
+    return f"{record['excluded_nodes']}" + (f" ({share:.0%})" if share is not None and record.get("written") else "")
+
+
 def table_rows(rows: list[dict]) -> list[str]:
     lines = ["| model | transform | exit | written | gate cosine | gate decision: agreement / expected | "
              "measured on fresh inputs (95% interval) | lowest cosine / norm ratio | bar | verdict | latency int8/float | "
-             "nodes kept float | s | peak RSS MB | peer: measured (95% interval) | peer: lowest cosine / norm ratio | "
+             "nodes kept float (weights integer) | s | peak RSS MB | peer: measured (95% interval) | peer: lowest cosine / norm ratio | "
              "peer verdict | peer s | peer peak RSS MB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---|---|---|---:|---:|"]
     for row in rows:
@@ -483,7 +512,7 @@ def table_rows(rows: list[dict]) -> list[str]:
             lines.append(
                 f"| {name} | {kind} | {code}{codes} | {'yes' if mine['written'] else 'no'} | {_num(mine['gate_cosine'])} | "
                 f"{gate_decision_cell(row, mine)} | {measured_cell(row, mine)} | {cosine_cell(mine)} | {bar} | "
-                f"{verdict_cell(row, kind)} | {_num(mine['latency_ratio'], 2)} | {mine['excluded_nodes']} | "
+                f"{verdict_cell(row, kind)} | {_num(mine['latency_ratio'], 2)} | {kept_cell(mine)} | "
                 f"{mine['seconds']:.0f} | {mine['peak_rss_mb']} | {measured_cell(row, peer)} | {cosine_cell(peer)} | "
                 f"{peer_verdict(peer)} | {peer['seconds']:.0f} | {peer['peak_rss_mb']} |")
     return lines
@@ -655,6 +684,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())
+        for row in saved["rows"]:  # a run before the share was recorded: read it from the command's own report
+            for label, record in (row.get("commands") or {}).items():
+                answer = args.out / row["model"] / f"{label}.json"
+                if "weight_share" not in record and not label.startswith("peer") and answer.exists():
+                    try:
+                        record["weight_share"] = json.loads(answer.read_text()).get("quantized_weight_share")
+                    except ValueError:
+                        pass
         text = report(saved["rows"], saved["meta"])
         (args.out / "table.md").write_text(text)
         print(text)

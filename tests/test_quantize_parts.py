@@ -4,6 +4,7 @@ selection logic (trials and ranking given as numbers), the held-back share."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -709,6 +710,65 @@ def test_search_gives_16_bits_before_it_keeps_nodes_float():
                                                          for n in (1, 2, 3)]
     assert "16-bit activations on the worst 1 to 3 of 3 ranked tensors did not pass" in result.stopped
     assert result.best.kept == ["m2", "m3"] and result.best.passed
+
+
+def test_rung_that_runs_out_of_time_says_so():
+    """The time bound falls while the rung ranks its tensors: no trial runs, the search says which
+    bound, and nothing raises."""
+    search, attempted = _fan_search(seconds=20)
+    search.attempt_wide = lambda kept, tensors, label: Trial(label, list(kept), 0.99, False, 100, path=Path(label),
+                                                             wide=list(tensors))
+    ranking = search.fine_rank
+
+    def slow_rank(trial, kept):
+        search.deadline = time.monotonic() - 1  # the bound falls during the ranking
+        return ranking(trial, kept)
+
+    search.fine_rank = slow_rank
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert not any(t.wide for t in result.trials)
+    assert result.stopped.endswith("16-bit activations on the worst 1 to 0 of 3 ranked tensors did not pass (then: "
+                                   "the time bound (20 s, --search-seconds) was reached)")
+
+
+def test_rung_pass_short_of_the_margin_is_kept_after_the_float_end():
+    """Two 16-bit tensors pass the gate but not the margin; the float end (from the trial before
+    the rung, every tensor at 8 bits) finds nothing better within the cap: the rung's trial is the
+    result, and the float end's trials carried no 16-bit tensor."""
+    search, attempted = _fan_search(max_float_share=1 / 7 + 1e-6, seconds=20)
+
+    def attempt_wide(kept, tensors, label):
+        short = len(tensors) >= 2
+        return Trial(label, list(kept), 0.996 if short else 0.99, short, 100, path=Path(label), wide=list(tensors))
+
+    search.attempt_wide = attempt_wide
+    search.aim = 0.998
+    result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
+    assert result.best.wide == ["a2", "a3"] and result.best.passed and not search.ok(result.best)
+    assert result.stopped.endswith("; the best kept is the rung's: 16-bit activations on 2 tensor(s), passing the gate "
+                                   "short of the margin")
+    assert all(not t.wide for t in result.trials if t.label.startswith("from the float end"))
+
+
+def test_int8_compute_matmuls_skips_a_transposed_gemm():
+    """A 16-bit activation into a MatMul and into a Gemm without transposes (ORT's CPU EP fuses both
+    into MatMulNBits at accuracy level 4), and into a Gemm with transB=1 (PyTorch's Linear, which
+    it does not fuse: measured, onnxruntime 1.32.0)."""
+    from ortprep.steps.quantize.edits import int8_compute_matmuls
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint16), "z16"),
+             numpy_helper.from_array(np.array(0, np.int8), "z8")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z16"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z16"], ["xd"], name="dq")]
+    for name, op, attrs in (("plain", "MatMul", {}), ("gemm", "Gemm", {}), ("linear", "Gemm", {"transB": 1})):
+        inits.append(numpy_helper.from_array(rng.integers(-9, 9, (8, 8)).astype(np.int8), f"{name}_w"))
+        nodes += [helper.make_node("DequantizeLinear", [f"{name}_w", "s", "z8"], [f"{name}_wd"], name=f"{name}_dq"),
+                  helper.make_node(op, ["xd", f"{name}_wd"], [f"{name}_y"], name=name, **attrs)]
+    graph = helper.make_graph(nodes, "widths", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(f"{n}_y", TensorProto.FLOAT, [1, 8]) for n in ("plain", "gemm", "linear")],
+                              inits)
+    assert int8_compute_matmuls(models.make(graph, opset=21)) == ["plain", "gemm"]
 
 
 def test_float_end_keeps_a_pass_short_of_the_margin_where_none_reaches_it():

@@ -460,7 +460,8 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 "QNT028", f"--auto-exclude gave {len(outcome.wide)} activation(s) 16 bits, the weights staying "
                 f"{settings['weight_type']} (" + ", ".join(outcome.wide[:8]) + (", ..." if len(outcome.wide) > 8 else "")
                 + f"): lowest cosine {fmt_cosine(evaluation.gate_cosine)}",
-                fix="see wide_activations and search; the CPU EP computes a 16-bit node in float between its Q/DQ pairs"))
+                fix="see wide_activations and search; the CPU EP computes a 16-bit node in float between its Q/DQ pairs, "
+                    "except a MatMul with an 8-bit weight (QNT029)"))
         auto = [e for e in excluded if e["reason"] != "--exclude-node"]
         if auto and evaluation is not None:
             judged = " and ".join(evaluation.judged_on)

@@ -173,8 +173,8 @@ WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN",
 
 
 def int8_compute_matmuls(proto: ModelProto) -> list[str]:
-    """The MatMul/Gemm nodes (top graph) that read a 16-bit activation through a DequantizeLinear and
-    an 8- or 4-bit constant weight through another: ORT's CPU EP (its default session) fuses each
+    """The MatMul/Gemm nodes (top graph; a Gemm without transposes) that read a 16-bit activation
+    through a DequantizeLinear and an 8- or 4-bit constant weight through another: ORT's CPU EP (its default session) fuses each
     DequantizeLinear(weight) + MatMul into MatMulNBits at accuracy level 4
     (``session.qdq_matmulnbits_accuracy_level``, default 4: onnxruntime's session options header,
     DQMatMulToMatMulNBitsSelector), which quantizes the activation to int8 per block of 32 at run
@@ -196,6 +196,9 @@ def int8_compute_matmuls(proto: ModelProto) -> list[str]:
     for node in graph.node:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
             continue
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Gemm" and (attributes.get("transA", 0) or attributes.get("transB", 0)):
+            continue  # measured (onnxruntime 1.32.0): a Gemm with transB=1 (PyTorch's Linear) is not fused
         weight = producers.get(node.input[1])
         if (dq_width(node.input[0]) in (TensorProto.UINT16, TensorProto.INT16) and weight is not None
                 and weight.op_type == "DequantizeLinear" and weight.input[0] in inits

@@ -282,10 +282,19 @@ class Search:
         result = self._run(baseline)
         if self.ok(result.best) or self.out_of_time():
             return result
+        before = result.best
         result = self.widen(result)
         if self.ok(result.best) or self.out_of_time():
             return result
-        return self.converge(result)
+        # the rung's best short of the margin (if any) waits: the float end bisects from the trial
+        # before the rung (its trials quantize every tensor at the width asked)
+        wide, result.best = result.best, before
+        result = self.converge(result)
+        if wide is not before and not self.ok(result.best) and improved(wide, result.best):
+            result.best = wide
+            result.stopped += (f"; the best kept is the rung's: 16-bit activations on {len(wide.wide)} tensor(s), passing "
+                               "the gate short of the margin")
+        return result
 
     def widen(self, result: SearchResult) -> SearchResult:
         """The 16-bit rung, before the float end: the tensors still quantized, ranked by their noise
@@ -365,8 +374,10 @@ class Search:
             result.stopped = (f"{before}; 16-bit activations on the {len(closest.wide)} worst-ranked tensor(s) passed the "
                               "gate short of the margin at best")
         else:
+            ran_out = self.out_of_time() or len(result.trials) >= allowed
             result.stopped = (f"{before}; 16-bit activations on the worst 1 to {low} of {len(tensors)} ranked tensors did "
-                              "not pass" + ("" if low else " (no trial ran: " + self._converge_limit(allowed) + ")"))
+                              "not pass" + (f" (then: {self._converge_limit(allowed)})" if ran_out and low < len(tensors)
+                                            else ""))
         return result
 
     def _run(self, baseline: Trial) -> SearchResult:
@@ -609,6 +620,10 @@ class Search:
                    f"from the float end: #{position}, no noise measured on it (nearest the outputs first)")
             for member in group:
                 reasons.setdefault(member, why + " (the fewest kept float that pass)")
+
+    def _converge_limit(self, allowed: int) -> str:
+        """Why a late phase (the rung, the float end) ran no further trial: a bound, or its own trials."""
+        return self.limit_reached() if self.out_of_time() else f"its trials were spent ({allowed} in all)"
 
     def _converge_trial(self, result: SearchResult, nodes: list[str], label: str, allowed: int) -> Trial | None:
         if self.out_of_time() or len(result.trials) >= allowed:

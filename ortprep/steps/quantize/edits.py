@@ -157,7 +157,7 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
         integer_elements += sum(int(np.prod(t.dims)) for t in integers)
         floats = {t.name: int(np.prod(t.dims)) for t in graph.initializer
                   if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)}
-        read = {node.input[1] for node in graph.node if node.op_type in WEIGHTED_OPS and len(node.input) > 1}
+        read = {node.input[1] for node in graph.node if node.op_type in WEIGHT_READERS and len(node.input) > 1}
         read |= {node.input[0] for node in graph.node if node.op_type == "Gather" and node.input}
         float_elements += sum(count for name, count in floats.items() if name in read)
     total = integer_elements + float_elements
@@ -169,7 +169,7 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
 
 INTEGER_WEIGHT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
                         TensorProto.UINT4)
-WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN", "Attention")
+WEIGHT_READERS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN", "Attention")
 
 
 def int8_compute_matmuls(proto: ModelProto) -> list[str]:

@@ -167,15 +167,15 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
             "quantized_weight_share": round(integer_elements / total, 4) if total else None}
 
 
-INTEGER_WEIGHT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4,
-                        TensorProto.UINT4)
+INTEGER_WEIGHT_TYPES = INT_TYPES + (TensorProto.INT16, TensorProto.UINT16)
 WEIGHT_READERS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN", "Attention")
 
 
 def int8_compute_matmuls(proto: ModelProto) -> list[str]:
     """The MatMul/Gemm nodes (top graph; a Gemm without transposes) that read a 16-bit activation
-    through a DequantizeLinear and an 8- or 4-bit constant weight through another: ORT's CPU EP (its default session) fuses each
-    DequantizeLinear(weight) + MatMul into MatMulNBits at accuracy level 4
+    through a DequantizeLinear and an 8- or 4-bit constant weight through another: ORT's CPU EP
+    (its default session) fuses each DequantizeLinear(weight) + MatMul into MatMulNBits at accuracy
+    level 4
     (``session.qdq_matmulnbits_accuracy_level``, default 4: onnxruntime's session options header,
     DQMatMulToMatMulNBitsSelector), which quantizes the activation to int8 per block of 32 at run
     time. Measured with onnxruntime 1.32.0: a 16-bit activation with one channel at 2000 beside values
@@ -184,7 +184,6 @@ def int8_compute_matmuls(proto: ModelProto) -> list[str]:
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
-    narrow = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
 
     def dq_width(name: str) -> int | None:
         node = producers.get(name)
@@ -202,7 +201,7 @@ def int8_compute_matmuls(proto: ModelProto) -> list[str]:
         weight = producers.get(node.input[1])
         if (dq_width(node.input[0]) in (TensorProto.UINT16, TensorProto.INT16) and weight is not None
                 and weight.op_type == "DequantizeLinear" and weight.input[0] in inits
-                and inits[weight.input[0]].data_type in narrow):
+                and inits[weight.input[0]].data_type in INT_TYPES):
             found.append(node.name or node.output[0])
     return found
 

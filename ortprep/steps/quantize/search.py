@@ -13,11 +13,14 @@ the result on the held-back samples. Once the baseline fails the gate:
    floor deems worth keeping float), then the nodes where the error starts;
 3. the search stops when the gate passes with a margin (half-way from the gate to 1: a result
    chosen on a few held-back samples must hold on others), or when passing would keep more than
-   ``max_float_share`` of the quantized nodes in float (no cap by default), and says which;
+   ``max_float_share`` of the quantizable weights in float, and says which;
 4. where it stopped short of the gate with time left (nothing it ranks helps, or its trials were
-   spent), every node still quantized is ordered by the noise it adds and the order is bisected
-   between the best trial and the float model (Search.converge): the search ends at a pass, at
-   the float model (then it says only the float model passes), or at the time bound.
+   spent): for static QDQ with 8-bit activations on the CPU EP, the 16-bit rung (Search.widen:
+   the worst-ranked tensors get 16-bit activations, weights as asked); then every node still
+   quantized is ordered by the noise it adds and the order is bisected between the best trial and
+   the float model, or the most ``max_float_share`` allows (Search.converge): the search ends at a
+   pass, at the float model or the cap (and says which), or at the time bound. Neither runs where
+   only the target EP fails (ep_only).
 
 Where the gate is judged on the target EP too (ep_gate.py), every trial is, and the search
 accepts, rejects and compares trials on the worse of the two sides (lowest cosine, norm ratio).
@@ -52,9 +55,9 @@ from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.edits import (
     floor_weight_scales,
-    quantization_stats,
     fp16_activation_matmuls,
     output_writers,
+    quantization_stats,
     widen_activation_encodings,
 )
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
@@ -108,6 +111,13 @@ class Trial:
                 "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None if self.shortfall is None else round(self.shortfall, 6),
                 "judged_on": sides.get("judged_on"),
                 "cpu": sides.get("cpu"), "ep": sides.get("ep")}
+
+
+def ep_only(trial: Trial) -> bool:
+    """Whether ``trial`` passes on the CPU EP and fails on the target EP only: the EP's own error,
+    which the CPU side's ranking does not see and which the float model need not escape either."""
+    sides = trial.sides or {}
+    return bool((sides.get("cpu") or {}).get("passed")) and (sides.get("ep") or {}).get("passed") is False
 
 
 def norm_error(trial: Trial) -> float:
@@ -307,9 +317,7 @@ class Search:
         A tensor costs no weight this way, so this comes before keeping nodes float. Not run where
         only the target EP fails (its own error, as for the float end) or without attempt_wide."""
         best = result.best
-        sides = best.sides or {}
-        if self.attempt_wide is None or best.path is None or (
-                (sides.get("cpu") or {}).get("passed") and (sides.get("ep") or {}).get("passed") is False):
+        if self.attempt_wide is None or best.path is None or ep_only(best):
             return result
         kept = list(best.kept)
         tensors = list(dict.fromkeys(label for label, _, _ in self._units(best, kept, self.fine_rank or self.rank)))
@@ -343,16 +351,7 @@ class Search:
                 break
             count *= 2
         if chosen is not None:
-            high = count
-            while high - low > 1:
-                middle = (low + high) // 2
-                outcome = judge(middle)
-                if outcome is None:
-                    break
-                if self.ok(outcome):
-                    high, chosen = middle, outcome
-                else:
-                    low = middle
+            _, chosen = self._fewest(low, count, chosen, judge)
             earlier = [n for n in kept if n not in self.fixed]
             if earlier and not self.out_of_time():
                 # the nodes the earlier phases kept float may be needless now: one trial without them
@@ -462,17 +461,9 @@ class Search:
                 result.best, result.stopped = current, self.limit_reached()
                 break
             if self.ok(top):
-                low, best = 0, top
-                while high - low > 1:
-                    middle = (low + high) // 2
-                    outcome = trial(kept + prefix(middle),
-                                    f"ranked{below} (pass {passes}): worst {middle} tensor(s), {len(prefix(middle))} node(s)")
-                    if outcome is None:
-                        break
-                    if self.ok(outcome):
-                        high, best = middle, outcome
-                    else:
-                        low = middle
+                high, best = self._fewest(0, high, top, lambda middle: trial(
+                    kept + prefix(middle), f"ranked{below} (pass {passes}): worst {middle} tensor(s), "
+                                           f"{len(prefix(middle))} node(s)"))
                 self._explain(units[:high], reasons)
                 result.best, result.stopped = best, "the gate passed with the margin"
                 break
@@ -504,15 +495,13 @@ class Search:
         (the EP computes float in its own precision), and the moves off the EP come next."""
         best = result.best
         before = result.stopped
-        sides = best.sides or {}
-        if (sides.get("cpu") or {}).get("passed") and (sides.get("ep") or {}).get("passed") is False:
+        if ep_only(best):
             return result
         kept = list(best.kept)
-        quantizable = set(self.quantizable)
         ranked = self._units(best, kept, self.fine_rank or self.rank) if best.path is not None else []
         order: list[str] = []
         for _, members, _ in ranked:
-            order += [n for n in members if n in quantizable and n not in order]
+            order += [n for n in members if n in self.quantizable_set and n not in order]
         measured = len(order)
         order += [n for n in reversed(self.quantizable) if n not in order and n not in kept]
         order = [n for n in order if n not in kept]
@@ -632,6 +621,21 @@ class Search:
         result.trials.append(outcome)
         return outcome
 
+    def _fewest(self, low: int, high: int, best: Trial, judge: Callable[[int], Trial | None]) -> tuple[int, Trial]:
+        """Bisects between ``low`` (fails) and ``high`` (``best`` passes) for the fewest that the
+        search accepts; ``judge(count)`` runs a trial (None: no more may run). Returns the count and
+        its trial."""
+        while high - low > 1:
+            middle = (low + high) // 2
+            outcome = judge(middle)
+            if outcome is None:
+                break
+            if self.ok(outcome):
+                high, best = middle, outcome
+            else:
+                low = middle
+        return high, best
+
     def ok(self, trial: Trial) -> bool:
         """A trial the search accepts: it passes the gate, and its lowest cosine reaches ``aim``
         (above the gate: the held-back samples are few, and the result must hold on others)."""
@@ -650,7 +654,7 @@ class Search:
         the best trial and why the search stopped."""
         stopped = why or "no quantized tensor left adds measurable error"
         sides = current.sides or {}
-        if why is None and (sides.get("cpu") or {}).get("passed") and (sides.get("ep") or {}).get("passed") is False:
+        if why is None and ep_only(current):
             # the ranking measures activation noise on the CPU EP, where this model already passes
             stopped += (f" on the CPU EP, where it passes; what fails is {sides['ep'].get('ep') or 'the target EP'}'s own "
                         "error, which that ranking does not see")

@@ -191,6 +191,16 @@ def describe_decision(record: dict) -> str:
         return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} "
                 f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on unseen "
                 f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")
+    scenes = [value for value in (record.get("scene_agreement"), record.get("expected_scene_agreement")) if value is not None]
+    if record["kind"] == "detect" and scenes and min(scenes) < record.get("required_scenes", 0.0) and (
+            required is None or (record.get("agreement") or 0.0) >= required):
+        # the detections agree, whole scenes do not (or would not on unseen inputs)
+        def share(key: str) -> str:
+            return "n/a" if record.get(key) is None else f"{record[key]:.4f}"
+
+        return text + (f"; but whole scenes keep every detection {share('scene_agreement')} on the samples, "
+                       f"{share('expected_scene_agreement')} expected on unseen inputs, below the "
+                       f"{record['required_scenes']:g} required")
     if record["kind"] == "dfl" and (record.get("largest_move_bins") or 0.0) > record.get("limit_bins", float("inf")):
         return text + (f"; but a box side moves {record['largest_move_bins']:.2f} bins, past the "
                        f"{record['limit_bins']:g} allowed")

@@ -913,6 +913,18 @@ def _decision_text(decision: dict) -> str:
         return (text + f"; but {what} on the same side of {confidence['level']:g} on "
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
                 f"expect on unseen ones (the gate asks {confidence['required']:.0%}: {why})")
+    scenes, scenes_expected = decision.get("scene_agreement"), decision.get("expected_scene_agreement")
+    needed = decision.get("required_scenes")
+    if decision["kind"] == "detect" and needed is not None and (required is None or share >= required) and any(
+            value is not None and value < needed for value in (scenes, scenes_expected)):
+        # the detections pooled agree, whole scenes (what the application returns per input) do not
+        def scene_text(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.1%}"
+
+        return (text + f"; but whole scenes keep every detection on {scene_text(scenes)} of these samples and on about "
+                f"{scene_text(scenes_expected)} to expect on unseen ones, where a class score sits near "
+                f"{decision.get('threshold')} (the gate asks {needed:.0%}: a scene is right only when all its "
+                "detections are)")
     boxes, needed = decision.get("box_agreement"), decision.get("required_regions")
     if decision["kind"] == "detect" and boxes is not None and needed is not None and boxes < needed and (
             required is None or share >= required):

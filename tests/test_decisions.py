@@ -13,7 +13,7 @@ from cli_helpers import invoke
 from conftest import SAMPLES
 from ortprep.runtime.decisions import (Decision, agreement, decision_shortfall, expected_agreement, infer_decisions,
                                        judge_decision, parse_metric, regions)
-from ortprep.steps.quantize.evaluate import judge
+from ortprep.steps.quantize.evaluate import _decision_text, judge
 
 
 def _graph(outputs: dict[str, tuple[str, list[int]]]) -> onnx.ModelProto:
@@ -664,6 +664,8 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     dropped[0, 4 + 1, 8] = 0.24
     record = judge_decision(decision, [duplicate], [dropped])
     assert record["agreement"] == 1.0 and record["detections_kept"] == 2 and record["detections_lost"] == 0
+    # nor does the scene's estimate count the suppressed duplicate as the score nearest T
+    assert record["scene_agreement"] == 1.0 and record["expected_scene_agreement"] > 0.99 and record["passed"] is True
 
 
 def test_detect_holds_each_scene_and_the_scores_near_its_threshold():
@@ -702,6 +704,16 @@ def test_detect_holds_each_scene_and_the_scores_near_its_threshold():
     record = judge_decision(decision, seen, lost, others)
     assert record["scene_agreement"] == pytest.approx(7 / 8) and record["detections_lost"] == 1
     assert record["passed"] is False
+    # a kept box moved past the slack fails its scene, and the refusal says the box moved
+    moved = [seen[0].copy()] + empty[1:]
+    moved[0][0, 0, 11] += 5.0
+    record = judge_decision(decision, seen, moved, others)
+    assert record["agreement"] == 1.0 and record["box_agreement"] == 0.0 and record["scene_agreement"] == pytest.approx(7 / 8)
+    assert "keep their box within 2 px" in _decision_text({**record, "name": "output0"})
+    # scores the candidate makes NaN count as moved past any margin, not as unmeasured
+    broken = [np.full_like(e, np.nan) for e in empty]
+    record = judge_decision(decision, empty, broken, others)
+    assert record["expected_scene_agreement"] == 0.0 and record["passed"] is False
 
 
 def _ctc_lines(rng: np.random.Generator, count: int, positions: int = 12, classes: int = 6, top: float = 0.9

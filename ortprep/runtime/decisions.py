@@ -94,8 +94,9 @@ DETECT_BOX_SLACK = 2.0
 # is lost: measured on the bench's YOLOv8n (NudeNet 320n), static int8 kept every detection of its
 # 8 held-back scenes (none had one) and lost 1 of the 2 that 100 fresh scenes held (0.267 -> 0.235
 # at T = 0.25); ORT's static int8 put the class scores beside the pixel boxes in one 8-bit range and
-# detected nothing at all. So each scene is also one decision: its margin is its score nearest T,
-# and the error is how far the candidate moves the scores near T, either way (a candidate that
+# detected nothing at all. So each scene is also one decision: its margin is its anchors' best
+# class score nearest T (less the anchors a kept detection suppresses), and the error is how far
+# the candidate moves those scores near T, either way (a candidate that
 # lowers every score keeps the empty scenes and loses every detection; the side a score falls on
 # is not what it moves). Both are read as logits: a class score is a sigmoid, whose slope near 0 is
 # a tenth of its slope at 0.25, so the scores of an empty scene, all near 0, would otherwise say
@@ -106,6 +107,8 @@ REQUIRED_SCENES = REQUIRED["top1"]
 DETECT_LOGIT_BAND = 1.5
 DETECT_NEAREST = 16
 _LOGIT_CLIP = 1e-4
+# a score the candidate makes NaN or infinite: moved farther than any margin (2 x the clipped logits' span)
+_UNREAD_MOVE = 40.0
 # A DFL box head's logits are not what its application reads: it decodes each side's distance as
 # the expected bin of a softmax, and multiplies it by the level's stride (rapid-layout 1.2.1's
 # PPPostProcess; the same in GFL, NanoDet, YOLOv8). The logits' max abs diff judges them otherwise:
@@ -816,17 +819,22 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
-def detections(rows: np.ndarray, threshold: float) -> list[tuple[int, np.ndarray]]:
-    """(class, box) of a detector's [4 + C, N] rows after non-maximum suppression: anchors whose
-    best class score reaches ``threshold``, highest first, each kept unless it overlaps a kept one
-    by more than DETECT_NMS_IOU (class-agnostic, as NudeNet's cv2.dnn.NMSBoxes)."""
+def _nms(rows: np.ndarray, threshold: float) -> list[int]:
+    """The anchors a detector's application keeps from [4 + C, N] rows: those whose best class
+    score reaches ``threshold``, highest first, each kept unless it overlaps a kept one by more than
+    DETECT_NMS_IOU (class-agnostic, as NudeNet's cv2.dnn.NMSBoxes)."""
     best = rows[4:].max(axis=0)
     order = [int(i) for i in np.argsort(-best) if best[i] >= threshold]
     kept: list[int] = []
     for index in order:
         if not kept or np.all(_iou(rows[:4, index], rows[:4, kept].T) <= DETECT_NMS_IOU):
             kept.append(index)
-    return [(int(rows[4:, i].argmax()), rows[:4, i]) for i in kept]
+    return kept
+
+
+def detections(rows: np.ndarray, threshold: float) -> list[tuple[int, np.ndarray]]:
+    """(class, box) of a detector's [4 + C, N] rows after non-maximum suppression (_nms)."""
+    return [(int(rows[4:, i].argmax()), rows[:4, i]) for i in _nms(rows, threshold)]
 
 
 def _logits(scores: np.ndarray) -> np.ndarray:
@@ -834,24 +842,40 @@ def _logits(scores: np.ndarray) -> np.ndarray:
     return np.log(clipped / (1.0 - clipped))
 
 
+def _scene_margin(rows: np.ndarray, threshold: float, level: float) -> float | None:
+    """How near a float scene is to changing: its anchors' best class scores' nearest distance to
+    ``threshold``, as logits, leaving out the anchors a kept detection suppresses (one of those
+    crossing T changes nothing unless the detection over it is lost, which that one's own margin
+    counts)."""
+    best = rows[4:].max(axis=0)
+    if best.size == 0:
+        return None
+    counted = np.ones(best.size, bool)
+    for index in _nms(rows, threshold):
+        counted &= ~((_iou(rows[:4, index], rows[:4].T) > DETECT_NMS_IOU) & (best < best[index]))
+    return float(np.min(np.abs(_logits(best[counted]) - level)))
+
+
 def expected_scene_agreement(threshold: float, reference: list[np.ndarray], candidate: list[np.ndarray | None],
                              more: list[np.ndarray]) -> float | None:
     """The share of unseen scenes whose detections a candidate keeps, each scene one decision (see
-    REQUIRED_SCENES): the margins are each float scene's score nearest ``threshold`` (over
-    ``reference`` and ``more``, [4 + C, N] rows), the errors the candidate's moves of the scores near
-    it (either way), both as logits. None where no candidate was compared."""
+    REQUIRED_SCENES): the margins are each float scene's (_scene_margin, over ``reference`` and
+    ``more``, [4 + C, N] rows), the errors the candidate's moves (either way) of the anchors' best
+    class scores near ``threshold``, both as logits; a score the candidate makes NaN or infinite
+    counts as moved past any margin. None where no candidate was compared."""
     level = float(_logits(np.array([threshold]))[0])
-    margins = [float(np.min(np.abs(_logits(rows[4:]) - level))) for rows in [*reference, *more] if rows[4:].size]
+    margins = [m for m in (_scene_margin(rows, threshold, level) for rows in [*reference, *more]) if m is not None]
     errors: list[np.ndarray] = []
     for rows, other in zip(reference, candidate):
-        if other is None or other.shape != rows.shape:
+        if other is None or other.shape != rows.shape or rows.shape[1] == 0:
             continue
-        ours, theirs = _logits(rows[4:].ravel()), _logits(other[4:].ravel())
-        distance = np.abs(ours - level)
+        ours, theirs = rows[4:].max(axis=0), other[4:].max(axis=0)
+        distance = np.abs(_logits(ours) - level)
         near = np.flatnonzero(distance <= DETECT_LOGIT_BAND)
         if near.size < DETECT_NEAREST:
             near = np.argsort(distance)[:DETECT_NEAREST]
-        errors.append(np.abs(theirs[near] - ours[near]))
+        moved = np.abs(_logits(theirs[near]) - _logits(ours[near]))
+        errors.append(np.where(np.isfinite(theirs[near]), moved, _UNREAD_MOVE))
     if not errors or not margins:
         return None
     return 1.0 - _flip_rate(np.array(margins), np.concatenate(errors))

@@ -192,6 +192,10 @@ def describe_decision(record: dict) -> str:
                 f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on unseen "
                 f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")
     scenes = [value for value in (record.get("scene_agreement"), record.get("expected_scene_agreement")) if value is not None]
+    boxes = record.get("box_agreement")
+    if record["kind"] == "detect" and boxes is not None and boxes < record.get("required_regions", 0.0):
+        return text + (f"; but {boxes:.4f} of the detections both keep hold their box within {record['box_slack']:g} px, "
+                       f"below the {record['required_regions']:g} required")
     if record["kind"] == "detect" and scenes and min(scenes) < record.get("required_scenes", 0.0) and (
             required is None or (record.get("agreement") or 0.0) >= required):
         # the detections agree, whole scenes do not (or would not on unseen inputs)

@@ -913,24 +913,26 @@ def _decision_text(decision: dict) -> str:
         return (text + f"; but {what} on the same side of {confidence['level']:g} on "
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
                 f"expect on unseen ones (the gate asks {confidence['required']:.0%}: {why})")
-    scenes, scenes_expected = decision.get("scene_agreement"), decision.get("expected_scene_agreement")
-    needed = decision.get("required_scenes")
-    if decision["kind"] == "detect" and needed is not None and (required is None or share >= required) and any(
-            value is not None and value < needed for value in (scenes, scenes_expected)):
-        # the detections pooled agree, whole scenes (what the application returns per input) do not
-        def scene_text(value: float | None) -> str:
-            return "n/a" if value is None else f"{value:.1%}"
-
-        return (text + f"; but whole scenes keep every detection on {scene_text(scenes)} of these samples and on about "
-                f"{scene_text(scenes_expected)} to expect on unseen ones, where a class score sits near "
-                f"{decision.get('threshold')} (the gate asks {needed:.0%}: a scene is right only when all its "
-                "detections are)")
     boxes, needed = decision.get("box_agreement"), decision.get("required_regions")
     if decision["kind"] == "detect" and boxes is not None and needed is not None and boxes < needed and (
             required is None or share >= required):
         # the detections agree, their boxes moved
         return (text + f"; but of the {decision.get('detections_kept')} detections both keep, {boxes:.1%} keep their box "
                 f"within {decision.get('box_slack'):g} px (the gate asks {needed:.0%})")
+    scenes, scenes_expected = decision.get("scene_agreement"), decision.get("expected_scene_agreement")
+    needed = decision.get("required_scenes")
+    if decision["kind"] == "detect" and needed is not None and (required is None or share >= required):
+        # the detections pooled agree, whole scenes (what the application returns per input) do not
+        if scenes is not None and scenes < needed:
+            kept = decision.get("detections_kept") or 0
+            moved = kept - round((decision.get("box_agreement") or 0.0) * kept)
+            return (text + f"; but only {scenes:.1%} of these samples keep every detection (the gate asks {needed:.0%}: "
+                    f"a scene is right only when all its detections are; {decision.get('detections_lost')} lost, "
+                    f"{decision.get('detections_added')} added, {moved} box(es) moved past {decision.get('box_slack'):g} px)")
+        if scenes_expected is not None and scenes_expected < needed:
+            return (text + f"; but about {scenes_expected:.1%} of unseen scenes are to keep every detection (the gate asks "
+                    f"{needed:.0%}): the float model's scenes hold scores nearer {decision.get('threshold')} than the "
+                    "candidate moves them")
     regions, needed = decision.get("region_agreement"), decision.get("required_regions")
     if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
             required is None or (share is not None and share >= required)):

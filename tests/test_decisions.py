@@ -11,8 +11,9 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.runtime.decisions import (Decision, agreement, decision_shortfall, expected_agreement, infer_decisions,
-                                       judge_decision, parse_metric, regions)
+from ortprep.runtime.decisions import (DETECT_MIN_SCENES, Decision, _scene_margin, agreement, decision_shortfall,
+                                       detector_rows, expected_agreement, infer_decisions, judge_decision, parse_metric,
+                                       regions)
 from ortprep.steps.quantize.evaluate import _decision_text, judge
 
 
@@ -645,13 +646,16 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     assert record["agreement"] == 1.0 and record["detections_kept"] == 2 and record["box_agreement"] == 0.5
     assert record["passed"] is False
     noisy = reference + rng.normal(0, 0.002, reference.shape).astype(np.float32)
-    # each scene is one decision, and one scene's margin alone is weak evidence of where unseen
-    # scenes' scores sit: the float model's other scenes join it, as quantize's gate passes them
+    # each scene is one decision; one scene's margin says nothing of where unseen scenes' scores
+    # sit (load's hold of one input): the scenes' estimate waits for DETECT_MIN_SCENES, as the
+    # float model's other scenes give it in quantize's gate
     others = [_detector_output(np.random.default_rng(seed)) for seed in range(1, 16)]
     alone = judge_decision(decision, [reference], [noisy])
+    assert alone["passed"] is True and alone["scene_agreement"] == 1.0 and alone["expected_scene_agreement"] is None
     record = judge_decision(decision, [reference], [noisy], others)
     assert record["passed"] is True and record["box_agreement"] == 1.0 and record["scene_agreement"] == 1.0
-    assert record["expected_scene_agreement"] > alone["expected_scene_agreement"]
+    assert record["expected_scene_agreement"] > 0.99
+    assert judge_decision(decision, [reference], [noisy], others[:DETECT_MIN_SCENES - 2])["expected_scene_agreement"] is None
     transposed = judge_decision(decision, [reference.transpose(0, 2, 1)], [lost.transpose(0, 2, 1)])
     assert transposed["agreement"] == pytest.approx(2 / 3)
     flat = judge_decision(decision, [np.zeros((1, 3))], [np.zeros((1, 3))])
@@ -664,7 +668,11 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     dropped[0, 4 + 1, 8] = 0.24
     record = judge_decision(decision, [duplicate], [dropped])
     assert record["agreement"] == 1.0 and record["detections_kept"] == 2 and record["detections_lost"] == 0
-    # nor does the scene's estimate count the suppressed duplicate as the score nearest T
+    # nor does the scene's estimate count the suppressed duplicate as the score nearest T: the
+    # scene's margin is the 0.4 detection's (0.69 logits), not the duplicate's (0.05)
+    level = float(np.log(0.25 / 0.75))
+    assert _scene_margin(detector_rows(duplicate), 0.25, level) == pytest.approx(np.log(0.4 / 0.6) - level)
+    record = judge_decision(decision, [duplicate], [dropped], others)
     assert record["scene_agreement"] == 1.0 and record["expected_scene_agreement"] > 0.99 and record["passed"] is True
 
 

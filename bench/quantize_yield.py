@@ -200,7 +200,8 @@ def command_record(entry: dict, target: Path) -> dict:
         "gate_cosine": verify.get("cosine"), "gate_passed": verify.get("passed"), "latency_ratio": verify.get("latency_ratio"),
         "decisions": [{"output": o.get("name"), **{k: (o.get("decision") or {}).get(k) for k in
                                                      ("kind", "agreement", "expected_agreement", "required", "gated", "passed", "ranking",
-                                                      "region_agreement", "required_regions")}}
+                                                      "region_agreement", "required_regions", "scene_agreement",
+                                                      "expected_scene_agreement", "required_scenes")}}
                       for o in verify.get("outputs") or [] if o.get("decision")],
         "excluded_nodes": len(report.get("excluded_nodes") or []),
         # the share of the weight values stored as integers (what the nodes kept float cost)
@@ -490,6 +491,9 @@ def gate_decision_cell(row: dict, record: dict) -> str:
         text += "" if row["decision"] else f" ({entry.get('kind')})"
     if entry.get("region_agreement") is not None:
         text += f"; regions {_pct(entry['region_agreement'])} (asks {_pct(entry.get('required_regions'))})"
+    if entry.get("required_scenes") is not None:  # detect: whole scenes, seen / expected
+        text += (f"; scenes {_pct(entry.get('scene_agreement'))} / {_pct(entry.get('expected_scene_agreement'))} "
+                 f"(asks {_pct(entry['required_scenes'])})")
     return text + ("; failed" if entry.get("passed") is False else "")
 
 

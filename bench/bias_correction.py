@@ -73,10 +73,21 @@ def channel_means(model: onnx.ModelProto, names: list[str], feeds: list[dict]) -
 
 
 def _bias_targets(float_model_: onnx.ModelProto, quantized: onnx.ModelProto):
-    """(quantized Conv, its bias's DequantizeLinear, the float model's Conv of the same output)."""
+    """(quantized Conv, its bias's DequantizeLinear, the float model's Conv it stands for). ORT's QDQ
+    quantizer drops a Relu after a Conv (the QuantizeLinear after it clips) and gives the Conv the
+    Relu's output name, so a float Conv is also found by its Relu's output; its own output (before
+    the Relu) is what the quantized Conv computes."""
     inits = {i.name for i in quantized.graph.initializer}
     float_inits = {i.name for i in float_model_.graph.initializer}
     float_convs = {n.output[0]: n for n in float_model_.graph.node if n.op_type == "Conv"}
+    readers: dict[str, list] = {}
+    for node in float_model_.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for output, conv in list(float_convs.items()):
+        after = readers.get(output, [])
+        if len(after) == 1 and after[0].op_type == "Relu":
+            float_convs.setdefault(after[0].output[0], conv)
     producer = {o: n for n in quantized.graph.node for o in n.output}
     for node in quantized.graph.node:
         twin = float_convs.get(node.output[0])
@@ -107,9 +118,9 @@ def corrected(float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: 
         means = channel_means(probe, [n for node, _, _ in targets for n in (node.output[0], node.output[0] + "__twin")], feeds)
         deltas = {node.output[0]: means[node.output[0]] - means[node.output[0] + "__twin"] for node, _, _ in targets}
     else:
-        names = [node.output[0] for node, _, _ in targets]
-        ours, theirs = channel_means(result, names, feeds), channel_means(float_model_, names, feeds)
-        deltas = {name: ours[name] - theirs[name] for name in names}
+        ours = channel_means(result, [node.output[0] for node, _, _ in targets], feeds)
+        theirs = channel_means(float_model_, [twin.output[0] for _, _, twin in targets], feeds)
+        deltas = {node.output[0]: ours[node.output[0]] - theirs[twin.output[0]] for node, _, twin in targets}
     inits = {i.name: i for i in result.graph.initializer}
     for node, dq, _ in targets:
         bias, scale = inits[dq.input[0]], numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)

@@ -9,7 +9,11 @@ generated pages (seed 1, as quantize_yield's calibration). Judged on 12 fresh pa
 layout_app.py): the lowest cosine over the 8 outputs and the pages, and rapid-layout's boxes
 against the float model's (kept at IoU 0.9 and 0.5, added).
 
-    .venv/bin/python bench/layout_int8.py
+    .venv/bin/python bench/layout_int8.py [FILE ...]
+
+FILE: further deployed files judged the same way (quantize_yield's refused and peer files, say).
+Also judged: FP16 of the float model as onnxconverter-common writes it (inputs and outputs kept
+float).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def weights_only_int8(source: Path, target: Path) -> None:
     onnx.save(model, str(target))
 
 
-def main() -> int:
+def main(extra: list[str]) -> int:
     if not FLOAT.exists():
         raise SystemExit(f"{FLOAT} is missing: run bench/journey.py once")
     case = next(c for c in bench_corpus.CASES if c.name == "layout_cdla")
@@ -89,6 +93,12 @@ def main() -> int:
             quantize_static(str(folded), str(path), _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=activations, weight_type=weights, op_types_to_quantize=["Conv"])
             files[f"ORT quantize_static, Convs only, {label}"] = path
+        from onnxconverter_common import float16
+
+        files["FP16 (onnxconverter-common, inputs and outputs float)"] = Path(folder) / "fp16.onnx"
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(FLOAT)), keep_io_types=True),
+                  str(files["FP16 (onnxconverter-common, inputs and outputs float)"]))
+        files.update({path: Path(path) for path in extra})
         reference = _session(FLOAT)
 
         def outputs(session: ort.InferenceSession, feed: dict) -> dict:
@@ -117,4 +127,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -634,6 +634,8 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     assert parse_metric("detect:0.3").threshold == 0.3
     with pytest.raises(ValueError):
         parse_metric("detect:high")
+    with pytest.raises(ValueError, match="between 0.001 and 0.999"):
+        parse_metric("detect:0.99995")  # a score and T would tie once clipped as logits
     lost = reference.copy()
     lost[0, 4 + 2, 30] = 0.2
     cosine = float(np.sum(reference * lost) / np.linalg.norm(reference) / np.linalg.norm(lost))
@@ -724,6 +726,25 @@ def test_detect_holds_each_scene_and_the_scores_near_its_threshold():
     record = judge_decision(decision, seen, moved, others)
     assert record["agreement"] == 1.0 and record["box_agreement"] == 0.0 and record["scene_agreement"] == pytest.approx(7 / 8)
     assert "keep their box within 2 px" in _decision_text({**record, "name": "output0"})
+    # many detections per scene, one added in one scene: the pooled F1 (0.999) and the boxes pass,
+    # the scene does not (what the application returns for that input changed)
+    crowded = [scene(0.6) for _ in range(8)]
+    for output in crowded:
+        output[0, 4 + 1, 20:60] = 0.7  # 40 more detections, far apart
+        output[0, 0, 20:60] = np.arange(40) * 50.0
+        output[0, 1, 20:60] = 10.0
+        output[0, 2:4, 20:60] = 8.0
+    extra = [c.copy() for c in crowded]
+    extra[0][0, 4 + 2, 5] = 0.9  # an anchor of the first scene crosses T
+    extra[0][0, :4, 5] = (5000.0, 10.0, 8.0, 8.0)
+    record = judge_decision(decision, crowded, extra, others)
+    assert record["agreement"] > 0.99 and record["box_agreement"] == 1.0 and record["detections_added"] == 1
+    assert record["scene_agreement"] == pytest.approx(7 / 8) and record["passed"] is False
+    assert "keep every detection" in _decision_text({**record, "name": "output0"})
+    # a candidate that raises the scores near T moves them as far as one that lowers them
+    raised = [np.concatenate([e[:, :4], np.minimum(e[:, 4:] * 1.6, 1.0)], axis=1) for e in empty]
+    record = judge_decision(decision, empty, raised, others)
+    assert record["scene_agreement"] == 1.0 and record["expected_scene_agreement"] < 0.95 and record["passed"] is False
     # scores the candidate makes NaN count as moved past any margin, not as unmeasured
     broken = [np.full_like(e, np.nan) for e in empty]
     record = judge_decision(decision, empty, broken, others)

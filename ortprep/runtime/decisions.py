@@ -110,7 +110,7 @@ DETECT_BOX_SLACK = 2.0
 REQUIRED_SCENES = REQUIRED["top1"]
 # The scenes' estimate needs scenes: with one, _flip_rate's line through the origin puts half of
 # all unseen scenes at that one scene's margin. Below this many float scenes (the samples quantize's
-# gate holds back), load's and compile's hold of one or a few inputs, it is not made
+# gate holds back, calibrate.MIN_EVAL_SAMPLES), load's and compile's hold of one or a few inputs, it is not made
 # (expected_scene_agreement None) and the scenes seen and the per-score estimate judge. Measured:
 # the NPU journey's YOLOv8n in FP16 on QNN's HTP, one input in load: 97.9% expected from its one
 # scene, while quantize's gate, over 8 held-back scenes and 16 more, expected 100.0% of the same file.
@@ -118,7 +118,8 @@ DETECT_MIN_SCENES = 8
 DETECT_LOGIT_BAND = 1.5
 DETECT_NEAREST = 16
 _LOGIT_CLIP = 1e-4
-# a score the candidate makes NaN or infinite: moved farther than any margin (2 x the clipped logits' span)
+# a score the candidate makes NaN or infinite: moved farther than any margin (the clipped logits
+# span +-9.2)
 _UNREAD_MOVE = 40.0
 # A DFL box head's logits are not what its application reads: it decodes each side's distance as
 # the expected bin of a softmax, and multiplies it by the level's stride (rapid-layout 1.2.1's
@@ -242,6 +243,10 @@ def parse_metric(text: str) -> Decision:
             raise ValueError(f"{text!r}: the threshold after '{kind}:' is a number between 0 and 1") from None
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"{text!r}: a {kind} threshold lies between 0 and 1")
+        if kind == "detect" and not 10 * _LOGIT_CLIP <= threshold <= 1.0 - 10 * _LOGIT_CLIP:
+            # the scenes' margins are read as logits of scores clipped at _LOGIT_CLIP: nearer 0 or 1,
+            # a score and T would tie
+            raise ValueError(f"{text!r}: a detect threshold lies between {10 * _LOGIT_CLIP:g} and {1 - 10 * _LOGIT_CLIP:g}")
     return Decision(kind, threshold, "--metric", threshold_given=bool(value))
 
 
@@ -858,9 +863,9 @@ def _scene_margin(rows: np.ndarray, threshold: float, level: float) -> float | N
     ``threshold``, as logits, leaving out the anchors a kept detection suppresses (one of those
     crossing T changes nothing unless the detection over it is lost, which that one's own margin
     counts)."""
-    best = rows[4:].max(axis=0)
-    if best.size == 0:
+    if rows.shape[0] <= 4 or rows.shape[1] == 0:  # no class scores, or no anchors
         return None
+    best = rows[4:].max(axis=0)
     counted = np.ones(best.size, bool)
     for index in _nms(rows, threshold):
         counted &= ~((_iou(rows[:4, index], rows[:4].T) > DETECT_NMS_IOU) & (best < best[index]))
@@ -882,13 +887,13 @@ def expected_scene_agreement(threshold: float, reference: list[np.ndarray], cand
     distances: list[np.ndarray] = []
     errors: list[np.ndarray] = []
     for rows, other in zip(reference, candidate):
-        if other is None or other.shape != rows.shape or rows.shape[1] == 0:
+        if other is None or other.shape != rows.shape or rows.shape[0] <= 4 or rows.shape[1] == 0:
             continue
         ours, theirs = rows[4:].max(axis=0), other[4:].max(axis=0)
         moved = np.abs(_logits(theirs) - _logits(ours))
         distances.append(np.abs(_logits(ours) - level))
         errors.append(np.where(np.isfinite(theirs), moved, _UNREAD_MOVE))
-    if not errors or not margins:
+    if not errors:
         return None
     # the scores near T over every sample compared; the nearest DETECT_NEAREST where fewer lie in
     # the band (a score far below T is mostly output rounding, which its logit magnifies)
@@ -902,8 +907,8 @@ def expected_scene_agreement(threshold: float, reference: list[np.ndarray], cand
 def _judge_detections(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray],
                       more: list[np.ndarray] | None) -> dict[str, Any]:
     """``detect:T``: the detections after NMS, matched by class and IoU >= DETECT_MATCH_IOU (F1),
-    the matched ones' boxes held to DETECT_BOX_SLACK, and the agreement to expect from the class
-    scores judged as ``map:T``."""
+    the matched ones' boxes held to DETECT_BOX_SLACK, the agreement to expect from the class scores
+    judged as ``map:T``, and whole scenes, seen and expected (REQUIRED_SCENES)."""
     threshold = decision.threshold if decision.threshold is not None else DETECT_THRESHOLD
     ref_rows = [detector_rows(r) for r in reference]
     cand_rows = [detector_rows(c) if c is not None else None for c in candidate]
@@ -1191,7 +1196,7 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
 def decision_shortfall(record: dict[str, Any] | None) -> float:
     """How far a judged decision (judge_decision's record) falls short of the gate: the largest gap
     between a share the gate asks for and the share measured or expected (agreement, whole
-    sequences, regions, the ranking, the confidence), in share points; 0.0 when it passes, is not
+    sequences, regions, whole scenes, the ranking, the confidence), in share points; 0.0 when it passes, is not
     gated, or has nothing measured. The accuracy search reads it as progress where the outputs'
     cosine is already near 1 and the gate fails on the decision alone."""
     if not record or record.get("passed") is not False:

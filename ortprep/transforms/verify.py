@@ -193,8 +193,10 @@ def describe_decision(record: dict) -> str:
                 f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")
     scenes = [value for value in (record.get("scene_agreement"), record.get("expected_scene_agreement")) if value is not None]
     boxes = record.get("box_agreement")
-    if record["kind"] == "detect" and boxes is not None and boxes < record.get("required_regions", 0.0):
-        return text + (f"; but {boxes:.4f} of the detections both keep hold their box within {record['box_slack']:g} px, "
+    if record["kind"] == "detect" and boxes is not None and boxes < record.get("required_regions", 0.0) and (
+            required is None or (record.get("agreement") or 0.0) >= required):
+        # the detections agree, their boxes moved
+        return text + (f"; but of the detections both find, {boxes:.4f} keep their box within {record['box_slack']:g} px, "
                        f"below the {record['required_regions']:g} required")
     if record["kind"] == "detect" and scenes and min(scenes) < record.get("required_scenes", 0.0) and (
             required is None or (record.get("agreement") or 0.0) >= required):

@@ -930,9 +930,9 @@ def _decision_text(decision: dict) -> str:
                     f"a scene is right only when all its detections are; {decision.get('detections_lost')} lost, "
                     f"{decision.get('detections_added')} added, {moved} box(es) moved past {decision.get('box_slack'):g} px)")
         if scenes_expected is not None and scenes_expected < needed:
-            return (text + f"; but about {scenes_expected:.1%} of unseen scenes are to keep every detection (the gate asks "
-                    f"{needed:.0%}): the float model's scenes hold scores nearer {decision.get('threshold')} than the "
-                    "candidate moves them")
+            return (text + f"; but only about {scenes_expected:.1%} of unseen scenes can be expected to keep every "
+                    f"detection (the gate asks {needed:.0%}): the float model's scenes hold scores nearer "
+                    f"{decision.get('threshold')} than the candidate moves them")
     regions, needed = decision.get("region_agreement"), decision.get("required_regions")
     if decision["kind"] == "map" and regions is not None and needed is not None and regions < needed and (
             required is None or (share is not None and share >= required)):

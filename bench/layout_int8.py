@@ -26,24 +26,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+
+from common import calibration_reader  # noqa: E402
 
 import bench_corpus  # noqa: E402
 import layout_app  # noqa: E402
 
 JOURNEY = BENCH / "out" / "journey"
 FLOAT = JOURNEY / "models" / "layout_cdla.onnx"
-
-
-class _Reader(CalibrationDataReader):
-    def __init__(self, feeds: list[dict]):
-        self._feeds = iter(feeds)
-
-    def get_next(self):
-        return next(self._feeds, None)
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -90,8 +84,9 @@ def main(extra: list[str]) -> int:
                                             ("A16W8", QuantType.QUInt16, QuantType.QInt8),
                                             ("A16W16", QuantType.QUInt16, QuantType.QInt16)):
             path = Path(folder) / f"{label}.onnx"
-            quantize_static(str(folded), str(path), _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=activations, weight_type=weights, op_types_to_quantize=["Conv"])
+            quantize_static(str(folded), str(path), calibration_reader(calib), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=activations, weight_type=weights,
+                            op_types_to_quantize=["Conv"])
             files[f"ORT quantize_static, Convs only, {label}"] = path
         from onnxconverter_common import float16
 

@@ -131,11 +131,12 @@ def corrected(float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: 
     return result
 
 
-def judge(case, reference: onnx.ModelProto, candidate: onnx.ModelProto, fresh: list[dict]) -> tuple:
-    ours, theirs = session(reference), session(candidate)
+def judge(case, wanted: list[list[np.ndarray]], candidate: onnx.ModelProto, fresh: list[dict]) -> tuple:
+    """``candidate`` on ``fresh`` against the float model's outputs on them (``wanted``)."""
+    theirs = session(candidate)
     agreed, cosines = 0, []
-    for feed in fresh:
-        want, got = ours.run(None, feed), theirs.run(None, feed)
+    for want, feed in zip(wanted, fresh):
+        got = theirs.run(None, feed)
         for a, b in zip(want, got):
             a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
             cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30)))
@@ -172,10 +173,12 @@ def main(names: list[str]) -> int:
                             weight_type=QuantType.QInt8)
             reference, quantized = onnx.load(options.optimized_model_filepath), onnx.load(str(quantized_path))
             count = len(list(_bias_targets(reference, quantized)))
+            float_session = session(reference)
+            wanted = [float_session.run(None, feed) for feed in fresh]  # the float model's outputs, once
             for label, candidate in (("static int8", quantized),
                                      ("+ bias correction (total error)", corrected(reference, quantized, calib, own=False)),
                                      ("+ bias correction (own error)", corrected(reference, quantized, calib, own=True))):
-                agreed, lowest, mean = judge(case, reference, candidate, fresh)
+                agreed, lowest, mean = judge(case, wanted, candidate, fresh)
                 print(f"| {name} | {case.half} | {case.decision or '-'} | {label} | {agreed} | {lowest:.4f} | {mean:.4f} | "
                       f"{0 if candidate is quantized else count} |", flush=True)
     return 0

@@ -889,10 +889,9 @@ def expected_scene_agreement(threshold: float, reference: list[np.ndarray], cand
     for rows, other in zip(reference, candidate):
         if other is None or other.shape != rows.shape or rows.shape[0] <= 4 or rows.shape[1] == 0:
             continue
-        ours, theirs = rows[4:].max(axis=0), other[4:].max(axis=0)
-        moved = np.abs(_logits(theirs) - _logits(ours))
-        distances.append(np.abs(_logits(ours) - level))
-        errors.append(np.where(np.isfinite(theirs), moved, _UNREAD_MOVE))
+        ours, theirs = _logits(rows[4:].max(axis=0)), other[4:].max(axis=0)
+        distances.append(np.abs(ours - level))
+        errors.append(np.where(np.isfinite(theirs), np.abs(_logits(theirs) - ours), _UNREAD_MOVE))
     if not errors:
         return None
     # the scores near T over every sample compared; the nearest DETECT_NEAREST where fewer lie in

@@ -7,11 +7,14 @@ models that hold MatMuls with constant 2-D weights.
 Per model and bit width, in one run:
 - ORT: `MatMulNBitsQuantizer(model, bits, block_size=32, is_symmetric=False).process()` in a child
   (wall time, peak RSS), the file it writes;
-- ortprep: `quantize MODEL --weight-only BITS --eval DIR` in a child (wall time, peak RSS, exit,
-  the gate's verdict);
-- both files held to the float model on 16 realistic samples nobody saw (cosine, norm ratio, the
-  decision the journey reads from the output where it has one), and their CPU latency against
-  float's (median of 20 runs after a warm-up, one thread).
+- ortprep: `quantize MODEL --weight-only BITS --calib DIR` in a child (wall time, peak RSS, exit,
+  the gate's verdict), twice: `--rounding nearest` (ORT's levels; the gate alone) and the default
+  `--rounding auto` (nearest, then levels chosen for each MatMul's output on the calibration
+  samples where nearest fails the gate). DIR holds 32 realistic samples (seed 7001); ortprep holds
+  a fifth of them back for its gate, as static calibration does;
+- every file held to the float model on 50 other realistic samples that no command saw (seed
+  7000: cosine, norm ratio, the decision the journey reads from the output where it has one), and
+  its CPU latency against float's (median of 20 runs after a warm-up, one thread).
 Halves by sha256 of the model's name (bench/journey_corpus.half_of, declared before any run);
 the evaluation half leads. Results: OUT/results.json and OUT/table.md.
 """
@@ -35,7 +38,9 @@ sys.path.insert(0, str(BENCH))
 import bench_corpus  # noqa: E402
 from journey_corpus import CORPUS, build  # noqa: E402
 
-SAMPLES, SEED = 16, 7000
+SAMPLES, SEED = 50, 7000  # the fresh samples every file is judged on
+CALIB, CALIB_SEED = 32, 7001  # what ortprep gets (--calib)
+ROUNDINGS = ("nearest", "auto")
 # the measured command's peak RSS is its own: a small launcher forks it (bench/common.py says why)
 _LAUNCHER = r"""
 import resource, subprocess, sys
@@ -110,10 +115,11 @@ def run_case(case, out: Path, bits_list: list[str]) -> dict | None:
         return None
     rng = np.random.default_rng(SEED)
     feeds = [case.inputs(rng, index) for index in range(SAMPLES)]
-    data = folder / "eval"
+    data = folder / "calib"
     data.mkdir(parents=True, exist_ok=True)
-    for index, feed in enumerate(feeds):
-        np.savez(data / f"{index:03d}.npz", **feed)
+    calib_rng = np.random.default_rng(CALIB_SEED)
+    for index in range(CALIB):
+        np.savez(data / f"{index:03d}.npz", **case.inputs(calib_rng, index))
     reference = outputs(path, feeds)
     float_ms = latency_ms(path, feeds[0])
     row = {"model": case.name, "half": case.half, "float_bytes": path.stat().st_size, "float_ms": float_ms, "bits": {}}
@@ -125,40 +131,49 @@ def run_case(case, out: Path, bits_list: list[str]) -> dict | None:
         if code == 0:
             ort_entry.update(bytes=ort_out.stat().st_size, latency_ms=latency_ms(ort_out, feeds[0]),
                              **compare(reference, outputs(ort_out, feeds), case.decision))
-        ours = folder / f"ortprep.{bits}.onnx"
-        report = folder / f"ortprep.{bits}.json"
-        code, seconds, rss, err = launch([sys.executable, "-m", "ortprep", "quantize", str(path), "--weight-only", bits,
-                                          "--eval", str(data), "-o", str(ours), "--force", "--json", "--report",
-                                          str(report)])
-        record = json.loads(report.read_text()) if report.exists() else {}
-        our_entry = {"exit": code, "seconds": seconds, "peak_rss_mb": rss,
-                     "codes": sorted({f["code"] for f in record.get("findings", []) if f["severity"] != "info"}),
-                     "gate_cosine": (record.get("verify") or {}).get("cosine")}
-        written = ours if ours.exists() else None
-        if written is not None:
-            our_entry.update(bytes=written.stat().st_size, latency_ms=latency_ms(written, feeds[0]),
-                             **compare(reference, outputs(written, feeds), case.decision))
-        row["bits"][bits] = {"ort": ort_entry, "ortprep": our_entry}
+        row["bits"][bits] = {"ort": ort_entry}
+        for rounding in ROUNDINGS:
+            ours = folder / f"ortprep.{bits}.{rounding}.onnx"
+            report = folder / f"ortprep.{bits}.{rounding}.json"
+            ours.unlink(missing_ok=True)
+            code, seconds, rss, err = launch([sys.executable, "-m", "ortprep", "quantize", str(path), "--weight-only", bits,
+                                              "--calib", str(data), "--rounding", rounding, "-o", str(ours), "--force",
+                                              "--json", "--report", str(report), "--keep-failed"])
+            record = json.loads(report.read_text()) if report.exists() else {}
+            our_entry = {"exit": code, "seconds": seconds, "peak_rss_mb": rss,
+                         "codes": sorted({f["code"] for f in record.get("findings", []) if f["severity"] != "info"}),
+                         "gate_cosine": (record.get("verify") or {}).get("cosine"),
+                         "rounding": (record.get("weight_only") or {}).get("rounding")}
+            written = ours if ours.exists() else None
+            if written is not None:
+                our_entry.update(bytes=written.stat().st_size, latency_ms=latency_ms(written, feeds[0]),
+                                 **compare(reference, outputs(written, feeds), case.decision))
+            elif record.get("kept_failed"):
+                # a refusal, measured through the file it refused (right, or needless)
+                our_entry["refused_file"] = compare(reference, outputs(Path(record["kept_failed"]), feeds), case.decision)
+            row["bits"][bits][f"ortprep {rounding}"] = our_entry
     return row
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| half | model | bits | who | exit | s | peak RSS (MB) | size vs float | cosine | norm | decision | "
-             "latency vs float (1 thread) | ortprep's findings |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    lines = ["| half | model | bits | who | exit | rounding | s | peak RSS (MB) | size vs float | cosine | norm | decision | "
+             "latency vs float (1 thread) | ortprep's findings | the refused file: cosine, decision |",
+             "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for row in sorted(rows, key=lambda r: (r["half"] != "eval", r["model"])):
-        for bits, pair in row["bits"].items():
-            for who in ("ort", "ortprep"):
-                e = pair[who]
+        for bits, entries in row["bits"].items():
+            for who, e in entries.items():
                 size = f"{e['bytes'] / row['float_bytes']:.2f}" if e.get("bytes") else "-"
                 cos = f"{e['cosine']:.5f}" if e.get("cosine") is not None else "-"
                 norm = f"{e['norm_ratio']:.4f}" if e.get("norm_ratio") is not None else "-"
                 lat = f"{e['latency_ms'] / row['float_ms']:.2f}" if e.get("latency_ms") else "-"
-                label = "ORT MatMulNBitsQuantizer" if who == "ort" else "ortprep --weight-only"
-                found = ", ".join(e.get("codes") or []) if who == "ortprep" else (e.get("error") or "")[:80]
-                lines.append(f"| {row['half']} | {row['model']} | {bits} | {label} | {e['exit']} | {e['seconds']:.1f} | "
+                label = "ORT MatMulNBitsQuantizer" if who == "ort" else f"ortprep --rounding {who.split()[1]}"
+                found = ", ".join(e.get("codes") or []) if who != "ort" else (e.get("error") or "")[:80]
+                refused = e.get("refused_file")
+                refused_text = f"{refused['cosine']:.5f}, {refused.get('decision', '-')}" if refused else ""
+                lines.append(f"| {row['half']} | {row['model']} | {bits} | {label} | {e['exit']} | "
+                             f"{e.get('rounding') or ('nearest' if who == 'ort' else '-')} | {e['seconds']:.1f} | "
                              f"{e['peak_rss_mb']:.0f} | {size} | {cos} | {norm} | {e.get('decision', '-')} | {lat} | "
-                             f"{found} |")
+                             f"{found} | {refused_text} |")
     return "\n".join(lines)
 
 

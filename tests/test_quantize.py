@@ -781,7 +781,8 @@ def test_weight_only_int4_and_int8(tmp_path):
     code, record, _ = quantize(model, "--weight-only", "int4", "--eval", data, "-o", tmp_path / "q4.onnx")
     assert code == 0, record["findings"]
     assert record["mode"] == "weight-only" and record["evaluation_samples"] == 16
-    assert record["weight_only"] == {"bits": "int4", "block_size": 32, "symmetric": False, "op": "com.microsoft:MatMulNBits"}
+    assert record["weight_only"] == {"bits": "int4", "block_size": 32, "symmetric": False, "op": "com.microsoft:MatMulNBits",
+                                     "rounding": "nearest", "rounding_tried": None}  # --eval alone: nothing to round on
     quantized = onnx.load(record["output"])
     nbits = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == 2 and all(n.domain == "com.microsoft" for n in nbits) and "MatMul" not in op_types(record["output"])
@@ -796,6 +797,64 @@ def test_weight_only_int4_and_int8(tmp_path):
     assert attributes["bits"] == 8 and attributes["block_size"] == 64
     assert len([i for i in node.input if i]) == 3  # activations, weights, scales: no zero points (symmetric)
     assert record["verify"]["cosine"] >= 0.9999
+
+
+def _correlated(folder: Path, basis: np.ndarray, count: int, seed: int) -> Path:
+    """Samples of x [1, 8, 256] whose features move together (6 directions), as a layer's inputs do."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        x = rng.standard_normal((1, 8, len(basis))) @ basis + 0.05 * rng.standard_normal((1, 8, basis.shape[1]))
+        np.savez(folder / f"s{index:03d}.npz", x=x.astype(np.float32))
+    return folder
+
+
+def test_weight_only_rounds_for_the_output_where_nearest_fails(tmp_path):
+    """int4 levels rounded to the nearest (ORT's) fail a strict gate on inputs whose features move
+    together; --rounding auto then rounds each MatMul's weights for its output on the calibration
+    samples (runtime/rounding.py), judged on the held-back ones, and keeps that where it passes."""
+    import onnxruntime as ort
+
+    model = _mlp(tmp_path / "mlp.onnx")
+    basis = np.random.default_rng(4).standard_normal((6, 256))
+    calib = _correlated(tmp_path / "calib", basis, 40, seed=5)
+    strict = ("--weight-only", "int4", "--calib", calib, "--min-cosine", "0.998", "--keep-failed")
+    code, plain, _ = quantize(model, *strict, "--rounding", "nearest", "-o", tmp_path / "near.onnx")
+    assert code == 1 and "QNT005" in codes(plain) and not (tmp_path / "near.onnx").exists()
+    assert plain["weight_only"]["rounding"] == "nearest" and plain["evaluation_samples"] == 40  # nothing held back
+    code, record, _ = quantize(model, *strict, "-o", tmp_path / "auto.onnx")
+    assert code == 0, record["findings"]
+    tried = record["weight_only"]["rounding_tried"]
+    assert record["weight_only"]["rounding"] == "gptq" and tried["kept"] and tried["matmuls"] == 2
+    assert tried["nearest"]["passed"] is False and tried["nearest"]["cosine"] < 0.998 < tried["cosine"]
+    assert tried["error_vs_nearest"] < 0.1  # the MatMuls' output error on the calibration samples
+    assert record["evaluation_samples"] == 8 and "QNT030" in codes(record)  # judged on samples it did not round on
+    assert [n.op_type for n in onnx.load(record["output"]).graph.node].count("MatMulNBits") == 2
+    # on inputs no command saw, the rounded file is closer to the float model than nearest rounding's
+    fresh = [dict(np.load(f)) for f in sorted(_correlated(tmp_path / "fresh", basis, 16, seed=6).iterdir())]
+
+    def lowest(path) -> float:
+        want, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (model, path))
+        cosines = []
+        for feed in fresh:
+            a, b = want.run(None, feed)[0].ravel(), got.run(None, feed)[0].ravel()
+            cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+        return min(cosines)
+
+    assert lowest(record["output"]) > 0.999 > lowest(plain["kept_failed"])
+    # asked for directly: no trial of nearest rounding first, and said as asked
+    code, asked, _ = quantize(model, *strict, "--rounding", "gptq", "-o", tmp_path / "asked.onnx")
+    assert code == 0 and asked["weight_only"]["rounding"] == "gptq" and asked["weight_only"]["rounding_tried"]["asked"]
+    assert "QNT030" not in codes(asked)
+
+
+def test_rounding_without_samples_is_refused(tmp_path):
+    model = _mlp(tmp_path / "mlp.onnx")
+    for extra, words in ((["--weight-only", "int4", "--rounding", "gptq"], "calibration samples"),
+                         (["--weight-only", "int4", "--rounding", "gptq", "--calib", "random"], "calibration samples"),
+                         (["--static", "--calib", "random", "--rounding", "gptq"], "applies to --weight-only")):
+        result = invoke("quantize", model, *extra, "-o", tmp_path / "x.onnx")
+        assert result.exit_code == 2 and words in result.stderr and not (tmp_path / "x.onnx").exists(), result.stderr
 
 
 def test_weight_only_refusals(tmp_path):

@@ -53,6 +53,7 @@ def _check_device(device: str | None, eps: list[str], provider_options: dict[str
 
 LEVELS = ("basic", "extended", "all")  # optimize
 MODES = ("static", "dynamic", "weight-only")  # quantize
+ROUNDINGS = ("auto", "nearest", "gptq")  # quantize --weight-only
 WEIGHT_ONLY_BITS = ("int4", "int8")
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
 DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
@@ -209,6 +210,11 @@ class QuantizeOptions(StepOptions):
     block_size: int = option(32, "--weight-only: weights per block sharing a scale (16, 32, 64, 128 or 256).", Kind.INT,
                              minimum=16)
     symmetric: bool = option(False, "--weight-only: symmetric blocks (no zero points).", Kind.FLAG)
+    rounding: str = option("auto", "--weight-only: how weights take their levels. nearest (ORT's own); gptq: "
+                           "each weight's rounding error moved onto the weights not yet rounded, so that the MatMul's "
+                           "output on the calibration samples stays closest (needs --calib DATA); auto: nearest, "
+                           "then gptq where nearest fails the gate and calibration samples exist.", Kind.TEXT,
+                           choices=ROUNDINGS)
     calib: str | Path | None = option(None, "Calibration data: folder of .npz/.npy/images, a stacked .npz, or 'random'.",
                                       Kind.DATA, metavar="DATA")
     eval: str | Path | None = option(None, "Evaluation data (same forms as calib); default: every fifth calibration "
@@ -283,6 +289,11 @@ class QuantizeOptions(StepOptions):
             if self.block_size not in (16, 32, 64, 128, 256):
                 raise UsageError(f"{where}: block size {self.block_size} is not one MatMulNBits takes",
                                  hint="use 16, 32, 64, 128 or 256")
+            if self.rounding == "gptq" and (self.calib is None or str(self.calib) == "random"):
+                raise UsageError(f"{where}: --rounding gptq measures each MatMul's inputs on calibration samples, and "
+                                 "none were given", hint="pass real samples with --calib DATA, or --rounding nearest")
+        elif self.rounding != "auto" and self.mode is not None:
+            raise UsageError(f"{where}: --rounding applies to --weight-only", hint="drop --rounding, or add --weight-only int4|int8")
         if self.mode is None:
             raise UsageError(f"{where}: no quantization mode", hint='set mode = "static", "dynamic" or "weight-only" (--static, '
                              "--dynamic or --weight-only int4|int8)")

@@ -229,7 +229,31 @@ class Quantize(Request):
         op_types = tuple(options.get("op_types") or ("MatMul",))
         config = DefaultWeightOnlyQuantConfig(block_size=options["block_size"], is_symmetric=options["symmetric"],
                                               op_types_to_quantize=op_types, bits=bits)
-        quantizer = MatMulNBitsQuantizer(onnx.load(self.model), bits=bits, block_size=options["block_size"],
+        model = onnx.load(self.model)
+        if options.get("rounding") == "gptq" and "MatMul" in op_types:
+            # levels chosen for the layer's output on the calibration samples (runtime/rounding.py);
+            # ORT's quantizer below recomputes the same grid and keeps them
+            import json
+
+            from ortprep.runtime.calibration import CalibrationSet
+            from ortprep.runtime.rounding import compensate_model
+
+            calibration = CalibrationSet.from_json(self.calibration)
+            indices = list(self.calibration_indices or [])
+
+            def samples():
+                return (calibration.sample(index) for index in indices)
+
+            def progress(done: int, total: int) -> None:
+                if self.progress:
+                    with open(self.progress, "w", encoding="utf-8") as out:
+                        out.write(f"{done} {total}")
+
+            done = compensate_model(model, self.model, samples, len(indices), bits, options["block_size"],
+                                    options["symmetric"], set(options.get("exclude_nodes") or ()), progress)
+            with open(self.output + ".rounding.json", "w", encoding="utf-8") as out:
+                json.dump(done, out)
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=options["block_size"],
                                          is_symmetric=options["symmetric"],
                                          nodes_to_exclude=list(options.get("exclude_nodes") or ()),
                                          op_types_to_quantize=op_types, algo_config=config)

@@ -62,8 +62,8 @@ from ortprep.steps.quantize.evaluate import (
     worst_nodes,
 )
 from ortprep.steps.quantize.presets import resolve_settings
-from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, run_search,
-                                           try_calibration_methods)
+from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, rounding_done, run_search,
+                                           try_calibration_methods, try_compensated_rounding)
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import model_bytes, save_temp
 
@@ -109,6 +109,7 @@ class Outcome:
     fp16_matmuls: list[str] = field(default_factory=list)  # MatMuls of two 16-bit activations computed in FP16 (QNN)
     off_ep: list[dict] = field(default_factory=list)  # nodes kept off the target EP (off_target.py): name, op_type, reason
     wide: list[str] = field(default_factory=list)  # activations the search gave 16 bits (Search.widen)
+    rounding: dict | None = None  # --weight-only: the compensated rounding asked for or tried (search.try_compensated_rounding)
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -151,6 +152,23 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             report.add(Finding.of("QNT016", f"{settings['method']} calibration kept: lowest cosine {fmt_cosine(baseline_cosine)} "
                                   f"with min/max ranges, {fmt_cosine(best.cosine)} with {settings['method']}",
                                   fix=f"nothing to do; --method {settings['method']} asks for it directly"))
+    rounding = None
+    if (options.mode == "weight-only" and settings.get("rounding") == "gptq") and best.path is not None:
+        rounding = {"rounding": "gptq", "asked": True, **rounding_done(best)}
+    elif (options.mode == "weight-only" and options.rounding == "auto" and not best.passed and eval_feeds
+          and plan.calib_indices):
+        before = best
+        best, rounding = try_compensated_rounding(trials, source, best)
+        settings = trials.settings
+        if rounding["kept"]:
+            share = rounding.get("error_vs_nearest")
+            report.add(Finding.of(
+                "QNT030", f"gptq rounding kept: nearest rounding (ORT's own) failed the gate at lowest cosine "
+                f"{fmt_cosine(before.cosine)}; with each weight's rounding error moved onto the weights not yet rounded, "
+                f"{fmt_cosine(best.cosine)}" + (f" (the MatMuls' output error on the calibration samples: {share:.0%} of "
+                                                f"nearest rounding's)" if share is not None else ""),
+                fix="nothing to do; --rounding gptq asks for it directly, --rounding nearest for ORT's levels"))
+        searching = searching and not best.passed
     graph_only = onnx.load(str(source), load_external_data=False)
     if searching:  # once the search started it aims for the margin, whatever fixed the gate
         best, search_record, reasons = run_search(trials, source, best, options, graph_only)
@@ -194,7 +212,8 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     return Outcome(best, chosen, excluded, search_record, source=label,
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
                    floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
-                   off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide))
+                   off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
+                   rounding=rounding)
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -270,7 +289,8 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
                    "source": settings["preset_source"], "fixed_output_encodings": settings.get("fixed_output_encodings") or {},
                    "reduce_range": settings.get("reduce_range", False)},
         "weight_only": ({"bits": settings["weight_bits"], "block_size": settings["block_size"],
-                         "symmetric": settings["symmetric"], "op": "com.microsoft:MatMulNBits"}
+                         "symmetric": settings["symmetric"], "op": "com.microsoft:MatMulNBits",
+                         "rounding": settings.get("rounding", "nearest"), "rounding_tried": settings.get("rounding_record")}
                         if options.mode == "weight-only" else None),
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
@@ -359,6 +379,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         outcome = quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report,
                                       sentinels, target, spare_failing_baseline)
         settings = {**settings, "method": outcome.method}
+        if options.mode == "weight-only":
+            used = outcome.rounding is not None and (outcome.rounding.get("asked") or outcome.rounding.get("kept"))
+            settings = {**settings, "rounding": "gptq" if used else "nearest", "rounding_record": outcome.rounding}
         if outcome.source == "as given" and options.preprocess and len(sources) > 1:
             preprocess_detail += "; not used: quantizing without it evaluated better"
         report.data = _base_record(handle, options, settings, size_before)

@@ -62,6 +62,14 @@ def held_back_share(count: int) -> float:
     return wanted / count if count else 0.2
 
 
+def rounds_on_samples(options: QuantizeOptions, calibration: CalibrationSet | None) -> bool:
+    """Whether --weight-only may round on the calibration samples (--rounding gptq, or auto with
+    real samples): they are then split as static calibration's are, so that the gate judges the
+    result on samples the rounding did not see."""
+    return (options.mode == "weight-only" and options.rounding != "nearest" and calibration is not None
+            and calibration.kind != "random")
+
+
 def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str, Any], report: StepResult) -> DataPlan:
     """Check the data against the model (names, shapes, dtypes) before any work; split it."""
     specs = input_specs(handle.proto)
@@ -83,7 +91,7 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     eval_indices: list[int] = []
     if calibration is not None:
         count = min(calibration.count, options.samples) if options.samples else calibration.count
-        if options.mode in ("dynamic", "weight-only"):
+        if options.mode == "dynamic" or (options.mode == "weight-only" and not rounds_on_samples(options, calibration)):
             eval_indices = list(range(count))  # nothing is calibrated: all samples evaluate
         elif evaluation_set is None:
             calib_indices, eval_indices = split(count, holdout=held_back_share(count))

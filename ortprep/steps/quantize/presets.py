@@ -57,7 +57,8 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
         settings.update(format="qoperator", per_channel=False, weight_type=options.weight_only or "int4",
                         activation_type="float", extra_options={}, op_types=["MatMul"], fixed_output_encodings={},
                         reduce_range=False, weight_bits=options.weight_only or "int4", block_size=options.block_size,
-                        symmetric=options.symmetric, requires_static_shapes=False)
+                        symmetric=options.symmetric, requires_static_shapes=False,
+                        rounding="gptq" if options.rounding == "gptq" else "nearest")
         return settings
     if options.mode == "dynamic":
         if settings["format"] == "qdq" and options.format is None:

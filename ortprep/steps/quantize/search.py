@@ -902,6 +902,36 @@ def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: floa
     return best, records, tried
 
 
+def try_compensated_rounding(trials: Trials, source: Path, best: Trial) -> tuple[Trial, dict]:
+    """--weight-only --rounding auto, where nearest rounding failed the gate: the same weights
+    rounded for each MatMul's output on the calibration samples (runtime/rounding.py), kept when it
+    measures better (``improved``). Leaves ``trials.settings`` on the rounding kept; returns the
+    best trial and a record of the attempt."""
+    settings = trials.settings
+    trials.settings = {**settings, "rounding": "gptq"}
+    outcome = trials.attempt(source, list(trials.fixed), "rounding: gptq")
+    kept = outcome.path is not None and improved(outcome, best)
+    record = {"rounding": "gptq", "cosine": outcome.cosine, "passed": outcome.passed, "kept": kept,
+              "nearest": {"cosine": best.cosine, "passed": best.passed}, **rounding_done(outcome)}
+    if kept:
+        return outcome, record
+    trials.settings = settings
+    return best, record
+
+
+def rounding_done(trial: Trial) -> dict:
+    """What the worker's compensated rounding did for ``trial`` (its sidecar file), or nothing."""
+    if trial.path is None:
+        return {}
+    sidecar = Path(str(trial.path) + ".rounding.json")
+    if not sidecar.exists():
+        return {}
+    import json
+
+    done = json.loads(sidecar.read_text(encoding="utf-8"))
+    return {"matmuls": done.get("matmuls"), "error_vs_nearest": done.get("error_vs_nearest")}
+
+
 # A node kept off the EP takes its activations' QuantizeLinear and DequantizeLinear nodes along:
 # a move of N nodes may take up to this many times N off the EP's share, no more.
 MOVE_NODE_SLACK = 8

@@ -1,0 +1,233 @@
+"""Error-compensating rounding of block-wise int4/int8 MatMul weights (quantize --weight-only
+--rounding gptq), in numpy: no gradient library.
+
+Rounding each weight to its nearest level (what ORT's MatMulNBitsQuantizer does) minimises each
+weight's own error. What the application sees is the layer's output, ``X @ W``, and there the
+errors of a column's weights add up along the inputs that move together. The method of Frantar et
+al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers" (2022),
+rounds the weights of one input row at a time and moves the error it made onto the rows not yet
+rounded, weighted by the inverse of the inputs' second moments ``H = X^T X`` (measured on the
+calibration samples), so that the output's error is what is minimised.
+
+The result is written as float weights that sit exactly on the grid ORT's own quantizer computes
+(``block_grid``: its scale and zero point per block, from the block's min/max or signed largest
+magnitude). The weight that sets a block's grid is given the extreme level, so ORT's quantizer,
+run on the result, recomputes the same grid and the same integers: the file is ORT's MatMulNBits,
+with levels chosen by this module. ``tests/test_rounding.py`` holds both against ORT's kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DAMP = 0.01  # added to H's diagonal, as a share of its mean: H from few samples is near singular
+
+
+def block_grid(block: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
+    """The scale and zero point per row of ``block`` ([rows, weights of one block]) as ORT's
+    MatMulNBits quantizer computes them (onnxruntime's MlasQuantizeBlockwise, checked against it in
+    the tests), and the anchors: (per row, the column that sets the grid, the level it must take)."""
+    levels = 2 ** bits - 1
+    rows = np.arange(block.shape[0])
+    if symmetric:
+        at = np.abs(block).argmax(axis=1)
+        largest = block[rows, at]
+        scale = largest / -(2 ** (bits - 1))  # the largest magnitude maps to level 0, whatever its sign
+        zero = np.full(block.shape[0], 2.0 ** (bits - 1))
+        return scale, zero, [(at, 0)]
+    low, high = np.minimum(block.min(axis=1), 0.0), np.maximum(block.max(axis=1), 0.0)
+    scale = (high - low) / levels
+    safe = np.where(scale == 0, 1.0, scale)
+    zero = np.clip(np.round(-low / safe), 0, levels)
+    anchors = []
+    # where a block is all of one sign, 0 is its other end and needs no anchor
+    for at, level, present in ((block.argmin(axis=1), 0, low < 0), (block.argmax(axis=1), levels, high > 0)):
+        anchors.append((np.where(present, at, -1), level))
+    return scale, zero, anchors
+
+
+def _levels(values: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
+    safe = np.where(scale == 0, 1.0, scale)
+    return np.clip(np.round(values / safe) + zero, 0, 2 ** bits - 1)
+
+
+def nearest(weight: np.ndarray, bits: int, block_size: int, symmetric: bool) -> np.ndarray:
+    """``weight`` ([K, N]) rounded to its nearest levels, block by block along K, as float: what
+    ORT's quantizer writes, dequantized."""
+    out = np.empty(weight.shape, np.float64)
+    rows = weight.T.astype(np.float64)
+    for start in range(0, rows.shape[1], block_size):
+        block = rows[:, start:start + block_size]
+        scale, zero, _ = block_grid(block, bits, symmetric)
+        out[start:start + block.shape[1]] = ((_levels(block, scale[:, None], zero[:, None], bits) - zero[:, None])
+                                             * scale[:, None]).T
+    return out.astype(np.float32)
+
+
+def _inverse_factor(hessian: np.ndarray) -> np.ndarray | None:
+    """The upper Cholesky factor of H's inverse, H damped until it factors (None: it never did)."""
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0  # an input never seen non-zero: its weights are rounded on their own
+    mean = float(np.mean(np.diag(h)))
+    for damp in (DAMP, DAMP * 10, DAMP * 100):
+        try:
+            inverse = np.linalg.inv(h + damp * mean * np.eye(h.shape[0]))
+            return np.linalg.cholesky(inverse).T
+        except np.linalg.LinAlgError:
+            continue
+    return None
+
+
+def compensated(weight: np.ndarray, hessian: np.ndarray, bits: int, block_size: int, symmetric: bool) -> np.ndarray | None:
+    """``weight`` ([K, N], the MatMul's B) rounded block by block along K with each row's rounding
+    error moved onto the rows not yet rounded (GPTQ), as float weights on ORT's grid; ``hessian``
+    is ``X^T X`` ([K, K]) of the MatMul's input rows. None where H cannot be factored."""
+    factor = _inverse_factor(hessian)
+    if factor is None:
+        return None
+    work = weight.T.astype(np.float64)  # [N, K]: one output per row, rounded one input column at a time
+    count = work.shape[1]
+    out = np.empty_like(work)
+    for start in range(0, count, block_size):
+        end = min(start + block_size, count)
+        block = work[:, start:end].copy()
+        scale, zero, anchors = block_grid(block, bits, symmetric)
+        errors = np.empty_like(block)
+        for j in range(end - start):
+            column = block[:, j]
+            level = _levels(column, scale, zero, bits)
+            for at, fixed in anchors:
+                level = np.where(at == j, fixed, level)  # the weight that sets the grid keeps it
+            rounded = (level - zero) * scale
+            out[:, start + j] = rounded
+            error = (column - rounded) / factor[start + j, start + j]
+            block[:, j + 1:] -= np.outer(error, factor[start + j, start + j + 1:end])
+            errors[:, j] = error
+        work[:, end:] -= errors @ factor[start:end, end:]
+    return out.T.astype(np.float32)
+
+
+def output_error(weight: np.ndarray, rounded: np.ndarray, hessian: np.ndarray) -> float:
+    """The summed squared error the rounding adds to ``X @ W`` over the samples H was measured on:
+    trace((W - Q)^T H (W - Q))."""
+    delta = (weight.astype(np.float64) - rounded.astype(np.float64))
+    return float(np.einsum("kn,kj,jn->", delta, hessian, delta))
+
+
+# --- on a model: which MatMuls, their inputs' second moments, the weights rewritten ----------------
+
+HESSIAN_BUDGET = 256 * 2 ** 20  # bytes of H (float64) gathered at once; more inputs take another pass
+
+
+def _b_matrix(weight) -> np.ndarray | None:
+    """A MatMul's constant B as [K, N] where ORT's weight-only quantizer would take it (2-D, or
+    leading dimensions of 1), float32 only; else None."""
+    import onnx
+
+    if weight.data_type != onnx.TensorProto.FLOAT or len(weight.dims) < 2 or any(d != 1 for d in weight.dims[:-2]):
+        return None
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(weight).reshape(weight.dims[-2], weight.dims[-1])
+
+
+def eligible(model, excluded: set[str]) -> list:
+    """The main graph's MatMuls whose B ORT's MatMulNBits quantizer rewrites, read by float32
+    activations: (node, B initializer)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    return [(node, inits[node.input[1]]) for node in model.graph.node
+            if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node.name not in excluded
+            and len(node.input) == 2 and node.input[1] in inits and node.input[0] not in inits
+            and _b_matrix(inits[node.input[1]]) is not None]
+
+
+def hessians(model_path: str, names: dict[str, int], samples, count: int, progress=None) -> dict[str, np.ndarray]:
+    """``X^T X`` of each named activation (its rows: every position but the last axis, of length
+    ``names[name]``), summed over ``samples`` (an iterable of feeds, called once per pass). The
+    activations are exposed as outputs of a copy of the graph, HESSIAN_BUDGET bytes of H a pass."""
+    import os
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    graph_only = onnx.load(model_path, load_external_data=False)
+    inputs = {i.name for i in graph_only.graph.input}
+    passes: list[list[str]] = [[]]
+    size = 0
+    for name, k in names.items():
+        if passes[-1] and size + 8 * k * k > HESSIAN_BUDGET:
+            passes.append([])
+            size = 0
+        passes[-1].append(name)
+        size += 8 * k * k
+    result: dict[str, np.ndarray] = {}
+    folder = os.path.dirname(os.path.abspath(model_path))  # beside it: its external data resolves
+    done = 0
+    for wanted in passes:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(graph_only)
+        have = {o.name for o in probe.graph.output}
+        probe.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                                  for n in wanted if n not in have and n not in inputs)
+        handle, path = tempfile.mkstemp(suffix=".onnx", prefix="ortprep-rounding-", dir=folder)
+        os.close(handle)
+        try:
+            onnx.save(probe, path)
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        finally:
+            os.unlink(path)
+        outputs = [o.name for o in session.get_outputs()]
+        fetch = [n for n in wanted if n not in inputs]
+        sums = {n: np.zeros((names[n], names[n])) for n in wanted}
+        for feed in samples():
+            values = dict(zip(fetch, session.run(fetch, feed))) if fetch else {}
+            for name in wanted:
+                value = feed[name] if name in inputs else values[name]
+                rows = np.asarray(value, np.float64).reshape(-1, names[name])
+                sums[name] += rows.T @ rows
+            done += 1
+            if progress is not None:
+                progress(done, count * len(passes))
+        del session, outputs
+        result.update(sums)
+    return result
+
+
+def compensate_model(model, model_path: str, samples, count: int, bits: int, block_size: int, symmetric: bool,
+                     excluded: set[str], progress=None) -> dict:
+    """Rewrite ``model``'s eligible MatMul weights (in place, float) with compensated rounding, from
+    the second moments of their inputs on ``samples`` (``model_path``: the same model on disk).
+    Returns what was done: MatMuls rewritten, and the output error on those samples against
+    nearest rounding's (summed over the MatMuls, trace((W-Q)^T H (W-Q)))."""
+    from onnx import numpy_helper
+
+    targets = eligible(model, excluded)
+    names = {node.input[0]: _b_matrix(init).shape[0] for node, init in targets}
+    if not targets:
+        return {"matmuls": 0, "kept_nearest": [], "error_vs_nearest": None}
+    moments = hessians(model_path, names, samples, count, progress)
+    done, kept, ours, theirs = 0, [], 0.0, 0.0
+    rewritten: dict[str, np.ndarray] = {}
+    for node, init in targets:
+        if init.name in rewritten:
+            continue  # a B shared by two MatMuls is rounded once, for the first one's inputs
+        weight = _b_matrix(init)
+        hessian = moments[node.input[0]]
+        rounded = compensated(weight, hessian, bits, block_size, symmetric)
+        plain = nearest(weight, bits, block_size, symmetric)
+        if rounded is None or output_error(weight, rounded, hessian) >= output_error(weight, plain, hessian):
+            kept.append(node.name)  # nearest rounding is no worse on these samples: ORT's own levels stay
+            rounded = plain
+            theirs_here = ours_here = output_error(weight, plain, hessian)
+        else:
+            ours_here, theirs_here = output_error(weight, rounded, hessian), output_error(weight, plain, hessian)
+            done += 1
+        ours, theirs = ours + ours_here, theirs + theirs_here
+        rewritten[init.name] = rounded
+        init.CopyFrom(numpy_helper.from_array(rounded.reshape(tuple(init.dims)), init.name))
+    return {"matmuls": done, "kept_nearest": kept, "error_vs_nearest": (ours / theirs) if theirs > 0 else None}

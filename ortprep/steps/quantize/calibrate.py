@@ -93,6 +93,10 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
         count = min(calibration.count, options.samples) if options.samples else calibration.count
         if options.mode == "dynamic" or (options.mode == "weight-only" and not rounds_on_samples(options, calibration)):
             eval_indices = list(range(count))  # nothing is calibrated: all samples evaluate
+        elif evaluation_set is None and options.mode == "weight-only":
+            # rounding reads only its inputs' second moments: half is held back for the gate, so
+            # that a result nearest rounding already passes is judged on as many samples as it can
+            calib_indices, eval_indices = split(count, holdout=0.5)
         elif evaluation_set is None:
             calib_indices, eval_indices = split(count, holdout=held_back_share(count))
         else:

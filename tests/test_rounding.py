@@ -83,3 +83,96 @@ def test_a_singular_hessian_is_damped_and_dead_inputs_are_rounded_alone():
     ours = compensated(weight, x.T @ x, 4, 32, False)
     assert ours is not None and np.isfinite(ours).all()
     assert same_levels(ours, ort_blockwise(ours, 4, 32, False))
+
+
+def test_halves_round_away_from_zero_as_orts_kernel_does():
+    """np.round takes a half to the even level; ORT's kernel takes it away from zero. A block whose
+    largest value sits at a half: the two disagree about the grid itself (review of session 27)."""
+    weight = np.zeros((32, 1), np.float32)
+    weight[:3, 0] = [-2.5, 12.5, 0.5]
+    assert same_levels(nearest(weight, 4, 32, False), ort_blockwise(weight, 4, 32, False))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_partial_and_one_signed_blocks_survive_orts_quantizer(symmetric):
+    rng = np.random.default_rng(21)
+    k, n = 70, 8  # a last block of 6
+    weight = rng.standard_normal((k, n)).astype(np.float32)
+    weight[:32, 0] = np.abs(weight[:32, 0])
+    weight[32:64, 1] = -np.abs(weight[32:64, 1])
+    weight[:32, 2] = 0.0
+    x = correlated_inputs(rng, 256, rng.standard_normal((6, k)))
+    ours = compensated(weight, x.T @ x, 4, 32, symmetric)
+    assert same_levels(ours, ort_blockwise(ours, 4, 32, symmetric))
+    assert not ours[:32, 2].any()  # a block of zeros stays zeros
+
+
+def test_a_non_finite_input_moment_gives_no_rounding():
+    weight = np.ones((32, 2), np.float32)
+    hessian = np.eye(32)
+    hessian[3, 3] = np.inf
+    assert compensated(weight, hessian, 4, 32, False) is None
+
+
+def _two_readers(path, other: str):
+    """mm1 = MatMul(x, W); mm2 = ``other``(relu(mm1), W): W read by two nodes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node(other, ["r", "W"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64] if other == "Add" else [1, 64])],
+                              [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return model
+
+
+@pytest.mark.parametrize("other, excluded", [("MatMul", {"mm2"}), ("Add", set()), ("MatMul", set())])
+def test_a_weight_read_elsewhere_is_left_alone(tmp_path, other, excluded):
+    """W read by a MatMul left float (--exclude-node) or by another op: rounding it would change
+    what that reader computes. Read by two MatMuls both rounded: rounded once, for both inputs."""
+    from onnx import numpy_helper
+
+    from ortprep.runtime.rounding import compensate_model
+
+    path = tmp_path / "two.onnx"
+    model = _two_readers(path, other)
+    before = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    rng = np.random.default_rng(4)
+    basis = rng.standard_normal((4, 64))
+
+    def samples():
+        return ({"x": correlated_inputs(np.random.default_rng(i), 1, basis).astype(np.float32)} for i in range(16))
+
+    done = compensate_model(model, str(path), samples, 16, 4, 32, False, excluded)
+    after = numpy_helper.to_array(model.graph.initializer[0])
+    if other == "MatMul" and not excluded:
+        assert done["matmuls"] == 2 and not np.array_equal(after, before)
+        assert same_levels(after, ort_blockwise(after, 4, 32, False))
+    else:
+        assert done["matmuls"] == 0 and np.array_equal(after, before)
+
+
+def test_a_weight_no_better_than_nearest_is_not_touched(tmp_path):
+    """Inputs with no correlation (H = I): the compensated rounding cannot beat nearest, and the
+    initializer keeps its float values for ORT's quantizer to round once."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortprep.runtime.rounding import compensate_model
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "one.onnx")
+    before = numpy_helper.to_array(w).copy()
+    done = compensate_model(model, str(tmp_path / "one.onnx"), lambda: iter([{"x": np.eye(32, dtype=np.float32)}]), 1,
+                            4, 32, False, set())
+    assert done["kept_nearest"] == ["mm"] and done["matmuls"] == 0
+    assert np.array_equal(numpy_helper.to_array(model.graph.initializer[0]), before)

@@ -25,30 +25,42 @@ DAMP = 0.01  # added to H's diagonal, as a share of its mean: H from few samples
 
 def block_grid(block: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
     """The scale and zero point per row of ``block`` ([rows, weights of one block]) as ORT's
-    MatMulNBits quantizer computes them (onnxruntime's MlasQuantizeBlockwise, checked against it in
-    the tests), and the anchors: (per row, the column that sets the grid, the level it must take)."""
+    MatMulNBits quantizer computes them, in float32 as it does (onnxruntime's MLAS blockwise
+    quantizer: range2scalezp and range2scale, read in its source and held against its kernel in the
+    tests), and the anchors: (per row, the column that sets the grid, the level it must take)."""
+    values = block.astype(np.float32)
     levels = 2 ** bits - 1
-    rows = np.arange(block.shape[0])
+    low, high = values.min(axis=1), values.max(axis=1)
     if symmetric:
-        at = np.abs(block).argmax(axis=1)
-        largest = block[rows, at]
-        scale = largest / -(2 ** (bits - 1))  # the largest magnitude maps to level 0, whatever its sign
-        zero = np.full(block.shape[0], 2.0 ** (bits - 1))
-        return scale, zero, [(at, 0)]
-    low, high = np.minimum(block.min(axis=1), 0.0), np.maximum(block.max(axis=1), 0.0)
-    scale = (high - low) / levels
-    safe = np.where(scale == 0, 1.0, scale)
-    zero = np.clip(np.round(-low / safe), 0, levels)
+        upper = np.abs(high) > np.abs(low)  # a tie goes to the minimum, as MLAS breaks it
+        largest = np.where(upper, high, low)
+        scale = (largest / np.float32(-(2 ** (bits - 1)))).astype(np.float32)  # the largest magnitude maps to level 0
+        zero = np.full(block.shape[0], 2 ** (bits - 1), np.float32)
+        return scale, zero, [(np.where(upper, values.argmax(axis=1), values.argmin(axis=1)), 0)]
+    low, high = np.minimum(low, np.float32(0)), np.maximum(high, np.float32(0))
+    scale = ((high - low) / np.float32(levels)).astype(np.float32)
+    safe = np.where(scale == 0, np.float32(1), scale)
+    point = np.where(scale == 0, low, np.float32(0) - low / safe).astype(np.float32)
+    zero = np.clip(_round_half_away(point), 0, levels).astype(np.float32)
     anchors = []
     # where a block is all of one sign, 0 is its other end and needs no anchor
-    for at, level, present in ((block.argmin(axis=1), 0, low < 0), (block.argmax(axis=1), levels, high > 0)):
+    for at, level, present in ((values.argmin(axis=1), 0, low < 0), (values.argmax(axis=1), levels, high > 0)):
         anchors.append((np.where(present, at, -1), level))
     return scale, zero, anchors
 
 
+def _round_half_away(values: np.ndarray) -> np.ndarray:
+    """C's roundf: halves away from zero (np.round takes them to the even integer)."""
+    return np.sign(values) * np.floor(np.abs(values) + 0.5)
+
+
 def _levels(values: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
-    safe = np.where(scale == 0, 1.0, scale)
-    return np.clip(np.round(values / safe) + zero, 0, 2 ** bits - 1)
+    """Nearest levels as ORT's kernel computes them: roundf(value * (1 / scale) + zero) in
+    float32, clamped to the grid (a scale of 0 puts every value at the zero point)."""
+    scale = np.asarray(scale, np.float32)
+    reciprocal = np.where(scale == 0, np.float32(0), np.float32(1) / np.where(scale == 0, np.float32(1), scale))
+    shifted = (np.asarray(values, np.float32) * reciprocal.astype(np.float32) + np.asarray(zero, np.float32))
+    return np.clip(_round_half_away(shifted.astype(np.float32)), 0, 2 ** bits - 1)
 
 
 def nearest(weight: np.ndarray, bits: int, block_size: int, symmetric: bool) -> np.ndarray:
@@ -83,6 +95,8 @@ def compensated(weight: np.ndarray, hessian: np.ndarray, bits: int, block_size: 
     """``weight`` ([K, N], the MatMul's B) rounded block by block along K with each row's rounding
     error moved onto the rows not yet rounded (GPTQ), as float weights on ORT's grid; ``hessian``
     is ``X^T X`` ([K, K]) of the MatMul's input rows. None where H cannot be factored."""
+    if not np.isfinite(hessian).all():
+        return None  # an activation overflowed or was not finite on a sample: nothing to weigh by
     factor = _inverse_factor(hessian)
     if factor is None:
         return None
@@ -134,15 +148,30 @@ def _b_matrix(weight) -> np.ndarray | None:
 
 def eligible(model, excluded: set[str]) -> list:
     """The main graph's MatMuls whose B ORT's MatMulNBits quantizer rewrites, read by float32
-    activations: (node, B initializer)."""
+    activations: (node, B initializer). A B that anything else reads (a node excluded, another op,
+    a node in a subgraph, a graph output) is left out: its rewritten values would reach that reader."""
+    from ortprep.model import iter_graphs
+
     inits = {i.name: i for i in model.graph.initializer}
-    return [(node, inits[node.input[1]]) for node in model.graph.node
-            if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node.name not in excluded
-            and len(node.input) == 2 and node.input[1] in inits and node.input[0] not in inits
-            and _b_matrix(inits[node.input[1]]) is not None]
+    chosen = [node for node in model.graph.node
+              if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node.name not in excluded
+              and len(node.input) == 2 and node.input[1] in inits and node.input[0] not in inits
+              and _b_matrix(inits[node.input[1]]) is not None]
+    readers: dict[str, int] = {}
+    for _, graph in iter_graphs(model.graph):
+        for node in graph.node:
+            for name in node.input:
+                readers[name] = readers.get(name, 0) + 1
+        for output in graph.output:
+            readers[output.name] = readers.get(output.name, 0) + 1
+    ours: dict[str, int] = {}
+    for node in chosen:
+        ours[node.input[1]] = ours.get(node.input[1], 0) + 1
+    return [(node, inits[node.input[1]]) for node in chosen if readers.get(node.input[1], 0) == ours[node.input[1]]]
 
 
-def hessians(model_path: str, names: dict[str, int], samples, count: int, progress=None) -> dict[str, np.ndarray]:
+def hessians(model_path: str, names: dict[str, int], samples, count: int, progress=None,
+             cache: str | None = None) -> dict[str, np.ndarray]:
     """``X^T X`` of each named activation (its rows: every position but the last axis, of length
     ``names[name]``), summed over ``samples`` (an iterable of feeds, called once per pass). The
     activations are exposed as outputs of a copy of the graph, HESSIAN_BUDGET bytes of H a pass."""
@@ -153,6 +182,22 @@ def hessians(model_path: str, names: dict[str, int], samples, count: int, progre
     import onnxruntime as ort
     from onnx import helper
 
+    result: dict[str, np.ndarray] = {}
+    stored = None
+    if cache is not None:
+        import hashlib
+
+        stat = os.stat(model_path)
+        key = hashlib.sha256(f"{os.path.abspath(model_path)}|{stat.st_size}|{stat.st_mtime_ns}|{count}".encode()).hexdigest()[:16]
+        stored = os.path.join(cache, f"rounding-moments-{key}")
+        os.makedirs(stored, exist_ok=True)
+        for name in names:
+            path = os.path.join(stored, f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.npy")
+            if os.path.exists(path):
+                result[name] = np.load(path)
+        names = {name: k for name, k in names.items() if name not in result}
+        if not names:
+            return result
     graph_only = onnx.load(model_path, load_external_data=False)
     inputs = {i.name for i in graph_only.graph.input}
     passes: list[list[str]] = [[]]
@@ -163,7 +208,6 @@ def hessians(model_path: str, names: dict[str, int], samples, count: int, progre
             size = 0
         passes[-1].append(name)
         size += 8 * k * k
-    result: dict[str, np.ndarray] = {}
     folder = os.path.dirname(os.path.abspath(model_path))  # beside it: its external data resolves
     done = 0
     for wanted in passes:
@@ -195,39 +239,44 @@ def hessians(model_path: str, names: dict[str, int], samples, count: int, progre
                 progress(done, count * len(passes))
         del session, outputs
         result.update(sums)
+        if stored is not None:
+            import hashlib
+
+            for name, value in sums.items():
+                np.save(os.path.join(stored, f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.npy"), value)
     return result
 
 
 def compensate_model(model, model_path: str, samples, count: int, bits: int, block_size: int, symmetric: bool,
-                     excluded: set[str], progress=None) -> dict:
+                     excluded: set[str], progress=None, cache: str | None = None) -> dict:
     """Rewrite ``model``'s eligible MatMul weights (in place, float) with compensated rounding, from
     the second moments of their inputs on ``samples`` (``model_path``: the same model on disk).
     Returns what was done: MatMuls rewritten, and the output error on those samples against
-    nearest rounding's (summed over the MatMuls, trace((W-Q)^T H (W-Q)))."""
+    nearest rounding's (summed over the MatMuls, trace((W-Q)^T H (W-Q))). ``cache``: a folder
+    where the second moments are kept between calls on the same model and samples (a search's
+    trials differ only in the MatMuls they leave out)."""
     from onnx import numpy_helper
 
     targets = eligible(model, excluded)
     names = {node.input[0]: _b_matrix(init).shape[0] for node, init in targets}
     if not targets:
         return {"matmuls": 0, "kept_nearest": [], "error_vs_nearest": None}
-    moments = hessians(model_path, names, samples, count, progress)
+    moments = hessians(model_path, names, samples, count, progress, cache)
+    by_weight: dict[str, tuple] = {}
+    for node, init in targets:  # a B read by several MatMuls: weighed by all their inputs together
+        first, total, nodes = by_weight.get(init.name, (init, 0.0, []))
+        by_weight[init.name] = (first, total + moments[node.input[0]], nodes + [node.name])
     done, kept, ours, theirs = 0, [], 0.0, 0.0
-    rewritten: dict[str, np.ndarray] = {}
-    for node, init in targets:
-        if init.name in rewritten:
-            continue  # a B shared by two MatMuls is rounded once, for the first one's inputs
+    for init, hessian, nodes in by_weight.values():
         weight = _b_matrix(init)
-        hessian = moments[node.input[0]]
         rounded = compensated(weight, hessian, bits, block_size, symmetric)
-        plain = nearest(weight, bits, block_size, symmetric)
-        if rounded is None or output_error(weight, rounded, hessian) >= output_error(weight, plain, hessian):
-            kept.append(node.name)  # nearest rounding is no worse on these samples: ORT's own levels stay
-            rounded = plain
-            theirs_here = ours_here = output_error(weight, plain, hessian)
-        else:
-            ours_here, theirs_here = output_error(weight, rounded, hessian), output_error(weight, plain, hessian)
-            done += 1
-        ours, theirs = ours + ours_here, theirs + theirs_here
-        rewritten[init.name] = rounded
+        plain = output_error(weight, nearest(weight, bits, block_size, symmetric), hessian)
+        error = output_error(weight, rounded, hessian) if rounded is not None else np.inf
+        if not (np.isfinite(error) and np.isfinite(plain)) or error >= plain:
+            kept += nodes  # nearest rounding is no worse on these samples: the initializer is left as it is
+            ours, theirs = ours + (plain if np.isfinite(plain) else 0.0), theirs + (plain if np.isfinite(plain) else 0.0)
+            continue
+        ours, theirs = ours + error, theirs + plain
+        done += len(nodes)
         init.CopyFrom(numpy_helper.from_array(rounded.reshape(tuple(init.dims)), init.name))
     return {"matmuls": done, "kept_nearest": kept, "error_vs_nearest": (ours / theirs) if theirs > 0 else None}

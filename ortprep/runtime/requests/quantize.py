@@ -226,9 +226,11 @@ class Quantize(Request):
         from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
         bits = {"int4": 4, "int8": 8}[options["weight_bits"]]
-        op_types = tuple(options.get("op_types") or ("MatMul",))
+        # an empty list is --exclude-op having taken MatMul out: nothing to quantize, not the default
+        op_types = tuple(options["op_types"]) if options.get("op_types") is not None else ("MatMul",)
+        level = int(options.get("accuracy_level") or 0) or None  # 0: the attribute left out, as ORT's quantizer does
         config = DefaultWeightOnlyQuantConfig(block_size=options["block_size"], is_symmetric=options["symmetric"],
-                                              op_types_to_quantize=op_types, bits=bits)
+                                              op_types_to_quantize=op_types, bits=bits, accuracy_level=level)
         model = onnx.load(self.model)
         if options.get("rounding") == "gptq" and "MatMul" in op_types:
             # levels chosen for the layer's output on the calibration samples (runtime/rounding.py);
@@ -250,13 +252,14 @@ class Quantize(Request):
                         out.write(f"{done} {total}")
 
             done = compensate_model(model, self.model, samples, len(indices), bits, options["block_size"],
-                                    options["symmetric"], set(options.get("exclude_nodes") or ()), progress)
+                                    options["symmetric"], set(options.get("exclude_nodes") or ()), progress,
+                                    cache=self.workdir)
             with open(self.output + ".rounding.json", "w", encoding="utf-8") as out:
                 json.dump(done, out)
         quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=options["block_size"],
                                          is_symmetric=options["symmetric"],
                                          nodes_to_exclude=list(options.get("exclude_nodes") or ()),
-                                         op_types_to_quantize=op_types, algo_config=config)
+                                         op_types_to_quantize=op_types, algo_config=config, accuracy_level=level)
         quantizer.process()
         quantizer.model.save_model_to_file(self.output, use_external_data_format=bool(options.get("external_data")))
 

@@ -63,7 +63,7 @@ from ortprep.steps.quantize.evaluate import (
 )
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, rounding_done, run_search,
-                                           try_calibration_methods, try_compensated_rounding)
+                                           try_calibration_methods, try_compensated_rounding, try_float_compute)
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import model_bytes, save_temp
 
@@ -110,6 +110,7 @@ class Outcome:
     off_ep: list[dict] = field(default_factory=list)  # nodes kept off the target EP (off_target.py): name, op_type, reason
     wide: list[str] = field(default_factory=list)  # activations the search gave 16 bits (Search.widen)
     rounding: dict | None = None  # --weight-only: the compensated rounding asked for or tried (search.try_compensated_rounding)
+    compute: dict | None = None  # --weight-only: float32 compute tried after int8 compute failed (search.try_float_compute)
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -169,6 +170,25 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                                                 f"nearest rounding's)" if share is not None else ""),
                 fix="nothing to do; --rounding gptq asks for it directly, --rounding nearest for ORT's levels"))
         searching = searching and not best.passed
+    compute = None
+    if (options.mode == "weight-only" and options.accuracy_level == "auto" and settings.get("accuracy_level") == 4
+            and best.path is not None and eval_feeds):
+        before = best
+        best, compute = try_float_compute(trials, source, best)
+        compute = compute or None
+        settings = trials.settings
+        if compute is not None and compute["kept"]:
+            if before.passed:
+                why = (f"it runs faster on the samples' shapes ({compute['ms']['0']:.3f} ms against "
+                       f"{compute['ms']['4']:.3f} ms with the CPU EP's int8 compute, accuracy_level 4) and passes the "
+                       f"gate too (lowest cosine {fmt_cosine(best.cosine)})")
+            else:
+                why = (f"with the CPU EP's int8 compute (accuracy_level 4: activations quantized per block at run time) "
+                       f"the result failed the gate at lowest cosine {fmt_cosine(before.cosine)}; in float32, "
+                       f"{fmt_cosine(best.cosine)}")
+            report.add(Finding.of("QNT031", f"float32 compute kept (accuracy_level 0): {why}",
+                                  fix="nothing to do; --accuracy-level 0 or 4 asks for one directly"))
+        searching = searching and not best.passed
     graph_only = onnx.load(str(source), load_external_data=False)
     if searching:  # once the search started it aims for the margin, whatever fixed the gate
         best, search_record, reasons = run_search(trials, source, best, options, graph_only)
@@ -213,7 +233,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
                    floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
-                   rounding=rounding)
+                   rounding=rounding, compute=compute)
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has
@@ -290,7 +310,8 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
                    "reduce_range": settings.get("reduce_range", False)},
         "weight_only": ({"bits": settings["weight_bits"], "block_size": settings["block_size"],
                          "symmetric": settings["symmetric"], "op": "com.microsoft:MatMulNBits",
-                         "rounding": settings.get("rounding", "nearest"), "rounding_tried": settings.get("rounding_record")}
+                         "rounding": settings.get("rounding", "nearest"), "rounding_tried": settings.get("rounding_record"),
+                         "accuracy_level": settings.get("accuracy_level", 0), "accuracy_tried": settings.get("compute_record")}
                         if options.mode == "weight-only" else None),
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
@@ -318,6 +339,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         return report
     weight_only = options.mode == "weight-only"
     nothing = _no_matmul_weights(handle.proto) if weight_only else _nothing_to_quantize(handle.proto)
+    if weight_only and nothing is None and "MatMul" in options.exclude_ops:
+        # ORT's weight-only quantizer reads an empty op list as its default, MatMul: said, not done
+        nothing = "--exclude-op MatMul leaves weight-only quantization no MatMul to rewrite"
     if nothing is not None:
         report.add(Finding.of("QNT002", f"nothing to quantize: {nothing}", fix=(
             "weight-only quantization is for MatMul weights (transformers); a CNN: --static or --dynamic" if weight_only else
@@ -381,7 +405,10 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         settings = {**settings, "method": outcome.method}
         if options.mode == "weight-only":
             used = outcome.rounding is not None and (outcome.rounding.get("asked") or outcome.rounding.get("kept"))
-            settings = {**settings, "rounding": "gptq" if used else "nearest", "rounding_record": outcome.rounding}
+            settings = {**settings, "rounding": "gptq" if used else "nearest", "rounding_record": outcome.rounding,
+                        "compute_record": outcome.compute}
+            if outcome.compute is not None and outcome.compute["kept"]:
+                settings["accuracy_level"] = 0
         if outcome.source == "as given" and options.preprocess and len(sources) > 1:
             preprocess_detail += "; not used: quantizing without it evaluated better"
         report.data = _base_record(handle, options, settings, size_before)

@@ -91,7 +91,7 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     eval_indices: list[int] = []
     if calibration is not None:
         count = min(calibration.count, options.samples) if options.samples else calibration.count
-        if options.mode == "dynamic" or (options.mode == "weight-only" and not rounds_on_samples(options, calibration)):
+        if options.mode == "dynamic" or (options.mode == "weight-only" and (count < 2 or not rounds_on_samples(options, calibration))):
             eval_indices = list(range(count))  # nothing is calibrated: all samples evaluate
         elif evaluation_set is None and options.mode == "weight-only":
             # rounding reads only its inputs' second moments: half is held back for the gate, so

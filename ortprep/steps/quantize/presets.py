@@ -58,7 +58,11 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
                         activation_type="float", extra_options={}, op_types=["MatMul"], fixed_output_encodings={},
                         reduce_range=False, weight_bits=options.weight_only or "int4", block_size=options.block_size,
                         symmetric=options.symmetric, requires_static_shapes=False,
-                        rounding="gptq" if options.rounding == "gptq" else "nearest")
+                        rounding="gptq" if options.rounding == "gptq" else "nearest",
+                        # the CPU EP's int8 kernel for MatMulNBits (4); elsewhere the attribute stays unset, as
+                        # ORT's quantizer leaves it (most EPs do not read it)
+                        accuracy_level=(int(options.accuracy_level) if options.accuracy_level != "auto"
+                                        else 4 if spec.name == "cpu" else 0))
         return settings
     if options.mode == "dynamic":
         if settings["format"] == "qdq" and options.format is None:

@@ -61,7 +61,8 @@ from ortprep.steps.quantize.edits import (
     widen_activation_encodings,
 )
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, Judgement, confirm_on_target, evaluate, fmt_cosine, tensor_noise,
+from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, Judgement, confirm_on_target, evaluate, fmt_cosine,
+                                             paired_latency, tensor_noise,
                                              worst_nodes)
 from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep, movable
 from ortprep.steps.quantize.presets import quantizer_op_types
@@ -850,6 +851,20 @@ class Trials:
             # trivially, and a search that took it would end at "nothing was quantized" instead of at
             # its verdict; not evaluated (no EP time), no figure: neither a pass nor progress
             return Trial(label, list(kept), None, False, model_bytes(output), output, FLOAT_MODEL, off=off)
+        return self.judge(source, output, label, kept, off)
+
+    def variant(self, source: Path, base: Trial, label: str, edit: Callable[[onnx.ModelProto], None]) -> Trial:
+        """``base``'s file with its graph edited (no weights read: the copy sits beside it, so its
+        external data resolves), judged as a trial is."""
+        output = base.path.with_name(base.path.stem + f".variant{self.count}.onnx")
+        self.count += 1
+        graph = onnx.load(str(base.path), load_external_data=False)
+        edit(graph)
+        onnx.save(graph, str(output))
+        return self.judge(source, output, label, base.kept, base.off)
+
+    def judge(self, source: Path, output: Path, label: str, kept: list[str], off: list[str]) -> Trial:
+        """Evaluate ``output`` (quantized from ``source``) on the held-back samples."""
         evaluation = None
         if self.eval_feeds:
             if self.progress is not None:
@@ -917,6 +932,59 @@ def try_compensated_rounding(trials: Trials, source: Path, best: Trial) -> tuple
         return outcome, record
     trials.settings = settings
     return best, record
+
+
+def set_accuracy_level(level: int) -> Callable[[onnx.ModelProto], None]:
+    """An edit giving every MatMulNBits node ``level`` (0: the attribute left out, as ORT's
+    quantizer leaves it)."""
+    def edit(model: onnx.ModelProto) -> None:
+        for node in model.graph.node:
+            if node.op_type == "MatMulNBits":
+                kept = [a for a in node.attribute if a.name != "accuracy_level"]
+                del node.attribute[:]
+                node.attribute.extend(kept)
+                if level:
+                    node.attribute.append(onnx.helper.make_attribute("accuracy_level", level))
+    return edit
+
+
+def try_float_compute(trials: Trials, source: Path, best: Trial) -> tuple[Trial, dict]:
+    """--weight-only --accuracy-level auto with the CPU EP's int8 compute (accuracy_level 4:
+    activations quantized per block at run time): the same file computed in float32 (0), where 4
+    fails the gate (kept when it measures better), or where 4 passes and 0 runs faster on the
+    samples' own shapes (a batch of 128 tokens, measured: 0 at 1.06x float's time, 4 at 1.30x;
+    one token: 4 at 0.25x, 0 at 1.18x) and passes too. Leaves ``trials.settings`` on the level kept."""
+    settings = trials.settings
+    timed = None
+    if best.passed:
+        if not trials.eval_feeds:
+            return best, {}
+        twin = best.path.with_name(best.path.stem + ".timing.onnx")
+        graph = onnx.load(str(best.path), load_external_data=False)
+        set_accuracy_level(0)(graph)
+        onnx.save(graph, str(twin))
+        timed = paired_latency(best.path, twin, trials.eval_feeds[0])
+        twin.unlink()
+        if timed is None or timed[1] > FASTER * timed[0]:
+            return best, {"accuracy_level": 0, "kept": False, "ms": {"4": _ms(timed, 0), "0": _ms(timed, 1)},
+                          "why": "not faster on the samples' shapes"}
+    outcome = trials.variant(source, best, "accuracy level 0", set_accuracy_level(0))
+    kept = outcome.path is not None and (improved(outcome, best) if not best.passed else outcome.passed)
+    record = {"accuracy_level": 0, "cosine": outcome.cosine, "passed": outcome.passed, "kept": kept,
+              "int8_compute": {"cosine": best.cosine, "passed": best.passed},
+              "ms": {"4": _ms(timed, 0), "0": _ms(timed, 1)} if timed else None,
+              "why": "faster on the samples' shapes" if best.passed else "int8 compute failed the gate"}
+    if kept:
+        trials.settings = {**settings, "accuracy_level": 0}
+        return outcome, record
+    return best, record
+
+
+FASTER = 0.9  # float32 compute is kept over int8 compute (both passing) only this much faster
+
+
+def _ms(timed: tuple[float, float] | None, index: int) -> float | None:
+    return None if timed is None else round(timed[index], 4)
 
 
 def rounding_done(trial: Trial) -> dict:

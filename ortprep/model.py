@@ -492,14 +492,14 @@ class ModelHandle:
         try:
             tmp_model = tmp_dir / dest.name
             if external_data:
-                onnx.save_model(
-                    proto,
-                    str(tmp_model),
-                    save_as_external_data=True,
-                    all_tensors_to_one_file=True,
-                    location=data_name,
-                    size_threshold=EXTERNAL_SIZE_THRESHOLD,
-                )
+                # the tensors are marked here, not by save_model(save_as_external_data=True): onnx
+                # (1.23) refuses a location that exists relative to the working directory, so a
+                # --force rerun from the output's folder failed on the previous run's .data file
+                for _, sub in iter_graphs(proto.graph):
+                    for tensor in sub.initializer:
+                        if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_SIZE_THRESHOLD:
+                            onnx.external_data_helper.set_external_data(tensor, data_name)
+                onnx.save_model(proto, str(tmp_model))
             else:
                 onnx.save_model(proto, str(tmp_model))
             tmp_data = tmp_dir / data_name

@@ -101,6 +101,22 @@ def test_save_external_model_writes_data_beside_output(tmp_path):
     assert (os.stat(written).st_mode & 0o777) == (0o666 & ~_umask())
 
 
+def test_save_external_model_again_from_the_output_folder(tmp_path, monkeypatch):
+    """onnx refuses an external-data location that exists relative to the working directory: a
+    --force rerun from the output's own folder died there (exit 4) on the first run's .data file."""
+    path = external_model(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    monkeypatch.chdir(out_dir)
+    first = ModelHandle.open(path).save(out_dir / "copy.onnx")
+    data = (out_dir / "copy.onnx.data").read_bytes()
+    again = ModelHandle.open(path).save(out_dir / "copy.onnx", force=True)
+    assert again == first and (out_dir / "copy.onnx.data").read_bytes() == data
+    assert sorted(p.name for p in out_dir.iterdir()) == ["copy.onnx", "copy.onnx.data"]
+    x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    np.testing.assert_array_equal(run(again, {"x": x})[0], run(path, {"x": x})[0])
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

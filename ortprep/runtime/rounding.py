@@ -126,12 +126,13 @@ def output_error(weight: np.ndarray, rounded: np.ndarray, hessian: np.ndarray) -
     """The summed squared error the rounding adds to ``X @ W`` over the samples H was measured on:
     trace((W - Q)^T H (W - Q))."""
     delta = (weight.astype(np.float64) - rounded.astype(np.float64))
-    return float(np.einsum("kn,kj,jn->", delta, hessian, delta))
+    return float(np.sum(delta * (hessian @ delta)))  # one BLAS product (einsum's loop took seconds at K=3072)
 
 
 # --- on a model: which MatMuls, their inputs' second moments, the weights rewritten ----------------
 
-HESSIAN_BUDGET = 256 * 2 ** 20  # bytes of H (float64) gathered at once; more inputs take another pass
+HESSIAN_BUDGET = 128 * 2 ** 20  # bytes of H (float64) gathered at once; more inputs take another pass (a 226 MB
+# stack of 12 768->3072->768 MLPs: peak RSS 1.70 GB at 256 MB a pass, within 3x the model + 1 GB at 128)
 
 
 def _b_matrix(weight) -> np.ndarray | None:
@@ -170,81 +171,82 @@ def eligible(model, excluded: set[str]) -> list:
     return [(node, inits[node.input[1]]) for node in chosen if readers.get(node.input[1], 0) == ours[node.input[1]]]
 
 
-def hessians(model_path: str, names: dict[str, int], samples, count: int, progress=None,
-             cache: str | None = None) -> dict[str, np.ndarray]:
-    """``X^T X`` of each named activation (its rows: every position but the last axis, of length
-    ``names[name]``), summed over ``samples`` (an iterable of feeds, called once per pass). The
-    activations are exposed as outputs of a copy of the graph, HESSIAN_BUDGET bytes of H a pass."""
-    import os
-    import tempfile
+class Moments:
+    """``X^T X`` of named activations (each: its rows are every position but the last axis, of
+    length ``names[name]``), read from one session of a copy of the graph that exposes them all as
+    outputs. ``read`` sums the moments of some of them over the samples: a caller reads a few at a
+    time (HESSIAN_BUDGET), so that one session serves every pass (a session per pass, reloading the
+    weights, grew the worker's peak). ``cache``: a folder where read moments are kept between
+    trials of one run (the same model and samples)."""
 
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper
-
-    result: dict[str, np.ndarray] = {}
-    stored = None
-    if cache is not None:
+    def __init__(self, model_path: str, names: dict[str, int], count: int, cache: str | None = None) -> None:
         import hashlib
+        import os
+        import tempfile
 
-        stat = os.stat(model_path)
-        key = hashlib.sha256(f"{os.path.abspath(model_path)}|{stat.st_size}|{stat.st_mtime_ns}|{count}".encode()).hexdigest()[:16]
-        stored = os.path.join(cache, f"rounding-moments-{key}")
-        os.makedirs(stored, exist_ok=True)
-        for name in names:
-            path = os.path.join(stored, f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.npy")
-            if os.path.exists(path):
-                result[name] = np.load(path)
-        names = {name: k for name, k in names.items() if name not in result}
-        if not names:
-            return result
-    graph_only = onnx.load(model_path, load_external_data=False)
-    inputs = {i.name for i in graph_only.graph.input}
-    passes: list[list[str]] = [[]]
-    size = 0
-    for name, k in names.items():
-        if passes[-1] and size + 8 * k * k > HESSIAN_BUDGET:
-            passes.append([])
-            size = 0
-        passes[-1].append(name)
-        size += 8 * k * k
-    folder = os.path.dirname(os.path.abspath(model_path))  # beside it: its external data resolves
-    done = 0
-    for wanted in passes:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(graph_only)
-        have = {o.name for o in probe.graph.output}
-        probe.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
-                                  for n in wanted if n not in have and n not in inputs)
+        import onnx
+        import onnxruntime as ort
+        from onnx import helper
+
+        self.names, self.count, self.stored = names, count, None
+        if cache is not None:
+            stat = os.stat(model_path)
+            key = f"{os.path.abspath(model_path)}|{stat.st_size}|{stat.st_mtime_ns}|{count}"
+            self.stored = os.path.join(cache, f"rounding-moments-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+            os.makedirs(self.stored, exist_ok=True)
+        graph_only = onnx.load(model_path, load_external_data=False)
+        self.inputs = {i.name for i in graph_only.graph.input}
+        have = {o.name for o in graph_only.graph.output}
+        graph_only.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                                       for n in names if n not in have and n not in self.inputs)
+        folder = os.path.dirname(os.path.abspath(model_path))  # beside it: its external data resolves
         handle, path = tempfile.mkstemp(suffix=".onnx", prefix="ortprep-rounding-", dir=folder)
         os.close(handle)
         try:
-            onnx.save(probe, path)
+            onnx.save(graph_only, path)
             options = ort.SessionOptions()
             options.log_severity_level = 3
-            session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         finally:
             os.unlink(path)
-        outputs = [o.name for o in session.get_outputs()]
-        fetch = [n for n in wanted if n not in inputs]
-        sums = {n: np.zeros((names[n], names[n])) for n in wanted}
-        for feed in samples():
-            values = dict(zip(fetch, session.run(fetch, feed))) if fetch else {}
-            for name in wanted:
-                value = feed[name] if name in inputs else values[name]
-                rows = np.asarray(value, np.float64).reshape(-1, names[name])
-                sums[name] += rows.T @ rows
-            done += 1
-            if progress is not None:
-                progress(done, count * len(passes))
-        del session, outputs
-        result.update(sums)
-        if stored is not None:
-            import hashlib
 
-            for name, value in sums.items():
-                np.save(os.path.join(stored, f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.npy"), value)
-    return result
+    def _file(self, name: str) -> str | None:
+        import hashlib
+        import os
+
+        return None if self.stored is None else os.path.join(self.stored, hashlib.sha256(name.encode()).hexdigest()[:16] + ".npy")
+
+    def read(self, wanted: list[str], samples, progress=None) -> dict[str, np.ndarray]:
+        import os
+
+        result = {}
+        for name in wanted:
+            path = self._file(name)
+            if path is not None and os.path.exists(path):
+                result[name] = np.load(path)
+        left = [name for name in wanted if name not in result]
+        if not left:
+            return result
+        fetch = [n for n in left if n not in self.inputs]
+        sums = {n: np.zeros((self.names[n], self.names[n])) for n in left}
+        for done, feed in enumerate(samples(), start=1):
+            values = dict(zip(fetch, self.session.run(fetch, feed))) if fetch else {}
+            for name in left:
+                rows = np.asarray(feed[name] if name in self.inputs else values[name], np.float64).reshape(-1, self.names[name])
+                sums[name] += rows.T @ rows
+            if progress is not None:
+                progress(done, self.count)
+        for name, value in sums.items():
+            path = self._file(name)
+            if path is not None:
+                np.save(path, value)
+        return {**result, **sums}
+
+
+def hessians(model_path: str, names: dict[str, int], samples, count: int, progress=None,
+             cache: str | None = None) -> dict[str, np.ndarray]:
+    """Every named activation's ``X^T X`` over ``samples`` at once (Moments.read)."""
+    return Moments(model_path, names, count, cache).read(list(names), samples, progress)
 
 
 def compensate_model(model, model_path: str, samples, count: int, bits: int, block_size: int, symmetric: bool,
@@ -258,25 +260,45 @@ def compensate_model(model, model_path: str, samples, count: int, bits: int, blo
     from onnx import numpy_helper
 
     targets = eligible(model, excluded)
-    names = {node.input[0]: _b_matrix(init).shape[0] for node, init in targets}
     if not targets:
         return {"matmuls": 0, "kept_nearest": [], "error_vs_nearest": None}
-    moments = hessians(model_path, names, samples, count, progress, cache)
     by_weight: dict[str, tuple] = {}
     for node, init in targets:  # a B read by several MatMuls: weighed by all their inputs together
-        first, total, nodes = by_weight.get(init.name, (init, 0.0, []))
-        by_weight[init.name] = (first, total + moments[node.input[0]], nodes + [node.name])
+        first, inputs, nodes = by_weight.get(init.name, (init, [], []))
+        by_weight[init.name] = (first, inputs + [node.input[0]], nodes + [node.name])
+    # weights in passes whose inputs' moments fit HESSIAN_BUDGET: a pass's moments are gathered,
+    # its weights rounded, and the moments dropped before the next (peak: one pass's, not all)
+    passes: list[list[tuple]] = [[]]
+    held: dict[str, int] = {}  # the current pass's inputs -> bytes of their moments
+    for entry in by_weight.values():
+        k = entry[0].dims[-2]
+        need = {name: 8 * k * k for name in entry[1] if name not in held}
+        if passes[-1] and sum(held.values()) + sum(need.values()) > HESSIAN_BUDGET:
+            passes.append([])
+            held = {}
+            need = {name: 8 * k * k for name in entry[1]}
+        passes[-1].append(entry)
+        held.update(need)
     done, kept, ours, theirs = 0, [], 0.0, 0.0
-    for init, hessian, nodes in by_weight.values():
-        weight = _b_matrix(init)
-        rounded = compensated(weight, hessian, bits, block_size, symmetric)
-        plain = output_error(weight, nearest(weight, bits, block_size, symmetric), hessian)
-        error = output_error(weight, rounded, hessian) if rounded is not None else np.inf
-        if not (np.isfinite(error) and np.isfinite(plain)) or error >= plain:
-            kept += nodes  # nearest rounding is no worse on these samples: the initializer is left as it is
-            ours, theirs = ours + (plain if np.isfinite(plain) else 0.0), theirs + (plain if np.isfinite(plain) else 0.0)
-            continue
-        ours, theirs = ours + error, theirs + plain
-        done += len(nodes)
-        init.CopyFrom(numpy_helper.from_array(rounded.reshape(tuple(init.dims)), init.name))
+    reader = Moments(model_path, {name: init.dims[-2] for init, inputs, _ in by_weight.values() for name in inputs},
+                     count, cache)
+    for number, group in enumerate(passes):
+        names = list(dict.fromkeys(name for _, inputs, _ in group for name in inputs))
+        step = (lambda d, t, n=number: progress(n * count + d, len(passes) * count)) if progress is not None else None
+        moments = reader.read(names, samples, step)
+        for init, inputs, nodes in group:
+            weight = _b_matrix(init)
+            hessian = sum(moments[name] for name in inputs)
+            rounded = compensated(weight, hessian, bits, block_size, symmetric)
+            plain = output_error(weight, nearest(weight, bits, block_size, symmetric), hessian)
+            error = output_error(weight, rounded, hessian) if rounded is not None else np.inf
+            if not (np.isfinite(error) and np.isfinite(plain)) or error >= plain:
+                kept += nodes  # nearest rounding is no worse on these samples: the initializer is left as it is
+                ours, theirs = ours + (plain if np.isfinite(plain) else 0.0), theirs + (plain if np.isfinite(plain) else 0.0)
+                continue
+            ours, theirs = ours + error, theirs + plain
+            done += len(nodes)
+            init.CopyFrom(numpy_helper.from_array(rounded.reshape(tuple(init.dims)), init.name))
+        del moments
+    del reader
     return {"matmuls": done, "kept_nearest": kept, "error_vs_nearest": (ours / theirs) if theirs > 0 else None}

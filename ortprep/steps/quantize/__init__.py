@@ -110,7 +110,7 @@ class Outcome:
     off_ep: list[dict] = field(default_factory=list)  # nodes kept off the target EP (off_target.py): name, op_type, reason
     wide: list[str] = field(default_factory=list)  # activations the search gave 16 bits (Search.widen)
     rounding: dict | None = None  # --weight-only: the compensated rounding asked for or tried (search.try_compensated_rounding)
-    compute: dict | None = None  # --weight-only: float32 compute tried after int8 compute failed (search.try_float_compute)
+    compute: dict | None = None  # --weight-only: float32 compute judged beside int8 compute (search.try_float_compute)
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -153,41 +153,10 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             report.add(Finding.of("QNT016", f"{settings['method']} calibration kept: lowest cosine {fmt_cosine(baseline_cosine)} "
                                   f"with min/max ranges, {fmt_cosine(best.cosine)} with {settings['method']}",
                                   fix=f"nothing to do; --method {settings['method']} asks for it directly"))
-    rounding = None
-    if (options.mode == "weight-only" and settings.get("rounding") == "gptq") and best.path is not None:
-        rounding = {"rounding": "gptq", "asked": True, **rounding_done(best)}
-    elif (options.mode == "weight-only" and options.rounding == "auto" and not best.passed and eval_feeds
-          and plan.calib_indices):
-        before = best
-        best, rounding = try_compensated_rounding(trials, source, best)
+    rounding = compute = None
+    if options.mode == "weight-only":
+        best, rounding, compute = weight_only_trials(trials, source, best, options, plan, eval_feeds, report)
         settings = trials.settings
-        if rounding["kept"]:
-            share = rounding.get("error_vs_nearest")
-            report.add(Finding.of(
-                "QNT030", f"gptq rounding kept: nearest rounding (ORT's own) failed the gate at lowest cosine "
-                f"{fmt_cosine(before.cosine)}; with each weight's rounding error moved onto the weights not yet rounded, "
-                f"{fmt_cosine(best.cosine)}" + (f" (the MatMuls' output error on the calibration samples: {share:.0%} of "
-                                                f"nearest rounding's)" if share is not None else ""),
-                fix="nothing to do; --rounding gptq asks for it directly, --rounding nearest for ORT's levels"))
-        searching = searching and not best.passed
-    compute = None
-    if (options.mode == "weight-only" and options.accuracy_level == "auto" and settings.get("accuracy_level") == 4
-            and best.path is not None and eval_feeds):
-        before = best
-        best, compute = try_float_compute(trials, source, best)
-        compute = compute or None
-        settings = trials.settings
-        if compute is not None and compute["kept"]:
-            if before.passed:
-                why = (f"it runs faster on the samples' shapes ({compute['ms']['0']:.3f} ms against "
-                       f"{compute['ms']['4']:.3f} ms with the CPU EP's int8 compute, accuracy_level 4) and passes the "
-                       f"gate too (lowest cosine {fmt_cosine(best.cosine)})")
-            else:
-                why = (f"with the CPU EP's int8 compute (accuracy_level 4: activations quantized per block at run time) "
-                       f"the result failed the gate at lowest cosine {fmt_cosine(before.cosine)}; in float32, "
-                       f"{fmt_cosine(best.cosine)}")
-            report.add(Finding.of("QNT031", f"float32 compute kept (accuracy_level 0): {why}",
-                                  fix="nothing to do; --accuracy-level 0 or 4 asks for one directly"))
         searching = searching and not best.passed
     graph_only = onnx.load(str(source), load_external_data=False)
     if searching:  # once the search started it aims for the margin, whatever fixed the gate
@@ -234,6 +203,45 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                    floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
                    rounding=rounding, compute=compute)
+
+
+def weight_only_trials(trials: Trials, source: Path, best: Trial, options: QuantizeOptions, plan: DataPlan,
+                       eval_feeds: list, report: StepResult) -> tuple[Trial, dict | None, dict | None]:
+    """--weight-only after its baseline: the compensated rounding where nearest rounding failed
+    (--rounding auto, real calibration samples), then float32 compute against the CPU EP's int8
+    kernel (--accuracy-level auto). Returns the trial kept and a record of each (or None)."""
+    settings = trials.settings
+    rounding = compute = None
+    if settings.get("rounding") == "gptq" and best.path is not None:
+        rounding = {"rounding": "gptq", "asked": True, **rounding_done(best)}
+    elif options.rounding == "auto" and not best.passed and eval_feeds and plan.calib_indices:
+        before = best
+        best, rounding = try_compensated_rounding(trials, source, best)
+        if rounding["kept"]:
+            share = rounding.get("error_vs_nearest")
+            report.add(Finding.of(
+                "QNT030", f"gptq rounding kept: nearest rounding (ORT's own) failed the gate at lowest cosine "
+                f"{fmt_cosine(before.cosine)}; with each weight's rounding error moved onto the weights not yet rounded, "
+                f"{fmt_cosine(best.cosine)}" + (f" (the MatMuls' output error on the calibration samples: {share:.0%} of "
+                                                f"nearest rounding's)" if share is not None else ""),
+                fix="nothing to do; --rounding gptq asks for it directly, --rounding nearest for ORT's levels"))
+    if (options.accuracy_level == "auto" and trials.settings.get("accuracy_level") == 4 and best.path is not None
+            and eval_feeds):
+        before = best
+        best, compute = try_float_compute(trials, source, best)
+        compute = compute or None
+        if compute is not None and compute["kept"]:
+            if before.passed:
+                why = (f"it runs faster on the samples' shapes ({compute['ms']['0']:.3f} ms against "
+                       f"{compute['ms']['4']:.3f} ms with the CPU EP's int8 compute, accuracy_level 4) and passes the "
+                       f"gate too (lowest cosine {fmt_cosine(best.cosine)})")
+            else:
+                why = (f"with the CPU EP's int8 compute (accuracy_level 4: activations quantized per block at run time) "
+                       f"the result failed the gate at lowest cosine {fmt_cosine(before.cosine)}; in float32, "
+                       f"{fmt_cosine(best.cosine)}")
+            report.add(Finding.of("QNT031", f"float32 compute kept (accuracy_level 0): {why}",
+                                  fix="nothing to do; --accuracy-level 0 or 4 asks for one directly"))
+    return best, rounding, compute
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has

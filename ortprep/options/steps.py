@@ -220,9 +220,10 @@ class QuantizeOptions(StepOptions):
                                  "activations may be computed in: 0 (the EP's default: float32 on the CPU EP), 1 float32, "
                                  "2 float16, 3 bfloat16, 4 int8 (activations quantized per block at run time). auto: 4 "
                                  "with the CPU EP as the target (its int8 kernel: measured 3.7x faster than float on a "
-                                 "1x4096 by 4096x4096 MatMul, where level 0 was 1.2x slower), else 0; then 0 is kept "
-                                 "where 4 fails the gate and 0 passes, or 0 runs faster on the samples' shapes and "
-                                 "passes too.", Kind.TEXT, choices=ACCURACY_LEVELS, metavar="auto|0-4")
+                                 "1x4096 by 4096x4096 MatMul, where level 0 was 1.2x slower), else 0; then 0 (the "
+                                 "more precise) is kept where it passes and 4 fails the gate or does not run in at most "
+                                 "0.9x its time on the samples' shapes.", Kind.TEXT, choices=ACCURACY_LEVELS,
+                                 metavar="auto|0-4")
     calib: str | Path | None = option(None, "Calibration data: folder of .npz/.npy/images, a stacked .npz, or 'random'.",
                                       Kind.DATA, metavar="DATA")
     eval: str | Path | None = option(None, "Evaluation data (same forms as calib); default: every fifth calibration "

@@ -232,9 +232,11 @@ def weight_only_trials(trials: Trials, source: Path, best: Trial, options: Quant
         compute = compute or None
         if compute is not None and compute["kept"]:
             if before.passed:
-                why = (f"it runs faster on the samples' shapes ({compute['ms']['0']:.3f} ms against "
-                       f"{compute['ms']['4']:.3f} ms with the CPU EP's int8 compute, accuracy_level 4) and passes the "
-                       f"gate too (lowest cosine {fmt_cosine(best.cosine)})")
+                timed = (f" ({compute['ms']['4']:.3f} ms against {compute['ms']['0']:.3f} ms)"
+                         if compute.get("ms") and compute["ms"]["4"] is not None else "")
+                why = (f"the CPU EP's int8 compute (accuracy_level 4) is not clearly faster on the samples' "
+                       f"shapes{timed}, and float32 is the more precise; it passes the gate too (lowest cosine "
+                       f"{fmt_cosine(best.cosine)})")
             else:
                 why = (f"with the CPU EP's int8 compute (accuracy_level 4: activations quantized per block at run time) "
                        f"the result failed the gate at lowest cosine {fmt_cosine(before.cosine)}; in float32, "

@@ -132,7 +132,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT028", "activations given 16 bits by --auto-exclude", Severity.INFO),
         FindingKind("QNT029", "16-bit activations into 8-bit-weight MatMuls: int8 compute on the CPU EP", Severity.WARNING),
         FindingKind("QNT030", "weight-only levels chosen for the MatMuls' outputs (gptq rounding) kept", Severity.INFO),
-        FindingKind("QNT031", "weight-only: float32 compute kept where the CPU EP's int8 compute failed the gate", Severity.INFO),
+        FindingKind("QNT031", "weight-only: float32 compute kept over the CPU EP's int8 compute", Severity.INFO),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

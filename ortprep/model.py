@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import string
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -497,7 +498,8 @@ class ModelHandle:
                 # --force rerun from the output's folder failed on the previous run's .data file
                 for _, sub in iter_graphs(proto.graph):
                     for tensor in sub.initializer:
-                        if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_SIZE_THRESHOLD:
+                        # sys.getsizeof, as onnx's own conversion measures (the bytes and the object's header)
+                        if tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= EXTERNAL_SIZE_THRESHOLD:
                             onnx.external_data_helper.set_external_data(tensor, data_name)
                 onnx.save_model(proto, str(tmp_model))
             else:

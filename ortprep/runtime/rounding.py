@@ -182,11 +182,8 @@ class Moments:
     def __init__(self, model_path: str, names: dict[str, int], count: int, cache: str | None = None) -> None:
         import hashlib
         import os
-        import tempfile
 
         import onnx
-        import onnxruntime as ort
-        from onnx import helper
 
         self.names, self.count, self.stored = names, count, None
         if cache is not None:
@@ -194,21 +191,36 @@ class Moments:
             key = f"{os.path.abspath(model_path)}|{stat.st_size}|{stat.st_mtime_ns}|{count}"
             self.stored = os.path.join(cache, f"rounding-moments-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
             os.makedirs(self.stored, exist_ok=True)
-        graph_only = onnx.load(model_path, load_external_data=False)
-        self.inputs = {i.name for i in graph_only.graph.input}
-        have = {o.name for o in graph_only.graph.output}
-        graph_only.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
-                                       for n in names if n not in have and n not in self.inputs)
-        folder = os.path.dirname(os.path.abspath(model_path))  # beside it: its external data resolves
-        handle, path = tempfile.mkstemp(suffix=".onnx", prefix="ortprep-rounding-", dir=folder)
-        os.close(handle)
-        try:
-            onnx.save(graph_only, path)
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        finally:
-            os.unlink(path)
+        self.model_path = model_path
+        self.inputs = {i.name for i in onnx.load(model_path, load_external_data=False).graph.input}
+        self._session = None
+
+    @property
+    def session(self):
+        """The probe session, built on first use (a trial whose moments are all cached needs none)."""
+        if self._session is None:
+            import os
+            import tempfile
+
+            import onnx
+            import onnxruntime as ort
+            from onnx import helper
+
+            graph_only = onnx.load(self.model_path, load_external_data=False)
+            have = {o.name for o in graph_only.graph.output}
+            graph_only.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                                           for n in self.names if n not in have and n not in self.inputs)
+            folder = os.path.dirname(os.path.abspath(self.model_path))  # beside it: its external data resolves
+            handle, path = tempfile.mkstemp(suffix=".onnx", prefix="ortprep-rounding-", dir=folder)
+            os.close(handle)
+            try:
+                onnx.save(graph_only, path)
+                options = ort.SessionOptions()
+                options.log_severity_level = 3
+                self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            finally:
+                os.unlink(path)
+        return self._session
 
     def _file(self, name: str) -> str | None:
         import hashlib
@@ -238,8 +250,10 @@ class Moments:
                 progress(done, self.count)
         for name, value in sums.items():
             path = self._file(name)
-            if path is not None:
-                np.save(path, value)
+            if path is not None:  # written whole or not at all: a later trial reads it
+                with open(path + ".tmp", "wb") as out:
+                    np.save(out, value)
+                os.replace(path + ".tmp", path)
         return {**result, **sums}
 
 

@@ -414,7 +414,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                                       sentinels, target, spare_failing_baseline)
         settings = {**settings, "method": outcome.method}
         if options.mode == "weight-only":
-            used = outcome.rounding is not None and (outcome.rounding.get("asked") or outcome.rounding.get("kept"))
+            # gptq only where it rewrote a weight: with every MatMul kept at nearest the file is ORT's own levels
+            used = (outcome.rounding is not None and (outcome.rounding.get("asked") or outcome.rounding.get("kept"))
+                    and (outcome.rounding.get("matmuls") or 0) > 0)
             settings = {**settings, "rounding": "gptq" if used else "nearest", "rounding_record": outcome.rounding,
                         "compute_record": outcome.compute}
             if outcome.compute is not None and outcome.compute["kept"]:

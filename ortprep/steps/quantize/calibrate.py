@@ -91,7 +91,8 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     eval_indices: list[int] = []
     if calibration is not None:
         count = min(calibration.count, options.samples) if options.samples else calibration.count
-        if options.mode == "dynamic" or (options.mode == "weight-only" and (count < 2 or not rounds_on_samples(options, calibration))):
+        if options.mode == "dynamic" or (options.mode == "weight-only" and (
+                not rounds_on_samples(options, calibration) or (count < 2 and evaluation_set is None))):
             eval_indices = list(range(count))  # nothing is calibrated: all samples evaluate
         elif evaluation_set is None and options.mode == "weight-only":
             # rounding reads only its inputs' second moments: half is held back for the gate, so
@@ -101,6 +102,10 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
             calib_indices, eval_indices = split(count, holdout=held_back_share(count))
         else:
             calib_indices = list(range(count))
+    if options.mode == "weight-only" and options.rounding == "gptq" and not calib_indices:
+        raise UsageError("--rounding gptq measures each MatMul's inputs on calibration samples, and none is left to it "
+                         f"({len(eval_indices)} sample(s), held back for the gate)",
+                         hint="give two or more samples with --calib DATA (or --eval DATA beside them), or --rounding nearest")
     if evaluation_set is not None:
         return DataPlan(calibration, calib_indices, evaluation_set, list(range(evaluation_set.count)))
     return DataPlan(calibration, calib_indices, calibration, eval_indices)

@@ -938,7 +938,7 @@ def set_accuracy_level(level: int) -> Callable[[onnx.ModelProto], None]:
     """An edit giving every MatMulNBits node ``level`` (0: the attribute left out, as ORT's
     quantizer leaves it)."""
     def edit(model: onnx.ModelProto) -> None:
-        for node in model.graph.node:
+        for node in (n for _, graph in iter_graphs(model.graph) for n in graph.node):  # If/Loop bodies too
             if node.op_type == "MatMulNBits":
                 kept = [a for a in node.attribute if a.name != "accuracy_level"]
                 del node.attribute[:]

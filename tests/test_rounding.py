@@ -148,8 +148,11 @@ def test_a_weight_read_elsewhere_is_left_alone(tmp_path, other, excluded):
     def samples():
         return ({"x": correlated_inputs(np.random.default_rng(i), 1, basis).astype(np.float32)} for i in range(16))
 
-    done = compensate_model(model, str(path), samples, 16, 4, 32, False, excluded)
+    steps = []
+    done = compensate_model(model, str(path), samples, 16, 4, 32, False, excluded, progress=lambda d, t: steps.append((d, t)))
     after = numpy_helper.to_array(model.graph.initializer[0])
+    if steps:  # samples read, then each weight rounded: it counts up to its total and ends there
+        assert [d for d, _ in steps] == list(range(1, len(steps) + 1)) and steps[-1][0] == steps[-1][1]
     if other == "MatMul" and not excluded:
         assert done["matmuls"] == 2 and not np.array_equal(after, before)
         assert same_levels(after, ort_blockwise(after, 4, 32, False))

@@ -296,11 +296,17 @@ def compensate_model(model, model_path: str, samples, count: int, bits: int, blo
     done, kept, ours, theirs = 0, [], 0.0, 0.0
     reader = Moments(model_path, {name: init.dims[-2] for init, inputs, _ in by_weight.values() for name in inputs},
                      count, cache)
+    # progress: each sample read in each pass, then each weight rounded (a K of 3,072 takes seconds)
+    total, base = len(passes) * count + len(by_weight), 0
     for number, group in enumerate(passes):
         names = list(dict.fromkeys(name for _, inputs, _ in group for name in inputs))
-        step = (lambda d, t, n=number: progress(n * count + d, len(passes) * count)) if progress is not None else None
+        step = (lambda d, t, at=base: progress(at + d, total)) if progress is not None else None
         moments = reader.read(names, samples, step)
+        base += count
         for init, inputs, nodes in group:
+            base += 1
+            if progress is not None:
+                progress(base, total)
             weight = _b_matrix(init)
             hessian = sum(moments[name] for name in inputs)
             rounded = compensated(weight, hessian, bits, block_size, symmetric)

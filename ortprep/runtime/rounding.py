@@ -135,13 +135,16 @@ HESSIAN_BUDGET = 128 * 2 ** 20  # bytes of H (float64) gathered at once; more in
 # stack of 12 768->3072->768 MLPs: peak RSS 1.70 GB at 256 MB a pass, within 3x the model + 1 GB at 128)
 
 
-def _b_matrix(weight) -> np.ndarray | None:
-    """A MatMul's constant B as [K, N] where ORT's weight-only quantizer would take it (2-D, or
-    leading dimensions of 1), float32 only; else None."""
+def _takes(weight) -> bool:
+    """Whether ORT's weight-only quantizer takes this MatMul B (2-D, or leading dimensions of 1)
+    and it is float32: from its metadata, no weights read."""
     import onnx
 
-    if weight.data_type != onnx.TensorProto.FLOAT or len(weight.dims) < 2 or any(d != 1 for d in weight.dims[:-2]):
-        return None
+    return weight.data_type == onnx.TensorProto.FLOAT and len(weight.dims) >= 2 and all(d == 1 for d in weight.dims[:-2])
+
+
+def _b_matrix(weight) -> np.ndarray:
+    """A MatMul's constant B (one ``_takes``) as [K, N]."""
     from onnx import numpy_helper
 
     return numpy_helper.to_array(weight).reshape(weight.dims[-2], weight.dims[-1])
@@ -157,7 +160,7 @@ def eligible(model, excluded: set[str]) -> list:
     chosen = [node for node in model.graph.node
               if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node.name not in excluded
               and len(node.input) == 2 and node.input[1] in inits and node.input[0] not in inits
-              and _b_matrix(inits[node.input[1]]) is not None]
+              and _takes(inits[node.input[1]])]
     readers: dict[str, int] = {}
     for _, graph in iter_graphs(model.graph):
         for node in graph.node:
@@ -179,11 +182,11 @@ class Moments:
     weights, grew the worker's peak). ``cache``: a folder where read moments are kept between
     trials of one run (the same model and samples)."""
 
-    def __init__(self, model_path: str, names: dict[str, int], count: int, cache: str | None = None) -> None:
+    def __init__(self, model_path: str, names: dict[str, int], count: int, inputs: set[str],
+                 cache: str | None = None) -> None:
+        """``inputs``: the graph's input names (fed, not exposed)."""
         import hashlib
         import os
-
-        import onnx
 
         self.names, self.count, self.stored = names, count, None
         if cache is not None:
@@ -191,9 +194,7 @@ class Moments:
             key = f"{os.path.abspath(model_path)}|{stat.st_size}|{stat.st_mtime_ns}|{count}"
             self.stored = os.path.join(cache, f"rounding-moments-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
             os.makedirs(self.stored, exist_ok=True)
-        self.model_path = model_path
-        self.inputs = {i.name for i in onnx.load(model_path, load_external_data=False).graph.input}
-        self._session = None
+        self.model_path, self.inputs, self._session = model_path, inputs, None
 
     @property
     def session(self):
@@ -257,12 +258,6 @@ class Moments:
         return {**result, **sums}
 
 
-def hessians(model_path: str, names: dict[str, int], samples, count: int, progress=None,
-             cache: str | None = None) -> dict[str, np.ndarray]:
-    """Every named activation's ``X^T X`` over ``samples`` at once (Moments.read)."""
-    return Moments(model_path, names, count, cache).read(list(names), samples, progress)
-
-
 def compensate_model(model, model_path: str, samples, count: int, bits: int, block_size: int, symmetric: bool,
                      excluded: set[str], progress=None, cache: str | None = None) -> dict:
     """Rewrite ``model``'s eligible MatMul weights (in place, float) with compensated rounding, from
@@ -295,10 +290,10 @@ def compensate_model(model, model_path: str, samples, count: int, bits: int, blo
         held.update(need)
     done, kept, ours, theirs = 0, [], 0.0, 0.0
     reader = Moments(model_path, {name: init.dims[-2] for init, inputs, _ in by_weight.values() for name in inputs},
-                     count, cache)
+                     count, {i.name for i in model.graph.input}, cache)
     # progress: each sample read in each pass, then each weight rounded (a K of 3,072 takes seconds)
     total, base = len(passes) * count + len(by_weight), 0
-    for number, group in enumerate(passes):
+    for group in passes:
         names = list(dict.fromkeys(name for _, inputs, _ in group for name in inputs))
         step = (lambda d, t, at=base: progress(at + d, total)) if progress is not None else None
         moments = reader.read(names, samples, step)

@@ -63,6 +63,13 @@ def calibration_in_priority_order() -> Iterator[None]:
         base.create_inference_session = create
 
 
+def write_progress(path: str | None, done: int, total: int) -> None:
+    """``done total`` into the file the parent polls to draw its progress bar (calibrate._read_progress)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(f"{done} {total}")
+
+
 class StreamingReader:
     """A CalibrationDataReader over CalibrationSet samples, read one at a time; supports the
     ranges ORT's strided calibration asks for."""
@@ -88,10 +95,7 @@ class StreamingReader:
         sample = self.calibration.sample(self.indices[self.position])
         self.position += 1
         self.read += 1
-        if self.progress_path:
-            # The parent polls this file to draw its progress bar.
-            with open(self.progress_path, "w", encoding="utf-8") as out:
-                out.write(f"{self.read} {len(self.indices)}")
+        write_progress(self.progress_path, self.read, len(self.indices))
         return sample
 
     def rewind(self) -> None:
@@ -246,14 +250,9 @@ class Quantize(Request):
             def samples():
                 return (calibration.sample(index) for index in indices)
 
-            def progress(done: int, total: int) -> None:
-                if self.progress:
-                    with open(self.progress, "w", encoding="utf-8") as out:
-                        out.write(f"{done} {total}")
-
             done = compensate_model(model, self.model, samples, len(indices), bits, options["block_size"],
-                                    options["symmetric"], set(options.get("exclude_nodes") or ()), progress,
-                                    cache=self.workdir)
+                                    options["symmetric"], set(options.get("exclude_nodes") or ()),
+                                    lambda done, total: write_progress(self.progress, done, total), cache=self.workdir)
             with open(self.output + ".rounding.json", "w", encoding="utf-8") as out:
                 json.dump(done, out)
         quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=options["block_size"],

@@ -853,15 +853,15 @@ class Trials:
             return Trial(label, list(kept), None, False, model_bytes(output), output, FLOAT_MODEL, off=off)
         return self.judge(source, output, label, kept, off)
 
-    def variant(self, source: Path, base: Trial, label: str, edit: Callable[[onnx.ModelProto], None]) -> Trial:
-        """``base``'s file with its graph edited (no weights read: the copy sits beside it, so its
-        external data resolves), judged as a trial is."""
+    def edited(self, base: Trial, edit: Callable[[onnx.ModelProto], None]) -> Path:
+        """A copy of ``base``'s file with its graph edited (no weights read: the copy sits beside
+        it, so its external data resolves); ``judge`` evaluates it as a trial."""
         output = base.path.with_name(base.path.stem + f".variant{self.count}.onnx")
         self.count += 1
         graph = onnx.load(str(base.path), load_external_data=False)
         edit(graph)
         onnx.save(graph, str(output))
-        return self.judge(source, output, label, base.kept, base.off)
+        return output
 
     def judge(self, source: Path, output: Path, label: str, kept: list[str], off: list[str]) -> Trial:
         """Evaluate ``output`` (quantized from ``source``) on the held-back samples."""
@@ -959,20 +959,16 @@ def try_float_compute(trials: Trials, source: Path, best: Trial) -> tuple[Trial,
     time kept 47 of 50 top items on fresh inputs where 0 kept 49. Leaves ``trials.settings`` on the
     level kept."""
     settings = trials.settings
+    if best.passed and not trials.eval_feeds:
+        return best, {}
+    twin = trials.edited(best, set_accuracy_level(0))  # timed, then judged, as one file
     timed = None
     if best.passed:
-        if not trials.eval_feeds:
-            return best, {}
-        twin = best.path.with_name(best.path.stem + ".timing.onnx")
-        graph = onnx.load(str(best.path), load_external_data=False)
-        set_accuracy_level(0)(graph)
-        onnx.save(graph, str(twin))
         timed = paired_latency(best.path, twin, trials.eval_feeds[0])
-        twin.unlink()
         if timed is not None and timed[0] <= FASTER * timed[1] and timed[1] - timed[0] >= FASTER_MS:
             return best, {"accuracy_level": 0, "kept": False, "ms": {"4": _ms(timed, 0), "0": _ms(timed, 1)},
                           "why": "int8 compute runs clearly faster on the samples' shapes"}
-    outcome = trials.variant(source, best, "accuracy level 0", set_accuracy_level(0))
+    outcome = trials.judge(source, twin, "accuracy level 0", best.kept, best.off)
     kept = outcome.path is not None and (improved(outcome, best) if not best.passed else outcome.passed)
     record = {"accuracy_level": 0, "cosine": outcome.cosine, "passed": outcome.passed, "kept": kept,
               "int8_compute": {"cosine": best.cosine, "passed": best.passed},

@@ -681,10 +681,42 @@ def test_a_refusal_names_what_auto_would_try_here(tmp_path):
     fix = next(f for f in static.json()["findings"] if f["code"] == "QNT005")["fix"]
     assert static.exit_code == 1 and "--auto tries static uint16 activations, int8 weights, dynamic int8" in fix
     assert "A16W16" not in fix and "int16 weights" not in fix  # the CPU EP's --auto has no 16-bit weights
+    # dynamic with real samples: --auto's static attempts calibrate on them, so the refusal names them
+    # (it named FP16 alone, while the same samples as --calib made static int8 or A16W8 pass: the
+    # evaluation half's convnext_tiny and magika, bench/quantize_yield.py)
     dynamic = invoke("quantize", model, "--dynamic", "--eval", calib, "-o", tmp_path / "d.onnx", "--min-cosine",
                      "0.999999", "--json")
     fix = next(f for f in dynamic.json()["findings"] if f["code"] == "QNT005")["fix"]
-    assert dynamic.exit_code == 1 and "no other precision here" in fix and "convert MODEL --fp16" in fix
+    assert dynamic.exit_code == 1 and (f"--auto tries static uint8 activations, int8 weights (calibrated on {calib}, a share "
+                                       "held back), static uint16 activations, int8 weights (calibrated on") in fix
+    # without real samples there is nothing to calibrate on: FP16 is what is left
+    seeded = invoke("quantize", model, "--dynamic", "-o", tmp_path / "d.onnx", "--min-cosine", "0.999999", "--json")
+    fix = next(f for f in seeded.json()["findings"] if f["code"] == "QNT005")["fix"]
+    assert seeded.exit_code == 1 and "no other precision here" in fix and "convert MODEL --fp16" in fix
+
+
+def test_dynamic_auto_calibrates_static_on_the_eval_samples_with_a_share_held_back(tmp_path):
+    """--dynamic --eval DIR --auto: dynamic int8 and static uint8 fail on the wide-range model, and
+    A16W8, calibrated on the --eval samples as --calib, passes and is written. Its gate judges the
+    8 of 24 samples held back from calibration (QNT014 counts them), not the samples it was
+    calibrated on, and QNT017 gives the flags with --calib."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    calib = _wide_range_calib(tmp_path / "calib")
+    out = tmp_path / "q.onnx"
+    result = invoke("quantize", model, "--dynamic", "--eval", calib, "-o", out, "--auto", "--json")
+    record = result.json()
+    assert result.exit_code == 0, record["findings"]
+    tried = record["auto"]["tried"]
+    assert [t["label"] for t in tried] == ["dynamic int8 (weights int8, activations quantized at run time)",
+                                           "static uint8 activations, int8 weights", "static uint16 activations, int8 weights"]
+    assert [t["passed"] for t in tried] == [False, False, True] and tried[0]["flags"] == ""
+    assert tried[2]["flags"] == f"--static --activation-type uint16 --weight-type int8 --calib {calib}"
+    assert record["auto"]["chosen"] == tried[2]["label"] and record["preset"]["activation_type"] == "uint16"
+    weak = next(f for f in record["findings"] if f["code"] == "QNT014")
+    assert "rests on 8 evaluation sample(s)" in weak["message"]  # a fifth of 24, at least 8: held back
+    note = next(f for f in record["findings"] if f["code"] == "QNT017")
+    assert f"--calib {calib} ..." in note["fix"] and "not as --eval" in note["fix"]
+    assert "QuantizeLinear" in op_types(str(out)) and "DynamicQuantizeLinear" not in op_types(str(out))
 
 
 def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):

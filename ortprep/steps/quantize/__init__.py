@@ -504,7 +504,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                     f"{first['cosine']:.4f} there, the model's own arithmetic on both)")) if part)
             from ortprep.steps.quantize.auto import auto_order
 
-            others = [label for label, _ in auto_order(options)[1:]]  # what --auto would try next, here
+            # what --auto would try next, here
+            others = [label + (f" (calibrated on {changes['calib']}, a share held back)" if changes.get("calib") else "")
+                      for label, changes in auto_order(options)[1:]]
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
                                     worst=names, writers=writers, others=others, searched=bool(outcome.search)))
         int8_compute = int8_compute_matmuls(quantized) if options.mode == "static" and options.ep in (None, "cpu") else []

@@ -19,8 +19,9 @@ The order (each a full quantize, judged by the same gate; nothing is written unt
    the error left;
 3. dynamic int8 (weights only), for the CPU and CUDA EPs, which run its integer ops, where the
    first was static;
-4. static int8, then A16W8, where the first was dynamic and calibration data (not 'random') is
-   at hand.
+4. static int8, then A16W8, where the first was dynamic and real samples are at hand: --calib's,
+   or else --eval's, which the static attempts then calibrate on as --calib (a share held back
+   for their gate).
 
 Every attempt after the first is held to the search's margin (half-way from --min-cosine to 1,
 0.995 for the default): choosing the first of several that passes on the same held-back samples
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -93,18 +95,23 @@ def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
         if options.ep in DYNAMIC_EPS:
             order.append((_label("dynamic", "uint8", "int8"), {"mode": "dynamic", "activation_type": None,
                                                                "weight_type": None}))
-    elif has_data:
-        static = resolve_settings(dataclasses.replace(options, mode="static"))
-        order.append((_label("static", static["activation_type"], static["weight_type"]), {"mode": "static"}))
-        if static["activation_type"] != "uint16":
-            order.append((_label("static", "uint16", "int8"), {"mode": "static", "activation_type": "uint16",
+    elif has_data or options.eval not in (None, "random"):
+        # dynamic quantization reads --calib and --eval alike, as evaluation samples; a static attempt
+        # calibrates on them. Given as --eval alone, they become its --calib, so that its gate holds
+        # back a share of them as static calibration's does (judged on the samples it calibrated on,
+        # a static result would look better than it is)
+        static = {"mode": "static"} if has_data else {"mode": "static", "calib": options.eval, "eval": None}
+        settings = resolve_settings(dataclasses.replace(options, mode="static"))
+        order.append((_label("static", settings["activation_type"], settings["weight_type"]), dict(static)))
+        if settings["activation_type"] != "uint16":
+            order.append((_label("static", "uint16", "int8"), {**static, "activation_type": "uint16",
                                                                "weight_type": "int8"}))
-        if options.ep in PER_CHANNEL_EPS and not static["per_channel"] and static["weight_type"] in ("int8", "uint8"):
-            order.append((_label("static", static["activation_type"], "int8", per_channel=True),
-                          {"mode": "static", "activation_type": static["activation_type"], "weight_type": "int8",
+        if options.ep in PER_CHANNEL_EPS and not settings["per_channel"] and settings["weight_type"] in ("int8", "uint8"):
+            order.append((_label("static", settings["activation_type"], "int8", per_channel=True),
+                          {**static, "activation_type": settings["activation_type"], "weight_type": "int8",
                            "per_channel": True}))
-        if options.ep in WIDE_WEIGHT_EPS and static["weight_type"] not in ("int16", "uint16"):
-            order.append((_label("static", "uint16", "int16"), {"mode": "static", "activation_type": "uint16",
+        if options.ep in WIDE_WEIGHT_EPS and settings["weight_type"] not in ("int16", "uint16"):
+            order.append((_label("static", "uint16", "int16"), {**static, "activation_type": "uint16",
                                                                 "weight_type": "int16", "per_channel": False}))
     return order
 
@@ -128,6 +135,8 @@ def _flags(changes: dict[str, Any]) -> str:
             parts.append(f"--{key.replace('_', '-')} {changes[key]}")
     if changes.get("per_channel") is not None:
         parts.append("--per-channel" if changes["per_channel"] else "--per-tensor")
+    if changes.get("calib") is not None:
+        parts.append(f"--calib {shlex.quote(str(changes['calib']))}")
     return " ".join(parts)
 
 
@@ -221,11 +230,11 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             "QNT017", f"--auto: {chosen['label']} passed and runs at {_times(chosen['latency_ratio'])} the float model's "
             f"time on {'this CPU' if chosen.get('timed_on', 'cpu') == 'cpu' else chosen['timed_on']}; written instead of " + ", ".join(f"{t['label']} (passed, {_times(t['latency_ratio'])})"
                                                               for t in slower),
-            fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
+            fix=_ask_directly(chosen["flags"])))
     elif chosen is not None and chosen is not tried[0]:
         report.add(Finding.of("QNT017", f"--auto: {failed_first} failed the gate; {chosen['label']} passed and was "
                               f"written" + (f" ({len(tried) - 2} other(s) failed before it)" if len(tried) > 2 else ""),
-                              fix=f"to ask for it directly: ortprep quantize MODEL {chosen['flags']} ..."))
+                              fix=_ask_directly(chosen["flags"])))
     elif chosen is None and (len(tried) > 1 or _gate_failed(tried)):
         # FP16, measured by the same gate, so that the refusal says whether it would do (fp16_probe)
         probe = measure_fp16(handle, options, progress) if _gate_failed(tried) else None
@@ -238,6 +247,14 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     if kept:
         report.data["kept_failed"] = kept
     return report
+
+
+def _ask_directly(flags: str) -> str:
+    """QNT017's fix: the flags that ask for the precision --auto chose."""
+    text = f"to ask for it directly: ortprep quantize MODEL {flags} ..."
+    if "--calib" in flags:
+        text += " (the samples as --calib, not as --eval: the gate then holds back a share of them)"
+    return text
 
 
 def _gate_failed(tried: list[dict[str, Any]]) -> bool:

@@ -95,7 +95,8 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 # what a refusal's findings may point to, and the words that name it
 REMEDIES = {"--auto": r"--auto(?!-)", "--auto-exclude": r"--auto-exclude", "--exclude-node": r"--exclude-node",
             "A16W8": r"A16W8|uint16 activations", "A16W16": r"A16W16", "dynamic int8": r"dynamic",
-            "static int8": r"--static|static int8", "FP16": r"convert \S+ --fp16"}
+            # --auto's label for static int8 is "static uint8 activations, int8 weights" (auto._label)
+            "static int8": r"--static|static int8|static u?int8 activations", "FP16": r"convert \S+ --fp16"}
 
 
 # ---------------------------------------------------------------- the models

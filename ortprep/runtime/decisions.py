@@ -359,10 +359,25 @@ def _decided(rows: np.ndarray) -> np.ndarray:
     return ordered[:, -1] > ordered[:, -2]
 
 
+def _pairs(reference: list[np.ndarray], candidate: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (float, candidate) outputs of each sample that can be compared (the candidate ran and
+    has the float output's shape), as given: each is read in float64 one pair at a time (_as64). A
+    recogniser's [1, 40, 18710] probabilities over 16 samples are 96 MB in float64; converted all
+    at once, with their copies, they took quantize's process from 350 MB to 1,090 MB (bench/RESULTS.md,
+    session 28)."""
+    return [(r, c) for r, c in zip(reference, candidate) if c is not None and np.shape(r) == np.shape(c)]
+
+
+def _as64(pairs: list[tuple[np.ndarray, np.ndarray]]):
+    """Each pair in float64, one at a time."""
+    for r, c in pairs:
+        yield np.asarray(r, np.float64), np.asarray(c, np.float64)
+
+
 def _decided_rows(pairs: list[tuple[np.ndarray, np.ndarray]]):
     """Per pair of class-score outputs (float, candidate), their rows as [rows, classes] where the
     float model decides (see _decided); pairs with fewer than two classes or no such row are left out."""
-    for r, c in pairs:
+    for r, c in _as64(pairs):
         if r.ndim < 1 or r.shape[-1] < 2:
             continue
         rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
@@ -380,15 +395,14 @@ def _class_gap(values: list[np.ndarray]) -> float:
 def agreement(decision: Decision, reference: list[np.ndarray], candidate: list[np.ndarray]) -> float | None:
     """How far ``candidate``'s decisions agree with ``reference``'s, pooled over the samples
     (1.0: the same everywhere); None for ``cosine`` or when nothing can be compared."""
-    pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
-             if c is not None and np.shape(r) == np.shape(c)]
+    pairs = _pairs(reference, candidate)
     if not pairs or decision.kind == "cosine":
         return None
     if decision.kind == "ctc":
         return ctc_agreement(decision, reference, candidate)
     if decision.kind in ("top1", "argmax"):
         same = total = 0
-        for r, c in pairs:
+        for r, c in _as64(pairs):
             if r.ndim < 1 or r.shape[-1] < 2:
                 continue
             rows, other = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
@@ -399,7 +413,7 @@ def agreement(decision: Decision, reference: list[np.ndarray], candidate: list[n
         return same / total if total else None
     threshold = decision.threshold if decision.threshold is not None else MAP_THRESHOLD
     tp = fp = fn = 0
-    for r, c in pairs:
+    for r, c in _as64(pairs):
         a, b = r > threshold, c > threshold
         tp += int(np.sum(a & b))
         fp += int(np.sum(~a & b))
@@ -590,15 +604,24 @@ GRID_STEPS = 16
 def _probability_rows(values: list[np.ndarray]) -> bool:
     """True when every row of every value is a probability distribution (in [0, 1], summing to 1)."""
     values = [v for v in values if np.ndim(v) >= 1 and np.shape(v)[-1] >= 2 and np.size(v)]
-    return bool(values) and all(float(np.min(v)) >= 0.0 and float(np.max(v)) <= 1.0
-                                and bool(np.all(np.abs(np.sum(v, axis=-1) - 1.0) < 1e-3)) for v in values)
+    for value in values:  # in float64, one at a time
+        v = np.asarray(value, np.float64)
+        if not (float(np.min(v)) >= 0.0 and float(np.max(v)) <= 1.0 and bool(np.all(np.abs(np.sum(v, axis=-1) - 1.0) < 1e-3))):
+            return False
+    return bool(values)
 
 
 def _grid_floor(values: list[np.ndarray]) -> float:
     """GRID_STEPS times the step of the grid ``values`` lie on (a quantized output's: a uint8
     Softmax output holds only multiples of 1/256), so that what the grid's rounding moves is not
     read as the model's change; 0 where they lie on no grid (a float output)."""
-    pooled = np.unique(_thin(np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in values]))) if values else []
+    if not values:
+        return 0.0
+    # thinned in the values' own type, then read in float64 (exact: the same values as thinning them in float64)
+    joined = np.concatenate([np.ravel(np.asarray(v)) for v in values])
+    if not np.issubdtype(joined.dtype, np.floating):
+        joined = joined.astype(np.float64)
+    pooled = np.unique(_thin(joined).astype(np.float64))
     if len(pooled) < 3:
         return 0.0
     # the grid is read where float32 holds it best and where it matters: the bottom of the range
@@ -649,11 +672,12 @@ def _log_scores(rows: np.ndarray, step: float, other: np.ndarray | None = None) 
 
 def _usable(decision: Decision, reference: list[np.ndarray], more: list[np.ndarray] | None) -> list[np.ndarray]:
     """The float outputs of ``more`` whose margins can join ``reference``'s: for classes the class
-    axis must match (sequences of other lengths count), a map any shape."""
+    axis must match (sequences of other lengths count), a map any shape. As given (read in float64
+    where used)."""
     if not reference:
         return []
     classes = np.shape(reference[0])[-1:]
-    return [np.asarray(m, np.float64) for m in (more or []) if m is not None and np.ndim(m) >= 1
+    return [np.asarray(m) for m in (more or []) if m is not None and np.ndim(m) >= 1
             and (decision.kind == "map" or np.shape(m)[-1:] == classes)]
 
 
@@ -671,12 +695,11 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
     model's alone, so every sample it ran on says how often decisions sit near their boundary, and
     eight held-back samples say it poorly). None for ``cosine`` or when nothing can be compared."""
     more = _usable(decision, reference, more)
-    pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
-             if c is not None and np.shape(r) == np.shape(c)]
+    pairs = _pairs(reference, candidate)
     if not pairs or decision.kind == "cosine":
         return None
     if decision.kind == "ctc":
-        return expected_ctc_agreement(decision, reference, candidate, more)[1]
+        return expected_ctc_agreement(decision, reference, candidate, [np.asarray(m, np.float64) for m in more])[1]
     if decision.kind in ("top1", "argmax"):
         margins, errors = [], []
         in_log = _probability_rows([r for r, _ in pairs])
@@ -701,16 +724,23 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
             errors.append(float_lead - lead_over_rest(other))
         if not margins:
             return None
-        more_rows = [m.reshape(-1, m.shape[-1]) for m in more if m.ndim >= 1 and m.shape[-1] >= 2]
-        if in_log:
-            more_rows = [_log_scores(rows, step)[0] for rows in more_rows if _probability_rows([rows])]
-        margins.extend(lead[lead > 0] for lead in map(_raw_leads, more_rows))
+        for m in more:  # one at a time, in float64
+            if m.ndim < 1 or m.shape[-1] < 2:
+                continue
+            rows = np.asarray(m, np.float64).reshape(-1, m.shape[-1])
+            if in_log:
+                if not _probability_rows([rows]):
+                    continue
+                rows = _log_scores(rows, step)[0]
+            lead = _raw_leads(rows)
+            margins.append(lead[lead > 0])
         return 1.0 - _flip_rate(np.concatenate(margins), np.concatenate(errors))
     threshold = decision.threshold if decision.threshold is not None else MAP_THRESHOLD
-    reference_values = np.concatenate([r.ravel() for r, _ in pairs])
-    candidate_values = np.concatenate([c.ravel() for _, c in pairs])
+    reference_values = np.concatenate([np.asarray(r, np.float64).ravel() for r, _ in pairs])
+    candidate_values = np.concatenate([np.asarray(c, np.float64).ravel() for _, c in pairs])
     above = reference_values > threshold
-    pooled = np.concatenate([reference_values] + [m.ravel() for m in more]) if more else reference_values
+    pooled = (np.concatenate([reference_values] + [np.asarray(m, np.float64).ravel() for m in more]) if more
+              else reference_values)
     pooled_above = pooled > threshold
     positives, negatives = int(np.sum(pooled_above)), int(np.sum(~pooled_above))
     if positives == 0:
@@ -777,9 +807,7 @@ def confidence_agreement(reference: list[np.ndarray], candidate: list[np.ndarray
     rounding moves it: measured on PP-OCR's direction classifier in A16W8 on synthetic lines, 78.7%
     expected at 0.9 where 94.3% of 600 fresh lines kept their side; in probabilities 87.5%.) The
     worst level is reported; None when no row decides."""
-    pairs = [(np.asarray(r, np.float64), np.asarray(c, np.float64)) for r, c in zip(reference, candidate)
-             if c is not None and np.shape(r) == np.shape(c)]
-    ours, theirs = _top_probabilities(pairs)
+    ours, theirs = _top_probabilities(_pairs(reference, candidate))
     if ours.size == 0:
         return None
     pooled = [ours]
@@ -1125,7 +1153,7 @@ def _judge_ctc(decision: Decision, reference: list[np.ndarray], candidate: list[
                   strings_changed=None if agreed is None else int(round(strings * (1.0 - agreed))),
                   position_agreement=agreement(Decision("argmax"), reference, candidate),
                   expected_position_agreement=per_position)
-    usable = _usable(decision, reference, more)
+    usable = [np.asarray(m, np.float64) for m in _usable(decision, reference, more)]
     if usable:
         record["margin_samples"] = len(reference) + len(usable)
     required = REQUIRED["ctc"]

@@ -2,7 +2,7 @@
 the call a user would otherwise make, ORT's own MatMulNBitsQuantizer, on the journey corpus's
 models that hold MatMuls with constant 2-D weights.
 
-    .venv/bin/python bench/bench_weight_only.py [--half eval|dev|all] [--bits int4 int8]
+    .venv/bin/python bench/bench_weight_only.py [--half eval|dev|all] [--bits int4 int8] [--only NAME ...]
 
 Per model and bit width, in one run:
 - ORT: `MatMulNBitsQuantizer(model, bits, block_size=32, is_symmetric=False).process()` in a child
@@ -14,7 +14,7 @@ Per model and bit width, in one run:
   a fifth of them back for its gate, as static calibration does;
 - every file held to the float model on 50 other realistic samples that no command saw (seed
   7000: cosine, norm ratio, the decision the journey reads from the output where it has one), and
-  its CPU latency against float's, one thread: 21 rounds of 40 runs of each in turns, the median
+  its CPU latency against float's, one thread: 21 rounds of 5 to 40 runs of each in turns, the median
   of the rounds' ratios and its 95% interval (paired_latency).
 Halves by sha256 of the model's name (bench/journey_corpus.half_of, declared before any run);
 the evaluation half leads. Results: OUT/results.json and OUT/table.md.
@@ -86,7 +86,9 @@ def outputs(path: Path, feeds: list[dict]) -> list[list[np.ndarray]]:
     return [s.run(None, feed) for feed in feeds]
 
 
-ROUNDS, RUNS = 21, 40  # paired timing: rounds of RUNS runs of each model, in turns
+# paired timing: ROUNDS rounds of runs of each model in turns, each side of a round at least
+# ROUND_MS long (5 to 40 runs: a 0.2 ms transformer gets 40, a 50 ms recogniser 5)
+ROUNDS, ROUND_MS, MIN_RUNS, MAX_RUNS = 21, 40.0, 5, 40
 
 
 def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
@@ -104,20 +106,24 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
 
 def paired_latency(float_path: Path, path: Path, feed: dict) -> dict:
     """The candidate's time over the float model's on one feed, one thread: ROUNDS rounds, each
-    RUNS runs of both models in turns (which goes first alternates), the ratio of the two medians
+    a few runs of both models in turns (which goes first alternates), the ratio of the two medians
     per round; the median of those ratios with its 95% interval. Timed one after the other
     (session 26 and 27's medians of 20 runs), the same ORT int8 file read 2.70x and 1.17x float."""
     sessions = {"float": session(float_path), "candidate": session(path)}
     for s in sessions.values():
         for _ in range(3):
             s.run(None, feed)
+    start = time.perf_counter()
+    sessions["float"].run(None, feed)
+    once = (time.perf_counter() - start) * 1000
+    runs = int(min(MAX_RUNS, max(MIN_RUNS, np.ceil(ROUND_MS / max(once, 1e-3)))))
     ratios, float_times = [], []
     for number in range(ROUNDS):
         order = ("float", "candidate") if number % 2 == 0 else ("candidate", "float")
         medians = {}
         for name in order:
             times = []
-            for _ in range(RUNS):
+            for _ in range(runs):
                 start = time.perf_counter()
                 sessions[name].run(None, feed)
                 times.append((time.perf_counter() - start) * 1000)
@@ -215,12 +221,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "weight_only")
     parser.add_argument("--half", choices=["eval", "dev", "all"], default="all")
     parser.add_argument("--bits", nargs="*", default=["int4", "int8"], choices=["int4", "int8"])
+    parser.add_argument("--only", nargs="*", help="model names (results.json and table.md then hold these alone)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench_corpus.fetch(args.out)
     rows = []
     for case in CORPUS:
-        if args.half != "all" and case.half != args.half:
+        if (args.half != "all" and case.half != args.half) or (args.only and case.name not in args.only):
             continue
         row = run_case(case, args.out, args.bits)
         if row is None:

@@ -331,7 +331,7 @@ def bert_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, ffn: int = 128,
     return make(graph)
 
 
-def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 64) -> onnx.ModelProto:
+def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 64, name: str = "gpt2_tiny") -> onnx.ModelProto:
     """A GPT-2-tiny-like decoder: token and position embeddings, a causal mask that is a constant
     (0 on and below the diagonal, -10000 above; sliced to the sequence, no Where, no Trilu),
     `layers` pre-norm blocks with written-out LayerNorm and GELU's tanh form, logits through the
@@ -386,9 +386,18 @@ def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 
         stream = f"{p}.out"
     nodes += _layer_norm(w, stream, "final", "ln_f", hidden, written_out=True)
     nodes += [helper.make_node("MatMul", ["final", "wte.T"], ["logits"], name="lm_head")]
-    graph = helper.make_graph(nodes, "gpt2_tiny", [_vi("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+    graph = helper.make_graph(nodes, name, [_vi("input_ids", TensorProto.INT64, ["batch", "sequence"])],
                               [_vi("logits", TensorProto.FLOAT, ["batch", "sequence", GPT_VOCAB])], w.tensors)
     return make(graph)
+
+
+def gpt2_medium_slice() -> onnx.ModelProto:
+    """Two blocks of a decoder of GPT-2 medium's width (hidden 1024, 16 heads, MLP 4096), built as
+    gpt2_tiny (its vocabulary of 512): 105 MB of float weights, 96% of them in the blocks' MatMuls.
+    The corpus's other transformers run in well under a millisecond, where a call's overhead, not
+    the weights, sets the time; this one reads 100 MB of weights a run, as a language model's
+    layers do, so weight-only quantization's speed shows (issue 22, part 5)."""
+    return gpt2_tiny(hidden=1024, heads=16, layers=2, name="gpt2_medium_slice")
 
 
 def _conv(w: _Weights, x: str, out: str, name: str, cin: int, cout: int, k: int = 3, stride: int = 1, group: int = 1,
@@ -581,6 +590,7 @@ BALANCED = {"lstm_keywords": "head.b", "gru_tagger": "tag.b", "bert_tiny": "clas
 
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "lstm_keywords": lstm_keywords, "gru_tagger": gru_tagger, "bert_tiny": bert_tiny, "gpt2_tiny": gpt2_tiny,
+    "gpt2_medium_slice": gpt2_medium_slice,
     "unet_small": unet_small, "control_flow_classifier": control_flow_classifier, "convnext_tiny": convnext_tiny,
 }
 
@@ -669,6 +679,9 @@ CORPUS: list[JourneyCase] = [
                 "Zipf token ids, padded", decision="top1"),
     JourneyCase("gpt2_tiny", "build:gpt2_tiny", _gpt_inputs, {"input_ids": (1, 32)}, True,
                 "GPT-2-tiny-like decoder (constant causal mask, written-out LayerNorm, tanh GELU, tied head); Zipf token ids",
+                decision="argmax_seq"),
+    JourneyCase("gpt2_medium_slice", "build:gpt2_medium_slice", _gpt_inputs, {"input_ids": (1, 32)}, True,
+                "two blocks of a GPT-2-medium-wide decoder (hidden 1024, 105 MB), built as gpt2_tiny; Zipf token ids",
                 decision="argmax_seq"),
     JourneyCase("unet_small", "build:unet_small", _image(64), {"image": (1, 3, 64, 64)}, True,
                 "small UNet (MaxPool, Resize nearest and linear, skip Concats) ending in Sigmoid; scenes"),

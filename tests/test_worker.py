@@ -322,3 +322,31 @@ def test_a_timed_run_is_never_a_session_that_exposes_more(tmp_path):
         assert timed.ok and not timed.cached_session and pool.sessions_created() == {str(path): 2}
         again = call(RunModel(model=str(path), feeds=feeds, latency_runs=2))
         assert again.cached_session and pool.sessions_created() == {str(path): 2}
+
+
+def _chain(path: Path, links: int) -> Path:
+    """``links`` 256x256 MatMuls in a row on a [64, 256] input."""
+    rng = np.random.default_rng(links)
+    weights = [onnx.numpy_helper.from_array((rng.standard_normal((256, 256)) / 16).astype(np.float32), f"w{i}")
+               for i in range(links)]
+    nodes = [onnx.helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"],
+                                   ["y" if i == links - 1 else f"h{i}"], name=f"mm{i}") for i in range(links)]
+    graph = onnx.helper.make_graph(nodes, "chain", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [64, 256])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [64, 256])], weights)
+    onnx.save(models.make(graph), str(path))
+    return path
+
+
+def test_time_models_times_each_model_in_turns_and_tells_the_slower(tmp_path):
+    """TimeModels (what quantize's latency figures and --accuracy-level auto read) times the models
+    one run each in turn: as many times as rounds for each, and a model of 24 MatMuls measures
+    slower than one of 1 on the same feed. A model that cannot run gives no times at all."""
+    from ortprep.runtime.isolated import time_isolated
+
+    short, long = _chain(tmp_path / "short.onnx", 1), _chain(tmp_path / "long.onnx", 24)
+    feed = {"x": np.ones((64, 256), np.float32)}
+    with workers_scope():
+        times = time_isolated([short, long], feed, runs=7)
+        assert times is not None and [len(t) for t in times] == [7, 7]
+        assert np.median(times[1]) > 5 * np.median(times[0])
+        assert time_isolated([short, tmp_path / "missing.onnx"], feed, runs=3) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ortprep.runtime.providers import require_ort
-from ortprep.runtime.requests import RunModel
+from ortprep.runtime.requests import RunModel, TimeModels
 from ortprep.runtime.worker import DEFAULT_TIMEOUT, call
 
 log = logging.getLogger(__name__)
@@ -82,3 +82,14 @@ def run_isolated(
         return RunOutcome("ok", stage="session", providers=reply.providers)
     return RunOutcome("ok", outputs=reply.samples[0] if reply.samples else {}, stage="run", providers=reply.providers,
                       samples=reply.samples, latency_ms=reply.latency_ms)
+
+
+def time_isolated(models: list[Path], feed: dict[str, np.ndarray], *, runs: int,
+                  timeout: float = DEFAULT_TIMEOUT) -> list[list[float]] | None:
+    """Each model's times (ms) over ``runs`` rounds of one run of every model in turn, on the CPU
+    EP in a worker process (:class:`TimeModels`); None where a session or a run fails."""
+    require_ort()
+    reply = call(TimeModels(models=[os.path.abspath(m) for m in models], feed=feed, runs=runs), timeout=timeout)
+    if not reply.ok or len(reply.latency_ms) != len(models) or not all(reply.latency_ms):
+        return None
+    return reply.latency_ms

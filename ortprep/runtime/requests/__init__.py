@@ -8,6 +8,7 @@
     Quantize     onnxruntime.quantization (pre-processing, dynamic, static with calibration)
     Probe        what an ORT environment can run: version, providers, plugin EPs and devices
     OpProbe      does an EP claim and run a single-op model
+    TimeModels   model files timed against each other on one feed, one run of each in turn
     Stats        sessions built per model file (tests and benchmarks count them)
     RunOnEp      samples -> outputs in the session an application creates for one EP (quantize's gate)
 
@@ -20,7 +21,7 @@ from ortprep.runtime.requests.on_ep import RunOnEp, RunOnEpReply
 from ortprep.runtime.requests.placement import Placement, PlacementReply, Prove
 from ortprep.runtime.requests.probe import OpProbe, OpProbeReply, Probe, ProbeReply
 from ortprep.runtime.requests.quantize import Quantize, QuantizeReply, StreamingReader
-from ortprep.runtime.requests.run import RunModel, RunReply, Stats, StatsReply
+from ortprep.runtime.requests.run import RunModel, RunReply, Stats, StatsReply, TimeModels, TimeReply
 from ortprep.runtime.requests.sessions import (
            LEVELS,
            SessionSpec,
@@ -31,4 +32,5 @@ from ortprep.runtime.requests.sessions import (
 
 __all__ = ["Compile", "CompileReply", "LEVELS", "OpProbe", "OpProbeReply", "Placement", "PlacementReply", "Probe",
            "ProbeReply", "Prove", "Quantize", "QuantizeReply", "RunModel", "RunOnEp", "RunOnEpReply", "RunReply",
-           "SessionSpec", "Stats", "StatsReply", "StreamingReader", "add_plugin_ep", "build_session", "session_options"]
+           "SessionSpec", "Stats", "StatsReply", "StreamingReader", "TimeModels", "TimeReply", "add_plugin_ep", "build_session",
+           "session_options"]

@@ -1,5 +1,6 @@
-"""RunModel (feeds -> outputs, extra intermediates, latency runs, optimized-model writing) and
-Stats (sessions built per model file, for tests and benchmarks)."""
+"""RunModel (feeds -> outputs, extra intermediates, latency runs, optimized-model writing),
+TimeModels (model files timed against each other in turns) and Stats (sessions built per model
+file, for tests and benchmarks)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,50 @@ class RunModel(Request):
         state.count_session(self.model)
         session = ort.InferenceSession(self.model, options, providers=self.providers)
         reply.providers = session.get_providers()
+
+
+@dataclass
+class TimeReply(Reply):
+    latency_ms: list[list[float]] = field(default_factory=list)  # per model, in the request's order
+
+
+@dataclass
+class TimeModels(Request):
+    """Time model files against each other on one feed, on the CPU EP: a session each (timed
+    sessions expose only the graph's outputs), ``warmup`` runs of each, then ``runs`` rounds of one
+    run of every model, the order turned each round (A B, B A, ...). Timed in turns of one run, the
+    models meet the same load: in blocks of ten runs each, a level-4 MatMulNBits file measured 0.90x
+    of its level-0 twin's time in one quantize and 0.96x in the next, on a 2-core machine shared
+    with another job (bench/RESULTS.md, session 28)."""
+
+    reply_type = TimeReply
+
+    models: list[str]
+    feed: dict[str, Any]
+    runs: int = 20
+    warmup: int = 2
+
+    def handle(self, state: WorkerState) -> TimeReply:
+        reply = TimeReply(stage="import")
+        try:
+            state.ort  # noqa: B018 - the import is its own stage
+            reply.stage = "session"
+            sessions = [build_session(state, SessionSpec(model, with_cpu=False), exact=True) for model in self.models]
+            reply.stage = "run"
+            for entry in sessions:
+                for _ in range(self.warmup):
+                    entry.session.run(entry.graph_outputs, self.feed)
+            reply.latency_ms = [[] for _ in sessions]
+            for number in range(self.runs):
+                turn = number % len(sessions)
+                for index in list(range(turn, len(sessions))) + list(range(turn)):
+                    entry = sessions[index]
+                    began = time.perf_counter()
+                    entry.session.run(entry.graph_outputs, self.feed)
+                    reply.latency_ms[index].append((time.perf_counter() - began) * 1000.0)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+            reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
+        return reply
 
 
 # --- Placement (load) ----------------------------------------------------------------------------

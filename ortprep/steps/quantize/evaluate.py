@@ -23,7 +23,7 @@ from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
 from ortprep.runtime.decisions import (REQUIRED_SEQUENCES, Decision, decision_shortfall, dfl_hint, infer_decisions,
                                        judge_decision)
-from ortprep.runtime.isolated import RunOutcome, run_isolated
+from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.calibrate import exposure_chunks
 from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
@@ -428,20 +428,19 @@ def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndar
 
 
 def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndarray]) -> tuple[float, float] | None:
-    """(float ms, quantized ms): the medians of LATENCY_RUNS runs of each, twice, in turns (float,
-    quantized, float, quantized), so that both are timed under the same load, each in a session that
-    exposes nothing more (RunModel: a timed run builds its own). An FP16 probe read 0.19x and 0.41x
-    the float model's time for openwakeword's mel front end, and 0.11x for PP-OCR's direction
-    classifier: the float model was timed in the session that had exposed its every intermediate
-    for FP16's scan (2-9x slower); measured directly, about 1.0x. None where a run fails."""
-    times: dict[Path, list[float]] = {float_model: [], quant_model: []}
-    for _ in range(2):
-        for model in (float_model, quant_model):
-            run = _run_model(model, [feed], latency_runs=LATENCY_RUNS)
-            if not run.ok or not run.latency_ms:
-                return None
-            times[model].extend(run.latency_ms)
-    return statistics.median(times[float_model]), statistics.median(times[quant_model])
+    """(float ms, quantized ms): the medians of 2 x LATENCY_RUNS runs of each, timed in turns of
+    one run (float, quantized, then quantized, float, ...) in one worker, so that both meet the same
+    load (TimeModels), each in a session that exposes nothing more. Timed in blocks of ten, a
+    level-4 MatMulNBits file read 0.90x and 0.96x of its level-0 twin in two runs of one quantize on
+    a shared 2-core machine, across the 0.9 that --accuracy-level auto asks (bench/RESULTS.md, session
+    28). An FP16 probe read 0.19x and 0.41x the float model's time for openwakeword's mel front end,
+    and 0.11x for PP-OCR's direction classifier: the float model was timed in the session that had
+    exposed its every intermediate for FP16's scan (2-9x slower); measured directly, about 1.0x.
+    None where a run fails."""
+    times = time_isolated([float_model, quant_model], feed, runs=2 * LATENCY_RUNS)
+    if times is None:
+        return None
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def measure_latency(evaluation: Evaluation, float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]]) -> None:

@@ -710,13 +710,31 @@ def test_dynamic_auto_calibrates_static_on_the_eval_samples_with_a_share_held_ba
     assert [t["label"] for t in tried] == ["dynamic int8 (weights int8, activations quantized at run time)",
                                            "static uint8 activations, int8 weights", "static uint16 activations, int8 weights"]
     assert [t["passed"] for t in tried] == [False, False, True] and tried[0]["flags"] == ""
-    assert tried[2]["flags"] == f"--static --activation-type uint16 --weight-type int8 --calib {calib}"
+    assert tried[2]["flags"] == f"--static --activation-type uint16 --weight-type int8 --calib {shlex.quote(str(calib))}"
     assert record["auto"]["chosen"] == tried[2]["label"] and record["preset"]["activation_type"] == "uint16"
     weak = next(f for f in record["findings"] if f["code"] == "QNT014")
     assert "rests on 8 evaluation sample(s)" in weak["message"]  # a fifth of 24, at least 8: held back
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
-    assert f"--calib {calib} ..." in note["fix"] and "not as --eval" in note["fix"]
+    assert f"--calib {shlex.quote(str(calib))} ..." in note["fix"] and "not as --eval" in note["fix"]
     assert "QuantizeLinear" in op_types(str(out)) and "DynamicQuantizeLinear" not in op_types(str(out))
+
+
+def test_dynamic_auto_does_not_calibrate_static_on_a_single_eval_sample(tmp_path):
+    """From one --eval sample a static attempt would calibrate on it and hold none back: its gate
+    would judge seeded noise. So --auto after dynamic tries no static precision there, and the
+    refusal names none."""
+    model = _wide_range_model(tmp_path / "wide.onnx")
+    calib = _wide_range_calib(tmp_path / "calib")
+    one = tmp_path / "one"
+    one.mkdir()
+    (calib / "00.npz").rename(one / "00.npz")
+    result = invoke("quantize", model, "--dynamic", "--eval", one, "-o", tmp_path / "q.onnx", "--auto", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and not (tmp_path / "q.onnx").exists()
+    assert [t["label"] for t in record["auto"]["tried"]] == ["dynamic int8 (weights int8, activations quantized at run time)"]
+    plain = invoke("quantize", model, "--dynamic", "--eval", one, "-o", tmp_path / "q.onnx", "--json").json()
+    fix = next(f for f in plain["findings"] if f["code"] == "QNT005")["fix"]
+    assert "no other precision here" in fix and "static" not in fix
 
 
 def test_static_for_an_accelerator_keeps_a_model_that_does_not_shrink(tmp_path):

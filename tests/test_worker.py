@@ -345,8 +345,11 @@ def test_time_models_times_each_model_in_turns_and_tells_the_slower(tmp_path):
 
     short, long = _chain(tmp_path / "short.onnx", 1), _chain(tmp_path / "long.onnx", 24)
     feed = {"x": np.ones((64, 256), np.float32)}
-    with workers_scope():
+    with workers_scope() as pool:
+        # a session exposing an intermediate serves plain runs, never a timed one
+        assert call(RunModel(model=str(long), feeds=[feed], extra_outputs=["h0"])).ok
         times = time_isolated([short, long], feed, runs=7)
         assert times is not None and [len(t) for t in times] == [7, 7]
+        assert pool.sessions_created() == {str(short): 1, str(long): 2}
         assert np.median(times[1]) > 5 * np.median(times[0])
         assert time_isolated([short, tmp_path / "missing.onnx"], feed, runs=3) is None

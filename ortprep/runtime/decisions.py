@@ -312,7 +312,7 @@ def infer_decisions(proto, reference: list[dict[str, np.ndarray]], overrides: di
         high = max(float(np.nanmax(v)) for v in values if v.size)
         probability = 0.0 <= low and high <= 1.0
         if len(shape) == 2 and shape[-1] >= 2 and maker != "Sigmoid":
-            probabilities = _probability_rows([v.astype(np.float64) for v in values])
+            probabilities = _probability_rows(values)
             distribution = maker in ("Softmax", "LogSoftmax") or probabilities
             # rows that are one input's positions (a frame tagging) are read as one sequence
             kind = "argmax" if _rows_are_positions(proto, name, shape[0]) else "top1"
@@ -601,14 +601,19 @@ LOG_SPAN = 16.0
 GRID_STEPS = 16
 
 
-def _probability_rows(values: list[np.ndarray]) -> bool:
-    """True when every row of every value is a probability distribution (in [0, 1], summing to 1)."""
-    values = [v for v in values if np.ndim(v) >= 1 and np.shape(v)[-1] >= 2 and np.size(v)]
-    for value in values:  # in float64, one at a time
+def _probability_rows(values) -> bool:
+    """True when every row of every value is a probability distribution (in [0, 1], summing to 1);
+    values with no row of two or more classes are passed over, and at least one must remain.
+    ``values``: any iterable, read one value at a time in float64."""
+    seen = False
+    for value in values:
+        if np.ndim(value) < 1 or np.shape(value)[-1] < 2 or not np.size(value):
+            continue
         v = np.asarray(value, np.float64)
         if not (float(np.min(v)) >= 0.0 and float(np.max(v)) <= 1.0 and bool(np.all(np.abs(np.sum(v, axis=-1) - 1.0) < 1e-3))):
             return False
-    return bool(values)
+        seen = True
+    return seen
 
 
 def _grid_floor(values: list[np.ndarray]) -> float:
@@ -699,10 +704,10 @@ def expected_agreement(decision: Decision, reference: list[np.ndarray], candidat
     if not pairs or decision.kind == "cosine":
         return None
     if decision.kind == "ctc":
-        return expected_ctc_agreement(decision, reference, candidate, [np.asarray(m, np.float64) for m in more])[1]
+        return expected_ctc_agreement(decision, reference, candidate, more)[1]
     if decision.kind in ("top1", "argmax"):
         margins, errors = [], []
-        in_log = _probability_rows([r for r, _ in pairs])
+        in_log = _probability_rows(r for r, _ in pairs)
         step = _grid_floor([c for _, c in pairs]) if in_log else 0.0
         for rows, other in _decided_rows(pairs):
             if in_log:
@@ -1121,7 +1126,7 @@ def _ctc_confidence(decision: Decision, reference: list[np.ndarray], candidate: 
     of ``more`` too) and the candidate's moves; the worst level, held to REQUIRED["ctc"]. None
     where the output is not probabilities or no line is read."""
     pairs = _ctc_pairs(reference, candidate)
-    if not pairs or not _probability_rows([_sequence_scores(r).reshape(-1, r.shape[-1]) for r, _ in pairs]):
+    if not pairs or not _probability_rows(_sequence_scores(r).reshape(-1, r.shape[-1]) for r, _ in pairs):
         return None
     ours, theirs = [], []
     for r, c in pairs:
@@ -1153,7 +1158,7 @@ def _judge_ctc(decision: Decision, reference: list[np.ndarray], candidate: list[
                   strings_changed=None if agreed is None else int(round(strings * (1.0 - agreed))),
                   position_agreement=agreement(Decision("argmax"), reference, candidate),
                   expected_position_agreement=per_position)
-    usable = [np.asarray(m, np.float64) for m in _usable(decision, reference, more)]
+    usable = _usable(decision, reference, more)  # read one at a time (_line_scores, in float64)
     if usable:
         record["margin_samples"] = len(reference) + len(usable)
     required = REQUIRED["ctc"]

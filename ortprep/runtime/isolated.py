@@ -85,10 +85,14 @@ def run_isolated(
 
 
 def time_isolated(models: list[Path], feed: dict[str, np.ndarray], *, runs: int,
-                  timeout: float = DEFAULT_TIMEOUT) -> list[list[float]] | None:
+                  timeout: float | None = None) -> list[list[float]] | None:
     """Each model's times (ms) over ``runs`` rounds of one run of every model in turn, on the CPU
-    EP in a worker process (:class:`TimeModels`); None where a session or a run fails."""
+    EP in a worker process (:class:`TimeModels`); None where a session or a run fails. ``timeout``
+    (default: DEFAULT_TIMEOUT for each model and each 10 of its runs, what timing them in calls of
+    10 runs allowed) bounds the whole request."""
     require_ort()
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT * len(models) * max(1, -(-runs // 10))
     reply = call(TimeModels(models=[os.path.abspath(m) for m in models], feed=feed, runs=runs), timeout=timeout)
     if not reply.ok or len(reply.latency_ms) != len(models) or not all(reply.latency_ms):
         return None

@@ -505,8 +505,10 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
             from ortprep.steps.quantize.auto import auto_order
 
             # what --auto would try next, here
+            held = (min(plan.eval_set.count, options.samples or plan.eval_set.count)
+                    if plan.eval_set is not None and plan.eval_set.kind != "random" else None)
             others = [label + (f" (calibrated on {changes['calib']}, a share held back)" if changes.get("calib") else "")
-                      for label, changes in auto_order(options)[1:]]
+                      for label, changes in auto_order(options, held)[1:]]
             report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
                                     worst=names, writers=writers, others=others, searched=bool(outcome.search)))
         int8_compute = int8_compute_matmuls(quantized) if options.mode == "static" and options.ep in (None, "cpu") else []

@@ -69,13 +69,42 @@ WIDE_WEIGHT_EPS = ("qnn",)
 PER_CHANNEL_EPS = ("qnn",)
 
 
-def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
-    """(label, option changes) for each attempt, the options' own first."""
+# --eval's samples calibrate the static attempts after a dynamic one only where there are at least
+# this many: one of two is held back for their gate; from one sample none is, and the gate would
+# judge seeded noise
+EVAL_AS_CALIB_MIN = 2
+
+
+def _real(data: str | Path | None) -> bool:
+    """Samples given (not none, not 'random')."""
+    return data is not None and str(data) != "random"
+
+
+def eval_sample_count(handle: ModelHandle, options: QuantizeOptions) -> int | None:
+    """How many of --eval's samples a static attempt after a dynamic one would calibrate on (at most
+    --samples), where it would (dynamic, --eval real, no real --calib); None otherwise, or where the
+    samples cannot be read (the attempts report that themselves)."""
+    from ortprep.runtime.calibration import discover
+    from ortprep.runtime.feeds import input_specs
+
+    if options.mode != "dynamic" or _real(options.calib) or not _real(options.eval):
+        return None
+    try:
+        found = discover(str(options.eval), input_specs(handle.proto), image=options.image())
+    except OrtprepError:
+        return None
+    return min(found.count, options.samples) if options.samples else found.count
+
+
+def auto_order(options: QuantizeOptions, eval_samples: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(label, option changes) for each attempt, the options' own first. ``eval_samples``: how many
+    samples --eval holds (eval_sample_count), for the static attempts after a dynamic one without
+    --calib."""
     from ortprep.steps.quantize.presets import resolve_settings
 
     first = resolve_settings(options)
     order: list[tuple[str, dict[str, Any]]] = [(_label(options.mode, first["activation_type"], first["weight_type"]), {})]
-    has_data = options.calib not in (None, "random")
+    has_data = _real(options.calib)
     if options.mode == "weight-only":
         # weights only: the other precisions quantize activations too, another kind of result; int4
         # steps up to int8 (measured, bench RESULTS: the evaluation half's int4 refusals, bert_tiny,
@@ -95,7 +124,7 @@ def auto_order(options: QuantizeOptions) -> list[tuple[str, dict[str, Any]]]:
         if options.ep in DYNAMIC_EPS:
             order.append((_label("dynamic", "uint8", "int8"), {"mode": "dynamic", "activation_type": None,
                                                                "weight_type": None}))
-    elif has_data or options.eval not in (None, "random"):
+    elif has_data or (_real(options.eval) and (eval_samples or 0) >= EVAL_AS_CALIB_MIN):
         # dynamic quantization reads --calib and --eval alike, as evaluation samples; a static attempt
         # calibrates on them. Given as --eval alone, they become its --calib, so that its gate holds
         # back a share of them as static calibration's does (judged on the samples it calibrated on,
@@ -149,7 +178,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     report: StepResult | None = None
     # --keep-failed keeps the latest refused attempt's model (NAME.failed.onnx) and says which
     kept, kept_label = None, None
-    order = auto_order(options)
+    order = auto_order(options, eval_sample_count(handle, options))
     # the CPU's latency judges only a CPU target; a result written over its own input is not moved
     on_cpu = options.ep in (None, "cpu") and not (handle.path is not None and Path(handle.path).resolve() == dest.resolve())
     best: tuple[dict[str, Any], StepResult] | None = None  # the fastest attempt that passed, written at dest

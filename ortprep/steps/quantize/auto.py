@@ -20,8 +20,8 @@ The order (each a full quantize, judged by the same gate; nothing is written unt
 3. dynamic int8 (weights only), for the CPU and CUDA EPs, which run its integer ops, where the
    first was static;
 4. static int8, then A16W8, where the first was dynamic and real samples are at hand: --calib's,
-   or else --eval's, which the static attempts then calibrate on as --calib (a share held back
-   for their gate).
+   or else --eval's (EVAL_AS_CALIB_MIN or more), which the static attempts then calibrate on as
+   --calib (a share held back for their gate).
 
 Every attempt after the first is held to the search's margin (half-way from --min-cosine to 1,
 0.995 for the default): choosing the first of several that passes on the same held-back samples

@@ -1006,9 +1006,9 @@ def test_the_gate_finding_does_not_ask_for_the_search_that_ran():
 
 
 def test_the_float_and_the_quantized_model_are_timed_in_turns(tmp_path, monkeypatch):
-    """paired_latency: LATENCY_RUNS runs of each, float then quantized, twice, medians over both
-    rounds (timed minutes apart, an FP16 probe read 0.19x and 0.41x the float model's time on the
-    same two files); None where a run fails."""
+    """paired_latency: 2 x LATENCY_RUNS runs of each, one run of each in turn in one worker
+    (TimeModels; in blocks, a level-4 file read 0.96x and 0.90x of its level-0 twin in two runs of
+    one quantize beside another job), the medians of each; None where a run fails."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -1020,10 +1020,18 @@ def test_the_float_and_the_quantized_model_are_timed_in_turns(tmp_path, monkeypa
     first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(first))
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(second))
-    order = []
-    real = ev._run_model
-    monkeypatch.setattr(ev, "_run_model", lambda model, feeds, **kw: order.append(model.name) or real(model, feeds, **kw))
+    asked = []
+    real = ev.time_isolated
+
+    def recorded(models, feed, **kw):
+        times = real(models, feed, **kw)
+        asked.append(([m.name for m in models], kw["runs"], times))
+        return times
+
+    monkeypatch.setattr(ev, "time_isolated", recorded)
     feed = {"x": np.ones((1, 64), np.float32)}
     float_ms, quant_ms = ev.paired_latency(first, second, feed)
-    assert order == ["a.onnx", "b.onnx", "a.onnx", "b.onnx"] and float_ms > 0 and quant_ms > 0
+    [(names, runs, times)] = asked
+    assert names == ["a.onnx", "b.onnx"] and runs == 2 * ev.LATENCY_RUNS and [len(t) for t in times] == [runs, runs]
+    assert float_ms == float(np.median(times[0])) and quant_ms == float(np.median(times[1])) and float_ms > 0
     assert ev.paired_latency(first, tmp_path / "missing.onnx", feed) is None

@@ -1035,3 +1035,17 @@ def test_the_float_and_the_quantized_model_are_timed_in_turns(tmp_path, monkeypa
     assert names == ["a.onnx", "b.onnx"] and runs == 2 * ev.LATENCY_RUNS and [len(t) for t in times] == [runs, runs]
     assert float_ms == float(np.median(times[0])) and quant_ms == float(np.median(times[1])) and float_ms > 0
     assert ev.paired_latency(first, tmp_path / "missing.onnx", feed) is None
+
+
+def test_int8_compute_is_kept_where_float32_compute_alone_is_slower_than_float():
+    """--accuracy-level auto keeps level 4 without judging level 0 where 4 runs clearly faster than
+    0, or where 0 runs slower than the float model and 4 does not (gpt2_medium_slice's int4: 4 at
+    0.86x float's time, 0 at 1.2x, 4 at 0.898x of 0: the 10% rule alone kept 0); elsewhere 0, the
+    more precise, is judged."""
+    from ortprep.steps.quantize.search import _int8_compute_pays
+
+    assert _int8_compute_pays({"float": 10.0, "4": 8.0, "0": 10.0}).startswith("int8 compute runs clearly faster")
+    assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 10.2}).startswith("float32 compute runs slower than the float")
+    assert _int8_compute_pays({"float": 10.0, "4": 11.0, "0": 11.5}) is None  # both slower than float
+    assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 9.8}) is None  # both faster: precision first
+    assert _int8_compute_pays({"float": 1.0, "4": 0.95, "0": 1.04}).startswith("float32")  # sub-ms: still the float line

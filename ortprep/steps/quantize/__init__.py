@@ -232,8 +232,8 @@ def weight_only_trials(trials: Trials, source: Path, best: Trial, options: Quant
         compute = compute or None
         if compute is not None and compute["kept"]:
             if before.passed:
-                timed = (f" ({compute['ms']['4']:.3f} ms against {compute['ms']['0']:.3f} ms)"
-                         if compute.get("ms") and compute["ms"]["4"] is not None else "")
+                timed = (f" ({compute['ms']['4']:.3f} ms against {compute['ms']['0']:.3f} ms; the float model "
+                         f"{compute['ms']['float']:.3f} ms)" if compute.get("ms") else "")
                 why = (f"the CPU EP's int8 compute (accuracy_level 4) is not clearly faster on the samples' "
                        f"shapes{timed}, and float32 is the more precise; it passes the gate too (lowest cosine "
                        f"{fmt_cosine(best.cosine)})")

@@ -437,10 +437,15 @@ def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndar
     and 0.11x for PP-OCR's direction classifier: the float model was timed in the session that had
     exposed its every intermediate for FP16's scan (2-9x slower); measured directly, about 1.0x.
     None where a run fails."""
-    times = time_isolated([float_model, quant_model], feed, runs=2 * LATENCY_RUNS)
-    if times is None:
-        return None
-    return statistics.median(times[0]), statistics.median(times[1])
+    medians = timed_medians([float_model, quant_model], feed)
+    return None if medians is None else (medians[0], medians[1])
+
+
+def timed_medians(models: list[Path], feed: dict[str, np.ndarray]) -> list[float] | None:
+    """Each model's median time (ms) over 2 x LATENCY_RUNS runs, one run of each in turn in one
+    worker (TimeModels); None where a run fails."""
+    times = time_isolated(models, feed, runs=2 * LATENCY_RUNS)
+    return None if times is None else [statistics.median(t) for t in times]
 
 
 def measure_latency(evaluation: Evaluation, float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]]) -> None:

@@ -10,8 +10,9 @@ Per model and bit width, in one run:
 - ortprep: `quantize MODEL --weight-only BITS --calib DIR` in a child (wall time, peak RSS, exit,
   the gate's verdict), twice: `--rounding nearest` (ORT's levels; the gate alone) and the default
   `--rounding auto` (nearest, then levels chosen for each MatMul's output on the calibration
-  samples where nearest fails the gate). DIR holds 32 realistic samples (seed 7001); ortprep holds
-  a fifth of them back for its gate, as static calibration does;
+  samples where nearest fails the gate). DIR holds 32 realistic samples (seed 7001); with `auto`
+  ortprep holds every second one back for its gate (the rounding reads the others), with `nearest`
+  all 32 judge;
 - every file held to the float model on 50 other realistic samples that no command saw (seed
   7000: cosine, norm ratio, the decision the journey reads from the output where it has one), and
   its CPU latency against float's, one thread: 21 rounds of 5 to 40 runs of each in turns, the median

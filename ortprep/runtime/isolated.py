@@ -26,7 +26,6 @@ class RunOutcome:
     stage: str | None = None  # where it stopped: import, session, run
     providers: list[str] = field(default_factory=list)
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)  # outputs per sample
-    latency_ms: list[float] = field(default_factory=list)
     # output name -> (low, high) where the graph bounds it (a Sigmoid, Softmax or Tanh makes it)
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     # output name -> the decision an application reads from it (runtime/decisions.py), set on a
@@ -48,7 +47,6 @@ def run_isolated(
     optimization: str = "default",
     optimized_model: Path | None = None,
     optimized_data: str | None = None,
-    latency_runs: int = 0,
     extra_outputs: list[str] | None = None,
     model_bytes: bytes | None = None,
     once: bool = False,
@@ -69,7 +67,6 @@ def run_isolated(
         optimization=optimization,
         optimized_model=os.path.abspath(optimized_model) if optimized_model else None,
         optimized_data=optimized_data,
-        latency_runs=latency_runs,
         once=once,
     )
     reply = call(request, timeout=timeout)
@@ -81,7 +78,7 @@ def run_isolated(
     if optimized_model is not None:
         return RunOutcome("ok", stage="session", providers=reply.providers)
     return RunOutcome("ok", outputs=reply.samples[0] if reply.samples else {}, stage="run", providers=reply.providers,
-                      samples=reply.samples, latency_ms=reply.latency_ms)
+                      samples=reply.samples)
 
 
 def time_isolated(models: list[Path], feed: dict[str, np.ndarray], *, runs: int,

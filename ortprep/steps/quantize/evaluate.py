@@ -35,10 +35,9 @@ if TYPE_CHECKING:
 LATENCY_RUNS = 10
 
 
-def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]], *, latency_runs: int = 0
-               ) -> RunOutcome:
-    """Run ``model`` on ``feeds`` in a child process (timed ``latency_runs`` times)."""
-    return run_isolated(model, feeds, latency_runs=latency_runs)
+def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> RunOutcome:
+    """Run ``model`` on ``feeds`` in a child process (untimed: paired_latency times)."""
+    return run_isolated(model, feeds)
 
 
 def _exposed_run(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> RunOutcome:

@@ -50,6 +50,10 @@ WHEELS = {
     "rapidocr==3.10.0": {"rapidocr/models/PP-OCRv6_det_small.onnx": "ocr_det.onnx",
                          "rapidocr/models/PP-OCRv6_rec_small.onnx": "ocr_rec.onnx",
                          "rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx": "ocr_cls.onnx"},
+    # PP-OCRv4's detector and recogniser, the two models issue 22 reports on the QNN path; added in
+    # session 29, their halves by their names' hash as every case's
+    "rapidocr-onnxruntime==1.4.4": {"rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx": "ocr_det_v4.onnx",
+                                    "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx": "ocr_rec_v4.onnx"},
     "ddddocr==1.6.1": {"ddddocr/common.onnx": "dddd_ocr.onnx", "ddddocr/common_old.onnx": "dddd_ocr_old.onnx",
                        "ddddocr/common_det.onnx": "dddd_det.onnx"},
     "nudenet==3.4.2": {"nudenet/320n.onnx": "yolov8n_320.onnx"},
@@ -114,6 +118,11 @@ CASES = [
          "PP-OCRv6 text detector (rapidocr); document pages"),
     Case("ocr_rec", "ocr_rec.onnx", lambda rng, i: {"x": ((_gray3(realistic.text_line(rng, 48, 320)) / 255 - 0.5) / 0.5)[None]},
          "PP-OCRv6 text recogniser (rapidocr); text lines"),
+    # rapidocr-onnxruntime 1.4.4's config.yaml: the detector's mean and std are 0.5 (PP-OCRv6's in rapidocr 3.10: ImageNet's)
+    Case("ocr_det_v4", "ocr_det_v4.onnx", lambda rng, i: {"x": ((realistic.page(rng, 320, 320) / 255 - 0.5) / 0.5)[None].astype(np.float32)},
+         "PP-OCRv4 text detector (rapidocr-onnxruntime); document pages"),
+    Case("ocr_rec_v4", "ocr_rec_v4.onnx", lambda rng, i: {"x": ((_gray3(realistic.text_line(rng, 48, 320)) / 255 - 0.5) / 0.5)[None]},
+         "PP-OCRv4 text recogniser (rapidocr-onnxruntime); text lines"),
     Case("ocr_cls", "ocr_cls.onnx",
          lambda rng, i: {"x": ((_gray3(np.rot90(realistic.text_line(rng, 48, 192), 2 * (i % 2)).copy()) / 255 - 0.5) / 0.5)[None]},
          "PP-OCR direction classifier (rapidocr); text lines, half upside down"),

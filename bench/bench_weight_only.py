@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 import bench_corpus  # noqa: E402
+from common import cpu_session as session, paired_latency  # noqa: E402
 from journey_corpus import CORPUS, build  # noqa: E402
 
 SAMPLES, SEED = 50, 7000  # the fresh samples every file is judged on
@@ -74,66 +74,9 @@ def eligible(path: Path) -> bool:
     return any(n.op_type == "MatMul" and len(n.input) > 1 and weights.get(n.input[1]) == 2 for n in graph.node)
 
 
-def session(path: Path):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def outputs(path: Path, feeds: list[dict]) -> list[list[np.ndarray]]:
     s = session(path)
     return [s.run(None, feed) for feed in feeds]
-
-
-# paired timing: ROUNDS rounds of runs of each model in turns, each side of a round at least
-# ROUND_MS long (5 to 40 runs: a 0.2 ms transformer gets 40, a 50 ms recogniser 5)
-ROUNDS, ROUND_MS, MIN_RUNS, MAX_RUNS = 21, 40.0, 5, 40
-
-
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median of ``values``: the order statistics k and n-k+1
-    whose binomial(n, 1/2) coverage first reaches ``level``."""
-    from math import comb
-
-    ordered, n = sorted(values), len(values)
-    for k in range(n // 2, 0, -1):
-        # P(X_(k) <= median <= X_(n-k+1)) = 1 - 2 P(Binomial(n, 1/2) <= k - 1)
-        if 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n >= level:
-            return ordered[k - 1], ordered[n - k]
-    return ordered[0], ordered[-1]
-
-
-def paired_latency(float_path: Path, path: Path, feed: dict) -> dict:
-    """The candidate's time over the float model's on one feed, one thread: ROUNDS rounds, each
-    a few runs of both models in turns (which goes first alternates), the ratio of the two medians
-    per round; the median of those ratios with its 95% interval. Timed one after the other
-    (session 26 and 27's medians of 20 runs), the same ORT int8 file read 2.70x and 1.17x float."""
-    sessions = {"float": session(float_path), "candidate": session(path)}
-    for s in sessions.values():
-        for _ in range(3):
-            s.run(None, feed)
-    start = time.perf_counter()
-    sessions["float"].run(None, feed)
-    once = (time.perf_counter() - start) * 1000
-    runs = int(min(MAX_RUNS, max(MIN_RUNS, np.ceil(ROUND_MS / max(once, 1e-3)))))
-    ratios, float_times = [], []
-    for number in range(ROUNDS):
-        order = ("float", "candidate") if number % 2 == 0 else ("candidate", "float")
-        medians = {}
-        for name in order:
-            times = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                sessions[name].run(None, feed)
-                times.append((time.perf_counter() - start) * 1000)
-            medians[name] = statistics.median(times)
-        ratios.append(medians["candidate"] / medians["float"])
-        float_times.append(medians["float"])
-    low, high = median_interval(ratios)
-    return {"latency_ratio": statistics.median(ratios), "latency_interval": [low, high],
-            "float_ms": statistics.median(float_times)}
 
 
 def compare(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]], decision: str | None) -> dict:

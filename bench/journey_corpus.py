@@ -633,6 +633,14 @@ CORPUS: list[JourneyCase] = [
                 "PP-OCRv6 text recogniser (rapidocr 3.10.0), 18,710 characters; text lines", decision="ctc",
                 # rapidocr decodes it greedily with the blank at 0 (its CTCLabelDecode), as a user who knows it says
                 metrics={"fetch_name_0": "ctc"}),
+    JourneyCase("ocr_det_v4", "wheel:ocr_det_v4.onnx", _from_corpus("ocr_det_v4"), {"x": (1, 3, 320, 320)}, True,
+                "PP-OCRv4 text detector (rapidocr-onnxruntime 1.4.4); document pages",
+                # its config.yaml: Det.thresh 0.3
+                metrics={"sigmoid_0.tmp_0": "map:0.3"}),
+    JourneyCase("ocr_rec_v4", "wheel:ocr_rec_v4.onnx", _from_corpus("ocr_rec_v4"), {"x": (1, 3, 48, 320)}, True,
+                "PP-OCRv4 text recogniser (rapidocr-onnxruntime 1.4.4), 6,625 classes; text lines", decision="ctc",
+                # greedy CTC decode, blank at 0 (its CTCLabelDecode)
+                metrics={"softmax_11.tmp_0": "ctc"}),
     JourneyCase("ocr_cls", "wheel:ocr_cls.onnx", _from_corpus("ocr_cls"), {"x": (1, 3, 48, 192)}, True,
                 "PP-OCR direction classifier (rapidocr 3.10.0); text lines, half upside down", decision="top1"),
     JourneyCase("dddd_ocr", "wheel:dddd_ocr.onnx", _from_corpus("dddd_ocr"), {"input1": (1, 1, 64, 256)}, True,

@@ -1,7 +1,8 @@
 """rapidocr's reading of its two PP-OCR models, float model against a deployed file: the
-application-level check for the journey's ocr_det and ocr_rec (rapidocr 3.10.0).
+application-level check for the journey's ocr_det and ocr_rec (rapidocr 3.10.0), and for
+ocr_det_v4 and ocr_rec_v4 (PP-OCRv4, rapidocr-onnxruntime 1.4.4; modes det-v4 and rec-v4).
 
-det: the text detector's probability map (fetch_name_0, 1x1x320x320) goes through rapidocr's own
+det: the text detector's probability map (its one output, 1x1x320x320) goes through rapidocr's own
 DBPostProcess class, built with its shipped config.yaml values (Det: thresh 0.3, box_thresh 0.5,
 max_candidates 1000, unclip_ratio 1.6, use_dilation true, score_mode fast). rapidocr needs cv2,
 pyclipper and shapely, which live in bench/out/apps-venv, not in .venv. So the script works in two
@@ -9,13 +10,13 @@ stages. Stage 1 (.venv) runs both models and saves the maps in a temporary .npz.
 script again, run by apps-venv's python with the hidden flag --post-det FILE. It boxes both maps
 and prints the boxes as JSON.
 
-rec: the text recogniser's probabilities (fetch_name_0, 1x40x18710) are decoded as rapidocr's
+rec: the text recogniser's probabilities (its one output, 1x40x18710; PP-OCRv4's 1x40x6625) are decoded as rapidocr's
 CTCLabelDecode does it, written here: argmax per position, repeats merged, the blank (index 0)
 dropped. The line's score is the mean of the top probability over the kept positions (each rounded
 to 5 decimals, then the mean; 0 for an empty line). rapidocr drops a line whose score is below its
 text_score, 0.5.
 
-    .venv/bin/python bench/ocr_app.py {det,rec} FLOAT.onnx DEPLOYED.onnx (SAMPLES_DIR | --fresh N)
+    .venv/bin/python bench/ocr_app.py {det,rec,det-v4,rec-v4} FLOAT.onnx DEPLOYED.onnx (SAMPLES_DIR | --fresh N)
         [--ep qnn|cpu] [--json PATH]
 
 SAMPLES_DIR holds .npz files with key x. ``--fresh N``: N fresh inputs from the journey's own
@@ -46,9 +47,11 @@ sys.path.insert(0, str(BENCH))
 
 APPS_PYTHON = BENCH / "out" / "apps-venv" / "bin" / "python"  # has rapidocr 3.10.0 and cv2
 RAPIDOCR = "3.10.0"
-OUTPUT = "fetch_name_0"
-CASES = {"det": "ocr_det", "rec": "ocr_rec"}  # journey_corpus names
-SHAPES = {"det": (1, 3, 320, 320), "rec": (1, 3, 48, 320)}  # input x, as the journey fixes it
+# journey_corpus names: PP-OCRv6 (rapidocr 3.10.0) and PP-OCRv4 (rapidocr-onnxruntime 1.4.4, whose
+# config.yaml holds the same Det post-processing values and text_score)
+CASES = {"det": "ocr_det", "rec": "ocr_rec", "det-v4": "ocr_det_v4", "rec-v4": "ocr_rec_v4"}
+SHAPES = {"det": (1, 3, 320, 320), "rec": (1, 3, 48, 320), "det-v4": (1, 3, 320, 320),
+          "rec-v4": (1, 3, 48, 320)}  # input x, as the journey fixes it
 # rapidocr 3.10.0, config.yaml, Det section
 DET_POST = {"thresh": 0.3, "box_thresh": 0.5, "max_candidates": 1000, "unclip_ratio": 1.6,
             "use_dilation": True, "score_mode": "fast"}
@@ -120,9 +123,9 @@ def run_det(samples, reference, candidate, ep: str) -> tuple[list[dict], dict, s
     float_maps, deployed_maps = [], []
     for name, feeds in samples:
         for session, maps in ((reference, float_maps), (candidate, deployed_maps)):
-            out = session.run([OUTPUT], feeds)[0]
+            out = session.run(None, feeds)[0]  # each model's only output
             if out.shape != (1, 1) + SHAPES["det"][2:]:
-                raise SystemExit(f"{name}: {OUTPUT} has shape {out.shape}, expected {(1, 1) + SHAPES['det'][2:]}")
+                raise SystemExit(f"{name}: the map has shape {out.shape}, expected {(1, 1) + SHAPES['det'][2:]}")
             maps.append(np.asarray(out, dtype=np.float32))  # cv2.mean in rapidocr takes float32, not float16
     boxed = boxes_of(float_maps, deployed_maps)
     records = []
@@ -158,9 +161,9 @@ def decode(probs: np.ndarray) -> tuple[list[int], float]:
 
 
 def rec_probs(session, name: str, feeds: dict) -> np.ndarray:
-    out = session.run([OUTPUT], feeds)[0]
+    out = session.run(None, feeds)[0]  # each model's only output
     if out.ndim != 3 or out.shape[0] != 1:
-        raise SystemExit(f"{name}: {OUTPUT} has shape {out.shape}, expected (1, positions, characters)")
+        raise SystemExit(f"{name}: the output has shape {out.shape}, expected (1, positions, characters)")
     return out
 
 
@@ -235,7 +238,7 @@ def main() -> int:
     reference = ort.InferenceSession(str(args.float_model), providers=["CPUExecutionProvider"])
     candidate = (qnn_session(args.deployed, QNN_SOC_MODEL) if args.ep == "qnn"
                  else ort.InferenceSession(str(args.deployed), providers=["CPUExecutionProvider"]))
-    run = run_det if args.mode == "det" else run_rec
+    run = run_det if args.mode.startswith("det") else run_rec
     records, summary, line = run(samples, reference, candidate, args.ep)
     print(line)
     if args.json:

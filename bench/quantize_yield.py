@@ -105,19 +105,24 @@ def float_model(case: JourneyCase, journey: Path) -> Path | None:
     """The float model the journey quantizes: fixed.onnx where it fixed the shapes, else the model
     it built in the case's folder, else the one shipped in a wheel (the journey's models/)."""
     kind, _, name = case.source.partition(":")
-    candidates = [journey / case.name / "fixed.onnx",
-                  journey / "models" / name if kind == "wheel" else journey / case.name / f"{name}.onnx"]
+    if case.static:  # the journey fixes its shapes: its fixed.onnx, made here where the journey has not run
+        candidates = [journey / case.name / "fixed.onnx"]
+    else:
+        candidates = [journey / "models" / name if kind == "wheel" else journey / case.name / f"{name}.onnx"]
     return next((path for path in candidates if path.exists()), None)
 
 
 def build_float_model(case: JourneyCase, journey: Path) -> Path | None:
-    """Where the journey has not run a built or sample case: its model built as the journey builds
-    it (journey_corpus.build), and its shapes fixed with the journey's own command (convert
-    --fix-shape) where the journey fixes them. Wheel models come from bench_corpus.fetch."""
-    kind, _, _ = case.source.partition(":")
-    if kind == "wheel":
-        return None
+    """Where the journey has not run a case: its model built as the journey builds it
+    (journey_corpus.build; a wheel's from bench_corpus.fetch, in the journey's models/), and its
+    shapes fixed with the journey's own command (convert --fix-shape) where the journey fixes them.
+    Until session 29 a wheel model whose shapes the journey fixes was quantized as shipped, with its
+    dynamic shapes, on a machine where the journey had not run: the same case was another file
+    from one machine to the next."""
+    kind, _, name = case.source.partition(":")
     folder = journey / case.name
+    if kind == "wheel" and not (journey / "models" / name).exists():
+        return None
     try:
         built = build(case, folder, journey / "models")
     except Exception as error:  # noqa: BLE001 - one case that cannot be built is skipped, not the run
@@ -131,7 +136,8 @@ def build_float_model(case: JourneyCase, journey: Path) -> Path | None:
     entry = ortprep("convert", ["convert", built, *shapes, "--inputs", sample, "-o", fixed, "--force"], folder, TIMEOUT)
     if entry["exit"] == 0 and fixed.exists():
         return fixed
-    built.unlink(missing_ok=True)  # not left for float_model to take with its dynamic shapes next time
+    if kind != "wheel":
+        built.unlink(missing_ok=True)  # not left for float_model to take with its dynamic shapes next time
     return None
 
 

@@ -41,11 +41,9 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 from common import paired_latency  # noqa: E402
 
-# (label, the yield run's command label, its file's stem) in the table's order
-FILES = [("ortprep static", "static", "static"), ("ortprep dynamic", "dynamic", "dynamic"),
-         ("ortprep static --auto", "static_auto", "static_auto"),
-         ("ortprep dynamic --auto", "dynamic_auto", "dynamic_auto"),
-         ("ORT static", "peer_static", "peer_static"), ("ORT dynamic", "peer_dynamic", "peer_dynamic")]
+# (label, the yield run's command label: also its file's stem) in the table's order
+FILES = [("ortprep static", "static"), ("ortprep dynamic", "dynamic"), ("ortprep static --auto", "static_auto"),
+         ("ortprep dynamic --auto", "dynamic_auto"), ("ORT static", "peer_static"), ("ORT dynamic", "peer_dynamic")]
 
 
 def first_sample(folder: Path) -> dict[str, np.ndarray] | None:
@@ -56,24 +54,21 @@ def first_sample(folder: Path) -> dict[str, np.ndarray] | None:
         return {name: np.ascontiguousarray(data[name]) for name in data.files}
 
 
-def candidates(row: dict, folder: Path) -> list[tuple[str, Path, str]]:
-    """(label, file, state) for each int8 file the yield run left for ``row``'s model; state:
-    "written", or "refused" for the file the gate turned away (--keep-failed)."""
+def candidates(row: dict, folder: Path) -> list[tuple[str, dict, Path, str]]:
+    """(label, the yield run's command record, file, state) for each int8 file that run left for
+    ``row``'s model; state: "written" (with what --auto chose), or "refused" for the file the gate
+    turned away (--keep-failed)."""
     found = []
-    commands = row.get("commands") or {}
-    for label, command, stem in FILES:
-        record = commands.get(command)
+    for label, command in FILES:
+        record = (row.get("commands") or {}).get(command)
         if record is None:
             continue
-        written = folder / f"{stem}.onnx"
-        refused = folder / f"{stem}.failed.onnx"
+        written, refused = folder / f"{command}.onnx", folder / f"{command}.failed.onnx"
         if record.get("written") and written.exists():
-            mode = record.get("mode") or ""
-            if command.endswith("_auto") and (record.get("auto") or {}).get("chosen"):
-                mode = record["auto"]["chosen"]
-            found.append((label, written, "written" + (f" ({mode})" if command.endswith("_auto") and mode else "")))
+            chosen = (record.get("auto") or {}).get("chosen")
+            found.append((label, record, written, f"written ({chosen})" if chosen else "written"))
         elif record.get("kept_failed") and refused.exists():
-            found.append((label, refused, "refused"))
+            found.append((label, record, refused, "refused"))
     return found
 
 
@@ -92,16 +87,15 @@ def run(args: argparse.Namespace) -> dict:
             entry["skipped"] = "no calibration sample or float model left by the yield run"
             results.append(entry)
             continue
-        for label, path, state in candidates(row, folder):
+        for label, command, path, state in candidates(row, folder):
             started = time.perf_counter()
             try:
                 timed = paired_latency(float_model, path, feed, threads=args.threads)
             except (RuntimeError, OSError, ValueError) as error:  # ORT's errors: the file does not load or run
                 timed = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-            command = next(c for lab, c, _ in FILES if lab == label)
             record = {"label": label, "file": str(path.relative_to(ROOT)), "state": state, **timed,
                       # the ratio the quantize command measured for itself (QNT004's), for comparison
-                      "quantize_reported": (row["commands"].get(command) or {}).get("latency_ratio"),
+                      "quantize_reported": command.get("latency_ratio"),
                       "seconds": round(time.perf_counter() - started, 1)}
             entry["files"].append(record)
             shown = (f"{timed['latency_ratio']:.2f}x ({timed['latency_interval'][0]:.2f}-{timed['latency_interval'][1]:.2f})"
@@ -141,7 +135,7 @@ def report(result: dict) -> str:
              f"files from the yield run at {(meta['yield_run'] or {}).get('head')}.", "",
              "Each cell: the file's time over the float model's, median of 21 paired rounds (95% interval); "
              "below 1 is faster. (refused): the file the gate turned away (--keep-failed).", ""]
-    columns = [label for label, _, _ in FILES]
+    columns = [label for label, _ in FILES]
     for half in ("eval", "dev"):
         rows = [r for r in result["rows"] if r.get("half") == half]
         if not rows:
@@ -168,7 +162,7 @@ def report(result: dict) -> str:
 def summary(rows: list[dict]) -> list[str]:
     """Counts per file kind: faster (the whole interval below 1), slower (above 1), not told apart."""
     out = []
-    for label, _, _ in FILES:
+    for label, _ in FILES:
         faster = slower = even = 0
         for row in rows:
             record = next((f for f in row.get("files", []) if f["label"] == label and "latency_interval" in f), None)

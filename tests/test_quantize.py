@@ -50,6 +50,7 @@ def test_static_cnn(tmp_path):
     assert spread["samples"] == 5 and spread["min"] <= spread["median"] <= spread["max"]
     assert spread["min"] == record["verify"]["cosine"]
     assert record["verify"]["passed"] is True and record["verify"]["cosine"] >= 0.99
+    assert record["verify"]["gate"]["selection"] is None  # its baseline passed: nothing was chosen, no margin asked
     assert record["verify"]["top1_agreement"] is not None and record["verify"]["latency_ratio"] > 0
     assert record["quantized_ops"] >= 3 and record["quantized_weights"] >= 3
     assert "QuantizeLinear" in op_types(record["output"])
@@ -319,6 +320,13 @@ def test_ranked_search_reaches_the_gate_on_a_vit(tmp_path):
     assert record["verify"]["spread"]["samples"] == 8
     search = record["search"]
     assert search["stopped"] == "the gate passed with the margin" and search["aim"] == pytest.approx(0.995)
+    # chosen among the trials on the 8 held-back samples: its top-1 decision holds the margin (99.5%)
+    selection = record["verify"]["gate"]["selection"]
+    assert selection == search["selection"] and selection["passed"] is True and selection["gap"] == 0.0
+    assert selection["output"] == "logits" and selection["kind"] == "top1" and selection["asked"] == pytest.approx(0.995)
+    # every trial judged on those samples: the search's, and the baseline of the model as given (the
+    # pre-processed one was chosen over it)
+    assert selection["trials"] == len(search["trials"]) + 1 and selection["samples"] == 8
     assert any(t["label"].startswith("ranked") and t["passed"] for t in search["trials"])
     assert len(record["excluded_nodes"]) > 8  # more than the old rounds could ever keep
     assert record["size_ratio"] < 0.5  # most weights still int8

@@ -814,6 +814,109 @@ def test_decision_shortfall_is_the_largest_gap_to_the_gate():
     assert decision_shortfall(mask) == pytest.approx(0.45)
 
 
+def test_margin_shortfall_asks_every_share_half_way_to_one():
+    from ortprep.runtime.decisions import margin_shortfall, with_margin
+
+    assert with_margin(0.95) == pytest.approx(0.975) and with_margin(0.99) == pytest.approx(0.995)
+    assert margin_shortfall(None) == 0.0
+    assert margin_shortfall({"passed": None, "required": None, "agreement": 0.5}) == 0.0  # not gated
+    # ddddocr's dynamic int8 of session 29: 23 of 24 strings pass the gate's 95%, not its margin
+    ctc = {"passed": True, "required": 0.95, "agreement": 23 / 24, "expected_agreement": 0.968,
+           "confidence": {"required": 0.95, "agreement": 1.0, "expected_agreement": 0.99}}
+    assert margin_shortfall(ctc) == pytest.approx(0.975 - 23 / 24)
+    # every share at the margin or above: nothing short
+    assert margin_shortfall({**ctc, "agreement": 1.0, "expected_agreement": 0.975}) == 0.0
+    # the nested and the region shares count too: a map whose regions hold 96% (the gate asks 95%)
+    mask = {"passed": True, "required": 0.98, "agreement": 1.0, "required_regions": 0.95, "region_agreement": 0.96}
+    assert margin_shortfall(mask) == pytest.approx(0.015)
+
+
+def test_search_goes_on_past_a_pass_short_of_the_decision_margin():
+    """A trial that passes the gate with its decisions short of the margin is not where the search
+    stops: it keeps it (it improved) and ranks again, until a trial holds the margin too."""
+    gaps = {"m2": 0.02, "m1": 0.01}  # what each node still quantized costs the decisions, in share points
+    attempted: list[list[str]] = []
+
+    def attempt(kept: list[str], label: str) -> Trial:
+        attempted.append(list(kept))
+        gap = round(sum(cost for node, cost in gaps.items() if node not in kept), 6)
+        # the gate (95%) passes once m2 is float; the margin (97.5%) once m1 is too
+        return Trial(label, list(kept), 0.9999, gap <= 0.02, 100, shortfall=max(0.0, gap - 0.02),
+                     margin_gap=max(0.0, gap - 0.005))
+
+    ranks = iter([[("a2", ["m2"], 0.05)], [("a1", ["m1"], 0.03)]])
+    proto = _chain()
+    search = Search(proto, attempt, lambda trial, kept: next(ranks, []), quantizable_nodes={n.name for n in proto.graph.node},
+                    max_float_share=1.0, max_trials=20, fixed=[], aim=0.995)
+    assert search.ok(Trial("t", [], 0.9999, True, 1, margin_gap=0.005)) is False
+    assert search.ok(Trial("t", [], 0.9999, True, 1, margin_gap=0.0)) is True
+    result = search.run(Trial("baseline", [], 0.9999, False, 100, shortfall=0.01, margin_gap=0.025))
+    assert result.stopped == "the gate passed with the margin"
+    # heads (m4, m3) change nothing; m2 passes the gate short of the margin: kept, ranked again; m1 reaches it
+    assert attempted == [["m4", "m3"], ["m2"], ["m2", "m1"]]
+    assert result.best.kept == ["m2", "m1"] and result.best.margin_gap == 0.0
+    assert result.trials[2].passed and result.trials[2].margin_gap == pytest.approx(0.005)
+
+
+def _ctc_pair(folder: Path, nudge: float) -> tuple[Path, Path, list[dict]]:
+    """A float model (x + 0 -> Softmax: [1, 12, 6] character probabilities) and a candidate that adds
+    ``nudge`` to class 2 at the first position, with 24 samples whose strings are clear except
+    sample 5's first character (class 1 at 6.0 against class 2 at 5.9): the candidate reads 23 of
+    the 24 strings as the float model does."""
+    steps, classes = 12, 6
+
+    def model(delta: np.ndarray) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("Add", ["x", "d"], ["z"], name="nudge"), helper.make_node("Softmax", ["z"], ["y"], axis=-1)],
+            "ctc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, steps, classes])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, steps, classes])], [numpy_helper.from_array(delta, "d")])
+        return models.make(graph)
+
+    zero = np.zeros((1, steps, classes), np.float32)
+    moved = zero.copy()
+    moved[0, 0, 2] = nudge
+    onnx.save(model(zero), str(folder / "float.onnx"))
+    onnx.save(model(moved), str(folder / "candidate.onnx"))
+    rng = np.random.default_rng(0)
+    feeds = []
+    for index in range(24):
+        x = np.zeros((1, steps, classes), np.float32)
+        x[0, np.arange(steps), rng.integers(1, classes, steps)] = 6.0
+        if index == 5:
+            x[0, 0, :] = 0.0
+            x[0, 0, 1], x[0, 0, 2] = 6.0, 5.9
+        feeds.append({"x": x})
+    return folder / "float.onnx", folder / "candidate.onnx", feeds
+
+
+def test_a_chosen_result_is_held_to_the_decision_margin(tmp_path):
+    """Real sessions: the candidate reads 23 of 24 strings as the float model does, 95.8% against
+    the gate's 95%: it passes the gate; chosen among trials on those samples, it must hold 97.5%,
+    and fails, with a QNT005 that says so."""
+    from ortprep.steps.quantize.evaluate import evaluate, gate_finding, hold_to_margin
+
+    float_model, candidate, feeds = _ctc_pair(tmp_path, 0.2)
+    evaluation = evaluate(float_model, candidate, feeds, 0.99, metrics={"y": "ctc"}, latency_runs=0)
+    decision = evaluation.outputs[0]["decision"]
+    assert evaluation.passed and decision["strings_changed"] == 1 and decision["agreement"] == pytest.approx(23 / 24)
+    assert evaluation.margin_gap == pytest.approx(0.975 - 23 / 24)
+    selection = hold_to_margin(evaluation, trials=5)
+    assert not evaluation.passed and evaluation.to_record()["gate"]["selection"] == selection
+    assert selection == {"trials": 5, "samples": 24, "gap": pytest.approx(0.016667), "passed": False, "side": "cpu",
+                         "output": "y", "kind": "ctc", "share": "agreement", "asked": 0.975,
+                         "measured": pytest.approx(0.958333)}
+    finding = gate_finding(evaluation, min_cosine=0.99, ep_text="cpu", stopped="", worst="none found", writers="",
+                           searched=True)
+    assert finding.code == "QNT005" and finding.message.startswith(
+        "accuracy gate failed by its margin: output 'y' (ctc): agreement 95.8% on the CPU EP's 24 held-back samples "
+        "passes the gate (95.0%) but not 97.5%, the margin asked of a result chosen among 5 trials")
+    assert "--eval" in finding.fix
+    # the same candidate with nothing changed holds the margin: the selection is recorded, it passes
+    same, _, _ = _ctc_pair(tmp_path, 0.0)
+    held = evaluate(float_model, same, feeds, 0.99, metrics={"y": "ctc"}, latency_runs=0)
+    assert hold_to_margin(held, trials=2)["passed"] is True and held.passed
+
+
 def test_not_smaller_says_which_ops_hold_the_weights_left_float():
     from ortprep.steps.quantize import not_smaller_fix
 

@@ -384,12 +384,20 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
             add_column(table, column)
         for trial in search["trials"]:
             table.add_row(escape(trial["label"]), str(trial["kept_in_float"]), _number(trial["cosine"]),
-                          _number(trial["size_ratio"], 3), "pass" if trial["passed"] else "fail")
+                          _number(trial["size_ratio"], 3), _trial_gate(trial))
         console.print(table)
     if record["excluded_nodes"]:
         names = [escape(n["name"]) for n in record["excluded_nodes"]]
         console.print(f"kept in float ({len(names)}): " + ", ".join(names[:30]) + (" ..." if len(names) > 30 else ""))
     render_causes(record["findings"], console)
+
+
+def _trial_gate(trial: dict) -> str:
+    """A search trial's verdict; a pass whose decisions fall short of the margin a chosen result
+    must hold (quantize's decision margin) says so."""
+    if not trial["passed"]:
+        return "fail"
+    return "pass, short of the margin" if (trial.get("decision_margin_gap") or 0) > 0 else "pass"
 
 
 STATUS_STYLE = {"ok": "green", "fallback": "yellow", "inputs_guessed": "yellow", "failed": "red", "crashed": "red", "timeout": "red", "unavailable": "dim"}

@@ -54,6 +54,7 @@ from ortprep.steps.quantize.evaluate import (
     confirm_on_target,
     fmt_cosine,
     gate_finding,
+    hold_to_margin,
     latency_finding,
     limited_finding,
     measure_latency,
@@ -193,6 +194,14 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             if moved is not best:
                 best, chosen = moved, trials.evaluations[moved.path]
         best = replace(best, passed=best.passed and chosen.passed)
+    if chosen is not None and best.path is not None and trials.failed and chosen.passed:
+        # kept after another trial failed on the same held-back samples: chosen by them, so held to
+        # the decision margin (evaluate.hold_to_margin)
+        selection = hold_to_margin(chosen, trials.judged)
+        if selection is not None and not selection["passed"]:
+            best = replace(best, passed=False)
+        if search_record is not None and selection is not None:
+            search_record["selection"] = selection
     if chosen is not None and best.path is not None:
         if best.path in trials.sources:  # search trials are not timed
             measure_latency(chosen, trials.sources[best.path], best.path, trials.eval_feeds)

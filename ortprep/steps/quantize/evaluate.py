@@ -22,7 +22,7 @@ from onnx import ModelProto
 from ortprep.findings import Finding
 from ortprep.runtime.compare import Degenerate, OutputDiff, compare_arrays, degenerate
 from ortprep.runtime.decisions import (REQUIRED_SEQUENCES, Decision, decision_shortfall, dfl_hint, infer_decisions,
-                                       judge_decision)
+                                       judge_decision, margin_shortfall, share_gaps, with_margin)
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import NORM_TOLERANCE
 from ortprep.steps.quantize.calibrate import exposure_chunks
@@ -70,6 +70,11 @@ def outputs_shortfall(outputs: list[dict]) -> float:
     return max([0.0, *(decision_shortfall(o.get("decision")) for o in outputs)])
 
 
+def outputs_margin_gap(outputs: list[dict]) -> float:
+    """The worst of the outputs' gaps to the decision margin (decisions.margin_shortfall); 0.0 for none."""
+    return max([0.0, *(margin_shortfall(o.get("decision")) for o in outputs)])
+
+
 @dataclass
 class Judgement:
     """One run of the quantized model (on the CPU EP, or on the target EP) against the float model
@@ -102,6 +107,11 @@ class Judgement:
     def shortfall(self) -> float:
         """How far this side's decisions fall short of the gate, the worst output's (decision_shortfall)."""
         return outputs_shortfall(self.outputs)
+
+    @property
+    def margin_gap(self) -> float:
+        """How far this side's decisions fall short of the decision margin, the worst output's."""
+        return outputs_margin_gap(self.outputs)
 
     def summary(self) -> dict:
         """What a search trial records of this side: the figures, each output's, the verdict."""
@@ -173,6 +183,9 @@ class Evaluation:
     ep_skipped: str | None = None  # why the target EP did not run, where it did not
     ep_latency: dict | None = None  # {"ep", "float_ms", "quant_ms", "ratio"}: timed on the target EP (measure_on_target)
     confirmation: Confirmation | None = None  # the same gate on the calibration samples (confirm)
+    # a result the search chose among trials on the same samples, held to the decision margin
+    # (hold_to_margin): {"trials", "samples", "gap", "output", "passed"}; None where no choice was made
+    selection: dict | None = None
 
     @property
     def judged_on(self) -> list[str]:
@@ -220,6 +233,16 @@ class Evaluation:
         return max(cpu, self.on_ep.shortfall) if self.on_ep is not None else cpu
 
     @property
+    def margin_gap(self) -> float | None:
+        """How far the decisions fall short of the decision margin on the held-back samples
+        (decisions.margin_shortfall), the worse side's; 0.0 where they hold it or none is gated;
+        None when the evaluation failed."""
+        if self.error is not None:
+            return None
+        cpu = outputs_margin_gap(self.outputs)
+        return max(cpu, self.on_ep.margin_gap) if self.on_ep is not None else cpu
+
+    @property
     def ep_only(self) -> bool:
         """The CPU EP passes and the target EP fails: the EP's own error, not quantization's."""
         return self.failed_on == [self.on_ep.ep] if self.on_ep is not None else False
@@ -253,7 +276,7 @@ class Evaluation:
             "norm_ratio": self.norm_ratio,
             "judged_on": self.judged_on,
             "gate": {"min_cosine": self.min_cosine, "norm_tolerance": NORM_TOLERANCE, "cosine": self.gate_cosine,
-                     "norm_ratio": self.gate_norm_ratio, "failed_on": self.failed_on},
+                     "norm_ratio": self.gate_norm_ratio, "failed_on": self.failed_on, "selection": self.selection},
             "ep": ep,
             "ep_skipped": self.ep_skipped,
             "confirmation": self.confirmation.to_record() if self.confirmation is not None else None,
@@ -551,6 +574,48 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         ep_skipped=ep_skipped,
         confirmation=confirmation,
     )
+
+
+def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
+    """A result kept after another trial failed the gate on the same held-back samples was chosen
+    by them: among several, the one they favour (the winner's curse), and its figures flatter it.
+    Such a result holds each decision's shares half-way from the gate to 1 (decisions.with_margin),
+    as the search's cosine aims half-way (search.margin_aim); short of that it fails, and
+    ``evaluation.selection`` says by what. ``trials``: how many were judged on those samples.
+    Returns the selection record (None: nothing gated, or the evaluation failed already)."""
+    gap = evaluation.margin_gap
+    if gap is None or not evaluation.passed:
+        return None
+    sides = [("cpu", evaluation.outputs)] + ([(evaluation.on_ep.ep, evaluation.on_ep.outputs)]
+                                            if evaluation.on_ep is not None else [])
+    worst = None  # (gap, side, output, what, asked, measured)
+    for ep, outputs in sides:
+        for output in outputs:
+            decision = output.get("decision")
+            if not decision or decision.get("passed") is None:
+                continue
+            for what, asked, value in share_gaps(decision, with_margin):
+                if worst is None or asked - value > worst[0]:
+                    worst = (asked - value, ep, output["name"], what, asked, value, decision["kind"])
+    if worst is None:
+        return None
+    _, ep, name, what, asked, value, kind = worst
+    evaluation.selection = {"trials": trials, "samples": len(evaluation.sample_cosines), "gap": round(gap, 6),
+                            "passed": gap <= 0, "side": ep, "output": name, "kind": kind, "share": what,
+                            "asked": round(asked, 6), "measured": round(value, 6)}
+    if gap > 0:
+        evaluation.passed = False
+    return evaluation.selection
+
+
+def selection_words(selection: dict, ep_text: str) -> str:
+    """What the decision margin found short (hold_to_margin), in a few words."""
+    where = "the CPU EP" if selection["side"] == "cpu" else ep_text
+    gate = 2 * selection["asked"] - 1  # with_margin, undone
+    return (f"output '{selection['output']}' ({selection['kind']}): {selection['share']} {selection['measured']:.1%} on "
+            f"{where}'s {selection['samples']} held-back samples passes the gate ({gate:.1%}) but not "
+            f"{selection['asked']:.1%}, the margin asked of a result chosen among {selection['trials']} trials judged on "
+            "those same samples (half-way from the gate to 1: of several trials, they favour the one they chose)")
 
 
 CONFIRM_EP_SAMPLES = 24  # calibration samples the target EP runs for the confirmation, at most
@@ -1014,6 +1079,8 @@ def failing_words(evaluation: Evaluation, min_cosine: float) -> str | None:
         where = "the CPU EP" if side.ep == "cpu" else side.ep
         return (f"with the samples it was calibrated on, on {where}: "
                 f"{side.error or _shortfall(side, min_cosine)}")
+    if evaluation.selection is not None and not evaluation.selection["passed"]:
+        return selection_words(evaluation.selection, evaluation.selection["side"])
     return None
 
 
@@ -1029,6 +1096,15 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
               if searched else "--auto-exclude")
     on_ep = evaluation.on_ep
     confirmation = evaluation.confirmation
+    selection = evaluation.selection
+    if (selection is not None and not selection["passed"] and evaluation.cpu_verdict and (on_ep is None or on_ep.passed)
+            and (confirmation is None or confirmation.passed)):
+        return Finding.of(
+            "QNT005", f"accuracy gate failed by its margin: {selection_words(selection, ep_text)}{stopped}",
+            ep=selection["side"] if selection["side"] != "cpu" else None,
+            fix="more held-back samples (--eval DATA with more inputs, --samples N) judge a choice more surely; "
+                f"ortprep quantize ... --auto (a wider precision) or {search}; verify.gate.selection in the JSON gives "
+                "the figures")
     if (evaluation.error is None and confirmation is not None and confirmation.failing is not None
             and evaluation.cpu_verdict and (on_ep is None or on_ep.passed)):
         side = confirmation.failing

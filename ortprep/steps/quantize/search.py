@@ -62,7 +62,7 @@ from ortprep.steps.quantize.edits import (
 )
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, Judgement, confirm_on_target, evaluate, fmt_cosine,
-                                             tensor_noise, timed_medians,
+                                             outputs_margin_gap, tensor_noise, timed_medians,
                                              worst_nodes)
 from ortprep.steps.quantize.off_target import candidate_sets, move_off_ep, movable
 from ortprep.steps.quantize.presets import quantizer_op_types
@@ -102,6 +102,8 @@ class Trial:
     shortfall: float | None = None  # how far its held-back decisions fall short of the gate (Evaluation.shortfall); 0: none does
     off: list[str] = field(default_factory=list)  # nodes kept off the target EP (off_ep.keep_off_ep): the CPU EP runs them
     wide: list[str] = field(default_factory=list)  # activations given 16 bits (the search's 16-bit rung; weights as asked)
+    # how far its decisions fall short of the decision margin (Evaluation.margin_gap); 0: they hold it
+    margin_gap: float | None = None
 
     def to_record(self, size_before: int) -> dict:
         sides = self.sides or {}
@@ -110,8 +112,17 @@ class Trial:
                 "cosine": self.cosine, "passed": self.passed,
                 "size_ratio": round(self.size / size_before, 4) if size_before and self.size else None,
                 "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None if self.shortfall is None else round(self.shortfall, 6),
+                "decision_margin_gap": None if self.margin_gap is None else round(self.margin_gap, 6),
                 "judged_on": sides.get("judged_on"),
                 "cpu": sides.get("cpu"), "ep": sides.get("ep")}
+
+
+def reaches_margin(trial: Trial, aim: float | None) -> bool:
+    """Whether ``trial`` passes the gate with the margin a chosen result must have: its lowest
+    cosine at ``aim`` (margin_aim; None: no cosine aim) and its decisions' shares half-way from the
+    gate to 1 (decisions.with_margin; evaluate.hold_to_margin refuses a chosen result short of it)."""
+    return (trial.passed and (aim is None or trial.cosine is None or trial.cosine >= aim)
+            and not (trial.margin_gap or 0.0) > 0.0)
 
 
 def ep_only(trial: Trial) -> bool:
@@ -129,7 +140,7 @@ def cpu_side(trial: Trial) -> Trial:
     """``trial`` as the CPU EP alone judged it (its cosine and norm ratio on that side)."""
     cpu = (trial.sides or {}).get("cpu") or {}
     return Trial(trial.label, trial.kept, cpu.get("cosine"), trial.passed, trial.size, trial.path, trial.error,
-                 norm_ratio=cpu.get("norm_ratio"), sides=trial.sides, off=trial.off)
+                 norm_ratio=cpu.get("norm_ratio"), sides=trial.sides, off=trial.off, margin_gap=cpu.get("margin_gap"))
 
 
 def improved(new: Trial, old: Trial) -> bool:
@@ -161,6 +172,10 @@ def improved(new: Trial, old: Trial) -> bool:
     if new.cosine < old.cosine - IMPROVES:
         return False
     decided = shortfalls and new.shortfall < old.shortfall - DECISION_IMPROVES
+    if shortfalls and not decided and new.shortfall == old.shortfall == 0.0 and new.margin_gap is not None \
+            and old.margin_gap is not None:
+        # both pass the gate: the decisions' progress is toward the margin (reaches_margin)
+        decided = new.margin_gap < old.margin_gap - DECISION_IMPROVES
     return decided or norm_error(new) < norm_error(old) - NORM_IMPROVES
 
 
@@ -638,9 +653,10 @@ class Search:
         return high, best
 
     def ok(self, trial: Trial) -> bool:
-        """A trial the search accepts: it passes the gate, and its lowest cosine reaches ``aim``
-        (above the gate: the held-back samples are few, and the result must hold on others)."""
-        return trial.passed and (self.aim is None or trial.cosine is None or trial.cosine >= self.aim)
+        """A trial the search accepts: it passes the gate, and its lowest cosine reaches ``aim`` and
+        its decisions the decision margin (above the gate: the held-back samples are few, and the
+        result must hold on others; reaches_margin)."""
+        return reaches_margin(trial, self.aim)
 
     # The error-start phase keeps this many of the blamed nodes float first, doubling while a trial
     # does not improve, up to the float budget.
@@ -779,6 +795,9 @@ class Trials:
         self.target = target  # where the gate is judged besides the CPU EP
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
         self.count = 0
+        # trials judged on the held-back samples, and of those the ones that failed the gate: a result
+        # kept after one failed was chosen by those samples (evaluate.hold_to_margin)
+        self.judged = self.failed = 0
         self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
         self.off: list[str] = []  # kept off the target EP in every trial (keep_off_ep_move)
         self.evaluations: dict[Path, Evaluation] = {}
@@ -876,6 +895,8 @@ class Trials:
                                   latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0,
                                   confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
+            self.judged += 1
+            self.failed += 0 if evaluation.passed else 1
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation
@@ -885,11 +906,13 @@ class Trials:
         on_ep = evaluation.on_ep
         error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
         cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
+               "margin_gap": None if evaluation.error is not None else outputs_margin_gap(evaluation.outputs),
                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
                            for o in evaluation.outputs[:16]], "error": evaluation.error}
         sides = {"judged_on": evaluation.judged_on, "cpu": cpu, "ep": on_ep.summary() if on_ep is not None else None}
         return Trial(label, list(kept), evaluation.gate_cosine, evaluation.passed, model_bytes(output), output, error,
-                     norm_ratio=evaluation.gate_norm_ratio, sides=sides, shortfall=evaluation.shortfall, off=off)
+                     norm_ratio=evaluation.gate_norm_ratio, sides=sides, shortfall=evaluation.shortfall, off=off,
+                     margin_gap=evaluation.margin_gap)
 
 
 def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: float) -> tuple[Trial, list[dict], list[Trial]]:
@@ -911,7 +934,7 @@ def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: floa
         if helped:
             best = outcome
             settings = trials.settings
-        if best.passed and best.cosine is not None and best.cosine >= aim:
+        if reaches_margin(best, aim) and best.cosine is not None:
             break
     trials.settings = settings
     return best, records, tried
@@ -1067,7 +1090,7 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
     taken: list[tuple[str, list[str]]] = []  # the sets kept, in order
 
     def done() -> bool:
-        return best is not baseline and (accept is not None or (best.passed and (best.cosine is None or best.cosine >= aim)))
+        return best is not baseline and (accept is not None or reaches_margin(best, aim))
 
     usable = [entry for entry in parted if entry["node"] and not entry["node"].startswith(OFF_EP_PREFIX)]
     for first in usable[:starts]:
@@ -1123,7 +1146,7 @@ def _without_needless(trials: Trials, source: Path, baseline: Trial, best: Trial
             continue
         off = [name for name in best.off if name not in dropped]
         outcome = trials.attempt(source, list(baseline.kept), f"off {trials.target.ep}: without {label}", off=off)
-        fine = (outcome.passed and (outcome.cosine is None or outcome.cosine >= aim)
+        fine = (reaches_margin(outcome, aim)
                 and not placement_lost(trials, baseline, outcome, len(off) - len(baseline.off)))
         records.append({"label": f"without {label}", "nodes": -len(dropped), "cosine_before": best.cosine,
                         "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error, "kept": fine})

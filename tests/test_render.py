@@ -78,6 +78,21 @@ def test_tables_at_80_columns_keep_every_header_word_whole(report):
     assert [" ".join(words) for words in header_cells] == headers
 
 
+def test_a_trial_past_the_gate_short_of_the_decision_margin_says_so():
+    """The search table's gate column: a pass whose decisions fall short of the margin a chosen
+    result must hold is not shown as a plain pass (quantize's decision margin)."""
+    record = _quantize_record()
+    record["search"]["trials"] = [
+        {**record["search"]["trials"][0], "label": "short", "passed": True, "decision_margin_gap": 0.0167},
+        {**record["search"]["trials"][0], "label": "held", "passed": True, "decision_margin_gap": 0.0},
+        {**record["search"]["trials"][0], "label": "failed", "passed": False, "decision_margin_gap": 0.2}]
+    out = io.StringIO()
+    render_quantize(record, Console(file=out, width=200, color_system=None, legacy_windows=False))
+    rows = {line.split("│")[1].strip(): line.split("│")[5].strip() for line in out.getvalue().splitlines()
+            if line.startswith("│")}
+    assert rows == {"short": "pass, short of the margin", "held": "pass", "failed": "fail"}
+
+
 def test_the_answer_and_the_row_are_the_real_sessions_where_proven():
     """proven_placement() and answer() read the proof where check --prove built the session: its nodes on
     the EP, partitions and CPU nodes; copies only where partitions and verdict agree with check's.

@@ -566,6 +566,9 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     assert len(tried) == 2 or (tried[1]["latency_ratio"] > 1.0 and [t["passed"] for t in tried] == [False, True, False])
     assert record["auto"]["chosen"] == "static uint16 activations, int8 weights"
     assert record["preset"]["activation_type"] == "uint16" and record["verify"]["passed"] and out.exists()
+    # judged on the held-back samples: each attempt's two baselines (pre-processed, as given), the
+    # static ones failing; A16W8 is chosen after them (y carries no decision: no decision margin)
+    assert record["verify"]["trials"] == {"judged": 4, "failed": 2} and record["verify"]["gate"]["selection"] is None
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "--activation-type uint16" in note["fix"]
 

@@ -858,6 +858,19 @@ def test_search_goes_on_past_a_pass_short_of_the_decision_margin():
     assert result.trials[2].passed and result.trials[2].margin_gap == pytest.approx(0.005)
 
 
+def test_improved_reads_the_margin_gap_only_between_passing_trials():
+    """Two trials past the gate, the same cosine: the one nearer the decision margin improves on the
+    other. A trial that fails (its cosine within IMPROVES of a passing one) never improves on it by
+    its margin gap: the search would trade a pass for a failure."""
+    from ortprep.steps.quantize.search import improved
+
+    held = Trial("held", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0)
+    short = Trial("short", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0167)
+    assert improved(held, short) is True and improved(short, held) is False
+    failing = Trial("failing", [], 0.99985, False, 1, shortfall=0.0, margin_gap=0.0)  # fails on its norm, say
+    assert improved(failing, short) is False
+
+
 def _ctc_pair(folder: Path, nudge: float) -> tuple[Path, Path, list[dict]]:
     """A float model (x + 0 -> Softmax: [1, 12, 6] character probabilities) and a candidate that adds
     ``nudge`` to class 2 at the first position, with 24 samples whose strings are clear except

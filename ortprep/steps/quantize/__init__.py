@@ -63,7 +63,8 @@ from ortprep.steps.quantize.evaluate import (
     worst_nodes,
 )
 from ortprep.steps.quantize.presets import resolve_settings
-from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, rounding_done, run_search,
+from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, reaches_margin, rounding_done,
+                                           run_search,
                                            try_calibration_methods, try_compensated_rounding, try_float_compute)
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import model_bytes, save_temp
@@ -112,21 +113,26 @@ class Outcome:
     wide: list[str] = field(default_factory=list)  # activations the search gave 16 bits (Search.widen)
     rounding: dict | None = None  # --weight-only: the compensated rounding asked for or tried (search.try_compensated_rounding)
     compute: dict | None = None  # --weight-only: float32 compute judged beside int8 compute (search.try_float_compute)
+    # trials judged on the held-back samples, and those that failed the gate there (--auto's earlier
+    # attempts' included: search.Trials)
+    judged: dict = field(default_factory=lambda: {"judged": 0, "failed": 0})
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
                         plan: DataPlan, eval_feeds: list, big: bool, bounds: dict, progress: ProgressCallback | None,
                         report: StepResult, sentinels: list[str], target: GateTarget | None = None,
-                        spare_failing_baseline: bool = False) -> Outcome:
+                        spare_failing_baseline: bool = False, earlier: tuple[int, int] = (0, 0)) -> Outcome:
     """The baseline on each source (pre-processed, as given), the better kept; then the search.
-    ``spare_failing_baseline``: see Trials."""
-    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress, target, spare_failing_baseline)
+    ``spare_failing_baseline`` and ``earlier``: see Trials."""
+    trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress, target, spare_failing_baseline,
+                    earlier)
     trials.fixed += [n for n in sentinels if n not in trials.fixed]
     baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})"))
                  for label, path in sources]
     usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
     if not usable:
-        return Outcome(None, None, [], failure=trials.failure)
+        return Outcome(None, None, [], failure=trials.failure,
+                       judged={"judged": trials.judged, "failed": trials.failed})
     chosen = usable[0]
     if len(usable) > 1:
         with_pre, without = usable[0], usable[1]
@@ -144,7 +150,12 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     reasons: dict[str, str] = {}
     calibration: list[dict] = []
     aim = margin_aim(options.min_cosine)
-    searching = not best.passed and options.auto_exclude and bool(eval_feeds)
+
+    def short(trial: Trial) -> bool:
+        """Fails the gate, or was chosen by the held-back samples and holds short of the decision margin."""
+        return not trial.passed or (trials.held_to_margin(trial) and not reaches_margin(trial, None))
+
+    searching = short(best) and options.auto_exclude and bool(eval_feeds)
     if not best.passed and options.auto_exclude and eval_feeds and options.mode == "static" and settings["method"] == "minmax":
         # the calibration method first, then the nodes
         baseline_cosine, first = best.cosine, best
@@ -158,7 +169,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     if options.mode == "weight-only":
         best, rounding, compute = weight_only_trials(trials, source, best, options, plan, eval_feeds, report)
         settings = trials.settings
-        searching = searching and not best.passed
+        searching = searching and short(best)
     graph_only = onnx.load(str(source), load_external_data=False)
     if searching:  # once the search started it aims for the margin, whatever fixed the gate
         best, search_record, reasons = run_search(trials, source, best, options, graph_only)
@@ -194,7 +205,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             if moved is not best:
                 best, chosen = moved, trials.evaluations[moved.path]
         best = replace(best, passed=best.passed and chosen.passed)
-    if chosen is not None and best.path is not None and trials.failed and chosen.passed:
+    if chosen is not None and best.path is not None and trials.held_to_margin(best) and chosen.passed:
         # kept after another trial failed on the same held-back samples: chosen by them, so held to
         # the decision margin (evaluate.hold_to_margin)
         selection = hold_to_margin(chosen, trials.judged)
@@ -207,7 +218,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             measure_latency(chosen, trials.sources[best.path], best.path, trials.eval_feeds)
     why_off = (search_record or {}).get("off_ep_reasons") or {}
     off_ep = [{"name": n, "op_type": ops.get(n, "?"), "reason": why_off.get(n, "kept off the EP")} for n in best.off]
-    return Outcome(best, chosen, excluded, search_record, source=label,
+    return Outcome(best, chosen, excluded, search_record, source=label, judged={"judged": trials.judged, "failed": trials.failed},
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
                    floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
@@ -344,9 +355,10 @@ def _base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, 
 
 def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
                    progress: ProgressCallback | None = None, clock: EpClock | None = None,
-                   spare_failing_baseline: bool = False) -> StepResult:
+                   spare_failing_baseline: bool = False, earlier: tuple[int, int] = (0, 0)) -> StepResult:
     """Quantize ``handle``'s model and write ``dest`` when the accuracy gate passes.
-    ``progress(stage, done, total)`` is called during calibration and evaluation."""
+    ``progress(stage, done, total)`` is called during calibration and evaluation. ``earlier``:
+    (failed, judged) trials of --auto's earlier attempts (search.Trials)."""
     settings = resolve_settings(options)
     report = StepResult(step="quantize", schema=SCHEMA)
     size_before = model_bytes(handle.path)
@@ -420,7 +432,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                 # checked, not trusted: both are quantized and evaluated when there is data to judge by
                 sources = [("preprocessed", preprocessed)] + (sources if eval_feeds else [])
         outcome = quantize_and_search(workdir, sources, options, settings, plan, eval_feeds, big, bounds, progress, report,
-                                      sentinels, target, spare_failing_baseline)
+                                      sentinels, target, spare_failing_baseline, earlier)
         settings = {**settings, "method": outcome.method}
         if options.mode == "weight-only":
             # gptq only where it rewrote a weight: with every MatMul kept at nearest the file is ORT's own levels
@@ -612,7 +624,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         "kept_failed": str(kept_failed) if kept_failed else None,
         "size_after": size_after,
         "size_ratio": round(size_after / size_before, 4) if size_before else None,
-        "verify": evaluation.to_record() if evaluation else report.data["verify"],
+        "verify": ({**evaluation.to_record(), "trials": outcome.judged} if evaluation else report.data["verify"]),
         "quantized_ops": stats["quantized_ops"],
         "quantized_weights": stats["quantized_weights"],
         "quantized_weight_share": stats["quantized_weight_share"],

@@ -185,6 +185,10 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     aside = dest.with_name(f".{dest.name}.auto-best")  # the written best while a later attempt runs
     started = time.monotonic()
     clock = EpClock(options.ep_total_seconds)  # the target EP's time, over every attempt (--ep-total-seconds)
+    # trials judged and failed on the held-back samples by the attempts so far: a later precision
+    # kept is chosen after them, and holds the decision margin (search.Trials.held_to_margin) as it
+    # holds the cosine's (floor, below)
+    earlier = (0, 0)
     try:
         for number, (label, changes) in enumerate(order):
             # --search-seconds bounds the whole step: a later precision's search gets what is left
@@ -206,7 +210,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                 os.replace(dest, aside)
                 try:
                     report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress,
-                                            clock=clock, spare_failing_baseline=spare)
+                                            clock=clock, spare_failing_baseline=spare, earlier=earlier)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
                     tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
                                   "latency_ratio": None, "judged_on": None, "codes": [], "error": str(error)})
@@ -214,11 +218,13 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                     continue
             else:
                 report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress, clock=clock,
-                                        spare_failing_baseline=spare)
+                                        spare_failing_baseline=spare, earlier=earlier)
             if report.data.get("kept_failed"):
                 kept, kept_label = report.data["kept_failed"], label
             verify = report.data.get("verify") or {}
             passed = not any(f.severity >= Severity.ERROR for f in report.findings) and bool(report.data.get("output"))
+            counted = verify.get("trials") or {}
+            earlier = (counted.get("failed", earlier[0]), counted.get("judged", earlier[1]))
             ratio = target_latency_ratio(verify)
             timed_here = on_cpu or bool(verify.get("ep_latency"))
             entry = {"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),

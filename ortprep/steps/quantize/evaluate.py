@@ -183,8 +183,9 @@ class Evaluation:
     ep_skipped: str | None = None  # why the target EP did not run, where it did not
     ep_latency: dict | None = None  # {"ep", "float_ms", "quant_ms", "ratio"}: timed on the target EP (measure_on_target)
     confirmation: Confirmation | None = None  # the same gate on the calibration samples (confirm)
-    # a result the search chose among trials on the same samples, held to the decision margin
-    # (hold_to_margin): {"trials", "samples", "gap", "output", "passed"}; None where no choice was made
+    # a result chosen among trials on the same samples, held to the decision margin (hold_to_margin):
+    # {"trials", "samples", "gap", "passed", "side", "output", "kind", "share", "asked", "measured"};
+    # None where no choice was made
     selection: dict | None = None
 
     @property
@@ -586,21 +587,22 @@ def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
     gap = evaluation.margin_gap
     if gap is None or not evaluation.passed:
         return None
-    sides = [("cpu", evaluation.outputs)] + ([(evaluation.on_ep.ep, evaluation.on_ep.outputs)]
-                                            if evaluation.on_ep is not None else [])
-    worst = None  # (gap, side, output, what, asked, measured)
-    for ep, outputs in sides:
+    sides = [("cpu", evaluation.outputs, len(evaluation.sample_cosines))]
+    if evaluation.on_ep is not None:  # (the EP's own count: --ep-seconds may have judged fewer there)
+        sides.append((evaluation.on_ep.ep, evaluation.on_ep.outputs, len(evaluation.on_ep.sample_cosines)))
+    worst = None  # (gap, side, output, what, asked, measured, kind, samples)
+    for ep, outputs, samples in sides:
         for output in outputs:
             decision = output.get("decision")
             if not decision or decision.get("passed") is None:
                 continue
             for what, asked, value in share_gaps(decision, with_margin):
                 if worst is None or asked - value > worst[0]:
-                    worst = (asked - value, ep, output["name"], what, asked, value, decision["kind"])
+                    worst = (asked - value, ep, output["name"], what, asked, value, decision["kind"], samples)
     if worst is None:
         return None
-    _, ep, name, what, asked, value, kind = worst
-    evaluation.selection = {"trials": trials, "samples": len(evaluation.sample_cosines), "gap": round(gap, 6),
+    _, ep, name, what, asked, value, kind, samples = worst
+    evaluation.selection = {"trials": trials, "samples": samples, "gap": round(gap, 6),
                             "passed": gap <= 0, "side": ep, "output": name, "kind": kind, "share": what,
                             "asked": round(asked, 6), "measured": round(value, 6)}
     if gap > 0:

@@ -172,7 +172,7 @@ def improved(new: Trial, old: Trial) -> bool:
     if new.cosine < old.cosine - IMPROVES:
         return False
     decided = shortfalls and new.shortfall < old.shortfall - DECISION_IMPROVES
-    if shortfalls and not decided and new.shortfall == old.shortfall == 0.0 and new.margin_gap is not None \
+    if shortfalls and not decided and new.passed and old.passed and new.margin_gap is not None \
             and old.margin_gap is not None:
         # both pass the gate: the decisions' progress is toward the margin (reaches_margin)
         decided = new.margin_gap < old.margin_gap - DECISION_IMPROVES
@@ -790,14 +790,18 @@ class Trials:
 
     def __init__(self, workdir: Path, options: QuantizeOptions, settings: dict, plan: DataPlan, eval_feeds: list,
                  big: bool, bounds: dict, progress: ProgressCallback | None, target: GateTarget | None = None,
-                 spare_failing_baseline: bool = False) -> None:
+                 spare_failing_baseline: bool = False, earlier: tuple[int, int] = (0, 0)) -> None:
+        """``earlier``: (failed, judged) trials of --auto's earlier attempts on the same held-back
+        samples (a later precision kept is chosen after them: held_to_margin)."""
         self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
         self.target = target  # where the gate is judged besides the CPU EP
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
         self.count = 0
-        # trials judged on the held-back samples, and of those the ones that failed the gate: a result
-        # kept after one failed was chosen by those samples (evaluate.hold_to_margin)
-        self.judged = self.failed = 0
+        # trials judged on the held-back samples, and of those the ones that failed the gate there (an
+        # evaluation that errored is not a verdict on them); a result kept after one failed was
+        # chosen by those samples (held_to_margin)
+        self.failed, self.judged = earlier
+        self.failed_before: dict[Path, int] = {}  # a trial's model -> the trials that failed before it was judged
         self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
         self.off: list[str] = []  # kept off the target EP in every trial (keep_off_ep_move)
         self.evaluations: dict[Path, Evaluation] = {}
@@ -822,6 +826,12 @@ class Trials:
         # 200 s a judgement) three precisions that failed on the CPU EP took the 900 s before any
         # search could use them.
         self.spare_failing_baseline = spare_failing_baseline
+
+    def held_to_margin(self, trial: Trial) -> bool:
+        """Whether ``trial``, kept, was chosen by the held-back samples: judged after another trial
+        failed there (this step's, or an earlier --auto attempt's). Such a result holds the decision
+        margin (evaluate.hold_to_margin); one whose baseline passes was not chosen, and is not."""
+        return trial.path is not None and self.failed_before.get(trial.path, 0) > 0
 
     def margin_feeds(self) -> list:
         """The calibration samples for the float model's margins (margin_samples), read once."""
@@ -895,8 +905,11 @@ class Trials:
                                   latency_runs=LATENCY_RUNS if label.startswith("baseline") else 0,
                                   confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
+            self.failed_before[output] = self.failed
             self.judged += 1
-            self.failed += 0 if evaluation.passed else 1
+            on_ep = evaluation.on_ep
+            if evaluation.error is None and (on_ep is None or on_ep.error is None) and not evaluation.passed:
+                self.failed += 1
             if self.progress is not None:
                 self.progress("evaluating", 1, 1)
             self.evaluations[output] = evaluation
@@ -1252,7 +1265,8 @@ def confirmation_move(trials: Trials, source: Path, best: Trial, options: Quanti
             judged.passed = False
             return False, (f"the EP judged {reached} of the {needed} samples that showed the error "
                            "(--ep-seconds, --ep-total-seconds)")
-        return bool(judged.passed), None
+        # (a set that passes short of the decision margin would be refused: the next set may reach it)
+        return bool(judged.passed) and reaches_margin(outcome, None), None
 
     return keep_off_ep_move(trials, source, best, parted, margin_aim(options.min_cosine), None, accept=confirmed,
                             starts=1 if parted and "where" not in parted[0] else LATE_STARTS)

@@ -1081,8 +1081,6 @@ def failing_words(evaluation: Evaluation, min_cosine: float) -> str | None:
         where = "the CPU EP" if side.ep == "cpu" else side.ep
         return (f"with the samples it was calibrated on, on {where}: "
                 f"{side.error or _shortfall(side, min_cosine)}")
-    if evaluation.selection is not None and not evaluation.selection["passed"]:
-        return selection_words(evaluation.selection, evaluation.selection["side"])
     return None
 
 

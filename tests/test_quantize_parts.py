@@ -867,6 +867,9 @@ def test_improved_reads_the_margin_gap_only_between_passing_trials():
     held = Trial("held", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0)
     short = Trial("short", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0167)
     assert improved(held, short) is True and improved(short, held) is False
+    # reaching the margin is progress however near the other came (0.18 points: below DECISION_IMPROVES)
+    near = Trial("near", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0018)
+    assert improved(held, near) is True and improved(near, held) is False
     failing = Trial("failing", [], 0.99985, False, 1, shortfall=0.0, margin_gap=0.0)  # fails on its norm, say
     assert improved(failing, short) is False
 

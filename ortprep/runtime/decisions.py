@@ -1272,7 +1272,7 @@ def margin_shortfall(record: dict[str, Any] | None) -> float:
     measured. A result chosen among trials judged on the same samples is the one those samples
     favour (the winner's curse): measured in session 29, ddddocr's dynamic int8 kept after 42
     nodes were kept float read 23 of 24 strings (95.8%, 96.8% expected, the gate asks 95%) and 94
-    of 100 fresh lines (bench/RESULTS.md, "A decision margin for the search's choice")."""
+    of 100 fresh lines (bench/RESULTS.md, "Session 30: the decision margin of a chosen result")."""
     if not record or record.get("passed") is None:  # not gated
         return 0.0
     return max([0.0, *(asked - value for _, asked, value in share_gaps(record, with_margin))])

@@ -51,6 +51,9 @@ def test_static_cnn(tmp_path):
     assert spread["min"] == record["verify"]["cosine"]
     assert record["verify"]["passed"] is True and record["verify"]["cosine"] >= 0.99
     assert record["verify"]["gate"]["selection"] is None  # its baseline passed: nothing was chosen, no margin asked
+    # (not for want of a decision: the logits' top-1 is gated; both baselines passed, none failed)
+    assert record["verify"]["outputs"][0]["decision"]["gated"] is True
+    assert record["verify"]["trials"] == {"judged": 2, "failed": 0}
     assert record["verify"]["top1_agreement"] is not None and record["verify"]["latency_ratio"] > 0
     assert record["quantized_ops"] >= 3 and record["quantized_weights"] >= 3
     assert "QuantizeLinear" in op_types(record["output"])

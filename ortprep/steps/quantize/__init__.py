@@ -131,8 +131,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                  for label, path in sources]
     usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
     if not usable:
-        return Outcome(None, None, [], failure=trials.failure,
-                       judged={"judged": trials.judged, "failed": trials.failed})
+        return Outcome(None, None, [], failure=trials.failure, judged=trials.counts())
     chosen = usable[0]
     if len(usable) > 1:
         with_pre, without = usable[0], usable[1]
@@ -218,7 +217,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             measure_latency(chosen, trials.sources[best.path], best.path, trials.eval_feeds)
     why_off = (search_record or {}).get("off_ep_reasons") or {}
     off_ep = [{"name": n, "op_type": ops.get(n, "?"), "reason": why_off.get(n, "kept off the EP")} for n in best.off]
-    return Outcome(best, chosen, excluded, search_record, source=label, judged={"judged": trials.judged, "failed": trials.failed},
+    return Outcome(best, chosen, excluded, search_record, source=label, judged=trials.counts(),
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
                    floored=trials.floored.get(best.path, []), widened_activations=trials.widened_count.get(best.path, 0),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),

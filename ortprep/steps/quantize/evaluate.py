@@ -584,8 +584,7 @@ def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
     as the search's cosine aims half-way (search.margin_aim); short of that it fails, and
     ``evaluation.selection`` says by what. ``trials``: how many were judged on those samples.
     Returns the selection record (None: nothing gated, or the evaluation failed already)."""
-    gap = evaluation.margin_gap
-    if gap is None or not evaluation.passed:
+    if evaluation.error is not None or not evaluation.passed:
         return None
     sides = [("cpu", evaluation.outputs, len(evaluation.sample_cosines))]
     if evaluation.on_ep is not None:  # (the EP's own count: --ep-seconds may have judged fewer there)
@@ -601,7 +600,8 @@ def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
                     worst = (asked - value, ep, output["name"], what, asked, value, decision["kind"], samples)
     if worst is None:
         return None
-    _, ep, name, what, asked, value, kind, samples = worst
+    gap, ep, name, what, asked, value, kind, samples = worst
+    gap = max(0.0, gap)  # the worst share is the margin gap (Evaluation.margin_gap), found here with its name
     evaluation.selection = {"trials": trials, "samples": samples, "gap": round(gap, 6),
                             "passed": gap <= 0, "side": ep, "output": name, "kind": kind, "share": what,
                             "asked": round(asked, 6), "measured": round(value, 6)}

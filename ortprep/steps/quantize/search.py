@@ -833,6 +833,10 @@ class Trials:
         # search could use them.
         self.spare_failing_baseline = spare_failing_baseline
 
+    def counts(self) -> dict:
+        """The trials judged on the held-back samples and those that failed there (verify.trials)."""
+        return {"judged": self.judged, "failed": self.failed}
+
     def held_to_margin(self, trial: Trial) -> bool:
         """Whether ``trial``, kept, was chosen by the held-back samples: judged after another trial
         failed there (this step's, or an earlier --auto attempt's). Such a result holds the decision

@@ -35,12 +35,14 @@ pooled norm ratio sqrt(sum ||q||^2) / sqrt(sum ||f||^2) of the decision output (
 without a decision, the output farthest from 1).
 
     .venv/bin/python bench/quantize_yield.py [--half eval|dev|all] [--only NAME ...] [-n 100]
-                                            [--journey bench/out/journey] [--out bench/out/quantize_yield]
+                                            [--calib-samples 24] [--journey bench/out/journey]
+                                            [--out bench/out/quantize_yield]
 
 Fixed rules, set before any run:
 
 - Samples: 24 calibration samples per model (seed 1, one .npz each: the journey's calibration
-  inputs); N fresh inputs (default 100, seed 23, which no other script uses) judge the results.
+  inputs; --calib-samples gives another count, as a probe of how much data the gate needs, and
+  the table says it); N fresh inputs (default 100, seed 23, which no other script uses) judge the results.
 - Bars: the application's, from decision_rates.BARS (top-1 99%, CTC text 95%, argmax per position
   95%, speech at 0.5 98%). A model without a decision (detectors, a map, hidden states) is held
   to a lowest cosine of 0.99 over its outputs and the N inputs; the table also gives how many
@@ -324,7 +326,7 @@ def wrong_by_interval(case: JourneyCase, judged: dict | None) -> bool:
 
 # ---------------------------------------------------------------- one model
 
-def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
+def run_case(case: JourneyCase, journey: Path, out: Path, count: int, calib_count: int = CALIB) -> dict:
     started = time.perf_counter()
     row: dict = {"model": case.name, "half": case.half, "decision": case.decision,
                  "bar": BARS[case.decision] if case.decision else COSINE_BAR,
@@ -337,7 +339,7 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int) -> dict:
     shutil.rmtree(folder, ignore_errors=True)  # this script's own folder: a stale file must not be judged
     folder.mkdir(parents=True)
     row.update(float_model=str(source.relative_to(ROOT)), **quantizable(source))
-    calib = write_samples(case, folder / "calib", CALIB, seed=CALIB_SEED)
+    calib = write_samples(case, folder / "calib", calib_count, seed=CALIB_SEED)
     rng = np.random.default_rng(FRESH_SEED)
     feeds = [{k: np.ascontiguousarray(v) for k, v in case.inputs(rng, i).items()} for i in range(count)]
     float_session = cpu_session(source)
@@ -671,7 +673,7 @@ def report(rows: list[dict], meta: dict) -> str:
     code = (f"ortprep at {next(iter(states))}" if len(states) == 1 else
             "the ortprep code changed during the run: " + "; ".join(f"{label} for {', '.join(models)}" for label, models in states.items()))
     lines = [f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}; {code}. "
-             f"{meta['fresh']} fresh inputs per model (seed {FRESH_SEED}); {CALIB} calibration samples (seed {CALIB_SEED}); "
+             f"{meta['fresh']} fresh inputs per model (seed {FRESH_SEED}); {meta.get('calib', CALIB)} calibration samples (seed {CALIB_SEED}); "
              f"timeout {TIMEOUT:.0f} s per command. Target: the CPU EP.", ""]
     lines += models_table(rows)
     for title, group in (("Evaluation half", evaluation), ("Development half", development)):
@@ -702,6 +704,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="model names (the others' records of the last run are kept)")
     parser.add_argument("--half", choices=["eval", "dev", "all"], default="all")
     parser.add_argument("-n", type=int, default=100, help="fresh inputs per model (default 100)")
+    parser.add_argument("--calib-samples", type=int, default=CALIB,
+                        help=f"calibration samples per model (default {CALIB}); static holds back every fifth, "
+                             "dynamic is judged on all")
     parser.add_argument("--report-only", action="store_true", help="write table.md from the last run's results.json")
     args = parser.parse_args()
     if args.report_only:
@@ -723,7 +728,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown model(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"versions": versions(), "tree_at_start": tree_state(), "fresh": args.n, "timeout_s": TIMEOUT}
+    meta = {"versions": versions(), "tree_at_start": tree_state(), "fresh": args.n, "calib": args.calib_samples,
+            "timeout_s": TIMEOUT}
     saved = args.out / "results.json"
     rows: dict[str, dict] = {}
     if saved.exists() and (args.only or args.half != "all"):
@@ -733,7 +739,7 @@ def main() -> int:
     started = time.perf_counter()
     for case in chosen:
         print(f"{case.name} ({case.half})", file=sys.stderr, flush=True)
-        rows[case.name] = run_case(case, args.journey, args.out, args.n)
+        rows[case.name] = run_case(case, args.journey, args.out, args.n, args.calib_samples)
         saved.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1, default=str))
     meta["seconds"] = round(time.perf_counter() - started, 1)
     meta["tree_at_end"] = tree_state()

@@ -43,6 +43,8 @@ SCRIPTS = [
     ("## Weight-only quantization (issue 22)", "bench/bench_weight_only.py"),
     # after the journey: it quantizes the float models the journey wrote
     ("## int8 on the CPU: what ortprep writes", "bench/quantize_yield.py"),
+    # after the yield run: its written files judged again on 1,000 fresh inputs
+    ("## int8 files on 1,000 fresh inputs", "bench/remeasure.py"),
     # after the yield run: it times the int8 files that run left
     ("## int8 against float, timed in pairs", "bench/int8_latency.py"),
 ]

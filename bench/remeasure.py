@@ -1,0 +1,133 @@
+"""The files a yield run wrote, judged again on many more fresh inputs than the run had.
+
+quantize_yield.py judges each written file on 100 fresh inputs: enough to see a file far below its
+bar, not to tell a file at 97.8% from one at 98% (the 95% interval of 96/100 spans 90%-98%). A
+silent failure by that point estimate may be a file at its bar, and a file that holds the bar
+there may not. This script takes every file one yield run wrote with exit 0 (ortprep's own: the
+plain command and its --auto retry; --peers adds ORT's calls, --fp16 the FP16 converts --auto
+printed) and judges it as quantize_yield does (quantize_yield.judge: the application's decision
+on the case's decision output, a 95% Wilson interval; a model without one by its lowest cosine),
+on N fresh inputs (default 1,000, seed 29, which no other script uses; --seed draws another set)
+against the float model the run quantized.
+
+    .venv/bin/python bench/remeasure.py [--yield-out bench/out/quantize_yield] [-n 1000] [--seed 29]
+                                        [--half eval|dev|all] [--only NAME ...] [--peers] [--fp16]
+
+A file is "below the bar" where its point estimate is, "wrong by the interval" where the whole
+interval is. Results: YIELD_OUT/remeasure_seedSEED.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from quantize_yield import BARS, CASES, COSINE_BAR, cpu_session, judge, run_all  # noqa: E402
+
+SEED = 29
+
+
+def written(row: dict, peers: bool, fp16: bool) -> list[str]:
+    """The labels of the commands of ``row`` that wrote a file with exit 0, in the run's order."""
+    labels = []
+    for label, record in (row.get("commands") or {}).items():
+        if not record or record.get("exit") != 0 or not record.get("written"):
+            continue
+        if label.startswith("peer") and not peers or label.endswith("_fp16") and not fp16:
+            continue
+        labels.append(label)
+    return labels
+
+
+def verdict(case, judged: dict) -> str:
+    if not judged.get("runs"):
+        return "does not run"
+    if not case.decision:
+        return "holds the bar" if (judged["lowest_cosine"] or 0.0) >= COSINE_BAR else "below the bar"
+    bar = BARS[case.decision]
+    if judged["interval"][1] < bar:
+        return "wrong by the interval"
+    return "holds the bar" if judged["agree"] / judged["samples"] >= bar else "below the bar"
+
+
+def figure(case, judged: dict | None) -> str:
+    if not judged:
+        return "-"
+    if not judged.get("runs"):
+        return judged.get("error", "does not run")
+    if not case.decision:
+        return f"lowest cosine {judged['lowest_cosine']:.4f} ({judged['samples_at_cosine_bar']}/{judged['samples']} at {COSINE_BAR})"
+    low, high = judged["interval"]
+    return f"{judged['agree']}/{judged['samples']} ({low:.1%}-{high:.1%})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--yield-out", type=Path, default=BENCH / "out" / "quantize_yield")
+    parser.add_argument("-n", type=int, default=1000, help="fresh inputs per model (default 1,000)")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"the fresh inputs' seed (default {SEED})")
+    parser.add_argument("--half", choices=["eval", "dev", "all"], default="all")
+    parser.add_argument("--only", nargs="*", help="model names")
+    parser.add_argument("--peers", action="store_true", help="ORT's own files too")
+    parser.add_argument("--fp16", action="store_true", help="the FP16 converts --auto printed too")
+    args = parser.parse_args()
+    saved = json.loads((args.yield_out / "results.json").read_text())
+    root = args.yield_out.resolve().parents[2]  # the files are named from the tree the run ran in
+    started = time.perf_counter()
+    records = []
+    for row in saved["rows"]:
+        case = CASES.get(row["model"])
+        labels = written(row, args.peers, args.fp16)
+        if case is None or not labels or args.half not in ("all", row["half"]) or args.only and row["model"] not in args.only:
+            continue
+        source = root / row["float_model"] if (root / row["float_model"]).exists() else ROOT / row["float_model"]
+        rng = np.random.default_rng(args.seed)
+        feeds = [{k: np.ascontiguousarray(v) for k, v in case.inputs(rng, i).items()} for i in range(args.n)]
+        reference = run_all(cpu_session(source), feeds)
+        for label in labels:
+            path = args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name
+            judged = judge(case, path, reference, feeds)
+            before = row["commands"][label].get("judged")
+            record = {"model": row["model"], "half": row["half"], "command": label, "file": str(path),
+                      "bar": BARS[case.decision] if case.decision else COSINE_BAR, "before": before, "now": judged,
+                      "verdict_before": verdict(case, before) if before else None, "verdict_now": verdict(case, judged)}
+            records.append(record)
+            print(f"  {row['model']} {label}: {figure(case, before)} -> {figure(case, judged)}, {record['verdict_now']}",
+                  file=sys.stderr, flush=True)
+        del reference
+    seconds = round(time.perf_counter() - started, 1)
+    meta = {"fresh": args.n, "seed": args.seed, "seconds": seconds, "yield_meta": saved.get("meta")}
+    (args.yield_out / f"remeasure_seed{args.seed}.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    lines = [f"{args.n} fresh inputs per model (seed {args.seed}), {seconds:.0f} s; the yield run's own figure is on "
+             f"{(saved.get('meta') or {}).get('fresh', 100)} (seed 23).", "",
+             "| model | half | command | bar | the yield run's figure | verdict then | on the new inputs | verdict now |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        case = CASES[r["model"]]
+        bar = f"{r['bar']:.0%}" if case.decision else f"cosine {r['bar']}"
+        lines.append(f"| {r['model']} | {r['half']} | {r['command']} | {bar} | {figure(case, r['before'])} | "
+                     f"{r['verdict_before'] or '-'} | {figure(case, r['now'])} | {r['verdict_now']} |")
+    for half in ("eval", "dev"):
+        group = [r for r in records if r["half"] == half and not r["command"].startswith("peer")]
+        if group:
+            below = [f"{r['model']} {r['command']}" for r in group if r["verdict_now"] != "holds the bar"]
+            wrong = [f"{r['model']} {r['command']}" for r in group if r["verdict_now"] in ("wrong by the interval", "does not run")]
+            lines += ["", f"- {half}: {len(group)} ortprep files; below the bar now: {len(below)}"
+                      + (f" ({', '.join(below)})" if below else "") + f"; wrong by the interval: {len(wrong)}"
+                      + (f" ({', '.join(wrong)})" if wrong else "")]
+    text = "\n".join(lines) + "\n"
+    (args.yield_out / f"remeasure_seed{args.seed}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1168,3 +1168,59 @@ def test_int8_compute_is_kept_where_float32_compute_alone_is_slower_than_float()
     assert _int8_compute_pays({"float": 10.0, "4": 11.0, "0": 11.5}) is None  # both slower than float
     assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 9.8}) is None  # both faster: precision first
     assert _int8_compute_pays({"float": 1.0, "4": 0.95, "0": 1.04}).startswith("float32")  # sub-ms: still the float line
+
+
+def _relu_sigmoid_qdq(folder: Path) -> Path:
+    """x -> Relu -> Q/DQ -> Sigmoid -> Q/DQ -> y: one exposed activation (the Relu's, as 'r_dq')."""
+    scale = numpy_helper.from_array(np.float32(0.02), "scale")
+    zero = numpy_helper.from_array(np.uint8(0), "zero")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("QuantizeLinear", ["r", "scale", "zero"], ["r_q"], name="r_q"),
+             helper.make_node("DequantizeLinear", ["r_q", "scale", "zero"], ["r_dq"], name="r_dq"),
+             helper.make_node("Sigmoid", ["r_dq"], ["s"], name="sigmoid"),
+             helper.make_node("QuantizeLinear", ["s", "scale", "zero"], ["s_q"], name="s_q"),
+             helper.make_node("DequantizeLinear", ["s_q", "scale", "zero"], ["y"], name="s_dq")]
+    graph = helper.make_graph(nodes, "relu_sigmoid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [scale, zero])
+    path = folder / "qdq.onnx"
+    onnx.save(models.make(graph), path)
+    return path
+
+
+def test_a_simulated_ep_whose_first_pass_agrees_everywhere_is_passed_over_again(tmp_path):
+    """The HTP simulator does not compute a model alike each time (measured: 2 of 80 exposure passes
+    over a Conv+SiLU pair agreed with the CPU EP everywhere, where the rest parted at the first
+    Sigmoid). On a simulated EP a pass that finds nothing parting is made once more, and the
+    second pass's parting is what first_divergence answers; on an EP that is not simulated one
+    pass is made, and nothing parts. The EP's runs here are the CPU EP's, the second one's Relu
+    tensor turned over (cosine -1), so the test says which pass was made, not what an EP computes."""
+    from dataclasses import dataclass
+
+    from ortprep.runtime.isolated import run_isolated
+    from ortprep.runtime.targets import simulated
+    from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
+
+    @dataclass
+    class PartsOnItsSecondRun(GateTarget):
+        runs: int = 0
+
+        def run(self, model, feeds):
+            self.runs += 1
+            result = run_isolated(model, feeds, optimization="disable")
+            if self.runs >= 2:
+                for sample in result.samples:
+                    if "r_dq" in sample:
+                        sample["r_dq"] = -sample["r_dq"]
+            return result
+
+    model = _relu_sigmoid_qdq(tmp_path)
+    feeds = [{"x": np.random.default_rng(index).standard_normal((1, 64)).astype(np.float32)} for index in range(2)]
+    if simulated("qnn") is None:
+        pytest.skip("QNN's HTP is a simulator only on an x86 machine")
+    twice = PartsOnItsSecondRun("qnn")
+    parted = first_divergence(twice, model, feeds, tmp_path)
+    assert twice.runs == 2 and [(p["node"], p["op_type"], p["tensor"]) for p in parted] == [("relu", "Relu", "r_dq")]
+    assert parted[0]["cosine"] == pytest.approx(-1.0)
+    once = PartsOnItsSecondRun("openvino")
+    assert simulated("openvino") is None
+    assert first_divergence(once, model, feeds, tmp_path) == [] and once.runs == 1

@@ -30,7 +30,7 @@ from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import EpClock, run_within
 from ortprep.runtime.requests import RunOnEp
-from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, target_device
+from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, simulated, target_device
 from ortprep.runtime.worker import call
 
 EP_TIMEOUT = 1800.0  # one model on every held-back sample, on a simulator (QNN's HTP on x86) too
@@ -75,8 +75,6 @@ class GateTarget:
     def timed(self) -> bool:
         """The EP's time here is the device's: judged here, and not a simulator (QNN's HTP on an x86
         machine is one: its time says nothing of a Snapdragon's)."""
-        from ortprep.runtime.targets import simulated
-
         return self.judged and simulated(self.ep) is None
 
     def latency(self, model: Path, feed: dict[str, np.ndarray], runs: int) -> list[float]:
@@ -181,7 +179,9 @@ DIVERGED = 0.99  # a tensor whose cosine between the EP's and the CPU EP's run f
 # The same QDQ file on two EPs: integer arithmetic done alike agrees to within a step of rounding;
 # a tensor further off than this many of its own steps is computed otherwise (first_divergence).
 APART_STEPS = 2.0
-PASSES = 2  # first_divergence: exposure passes over a model, the second only where the first finds nothing parting
+# first_divergence: exposure passes over a model on a simulated EP (targets.simulated), the second
+# only where the first finds nothing parting; one elsewhere
+SIMULATED_PASSES = 2
 _RESHAPING = {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"}
 
 
@@ -266,11 +266,13 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
                 farthest = entry
 
     # in groups of at most EXPOSED_BYTES a run, in graph order, until ``limit`` tensors have parted.
-    # A pass where nothing parts is made once more (PASSES): the HTP simulator does not compute a
-    # model alike each time. Measured (onnxruntime-qnn 2.7.0, the two Conv+SiLU blocks on 10x10
-    # maps of tests/test_quantize_ep.py, 80 passes): 78 parted at the first Sigmoid (cosine
-    # 0.974-0.978), 2 agreed everywhere, and from one such pass the search kept a Conv off the EP.
-    for _ in range(PASSES):
+    # On a simulated EP a pass where nothing parts is made once more (SIMULATED_PASSES): the HTP
+    # simulator does not compute a model alike each time. Measured (onnxruntime-qnn 2.7.0, the two
+    # Conv+SiLU blocks on 10x10 maps of tests/test_quantize_ep.py, 80 passes): 78 parted at the
+    # first Sigmoid (cosine 0.974-0.978), 2 agreed everywhere, and from one such pass the search
+    # kept a Conv off the EP; with the second pass, 0 of 80 agreed everywhere. Elsewhere one pass:
+    # an EP whose runs do not vary would spend its time (--ep-total-seconds) on the same answer.
+    for _ in range(SIMULATED_PASSES if simulated(target.ep) else 1):
         for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
             if deadline is not None and time.monotonic() > deadline:
                 return answer()

@@ -706,7 +706,7 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=100, help="fresh inputs per model (default 100)")
     parser.add_argument("--calib-samples", type=int, default=CALIB,
                         help=f"calibration samples per model (default {CALIB}); static holds back every fifth, "
-                             "dynamic is judged on all")
+                             "plain dynamic (--eval) is judged on all, its --auto retry (--calib) holds back a share")
     parser.add_argument("--report-only", action="store_true", help="write table.md from the last run's results.json")
     args = parser.parse_args()
     if args.report_only:
@@ -733,7 +733,11 @@ def main() -> int:
     saved = args.out / "results.json"
     rows: dict[str, dict] = {}
     if saved.exists() and (args.only or args.half != "all"):
-        rows = {row["model"]: row for row in json.loads(saved.read_text()).get("rows", []) if row["model"] in known}
+        last = json.loads(saved.read_text())
+        if last.get("meta", {}).get("calib", CALIB) != args.calib_samples:  # one count per table
+            parser.error(f"{saved} holds a run with {last['meta'].get('calib', CALIB)} calibration samples; "
+                         f"--calib-samples {args.calib_samples} needs another --out")
+        rows = {row["model"]: row for row in last.get("rows", []) if row["model"] in known}
     chosen = [c for c in CORPUS if (not args.only or c.name in args.only) and (args.half == "all" or c.half == args.half)]
     chosen.sort(key=lambda c: c.half != "eval")  # the evaluation half first
     started = time.perf_counter()

@@ -5,16 +5,17 @@ bar, not to tell a file at 97.8% from one at 98% (the 95% interval of 96/100 spa
 silent failure by that point estimate may be a file at its bar, and a file that holds the bar
 there may not. This script takes every file one yield run wrote with exit 0 (ortprep's own: the
 plain command and its --auto retry; --peers adds ORT's calls, --fp16 the FP16 converts --auto
-printed) and judges it as quantize_yield does (quantize_yield.judge: the application's decision
-on the case's decision output, a 95% Wilson interval; a model without one by its lowest cosine),
-on N fresh inputs (default 1,000, seed 29, which no other script uses; --seed draws another set)
-against the float model the run quantized.
+printed) and judges it by quantize_yield's rules (its judge, below_bar and wrong_by_interval: the
+application's decision on the case's decision output with a 95% Wilson interval; a model without
+one by its lowest cosine), on N fresh inputs (default 1,000, seed 29, which no other script uses;
+--seed draws another set) against the float model the run quantized, in batches of BATCH inputs
+(a page-sized model's 1,000 inputs would not fit in memory at once).
 
     .venv/bin/python bench/remeasure.py [--yield-out bench/out/quantize_yield] [-n 1000] [--seed 29]
                                         [--half eval|dev|all] [--only NAME ...] [--peers] [--fp16]
 
 A file is "below the bar" where its point estimate is, "wrong by the interval" where the whole
-interval is. Results: YIELD_OUT/remeasure_seedSEED.json and .md.
+interval is. Results: YIELD_OUT/remeasure_seedSEED[_FILTERS].json and .md.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from pathlib import Path
 import numpy as np
 
 BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from quantize_yield import BARS, CASES, COSINE_BAR, cpu_session, judge, run_all  # noqa: E402
+from decision_rates import wilson  # noqa: E402
+from quantize_yield import BARS, CASES, COSINE_BAR, below_bar, cpu_session, judge, run_all, wrong_by_interval  # noqa: E402
 
 SEED = 29
+BATCH = 100
 
 
 def written(row: dict, peers: bool, fp16: bool) -> list[str]:
@@ -47,15 +49,32 @@ def written(row: dict, peers: bool, fp16: bool) -> list[str]:
     return labels
 
 
-def verdict(case, judged: dict) -> str:
+def run_root(yield_out: Path, row: dict, label: str) -> Path:
+    """The tree the yield run ran in: its files are named from there (bench/out/quantize_yield/...)."""
+    named = Path(row["commands"][label]["file"])
+    here = (yield_out / row["model"] / named.name).resolve()
+    return here.parents[len(named.parts) - 1]
+
+
+def merged(parts: list[dict]) -> dict:
+    """One judgement from the judgements of consecutive batches."""
+    if not all(part.get("runs") for part in parts):
+        return next(part for part in parts if not part.get("runs"))
+    agree, samples = sum(p["agree"] for p in parts), sum(p["samples"] for p in parts)
+    cosines = [p["lowest_cosine"] for p in parts if p["lowest_cosine"] is not None]
+    return {"loads": True, "runs": True, "samples": samples, "agree": agree, "interval": list(wilson(agree, samples)),
+            "lowest_cosine": min(cosines) if cosines else None, "nonfinite": any(p["nonfinite"] for p in parts),
+            "samples_at_cosine_bar": sum(p["samples_at_cosine_bar"] for p in parts)}
+
+
+def verdict(case, judged: dict | None) -> str | None:
+    if judged is None:
+        return None
     if not judged.get("runs"):
         return "does not run"
-    if not case.decision:
-        return "holds the bar" if (judged["lowest_cosine"] or 0.0) >= COSINE_BAR else "below the bar"
-    bar = BARS[case.decision]
-    if judged["interval"][1] < bar:
+    if wrong_by_interval(case, judged):
         return "wrong by the interval"
-    return "holds the bar" if judged["agree"] / judged["samples"] >= bar else "below the bar"
+    return "below the bar" if below_bar(case, judged) else "holds the bar"
 
 
 def figure(case, judged: dict | None) -> str:
@@ -64,7 +83,8 @@ def figure(case, judged: dict | None) -> str:
     if not judged.get("runs"):
         return judged.get("error", "does not run")
     if not case.decision:
-        return f"lowest cosine {judged['lowest_cosine']:.4f} ({judged['samples_at_cosine_bar']}/{judged['samples']} at {COSINE_BAR})"
+        cosine = "n/a" if judged["lowest_cosine"] is None else f"{judged['lowest_cosine']:.4f}"
+        return f"lowest cosine {cosine} ({judged['samples_at_cosine_bar']}/{judged['samples']} at {COSINE_BAR})"
     low, high = judged["interval"]
     return f"{judged['agree']}/{judged['samples']} ({low:.1%}-{high:.1%})"
 
@@ -79,33 +99,47 @@ def main() -> int:
     parser.add_argument("--peers", action="store_true", help="ORT's own files too")
     parser.add_argument("--fp16", action="store_true", help="the FP16 converts --auto printed too")
     args = parser.parse_args()
+    unknown = set(args.only or []) - set(CASES)
+    if unknown:
+        parser.error(f"unknown model(s): {', '.join(sorted(unknown))}")
     saved = json.loads((args.yield_out / "results.json").read_text())
-    root = args.yield_out.resolve().parents[2]  # the files are named from the tree the run ran in
     started = time.perf_counter()
     records = []
     for row in saved["rows"]:
         case = CASES.get(row["model"])
         labels = written(row, args.peers, args.fp16)
-        if case is None or not labels or args.half not in ("all", row["half"]) or args.only and row["model"] not in args.only:
+        if (case is None or not labels or args.half not in ("all", row["half"])
+                or args.only and row["model"] not in args.only):
             continue
-        source = root / row["float_model"] if (root / row["float_model"]).exists() else ROOT / row["float_model"]
+        source = run_root(args.yield_out, row, labels[0]) / row["float_model"]
+        if not source.exists():
+            parser.error(f"{row['model']}: the float model the run quantized is not at {source}")
+        float_session = cpu_session(source)
         rng = np.random.default_rng(args.seed)
-        feeds = [{k: np.ascontiguousarray(v) for k, v in case.inputs(rng, i).items()} for i in range(args.n)]
-        reference = run_all(cpu_session(source), feeds)
+        parts: dict[str, list[dict]] = {label: [] for label in labels}
+        for start in range(0, args.n, BATCH):
+            feeds = [{k: np.ascontiguousarray(v) for k, v in case.inputs(rng, i).items()}
+                     for i in range(start, min(args.n, start + BATCH))]
+            reference = run_all(float_session, feeds)
+            for label in labels:
+                path = args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name
+                parts[label].append(judge(case, path, reference, feeds))
+            del feeds, reference
         for label in labels:
-            path = args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name
-            judged = judge(case, path, reference, feeds)
-            before = row["commands"][label].get("judged")
-            record = {"model": row["model"], "half": row["half"], "command": label, "file": str(path),
+            judged, before = merged(parts[label]), row["commands"][label].get("judged")
+            record = {"model": row["model"], "half": row["half"], "command": label,
+                      "file": str(args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name),
                       "bar": BARS[case.decision] if case.decision else COSINE_BAR, "before": before, "now": judged,
-                      "verdict_before": verdict(case, before) if before else None, "verdict_now": verdict(case, judged)}
+                      "verdict_before": verdict(case, before), "verdict_now": verdict(case, judged)}
             records.append(record)
             print(f"  {row['model']} {label}: {figure(case, before)} -> {figure(case, judged)}, {record['verdict_now']}",
                   file=sys.stderr, flush=True)
-        del reference
     seconds = round(time.perf_counter() - started, 1)
-    meta = {"fresh": args.n, "seed": args.seed, "seconds": seconds, "yield_meta": saved.get("meta")}
-    (args.yield_out / f"remeasure_seed{args.seed}.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    meta = {"fresh": args.n, "seed": args.seed, "half": args.half, "only": args.only, "seconds": seconds,
+            "yield_meta": saved.get("meta")}
+    name = f"remeasure_seed{args.seed}" + (f"_{args.half}" if args.half != "all" else "") + \
+        ("_" + "_".join(sorted(args.only)) if args.only else "")
+    (args.yield_out / f"{name}.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
     lines = [f"{args.n} fresh inputs per model (seed {args.seed}), {seconds:.0f} s; the yield run's own figure is on "
              f"{(saved.get('meta') or {}).get('fresh', 100)} (seed 23).", "",
              "| model | half | command | bar | the yield run's figure | verdict then | on the new inputs | verdict now |",
@@ -121,10 +155,10 @@ def main() -> int:
             below = [f"{r['model']} {r['command']}" for r in group if r["verdict_now"] != "holds the bar"]
             wrong = [f"{r['model']} {r['command']}" for r in group if r["verdict_now"] in ("wrong by the interval", "does not run")]
             lines += ["", f"- {half}: {len(group)} ortprep files; below the bar now: {len(below)}"
-                      + (f" ({', '.join(below)})" if below else "") + f"; wrong by the interval: {len(wrong)}"
+                      + (f" ({', '.join(below)})" if below else "") + f"; wrong by the interval or not running: {len(wrong)}"
                       + (f" ({', '.join(wrong)})" if wrong else "")]
     text = "\n".join(lines) + "\n"
-    (args.yield_out / f"remeasure_seed{args.seed}.md").write_text(text)
+    (args.yield_out / f"{name}.md").write_text(text)
     print(text)
     return 0
 

@@ -269,8 +269,8 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     # On a simulated EP a pass where nothing parts is made once more (SIMULATED_PASSES): the HTP
     # simulator does not compute a model alike each time. Measured (onnxruntime-qnn 2.7.0, the two
     # Conv+SiLU blocks on 10x10 maps of tests/test_quantize_ep.py, 80 passes): 78 parted at the
-    # first Sigmoid (cosine 0.974-0.978), 2 agreed everywhere, and from one such pass the search
-    # kept a Conv off the EP; with the second pass, 0 of 80 agreed everywhere. Elsewhere one pass:
+    # first Sigmoid (cosine 0.974-0.978), 2 agreed everywhere (after such a pass, in a CI run, the
+    # search kept a Conv off the EP); with the second pass, 0 of 80 agreed everywhere. Elsewhere one pass:
     # an EP whose runs do not vary would spend its time (--ep-total-seconds) on the same answer.
     for _ in range(SIMULATED_PASSES if simulated(target.ep) else 1):
         for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):

@@ -255,12 +255,15 @@ def run_all(session, feeds: list[dict]) -> dict[int, list[np.ndarray]]:
     return {index: session.run(None, {k: v for k, v in feed.items() if k in names}) for index, feed in enumerate(feeds)}
 
 
-def judge(case: JourneyCase, path: Path, reference: dict[int, list[np.ndarray]], feeds: list[dict]) -> dict:
-    """The file at ``path`` against the float model's outputs ``reference`` on ``feeds``."""
-    try:
-        session = cpu_session(path)
-    except Exception as error:  # noqa: BLE001 - a file that does not load is the finding
-        return {"loads": False, "error": " ".join(str(error).split())[:300]}
+def judge(case: JourneyCase, path: Path, reference: dict[int, list[np.ndarray]], feeds: list[dict],
+          session=None) -> dict:
+    """The file at ``path`` against the float model's outputs ``reference`` on ``feeds``
+    (``session``: one already open on it, for a caller judging it batch by batch)."""
+    if session is None:
+        try:
+            session = cpu_session(path)
+        except Exception as error:  # noqa: BLE001 - a file that does not load is the finding
+            return {"loads": False, "error": " ".join(str(error).split())[:300]}
     try:
         outputs = run_all(session, feeds)
     except Exception as error:  # noqa: BLE001

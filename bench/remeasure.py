@@ -116,19 +116,26 @@ def main() -> int:
             parser.error(f"{row['model']}: the float model the run quantized is not at {source}")
         float_session = cpu_session(source)
         rng = np.random.default_rng(args.seed)
+        paths = {label: args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name for label in labels}
         parts: dict[str, list[dict]] = {label: [] for label in labels}
+        sessions = {}  # one session a file for every batch
+        for label, path in paths.items():
+            try:
+                sessions[label] = cpu_session(path)
+            except Exception as error:  # noqa: BLE001 - a file that does not load is the finding
+                parts[label].append({"loads": False, "error": " ".join(str(error).split())[:300]})
         for start in range(0, args.n, BATCH):
             feeds = [{k: np.ascontiguousarray(v) for k, v in case.inputs(rng, i).items()}
                      for i in range(start, min(args.n, start + BATCH))]
             reference = run_all(float_session, feeds)
-            for label in labels:
-                path = args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name
-                parts[label].append(judge(case, path, reference, feeds))
+            for label, session in sessions.items():
+                parts[label].append(judge(case, paths[label], reference, feeds, session))
             del feeds, reference
+        del sessions
         for label in labels:
             judged, before = merged(parts[label]), row["commands"][label].get("judged")
             record = {"model": row["model"], "half": row["half"], "command": label,
-                      "file": str(args.yield_out / row["model"] / Path(row["commands"][label]["file"]).name),
+                      "file": str(paths[label]),
                       "bar": BARS[case.decision] if case.decision else COSINE_BAR, "before": before, "now": judged,
                       "verdict_before": verdict(case, before), "verdict_now": verdict(case, judged)}
             records.append(record)

@@ -50,7 +50,9 @@ def render_findings(findings: list[dict[str, Any]], console: Console) -> None:
     console.print("[bold]Findings[/]")
     for finding in sorted(findings, key=lambda f: (order.get(f["severity"], 3), f["code"])):
         style = SEVERITY_STYLE.get(finding["severity"], "")
-        console.print(f"  [{style}]{finding['severity']:<7}[/] {finding['code']}  {escape(finding['message'])}", highlight=False)
+        console.print(
+            f"  [{style}]{finding['severity']:<7}[/] {finding['code']}  {escape(finding['message'])}", highlight=False
+        )
         if finding.get("fix"):
             console.print(f"           fix: {escape(finding['fix'])}", highlight=False)
     counts = Counter(f["severity"] for f in findings)
@@ -75,7 +77,11 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         for value in record[direction]:
             io_table.add_row(
                 # names and symbolic dims are the model's text: '[unk__314, 76]' is not Rich markup
-                direction[:-1], escape(value["name"]), value["kind"], value["dtype"] or "-", escape(format_shape(value["shape"]))
+                direction[:-1],
+                escape(value["name"]),
+                value["kind"],
+                value["dtype"] or "-",
+                escape(format_shape(value["shape"])),
             )
     console.print(io_table)
 
@@ -105,7 +111,9 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
         console.print(weights)
     constants = record["constant_nodes"]
     if constants["count"]:
-        console.print(f"tensors in Constant nodes and attributes: {constants['count']} ({human_bytes(constants['bytes'])})")
+        console.print(
+            f"tensors in Constant nodes and attributes: {constants['count']} ({human_bytes(constants['bytes'])})"
+        )
     if record["external_data"]:
         external = Table(title="External data")
         add_column(external, "file")
@@ -117,7 +125,9 @@ def render_inspect(record: dict[str, Any], console: Console) -> None:
     for key, value in record["metadata"].items():  # the model's own text: '[/data/labels.txt]' is not markup
         console.print(escape(f"metadata {key}: {value}"), highlight=False)
     checker = record["checker"]
-    console.print("onnx.checker: " + ("passed" if checker["passed"] else f"[red]failed[/] ({escape(checker['error'] or '')})"))
+    console.print(
+        "onnx.checker: " + ("passed" if checker["passed"] else f"[red]failed[/] ({escape(checker['error'] or '')})")
+    )
     runtime = record["runtime"]
     ort = runtime["onnxruntime"] or "not installed"
     console.print(
@@ -141,8 +151,11 @@ def _proof_mark(result: dict) -> str:
 def device_line(device: dict[str, Any]) -> str:
     """The device a target is for, and how it was chosen (a default is said to be one)."""
     options = ", ".join(f"{k}={v}" for k, v in device["provider_options"].items())
-    how = {"default": "ortprep's default; name yours with --device",
-           "--device": "--device", "provider option": "from --provider-option"}.get(device["chosen_by"], device["chosen_by"])
+    how = {
+        "default": "ortprep's default; name yours with --device",
+        "--device": "--device",
+        "provider option": "from --provider-option",
+    }.get(device["chosen_by"], device["chosen_by"])
     return f"{device['title']} ({options}; {how})"
 
 
@@ -193,7 +206,8 @@ def render_check(record: dict[str, Any], console: Console) -> None:
             str(placed["fallbacks"]),
             "-" if placed["copies"] is None else str(placed["copies"]),
             # the MACs are check's estimate: where the session placed otherwise they are not shown
-            _percent(result["mac_share"]) if not placed["proven"] or result["verdict"] == result.get("predicted_verdict")
+            _percent(result["mac_share"])
+            if not placed["proven"] or result["verdict"] == result.get("predicted_verdict")
             else "-",
             str(len({f["code"] for f in findings if f["severity"] == "error"})),
             f"[{style}]{result['verdict']}[/]" + _proof_mark(result),
@@ -224,7 +238,9 @@ def render_causes(findings: list[dict[str, Any]], console: Console, examples: in
         causes.setdefault((finding["severity"], finding["code"], fix, finding.get("source")), []).append(finding)
     verbose = logging.getLogger().getEffectiveLevel() <= logging.INFO
     nodes: set[str] = set()
-    for (severity, code, fix, source), members in sorted(causes.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1])):
+    for (severity, code, fix, source), members in sorted(
+        causes.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1])
+    ):
         style = SEVERITY_STYLE.get(severity, "")
         first = members[0]
         named = [m for m in members if m.get("node")]
@@ -237,7 +253,9 @@ def render_causes(findings: list[dict[str, Any]], console: Console, examples: in
             stripped = {_NODE_PREFIX.sub("", m["message"]) for m in named}
             cause = stripped.pop() if len(stripped) == 1 else CATALOGUE[code].title
             text = f"{len(named)} nodes ({what}): {cause}"
-            shown = ", ".join(m["node"] for m in named[:examples]) + (f", ... ({len(named) - examples} more)" if len(named) > examples else "")
+            shown = ", ".join(m["node"] for m in named[:examples]) + (
+                f", ... ({len(named) - examples} more)" if len(named) > examples else ""
+            )
         else:
             text, shown = first["message"], None
         console.print(f"  [{style}]{severity:<7}[/] {code}  {escape(text)}", highlight=False)
@@ -281,7 +299,9 @@ def _number(value: float | None, digits: int = 6) -> str:
 
 def render_transform(record: dict[str, Any], console: Console) -> None:
     """convert / simplify / optimize: what was done, sizes, verification, kept nodes, findings."""
-    console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
+    console.print(
+        f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}"
+    )
     for transform in record.get("transforms", []):
         console.print(f"  {escape(transform['transform'])}: {escape(str(transform.get('detail', '')))}")
     console.print(
@@ -316,7 +336,9 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
 
 def render_quantize(record: dict[str, Any], console: Console) -> None:
     preset = record["preset"]
-    console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
+    console.print(
+        f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}"
+    )
     weight_only = record.get("weight_only")
     if weight_only:
         console.print(f"weight-only: MatMul weights {weight_only['bits']} in blocks of {weight_only['block_size']}"
@@ -334,14 +356,21 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
                           f"{preset['weight_type']}{per_channel}, preset {preset['ep']} ({escape(preset['reason'])})")
     calibration = record["calibration"]
     if calibration["source"] and record["mode"] == "static":
-        console.print(f"calibration: {calibration['samples']} samples from {escape(calibration['source'])} ({calibration['kind']}), method {preset['method']}")
+        console.print(
+            f"calibration: {calibration['samples']} samples from {escape(calibration['source'])} "
+            f"({calibration['kind']}), method {preset['method']}"
+        )
     elif calibration["source"]:
         console.print(f"evaluation data: {escape(calibration['source'])} ({calibration['kind']})")
     console.print(f"pre-processing: {escape(record['preprocess'])}")
     console.print(
         f"quantized ops {record['quantized_ops']}, weights {record['quantized_weights']}"
-        + (f" ({record['quantized_weight_share']:.0%} of the weight values)" if record.get("quantized_weight_share") is not None
-           else "") + "; size "
+        + (
+            f" ({record['quantized_weight_share']:.0%} of the weight values)"
+            if record.get("quantized_weight_share") is not None
+            else ""
+        )
+        + "; size "
         f"{human_bytes(record['size_before'])} -> {human_bytes(record['size_after'])}"
     )
     verify = record["verify"]
@@ -351,25 +380,48 @@ def render_quantize(record: dict[str, Any], console: Console) -> None:
     else:
         verdict = "[green]passed[/]" if verify["passed"] else "[red]failed[/]"
         spread = verify.get("spread") or {}
-        across = (f" (per sample: min {_number(spread['min'])}, median {_number(spread['median'])}, max {_number(spread['max'])})"
-                  if spread else "")
+        across = (
+            f" (per sample: min {_number(spread['min'])}, median {_number(spread['median'])}, max "
+            f"{_number(spread['max'])})"
+            if spread
+            else ""
+        )
         console.print(
-            f"evaluation on {record['evaluation_samples']} sample(s) from {escape(str(record.get('evaluation_inputs')))} "
-            f"{verdict}: lowest cosine {_number(verify['cosine'])}{across}, max abs diff {_number(verify['max_abs_diff'])}, "
+            f"evaluation on {record['evaluation_samples']} sample(s) from "
+            f"{escape(str(record.get('evaluation_inputs')))} "
+            f"{verdict}: lowest cosine {_number(verify['cosine'])}{across}, max abs diff "
+            f"{_number(verify['max_abs_diff'])}, "
             f"latency int8/fp32 {_number(verify['latency_ratio'], 3)}"
         )
         decided = [o for o in verify.get("outputs") or [] if o.get("decision")]
         if decided:  # what the application reads from each output, beside cosine
-            console.print("decisions: " + "; ".join(
-                f"{escape(o['name'])} {o['decision']['kind']}"
-                + (f"@{o['decision']['threshold']:g}" if o['decision'].get('threshold') is not None else "")
-                + f" {_number(o['decision']['agreement'])}"
-                + (f", ranked {_number(o['decision']['ranking']['agreement'])}" if o['decision'].get('ranking') else "")
-                + (f", confident@{o['decision']['confidence']['level']:g} {_number(o['decision']['confidence']['agreement'])}"
-                   if o['decision'].get('confidence') else "")
-                + (" (reported, not gated)" if not o['decision'].get('gated', True) else
-                   f" (needs {o['decision']['required']:g}, " + ("[green]ok[/]" if o['decision']['passed'] else "[red]differs[/]")
-                   + ")") for o in decided))
+            console.print(
+                "decisions: "
+                + "; ".join(
+                    f"{escape(o['name'])} {o['decision']['kind']}"
+                    + (f"@{o['decision']['threshold']:g}" if o["decision"].get("threshold") is not None else "")
+                    + f" {_number(o['decision']['agreement'])}"
+                    + (
+                        f", ranked {_number(o['decision']['ranking']['agreement'])}"
+                        if o["decision"].get("ranking")
+                        else ""
+                    )
+                    + (
+                        f", confident@{o['decision']['confidence']['level']:g} "
+                        f"{_number(o['decision']['confidence']['agreement'])}"
+                        if o["decision"].get("confidence")
+                        else ""
+                    )
+                    + (
+                        " (reported, not gated)"
+                        if not o["decision"].get("gated", True)
+                        else f" (needs {o['decision']['required']:g}, "
+                        + ("[green]ok[/]" if o["decision"]["passed"] else "[red]differs[/]")
+                        + ")"
+                    )
+                    for o in decided
+                )
+            )
         confirmation = verify.get("confirmation")
         if confirmation:  # the same gate on the samples the model was calibrated on
             sides = [side for side in (confirmation["cpu"], confirmation.get("ep")) if side]
@@ -400,7 +452,15 @@ def _trial_gate(trial: dict) -> str:
     return "pass, short of the margin" if (trial.get("decision_margin_gap") or 0) > 0 else "pass"
 
 
-STATUS_STYLE = {"ok": "green", "fallback": "yellow", "inputs_guessed": "yellow", "failed": "red", "crashed": "red", "timeout": "red", "unavailable": "dim"}
+STATUS_STYLE = {
+    "ok": "green",
+    "fallback": "yellow",
+    "inputs_guessed": "yellow",
+    "failed": "red",
+    "crashed": "red",
+    "timeout": "red",
+    "unavailable": "dim",
+}
 
 
 def render_load(record: dict[str, Any], console: Console) -> None:
@@ -421,9 +481,14 @@ def render_load(record: dict[str, Any], console: Console) -> None:
     for result in record["results"]:
         if result.get("device"):
             # What the application sets to get this session (printed so it can set the same).
-            options = ", ".join(f"{k}={v}" for k, v in result.get("provider_options", {}).items() if k != "backend_path")
-            console.print(f"{escape(result['ep'])}: device {escape(device_line(result['device']))}; the session's options: "
-                          f"{escape(options)}", highlight=False)
+            options = ", ".join(
+                f"{k}={v}" for k, v in result.get("provider_options", {}).items() if k != "backend_path"
+            )
+            console.print(
+                f"{escape(result['ep'])}: device {escape(device_line(result['device']))}; the session's options: "
+                f"{escape(options)}",
+                highlight=False,
+            )
         if result.get("message"):
             console.print(f"{escape(result['ep'])}: {escape(result['message'])}", highlight=False)
         if result.get("latency_not_timed"):
@@ -438,7 +503,9 @@ def render_load(record: dict[str, Any], console: Console) -> None:
                     parts.append(f"{label}: cosine {_number(pair['cosine'])}, max abs {_number(pair['max_abs_diff'])}")
             console.print(f"{escape(result['ep'])}: " + "; ".join(parts), highlight=False)
         for op in result.get("profile", []):
-            console.print(f"  {result['ep']} {op['op_type']}: {op['share'] * 100:.1f}% ({op['microseconds']} us)", highlight=False)
+            console.print(
+                f"  {result['ep']} {op['op_type']}: {op['share'] * 100:.1f}% ({op['microseconds']} us)", highlight=False
+            )
     render_causes(record["findings"], console)
 
 
@@ -478,9 +545,13 @@ def render_doctor(record: dict[str, Any], console: Console) -> None:
 
 
 def render_compile(record: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}")
-    console.print(f"EP {record['ep']} ({escape(record.get('package') or record.get('runtime') or '')}): "
-                  f"{record.get('ep_context_nodes', 0)} EPContext node(s), {record.get('other_nodes', 0)} other node(s)")
+    console.print(
+        f"[bold]{escape(str(record['input']))}[/] -> {escape(str(record.get('output') or 'nothing written'))}"
+    )
+    console.print(
+        f"EP {record['ep']} ({escape(record.get('package') or record.get('runtime') or '')}): "
+        f"{record.get('ep_context_nodes', 0)} EPContext node(s), {record.get('other_nodes', 0)} other node(s)"
+    )
     for ep, info in (record.get("compatibility") or {}).items():
         console.print(f"compatibility {escape(ep)}: {escape(info)}")
     for output in record.get("outputs") or []:
@@ -490,13 +561,17 @@ def render_compile(record: dict[str, Any], console: Console) -> None:
     evaluation = record.get("eval")
     if evaluation:  # compile --eval: every sample held to load's rule
         if evaluation.get("error"):
-            console.print(f"eval: {evaluation.get('samples', 0)} sample(s), not judged: {escape(str(evaluation['error']))}")
+            console.print(
+                f"eval: {evaluation.get('samples', 0)} sample(s), not judged: {escape(str(evaluation['error']))}"
+            )
         else:
             failed = evaluation.get("failed", 0)
             verdict = "[green]0 failed[/]" if not failed else f"[red]{failed} failed[/]"
-            console.print(f"eval: {evaluation['samples']} sample(s), {verdict}, lowest cosine "
-                          f"{_number(evaluation.get('lowest_cosine'))}"
-                          + (f"; worst: sample {evaluation['worst']['sample']}" if failed and evaluation.get("worst") else ""))
+            console.print(
+                f"eval: {evaluation['samples']} sample(s), {verdict}, lowest cosine "
+                f"{_number(evaluation.get('lowest_cosine'))}"
+                + (f"; worst: sample {evaluation['worst']['sample']}" if failed and evaluation.get("worst") else "")
+            )
     render_causes(record["findings"], console)
 
 

@@ -111,7 +111,8 @@ svg#graph{width:100%;height:100%;display:block}
 .node text.name{fill:#4b5563;font-size:9px}
 .edge{fill:none;stroke:#9ca3af;stroke-width:1.2}
 .edge.copy{stroke:#dc2626;stroke-width:2.4}
-.legend span{display:inline-block;padding:0 6px;margin-right:4px;border:1px solid #4b5563;border-radius:3px;font-size:12px}
+.legend span{display:inline-block;padding:0 6px;margin-right:4px;border:1px solid #4b5563;border-radius:3px;
+  font-size:12px}
 .cause{margin:6px 0;padding:6px 8px;border-left:4px solid #9ca3af;background:#fff;cursor:pointer;list-style:none}
 .cause.error{border-color:#dc2626}.cause.warning{border-color:#d97706}
 .cause.none{cursor:default}
@@ -136,7 +137,8 @@ var parentOf={},opOf={},total=0;
   (n.bodies||[]).forEach(function(b){index(b,n.name)});});})(data.graph,null);
 var opened={},split={},target=null,current=-1,box=[0,0,1,1],size=[1,1];
 function isOpen(name){return name in opened?opened[name]:total<=OPEN_ALL;}
-function esc(s){return String(s).replace(/[&<>"']/g,function(c){return {'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]});}
+function esc(s){return String(s).replace(/[&<>"']/g,function(c){return {'&':'&amp;','<':'&lt;','>':'&gt;',
+  '"':'&quot;',"'":'&#39;'}[c]});}
 function place(n){return target.placement[n]||'ep';}
 function real(n){return target.actual?(target.actual[n]||''):'';}
 /* boxes: single nodes, or chains (one parent, one child, same placement) of CHAIN_MIN or more */
@@ -148,14 +150,16 @@ function units(g){
   function chainable(i){return !g.nodes[i].bodies&&!split[g.nodes[i].name];}
   var seen=new Uint8Array(n),list=[];
   /* Constant nodes (ORT folds them into initializers, no EP runs them) are hidden unless asked for */
-  var hidden=new Uint8Array(n);if(!constants.checked)for(i=0;i<n;i++)if(g.nodes[i].op_type==='Constant'&&!split[g.nodes[i].name])hidden[i]=seen[i]=1;
+  var hidden=new Uint8Array(n);if(!constants.checked)for(i=0;i<n;
+    i++)if(g.nodes[i].op_type==='Constant'&&!split[g.nodes[i].name])hidden[i]=seen[i]=1;
   for(var s=0;s<n;s++){if(seen[s])continue;var run=[s];seen[s]=1;
     if(chainable(s)){var x=s;while(children[x].length===1){var c=children[x][0];
       if(parents[c].length!==1||seen[c]||!chainable(c)||key(c)!==key(s))break;run.push(c);seen[c]=1;x=c;}}
     if(run.length>=CHAIN_MIN)list.push(run);else run.forEach(function(m){list.push([m]);});}
   var unitOf=new Int32Array(n).fill(-1);list.forEach(function(m,u){m.forEach(function(k){unitOf[k]=u;});});
   var seenEdge={},edges=[];
-  g.edges.forEach(function(e){var a=unitOf[e[0]],b=unitOf[e[1]],k=a+','+b;if(a>=0&&b>=0&&a!==b&&!seenEdge[k]){seenEdge[k]=1;edges.push([a,b]);}});
+  g.edges.forEach(function(e){var a=unitOf[e[0]],b=unitOf[e[1]],k=a+','+b;if(a>=0&&b>=0&&a!==b&&!seenEdge[k]){
+    seenEdge[k]=1;edges.push([a,b]);}});
   return {members:list,edges:edges};
 }
 function withDagre(sizes,edges){
@@ -165,7 +169,8 @@ function withDagre(sizes,edges){
   edges.forEach(function(e){g.setEdge(String(e[0]),String(e[1]));});
   dagre.layout(g);
   var pos=sizes.map(function(s,i){var p=g.node(String(i));return [p.x-s[0]/2,p.y-s[1]/2];});
-  var routes=edges.map(function(e){return g.edge(String(e[0]),String(e[1])).points.map(function(p){return [p.x,p.y];});});
+  var routes=edges.map(function(e){return g.edge(String(e[0]),String(e[1])).points.map(function(p){return [p.x,p.y];
+    });});
   var gr=g.graph();return {pos:pos,routes:routes,width:gr.width,height:gr.height,engine:'dagre'};
 }
 /* linear: ranks by longest path (the boxes come in topological order), two barycentre sweeps */
@@ -173,7 +178,8 @@ function layered(sizes,edges){
   var n=sizes.length,parents=[],children=[],rank=new Int32Array(n),i,r;
   for(i=0;i<n;i++){parents.push([]);children.push([]);}
   edges.forEach(function(e){parents[e[1]].push(e[0]);children[e[0]].push(e[1]);});
-  var ranks=0;for(i=0;i<n;i++){parents[i].forEach(function(p){if(rank[p]+1>rank[i])rank[i]=rank[p]+1;});if(rank[i]+1>ranks)ranks=rank[i]+1;}
+  var ranks=0;for(i=0;i<n;i++){parents[i].forEach(function(p){if(rank[p]+1>rank[i])rank[i]=rank[p]+1;});
+    if(rank[i]+1>ranks)ranks=rank[i]+1;}
   var rows=[];for(r=0;r<ranks;r++)rows.push([]);for(i=0;i<n;i++)rows[rank[i]].push(i);
   var order=new Float64Array(n);rows.forEach(function(row){row.forEach(function(u,k){order[u]=k;});});
   function sweep(down){for(var r=down?1:ranks-2;down?r<ranks:r>=0;r+=down?1:-1){var row=rows[r];
@@ -184,11 +190,13 @@ function layered(sizes,edges){
   sweep(true);sweep(false);sweep(true);
   var x=new Float64Array(n),y=new Float64Array(n),top=8,width=0,GAP=18,RGAP=30;
   rows.forEach(function(row){var h=0,right=8;row.forEach(function(u){
-      var want=8;if(parents[u].length){var t=0;parents[u].forEach(function(p){t+=x[p]+sizes[p][0]/2;});want=t/parents[u].length-sizes[u][0]/2;}
+      var want=8;if(parents[u].length){var t=0;parents[u].forEach(function(p){t+=x[p]+sizes[p][0]/2;});
+        want=t/parents[u].length-sizes[u][0]/2;}
       x[u]=Math.max(want,right);right=x[u]+sizes[u][0]+GAP;if(sizes[u][1]>h)h=sizes[u][1];});
     row.forEach(function(u){y[u]=top;});if(right>width)width=right;top+=h+RGAP;});
   var pos=[];for(i=0;i<n;i++)pos.push([x[i],y[i]]);
-  var routes=edges.map(function(e){var a=e[0],b=e[1];return [[x[a]+sizes[a][0]/2,y[a]+sizes[a][1]],[x[b]+sizes[b][0]/2,y[b]]];});
+  var routes=edges.map(function(e){var a=e[0],b=e[1];return [[x[a]+sizes[a][0]/2,y[a]+sizes[a][1]],
+    [x[b]+sizes[b][0]/2,y[b]]];});
   return {pos:pos,routes:routes,width:width+8,height:top,engine:'layered'};
 }
 var engines={};
@@ -214,7 +222,8 @@ function draw(l){
     var a=g.nodes[l.members[e[0]].slice(-1)[0]].name,b=g.nodes[l.members[e[1]][0]].name;
     var pa=place(a),pb=place(b),copy=pa!==pb&&(pa==='cpu'||pb==='cpu');
     var pts=l.routes[k],d='M'+pts[0][0]+' '+pts[0][1];
-    if(pts.length===2){var my=(pts[0][1]+pts[1][1])/2;d+=' C'+pts[0][0]+' '+my+' '+pts[1][0]+' '+my+' '+pts[1][0]+' '+pts[1][1];}
+    if(pts.length===2){var my=(pts[0][1]+pts[1][1])/2;
+      d+=' C'+pts[0][0]+' '+my+' '+pts[1][0]+' '+my+' '+pts[1][0]+' '+pts[1][1];}
     else for(var i=1;i<pts.length;i++)d+=' L'+pts[i][0]+' '+pts[i][1];
     out.push('<path class="edge'+(copy?' copy':'')+'" d="'+d+'" marker-end="url(#arrow)"/>');});
   l.members.forEach(function(m,k){
@@ -222,25 +231,30 @@ function draw(l){
     var container=m.length===1&&first.bodies,open=container&&l.inner[k];
     var cls=['node',where];if(act)cls.push('actual-'+act);if(m.length>1)cls.push('chain');
     if(container)cls.push('container');if(open)cls.push('open');
-    var part=target.partition_of[name],stroke=part!==undefined&&!act?' style="stroke:'+data.palette[part%data.palette.length]+'"':'';
+    var part=target.partition_of[name],
+      stroke=part!==undefined&&!act?' style="stroke:'+data.palette[part%data.palette.length]+'"':'';
     var names=m.map(function(i){return g.nodes[i].name;});
     var ops={};names.forEach(function(n){ops[opOf[n]]=1;});var kinds=Object.keys(ops);
     var label=m.length>1?(kinds.length===1?kinds[0]+' x'+m.length:m.length+' nodes'):first.op_type;
-    if(container&&!open){var inside=0;(function c(n){(n.bodies||[]).forEach(function(b){b.nodes.forEach(function(x){inside++;c(x);});});})(first);label+=' \u25B8 '+inside+' inside';}
+    if(container&&!open){var inside=0;(function c(n){(n.bodies||[]).forEach(function(b){b.nodes.forEach(function(x){
+      inside++;c(x);});});})(first);label+=' \u25B8 '+inside+' inside';}
     var attr=m.length>1?'data-nodes="'+esc(JSON.stringify(names))+'"':'data-node="'+esc(name)+'"';
     var title=names.slice(0,30).map(function(n){return n+' ('+opOf[n]+')';}).join('\n')+(names.length>30?'\n...':'');
     out.push('<g class="'+cls.join(' ')+'" '+attr+' data-placement="'+where+'"'+(act?' data-actual="'+act+'"':'')+
-      (part!==undefined?' data-partition="'+part+'"':'')+' transform="translate('+p[0]+','+p[1]+')"><title>'+esc(title)+'</title>');
+      (part!==undefined?' data-partition="'+part+'"':'')+' transform="translate('+p[0]+','+p[1]+')"><title>'+
+        esc(title)+'</title>');
     if(m.length>1)out.push('<rect class="behind" x="4" y="4" width="'+s[0]+'" height="'+s[1]+'" rx="4"/>');
     out.push('<rect'+(open?' class="frame"':'')+' width="'+s[0]+'" height="'+s[1]+'" rx="4"'+stroke+'/>');
     if(open){
       out.push('<text x="6" y="14">'+esc(first.op_type+' \u25BE '+name)+'</text>');
       var bx=PAD;l.inner[k].forEach(function(b){
         out.push('<g class="body" data-attribute="'+esc(b.attribute)+'" transform="translate('+bx+','+HEAD+')">'+
-          '<rect width="'+b.width+'" height="'+(b.height+HEAD/2)+'" rx="3"/><text x="4" y="10">'+esc(b.attribute)+'</text>'+
+          '<rect width="'+b.width+'" height="'+(b.height+HEAD/2)+'" rx="3"/><text x="4" y="10">'+esc(b.attribute)+
+            '</text>'+
           '<g transform="translate(0,'+HEAD/2+')">'+draw(b)+'</g></g>');bx+=b.width+PAD;});
     }else{
-      out.push('<text x="6" y="13">'+esc(label.slice(0,26))+'</text><text class="name" x="6" y="25">'+esc(name.length>26?'\u2026'+name.slice(-25):name)+'</text>');
+      out.push('<text x="6" y="13">'+esc(label.slice(0,
+        26))+'</text><text class="name" x="6" y="25">'+esc(name.length>26?'\u2026'+name.slice(-25):name)+'</text>');
     }
     out.push('</g>');});
   return out.join('');
@@ -248,12 +262,14 @@ function draw(l){
 function render(){
   var t0=performance.now();engines={};
   var l=lay(data.graph);var t1=performance.now();
-  svg.innerHTML='<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" markerHeight="6" orient="auto">'+
+  svg.innerHTML='<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" markerHeight="6" '+
+    'orient="auto">'+
     '<path d="M0 0L8 4L0 8z" fill="#9ca3af"/></marker></defs><g class="root">'+draw(l)+'</g>';
   var t2=performance.now();size=[l.width,l.height];
   var boxes=svg.querySelectorAll('g.node').length;
   window.ortprepLayout={nodes:total,boxes:boxes,engines:engines,layout_ms:Math.round(t1-t0),draw_ms:Math.round(t2-t1)};
-  document.getElementById('timing').textContent=total+' nodes in '+boxes+' boxes; laid out by '+Object.keys(engines).join(' + ')+
+  document.getElementById('timing').textContent=total+' nodes in '+boxes+' boxes; laid out by '+
+    Object.keys(engines).join(' + ')+
     ' in '+Math.round(t1-t0)+' ms';
 }
 function apply(){svg.setAttribute('viewBox',box.join(' '));}
@@ -263,10 +279,12 @@ function fit(all){
   else{k=Math.min(2,Math.max(1,W/r.width));box=[(W-r.width*k)/2,0,r.width*k,r.height*k];}
   apply();
 }
-function offset(el){var x=0,y=0;for(var e=el;e&&e!==svg;e=e.parentNode){var t=e.getAttribute&&e.getAttribute('transform');
+function offset(el){var x=0,y=0;for(var e=el;e&&e!==svg;e=e.parentNode){
+  var t=e.getAttribute&&e.getAttribute('transform');
   var m=t&&/translate\(([-\d.e]+),([-\d.e]+)\)/.exec(t);if(m){x+=+m[1];y+=+m[2];}}return [x,y];}
 function zoomTo(els){if(!els.length)return;var x0=1e12,y0=1e12,x1=-1e12,y1=-1e12;
-  els.forEach(function(el){var o=offset(el),r=el.querySelector('rect');var w=+r.getAttribute('width'),h=+r.getAttribute('height');
+  els.forEach(function(el){var o=offset(el),r=el.querySelector('rect');var w=+r.getAttribute('width'),
+    h=+r.getAttribute('height');
     x0=Math.min(x0,o[0]);y0=Math.min(y0,o[1]);x1=Math.max(x1,o[0]+w);y1=Math.max(y1,o[1]+h);});
   var v=view.getBoundingClientRect(),k=Math.max((x1-x0+80)/v.width,(y1-y0+80)/v.height,1);
   box=[(x0+x1)/2-v.width*k/2,(y0+y1)/2-v.height*k/2,v.width*k,v.height*k];apply();}
@@ -294,7 +312,8 @@ function show(index){current=+index;target=data.targets[current];target.partitio
   (target.partition_groups||[]).forEach(function(group,k){group.forEach(function(n){target.partition_of[n]=k;});});
   render();fit(false);
   document.querySelectorAll('.target-info').forEach(function(e){e.style.display=+e.dataset.section===current?'block':'none';});}
-svg.addEventListener('click',function(e){if(moved)return;var g=e.target.closest&&e.target.closest('g.node');if(!g)return;
+svg.addEventListener('click',function(e){if(moved)return;var g=e.target.closest&&e.target.closest('g.node');
+  if(!g)return;
   if(g.classList.contains('chain')){JSON.parse(g.dataset.nodes).forEach(function(n){split[n]=true;});keep(render);}
   else if(g.classList.contains('container')&&(!g.classList.contains('open')||e.target.parentNode===g)){
     opened[g.dataset.node]=!g.classList.contains('open');keep(render);}});
@@ -322,7 +341,11 @@ var wanted=/^#find=(.+)$/.exec(location.hash);if(wanted)find(decodeURIComponent(
 
 def _plural(text: str) -> str:
     """A cause's text said of several nodes (the catalogue's messages speak of one)."""
-    for one, several in (("is not supported", "are not supported"), ("runs on ", "run on "), ("it falls back", "they fall back")):
+    for one, several in (
+        ("is not supported", "are not supported"),
+        ("runs on ", "run on "),
+        ("it falls back", "they fall back"),
+    ):
         text = text.replace(one, several, 1)
     return text
 
@@ -337,8 +360,13 @@ def _panel(index: int, target: dict[str, Any]) -> str:
         count = len(cause["nodes"])
         ops = sorted(cause["ops"].items(), key=lambda item: (-item[1], item[0]))
         what = _plural(cause["text"]) if count > 1 else cause["text"]
-        breakdown = (", ".join(f"{op} {n}" for op, n in ops[:6]) + (f", {len(ops) - 6} more op types" if len(ops) > 6 else "")
-                     if count > 1 else f"{cause['nodes'][0]} ({ops[0][0]})" if count else "")
+        breakdown = (
+            ", ".join(f"{op} {n}" for op, n in ops[:6]) + (f", {len(ops) - 6} more op types" if len(ops) > 6 else "")
+            if count > 1
+            else f"{cause['nodes'][0]} ({ops[0][0]})"
+            if count
+            else ""
+        )
         fixes = cause["fixes"][:3] + ([f"... {len(cause['fixes']) - 3} more"] if len(cause["fixes"]) > 3 else [])
         items.append(f'<li class="cause {cause["severity"]}{"" if count else " none"}" data-cause="{number}" '
                      f'data-count="{count}" data-code="{html.escape(cause["code"])}" '
@@ -349,12 +377,15 @@ def _panel(index: int, target: dict[str, Any]) -> str:
     cpu_list = "".join(f'<li><a data-find="{html.escape(n)}">{html.escape(n)}</a></li>' for n in fallback[:500])
     more = f"<li>... and {len(fallback) - 500} more</li>" if len(fallback) > 500 else ""
     findings = sum(c["findings"] for c in grouped)
-    return (f'<div class="target-info" data-section="{index}"><h2>{html.escape(target["name"])}: {html.escape(target["ep"])}</h2>'
-            f'<table class="summary">{rows}</table>'
-            f'<h2>Findings by cause ({len(grouped)} causes, {findings} findings)</h2>'
-            f'<ul class="causes">{"".join(items) or "<li>none</li>"}</ul>'
-            f'<details class="fallback"><summary>Fallback to the CPU ({len(fallback)} nodes)</summary>'
-            f'<ul>{cpu_list}{more}</ul></details></div>')
+    return (
+        f'<div class="target-info" data-section="{index}"><h2>{html.escape(target["name"])}: '
+        f'{html.escape(target["ep"])}</h2>'
+        f'<table class="summary">{rows}</table>'
+        f"<h2>Findings by cause ({len(grouped)} causes, {findings} findings)</h2>"
+        f'<ul class="causes">{"".join(items) or "<li>none</li>"}</ul>'
+        f'<details class="fallback"><summary>Fallback to the CPU ({len(fallback)} nodes)</summary>'
+        f"<ul>{cpu_list}{more}</ul></details></div>"
+    )
 
 
 def render_page(model: str, view: dict[str, Any], targets: list[dict[str, Any]], title: str | None = None) -> str:
@@ -362,27 +393,35 @@ def render_page(model: str, view: dict[str, Any], targets: list[dict[str, Any]],
     {"name", "ep", "placement": {node: "ep"|"cpu"}, "actual": {node: "ep"|"cpu"} or None,
     "partition_groups": [[node, ...], ...], "findings": [...], "summary": {...}}; placements
     name the nodes of bodies too."""
-    payload = {"model": model, "graph": view, "palette": PALETTE,
-               "targets": [{k: t.get(k) for k in ("name", "ep", "placement", "actual", "partition_groups")} for t in targets]}
+    payload = {
+        "model": model,
+        "graph": view,
+        "palette": PALETTE,
+        "targets": [{k: t.get(k) for k in ("name", "ep", "placement", "actual", "partition_groups")} for t in targets],
+    }
     options = "".join(f'<option value="{i}">{html.escape(t["name"])} ({html.escape(t["ep"])})</option>'
                       for i, t in enumerate(targets))
     panels = "".join(_panel(index, target) for index, target in enumerate(targets))
-    legend = ('<div class="legend"><span style="background:#b7e4c7">on the EP</span><span style="background:#f9c6a8">CPU '
-              'fallback</span><span style="border-style:dashed;border-color:#b91c1c">CPU when run</span>'
-              '<span style="border-color:#dc2626;border-width:2px">red edge: EP&#8596;CPU copy</span>'
-              '<span style="border-color:#1d4ed8;border-width:2px">outline: EP partition</span>'
-              '<span style="border-style:dashed">box: If/Loop body (click)</span></div>')
+    legend = (
+        '<div class="legend"><span style="background:#b7e4c7">on the EP</span><span style="background:#f9c6a8">CPU '
+        'fallback</span><span style="border-style:dashed;border-color:#b91c1c">CPU when run</span>'
+        '<span style="border-color:#dc2626;border-width:2px">red edge: EP&#8596;CPU copy</span>'
+        '<span style="border-color:#1d4ed8;border-width:2px">outline: EP partition</span>'
+        '<span style="border-style:dashed">box: If/Loop body (click)</span></div>'
+    )
     data = json.dumps(payload).replace("</", "<\\/")
     name = html.escape(title or _file_name(model))
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name} - ortprep</title>'
-            f'<style>{STYLE}</style></head><body><header><h1>{name}</h1>'
-            f'<label>target <select id="target">{options}</select></label>'
-            f'<input id="search" placeholder="find a node by name (Enter)" size="28"><button id="fit">whole graph</button>'
-            f'<label title="ORT folds them into initializers"><input type="checkbox" id="constants"> Constant nodes</label>'
-            f'<span class="timing" id="timing"></span>{legend}</header>'
-            f'<main><div class="view"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div><aside>{panels}</aside></main>'
-            f'<script type="application/json" id="ortprep-data">{data}</script>'
-            f'<script>{layout_library()}</script><script>{SCRIPT}</script></body></html>')
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name} - ortprep</title>'
+        f"<style>{STYLE}</style></head><body><header><h1>{name}</h1>"
+        f'<label>target <select id="target">{options}</select></label>'
+        f'<input id="search" placeholder="find a node by name (Enter)" size="28"><button id="fit">whole graph</button>'
+        f'<label title="ORT folds them into initializers"><input type="checkbox" id="constants"> Constant nodes</label>'
+        f'<span class="timing" id="timing"></span>{legend}</header>'
+        f'<main><div class="view"><svg id="graph" xmlns="http://www.w3.org/2000/svg"></svg></div><aside>{panels}</aside></main>'
+        f'<script type="application/json" id="ortprep-data">{data}</script>'
+        f"<script>{layout_library()}</script><script>{SCRIPT}</script></body></html>"
+    )
 
 
 def _file_name(model: str) -> str:
@@ -396,20 +435,31 @@ def target_from_check(view: dict[str, Any], name: str, result: dict[str, Any], f
     fallback = set(result.get("fallback_nodes") or [])
     placement = {n: ("cpu" if n in fallback else "ep") for n in names}
     proof = result.get("proof") or {}
-    on_cpu = (load.get("fallback_nodes") if load is not None and load.get("status") in ("ok", "fallback")
-              else proof.get("fallback_nodes") if proof.get("status") == "created" else None)  # (--prove: the session's)
+    on_cpu = (
+        load.get("fallback_nodes")
+        if load is not None and load.get("status") in ("ok", "fallback")
+        else proof.get("fallback_nodes")
+        if proof.get("status") == "created"
+        else None
+    )  # (--prove: the session's)
     on_cpu = set(on_cpu) if on_cpu is not None else None
     actual = {n: ("cpu" if n in on_cpu else "ep") for n in names} if on_cpu is not None else None
     placed = proven_placement(result) if proof.get("status") == "created" else None
     real = " (the real session)" if placed and placed["proven"] else ""
     figures = placed if real else {"on_ep": result.get("supported_nodes"), "nodes": result.get("nodes"),
                                    "partitions": result.get("partitions"), "copies": result.get("copies")}
-    summary = {"verdict": f"{result.get('verdict')}{real}", "nodes on the EP": f"{figures['on_ep']}/{figures['nodes']}{real}",
-               "partitions": figures["partitions"], "copies per run": figures["copies"],
-               "MACs on the EP": f"{result['mac_share']:.1%}" if result.get("mac_share") is not None else "-"}
+    summary = {
+        "verdict": f"{result.get('verdict')}{real}",
+        "nodes on the EP": f"{figures['on_ep']}/{figures['nodes']}{real}",
+        "partitions": figures["partitions"],
+        "copies per run": figures["copies"],
+        "MACs on the EP": f"{result['mac_share']:.1%}" if result.get("mac_share") is not None else "-",
+    }
     if "predicted_verdict" in result and proof.get("status") not in (None, "unavailable", "not proven"):
-        summary["check predicted"] = (f"{result['predicted_verdict']}, {result.get('supported_nodes')}/{result.get('nodes')} "
-                                      f"nodes, {result.get('partitions')} partition(s)")
+        summary["check predicted"] = (
+            f"{result['predicted_verdict']}, {result.get('supported_nodes')}/{result.get('nodes')} "
+            f"nodes, {result.get('partitions')} partition(s)"
+        )
         if proof.get("status") != "created":
             summary["real session"] = f"{proof.get('status')}: {str(proof.get('message') or '')[:300]}"
     if load is not None:

@@ -8,7 +8,8 @@ from xml.etree import ElementTree
 
 def _finding_lines(findings: list[dict[str, Any]]) -> str:
     return "\n".join(
-        f"[{f['severity']}] {f['code']} {f['message']}" + (f"\n    fix: {f['fix']}" if f.get("fix") else "") for f in findings
+        f"[{f['severity']}] {f['code']} {f['message']}" + (f"\n    fix: {f['fix']}" if f.get("fix") else "")
+        for f in findings
     )
 
 

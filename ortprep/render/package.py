@@ -38,9 +38,15 @@ def render_package(record: dict[str, Any], console: Console) -> None:
         load_text = load.get("status", "-")
         if load.get("vs_float"):
             load_text += f", cosine {_figure(load['vs_float'].get('cosine'), 5)} vs float"
-        table.add_row(escape(row["name"]), row["ep"], row["kind"], row["status"],
-                      f"{placement.get('verdict', '-')} ({share:.0%})" if share is not None else placement.get("verdict", "-"),
-                      f"cosine {_figure(accuracy.get('cosine'), 5)}" if accuracy else "-", load_text)
+        table.add_row(
+            escape(row["name"]),
+            row["ep"],
+            row["kind"],
+            row["status"],
+            f"{placement.get('verdict', '-')} ({share:.0%})" if share is not None else placement.get("verdict", "-"),
+            f"cosine {_figure(accuracy.get('cosine'), 5)}" if accuracy else "-",
+            load_text,
+        )
     console.print(table)
     ort = record.get("ort_model_package") or {}
     if ort.get("read_by"):
@@ -68,5 +74,7 @@ def render_package_load(record: dict[str, Any], console: Console) -> None:
             console.print(f"{row['ep']}: {row['why']}", highlight=False)
         for finding in row.get("findings", []):
             if finding["severity"] in ("error", "warning"):
-                console.print(f"[{STYLE[finding['severity']]}]{finding['code']}[/] {finding['message']}", highlight=False)
+                console.print(
+                    f"[{STYLE[finding['severity']]}]{finding['code']}[/] {finding['message']}", highlight=False
+                )
     _findings(record, console)

@@ -32,9 +32,14 @@ def failures(run: dict[str, Any]) -> list[dict[str, str]]:
         found.append({"step": step["name"], "reason": reason, "fix": (worst[0].get("fix") or "") if worst else ""})
     for gate in run.get("gates", []):
         if not gate["passed"]:
-            found.append({"step": f"gate {gate['gate']} ({gate['step']})", "reason": gate["reason"],
-                          "fix": "move the nodes named back onto the EP (ortprep check MODEL --ep EP shows why they fall "
-                                 "back), or relax the gate in the config"})
+            found.append(
+                {
+                    "step": f"gate {gate['gate']} ({gate['step']})",
+                    "reason": gate["reason"],
+                    "fix": "move the nodes named back onto the EP (ortprep check MODEL --ep EP shows why they fall "
+                    "back), or relax the gate in the config",
+                }
+            )
     for regression in run.get("regressions", []):
         found.append({"step": f"baseline ({regression['kind']})", "reason": regression["detail"], "fix": ""})
     return found
@@ -60,7 +65,9 @@ def render_repo_console(document: dict[str, Any], console: Console) -> None:
         steps = " ".join(f"{s['run']}:{'ok' if s['status'] == 'passed' else s['status']}" for s in run.get("steps", []))
         gates = ", ".join(f"{g['gate']}{'' if g['passed'] else ' FAIL'}" for g in run.get("gates", [])) or "-"
         result = "[green]pass[/]" if run["passed"] and not run["regressions"] else "[red]FAIL[/]"
-        table.add_row(escape(run["model"]), run["target"], escape(steps or (run.get("error") or "")[:60]), escape(gates), result)
+        table.add_row(
+            escape(run["model"]), run["target"], escape(steps or (run.get("error") or "")[:60]), escape(gates), result
+        )
     console.print(table)
     for run in _with_regressions(document):
         for failure in failures(run):
@@ -119,17 +126,26 @@ def render_repo_markdown(document: dict[str, Any]) -> str:
     if bad:
         lines += ["| model | target | where | reason | fix |", "|---|---|---|---|---|"]
         for run, failure in bad:
-            lines.append(f"| `{_cell(run['model'])}` | {run['target']} | {_cell(failure['step'])} | {_cell(failure['reason'])} "
-                         f"| {_cell(failure['fix'])} |")
+            lines.append(
+                f"| `{_cell(run['model'])}` | {run['target']} | {_cell(failure['step'])} | {_cell(failure['reason'])} "
+                f"| {_cell(failure['fix'])} |"
+            )
         lines.append("")
-    lines += ["<details><summary>every model x target</summary>", "", "| model | target | result | nodes on EP | partitions |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "<details><summary>every model x target</summary>",
+        "",
+        "| model | target | result | nodes on EP | partitions |",
+        "|---|---|---|---|---|",
+    ]
     for run in runs:
         placement = _placement(run)
         share = f"{placement['node_share']:.1%}" if placement and placement.get("node_share") is not None else "-"
         parts = placement.get("partitions", "-") if placement else "-"
-        lines.append(f"| `{_cell(run['model'])}` | {run['target']} | {'pass' if run['passed'] and not run['regressions'] else 'FAIL'} "
-                     f"| {share} | {parts} |")
+        lines.append(
+            f"| `{_cell(run['model'])}` | {run['target']} | "
+            f"{'pass' if run['passed'] and not run['regressions'] else 'FAIL'} "
+            f"| {share} | {parts} |"
+        )
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 
@@ -148,7 +164,9 @@ def annotations(document: dict[str, Any]) -> list[str]:
     for run in _with_regressions(document):
         for failure in failures(run):
             title = _escape_property(f"ortprep {run['target']}: {failure['step']}")
-            lines.append(f"::error file={_escape_property(run['model'])},title={title}::{_escape_command(failure['reason'])}")
+            lines.append(
+                f"::error file={_escape_property(run['model'])},title={title}::{_escape_command(failure['reason'])}"
+            )
     return lines
 
 
@@ -161,9 +179,17 @@ def render_diff_console(document: dict[str, Any], console: Console) -> None:
         for column in ("model", "target", "node", "from -> to", "why"):
             add_column(table, column)
         for move in moves:
-            table.add_row(escape(move["model"]), move["target"], escape(move["node"]), f"{move['from']} -> {move['to']}",
-                          escape(move["reason"]))
+            table.add_row(
+                escape(move["model"]),
+                move["target"],
+                escape(move["node"]),
+                f"{move['from']} -> {move['to']}",
+                escape(move["reason"]),
+            )
         console.print(table)
     for regression in document["regressions"]:
-        console.print(f"[red]regression[/] {escape(regression['model'])} on {regression['target']} ({regression['kind']}): "
-                      f"{escape(regression['detail'])}", highlight=False)
+        console.print(
+            f"[red]regression[/] {escape(regression['model'])} on {regression['target']} ({regression['kind']}): "
+            f"{escape(regression['detail'])}",
+            highlight=False,
+        )

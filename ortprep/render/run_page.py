@@ -47,24 +47,37 @@ def _cell(run: dict[str, Any]) -> str:
     result = placement_of(run)
     if result is not None:
         share = f"{result['node_share']:.1%}" if result.get("node_share") is not None else "-"
-        lines.append(f'<span class="verdict">{html.escape(str(result.get("verdict")))}</span> {share} of nodes on the EP')
-    load = next((r for r in (step_report(steps, "load") or {}).get("results", []) if r.get("ep") == run.get("ep")), None)
+        lines.append(
+            f'<span class="verdict">{html.escape(str(result.get("verdict")))}</span> {share} of nodes on the EP'
+        )
+    load = next(
+        (r for r in (step_report(steps, "load") or {}).get("results", []) if r.get("ep") == run.get("ep")), None
+    )
     if load is not None:
         cosine = f", cosine {_fmt(load.get('cosine'), 5)}" if load.get("cosine") is not None else ""
         lines.append(f"<small>load: {html.escape(str(load.get('status')))}{cosine}</small>")
     quantize = step_report(steps, "quantize")
     if quantize is not None:
         verify = quantize.get("verify") or {}
-        lines.append(f"<small>quantize: cosine {_fmt(verify.get('cosine'), 5)}, "
-                     f"{'passed' if verify.get('passed') else 'failed' if verify.get('passed') is False else 'not verified'}</small>")
+        lines.append(
+            f"<small>quantize: cosine {_fmt(verify.get('cosine'), 5)}, "
+            f"{'passed' if verify.get('passed') else 'failed' if verify.get('passed') is False else 'not verified'}"
+            "</small>"
+        )
     if run.get("error"):
         lines.append(f"<small>{html.escape(run['error'][:200])}</small>")
-    failed = [s["name"] for s in steps if s.get("status") == "failed"] + [f"gate {g['gate']}" for g in run.get("gates", [])
-                                                                           if not g["passed"]]
-    lines.append(f"<small>{'pass' if run['passed'] else 'FAIL: ' + html.escape(', '.join(failed) or 'see the report')}</small>")
+    failed = [s["name"] for s in steps if s.get("status") == "failed"] + [
+        f"gate {g['gate']}" for g in run.get("gates", []) if not g["passed"]
+    ]
+    lines.append(
+        f"<small>{'pass' if run['passed'] else 'FAIL: ' + html.escape(', '.join(failed) or 'see the report')}</small>"
+    )
     css = "pass" if run["passed"] else "fail"
-    return (f'<td class="{css}" data-model="{html.escape(run["model"])}" data-target="{html.escape(str(run["target"]))}">'
-            + "".join(lines) + "</td>")
+    return (
+        f'<td class="{css}" data-model="{html.escape(run["model"])}" data-target="{html.escape(str(run["target"]))}">'
+        + "".join(lines)
+        + "</td>"
+    )
 
 
 def sensitivity(model: str, target: str, record: dict[str, Any]) -> str:
@@ -74,10 +87,13 @@ def sensitivity(model: str, target: str, record: dict[str, Any]) -> str:
     kept = record.get("excluded_nodes") or []
     kept_names = {entry["name"] for entry in kept}
     verify = record.get("verify") or {}
-    parts = [f'<section class="sensitivity" data-model="{html.escape(model)}" data-target="{html.escape(target)}">'
-             f"<h2>Quantization sensitivity: {html.escape(model)} on {html.escape(target)}</h2>"
-             f"<p>cosine against the float model {_fmt(verify.get('cosine'), 5)}, norm ratio {_fmt(verify.get('norm_ratio'))}; "
-             f"{record.get('quantized_ops', 0)} ops quantized, {len(kept)} nodes kept in float</p>"]
+    parts = [
+        f'<section class="sensitivity" data-model="{html.escape(model)}" data-target="{html.escape(target)}">'
+        f"<h2>Quantization sensitivity: {html.escape(model)} on {html.escape(target)}</h2>"
+        f"<p>cosine against the float model {_fmt(verify.get('cosine'), 5)}, norm ratio "
+        f"{_fmt(verify.get('norm_ratio'))}; "
+        f"{record.get('quantized_ops', 0)} ops quantized, {len(kept)} nodes kept in float</p>"
+    ]
     if ranked:
         top = max((entry.get("noise") or 0) for entry in ranked) or 1
         height = len(ranked) * (BAR_H + 4) + 24
@@ -87,18 +103,25 @@ def sensitivity(model: str, target: str, record: dict[str, Any]) -> str:
             noise = entry.get("noise") or 0
             is_kept = bool(set(entry.get("nodes") or []) & kept_names)
             label = str(entry.get("tensor"))
-            rows.append(f'<g class="tensor{" kept" if is_kept else ""}" data-tensor="{html.escape(label)}">'
-                        f"<title>{html.escape(label)}: noise {noise} (nodes: {html.escape(', '.join(entry.get('nodes') or []))})</title>"
-                        f'<text x="{LABEL_W - 6}" y="{y + BAR_H - 3}" text-anchor="end">{html.escape(label[-44:])}</text>'
-                        f'<rect class="bar{" kept" if is_kept else ""}" x="{LABEL_W}" y="{y}" '
-                        f'width="{max(1.0, BAR_W * noise / top):.1f}" height="{BAR_H}"/>'
-                        f'<text class="value" x="{LABEL_W + max(1.0, BAR_W * noise / top) + 4:.1f}" y="{y + BAR_H - 3}">'
-                        f"{noise}{' kept in float' if is_kept else ''}</text></g>")
-        parts.append(f'<svg class="chart" width="{LABEL_W + BAR_W + 140}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
-                     f'<text x="{LABEL_W}" y="12">per-tensor quantization noise (RMS error over median magnitude), worst first'
-                     f'</text>{"".join(rows)}</svg>')
+            rows.append(
+                f'<g class="tensor{" kept" if is_kept else ""}" data-tensor="{html.escape(label)}">'
+                f"<title>{html.escape(label)}: noise {noise} (nodes: "
+                f"{html.escape(', '.join(entry.get('nodes') or []))})</title>"
+                f'<text x="{LABEL_W - 6}" y="{y + BAR_H - 3}" text-anchor="end">{html.escape(label[-44:])}</text>'
+                f'<rect class="bar{" kept" if is_kept else ""}" x="{LABEL_W}" y="{y}" '
+                f'width="{max(1.0, BAR_W * noise / top):.1f}" height="{BAR_H}"/>'
+                f'<text class="value" x="{LABEL_W + max(1.0, BAR_W * noise / top) + 4:.1f}" y="{y + BAR_H - 3}">'
+                f"{noise}{' kept in float' if is_kept else ''}</text></g>"
+            )
+        parts.append(
+            f'<svg class="chart" width="{LABEL_W + BAR_W + 140}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+            f'<text x="{LABEL_W}" y="12">per-tensor quantization noise (RMS error over median magnitude), worst first'
+            f"</text>{''.join(rows)}</svg>"
+        )
     else:
-        parts.append("<p>No per-tensor figures: the search that ranks tensors runs with <code>--auto-exclude</code>.</p>")
+        parts.append(
+            "<p>No per-tensor figures: the search that ranks tensors runs with <code>--auto-exclude</code>.</p>"
+        )
     if kept:
         items = "".join(f"<li><code>{html.escape(entry['name'])}</code>"
                         f"{' (' + html.escape(entry['op_type']) + ')' if entry.get('op_type') else ''}: "
@@ -125,17 +148,21 @@ def run_page(document: dict[str, Any], pages: set[str] | dict[str, str]) -> str:
     for model in models:
         name = page_name(model)
         link = (f'<a href="{html.escape(name)}">{html.escape(model)}</a>' if name in pages else html.escape(model))
-        cells = "".join(_cell(by_pair[(model, t)]) if (model, t) in by_pair else '<td class="none">-</td>' for t in targets)
+        cells = "".join(
+            _cell(by_pair[(model, t)]) if (model, t) in by_pair else '<td class="none">-</td>' for t in targets
+        )
         rows.append(f"<tr><th>{link}</th>{cells}</tr>")
     charts = [sensitivity(run["model"], str(run["target"]), record) for run in runs
               if (record := step_report(run.get("steps", []), "quantize")) is not None]
     summary = document.get("summary") or {}
     verdict = "passed" if document.get("passed") else "failed"
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>ortprep run: {verdict}</title>'
-            f"<style>{STYLE}</style></head><body><header><h1>ortprep run: {verdict}</h1>"
-            f"<p>{summary.get('passed', 0)} of {summary.get('pairs', 0)} model x target passed"
-            f"{' (shard ' + html.escape(str(document['shard'])) + ')' if document.get('shard') else ''}; "
-            f"{html.escape(str(document.get('config') or ''))}</p></header>"
-            f'<section><h2>Models x targets</h2><table class="matrix"><tr><th>model</th>{header}</tr>{"".join(rows)}</table>'
-            f"<p><small>each model links to its placement page</small></p></section>"
-            + "".join(charts) + "</body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>ortprep run: {verdict}</title>'
+        f"<style>{STYLE}</style></head><body><header><h1>ortprep run: {verdict}</h1>"
+        f"<p>{summary.get('passed', 0)} of {summary.get('pairs', 0)} model x target passed"
+        f"{' (shard ' + html.escape(str(document['shard'])) + ')' if document.get('shard') else ''}; "
+        f"{html.escape(str(document.get('config') or ''))}</p></header>"
+        '<section><h2>Models x targets</h2><table '
+        f'class="matrix"><tr><th>model</th>{header}</tr>{"".join(rows)}</table>'
+        f"<p><small>each model links to its placement page</small></p></section>" + "".join(charts) + "</body></html>"
+    )

@@ -35,7 +35,9 @@ def _facts() -> dict:
 
 
 _FACTS = _facts()
-SMALL_INITIALIZER = int(_FACTS["small_initializer_elements"])  # kSmallInitializerThreshold in fallback_cpu_capability.cc
+SMALL_INITIALIZER = int(
+    _FACTS["small_initializer_elements"]
+)  # kSmallInitializerThreshold in fallback_cpu_capability.cc
 NEVER_MOVED_DTYPES = frozenset(_FACTS["never_moved_dtypes"])
 # Kernels of the CUDA EP whose outputs are in CPU memory, and the inputs its kernels take in CPU
 # memory (a CPU tensor there does not pull the node onto the CPU): eps/data/cuda_cpu_memory.json.

@@ -45,5 +45,7 @@ def failing_patterns(analysis: ModelAnalysis, device: Device) -> list[tuple[Node
         read_by_mul = {name for other in graph.nodes if other.op_type == "Mul" for name in other.node.input}
         for node in graph.nodes:
             if matches(graph, node, read_by_mul):
-                found.append((node, {**failure, "source": device_facts()["sources"].get(failure["source"], failure["source"])}))
+                found.append(
+                    (node, {**failure, "source": device_facts()["sources"].get(failure["source"], failure["source"])})
+                )
     return found

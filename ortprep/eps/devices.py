@@ -31,8 +31,14 @@ class Device:
     htp_arch: int | None = None  # QNN: the device's HTP architecture (informative; soc_model implies it)
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, "title": self.title, "provider_options": dict(self.provider_options),
-                **({"htp_arch": self.htp_arch} if self.htp_arch else {}), "chosen_by": self.given, "source": self.source}
+        return {
+            "name": self.name,
+            "title": self.title,
+            "provider_options": dict(self.provider_options),
+            **({"htp_arch": self.htp_arch} if self.htp_arch else {}),
+            "chosen_by": self.given,
+            "source": self.source,
+        }
 
 
 @lru_cache(maxsize=1)
@@ -90,8 +96,14 @@ def resolve_device(ep: str, text: str | None, provider_options: dict[str, str] |
             found = _entry(ep, by_soc[str(named)], "provider option")
             return Device(ep, found.name, found.title, {"soc_model": str(named)}, "provider option", found.source,
                           found.htp_arch)
-        return Device(ep, f"soc_model={named}", f"SoC model {named} (not in ortprep's table)", {"soc_model": str(named)},
-                      "provider option", "given by the user")
+        return Device(
+            ep,
+            f"soc_model={named}",
+            f"SoC model {named} (not in ortprep's table)",
+            {"soc_model": str(named)},
+            "provider option",
+            "given by the user",
+        )
     default = _entry(ep, facts["default"], "default")
     return Device(ep, default.name, default.title, default.provider_options, "default",
                   f"{default.source}; the default because {facts['why_default']}", default.htp_arch)

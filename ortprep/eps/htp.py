@@ -141,9 +141,18 @@ def weight_multipliers(proto: ModelProto, bound: float) -> list[dict]:
             continue
         x_dq, w_dq = producers.get(node.input[0]), producers.get(node.input[1])
         readers = consumers.get(node.output[0], [])
-        if (x_dq is None or w_dq is None or x_dq.op_type != "DequantizeLinear" or w_dq.op_type != "DequantizeLinear"
-                or w_dq.input[0] not in inits or len(w_dq.input) < 2 or w_dq.input[1] not in inits
-                or len(readers) != 1 or readers[0].op_type != "QuantizeLinear" or len(consumers.get(node.input[1], [])) != 1):
+        if (
+            x_dq is None
+            or w_dq is None
+            or x_dq.op_type != "DequantizeLinear"
+            or w_dq.op_type != "DequantizeLinear"
+            or w_dq.input[0] not in inits
+            or len(w_dq.input) < 2
+            or w_dq.input[1] not in inits
+            or len(readers) != 1
+            or readers[0].op_type != "QuantizeLinear"
+            or len(consumers.get(node.input[1], [])) != 1
+        ):
             continue
         x_scale, y_scale = _scalar(inits, x_dq.input[1]), _scalar(inits, readers[0].input[1])
         if not x_scale or not y_scale:

@@ -130,4 +130,6 @@ def spec_for_provider(provider: str) -> EpSpec | None:
 def gpu_libraries(system: str, cuda_major: int = 12) -> list[tuple[str, str, str]]:
     """(key, file name, label) of the libraries the CUDA and TensorRT EPs load, for 'linux' or
     'windows', for an onnxruntime-gpu built with CUDA ``cuda_major``."""
-    return [(key, name.format(cuda=cuda_major), label) for key, name, label in ep_facts()["gpu_libraries"].get(system, [])]
+    return [
+        (key, name.format(cuda=cuda_major), label) for key, name, label in ep_facts()["gpu_libraries"].get(system, [])
+    ]

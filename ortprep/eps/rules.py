@@ -90,7 +90,11 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
                 SupportLevel.CONDITIONAL, f"DirectML takes it unless: {text}", source, "EP004", dml=dml
             )
     severity = Severity.ERROR if npu else Severity.INFO
-    where = "NPUs compile only the fused graph, so the model will not run there" if npu else "it runs as a separate DML kernel"
+    where = (
+        "NPUs compile only the fused graph, so the model will not run there"
+        if npu
+        else "it runs as a separate DML kernel"
+    )
 
     def fusion_finding(code: str, why: str, fix: str, constraint_id: str) -> Finding:
         return Finding.of(
@@ -113,7 +117,9 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
         return verdict
     reasons = []
     values = [v for v in node.inputs + node.outputs if v is not None]
-    if any(not _static(v) for v in values) or len(values) < len([n for n in list(node.node.input) + list(node.node.output) if n]):
+    if any(not _static(v) for v in values) or len(values) < len(
+        [n for n in list(node.node.input) + list(node.node.output) if n]
+    ):
         reasons.append("its shapes are not static")
     for position in dml.get("cpu_inputs") or []:
         if position < len(node.inputs) and node.node.input[position]:
@@ -124,7 +130,10 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
     if count is not None and len([i for i in node.node.input if i]) != count:
         reasons.append(f"it has {len(node.node.input)} inputs; fusion needs exactly {count}")
     if reasons:
-        fix = "make shapes static (ortprep convert MODEL --fix-dim NAME=VALUE) and fold constant inputs (ortprep simplify MODEL)"
+        fix = (
+            "make shapes static (ortprep convert MODEL --fix-dim NAME=VALUE) "
+            "and fold constant inputs (ortprep simplify MODEL)"
+        )
         verdict.extra.append(
             fusion_finding("DML001", f"stays out of the fused DirectML graph: {'; '.join(reasons)}", fix, "DML-008")
         )
@@ -285,7 +294,9 @@ def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Matc
         # (onnxruntime's QNN EP: GraphHasEpContextNode lowercases it)
         provider = spec.provider.lower()
         if source.lower() in (provider, provider.removesuffix("executionprovider")):
-            return NodeVerdict(SupportLevel.SUPPORTED, f"a graph compiled for {spec.provider} (EPContext)", EP_CONTEXT_SOURCE)
+            return NodeVerdict(
+                SupportLevel.SUPPORTED, f"a graph compiled for {spec.provider} (EPContext)", EP_CONTEXT_SOURCE
+            )
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, f"a graph compiled for {source or 'an EP it does not name'} "
                            f"(EPContext): only that EP runs it, not {spec.provider}", EP_CONTEXT_SOURCE,
                            LEVEL_CODES[SupportLevel.UNSUPPORTED_OP])
@@ -298,7 +309,8 @@ def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Matc
                 node=node.name,
                 op_type=node.op_type,
                 ep=spec.name,
-                fix="run float16 models on an EP with float16 kernels (cuda, dml), or keep the model in float32 for the CPU",
+                fix="run float16 models on an EP with float16 kernels (cuda, dml), "
+                "or keep the model in float32 for the CPU",
                 source=found.src,
             )
         )
@@ -414,7 +426,9 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
         low = small_multipliers(analysis.handle.proto)
         if low:
             channels = sum(item["channels"] for item in low)
-            shown = ", ".join(f"{item['node']} ({item['channels']})" for item in low[:5]) + (", ..." if len(low) > 5 else "")
+            shown = ", ".join(f"{item['node']} ({item['channels']})" for item in low[:5]) + (
+                ", ..." if len(low) > 5 else ""
+            )
             findings.append(
                 Finding.of(
                     "QNN005",
@@ -430,10 +444,17 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
     if spec.name == "qnn" and _has_qdq(analysis):
         for code, finder, words, fix, source in _HTP_NODE_RULES:
             for name in finder(analysis.handle.proto):
-                findings.append(Finding.of(code, f"qnn: {words.format(name=name)}", ep=spec.name, node=name,
-                                           fix=f"quantize the float model again: ortprep quantize FLOAT.onnx --static --ep qnn "
-                                               f"({fix}); then ortprep load FLOAT.qdq.onnx --ep qnn --reference FLOAT.onnx",
-                                           source=f"{QNN_MEASURED}; bench/RESULTS.md, {source}"))
+                findings.append(
+                    Finding.of(
+                        code,
+                        f"qnn: {words.format(name=name)}",
+                        ep=spec.name,
+                        node=name,
+                        fix=f"quantize the float model again: ortprep quantize FLOAT.onnx --static --ep qnn "
+                        f"({fix}); then ortprep load FLOAT.qdq.onnx --ep qnn --reference FLOAT.onnx",
+                        source=f"{QNN_MEASURED}; bench/RESULTS.md, {source}",
+                    )
+                )
     if spec.name == "tensorrt" and opset is not None:
         low, high = table.extra["opset_range"]
         if not low <= opset <= high:

@@ -75,7 +75,9 @@ class SupportTable:
         return "; ".join(info["version"] for key, info in self.sources.items() if key != "constraints")
 
     def summary(self) -> str:
-        return "; ".join(f"{info['what']} [{info['version']}]" for key, info in self.sources.items() if key != "constraints")
+        return "; ".join(
+            f"{info['what']} [{info['version']}]" for key, info in self.sources.items() if key != "constraints"
+        )
 
 
 def _entry(raw: dict[str, Any]) -> TableEntry:
@@ -139,8 +141,13 @@ def _with_measurement(table: SupportTable, measured: dict[str, Any]) -> SupportT
     the input dtypes that ran where others were refused); documented ops it took in none of its
     probes become conditional on the measured reason; undocumented ones it never took stay out."""
     source = measured["source"]
-    sources = {**table.sources, "measured": {"what": source["what"],
-                                             "version": f"{source['package']}, {source['backend']}, {source['date']}".strip(", ")}}
+    sources = {
+        **table.sources,
+        "measured": {
+            "what": source["what"],
+            "version": f"{source['package']}, {source['backend']}, {source['date']}".strip(", "),
+        },
+    }
     entries = {key: list(value) for key, value in table.entries.items()}
     rejected: dict[tuple[str, str], str] = {}
     for name, facts in measured["ops"].items():
@@ -158,7 +165,9 @@ def _with_measurement(table: SupportTable, measured: dict[str, Any]) -> SupportT
                 types = {"*": tuple(sorted(ALL_DTYPES - failed))} if failed else None
                 entries[key] = [TableEntry(domain=key[0], op=op, since=None, until=None, types=types, src="measured")]
             elif failed:
-                entries[key] = [replace(entry, types=_without(entry.types, failed), src="measured") for entry in entries[key]]
+                entries[key] = [
+                    replace(entry, types=_without(entry.types, failed), src="measured") for entry in entries[key]
+                ]
         elif op in ("QuantizeLinear", "DequantizeLinear"):
             continue  # where a Q/DQ runs depends on its position (graph I/O or inside): the rules decide
         else:
@@ -238,7 +247,10 @@ def _float16_castable(table: SupportTable, covering: list[TableEntry], node) -> 
     from ortprep.analysis import ValueFacts
 
     def widened(values):
-        return [ValueFacts("float", v.shape, v.is_initializer) if v is not None and v.dtype == "float16" else v for v in values]
+        return [
+            ValueFacts("float", v.shape, v.is_initializer) if v is not None and v.dtype == "float16" else v
+            for v in values
+        ]
 
     if not any(v is not None and v.dtype == "float16" for v in node.inputs + node.outputs):
         return False

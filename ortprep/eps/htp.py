@@ -9,38 +9,24 @@ import onnx
 from onnx import ModelProto
 
 # QNN's HTP requantizes a Conv/MatMul output channel by the multiplier input_scale * weight_scale[c] /
-# output_scale. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md,
-# "QNN's smallest requantization multiplier"): at 2**-23.9 and above a channel computes what the CPU EP
-# computes; at 2**-24.1 and below it puts out large values (8 to 70 measured) where the CPU EP gives 0, and the whole
-# tensor is lost (PP-OCRv4's detector, per-channel int8 weights: a channel of near-zero weights whose
-# scale is 1/92,000 of its neighbours', cosine 0.42 on QNN, 0.9994 on the CPU EP).
+# output_scale; below 2**-24 it puts out large values where the CPU EP gives 0
+# (docs/decisions/docs-htp-min-multiplier.md).
 HTP_MIN_MULTIPLIER = 2.0 ** -24
 HTP_MULTIPLIER_FLOOR = 2.0 ** -23  # what the edit raises to: a factor 2 above the edge
 WEIGHTED_OPS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "MatMul": None}  # op -> index of its bias input
 
 
 # QNN's HTP computes a MatMul of two 16-bit activations (A16 QDQ on both inputs, no weight) far less
-# precisely than its 16-bit encodings carry. Measured on the HTP simulator (onnxruntime-qnn 2.7.0,
-# soc_model 60; bench/RESULTS.md, "A MatMul of two 16-bit activations on QNN's HTP"): [1,4,26,16] x
-# [1,4,16,26], output range 20.7, max abs diff 0.099 against the float result where the CPU EP's run of
-# the same QDQ model is off by 0.0007 (output step 0.0006). With the MatMul computed in FP16 on the HTP
-# (Cast to float16 around it; every node still on QNN) it is 0.0064. An elementwise Mul of two 16-bit
-# activations is not affected (0.0019 at range 6.2; FP16 0.0039). A Cast from float to float or an
-# Identity between the MatMul and its Q does not help: ORT removes it before QNN sees the graph.
+# precisely than its 16-bit encodings carry; in FP16 it is close (docs/decisions/docs-htp-a16-matmul.md).
 SIXTEEN_BIT = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
 
 # QNN's HTP computes an Add of a per-channel constant that reads a quantized ConvTranspose's output
-# wrongly. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md, "A bias
-# Add after a ConvTranspose on QNN's HTP"): ConvTranspose (8 -> 8, 2x2, stride 2) -> Add [1, 8, 1, 1]
-# -> Relu, A16W16 and A8W8 alike: the ConvTranspose's output agrees with the CPU EP's run of the same
-# model within 0.02% of its range, the Add's is 6.5% off (cosine 0.9927); with a Conv in its place, or
-# with the constant folded into the ConvTranspose's bias input, it agrees within 0.02%. The float
-# model on the HTP (FP16) is not affected. PP-OCRv4's detector head (Paddle's export) has two.
+# wrongly; folded into the ConvTranspose's bias it is right (docs/decisions/docs-htp-convtranspose-bias.md).
 
 
 def conv_transpose_bias_adds(proto: ModelProto) -> list[str]:
     """The Add nodes of a QDQ model that add a constant per channel (or one value) to a quantized
-    ConvTranspose's output (through its Q/DQ pair and any Identity), by name (measured: the comment above)."""
+    ConvTranspose's output (through its Q/DQ pair and any Identity), by name (why: the comment above)."""
     inits = {t.name: t for t in proto.graph.initializer}
     producers = {out: node for node in proto.graph.node for out in node.output}
 
@@ -74,16 +60,12 @@ def conv_transpose_bias_adds(proto: ModelProto) -> list[str]:
 
 
 # QNN's HTP computes a BatchNormalization quantized on its own (not folded into the Conv before it)
-# wrongly. Measured on the HTP simulator (onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md, "A
-# BatchNormalization on QNN's HTP"): Conv (16 -> 48, 1x1) -> BatchNormalization -> Relu on a [1,16,1,40]
-# map, A16W16 and A8W8: up to 50% of the output's range off, cosine 0.975; A16W8: 0.5%. Folded
-# into the Conv it is a Conv. PP-OCRv6's recogniser (Paddle's export, quantized as given because
-# pre-processing evaluated worse) has three; one of its channels came out 3.90 -> -2.70 on QNN.
+# wrongly (docs/decisions/docs-htp-batchnorm.md).
 
 
 def quantized_batch_norms(proto: ModelProto) -> list[str]:
     """The BatchNormalization nodes of a QDQ model that read a DequantizeLinear (quantized on their
-    own), by name (measured: the comment above)."""
+    own), by name (why: the comment above)."""
     producers = {out: node for node in proto.graph.node for out in node.output}
     return [node.name for node in proto.graph.node if node.op_type == "BatchNormalization" and node.input
             and (maker := producers.get(node.input[0])) is not None and maker.op_type == "DequantizeLinear"]

@@ -161,7 +161,9 @@ def _load_image(path: Path, spec: InputSpec, options: ImageOptions) -> np.ndarra
     return array[np.newaxis].astype(spec.dtype)
 
 
-def discover(path: str, specs: list[InputSpec], *, image: ImageOptions | None = None, random_count: int = 32) -> CalibrationSet:
+def discover(
+    path: str, specs: list[InputSpec], *, image: ImageOptions | None = None, random_count: int = 32
+) -> CalibrationSet:
     """Find and check the calibration samples at ``path`` ("random" for seeded random data).
 
     Every sample is read once here and checked (names, shapes, dtypes), one at a time."""
@@ -174,7 +176,9 @@ def discover(path: str, specs: list[InputSpec], *, image: ImageOptions | None = 
         return CalibrationSet("random", "random", count=random_count, inputs=records)
     location = Path(path).resolve()
     if not location.exists():
-        raise UsageError(f"calibration data not found: {location}", hint="pass a folder of .npz/.npy files, a .npz, or 'random'")
+        raise UsageError(
+            f"calibration data not found: {location}", hint="pass a folder of .npz/.npy files, a .npz, or 'random'"
+        )
     if location.is_file():
         if location.suffix != ".npz":
             raise UsageError(f"calibration file {location} is not a .npz", hint="pass a .npz or a folder of samples")
@@ -191,15 +195,21 @@ def discover(path: str, specs: list[InputSpec], *, image: ImageOptions | None = 
         for spec in specs:
             if spec.name not in arrays:
                 raise UsageError(
-                    f"{location.name} has no array for model input '{spec.name}' (it has: {', '.join(arrays) or 'none'})",
+                    f"{location.name} has no array for model input '{spec.name}' (it has: "
+                    f"{', '.join(arrays) or 'none'})",
                     hint="name the arrays after the model inputs",
                 )
             counts.add(arrays[spec.name].shape[0] if arrays[spec.name].ndim else 0)
         if len(counts) != 1 or 0 in counts:
-            raise UsageError(f"the arrays in {location.name} disagree on the number of samples", hint="stack the same number of samples for every input")
+            raise UsageError(
+                f"the arrays in {location.name} disagree on the number of samples",
+                hint="stack the same number of samples for every input",
+            )
         result = CalibrationSet("npz-stacked", str(location), files=[str(location)], count=counts.pop(), inputs=records)
         for index in range(result.count):
-            _check_sample({s.name: _take(arrays[s.name], index, s) for s in specs}, specs, f"sample {index} of {location.name}")
+            _check_sample(
+                {s.name: _take(arrays[s.name], index, s) for s in specs}, specs, f"sample {index} of {location.name}"
+            )
         return result
     files = sorted(p for p in location.iterdir() if p.is_file())
     npz = [p for p in files if p.suffix == ".npz"]
@@ -225,12 +235,19 @@ def discover(path: str, specs: list[InputSpec], *, image: ImageOptions | None = 
             try:
                 array = np.load(file, allow_pickle=False)
             except (OSError, ValueError) as exc:
-                raise UsageError(f"cannot read calibration file {file}: {exc}", hint="write it with numpy.save") from exc
+                raise UsageError(
+                    f"cannot read calibration file {file}: {exc}", hint="write it with numpy.save"
+                ) from exc
             _check_array(specs[0].name, array, specs[0], file.name)
         return CalibrationSet("npy-files", str(location), files=[str(p) for p in npy], count=len(npy), inputs=records)
     options = image or ImageOptions()
     result = CalibrationSet(
-        "images", str(location), files=[str(p) for p in images], count=len(images), inputs=records, image=asdict(options)
+        "images",
+        str(location),
+        files=[str(p) for p in images],
+        count=len(images),
+        inputs=records,
+        image=asdict(options),
     )
     _check_array(specs[0].name, result.sample(0), specs[0], images[0].name)
     return result

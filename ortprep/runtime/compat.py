@@ -19,17 +19,30 @@ def runtime_findings(ir_version: int, opset: int | None, ort_version: str | None
                         "probe of the installed onnxruntime", True))
     if ort_version is not None:
         limits = release_limits(ort_version)
-        targets.append((f"ONNX Runtime {ort_version}", limits["max_ir_version"], limits["max_opset"], limits["source"], False))
+        targets.append(
+            (f"ONNX Runtime {ort_version}", limits["max_ir_version"], limits["max_opset"], limits["source"], False)
+        )
     for who, max_ir, max_opset, source, installed in targets:
         if max_ir is not None and ir_version > max_ir:
-            findings.append(Finding.of(
-                "MOD009", f"model IR version {ir_version} is newer than {who} loads (IR <= {max_ir}); it refuses the model",
-                fix=f"ortprep convert MODEL --ir-version {max_ir} -o MODEL.ir{max_ir}.onnx (stamps the older IR version "
-                "and verifies the result), or export with an older onnx", source=source))
+            findings.append(
+                Finding.of(
+                    "MOD009",
+                    f"model IR version {ir_version} is newer than {who} loads (IR <= {max_ir}); it refuses the model",
+                    fix=f"ortprep convert MODEL --ir-version {max_ir} -o MODEL.ir{max_ir}.onnx "
+                    "(stamps the older IR version "
+                    "and verifies the result), or export with an older onnx",
+                    source=source,
+                )
+            )
         if opset is not None and max_opset is not None and opset > max_opset:
             code = "MOD002" if installed else "MOD010"
-            findings.append(Finding.of(
-                code, f"model uses opset {opset}; {who} supports up to {max_opset}",
-                fix=f"convert down: ortprep convert MODEL --opset {max_opset}" + (", or upgrade ONNX Runtime" if installed else ""),
-                source=source))
+            findings.append(
+                Finding.of(
+                    code,
+                    f"model uses opset {opset}; {who} supports up to {max_opset}",
+                    fix=f"convert down: ortprep convert MODEL --opset {max_opset}"
+                    + (", or upgrade ONNX Runtime" if installed else ""),
+                    source=source,
+                )
+            )
     return findings

@@ -4,10 +4,8 @@ On x86-64 CPUs without VNNI (AVX2, AVX-512 without VNNI), ONNX Runtime's CPU ker
 uint8 activations by int8 weights with an instruction whose 16-bit intermediate sums saturate, so
 a U8S8 model can compute something else there than on a VNNI CPU (the ONNX Runtime docs, "Quantize
 ONNX models", data type selection; OpenVINO's "Saturation (overflow) issue workaround" explains
-the instruction). The documented remedy is 7-bit weights (reduce_range). Measured here: one
-MatMul with per-channel int8 weights, on an AMD EPYC with AVX2 and no VNNI: lowest cosine 0.9395
-through ORT's fused int8 kernel against 0.99986 for the same QDQ arithmetic unfused; with
-reduce_range 0.99964.
+the instruction). The documented remedy is 7-bit weights (reduce_range). The measurement on this
+kind of CPU: docs/decisions/docs-cpu-int8-saturation.md.
 """
 
 from __future__ import annotations
@@ -16,8 +14,10 @@ import platform
 from functools import lru_cache
 from pathlib import Path
 
-SOURCE = ("ONNX Runtime docs, Quantize ONNX models (onnxruntime.ai/docs/performance/model-optimizations/quantization.html): "
-          "U8S8 on x86-64 without VNNI may saturate, use reduce_range; measured here (runtime/cpu.py)")
+SOURCE = (
+    "ONNX Runtime docs, Quantize ONNX models (onnxruntime.ai/docs/performance/model-optimizations/quantization.html): "
+    "U8S8 on x86-64 without VNNI may saturate, use reduce_range; measured here (runtime/cpu.py)"
+)
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "avx_vnni_int8")
 
 

@@ -38,7 +38,9 @@ def installed_cpu_table() -> SupportTable | None:
         key = (normalize_domain(domain), op_name, start, end)
         constraints = merged.setdefault(key, {})
         for name, types in type_constraints.items():
-            constraints.setdefault(name, set()).update(t.removeprefix("tensor(").removesuffix(")") if t.startswith("tensor(") else t for t in types)
+            constraints.setdefault(name, set()).update(
+                t.removeprefix("tensor(").removesuffix(")") if t.startswith("tensor(") else t for t in types
+            )
     entries = [
         TableEntry(
             domain=domain,
@@ -54,6 +56,8 @@ def installed_cpu_table() -> SupportTable | None:
     return SupportTable(
         ep="cpu",
         granularity="kernel",
-        sources={"ort-installed": {"what": "installed onnxruntime kernel registry", "version": f"onnxruntime {version}"}},
+        sources={
+            "ort-installed": {"what": "installed onnxruntime kernel registry", "version": f"onnxruntime {version}"}
+        },
         entries=_index(entries),
     )

@@ -23,7 +23,9 @@ import numpy as np
 DAMP = 0.01  # added to H's diagonal, as a share of its mean: H from few samples is near singular
 
 
-def block_grid(block: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
+def block_grid(
+    block: np.ndarray, bits: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
     """The scale and zero point per row of ``block`` ([rows, weights of one block]) as ORT's
     MatMulNBits quantizer computes them, in float32 as it does (onnxruntime's MLAS blockwise
     quantizer: range2scalezp and range2scale, read in its source and held against its kernel in the
@@ -91,7 +93,9 @@ def _inverse_factor(hessian: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def compensated(weight: np.ndarray, hessian: np.ndarray, bits: int, block_size: int, symmetric: bool) -> np.ndarray | None:
+def compensated(
+    weight: np.ndarray, hessian: np.ndarray, bits: int, block_size: int, symmetric: bool
+) -> np.ndarray | None:
     """``weight`` ([K, N], the MatMul's B) rounded block by block along K with each row's rounding
     error moved onto the rows not yet rounded (GPTQ), as float weights on ORT's grid; ``hessian``
     is ``X^T X`` ([K, K]) of the MatMul's input rows. None where H cannot be factored."""
@@ -140,7 +144,9 @@ def _takes(weight) -> bool:
     and it is float32: from its metadata, no weights read."""
     import onnx
 
-    return weight.data_type == onnx.TensorProto.FLOAT and len(weight.dims) >= 2 and all(d == 1 for d in weight.dims[:-2])
+    return (
+        weight.data_type == onnx.TensorProto.FLOAT and len(weight.dims) >= 2 and all(d == 1 for d in weight.dims[:-2])
+    )
 
 
 def _b_matrix(weight) -> np.ndarray:
@@ -227,7 +233,11 @@ class Moments:
         import hashlib
         import os
 
-        return None if self.stored is None else os.path.join(self.stored, hashlib.sha256(name.encode()).hexdigest()[:16] + ".npy")
+        return (
+            None
+            if self.stored is None
+            else os.path.join(self.stored, hashlib.sha256(name.encode()).hexdigest()[:16] + ".npy")
+        )
 
     def read(self, wanted: list[str], samples, progress=None) -> dict[str, np.ndarray]:
         import os
@@ -245,7 +255,9 @@ class Moments:
         for done, feed in enumerate(samples(), start=1):
             values = dict(zip(fetch, self.session.run(fetch, feed))) if fetch else {}
             for name in left:
-                rows = np.asarray(feed[name] if name in self.inputs else values[name], np.float64).reshape(-1, self.names[name])
+                rows = np.asarray(feed[name] if name in self.inputs else values[name], np.float64).reshape(
+                    -1, self.names[name]
+                )
                 sums[name] += rows.T @ rows
             if progress is not None:
                 progress(done, self.count)
@@ -309,7 +321,10 @@ def compensate_model(model, model_path: str, samples, count: int, bits: int, blo
             error = output_error(weight, rounded, hessian) if rounded is not None else np.inf
             if not (np.isfinite(error) and np.isfinite(plain)) or error >= plain:
                 kept += nodes  # nearest rounding is no worse on these samples: the initializer is left as it is
-                ours, theirs = ours + (plain if np.isfinite(plain) else 0.0), theirs + (plain if np.isfinite(plain) else 0.0)
+                ours, theirs = (
+                    ours + (plain if np.isfinite(plain) else 0.0),
+                    theirs + (plain if np.isfinite(plain) else 0.0),
+                )
                 continue
             ours, theirs = ours + error, theirs + plain
             done += len(nodes)

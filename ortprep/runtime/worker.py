@@ -40,7 +40,14 @@ from ortprep.runtime.protocol import Reply, Request, WorkerState, module_roots, 
 DEFAULT_TIMEOUT = 300.0
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # Lines Python's fatal-error handler adds after a crash; they say nothing about the cause.
-_PYTHON_NOISE = ("Fatal Python error", "Extension modules", "Current thread", "Thread 0x", "  File ", "Python runtime state")
+_PYTHON_NOISE = (
+    "Fatal Python error",
+    "Extension modules",
+    "Current thread",
+    "Thread 0x",
+    "  File ",
+    "Python runtime state",
+)
 _HEADER_SIZE = 8
 
 
@@ -100,14 +107,19 @@ class Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def call(self, request: Request, *, timeout: float = DEFAULT_TIMEOUT, poll: Callable[[], None] | None = None) -> Reply:
+    def call(
+        self, request: Request, *, timeout: float = DEFAULT_TIMEOUT, poll: Callable[[], None] | None = None
+    ) -> Reply:
         """Send ``request``, wait at most ``timeout`` seconds for its reply. Any exception while
         waiting (Ctrl-C) kills the worker before it propagates: no orphan."""
         log_offset = os.path.getsize(self.log_path)
         self.requests += 1
         try:
-            envelope = {"roots": module_roots(request), "request": pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL),
-                        "delay": _test_delay(request)}
+            envelope = {
+                "roots": module_roots(request),
+                "request": pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL),
+                "delay": _test_delay(request),
+            }
             try:
                 write_frame(self.process.stdin.fileno(), envelope)
             except (BrokenPipeError, OSError):
@@ -293,7 +305,9 @@ class WorkerPool:
 
         executor = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
-            for future in [executor.submit(contextvars.copy_context().run, one, index) for index in range(len(requests))]:
+            for future in [
+                executor.submit(contextvars.copy_context().run, one, index) for index in range(len(requests))
+            ]:
                 future.result()
         except BaseException:
             # Ctrl-C (or a failure): what has not started never will, what runs ends now.

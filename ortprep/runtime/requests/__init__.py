@@ -12,8 +12,8 @@
     Stats        sessions built per model file (tests and benchmarks count them)
     RunOnEp      samples -> outputs in the session an application creates for one EP (quantize's gate)
 
-One module a request (sessions.py: what they share). The handlers run in the worker; they import numpy and onnxruntime there, onnx only where a
-handler needs it (the OpenVINO environment has no onnx).
+One module a request (sessions.py: what they share). The handlers run in the worker; they import numpy
+and onnxruntime there, onnx only where a handler needs it (the OpenVINO environment has no onnx).
 """
 
 from ortprep.runtime.requests.compile import Compile, CompileReply
@@ -30,7 +30,30 @@ from ortprep.runtime.requests.sessions import (
            session_options,
 )
 
-__all__ = ["Compile", "CompileReply", "LEVELS", "OpProbe", "OpProbeReply", "Placement", "PlacementReply", "Probe",
-           "ProbeReply", "Prove", "Quantize", "QuantizeReply", "RunModel", "RunOnEp", "RunOnEpReply", "RunReply",
-           "SessionSpec", "Stats", "StatsReply", "StreamingReader", "TimeModels", "TimeReply", "add_plugin_ep", "build_session",
-           "session_options"]
+__all__ = [
+    "Compile",
+    "CompileReply",
+    "LEVELS",
+    "OpProbe",
+    "OpProbeReply",
+    "Placement",
+    "PlacementReply",
+    "Probe",
+    "ProbeReply",
+    "Prove",
+    "Quantize",
+    "QuantizeReply",
+    "RunModel",
+    "RunOnEp",
+    "RunOnEpReply",
+    "RunReply",
+    "SessionSpec",
+    "Stats",
+    "StatsReply",
+    "StreamingReader",
+    "TimeModels",
+    "TimeReply",
+    "add_plugin_ep",
+    "build_session",
+    "session_options",
+]

@@ -81,7 +81,6 @@ class RunOnEp(Request):
             reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
         finally:
             # Each model is run here once (a search trial, a compiled model's samples): its session
-            # is not kept. Kept, QNN's simulator sessions added 100-200 MB each to the worker (a
-            # 9.5 MB detector: 1.1 GB after four trials; measured, onnxruntime-qnn 2.7.0).
+            # is not kept (docs/decisions/docs-worker-session-memory.md).
             state.release(self.model)
         return reply

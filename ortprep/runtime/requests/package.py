@@ -139,9 +139,12 @@ class SelectVariant(Request):
             if best is None or score > best[0]:
                 best = (score, name)
         if best is None:
-            return SelectVariantReply(variant=None, selected_by="ortprep",
-                                      why=f"no variant for {self.provider} ({why})" + (": " + "; ".join(notes) if notes else ""),
-                                      version=ort.__version__)
+            return SelectVariantReply(
+                variant=None,
+                selected_by="ortprep",
+                why=f"no variant for {self.provider} ({why})" + (": " + "; ".join(notes) if notes else ""),
+                version=ort.__version__,
+            )
         return SelectVariantReply(variant=best[1], selected_by="ortprep",
                                   why=f"ORT's selection rules applied by ortprep ({why})"
                                   + ("; " + "; ".join(notes) if notes else ""), version=ort.__version__)

@@ -67,10 +67,15 @@ class Placement(Request):
 
     def spec(self, **changes) -> SessionSpec:
         plugin = self.plugin or {}
-        base = SessionSpec(self.model, provider=self.provider, provider_options=tuple(sorted(self.provider_options.items())),
-                           plugin_library=plugin.get("library"),
-                           device_metadata=tuple(sorted((plugin.get("device_metadata") or {}).items())),
-                           custom_op_library=self.custom_op_library, label_unnamed=self.label_unnamed)
+        base = SessionSpec(
+            self.model,
+            provider=self.provider,
+            provider_options=tuple(sorted(self.provider_options.items())),
+            plugin_library=plugin.get("library"),
+            device_metadata=tuple(sorted((plugin.get("device_metadata") or {}).items())),
+            custom_op_library=self.custom_op_library,
+            label_unnamed=self.label_unnamed,
+        )
         return SessionSpec(**{**base.__dict__, **changes})
 
     def _session(self, state: WorkerState, reply: PlacementReply, **changes):
@@ -126,9 +131,8 @@ class Placement(Request):
                     reply.placement["default"] = {"error": clean_error(str(exc))}
                     raise
                 # The runs are the user's session's too: without CPU fallback QNN also runs the graph's
-                # input Q and output DQ, and computes another value (measured, onnxruntime-qnn 2.7.0: a
-                # QDQ MatMul -> Sigmoid model, output norm 0.975x the CPU EP's in the user's session,
-                # 1.0007x in the strict one), so the strict session answers only "does it all run there".
+                # input Q and output DQ, and computes another value, so the strict session answers only
+                # "does it all run there" (docs/decisions/docs-user-session-runs.md).
                 session = record
             assignment, subgraphs = assignment_of(record)
             reply.placement["default"] = {"assignment": assignment, "subgraphs": subgraphs}

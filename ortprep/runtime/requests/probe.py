@@ -119,7 +119,11 @@ class OpProbe(Request):
         except Exception as exc:  # noqa: BLE001 - the refusal is the result
             return OpProbeReply(error=" ".join(str(exc).split())[:400])
         # By op type, not name: an EP's layout pass (QNN prefers NHWC) replaces the node with a renamed one.
-        placed = [(sub.ep_name, node.op_type) for sub in session.get_provider_graph_assignment_info() for node in sub.get_nodes()]
+        placed = [
+            (sub.ep_name, node.op_type)
+            for sub in session.get_provider_graph_assignment_info()
+            for node in sub.get_nodes()
+        ]
         claimed = any(ep == self.provider and op == self.op for ep, op in placed) and not any(
             ep != self.provider and op == self.op for ep, op in placed)
         reply = OpProbeReply(claimed=claimed)

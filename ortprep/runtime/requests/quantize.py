@@ -141,8 +141,7 @@ class Quantize(Request):
         reply = QuantizeReply(status="failed", stage="quantize")
         # The sessions this worker keeps (up to MAX_SESSIONS, each with its arena at the size of its
         # largest run) are closed first: calibration builds sessions of its own, and the kept ones
-        # sat beside them. Measured on ddddocr's detector (20 MB, 1x3x416x416; the NPU journey's
-        # quantize --auto): the worker's peak went from 1,037 MB to 848.
+        # sat beside them (docs/decisions/docs-worker-session-memory.md).
         state.sessions.clear()
         logging.basicConfig(level=logging.ERROR)
         previous = os.getcwd()
@@ -172,7 +171,12 @@ class Quantize(Request):
         from ortprep.runtime.calibration import CalibrationSet
 
         options = self.options
-        types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int16": QuantType.QInt16, "uint16": QuantType.QUInt16}
+        types = {
+            "int8": QuantType.QInt8,
+            "uint8": QuantType.QUInt8,
+            "int16": QuantType.QInt16,
+            "uint16": QuantType.QUInt16,
+        }
         if self.mode == "preprocess":
             from onnxruntime.quantization.preprocess import quant_pre_process
 
@@ -198,8 +202,12 @@ class Quantize(Request):
         reader = StreamingReader(calibration, self.calibration_indices, self.progress)
         extra = dict(common.pop("extra_options"))
         extra["CalibStridedMinMax"] = options.get("stride") or _stride(len(reader))
-        fixed = _fixed_encodings(self.model, options.get("fixed_output_encodings") or {}, types[options["activation_type"]],
-                                 set(options.get("exclude_nodes") or ()))
+        fixed = _fixed_encodings(
+            self.model,
+            options.get("fixed_output_encodings") or {},
+            types[options["activation_type"]],
+            set(options.get("exclude_nodes") or ()),
+        )
         if fixed:
             extra["TensorQuantOverrides"] = {**fixed, **extra.get("TensorQuantOverrides", {})}
         wide = [name for name in options.get("wide_tensors") or () if name not in extra.get("TensorQuantOverrides", {})]
@@ -213,15 +221,25 @@ class Quantize(Request):
         methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                    "percentile": CalibrationMethod.Percentile}
         cached = {}
-        if options.get("calibration_cache") and "calibration_cache_path" in inspect.signature(quantize_static).parameters:
+        if (
+            options.get("calibration_cache")
+            and "calibration_cache_path" in inspect.signature(quantize_static).parameters
+        ):
             # ranges measured once per source and method, reused by later trials (onnxruntime >= 1.32;
             # older releases calibrate every time)
             cached["calibration_cache_path"] = options["calibration_cache"]
         with calibration_in_priority_order():
-            quantize_static(self.model, self.output, reader,
-                            quant_format=QuantFormat.QDQ if options["format"] == "qdq" else QuantFormat.QOperator,
-                            activation_type=types[options["activation_type"]], calibrate_method=methods[options["method"]],
-                            extra_options=extra, **common, **cached)
+            quantize_static(
+                self.model,
+                self.output,
+                reader,
+                quant_format=QuantFormat.QDQ if options["format"] == "qdq" else QuantFormat.QOperator,
+                activation_type=types[options["activation_type"]],
+                calibrate_method=methods[options["method"]],
+                extra_options=extra,
+                **common,
+                **cached,
+            )
 
 
     def _weight_only(self, options: dict[str, Any]) -> None:

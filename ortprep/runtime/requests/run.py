@@ -84,7 +84,9 @@ class RunModel(Request):
             reply.session_seconds = time.perf_counter() - started
             session = entry.session
             reply.providers = session.get_providers()
-            names = self.outputs or (entry.graph_outputs + [n for n in self.extra_outputs if n not in entry.graph_outputs])
+            names = self.outputs or (
+                entry.graph_outputs + [n for n in self.extra_outputs if n not in entry.graph_outputs]
+            )
             reply.stage = "run"
             for index, feeds in enumerate(self.feeds):
                 values = session.run(names, feeds)
@@ -105,7 +107,9 @@ class RunModel(Request):
 
     def _from_bytes(self, state: WorkerState, spec: SessionSpec) -> CachedSession:
         state.count_session(self.model)
-        on_ep = any(p != "CPUExecutionProvider" for p in (e if isinstance(e, str) else e[0] for e in self.providers or []))
+        on_ep = any(
+            p != "CPUExecutionProvider" for p in (e if isinstance(e, str) else e[0] for e in self.providers or [])
+        )
         session = state.ort.InferenceSession(self.model_bytes, session_options(state, spec), providers=self.providers,
                                              **({"enable_fallback": 0} if on_ep else {}))
         if on_ep:
@@ -123,7 +127,9 @@ class RunModel(Request):
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.optimization])
         options.optimized_model_filepath = self.optimized_model
         if self.optimized_data:
-            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", self.optimized_data)
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", self.optimized_data
+            )
             options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         state.count_session(self.model)
         session = ort.InferenceSession(self.model, options, providers=self.providers)
@@ -140,9 +146,7 @@ class TimeModels(Request):
     """Time model files against each other on one feed, on the CPU EP: a session each (timed
     sessions expose only the graph's outputs), ``warmup`` runs of each, then ``runs`` rounds of one
     run of every model, the order turned each round (A B, B A, ...). Timed in turns of one run, the
-    models meet the same load: in blocks of ten runs each, a level-4 MatMulNBits file measured 0.90x
-    of its level-0 twin's time in one quantize and 0.96x in the next, on a 2-core machine shared
-    with another job (bench/RESULTS.md, session 28)."""
+    models meet the same load (docs/decisions/docs-timing-in-turns.md)."""
 
     reply_type = TimeReply
 

@@ -47,9 +47,18 @@ class SessionSpec:
             object.__setattr__(self, "strict", False)
 
     def key(self) -> tuple:
-        return model_key(self.model) + (self.provider, self.provider_options, self.with_cpu, self.strict, self.optimization,
-                                        self.plugin_library, self.device_metadata, self.custom_op_library, self.label_unnamed,
-                                        self.extra_outputs)
+        return model_key(self.model) + (
+            self.provider,
+            self.provider_options,
+            self.with_cpu,
+            self.strict,
+            self.optimization,
+            self.plugin_library,
+            self.device_metadata,
+            self.custom_op_library,
+            self.label_unnamed,
+            self.extra_outputs,
+        )
 
 
 def session_options(state: WorkerState, spec: SessionSpec):
@@ -108,7 +117,9 @@ def _with_extra_outputs(spec: SessionSpec, options) -> tuple[str | bytes, list[s
                 node.name = f"{node.op_type}#{index}"
     graph_outputs = [v.name for v in proto.graph.output]
     present = set(graph_outputs)
-    proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(spec.extra_outputs) if n not in present)
+    proto.graph.output.extend(
+        onnx.ValueInfoProto(name=n) for n in dict.fromkeys(spec.extra_outputs) if n not in present
+    )
     options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                      os.path.dirname(os.path.abspath(spec.model)))
     return proto.SerializeToString(), graph_outputs
@@ -216,7 +227,9 @@ def build_session(state: WorkerState, spec: SessionSpec, exact: bool = False) ->
         session = ort.InferenceSession(source, sess_options=options, **fallback)
     else:
         entry = (spec.provider, dict(spec.provider_options))
-        providers = [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
+        providers = (
+            [entry] if spec.provider == "CPUExecutionProvider" or not spec.with_cpu else [entry, "CPUExecutionProvider"]
+        )
         session = ort.InferenceSession(source, options, providers=providers, **fallback)
     if spec.provider != "CPUExecutionProvider":
         no_silent_cpu_rerun(session)
@@ -228,11 +241,10 @@ def build_session(state: WorkerState, spec: SessionSpec, exact: bool = False) ->
 
 
 # What ORT's Python does when an EP fails while a session runs (onnxruntime_inference_collection.py,
-# InferenceSession.run; session creation likewise, in __init__): it prints "EP Error ... Falling back to ['CPUExecutionProvider'] and retrying"
-# to stdout, rebuilds the session on the CPU EP and returns the CPU EP's outputs, once and for good.
-# Measured on the NPU journey: PP-OCRv4's recogniser as a QDQ model created on QNN, then its run failed
-# ("QNN_GRAPH_ERROR_INVALID_TENSOR"), and load compared the CPU EP's outputs with the CPU EP's (max abs
-# diff 0.0) and passed. A proof must see that failure: ortprep's sessions on an EP never fall back.
+# InferenceSession.run; session creation likewise, in __init__): it prints
+# "EP Error ... Falling back to ['CPUExecutionProvider'] and retrying" to stdout, rebuilds the session
+# on the CPU EP and returns the CPU EP's outputs, once and for good. A proof must see that failure:
+# ortprep's sessions on an EP never fall back (docs/decisions/docs-no-ep-fallback.md).
 EP_RUN_FALLBACK = ("ORT's Python API would print 'EP Error' and re-run this model on the CPU EP from then on, "
                    "so an application's results would silently be the CPU's")
 EP_CREATE_FALLBACK = ("ORT's Python API would print 'EP Error' and create the session without this EP instead "
@@ -288,14 +300,20 @@ def _crash_requested(hook: str, model_path: str | bytes) -> bool:
         return False
     import onnx
 
-    model = onnx.load_from_string(model_path) if isinstance(model_path, bytes) else onnx.load(model_path, load_external_data=False)
+    model = (
+        onnx.load_from_string(model_path)
+        if isinstance(model_path, bytes)
+        else onnx.load(model_path, load_external_data=False)
+    )
     if hook == "fp16":
         return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
     op_type = hook.partition(":")[2]
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
     types.update({t.name: t.data_type for t in model.graph.initializer})
-    return any(node.op_type == op_type and types.get(node.input[0]) == onnx.TensorProto.FLOAT16 for node in model.graph.node)
+    return any(
+        node.op_type == op_type and types.get(node.input[0]) == onnx.TensorProto.FLOAT16 for node in model.graph.node
+    )
 
 
 # --- RunModel ------------------------------------------------------------------------------------

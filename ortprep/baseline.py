@@ -48,7 +48,9 @@ def _latency(run: dict[str, Any]) -> dict[str, float]:
     found = {}
     for step in run.get("steps", []):
         for result in (step.get("report") or {}).get("results", []) if step["run"] == "load" else []:
-            median = (result.get("latency_ms") or {}).get("median") if isinstance(result.get("latency_ms"), dict) else None
+            median = (
+                (result.get("latency_ms") or {}).get("median") if isinstance(result.get("latency_ms"), dict) else None
+            )
             if median is not None:
                 found[f"{step['name']} {result['ep']}"] = median
     return found
@@ -137,5 +139,7 @@ def read_report(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a JSON report: {exc}", hint="pass a file written by --report") from None
     if document.get("schema") != RUN_SCHEMA or document.get("kind") != "repository":
-        raise UsageError(f"{path} is not a repository run report", hint="pass a file written by: ortprep run --report FILE")
+        raise UsageError(
+            f"{path} is not a repository run report", hint="pass a file written by: ortprep run --report FILE"
+        )
     return document

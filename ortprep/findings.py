@@ -74,10 +74,18 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNN002", "QNN rejects a node whose tensors lack a static shape", Severity.WARNING),
         FindingKind("QNN003", "graph-input Q / graph-output DQ stay on the CPU with QNN's defaults", Severity.INFO),
         FindingKind("QNN004", "a pattern measured to fail the QNN session on this device", Severity.ERROR),
-        FindingKind("QNN005", "a QDQ weight channel whose requantization multiplier HTP computes wrongly", Severity.WARNING),
-        FindingKind("QNN006", "a MatMul of two 16-bit activations, which QNN's HTP computes imprecisely", Severity.WARNING),
-        FindingKind("QNN007", "a quantized ConvTranspose's bias Add, which QNN's HTP computes wrongly", Severity.WARNING),
-        FindingKind("QNN008", "a BatchNormalization quantized on its own, which QNN's HTP computes wrongly", Severity.WARNING),
+        FindingKind(
+            "QNN005", "a QDQ weight channel whose requantization multiplier HTP computes wrongly", Severity.WARNING
+        ),
+        FindingKind(
+            "QNN006", "a MatMul of two 16-bit activations, which QNN's HTP computes imprecisely", Severity.WARNING
+        ),
+        FindingKind(
+            "QNN007", "a quantized ConvTranspose's bias Add, which QNN's HTP computes wrongly", Severity.WARNING
+        ),
+        FindingKind(
+            "QNN008", "a BatchNormalization quantized on its own, which QNN's HTP computes wrongly", Severity.WARNING
+        ),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)
@@ -86,19 +94,37 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CNV003", "activations beyond FP16's range on the test inputs", Severity.WARNING),
         FindingKind("CNV005", "ONNX Runtime crashed on the converted model", Severity.WARNING),
         FindingKind("CNV006", "verification failed", Severity.ERROR),
-        FindingKind("CNV007", "the original does not run, so the result is not verified (and not written)", Severity.ERROR),
+        FindingKind(
+            "CNV007", "the original does not run, so the result is not verified (and not written)", Severity.ERROR
+        ),
         FindingKind("CNV008", "ops kept FP32 because the EP has no FP16 kernel", Severity.INFO),
         FindingKind("CNV009", "verification passed with mixed precision", Severity.INFO),
-        FindingKind("CNV010", "ONNX Runtime crashes on some ops in FP16; bisection kept them in FP32", Severity.WARNING),
+        FindingKind(
+            "CNV010", "ONNX Runtime crashes on some ops in FP16; bisection kept them in FP32", Severity.WARNING
+        ),
         FindingKind("CNV011", "onnxconverter-common failed on this model", Severity.ERROR),
         FindingKind("CNV012", "the FP16 model is not smaller", Severity.WARNING),
         FindingKind("CNV013", "constants and BatchNormalization folded before FP16", Severity.INFO),
-        FindingKind("CNV015", "every output is flat on the inputs ortprep made: nothing verified, nothing written", Severity.ERROR),
+        FindingKind(
+            "CNV015",
+            "every output is flat on the inputs ortprep made: nothing verified, nothing written",
+            Severity.ERROR,
+        ),
         FindingKind("CNV014", "FP16 for no particular EP: the CPU EP runs some ops through Casts", Severity.INFO),
         FindingKind("CNV016", "inputs fixed, but some tensors inside still have unknown dimensions", Severity.WARNING),
-        FindingKind("CNV017", "FP16 verified on inputs ortprep made: the real input range is unknown", Severity.WARNING),
-        FindingKind("VFY001", "an output is constant or near zero on the inputs used; judged by absolute error", Severity.WARNING),
-        FindingKind("SIM001", "a simplifier (onnxsim or onnxoptimizer) could not run; the other's result is used", Severity.WARNING),
+        FindingKind(
+            "CNV017", "FP16 verified on inputs ortprep made: the real input range is unknown", Severity.WARNING
+        ),
+        FindingKind(
+            "VFY001",
+            "an output is constant or near zero on the inputs used; judged by absolute error",
+            Severity.WARNING,
+        ),
+        FindingKind(
+            "SIM001",
+            "a simplifier (onnxsim or onnxoptimizer) could not run; the other's result is used",
+            Severity.WARNING,
+        ),
         FindingKind("OPT001", "level 'all' output is specific to this machine and the CPU EP", Severity.WARNING),
         FindingKind("OPT002", "ONNX Runtime could not optimize the model", Severity.ERROR),
         # QNT: quantization
@@ -115,22 +141,30 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT011", "evaluated on seeded random inputs: proves little", Severity.WARNING),
         FindingKind("QNT012", "per-channel needs opset 13: upgraded, or per-tensor", Severity.INFO),
         FindingKind("QNT013", "pre-processing made the result worse: not used", Severity.INFO),
-        FindingKind("QNT014", "the verdict rests on fewer than 16 evaluation samples (weak evidence)", Severity.WARNING),
+        FindingKind(
+            "QNT014", "the verdict rests on fewer than 16 evaluation samples (weak evidence)", Severity.WARNING
+        ),
         FindingKind("QNT016", "another calibration method measured better and was kept", Severity.INFO),
         FindingKind("QNT017", "--auto: which precision passed, or that none did", Severity.INFO),
         FindingKind("QNT015", "nodes reading non-finite or sentinel constants stay float", Severity.INFO),
         FindingKind("QNT018", "weight-only: the target EP has no MatMulNBits kernel", Severity.WARNING),
         FindingKind("QNT019", "decisions judged on seeded random inputs only: not written", Severity.ERROR),
         FindingKind("QNT020", "weight scales raised where QNN's HTP requantizes a channel wrongly", Severity.INFO),
-        FindingKind("QNT021", "the target EP judged fewer samples: one run takes long there (--ep-seconds)", Severity.WARNING),
-        FindingKind("QNT022", "nodes kept off the target EP, which computes them otherwise than the CPU EP", Severity.WARNING),
+        FindingKind(
+            "QNT021", "the target EP judged fewer samples: one run takes long there (--ep-seconds)", Severity.WARNING
+        ),
+        FindingKind(
+            "QNT022", "nodes kept off the target EP, which computes them otherwise than the CPU EP", Severity.WARNING
+        ),
         FindingKind("QNT023", "the step's time on the target EP was spent (--ep-total-seconds)", Severity.WARNING),
         FindingKind("QNT024", "MatMuls of two 16-bit activations computed in FP16 for QNN's HTP", Severity.INFO),
         FindingKind("QNT025", "bias Adds after ConvTranspose folded into its bias for QNN's HTP", Severity.INFO),
         FindingKind("QNT026", "BatchNormalizations after Conv folded into it for QNN's HTP", Severity.INFO),
         FindingKind("QNT027", "most of the result's weights stay float", Severity.WARNING),
         FindingKind("QNT028", "activations given 16 bits by --auto-exclude", Severity.INFO),
-        FindingKind("QNT029", "16-bit activations into 8-bit-weight MatMuls: int8 compute on the CPU EP", Severity.WARNING),
+        FindingKind(
+            "QNT029", "16-bit activations into 8-bit-weight MatMuls: int8 compute on the CPU EP", Severity.WARNING
+        ),
         FindingKind("QNT030", "weight-only levels chosen for the MatMuls' outputs (gptq rounding) kept", Severity.INFO),
         FindingKind("QNT031", "weight-only: float32 compute kept over the CPU EP's int8 compute", Severity.INFO),
         # LOD: the runtime's word (load)
@@ -152,20 +186,40 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
         FindingKind("CMP003", "nodes stay outside the EPContext nodes", Severity.INFO),
-        FindingKind("CMP004", "--eval judged fewer samples: one run takes long on the EP (--ep-seconds)", Severity.WARNING),
-        FindingKind("CMP005", "initializers read inside If/Loop/Scan bodies were copied into them before compiling", Severity.INFO),
-        FindingKind("CMP006", "larger initializers read inside If/Loop/Scan bodies were read through main-graph Identity nodes before compiling", Severity.INFO),
+        FindingKind(
+            "CMP004", "--eval judged fewer samples: one run takes long on the EP (--ep-seconds)", Severity.WARNING
+        ),
+        FindingKind(
+            "CMP005",
+            "initializers read inside If/Loop/Scan bodies were copied into them before compiling",
+            Severity.INFO,
+        ),
+        FindingKind(
+            "CMP006",
+            "larger initializers read inside If/Loop/Scan bodies were read through main-graph Identity nodes "
+            "before compiling",
+            Severity.INFO,
+        ),
         # PKG: model packages (package, load --package)
         FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
-        FindingKind("PKG002", "the target's EP does not run where the package was made: no session proves its variant",
-                    Severity.WARNING),
-        FindingKind("PKG003", "no EPContext model in the package: the EP compiles the QDQ variant at session creation",
-                    Severity.WARNING),
+        FindingKind(
+            "PKG002",
+            "the target's EP does not run where the package was made: no session proves its variant",
+            Severity.WARNING,
+        ),
+        FindingKind(
+            "PKG003",
+            "no EPContext model in the package: the EP compiles the QDQ variant at session creation",
+            Severity.WARNING,
+        ),
         FindingKind("PKG004", "an EP asked for does not run here: no variant was tried on it", Severity.WARNING),
         FindingKind("PKG005", "no variant of the package fits an EP available here", Severity.ERROR),
         # RUN: the command itself
-        FindingKind("RUN001", "the command stopped before it could report (bad input, missing environment, internal error)",
-                    Severity.ERROR),
+        FindingKind(
+            "RUN001",
+            "the command stopped before it could report (bad input, missing environment, internal error)",
+            Severity.ERROR,
+        ),
         # DOC: the machine (doctor); SCN: pitfalls in code (doctor --scan)
         FindingKind("DOC001", "several ONNX Runtime packages installed side by side", Severity.ERROR),
         FindingKind("DOC002", "a CUDA/TensorRT library the EP needs does not load", Severity.ERROR),

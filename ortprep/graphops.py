@@ -80,9 +80,9 @@ def topological_sort(graph: GraphProto) -> bool:
 
 
 # ORT keeps an initializer larger than this many bytes as an OrtValue with an in-memory address
-# marker (its utils::kSmallTensorExternalDataThreshold, 127), which its compile API then wrote into
-# a body's initializers and refused to read back (onnxruntime issue 28158; measured 2026-11-27: "Initializer
-# 'block.w_body' references an ORT in-memory address marker").
+# marker (its utils::kSmallTensorExternalDataThreshold, 127), which its compile API then writes into
+# a body's initializers and refuses to read back (onnxruntime issue 28158;
+# docs/decisions/docs-epcontext-body-initializers.md).
 SMALL_INITIALIZER_BYTES = 127
 
 
@@ -105,11 +105,10 @@ def localize_body_initializers(graph: GraphProto, max_bytes: int | None = SMALL_
     and drop from ``graph`` the initializers nothing there reads any more. In place; returns the
     initializers copied.
 
-    Why: ORT's EP-context writer (compile; onnxruntime 1.32 with onnxruntime-qnn 2.7.0, measured
-    2026-11-27) keeps only the initializers that main-graph nodes read by name, so an If whose
-    branches read a scale that the EP's partition shares was written without it ("input
-    '..._scale' of node ... is not output of any previous nodes") and the compiled model did not
-    load. Larger ones (a Loop body's Conv weight) it fails on either way: read from the main graph
+    Why: ORT's EP-context writer (compile) keeps only the initializers that main-graph nodes read
+    by name, so an If whose branches read a scale that the EP's partition shares was written
+    without it and the compiled model did not load (docs/decisions/docs-epcontext-body-initializers.md).
+    Larger ones (a Loop body's Conv weight) it fails on either way: read from the main graph
     they are dropped, copied into the body they are written as in-memory markers
     (SMALL_INITIALIZER_BYTES); they are left where they are."""
     inits = {t.name: t for t in graph.initializer if max_bytes is None or tensor_bytes(t) <= max_bytes}
@@ -152,11 +151,7 @@ def feed_body_weights(graph: GraphProto, min_bytes: int = SMALL_INITIALIZER_BYTE
 
     Why: ORT's EP-context writer keeps only the initializers that main-graph nodes read by name,
     and a large one copied into a body it writes as an in-memory marker (localize_body_initializers).
-    Read by a main-graph node, it is kept. Measured (onnxruntime 1.32 + onnxruntime-qnn 2.7.0,
-    2026-11-28): a keyword model whose LSTM was kept off QNN in an If, its 10 KB weights read from
-    the main graph, did not compile ("input 'lstm.W' of node ... is not output of any previous
-    nodes"); fed so, it compiled, QNN took the Identity nodes into an EPContext node, and the
-    compiled model's outputs equalled QNN's session of the source model exactly."""
+    Read by a main-graph node, it is kept (measured: docs/decisions/docs-epcontext-body-initializers.md)."""
     from onnx import helper
 
     names = body_weights(graph, min_bytes)

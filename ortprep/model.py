@@ -134,8 +134,10 @@ def _require_text(proto: ModelProto, path: Path) -> None:
 
     for entry in proto.opset_import:
         if bad(entry.domain):
-            raise ModelReadError(f"{path}: opset import domain {entry.domain!r} is not valid UTF-8; the file is corrupt",
-                                 hint="re-export the model")
+            raise ModelReadError(
+                f"{path}: opset import domain {entry.domain!r} is not valid UTF-8; the file is corrupt",
+                hint="re-export the model",
+            )
     for scope, graph in iter_graphs(proto.graph):
         for index, node in enumerate(graph.node):
             if bytes not in map(type, (node.op_type, node.domain, node.name, *node.input, *node.output)):
@@ -146,8 +148,10 @@ def _require_text(proto: ModelProto, path: Path) -> None:
                         f"{path}: node {index}{' in ' + scope if scope else ''} has {field_name} that is not valid "
                         f"UTF-8 ({getattr(node, field_name)!r}); the file is corrupt", hint="re-export the model")
             if any(bad(name) for name in list(node.input) + list(node.output)):
-                raise ModelReadError(f"{path}: node {index} names a tensor that is not valid UTF-8; the file is corrupt",
-                                     hint="re-export the model")
+                raise ModelReadError(
+                    f"{path}: node {index} names a tensor that is not valid UTF-8; the file is corrupt",
+                    hint="re-export the model",
+                )
         for value in list(graph.input) + list(graph.output) + list(graph.value_info) + list(graph.initializer):
             if bad(value.name):
                 raise ModelReadError(f"{path}: a tensor name is not valid UTF-8 ({value.name!r}); the file is corrupt",
@@ -301,7 +305,11 @@ def _read_model_bytes(path: Path) -> bytes:
         raise ModelReadError(f"model file not found: {path}", hint="check the path")
     if path.is_dir():
         candidates = sorted(p.name for p in path.glob("*.onnx"))[:3]
-        hint = f"pass a file inside it, e.g. {path / candidates[0]}" if candidates else "pass the .onnx file, not its folder"
+        hint = (
+            f"pass a file inside it, e.g. {path / candidates[0]}"
+            if candidates
+            else "pass the .onnx file, not its folder"
+        )
         raise ModelReadError(f"{path} is a directory, not an ONNX model file", hint=hint)
     try:
         data = path.read_bytes()
@@ -361,7 +369,12 @@ def check_output_path(dest: Path, *, input_path: Path | None = None, force: bool
         )
     if dest.is_dir():
         raise OutputPathError(f"output path {dest} is a directory", hint="give a file name, e.g. model.out.onnx")
-    if input_path is not None and dest.exists() and os.path.realpath(dest) == os.path.realpath(input_path) and not force:
+    if (
+        input_path is not None
+        and dest.exists()
+        and os.path.realpath(dest) == os.path.realpath(input_path)
+        and not force
+    ):
         raise OutputPathError(
             f"output path {dest} is the input model",
             hint="choose another output path, or pass --force to overwrite the input",

@@ -127,7 +127,9 @@ def exit_code(runs: list[RunReport] | list[dict[str, Any]], regressions: bool = 
     package (a step, a gate, a baseline regression), else 3 when something asked for is not
     installed, else 0. Takes RunReports or their records."""
     def state(run) -> tuple[bool, bool]:
-        return (run.passed, bool(run.missing)) if isinstance(run, RunReport) else (run["passed"], bool(run.get("missing")))
+        return (
+            (run.passed, bool(run.missing)) if isinstance(run, RunReport) else (run["passed"], bool(run.get("missing")))
+        )
 
     states = [state(run) for run in runs]
     if regressions or any(not passed and not missing for passed, missing in states):
@@ -207,5 +209,12 @@ def proven_placement(result: dict[str, Any]) -> dict[str, Any]:
                 "partitions": partitions, "fallbacks": len(proof.get("fallback_nodes") or []),
                 "copies": result["copies"] if partitions == result["partitions"]
                 and comparison.get("actual_verdict") == comparison.get("predicted_verdict") else None}
-    return {"proven": False, "on_ep": result["supported_nodes"], "nodes": result["nodes"], "share": result["node_share"],
-            "partitions": result["partitions"], "fallbacks": len(result["fallback_nodes"]), "copies": result["copies"]}
+    return {
+        "proven": False,
+        "on_ep": result["supported_nodes"],
+        "nodes": result["nodes"],
+        "share": result["node_share"],
+        "partitions": result["partitions"],
+        "fallbacks": len(result["fallback_nodes"]),
+        "copies": result["copies"],
+    }

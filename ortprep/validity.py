@@ -87,10 +87,11 @@ def require_valid(handle: ModelHandle, step: str) -> None:
     refuse, with one line."""
     error = runtime_refusal(handle)
     if error:
-        raise InvalidModelError(f"{handle.path}: onnx.checker rejects the model ({error}) and ONNX Runtime does not load "
-                                f"it; {step} needs a valid model",
-                                hint=f"ortprep check {handle.path} --ep cpu shows it; re-export the model or fix what the "
-                                "checker names")
+        raise InvalidModelError(
+            f"{handle.path}: onnx.checker rejects the model ({error}) and ONNX Runtime does not load "
+            f"it; {step} needs a valid model",
+            hint=f"ortprep check {handle.path} --ep cpu shows it; re-export the model or fix what the checker names",
+        )
 
 
 def converter_defects(handle: ModelHandle) -> list:
@@ -104,12 +105,17 @@ def converter_defects(handle: ModelHandle) -> list:
     for domain, count in sorted(counts.items()):
         if count > 1:
             versions = sorted({e.version for e in handle.proto.opset_import if (e.domain or "ai.onnx") == domain})
-            findings.append(Finding.of(
-                "MOD011", f"the model imports domain '{domain}' {count} times (versions {', '.join(map(str, versions))}); "
-                "ONNX Runtime's quantizer and some EPs refuse it ('Failed to find proper ai.onnx domain')",
-                fix="ortprep convert MODEL --repair -o MODEL.fixed.onnx (removes identical duplicates, verified)"
-                if len(versions) == 1 else f"re-export with one opset for '{domain}', or ortprep convert MODEL --opset N",
-                source="ONNX IR: each domain is imported once"))
+            findings.append(
+                Finding.of(
+                    "MOD011",
+                    f"the model imports domain '{domain}' {count} times (versions {', '.join(map(str, versions))}); "
+                    "ONNX Runtime's quantizer and some EPs refuse it ('Failed to find proper ai.onnx domain')",
+                    fix="ortprep convert MODEL --repair -o MODEL.fixed.onnx (removes identical duplicates, verified)"
+                    if len(versions) == 1
+                    else f"re-export with one opset for '{domain}', or ortprep convert MODEL --opset N",
+                    source="ONNX IR: each domain is imported once",
+                )
+            )
     return findings
 
 

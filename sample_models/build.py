@@ -161,9 +161,13 @@ def build_transformer_block(hidden: int = 64, ffn: int = 128) -> onnx.ModelProto
     ]
     for proj in ("q", "k", "v"):
         nodes.append(
-            helper.make_node("MatMul", ["ln1", w.add(f"{proj}.weight", (hidden, hidden))], [f"{proj}_mm"], name=f"{proj}_proj")
+            helper.make_node(
+                "MatMul", ["ln1", w.add(f"{proj}.weight", (hidden, hidden))], [f"{proj}_mm"], name=f"{proj}_proj"
+            )
         )
-        nodes.append(helper.make_node("Add", [f"{proj}_mm", w.add(f"{proj}.bias", (hidden,))], [proj], name=f"{proj}_bias"))
+        nodes.append(
+            helper.make_node("Add", [f"{proj}_mm", w.add(f"{proj}.bias", (hidden,))], [proj], name=f"{proj}_bias")
+        )
     nodes += [
         helper.make_node("Transpose", ["k"], ["k_t"], name="k_transpose", perm=[0, 2, 1]),
         helper.make_node("MatMul", ["q", "k_t"], ["scores"], name="qk"),
@@ -231,7 +235,9 @@ def build_control_flow() -> onnx.ModelProto:
         ],
     )
     nodes = [
-        helper.make_node("If", ["use_add"], ["branch_out"], name="choose", then_branch=then_graph, else_branch=else_graph),
+        helper.make_node(
+            "If", ["use_add"], ["branch_out"], name="choose", then_branch=then_graph, else_branch=else_graph
+        ),
         helper.make_node("Loop", ["trip_count", "keep_going", "branch_out"], ["y"], name="repeat", body=body),
     ]
     graph = helper.make_graph(
@@ -272,9 +278,13 @@ def build_mlp() -> onnx.ModelProto:
     """A two-layer MLP, saved with its weights in an external data file."""
     w = Weights(seed=4)
     nodes = [
-        helper.make_node("Gemm", ["x", w.add("fc1.weight", (128, 64)), w.add("fc1.bias", (128,))], ["h"], name="fc1", transB=1),
+        helper.make_node(
+            "Gemm", ["x", w.add("fc1.weight", (128, 64)), w.add("fc1.bias", (128,))], ["h"], name="fc1", transB=1
+        ),
         helper.make_node("Relu", ["h"], ["h_act"], name="relu"),
-        helper.make_node("Gemm", ["h_act", w.add("fc2.weight", (10, 128)), w.add("fc2.bias", (10,))], ["y"], name="fc2", transB=1),
+        helper.make_node(
+            "Gemm", ["h_act", w.add("fc2.weight", (10, 128)), w.add("fc2.bias", (10,))], ["y"], name="fc2", transB=1
+        ),
     ]
     graph = helper.make_graph(
         nodes,

@@ -55,8 +55,9 @@ def run_case(seed: Path, case: int, command: str, work: Path, timeout: float) ->
     model.write_bytes(data)
     args = [a.format(model=model, out=work / f"out{case}.onnx", shape=_dynamic_input(data)) for a in COMMANDS[command]]
     try:
-        child = subprocess.run([sys.executable, "-m", "ortprep", *args], capture_output=True, text=True, timeout=timeout,
-                               cwd=work)
+        child = subprocess.run(
+            [sys.executable, "-m", "ortprep", *args], capture_output=True, text=True, timeout=timeout, cwd=work
+        )
     except subprocess.TimeoutExpired:
         return f"{seed.name} case {case} ({kind}) {command}: hung past {timeout:.0f} s"
     if child.returncode == 4 or "Traceback" in child.stderr:

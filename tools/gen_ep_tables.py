@@ -121,7 +121,16 @@ def as_int(text: str) -> int | None:
 
 def op_entry(domain: str, op: str, note: str, src: str, **more) -> dict:
     """An entry of an op-level table (no opset or type data unless ``more`` gives it)."""
-    return {"domain": domain, "op": op, "since": None, "until": None, "types": None, **condition_and_note(note), "src": src, **more}
+    return {
+        "domain": domain,
+        "op": op,
+        "since": None,
+        "until": None,
+        "types": None,
+        **condition_and_note(note),
+        "src": src,
+        **more,
+    }
 
 
 def kernel_entry(row: dict[str, str], src: str) -> dict:
@@ -335,7 +344,9 @@ def main() -> None:
     args = parser.parse_args()
     for path in generate(args.src, args.out):
         data = json.loads(path.read_text())
-        entries = f"entries of {data['entries_from']}" if data.get("entries_from") else f"{len(data['entries'])} entries"
+        entries = (
+            f"entries of {data['entries_from']}" if data.get("entries_from") else f"{len(data['entries'])} entries"
+        )
         print(f"{path.relative_to(ROOT)}: {entries}, {len(data['constraints'])} constraints")
 
 

@@ -68,7 +68,9 @@ def cases(max_opset: int) -> list[dict]:
         if len(model.graph.input) > 1:
             # The form models use: the data input fed at run time, the others (weights, scales,
             # shapes) constant initializers, as EPs such as QNN require.
-            found.append({**base, "model": _params_constant(model, inputs), "inputs": inputs[:1], "constant_params": True})
+            found.append(
+                {**base, "model": _params_constant(model, inputs), "inputs": inputs[:1], "constant_params": True}
+            )
     return found
 
 
@@ -101,8 +103,12 @@ def qdq_wrapped(case: dict) -> onnx.ModelProto | None:
     graph = model.graph
     node = graph.node[0]
     weights = _quantize_initializers(graph, node)
-    floats_in = [(i, value) for i, value in enumerate(graph.input) if value.type.tensor_type.elem_type == TensorProto.FLOAT]
-    floats_out = [(i, value) for i, value in enumerate(graph.output) if value.type.tensor_type.elem_type == TensorProto.FLOAT]
+    floats_in = [
+        (i, value) for i, value in enumerate(graph.input) if value.type.tensor_type.elem_type == TensorProto.FLOAT
+    ]
+    floats_out = [
+        (i, value) for i, value in enumerate(graph.output) if value.type.tensor_type.elem_type == TensorProto.FLOAT
+    ]
     if not floats_in or len(floats_out) != len(graph.output) or case["opset"] < 13:
         return None
     new_nodes = []
@@ -110,14 +116,22 @@ def qdq_wrapped(case: dict) -> onnx.ModelProto | None:
         scale, zero = _qparams(case["inputs"][index])
         graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{value.name}_s"),
                                   numpy_helper.from_array(np.array(zero, np.uint8), f"{value.name}_z")])
-        new_nodes += [helper.make_node("QuantizeLinear", [value.name, f"{value.name}_s", f"{value.name}_z"], [f"{value.name}_q"]),
-                      helper.make_node("DequantizeLinear", [f"{value.name}_q", f"{value.name}_s", f"{value.name}_z"], [f"{value.name}_dq"])]
+        new_nodes += [
+            helper.make_node("QuantizeLinear", [value.name, f"{value.name}_s", f"{value.name}_z"], [f"{value.name}_q"]),
+            helper.make_node(
+                "DequantizeLinear", [f"{value.name}_q", f"{value.name}_s", f"{value.name}_z"], [f"{value.name}_dq"]
+            ),
+        ]
         for position, name in enumerate(node.input):
             if name == value.name:
                 node.input[position] = f"{value.name}_dq"
     tail = []
     for index, value in floats_out:
-        reference = case["outputs"][index] if index < len(case["outputs"]) and isinstance(case["outputs"][index], np.ndarray) else None
+        reference = (
+            case["outputs"][index]
+            if index < len(case["outputs"]) and isinstance(case["outputs"][index], np.ndarray)
+            else None
+        )
         if reference is None or reference.size == 0:
             return None
         scale, zero = _qparams(reference.astype(np.float32))
@@ -127,8 +141,12 @@ def qdq_wrapped(case: dict) -> onnx.ModelProto | None:
                 node.output[position] = inner
         graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), f"{value.name}_os"),
                                   numpy_helper.from_array(np.array(zero, np.uint8), f"{value.name}_oz")])
-        tail += [helper.make_node("QuantizeLinear", [inner, f"{value.name}_os", f"{value.name}_oz"], [f"{value.name}_oq"]),
-                 helper.make_node("DequantizeLinear", [f"{value.name}_oq", f"{value.name}_os", f"{value.name}_oz"], [value.name])]
+        tail += [
+            helper.make_node("QuantizeLinear", [inner, f"{value.name}_os", f"{value.name}_oz"], [f"{value.name}_oq"]),
+            helper.make_node(
+                "DequantizeLinear", [f"{value.name}_oq", f"{value.name}_os", f"{value.name}_oz"], [value.name]
+            ),
+        ]
     nodes = weights + new_nodes + [node] + tail
     del graph.node[:]
     graph.node.extend(nodes)
@@ -173,7 +191,9 @@ def run_probes(spec, target, options: LoadOptions, work: Path, models: list[dict
     provider_options = session_options(target, options.provider_options)
     with workers_scope() as pool:
         for model in models:
-            with np.load(model["inputs"], allow_pickle=True) as data:  # written by this tool (string inputs are object arrays)
+            with np.load(
+                model["inputs"], allow_pickle=True
+            ) as data:  # written by this tool (string inputs are object arrays)
                 feeds = {key: data[key] for key in data.files}
             request = OpProbe(model=model["path"], op=model["op"], feeds=feeds, provider=spec.provider,
                               provider_options=provider_options, plugin=target.plugin)
@@ -182,15 +202,31 @@ def run_probes(spec, target, options: LoadOptions, work: Path, models: list[dict
                 results[model["id"]] = {"id": model["id"], "claimed": False, "ran": False,
                                         "error": f"the process died on it ({reply.died})"}
             else:
-                results[model["id"]] = {"id": model["id"], "claimed": reply.claimed, "ran": reply.ran, "error": reply.error}
+                results[model["id"]] = {
+                    "id": model["id"],
+                    "claimed": reply.claimed,
+                    "ran": reply.ran,
+                    "error": reply.error,
+                }
             if len(results) % BATCH == 0:
                 print(f"  {len(results)} probed", file=sys.stderr, flush=True)
     return results
 
 
 def summarize(probes: list[dict], results: dict[str, dict]) -> dict[str, dict]:
-    ops: dict[str, dict] = defaultdict(lambda: {"probes": 0, "claimed": 0, "ran": 0, "qdq_probes": 0, "qdq_claimed": 0,
-                                                "qdq_ran": 0, "dtypes_ran": set(), "dtypes_failed": set(), "reasons": []})
+    ops: dict[str, dict] = defaultdict(
+        lambda: {
+            "probes": 0,
+            "claimed": 0,
+            "ran": 0,
+            "qdq_probes": 0,
+            "qdq_claimed": 0,
+            "qdq_ran": 0,
+            "dtypes_ran": set(),
+            "dtypes_failed": set(),
+            "reasons": [],
+        }
+    )
     for probe in probes:
         result = results.get(probe["id"], {})
         entry = ops[f"{probe['domain']}:{probe['op']}"]
@@ -199,11 +235,15 @@ def summarize(probes: list[dict], results: dict[str, dict]) -> dict[str, dict]:
         entry[prefix + "claimed"] += int(bool(result.get("claimed")))
         entry[prefix + "ran"] += int(bool(result.get("claimed")) and bool(result.get("ran")))
         if not probe["qdq"]:
-            (entry["dtypes_ran"] if result.get("claimed") and result.get("ran") else entry["dtypes_failed"]).add(probe["dtype"])
+            (entry["dtypes_ran"] if result.get("claimed") and result.get("ran") else entry["dtypes_failed"]).add(
+                probe["dtype"]
+            )
         if result.get("error") and len(entry["reasons"]) < 3 and result["error"] not in entry["reasons"]:
             entry["reasons"].append(result["error"])
-    return {op: {**e, "dtypes_ran": sorted(e["dtypes_ran"]), "dtypes_failed": sorted(e["dtypes_failed"] - e["dtypes_ran"])}
-            for op, e in sorted(ops.items())}
+    return {
+        op: {**e, "dtypes_ran": sorted(e["dtypes_ran"]), "dtypes_failed": sorted(e["dtypes_failed"] - e["dtypes_ran"])}
+        for op, e in sorted(ops.items())
+    }
 
 
 def main() -> int:
@@ -235,26 +275,49 @@ def main() -> int:
                 model_id = f"{index}{'q' if qdq else ''}"
                 path = work / f"{model_id}.onnx"
                 onnx.save(model, str(path))
-                np.savez(work / f"{model_id}.npz", **{v.name: value for v, value in zip(case["model"].graph.input, case["inputs"])})
+                np.savez(
+                    work / f"{model_id}.npz",
+                    **{v.name: value for v, value in zip(case["model"].graph.input, case["inputs"])},
+                )
                 dtype = helper.tensor_dtype_to_np_dtype(case["model"].graph.input[0].type.tensor_type.elem_type).name \
                     if case["model"].graph.input and case["model"].graph.input[0].type.tensor_type.elem_type else "?"
-                probes.append({"id": model_id, "path": str(path), "inputs": str(work / f"{model_id}.npz"),
-                               "node": model.graph.node[len(model.graph.node) // 2 if qdq else 0].name or "probe",
-                               "op": case["op"], "domain": case["domain"], "qdq": qdq, "dtype": dtype, "case": case["name"]})
+                probes.append(
+                    {
+                        "id": model_id,
+                        "path": str(path),
+                        "inputs": str(work / f"{model_id}.npz"),
+                        "node": model.graph.node[len(model.graph.node) // 2 if qdq else 0].name or "probe",
+                        "op": case["op"],
+                        "domain": case["domain"],
+                        "qdq": qdq,
+                        "dtype": dtype,
+                        "case": case["name"],
+                    }
+                )
         for probe in probes:  # the op's own node in a wrapped model is the one between the Q/DQ pairs
             if probe["qdq"]:
                 wrapped = onnx.load(probe["path"])
                 probe["node"] = next(n.name for n in wrapped.graph.node if n.op_type == probe["op"])
         results = run_probes(spec, target, options, work, probes)
-    package = target.plugin["package"] if target.plugin else f"onnxruntime {target.probe.version} ({target.python or 'this environment'})"
+    package = (
+        target.plugin["package"]
+        if target.plugin
+        else f"onnxruntime {target.probe.version} ({target.python or 'this environment'})"
+    )
     measured = {
         "ep": spec.name,
-        "source": {"what": "measured by tools/probe_ep_ops.py: onnx's single-op test cases loaded and run on the EP",
-                   "package": package, "onnxruntime": target.probe.version, "onnx": onnx.__version__,
-                   "backend": "HTP (x86 simulator)" if spec.name == "qnn" else spec.session_options.get("device_type", ""),
-                   "date": datetime.date.today().isoformat(), "cases": len(found), "probes": len(probes),
-                   # QNN's outcome depends on the SoC (soc_model): the table holds for the device probed
-                   "provider_options": session_options(target, options.provider_options)},
+        "source": {
+            "what": "measured by tools/probe_ep_ops.py: onnx's single-op test cases loaded and run on the EP",
+            "package": package,
+            "onnxruntime": target.probe.version,
+            "onnx": onnx.__version__,
+            "backend": "HTP (x86 simulator)" if spec.name == "qnn" else spec.session_options.get("device_type", ""),
+            "date": datetime.date.today().isoformat(),
+            "cases": len(found),
+            "probes": len(probes),
+            # QNN's outcome depends on the SoC (soc_model): the table holds for the device probed
+            "provider_options": session_options(target, options.provider_options),
+        },
         "ops": summarize(probes, results),
     }
     out = ROOT / "ortprep" / "eps" / "data" / "measured" / f"{spec.name}.json"
@@ -287,8 +350,11 @@ def write_diff(ep: str, measured: dict) -> None:
     if ep == "qnn":
         lines += [f"- taken only inside Q/DQ ({len(qdq_only)}): " + (", ".join(qdq_only) or "none"),
                   f"- taken as float but not inside Q/DQ ({len(float_only)}): " + (", ".join(float_only) or "none")]
-    lines += ["", "| op | probes | taken and ran | Q/DQ probes | Q/DQ taken and ran | dtypes that ran | first reason seen |",
-              "|---|---:|---:|---:|---:|---|---|"]
+    lines += [
+        "",
+        "| op | probes | taken and ran | Q/DQ probes | Q/DQ taken and ran | dtypes that ran | first reason seen |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
     for op, e in measured["ops"].items():
         reason = (e["reasons"][0][:120].replace("|", "/") if e["reasons"] else "")
         lines.append(f"| {op} | {e['probes']} | {e['ran']} | {e['qdq_probes']} | {e['qdq_ran']} | "

@@ -22,14 +22,15 @@ TARGET = ROOT / "ortprep" / "eps" / "data" / "ort_versions.json"
 DEFAULT = ["1.17.3", "1.18.1", "1.19.2", "1.20.1", "1.21.1", "1.22.1", "1.23.2", "1.24.4", "1.25.1", "1.26.0",
            "1.27.0", "1.28.0", "1.29.0", "1.30.0", "1.31.1", "1.32.0"]
 
-PROBE = r'''
+PROBE = r"""
 import json, sys
 import onnxruntime as ort
 from onnx import TensorProto, helper
 options = ort.SessionOptions(); options.log_severity_level = 4
 def accepts(ir, opset):
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
     try:
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -39,7 +40,7 @@ def accepts(ir, opset):
 opset = max(o for o in range(7, 40) if accepts(7, o))
 ir = max(i for i in range(3, 20) if accepts(i, 7))
 print(json.dumps({"version": ort.__version__, "max_opset": opset, "max_ir_version": ir}))
-'''
+"""
 
 
 def probe(version: str) -> dict:
@@ -47,8 +48,11 @@ def probe(version: str) -> dict:
         env = Path(tmp) / "env"
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
         python = str(env / "bin" / "python")
-        subprocess.run([python, "-m", "pip", "install", "-q", f"onnxruntime=={version}", "onnx", "numpy<2.3"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", f"onnxruntime=={version}", "onnx", "numpy<2.3"],
+            check=True,
+            capture_output=True,
+        )
         out = subprocess.run([python, "-c", PROBE], check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
@@ -64,8 +68,11 @@ def main() -> int:
             print(f"{version}: {exc.stderr.strip()[-300:] if exc.stderr else exc}", file=sys.stderr)
             continue
         minor = ".".join(version.split(".")[:2])
-        data["releases"][minor] = {"max_ir_version": found["max_ir_version"], "max_opset": found["max_opset"],
-                                   "source": f"measured: onnxruntime {found['version']} CPU wheel loads tiny models, {today}"}
+        data["releases"][minor] = {
+            "max_ir_version": found["max_ir_version"],
+            "max_opset": found["max_opset"],
+            "source": f"measured: onnxruntime {found['version']} CPU wheel loads tiny models, {today}",
+        }
         print(minor, data["releases"][minor], flush=True)
     data["about"] = ("Newest ONNX IR version and default-domain opset each ONNX Runtime release loads, measured by "
                      "tools/probe_ort_versions.py (one fact per minor release).")

@@ -60,8 +60,12 @@ def if_simple() -> onnx.ModelProto:
     outer scope, then a Conv."""
     then_g = helper.make_graph([helper.make_node("Relu", ["c"], ["t"])], "then", [],
                                [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, C, H, H])])
-    else_g = helper.make_graph([helper.make_node("Sigmoid", ["c"], ["g"]), helper.make_node("Mul", ["c", "g"], ["e"])], "else",
-                               [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, C, H, H])])
+    else_g = helper.make_graph(
+        [helper.make_node("Sigmoid", ["c"], ["g"]), helper.make_node("Mul", ["c", "g"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, C, H, H])],
+    )
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv0"),
              helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0, name="mean"),
              helper.make_node("Greater", ["m", "zero"], ["cond"], name="greater"),
@@ -108,8 +112,12 @@ def lstm_plain() -> onnx.ModelProto:
     rng = np.random.default_rng(1)
     nodes, inits = _lstm("", 12, 16, 16, "x", rng)
     nodes.append(helper.make_node("Squeeze", ["Y", "axes"], ["y"], name="squeeze"))
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12, 1, 16])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [12, 1, 16])], inits + [_init("axes", np.array([1], np.int64))])
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12, 1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [12, 1, 16])],
+        inits + [_init("axes", np.array([1], np.int64))],
+    )
 
 
 def lstm_in_if() -> onnx.ModelProto:
@@ -120,8 +128,11 @@ def lstm_in_if() -> onnx.ModelProto:
     for name in ("then", "else"):
         nodes, inits = _lstm(f"{name}_", 12, 16, 16, "x", rng)
         nodes.append(helper.make_node("Squeeze", [f"{name}_Y", "axes"], [f"{name}_y"]))
-        branches.append(helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
-                                                                                          [12, 1, 16])], inits))
+        branches.append(
+            helper.make_graph(
+                nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [12, 1, 16])], inits
+            )
+        )
     nodes = [helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0, name="mean"),
              helper.make_node("Greater", ["m", "zero"], ["cond"], name="greater"),
              helper.make_node("If", ["cond"], ["b"], then_branch=branches[0], else_branch=branches[1], name="branch"),
@@ -134,8 +145,16 @@ def lstm_in_if() -> onnx.ModelProto:
 def qdq_convs(batch: int | str) -> onnx.ModelProto:
     """Two Conv/Relu in QDQ form (uint8 activations, uint8 weights), batch static or named."""
     rng = np.random.default_rng(3)
-    inits = [_init("s", np.float32(0.05)), _init("z", np.uint8(128)), _init("ws", np.float32(0.01)), _init("wz", np.uint8(128))]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"])]
+    inits = [
+        _init("s", np.float32(0.05)),
+        _init("z", np.uint8(128)),
+        _init("ws", np.float32(0.01)),
+        _init("wz", np.uint8(128)),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+    ]
     current = "xd"
     for k in range(2):
         inits.append(_init(f"w{k}", rng.integers(100, 156, size=(C, C, 3, 3)).astype(np.uint8)))
@@ -146,16 +165,25 @@ def qdq_convs(batch: int | str) -> onnx.ModelProto:
                   helper.make_node("DequantizeLinear", [f"q{k}", "s", "z"], [f"d{k}"])]
         current = f"d{k}"
     nodes.append(helper.make_node("Identity", [current], ["y"]))
-    return _model(nodes, [_image(batch=batch)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, C, H, H])], inits)
+    return _model(
+        nodes, [_image(batch=batch)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, C, H, H])], inits
+    )
 
 
 def int64_elementwise() -> onnx.ModelProto:
     """int64 Add and Mul on a graph input, then a Cast to float and a Relu."""
-    nodes = [helper.make_node("Add", ["x", "k"], ["a"], name="add"), helper.make_node("Mul", ["a", "k"], ["m"], name="mul"),
-             helper.make_node("Cast", ["m"], ["f"], to=TensorProto.FLOAT, name="cast"),
-             helper.make_node("Relu", ["f"], ["y"], name="relu")]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 64])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [_init("k", np.array([3], np.int64))])
+    nodes = [
+        helper.make_node("Add", ["x", "k"], ["a"], name="add"),
+        helper.make_node("Mul", ["a", "k"], ["m"], name="mul"),
+        helper.make_node("Cast", ["m"], ["f"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Relu", ["f"], ["y"], name="relu"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [_init("k", np.array([3], np.int64))],
+    )
 
 
 def loop_then_relu() -> onnx.ModelProto:
@@ -173,8 +201,12 @@ def if_reads_graph_input() -> onnx.ModelProto:
     from the outer scope, then a Conv."""
     then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
                                [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, C, H, H])])
-    else_g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["g"]), helper.make_node("Mul", ["x", "g"], ["e"])], "else",
-                               [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, C, H, H])])
+    else_g = helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["g"]), helper.make_node("Mul", ["x", "g"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, C, H, H])],
+    )
     nodes = [helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0, name="mean"),
              helper.make_node("Greater", ["m", "zero"], ["cond"], name="greater"),
              helper.make_node("If", ["cond"], ["b"], then_branch=then_g, else_branch=else_g, name="branch"),
@@ -238,8 +270,11 @@ def measure(runtimes: dict[str, str]) -> dict:
                                      "on_ep": sorted(n for n, ep in assignment.items() if ep == spec.provider),
                                      "message": "" if reply.ok else reply.message[-400:],
                                      "provider_options": options}
-                print(f"{name:20s} {label:13s} {rows[name][label]['status']:8s} "
-                      f"{rows[name][label]['nodes_on_ep']}/{rows[name][label]['nodes_total']} {rows[name][label]['message'][-120:]}")
+                print(
+                    f"{name:20s} {label:13s} {rows[name][label]['status']:8s} "
+                    f"{rows[name][label]['nodes_on_ep']}/{rows[name][label]['nodes_total']} "
+                    f"{rows[name][label]['message'][-120:]}"
+                )
     versions = {}
     for package in ("onnxruntime", "onnxruntime-qnn", "onnx"):
         try:

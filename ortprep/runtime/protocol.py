@@ -122,8 +122,7 @@ class WorkerState:
         # Sessions of temporary models that are gone, or were written again since (a key holds the
         # file's size and time), cannot be asked for again. quantize's rankings write each group of
         # exposed tensors to one file in turn: the session of every earlier group stayed cached,
-        # each with an arena grown to its run (4 on PP-PicoDet at 1x3x800x608: the worker rose from
-        # 0.35 to 1.15 GB; bench/RESULTS.md).
+        # each with an arena grown to its run (docs/decisions/docs-worker-session-memory.md).
         for key in [k for k in self.sessions if self._stale(k)]:
             del self.sessions[key]
 

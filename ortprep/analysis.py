@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -40,7 +41,8 @@ class ValueFacts:
     static: bool = field(init=False, repr=False, compare=False)  # a shape of known positive sizes
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "static", self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape))
+        static = self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape)
+        object.__setattr__(self, "static", static)
 
 
 @dataclass(slots=True)
@@ -202,37 +204,6 @@ def _infer(proto: ModelProto, strict: bool) -> tuple[ModelProto, bool]:
         return proto, False
 
 
-def _symbolic_infer(proto: ModelProto) -> ModelProto | None:
-    """ONNX Runtime's symbolic shape inference, which knows ORT's contrib ops (com.microsoft) that
-    onnx cannot type. It needs sympy, which ortprep does not require: None without it, or when it
-    fails."""
-    try:
-        import sympy  # noqa: F401
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        log.info("symbolic shape inference unavailable (needs onnxruntime and sympy)")
-        return None
-    try:
-        # Its infer_shapes() saves the model it could not finish to ./sym_shape_infer_temp.onnx (and
-        # a data file beside it) in the current folder, the user's: its steps are run here instead,
-        # and an incomplete inference is simply not used.
-        inference = SymbolicShapeInference(2**31 - 1, True, True, 0)
-        if not all(hasattr(inference, name) for name in ("_preprocess", "_infer_impl", "_update_output_from_vi")):
-            return None  # another ORT release's internals: no symbolic inference rather than files in the cwd
-        inference._preprocess(skeleton(proto))
-        complete = False
-        while inference.run_:
-            complete = inference._infer_impl()
-        inference._update_output_from_vi()
-        if not complete:
-            log.info("symbolic shape inference incomplete")
-            return None
-        return inference.out_mp_
-    except Exception as exc:  # noqa: BLE001 - it raises many types on models it cannot follow
-        log.info("symbolic shape inference failed: %s", exc)
-        return None
-
-
 @functools.lru_cache(maxsize=4096)
 def _schema(op: str, opset: int, domain: str) -> onnx.defs.OpSchema | None:
     try:
@@ -246,9 +217,13 @@ class ModelAnalysis:
 
     ``strict_inference``: try onnx's strict shape inference first, for a caller that runs onnx's
     full checker too (check): ``strict_inference_passed`` then says whether the checker may skip
-    its own. Costs a second inference on a model that fails it."""
+    its own. Costs a second inference on a model that fails it.
 
-    def __init__(self, handle: ModelHandle, strict_inference: bool = False) -> None:
+    ``symbolic_infer``: where onnx leaves node outputs untyped (contrib ops), a second inference
+    that may type them (runtime/shapes.py: ONNX Runtime's symbolic one); None: none."""
+
+    def __init__(self, handle: ModelHandle, strict_inference: bool = False,
+                 symbolic_infer: Callable[[ModelProto], ModelProto | None] | None = None) -> None:
         self.handle = handle
         self.opsets = handle.opsets()
         inferred, self.strict_inference_passed = _infer(handle.proto, strict_inference)
@@ -262,7 +237,8 @@ class ModelAnalysis:
                 if facts is None:
                     facts = by_type[key] = ValueFacts(*_facts_from_type(value.type))
                 known = self.values.get(value.name)
-                if known is None or (known.dtype is None and facts.dtype) or (known.shape is None and facts.shape is not None):
+                if (known is None or (known.dtype is None and facts.dtype)
+                        or (known.shape is None and facts.shape is not None)):
                     self.values[value.name] = facts
             for tensor in graph.initializer:
                 key = (tensor.data_type, tuple(tensor.dims))
@@ -279,9 +255,9 @@ class ModelAnalysis:
         self.graphs: list[GraphInfo] = []
         self._untyped = False  # a node output onnx could not type (found while collecting)
         self._collect(handle.graph, "")
-        if self._untyped:
+        if self._untyped and symbolic_infer is not None:
             # onnx gave up on some values (contrib ops, missing schemas): ask ORT's symbolic inference.
-            symbolic = _symbolic_infer(handle.proto)
+            symbolic = symbolic_infer(handle.proto)
             if symbolic is not None:
                 for _, graph in iter_graphs(symbolic.graph):
                     for value in list(graph.value_info) + list(graph.output):

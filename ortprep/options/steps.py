@@ -323,11 +323,20 @@ class QuantizeOptions(StepOptions):
             raise UsageError(f"{where}: image_size needs two positive numbers", hint="e.g. --image-size 224,224")
 
     def image(self):
-        """The image-calibration settings (runtime.calibration.ImageOptions)."""
-        from ortprep.runtime.calibration import ImageOptions
-
+        """The image-calibration settings (ImageOptions)."""
         size = (int(self.image_size[0]), int(self.image_size[1])) if self.image_size else None
         return ImageOptions(size=size, mean=self.mean or (0.0, 0.0, 0.0), std=self.std or (1.0, 1.0, 1.0), layout=self.layout)
+
+
+@dataclass
+class ImageOptions:
+    """How calibration images become a model input (runtime/calibration.py reads them)."""
+
+    size: tuple[int, int] | None = None  # (height, width); default: the model's input shape
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    layout: str = "nchw"
+    scale: float = 1.0 / 255.0
 
 
 @dataclass

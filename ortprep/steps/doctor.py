@@ -25,6 +25,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.providers import (
     import_ort,
     installed_ort_distributions,
+    ort_cuda_major,
     ort_max_opset,
 )
 from ortprep.steps.base import Step, StepContext
@@ -82,16 +83,6 @@ def _installed(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _cuda_major() -> int:
-    """The CUDA major version the installed onnxruntime-gpu was built with (12 when it does not say)."""
-    try:
-        from onnxruntime.capi import build_and_package_info
-
-        return int(str(getattr(build_and_package_info, "cuda_version", "12")).split(".")[0])
-    except (ImportError, ValueError):
-        return 12
 
 
 def _requires_ort(distribution: str) -> str | None:
@@ -172,7 +163,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
     system = "windows" if platform.system() == "Windows" else "linux"
     libraries = []
     gpu_wanted = any(p in providers for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
-    for key, file_name, label in gpu_libraries(system, _cuda_major()):
+    for key, file_name, label in gpu_libraries(system, ort_cuda_major()):
         loaded, detail = probe_library(file_name)
         libraries.append({"name": key, "file": file_name, "label": label, "loaded": loaded, "detail": detail})
         if gpu_wanted and not loaded and (key != "nvinfer" or "TensorrtExecutionProvider" in providers):
@@ -181,7 +172,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
                 "DOC002",
                 f"{label} ({file_name}) does not load: the {ep} EP is listed as available but sessions will fail "
                 "or silently run on the CPU",
-                fix=_gpu_library_fix(key, file_name, _cuda_major()),
+                fix=_gpu_library_fix(key, file_name, ort_cuda_major()),
             ))
     data["libraries"] = libraries
     features = cpu_features()

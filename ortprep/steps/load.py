@@ -25,11 +25,13 @@ from ortprep.findings import Finding, Severity
 from ortprep.runtime.decisions import dfl_hint
 from ortprep.model import ModelHandle
 from ortprep.options import LoadOptions
+from ortprep.prediction import check_target, predicted_ep_nodes
 from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.isolated import run_isolated
 from ortprep.runtime.requests.sessions import EP_CREATE_FALLBACK, EP_RUN_FALLBACK
+from ortprep.runtime.shapes import symbolic_infer
 from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
@@ -122,8 +124,6 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
                        subgraphs: list[list], device=None) -> tuple[dict[str, Any], list[Finding]]:
     """check's prediction next to what the EP claimed for the same file: node-level agreement over
     the nodes both know, partitions on both sides, verdicts, and the op types where they differ."""
-    from ortprep.steps.check import check_target, predicted_ep_nodes
-
     predicted, _ = check_target(analysis, (spec,), device=device)
     comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs,
                                                predicted_ep_nodes(analysis, predicted))
@@ -183,7 +183,7 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
             waiting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortprep-load")
             try:
                 pending = waiting.submit(contextvars.copy_context().run, run_all)  # the pipeline's workers
-                analysis = ModelAnalysis(handle) if any(t.available for t in targets) else None
+                analysis = ModelAnalysis(handle, symbolic_infer=symbolic_infer) if any(t.available for t in targets) else None
                 raw = pending.result()
             except BaseException as exc:
                 stop.set()  # no further EP
@@ -301,8 +301,6 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         elif provider != "CPUExecutionProvider":
             # No session, so no placement: the comparison still says what check had predicted, so a
             # wrong prediction ("full", and the session is not even created) is never hidden.
-            from ortprep.steps.check import check_target
-
             predicted, _ = check_target(analysis, (spec,), device=device)
             record["check_comparison"] = {"nodes_compared": 0, "node_agreement": None,
                                           "predicted_partitions": predicted["partitions"], "actual_partitions": 0,

@@ -102,6 +102,16 @@ def _common_parameters(name: str, writes_model: bool, needs_model: bool, optiona
     return params
 
 
+def option_parameters(options_cls) -> list[inspect.Parameter]:
+    """The command-line parameters of an Options class's fields (with their shortcut flags)."""
+    params = []
+    for field in options_cls.fields():
+        if spec_of(field).cli:
+            params.append(_parameter(field))
+            params.extend(_shortcut_parameters(field))
+    return params
+
+
 def option_values(options_cls, given: dict[str, Any]) -> dict[str, Any]:
     """The values the user gave on the command line, keyed by config key (Nones dropped)."""
     values: dict[str, Any] = {}
@@ -134,10 +144,7 @@ def build_command(name: str, *, extra: list[inspect.Parameter] = (), before=None
     needs_model = name not in NO_MODEL
     params = _common_parameters(name, writes_model, needs_model, optional_model=before is not None)
     params[1:1] = list(extra)
-    for field in options_cls.fields():
-        if spec_of(field).cli:
-            params.append(_parameter(field))
-            params.extend(_shortcut_parameters(field))
+    params += option_parameters(options_cls)
 
     def command(**kwargs: Any) -> None:
 

@@ -32,8 +32,8 @@ Shape = list[int | str | None]
 
 @dataclass(frozen=True, slots=True)
 class ValueFacts:
-    """A value's type. One object stands for every value of the same type (a 100,000-node model
-    has a few hundred), so its shape list is never changed in place."""
+    """A value's type. One object stands for every value of the same type (a large model has few
+    types: docs/decisions/seams-large-graph-costs.md), so its shape list is never changed in place."""
 
     dtype: str | None
     shape: Shape | None
@@ -175,7 +175,7 @@ def unknown_negative_dims(value) -> None:
 def _skeleton_bytes(proto: ModelProto) -> bytes:
     """skeleton(proto), serialized: the model itself where it holds no weight to leave out (a
     graph-only open of a model with external weights), so that the graph is not copied first
-    (on 100,000 nodes the copy is 0.1 s and about 60 MB). Shape inference reads nothing of what
+    (docs/decisions/seams-large-graph-costs.md). Shape inference reads nothing of what
     the skeleton drops besides the weights (doc strings, metadata)."""
     if any(t.HasField("raw_data") and tensor_nbytes(t) > SKELETON_KEEP_BYTES for t in proto.graph.initializer) or any(
             _negative_dims(v) for v in list(proto.graph.output) + list(proto.graph.value_info)):
@@ -187,10 +187,10 @@ def _infer(proto: ModelProto, strict: bool) -> tuple[ModelProto, bool]:
     """(the model with inferred value_info, whether onnx's strict, type-checking inference passed).
 
     ``strict``: try that one first. It is the inference onnx's full checker runs, so where it
-    passes the checker need not run it again (on 100,000 nodes it is half a second). Where it
-    fails, the lenient one gives what facts it can."""
+    passes the checker need not run it again. Where it fails, the lenient one gives what facts it
+    can."""
     # the skeleton as bytes at once: its proto is freed before onnx builds the inferred one
-    # (on a 100,000-node graph each copy costs about 100 MB)
+    # (docs/decisions/seams-large-graph-costs.md)
     data = _skeleton_bytes(proto)
     if strict:
         try:

@@ -62,8 +62,8 @@ class Pipeline:
     progress: Any = None  # callback(stage, done, total) for progress bars
     ignore: frozenset[str] = frozenset()  # finding codes that do not fail a step (a repository config's [ignore])
     _prepared: bool = field(default=False, repr=False)
-    # the model validate() opened, handed to the first step that reads it (opening a 100,000-node
-    # graph costs about a second)
+    # the model validate() opened, handed to the first step that reads it (opening a large graph
+    # is slow: docs/decisions/seams-large-graph-costs.md)
     _opened: Any = field(default=None, repr=False)
 
     # --- building ------------------------------------------------------------------------------

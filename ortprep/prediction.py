@@ -92,7 +92,7 @@ NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUnifo
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while check builds and reads its per-node
     objects: they form no cycles, and the collector would otherwise walk all of them again at
-    each full collection (0.3 s of a 100,000-node check). Restored on leaving."""
+    each full collection (docs/decisions/seams-large-graph-costs.md). Restored on leaving."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -177,7 +177,7 @@ def _kinds(analysis: ModelAnalysis) -> tuple[list[int], list[NodeInfo]]:
 
 def analysis_matches(table: SupportTable, analysis: ModelAnalysis) -> list:
     """tables.match for every node of the analysis (``all_nodes()`` order), looked up once per
-    kind of node (a 100,000-node model has a few hundred kinds) and once per table."""
+    kind of node (a large model has few kinds) and once per table."""
     def compute() -> tuple[SupportTable, list]:
         kinds, examples = _kinds(analysis)
         per_kind = [match(table, node) for node in examples]

@@ -42,17 +42,14 @@ ACCURACY_LEVELS = ("auto", "0", "1", "2", "3", "4")  # quantize --weight-only: M
 WEIGHT_ONLY_BITS = ("int4", "int8")
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
 DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
-# The time one judgement may take on the target EP (runtime/budget.py): QNN's HTP simulator took
-# 25-48 s a sample for a 1x3x800x608 detector here, and a gate of 8 + 24 samples per attempt ran
-# past the journey's 15 minutes a step.
+# The time one judgement may take on the target EP (runtime/budget.py); why 180 s and 900 s below:
+# docs/decisions/seams-ep-time-budgets.md
 EP_SECONDS = 180.0
 EP_SECONDS_HELP = ("Seconds the target EP may take to judge the samples of one run (held-back, calibration or --eval "
                    "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the first "
                    "samples that fit are judged, at least 2, and the report says how many.")
 # The time all of a quantize step's judgements may take on the target EP together (runtime/budget.py,
-# EpClock): per attempt a baseline for each source, the calibration samples, the divergence search
-# and the trials each judge there, and --auto makes up to four attempts; the layout detector's
-# quantize passed the journey's 30 minutes a step twice, each judgement within --ep-seconds.
+# EpClock): every attempt of --auto, each with its baseline, calibration samples, search and trials.
 EP_TOTAL_SECONDS = 900.0
 SHAPES_HELP = "Shape of a symbolic input: NAME=DIMS (repeatable)."  # load, package
 RUNTIMES_RUN_HELP = ("Run an EP under another environment's Python (its own ONNX Runtime flavour): EP=PYTHON "

@@ -21,10 +21,8 @@ KIND_BY_EP = {
     "qnn": "qdq",
 }
 # ORT's variant device kinds (cpu | gpu | npu); None: the variant names no device, and ORT matches
-# it by EP name alone. QNN names none: onnxruntime-qnn 2.7.0 offers its HTP backend on x86-64 Linux
-# (the simulator) as an OrtHardwareDeviceType.CPU device, so a variant for "npu" is never selected
-# there (measured with onnxruntime 1.32.0, get_ep_devices); the SoC it is for is in its
-# compatibility string and its provider options.
+# it by EP name alone. QNN names none (docs/decisions/seams-package-device-kinds.md): the SoC it is
+# for is in its compatibility string and its provider options.
 DEVICE_BY_EP = {
     "cpu": "cpu", "xnnpack": "cpu", "openvino-cpu": "cpu", "openvino-gpu": "gpu", "openvino-npu": "npu",
     "cuda": "gpu", "tensorrt": "gpu", "dml": "gpu", "dml-npu": "npu", "qnn": None, "coreml": None, "nnapi": None,

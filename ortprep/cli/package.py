@@ -85,9 +85,10 @@ package_command.__signature__ = _package_signature()  # type: ignore[attr-define
 package_command = error_boundary(package_command)
 
 
-PACKAGE_PARAMETER = inspect.Parameter("package", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
-    None, "--package", help="Load a model package instead of a model: for each EP here, the variant ONNX Runtime picks, "
-    "run on that EP against the package's float variant.", show_default=False))
+PACKAGE_PARAMETER = inspect.Parameter(
+    "package", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
+        None, "--package", help="Load a model package instead of a model: for each EP here, the variant ONNX Runtime "
+        "picks, run on that EP against the package's float variant.", show_default=False))
 
 
 def load_package_hook(kwargs: dict[str, Any]) -> bool:

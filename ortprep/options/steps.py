@@ -46,8 +46,8 @@ DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
 # docs/decisions/seams-ep-time-budgets.md
 EP_SECONDS = 180.0
 EP_SECONDS_HELP = ("Seconds the target EP may take to judge the samples of one run (held-back, calibration or --eval "
-                   "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the first "
-                   "samples that fit are judged, at least 2, and the report says how many.")
+                   "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the "
+                   "first samples that fit are judged, at least 2, and the report says how many.")
 # The time all of a quantize step's judgements may take on the target EP together (runtime/budget.py,
 # EpClock): every attempt of --auto, each with its baseline, calibration samples, search and trials.
 EP_TOTAL_SECONDS = 900.0
@@ -92,8 +92,8 @@ class CheckOptions(StepOptions):
                             "list, e.g. openvino-cpu,dml.", Kind.TARGETS, flags=("--ep", "--eps"), metavar="EP")
     ort_version: str | None = option(None, "Also check against this ONNX Runtime release (e.g. 1.24, the one that "
                                      "ships your EP): the IR versions and opsets it loads.", Kind.TEXT, metavar="X.Y")
-    html: Path | None = option(None, "Also write a self-contained HTML page of the graph, each node coloured by where it "
-                               "runs on each target.", Kind.PATH, metavar="FILE")
+    html: Path | None = option(None, "Also write a self-contained HTML page of the graph, each node coloured by where "
+                               "it runs on each target.", Kind.PATH, metavar="FILE")
     graph: bool = option(False, "Put the main graph (nodes, edges, each target's partitions) into the report, for "
                          "drawing it (--html and run --html set it).", Kind.FLAG, cli=False)
     prove: bool = option(False, "Build the real session where the EP runs here (the QNN HTP simulator, OpenVINO "
@@ -103,7 +103,8 @@ class CheckOptions(StepOptions):
         "With --prove: an EP's session option, as your application sets it: EP:KEY=VALUE (repeatable).")
     runtimes: dict[str, Path] = runtimes_option("With --prove: build an EP's session under another environment's "
                                                 "Python (its own ONNX Runtime flavour): EP=PYTHON (repeatable).")
-    timeout: float = option(DEFAULT_TIMEOUT, "With --prove: seconds per EP before its session counts as hung.", Kind.FLOAT,
+    timeout: float = option(DEFAULT_TIMEOUT, "With --prove: seconds per EP before its session counts as hung.",
+                                             Kind.FLOAT,
                             minimum=0.1)
     device: str | None = device_option()
 
@@ -123,7 +124,8 @@ class ConvertOptions(VerifyOptions):
     ep: str | None = option(None, "Target EP: ops it has no FP16 kernel for stay FP32; sets the FP16 I/O default. "
                             "Without it: every op with a float16 signature in ONNX becomes FP16.", Kind.EP)
     keep_io_types: bool | None = option(
-        None, "Keep float32 inputs/outputs (default), or make them float16 (the default for EPs that feed FP16, e.g. dml-npu).",
+        None, "Keep float32 inputs/outputs (default), or make them float16 (the default for EPs that feed FP16, e.g. "
+              "dml-npu).",
         Kind.TRISTATE, off_flag="--fp16-io")
     block_ops: tuple[str, ...] = option((), "Op type to keep in FP32 (repeatable).", Kind.NAMES,
                                         flags=("--block-op", "--block-ops"), metavar="OP")
@@ -147,15 +149,15 @@ class ConvertOptions(VerifyOptions):
     max_rounds: int = option(MAX_ROUNDS, "FP16: most mixed-precision rounds before giving up.", Kind.INT, minimum=1)
 
     def any_transform(self) -> bool:
-        return bool(self.fp16 or self.opset or self.ir_version or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d
-                    or self.keep_off_ep or self.repair)
+        return bool(self.fp16 or self.opset or self.ir_version or self.fix_shapes or self.fix_dims
+                    or self.conv1d_to_conv2d or self.keep_off_ep or self.repair)
 
     def validate(self, where: str) -> None:
         if not self.any_transform():
             raise UsageError(f"{where}: nothing to do",
-                             hint="give at least one of fp16, opset, ir_version, fix_shapes, fix_dims, conv1d_to_conv2d, keep_off_ep, "
-                                  "repair (--fp16, --opset, --ir-version, --fix-shape, --fix-dim, --conv1d-to-conv2d, "
-                                  "--keep-off-ep, --repair)")
+                             hint="give at least one of fp16, opset, ir_version, fix_shapes, fix_dims, "
+                                  "conv1d_to_conv2d, keep_off_ep, repair (--fp16, --opset, --ir-version, --fix-shape, "
+                                  "--fix-dim, --conv1d-to-conv2d, --keep-off-ep, --repair)")
 
 
 @dataclass
@@ -179,12 +181,13 @@ class OptimizeOptions(VerifyOptions):
 class QuantizeOptions(StepOptions):
     """Options of ``quantize`` (config keys = field names)."""
 
-    mode: str | None = option(None, "static (calibrated activations), dynamic (int8 weights, activations quantized at run "
-                              "time) or weight-only (block-wise int4/int8 MatMul weights, float activations: "
+    mode: str | None = option(None, "static (calibrated activations), dynamic (int8 weights, activations quantized at "
+                              "run time) or weight-only (block-wise int4/int8 MatMul weights, float activations: "
                               "MatMulNBits).", Kind.TEXT, choices=MODES,
                               shortcuts=(("--static", "static"), ("--dynamic", "dynamic")))
     weight_only: str | None = option(None, "Weight-only quantization of MatMul weights to int4 or int8, block-wise "
-                                     "(ORT's MatMulNBits; sets mode = weight-only).", Kind.TEXT, choices=WEIGHT_ONLY_BITS,
+                                     "(ORT's MatMulNBits; sets mode = weight-only).", Kind.TEXT,
+                                     choices=WEIGHT_ONLY_BITS,
                                      metavar="int4|int8")
     block_size: int = option(32, "--weight-only: weights per block sharing a scale (16, 32, 64, 128 or 256).", Kind.INT,
                              minimum=16)
@@ -195,12 +198,13 @@ class QuantizeOptions(StepOptions):
                            "then gptq where nearest fails the gate and calibration samples exist.", Kind.TEXT,
                            choices=ROUNDINGS)
     accuracy_level: str = option("auto", "--weight-only: MatMulNBits' accuracy_level, the lowest precision its "
-                                 "activations may be computed in: 0 (the EP's default: float32 on the CPU EP), 1 float32, "
-                                 "2 float16, 3 bfloat16, 4 int8 (activations quantized per block at run time). auto: 4 "
-                                 "with the CPU EP as the target (its int8 kernel: measured about 4x faster than float on a "
-                                 "1x4096 by 4096x4096 MatMul, where level 0 was 1.4x slower), else 0; then 0 (the "
-                                 "more precise) is kept where it passes and 4 fails the gate or does not run in at most "
-                                 "0.9x its time (and 0.1 ms less) on the samples' shapes.", Kind.TEXT, choices=ACCURACY_LEVELS,
+                                 "activations may be computed in: 0 (the EP's default: float32 on the CPU EP), 1 "
+                                 "float32, 2 float16, 3 bfloat16, 4 int8 (activations quantized per block at run "
+                                 "time). auto: 4 with the CPU EP as the target (its int8 kernel: measured about 4x "
+                                 "faster than float on a 1x4096 by 4096x4096 MatMul, where level 0 was 1.4x slower), "
+                                 "else 0; then 0 (the more precise) is kept where it passes and 4 fails the gate or "
+                                 "does not run in at most 0.9x its time (and 0.1 ms less) on the samples' shapes.",
+                                 Kind.TEXT, choices=ACCURACY_LEVELS,
                                  metavar="auto|0-4")
     calib: str | Path | None = data_option("Calibration data: folder of .npz/.npy/images, a stacked .npz, or "
                                            "'random'.")
@@ -212,7 +216,8 @@ class QuantizeOptions(StepOptions):
     per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",
                                       Kind.TRISTATE, off_flag="--per-tensor")
     method: str = option("minmax", "Calibration method.", Kind.TEXT, choices=("minmax", "entropy", "percentile"))
-    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT, choices=("int8", "uint8", "int16", "uint16"))
+    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT,
+                                           choices=("int8", "uint8", "int16", "uint16"))
     activation_type: str | None = option(None, "Override the preset's activation type.", Kind.TEXT,
                                          choices=("uint8", "int8", "uint16"))
     exclude_ops: tuple[str, ...] = option((), "Op type to leave in float (repeatable).", Kind.NAMES,
@@ -231,8 +236,8 @@ class QuantizeOptions(StepOptions):
     auto_exclude: bool = option(False, "Search for the fewest nodes to keep in float that pass the gate: op-type rules "
                                 "first (kept when they help), then the nodes ranked by the error they add, bisected.",
                                 Kind.FLAG)
-    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first, before "
-                                     "its bisection from the float end (about log2(nodes) + 1 more).", Kind.INT,
+    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first, "
+                                     "before its bisection from the float end (about log2(nodes) + 1 more).", Kind.INT,
                                      minimum=1)
     search_seconds: float = option(240.0, "--auto-exclude starts no trial this many seconds after the first one and "
                                    "keeps the best so far (with --auto, over all the precisions tried).", Kind.FLOAT,
@@ -243,17 +248,20 @@ class QuantizeOptions(StepOptions):
                                      "so none can pass the gate on it; --auto's FP16 probe still gets one judgement.",
                                      Kind.FLOAT, minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude keeps at most this share of the quantizable weights in float: "
-                                    "its search ends at a pass or at this cap (1: at the float model); the report gives "
-                                    "the share left quantized.", Kind.FLOAT, minimum=0.0)
+                                    "its search ends at a pass or at this cap (1: at the float model); the report "
+                                    "gives the share left quantized.", Kind.FLOAT, minimum=0.0)
     auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "
-                        "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.", Kind.FLAG)
+                        "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.",
+                        Kind.FLAG)
     metrics: dict[str, str] = metrics_option("for the gate", METRIC_KINDS_DETAILED)
     keep_failed: bool = option(False, "Keep a refused result (the gate failed, nothing was quantized, or it is not "
-                               "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.", Kind.FLAG)
+                               "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.",
+                               Kind.FLAG)
     verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)
     device: str | None = device_option()
     on_ep: bool | None = option(None, "Judge the accuracy gate on the target EP's own outputs where that EP runs here "
-                                "(default), or on the CPU EP only (--gate-on-cpu).", Kind.TRISTATE, flags=("--gate-on-ep",),
+                                "(default), or on the CPU EP only (--gate-on-cpu).", Kind.TRISTATE,
+                                flags=("--gate-on-ep",),
                                 off_flag="--gate-on-cpu")
     provider_options: dict[str, dict[str, str]] = provider_options_option(
         "The target EP's session option for the evaluation on the EP: EP:KEY=VALUE (repeatable).")
@@ -281,7 +289,8 @@ class QuantizeOptions(StepOptions):
                     raise UsageError(f"{where}: {name} applies to --weight-only",
                                      hint=f"drop {name}, or add --weight-only int4|int8")
         if self.mode is None:
-            raise UsageError(f"{where}: no quantization mode", hint='set mode = "static", "dynamic" or "weight-only" (--static, '
+            raise UsageError(f"{where}: no quantization mode",
+                             hint='set mode = "static", "dynamic" or "weight-only" (--static, '
                              "--dynamic or --weight-only int4|int8)")
         from ortprep.eps.registry import EPS, resolve_ep
 
@@ -298,7 +307,8 @@ class QuantizeOptions(StepOptions):
     def image(self):
         """The image-calibration settings (ImageOptions)."""
         size = (int(self.image_size[0]), int(self.image_size[1])) if self.image_size else None
-        return ImageOptions(size=size, mean=self.mean or (0.0, 0.0, 0.0), std=self.std or (1.0, 1.0, 1.0), layout=self.layout)
+        return ImageOptions(size=size, mean=self.mean or (0.0, 0.0, 0.0), std=self.std or (1.0, 1.0, 1.0),
+                            layout=self.layout)
 
 
 @dataclass
@@ -340,7 +350,8 @@ class LoadOptions(StepOptions):
     def validate(self, where: str) -> None:
         check_device(self.device, self.eps, self.provider_options, where)
         if self.reference is not None and not Path(self.reference).is_file():
-            raise UsageError(f"{where}: reference model not found: {self.reference}", hint="pass the float model's path")
+            raise UsageError(f"{where}: reference model not found: {self.reference}",
+                             hint="pass the float model's path")
         if self.custom_op_library is not None and not Path(self.custom_op_library).is_file():
             raise UsageError(f"{where}: custom-op library not found: {self.custom_op_library}",
                              hint="pass the path of the .so/.dll")
@@ -382,8 +393,8 @@ class CompileOptions(StepOptions):
                                                 "flavour): EP=PYTHON (repeatable).")
     timeout: float = option(DEFAULT_TIMEOUT, "Seconds before the compile counts as hung.", Kind.FLOAT, minimum=0.1)
     ep_seconds: float = option(EP_SECONDS, EP_SECONDS_HELP, Kind.FLOAT, minimum=1.0)
-    keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as NAME.failed.onnx "
-                               "(never at -o).", Kind.FLAG)
+    keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as "
+                               "NAME.failed.onnx (never at -o).", Kind.FLAG)
     device: str | None = device_option()
     eval: str | Path | None = data_option("Also compare on these samples (a folder of .npz/.npy, or a stacked .npz; "
                                           f"up to {32} of them): each is judged as the --inputs run is, and one "

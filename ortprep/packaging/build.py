@@ -95,7 +95,8 @@ def _available_here(target: PackageTarget) -> bool:
     return ep_runtime(resolve_ep(target.ep), runtimes).available
 
 
-def _build_variant(model: Path, target: PackageTarget, options: PackageOptions, root: Path, work: Path) -> VariantOutcome:
+def _build_variant(model: Path, target: PackageTarget, options: PackageOptions, root: Path,
+                   work: Path) -> VariantOutcome:
     from ortprep.model import ModelHandle
     from ortprep.pipeline import Pipeline
 
@@ -219,7 +220,8 @@ def _check_request(model: Path, destination: Path, options: PackageOptions) -> N
         if target.ep not in KIND_BY_EP:
             raise UsageError(f"package: no variant kind for {target.ep}", hint="targets: " + ", ".join(KIND_BY_EP))
         if not target.name.replace("-", "").replace("_", "").isalnum():
-            raise UsageError(f"package: target name {target.name!r} is not a folder name", hint="use letters, digits, - and _")
+            raise UsageError(f"package: target name {target.name!r} is not a folder name",
+                             hint="use letters, digits, - and _")
         if KIND_BY_EP[target.ep] == "qdq" and not options.calib:
             raise UsageError(f"package: target {target.name} ({target.ep}) is quantized and needs calibration data",
                              hint="pass --calib DIR (samples as the application feeds them)")

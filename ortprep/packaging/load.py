@@ -50,7 +50,8 @@ def read_package(package: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any
     a folder that is not a package."""
     manifest_path = package / "manifest.json"
     if not manifest_path.is_file():
-        raise UsageError(f"{package} is not a model package (no manifest.json)", hint="make one with: ortprep package MODEL -o DIR")
+        raise UsageError(f"{package} is not a model package (no manifest.json)",
+                         hint="make one with: ortprep package MODEL -o DIR")
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         value = manifest["components"][COMPONENT]
@@ -66,7 +67,8 @@ def read_package(package: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any
 def _inside(package: Path, relative: str) -> Path:
     path = (package / relative).resolve()
     if package.resolve() not in path.parents and path != package.resolve():
-        raise UsageError(f"{package}: the manifest points outside the package ({relative})", hint="portable packages stay inside their folder")
+        raise UsageError(f"{package}: the manifest points outside the package ({relative})",
+                         hint="portable packages stay inside their folder")
     return path
 
 
@@ -100,12 +102,14 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
         if not eps:
             kinds = sorted({body.get("ep", "?") for body in variants.values()})
             raise EnvironmentMissingError(f"load --package: no EP a variant of {package.name} is for runs here "
-                                          f"({', '.join(kinds)})", hint="ortprep doctor lists the EPs this machine runs")
+                                          f"({', '.join(kinds)})",
+                                          hint="ortprep doctor lists the EPs this machine runs")
         for label in eps:
             spec = resolve_ep(label)
             target = ep_runtime(spec, parsed.runtimes)
             if not target.available:
-                result.findings.append(Finding.of("PKG004", f"{spec.name} does not run here: no variant was tried on it",
+                result.findings.append(Finding.of("PKG004",
+                                                  f"{spec.name} does not run here: no variant was tried on it",
                                                   ep=spec.name, fix=f"{spec.install_hint}; ortprep doctor"))
                 continue
             options = session_options(target, parsed.provider_options, parsed.device)
@@ -127,7 +131,8 @@ def load_package(package: Path, load_values: dict[str, Any]) -> PackageLoad:
             if not reply.ok or reply.variant is None:
                 result.findings.append(Finding.of("PKG005", f"no variant of {package.name} fits {spec.name} here: "
                                                   f"{selection['why']}", ep=spec.name,
-                                                  fix=f"add a target for {spec.name}: ortprep package MODEL --target {spec.name}"))
+                                                  fix=f"add a target for {spec.name}: ortprep package MODEL --target "
+                                                      f"{spec.name}"))
                 continue
             body = variants[reply.variant]
             path = variant_file(package, reply.variant, body)

@@ -55,7 +55,8 @@ def write_manifest(root: Path, handle, outcomes: list[VariantOutcome], options: 
                 "description": f"{handle.path.name}: one variant per target, made and proven by ortprep",
                 "components": {COMPONENT: COMPONENT},
                 "additional_metadata": {"ortprep": {"schema": SCHEMA, "ortprep_version": __version__,
-                                                    "source": {"file": handle.path.name, "sha256": file_sha256(handle.path),
+                                                    "source": {"file": handle.path.name,
+                                                               "sha256": file_sha256(handle.path),
                                                                "files": handle.sha256(include_data=True)},
                                                     "reference_variant": reference}}}
     (root / COMPONENT / "component.json").write_text(json.dumps(component, indent=2) + "\n", encoding="utf-8")
@@ -99,7 +100,8 @@ def _proofs(outcome: VariantOutcome, compiled: bool) -> dict[str, Any]:
     if check and check.get("results"):
         row = check["results"][0]
         proofs["placement"] = {"verdict": row.get("verdict"), "node_share": row.get("node_share"),
-                               "partitions": row.get("partitions"), "fallback_nodes": len(row.get("fallback_nodes") or []),
+                               "partitions": row.get("partitions"),
+                               "fallback_nodes": len(row.get("fallback_nodes") or []),
                                "by": "check (prediction from the EP's tables)"}
     for name in ("convert", "quantize"):
         data = step_data(outcome.report, name)
@@ -121,7 +123,8 @@ def _proofs(outcome: VariantOutcome, compiled: bool) -> dict[str, Any]:
                           "nodes_total": row.get("nodes_total"), "latency_ms": row.get("latency_ms"),
                           "vs_float": three.get("total"), "vs_cpu": three.get("ep")}
     else:
-        proofs["load"] = {"status": "not run", "why": f"{outcome.target.ep} does not run on the machine that made the package"}
+        proofs["load"] = {"status": "not run",
+                          "why": f"{outcome.target.ep} does not run on the machine that made the package"}
     if compiled:  # the EPContext model: compile reloaded it on the EP and compared it with its QDQ source
         data = step_data(outcome.compile_report, "compile") or {}
         proofs["placement"] = {"ep_context_nodes": data.get("ep_context_nodes"), "other_nodes": data.get("other_nodes"),
@@ -130,7 +133,8 @@ def _proofs(outcome: VariantOutcome, compiled: bool) -> dict[str, Any]:
                           "by": "compile (reloaded on the EP and run)",
                           "vs_source": [{k: row.get(k) for k in ("name", "cosine", "norm_ratio", "max_abs_diff")}
                                         for row in data.get("outputs") or []]}
-        proofs["compile"] = {"compatibility": data.get("compatibility"), "device": (data.get("device") or {}).get("name"),
+        proofs["compile"] = {"compatibility": data.get("compatibility"),
+                             "device": (data.get("device") or {}).get("name"),
                              "samples": {k: v for k, v in (data.get("eval") or {}).items() if k != "worst"} or None}
     return proofs
 
@@ -148,7 +152,8 @@ def variant_rows(outcome: VariantOutcome, manifest: dict[str, Any] | None) -> li
                      "device": body.get("device"), "compatibility_string": body.get("compatibility_string"),
                      "bytes": meta.get("bytes"), "sha256": meta.get("sha256"),
                      "proofs": meta.get("proofs") or _proofs(outcome, False),
-                     "steps": [{"step": s.label, "status": s.status} for s in (outcome.report.steps if outcome.report else [])]})
+                     "steps": [{"step": s.label, "status": s.status}
+                               for s in (outcome.report.steps if outcome.report else [])]})
     return rows
 
 

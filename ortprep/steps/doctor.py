@@ -151,7 +151,8 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
         },
     }
     if ort is None:
-        report.add(Finding.of("DOC005", "ONNX Runtime is not importable", fix="pip install 'ortprep[cpu]' (or [gpu], [directml], [openvino])"))
+        report.add(Finding.of("DOC005", "ONNX Runtime is not importable",
+                              fix="pip install 'ortprep[cpu]' (or [gpu], [directml], [openvino])"))
     if len(distributions) > 1:
         names = ", ".join(f"{d.name} {d.version}" for d in distributions)
         report.add(Finding.of(
@@ -217,8 +218,9 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
 
 FLAVOURS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
             "onnxruntime-training", "ort-nightly", "ort-nightly-gpu")
-NON_CPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "OpenVINOExecutionProvider", "QNNExecutionProvider",
-                     "ROCMExecutionProvider", "MIGraphXExecutionProvider", "CoreMLExecutionProvider", "NnapiExecutionProvider")
+NON_CPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "OpenVINOExecutionProvider",
+                     "QNNExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
+                     "CoreMLExecutionProvider", "NnapiExecutionProvider")
 SKIP_DIRS = {".venv", "venv", ".git", "site-packages", "node_modules", "__pycache__", ".tox", "build", "dist"}
 
 
@@ -258,19 +260,21 @@ def _scan_python(path: Path, shown: str) -> list[Finding]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             if isinstance(node.value, (ast.List, ast.Tuple)):
                 list_values[node.targets[0].id] = node.value
-    text_providers = {s for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str) for s in [node.value]}
+    text_providers = {node.value for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     uses_gpu_ep = bool({"CUDAExecutionProvider", "TensorrtExecutionProvider"} & text_providers)
     for node in ast.walk(tree):
         autoinit = (isinstance(node, ast.Import) and any(a.name == "pycuda.autoinit" for a in node.names)) or (
-            isinstance(node, ast.ImportFrom) and node.module == "pycuda" and any(a.name == "autoinit" for a in node.names)
+            isinstance(node, ast.ImportFrom) and node.module == "pycuda"
+            and any(a.name == "autoinit" for a in node.names)
         )
         if autoinit and uses_gpu_ep:
             findings.append(Finding.of(
                 "SCN001",
                 f"{shown}:{node.lineno}: 'import pycuda.autoinit' in a program that also uses ORT's CUDA/TensorRT EP: "
                 "two owners of the CUDA context",
-                fix="create the context yourself (cuda.Device(0).make_context()), push it around your own CUDA work and "
-                "pop it before ORT runs, or let ORT own the device (user_compute_stream)",
+                fix="create the context yourself (cuda.Device(0).make_context()), push it around your own CUDA work "
+                "and pop it before ORT runs, or let ORT own the device (user_compute_stream)",
                 source=f"{shown}:{node.lineno}",
             ))
         if not isinstance(node, ast.Call):
@@ -296,8 +300,8 @@ def _scan_python(path: Path, shown: str) -> list[Finding]:
         if "DmlExecutionProvider" in names:
             others = [p for p in names if p in NON_CPU_PROVIDERS]
             if others:
-                what = ("OpenVINO with DirectML fails (\"doesn't support memcpy\")" if "OpenVINOExecutionProvider" in others
-                        else "DirectML can only share a session with CPU EPs")
+                what = ("OpenVINO with DirectML fails (\"doesn't support memcpy\")"
+                        if "OpenVINOExecutionProvider" in others else "DirectML can only share a session with CPU EPs")
                 findings.append(Finding.of(
                     "SCN003",
                     f"{shown}:{node.lineno}: providers {names} in one session: {what}",
@@ -362,7 +366,9 @@ class DoctorStep(Step):
     Options = DoctorOptions
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes, self.options.ort_version)
+        if self.options.scan is not None:
+            return scan(self.options.scan)
+        return doctor(self.options.runtimes, self.options.ort_version)
 
 
 # pip packages that ship each GPU library, per CUDA major (NVIDIA's wheels on PyPI: for CUDA 13 the

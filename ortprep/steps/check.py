@@ -68,9 +68,8 @@ def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
     """A convert command that makes every dynamic input static, with sizes guessed from the
     dimension names (batch 1, sequence 128) and an image's layout (spatial 640), or None when all
     are static. A dim none of these tells is a placeholder in capitals (its own name, else the
-    input's and the axis: STATE_DIM1):
-    a made-up number there was a wrong fix (openwakeword's mel front end: 'samples' as 256, below
-    its STFT's 512-sample kernel; Silero's unnamed state batch as 256)."""
+    input's and the axis: STATE_DIM1), since a made-up number there was a wrong fix
+    (docs/decisions/seams-static-shape-placeholders.md)."""
     import re
 
     from ortprep.runtime.feeds import BATCH_LIKE, SEQUENCE_LIKE

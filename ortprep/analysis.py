@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -31,8 +32,8 @@ Shape = list[int | str | None]
 
 @dataclass(frozen=True, slots=True)
 class ValueFacts:
-    """A value's type. One object stands for every value of the same type (a 100,000-node model
-    has a few hundred), so its shape list is never changed in place."""
+    """A value's type. One object stands for every value of the same type (a large model has few
+    types: docs/decisions/seams-large-graph-costs.md), so its shape list is never changed in place."""
 
     dtype: str | None
     shape: Shape | None
@@ -40,7 +41,8 @@ class ValueFacts:
     static: bool = field(init=False, repr=False, compare=False)  # a shape of known positive sizes
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "static", self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape))
+        static = self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape)
+        object.__setattr__(self, "static", static)
 
 
 @dataclass(slots=True)
@@ -173,7 +175,7 @@ def unknown_negative_dims(value) -> None:
 def _skeleton_bytes(proto: ModelProto) -> bytes:
     """skeleton(proto), serialized: the model itself where it holds no weight to leave out (a
     graph-only open of a model with external weights), so that the graph is not copied first
-    (on 100,000 nodes the copy is 0.1 s and about 60 MB). Shape inference reads nothing of what
+    (docs/decisions/seams-large-graph-costs.md). Shape inference reads nothing of what
     the skeleton drops besides the weights (doc strings, metadata)."""
     if any(t.HasField("raw_data") and tensor_nbytes(t) > SKELETON_KEEP_BYTES for t in proto.graph.initializer) or any(
             _negative_dims(v) for v in list(proto.graph.output) + list(proto.graph.value_info)):
@@ -185,10 +187,10 @@ def _infer(proto: ModelProto, strict: bool) -> tuple[ModelProto, bool]:
     """(the model with inferred value_info, whether onnx's strict, type-checking inference passed).
 
     ``strict``: try that one first. It is the inference onnx's full checker runs, so where it
-    passes the checker need not run it again (on 100,000 nodes it is half a second). Where it
-    fails, the lenient one gives what facts it can."""
+    passes the checker need not run it again. Where it fails, the lenient one gives what facts it
+    can."""
     # the skeleton as bytes at once: its proto is freed before onnx builds the inferred one
-    # (on a 100,000-node graph each copy costs about 100 MB)
+    # (docs/decisions/seams-large-graph-costs.md)
     data = _skeleton_bytes(proto)
     if strict:
         try:
@@ -200,37 +202,6 @@ def _infer(proto: ModelProto, strict: bool) -> tuple[ModelProto, bool]:
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; partial facts are still useful
         log.info("onnx shape inference failed (%s); using the model's own value_info", exc)
         return proto, False
-
-
-def _symbolic_infer(proto: ModelProto) -> ModelProto | None:
-    """ONNX Runtime's symbolic shape inference, which knows ORT's contrib ops (com.microsoft) that
-    onnx cannot type. It needs sympy, which ortprep does not require: None without it, or when it
-    fails."""
-    try:
-        import sympy  # noqa: F401
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        log.info("symbolic shape inference unavailable (needs onnxruntime and sympy)")
-        return None
-    try:
-        # Its infer_shapes() saves the model it could not finish to ./sym_shape_infer_temp.onnx (and
-        # a data file beside it) in the current folder, the user's: its steps are run here instead,
-        # and an incomplete inference is simply not used.
-        inference = SymbolicShapeInference(2**31 - 1, True, True, 0)
-        if not all(hasattr(inference, name) for name in ("_preprocess", "_infer_impl", "_update_output_from_vi")):
-            return None  # another ORT release's internals: no symbolic inference rather than files in the cwd
-        inference._preprocess(skeleton(proto))
-        complete = False
-        while inference.run_:
-            complete = inference._infer_impl()
-        inference._update_output_from_vi()
-        if not complete:
-            log.info("symbolic shape inference incomplete")
-            return None
-        return inference.out_mp_
-    except Exception as exc:  # noqa: BLE001 - it raises many types on models it cannot follow
-        log.info("symbolic shape inference failed: %s", exc)
-        return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -246,9 +217,13 @@ class ModelAnalysis:
 
     ``strict_inference``: try onnx's strict shape inference first, for a caller that runs onnx's
     full checker too (check): ``strict_inference_passed`` then says whether the checker may skip
-    its own. Costs a second inference on a model that fails it."""
+    its own. Costs a second inference on a model that fails it.
 
-    def __init__(self, handle: ModelHandle, strict_inference: bool = False) -> None:
+    ``symbolic_infer``: where onnx leaves node outputs untyped (contrib ops), a second inference
+    that may type them (runtime/shapes.py: ONNX Runtime's symbolic one); None: none."""
+
+    def __init__(self, handle: ModelHandle, strict_inference: bool = False,
+                 symbolic_infer: Callable[[ModelProto], ModelProto | None] | None = None) -> None:
         self.handle = handle
         self.opsets = handle.opsets()
         inferred, self.strict_inference_passed = _infer(handle.proto, strict_inference)
@@ -262,7 +237,8 @@ class ModelAnalysis:
                 if facts is None:
                     facts = by_type[key] = ValueFacts(*_facts_from_type(value.type))
                 known = self.values.get(value.name)
-                if known is None or (known.dtype is None and facts.dtype) or (known.shape is None and facts.shape is not None):
+                if (known is None or (known.dtype is None and facts.dtype)
+                        or (known.shape is None and facts.shape is not None)):
                     self.values[value.name] = facts
             for tensor in graph.initializer:
                 key = (tensor.data_type, tuple(tensor.dims))
@@ -279,9 +255,9 @@ class ModelAnalysis:
         self.graphs: list[GraphInfo] = []
         self._untyped = False  # a node output onnx could not type (found while collecting)
         self._collect(handle.graph, "")
-        if self._untyped:
+        if self._untyped and symbolic_infer is not None:
             # onnx gave up on some values (contrib ops, missing schemas): ask ORT's symbolic inference.
-            symbolic = _symbolic_infer(handle.proto)
+            symbolic = symbolic_infer(handle.proto)
             if symbolic is not None:
                 for _, graph in iter_graphs(symbolic.graph):
                     for value in list(graph.value_info) + list(graph.output):

@@ -125,7 +125,8 @@ class ConfigText:
                     seen += 1
                     header_line = number if seen == occurrence else header_line
                 continue
-            if key is not None and current == wanted and seen == occurrence and re.match(rf"^\"?{re.escape(key)}\"?\s*=", stripped):
+            if (key is not None and current == wanted and seen == occurrence
+                    and re.match(rf"^\"?{re.escape(key)}\"?\s*=", stripped)):
                 return number
             if key is not None and not wanted and not current and re.match(rf"^{re.escape(key)}\s*=", stripped):
                 return number
@@ -134,7 +135,8 @@ class ConfigText:
             return self.line_of(parent, child, occurrence) or header_line
         return header_line if key is None or header_line else None
 
-    def error(self, problem: str, table: str, key: str | None = None, hint: str = "", occurrence: int = 0) -> UsageError:
+    def error(self, problem: str, table: str, key: str | None = None, hint: str = "",
+              occurrence: int = 0) -> UsageError:
         line = self.line_of(table, key, occurrence)
         where = f"{self.path.name}:{line}" if line else self.path.name
         name = ".".join(p for p in (table, key) if p)
@@ -179,7 +181,8 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> tuple[list[StepEntry], Pa
     base = path.parent.resolve()
     unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
-        near = sorted({key for key in REPO_KEYS if any(u.rstrip("s") == key.rstrip("s") for u in unknown)} - set(TOP_LEVEL_KEYS))
+        near = sorted({key for key in REPO_KEYS if any(u.rstrip("s") == key.rstrip("s") for u in unknown)}
+                      - set(TOP_LEVEL_KEYS))
         raise UsageError(f"{path.name}: unknown top-level key(s) {', '.join(unknown)}",
                          hint=f"valid keys: {', '.join(TOP_LEVEL_KEYS)} for one model's pipeline"
                               + (f"; a repository config has {', '.join(near)} (spelled so)" if near else
@@ -257,7 +260,8 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
     base = text.path.parent.resolve()
     for key in raw:
         if key not in REPO_KEYS:
-            raise text.error("unknown key", "", key, hint=f"valid keys: {', '.join(REPO_KEYS)} (or model = for one model)")
+            raise text.error("unknown key", "", key,
+                             hint=f"valid keys: {', '.join(REPO_KEYS)} (or model = for one model)")
     models = _list_of_tables(raw, "models", text)
     if not models:
         raise text.error("no models", "models", hint='add [[models]] with path = "models/*.onnx"')
@@ -265,7 +269,8 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
     for index, table in enumerate(models):
         for key in table:
             if key not in MODEL_KEYS:
-                raise text.error("unknown key", "models", key, hint=f"valid keys: {', '.join(MODEL_KEYS)}", occurrence=index)
+                raise text.error("unknown key", "models", key, hint=f"valid keys: {', '.join(MODEL_KEYS)}",
+                                 occurrence=index)
         pattern = table.get("path")
         if not isinstance(pattern, str) or not pattern:
             raise text.error("needs a path (a glob, relative to the config)", "models", "path", occurrence=index)
@@ -286,7 +291,8 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
     targets_raw = raw.get("targets")
     if isinstance(targets_raw, list) and targets_raw:
         raise text.error("must be named tables, not a list", "targets",
-                         hint='write each target as [targets.NAME] with ep = "...", e.g. [targets.cpu] (not [[targets]])')
+                         hint='write each target as [targets.NAME] with ep = "...", e.g. [targets.cpu] (not '
+                              '[[targets]])')
     if not isinstance(targets_raw, dict) or not targets_raw:
         raise text.error("no targets", "targets", hint='add [targets.cpu] with ep = "cpu"')
     targets = []
@@ -299,11 +305,12 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
                 raise text.error("unknown key", where, key, hint=f"valid keys: {', '.join(TARGET_KEYS)}")
             if key in GATES:
                 kind = GATES[key][0]
-                good = isinstance(value, bool) if kind is bool else (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                                                    and (kind is float or float(value).is_integer()))
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                good = (isinstance(value, bool) if kind is bool
+                        else number and (kind is float or float(value).is_integer()))
                 if not good:
-                    raise text.error(f"must be {'true or false' if kind is bool else 'a number' if kind is float else 'an integer'}, "
-                                     f"not {value!r}", where, key)
+                    expected = 'true or false' if kind is bool else 'a number' if kind is float else 'an integer'
+                    raise text.error(f"must be {expected}, not {value!r}", where, key)
                 if key.endswith("_share") and not 0 <= value <= 1:
                     raise text.error(f"must be between 0 and 1, not {value}", where, key)
         if not isinstance(table.get("ep"), str):
@@ -343,7 +350,8 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
                     step_from_config(for_target(step, target, entry), index + 1, base, FAIL_ON["error"], "")
                 except UsageError as exc:
                     line = text.line_of("steps", None, index)
-                    context = f" (target {target.name}" + (f", [[models]] {table_index + 1}" if len(tables) > 1 else "") + ")"
+                    model_table = f", [[models]] {table_index + 1}" if len(tables) > 1 else ""
+                    context = f" (target {target.name}{model_table})"
                     raise UsageError(f"{text.path.name}:{line}: {exc.args[0]}{context}",
                                      hint=getattr(exc, "hint", "")) from None
     ignore = raw.get("ignore", {})
@@ -360,7 +368,8 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
     output_dir = raw.get("output_dir", "build/ortprep")
     if not isinstance(output_dir, str):
         raise text.error("must be a path", "", "output_dir")
-    return RepoConfig(text.path.resolve(), entries, targets, steps, (base / output_dir).resolve(), fail_on, dict(ignore))
+    return RepoConfig(text.path.resolve(), entries, targets, steps, (base / output_dir).resolve(), fail_on,
+                      dict(ignore))
 
 
 def _list_of_tables(raw: dict[str, Any], key: str, text: ConfigText) -> list[dict[str, Any]]:

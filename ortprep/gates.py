@@ -32,7 +32,8 @@ def judge(target: Target, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         passed = ok(value, limit)
         shown = len(value) if isinstance(value, list) else value
         reason = "" if passed else _gate_reason(gate, shown, limit, result)
-        gates.append({"gate": gate, "limit": limit, "value": shown, "passed": passed, "step": "check", "reason": reason})
+        gates.append({"gate": gate, "limit": limit, "value": shown, "passed": passed, "step": "check",
+                      "reason": reason})
     if target.gates.get("no_cpu_island"):
         islands = result.get("cpu_islands") if result is not None else None
         gates.append({"gate": "no_cpu_island", "limit": True, "value": islands, "passed": islands == [],
@@ -41,7 +42,8 @@ def judge(target: Target, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                           if islands else "no check step for this target ran")})
     if target.gates.get("load_must_pass"):
         load = next((s for s in steps if s["run"] == "load"), None)
-        outcome = next((r for r in ((load or {}).get("report") or {}).get("results", []) if r.get("ep") == target.ep), None)
+        results = ((load or {}).get("report") or {}).get("results", [])
+        outcome = next((r for r in results if r.get("ep") == target.ep), None)
         if load is None:
             gates.append({"gate": "load_must_pass", "limit": True, "value": None, "passed": False, "step": "load",
                           "reason": "no load step in the config: add [[steps]] run = \"load\""})
@@ -62,8 +64,10 @@ def judge(target: Target, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _gate_reason(gate: str, value: Any, limit: Any, result: dict[str, Any]) -> str:
     fallback = result.get("fallback_nodes") or []
     names = f" (CPU: {', '.join(fallback[:5])}{'...' if len(fallback) > 5 else ''})" if fallback else ""
-    text = {"min_node_share": f"{value:.1%} of the nodes on the EP, below {limit:.0%}" if value is not None else "no node share",
-            "min_mac_share": f"{value:.1%} of the MACs on the EP, below {limit:.0%}" if value is not None else "no MAC share",
+    text = {"min_node_share": f"{value:.1%} of the nodes on the EP, below {limit:.0%}" if value is not None
+            else "no node share",
+            "min_mac_share": f"{value:.1%} of the MACs on the EP, below {limit:.0%}" if value is not None
+            else "no MAC share",
             "max_partitions": f"{value} EP partitions, more than {limit}",
             "max_fallback_nodes": f"{value} nodes fall back to the CPU, more than {limit}"}[gate]
     return text + names

@@ -62,8 +62,8 @@ class Pipeline:
     progress: Any = None  # callback(stage, done, total) for progress bars
     ignore: frozenset[str] = frozenset()  # finding codes that do not fail a step (a repository config's [ignore])
     _prepared: bool = field(default=False, repr=False)
-    # the model validate() opened, handed to the first step that reads it (opening a 100,000-node
-    # graph costs about a second)
+    # the model validate() opened, handed to the first step that reads it (opening a large graph
+    # is slow: docs/decisions/seams-large-graph-costs.md)
     _opened: Any = field(default=None, repr=False)
 
     # --- building ------------------------------------------------------------------------------
@@ -97,7 +97,8 @@ class Pipeline:
                 filled["graph"] = True
             steps.append(step_from_config(filled, index + 1, base, FAIL_ON[config.fail_on], config.path.name))
         folder = config.output_dir / _slug(relative_to(model.path, base)) / target.name
-        return cls(steps=steps, model=model.path, output_dir=folder, config=config.path, ignore=frozenset(config.ignore))
+        return cls(steps=steps, model=model.path, output_dir=folder, config=config.path,
+                   ignore=frozenset(config.ignore))
 
     # --- checks before any work ----------------------------------------------------------------
 
@@ -117,7 +118,8 @@ class Pipeline:
                 if not parent_made_later:
                     check_output_path(dest, input_path=self.model, force=self.force)
                 elif self.model is not None and dest.resolve() == self.model.resolve():
-                    raise UsageError(f"step {index + 1} would write over the model {self.model}", hint="choose another output")
+                    raise UsageError(f"step {index + 1} would write over the model {self.model}",
+                                     hint="choose another output")
 
     def output_for(self, index: int, model: Path | None = None) -> Path:
         """Where step ``index`` writes: its own output, the run's output folder, or beside the input."""
@@ -149,7 +151,8 @@ class Pipeline:
         with workers_scope(prestart=any(entry.step.needs_ort != "never" for entry in self.steps)):
             self.prepare()
             model = self.model
-            report = RunReport(config=str(self.config) if self.config else None, model=str(self.model) if self.model else None,
+            report = RunReport(config=str(self.config) if self.config else None,
+                               model=str(self.model) if self.model else None,
                                final_model=None, single_command=self.single_command)
             if self.output_dir is not None and any(s.name in WRITES_MODEL for s in self.steps):
                 self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -363,7 +366,8 @@ def _run_on_workers(config: RepoConfig, pairs: list[tuple[ModelEntry, Target]], 
         report = getattr(reply, "report", None)
         if report is None:  # the worker died or hung: the pair's error, the others go on
             report = RunReport(config=str(config.path), model=str(model.path), final_model=None,
-                               target=target.name, ep=target.ep, model_label=relative_to(model.path, config.path.parent))
+                               target=target.name, ep=target.ep,
+                               model_label=relative_to(model.path, config.path.parent))
             report.error = f"the worker running it {reply.status}: {reply.message}"
         reports.append(report)
     return reports

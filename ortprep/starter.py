@@ -34,25 +34,31 @@ def starter_config(folder: Path) -> str:
     if not models:
         from ortprep.errors import UsageError
 
-        raise UsageError(f"no .onnx file under {folder}", hint="run ortprep init in the repository that holds the models")
+        raise UsageError(f"no .onnx file under {folder}",
+                         hint="run ortprep init in the repository that holds the models")
     targets = available_targets()
     lines = [
         "# ortprep.toml: the CI gate of this repository (written by `ortprep init`; see docs/pipeline.md).",
         "# Run it with: ortprep run        (add -j N for N models in parallel, --junit/--markdown/--html for reports)",
         "",
         'output_dir = "build/ortprep"   # models the steps write, per model and target',
-        'fail_on = "error"              # a step fails on findings of this severity or worse: error, warning, info, never',
+        'fail_on = "error"              # a step fails on findings of this severity or worse: error, warning, info, '
+        'never',
         "",
     ]
     for pattern in _glob_for(models, folder):
-        lines += ["[[models]]", f'path = "{pattern}"', "# shapes = { input = [1, 3, 224, 224] }  # sizes of symbolic inputs, if any",
-                  '# data = "data/calib"                   # real samples for quantize (calibration) and evaluation', ""]
+        lines += ["[[models]]", f'path = "{pattern}"',
+                  "# shapes = { input = [1, 3, 224, 224] }  # sizes of symbolic inputs, if any",
+                  '# data = "data/calib"                   # real samples for quantize (calibration) and evaluation',
+                  ""]
     for ep in targets:
         lines += [f"[targets.{ep.replace('-', '_')}]", f'ep = "{ep}"',
                   "# The gates. Each compares what `check` (and `load`) measured for this target:",
-                  "min_node_share = 0.0        # least share of nodes on the EP (0.95: at most 5% fall back to the CPU)",
+                  "min_node_share = 0.0        # least share of nodes on the EP (0.95: at most 5% fall back to the "
+                  "CPU)",
                   "# min_mac_share = 0.9       # least share of the multiply-accumulates on the EP",
-                  "# max_partitions = 1        # most EP partitions (each boundary is a copy between EP and CPU memory)",
+                  "# max_partitions = 1        # most EP partitions (each boundary is a copy between EP and CPU "
+                  "memory)",
                   "# max_fallback_nodes = 0    # most nodes that run on the CPU instead",
                   "# no_cpu_island = true      # no CPU node between two EP nodes (a round trip EP -> CPU -> EP)",
                   "load_must_pass = true       # the model loads and runs on this EP where the runner has it",

@@ -179,7 +179,7 @@ def test_verdicts_shared_between_nodes_are_each_nodes_own(sample):
     the match's verdict between the others: every EP's verdicts equal evaluating each node."""
     from ortprep.eps.rules import evaluate_node
     from ortprep.runtime.kernels import support_table
-    from ortprep.steps.check import _verdicts, analysis_matches
+    from ortprep.prediction import _verdicts, analysis_matches
 
     analysis = ModelAnalysis(ModelHandle.open(SAMPLES / sample))
     graph = analysis.handle.graph
@@ -484,7 +484,9 @@ def test_symbolic_shape_inference_types_contrib_outputs(tmp_path):
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
     path = saved(tmp_path, model)
     assert onnx.shape_inference.infer_shapes(model).graph.value_info == []  # onnx alone cannot type 'y'
-    analysis = ModelAnalysis(ModelHandle.open(path))
+    from ortprep.runtime.shapes import symbolic_infer
+
+    analysis = ModelAnalysis(ModelHandle.open(path), symbolic_infer=symbolic_infer)
     assert analysis.symbolic_used and analysis.values["y"].dtype == "float"
 
 

@@ -40,7 +40,8 @@ def render() -> str:
         "`--emit-config FILE`.",
     ]
     for name in REGISTRY:
-        lines += ["", f"## {name}", "", SUMMARIES[name], "", "| config key | flags | type | default | what |", "|---|---|---|---|---|"]
+        lines += ["", f"## {name}", "", SUMMARIES[name], "", "| config key | flags | type | default | what |",
+                  "|---|---|---|---|---|"]
         for field in options_class(name).fields():
             spec = spec_of(field)
             flags = cli_flags(field) if spec.cli else []
@@ -51,7 +52,8 @@ def render() -> str:
             if spec.choices:
                 kind += ": " + " \\| ".join(spec.choices)
             default = default_of(field)
-            shown = "-" if default in (None, (), [], {}) else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+            written = str(default).lower() if isinstance(default, bool) else default
+            shown = "-" if default in (None, (), [], {}) else f"`{written}`"
             shown_flags = ", ".join(f"`{f}`" for f in flags) if flags else "(config and Python only)"
             lines.append(f"| `{field.name}` | {shown_flags} | {kind} | {shown} | {spec.help} |")
     return "\n".join(lines) + "\n"

@@ -66,7 +66,8 @@ def _register() -> None:
         if name == "check":
             app.command(name)(build_command(name, extra=[list_eps], before=_list_eps))
         elif name == "load":
-            app.command(name)(build_command(name, extra=[package_cmd.PACKAGE_PARAMETER], before=package_cmd.load_package_hook))
+            app.command(name)(build_command(name, extra=[package_cmd.PACKAGE_PARAMETER],
+                                            before=package_cmd.load_package_hook))
         else:
             app.command(name)(build_command(name))
     run_cmd.register(app)

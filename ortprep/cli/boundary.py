@@ -48,7 +48,8 @@ def _error_document(exc: BaseException, message: str, code: ExitCode) -> None:
     from ortprep.findings import Finding
     from ortprep.render.json import dumps
 
-    finding = Finding.of("RUN001", message, fix="see the message; ORTPREP_DEBUG=1 shows the traceback of an internal error")
+    finding = Finding.of("RUN001", message,
+                         fix="see the message; ORTPREP_DEBUG=1 shows the traceback of an internal error")
     sys.stdout.write(dumps({"schema": "ortprep.error/1", "exit_code": int(code), "error_type": type(exc).__name__,
                             "findings": [finding.to_record()]}))
 

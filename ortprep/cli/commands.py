@@ -47,8 +47,8 @@ def _parameter(field: dataclasses.Field) -> inspect.Parameter:
         return inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool],
                                  default=typer.Option(None, *declarations, **common))
     annotation: Any
-    if spec.kind in (Kind.NAMES, Kind.TARGETS, Kind.EP_LIST, Kind.SHAPES, Kind.DIMS, Kind.PROVIDER_OPTIONS, Kind.RUNTIMES,
-                     Kind.METRICS):
+    if spec.kind in (Kind.NAMES, Kind.TARGETS, Kind.EP_LIST, Kind.SHAPES, Kind.DIMS, Kind.PROVIDER_OPTIONS,
+                     Kind.RUNTIMES, Kind.METRICS):
         annotation = Optional[list[str]]
     elif spec.kind == Kind.TEXT and spec.choices:
         annotation = Optional[_enum(field.name.title().replace("_", ""), spec.choices)]
@@ -72,7 +72,8 @@ def _shortcut_parameters(field: dataclasses.Field) -> list[inspect.Parameter]:
     ]
 
 
-def _common_parameters(name: str, writes_model: bool, needs_model: bool, optional_model: bool) -> list[inspect.Parameter]:
+def _common_parameters(name: str, writes_model: bool, needs_model: bool,
+                       optional_model: bool) -> list[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
     params = []
     if needs_model:
@@ -81,7 +82,8 @@ def _common_parameters(name: str, writes_model: bool, needs_model: bool, optiona
                                         annotation=Optional[Path] if optional_model else Path, default=default))
     if writes_model:
         params.append(inspect.Parameter("output", kw, annotation=Optional[Path], default=typer.Option(
-            None, "-o", "--output", help="Output model (default: beside the input, with a suffix).", show_default=False)))
+            None, "-o", "--output", help="Output model (default: beside the input, with a suffix).",
+                  show_default=False)))
         params.append(inspect.Parameter("force", kw, annotation=bool, default=typer.Option(
             False, "--force", help="Allow the output to overwrite the input model.")))
     params += [
@@ -92,13 +94,25 @@ def _common_parameters(name: str, writes_model: bool, needs_model: bool, optiona
         inspect.Parameter("junit", kw, annotation=Optional[Path], default=typer.Option(
             None, "--junit", help="Also write a JUnit XML report here.", show_default=False)),
         inspect.Parameter("markdown", kw, annotation=Optional[Path], default=typer.Option(
-            None, "--markdown", help="Also write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", show_default=False)),
+            None, "--markdown", help="Also write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).",
+                  show_default=False)),
         inspect.Parameter("fail_on", kw, annotation=FailOn, default=typer.Option(
-            FailOn.error, "--fail-on", help="Exit 1 when a finding is at or above this severity.", case_sensitive=False)),
+            FailOn.error, "--fail-on", help="Exit 1 when a finding is at or above this severity.",
+                          case_sensitive=False)),
         inspect.Parameter("emit_config", kw, annotation=Optional[Path], default=typer.Option(
             None, "--emit-config", help="Write the ortprep.toml equivalent to this command line to FILE and exit "
             "(ortprep run FILE then does the same).", show_default=False)),
     ]
+    return params
+
+
+def option_parameters(options_cls) -> list[inspect.Parameter]:
+    """The command-line parameters of an Options class's fields (with their shortcut flags)."""
+    params = []
+    for field in options_cls.fields():
+        if spec_of(field).cli:
+            params.append(_parameter(field))
+            params.extend(_shortcut_parameters(field))
     return params
 
 
@@ -134,10 +148,7 @@ def build_command(name: str, *, extra: list[inspect.Parameter] = (), before=None
     needs_model = name not in NO_MODEL
     params = _common_parameters(name, writes_model, needs_model, optional_model=before is not None)
     params[1:1] = list(extra)
-    for field in options_cls.fields():
-        if spec_of(field).cli:
-            params.append(_parameter(field))
-            params.extend(_shortcut_parameters(field))
+    params += option_parameters(options_cls)
 
     def command(**kwargs: Any) -> None:
 

@@ -99,7 +99,8 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
     pipeline.prepare()
     single = pipeline.steps[0].step if pipeline.single_command else None
     if single is not None and not single.reports_progress:
-        with progress_for(single.progress_label or f"running {single.name}", quiet=as_json or single.progress_label is None):
+        with progress_for(single.progress_label or f"running {single.name}",
+                          quiet=as_json or single.progress_label is None):
             run_report = pipeline.run()
     else:
         with progress_bar(quiet=as_json) as progress:
@@ -113,7 +114,8 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
         atomic_write_bytes(junit, render_junit(records).encode("utf-8"))
     if markdown is not None:
         atomic_write_bytes(markdown, render_markdown(records).encode("utf-8"))
-    emit(document, as_json=as_json, human=lambda _record, console: render_run_report(records, console, single=run_report.single_command))
+    emit(document, as_json=as_json,
+         human=lambda _record, console: render_run_report(records, console, single=run_report.single_command))
     for message in run_report.missing:
         sys.stderr.write(f"ortprep: error: {message}\n")
     return int(run_report.exit_code())

@@ -13,8 +13,7 @@ from ortprep.cli.boundary import error_boundary
 from ortprep.cli.options import JsonOpt, ReportOpt
 
 
-@error_boundary
-def package_command(
+def _package(
     model: Annotated[Path, typer.Argument(help="The ONNX model file (float).", show_default=False)],
     output: Annotated[Path, typer.Option("-o", "--output", help="The package folder to write (must not exist, unless "
                                          "--force).", show_default=False)],
@@ -23,44 +22,43 @@ def package_command(
         show_default=False)] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Take the targets from this ortprep.toml's [targets] "
                                                 "(their ep, device and runtime).", show_default=False)] = None,
-    calib: Annotated[str | None, typer.Option("--calib", help="Calibration data for quantized targets (qnn): a folder "
-                                              "of .npz/.npy samples or images.", show_default=False)] = None,
     inputs: Annotated[Path | None, typer.Option("--inputs", help="Verify and load on these inputs (.npz, one array "
                                                 "per input).", show_default=False)] = None,
-    shapes: Annotated[list[str] | None, typer.Option("--shape", help="Shape of a symbolic input: NAME=DIMS "
-                                                     "(repeatable).", show_default=False)] = None,
-    metrics: Annotated[list[str] | None, typer.Option("--metric", help="What the application reads from an output: "
-                                                      "OUTPUT=KIND (see quantize --help).", show_default=False)] = None,
     min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Quantized targets' accuracy gate (see "
                                                      "quantize --min-cosine).", show_default=False)] = None,
-    device: Annotated[str | None, typer.Option("--device", help="The device QNN targets are for (a SoC name or "
-                                               "soc_model=N).", show_default=False)] = None,
-    runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="Prove an EP under another environment's "
-                                                       "Python: EP=PYTHON (repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.",
-                                                       show_default=False)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help="Also compile an EPContext variant for QNN "
                                            "targets (where QNN runs here).")] = True,
-    name: Annotated[str | None, typer.Option("--name", help="Package name (default: the model's).", show_default=False)] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Package name (default: the model's).",
+                                             show_default=False)] = None,
     version: Annotated[str | None, typer.Option("--version", help="Package version.", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing package at -o.")] = False,
     json_output: JsonOpt = False,
     report: ReportOpt = None,
 ) -> None:
+    """package's own options, as parameters (package_command's signature reads them from here)."""
+
+
+def package_command(**given: Any) -> None:
     """Write one variant per target (FP16, QDQ, EPContext), each proven, in ORT's model package layout."""
+    from ortprep.cli.commands import option_values
     from ortprep.cli.output import check_report_paths, emit, progress_bar
     from ortprep.model import atomic_write_bytes
+    from ortprep.options.package import PackageSharedOptions
     from ortprep.packaging import PackageOptions, build_package, targets_from
     from ortprep.render.json import dumps
     from ortprep.render.package import render_package
 
+    model, report, json_output = given["model"], given.get("report"), given.get("json_output", False)
     check_report_paths([report], model)
-    values = {"shapes": _parsed("shapes", shapes), "metrics": _parsed("metrics", metrics)}
-    chosen = targets_from(targets or [], config=config, device=device, runtimes=_parsed_runtimes(runtimes))
-    options = PackageOptions(targets=chosen, calib=calib, inputs=inputs,
-                             shapes=values["shapes"], metrics=values["metrics"], min_cosine=min_cosine, compile=compile_, name=name,
-                             version=version, force=force)
+    shared = PackageSharedOptions.from_values(option_values(PackageSharedOptions, given), where="package")
+    chosen = targets_from(given.get("targets") or [], config=given.get("config"), device=shared.device,
+                          runtimes=shared.runtimes)
+    options = PackageOptions(targets=chosen, calib=shared.calib, inputs=given.get("inputs"), shapes=shared.shapes,
+                             metrics=shared.metrics, min_cosine=given.get("min_cosine"),
+                             compile=given.get("compile_", True), name=given.get("name"),
+                             version=given.get("version"), force=given.get("force", False))
     with progress_bar(quiet=json_output) as progress:
-        result = build_package(model, output, options, progress=progress)
+        result = build_package(model, given["output"], options, progress=progress)
     document = result.document()
     if report is not None:
         atomic_write_bytes(report, dumps(document).encode("utf-8"))
@@ -68,28 +66,29 @@ def package_command(
     raise typer.Exit(result.exit_code())
 
 
-def _parsed(key: str, given: list[str] | None) -> Any:
-    """--shape / --metric parsed as quantize parses them (one grammar)."""
-    from ortprep.options import QuantizeOptions, VerifyOptions, convert_value
+def _package_signature() -> inspect.Signature:
+    """package's own options (from _package) and, where they stood, those it shares with the steps
+    (built from the same groups, by the same code as a step command's)."""
+    from ortprep.cli.commands import option_parameters
+    from ortprep.options.package import PackageSharedOptions
 
-    owner = VerifyOptions if key == "shapes" else QuantizeOptions
-    field = next(f for f in owner.fields() if f.name == key)
-    return convert_value(field, given, "package", None) if given else {}
-
-
-def _parsed_runtimes(given: list[str] | None) -> dict[str, Path]:
-    """--runtime EP=PYTHON, parsed as load parses it (canonical EP names)."""
-    from ortprep.options import LoadOptions, convert_value
-
-    if not given:
-        return {}
-    field = next(f for f in LoadOptions.fields() if f.name == "runtimes")
-    return {name: Path(python) for name, python in convert_value(field, given, "package", None).items()}
+    own = {p.name: p for p in inspect.signature(_package, eval_str=True).parameters.values()}
+    by_name = {name: (p if name == "model" else p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+               for name, p in own.items()}
+    by_name.update({p.name: p for p in option_parameters(PackageSharedOptions)})
+    order = ["model", "output", "targets", "config", "calib", "inputs", "shapes", "metrics", "min_cosine", "device",
+             "runtimes", "compile_", "name", "version", "force", "json_output", "report"]
+    return inspect.Signature([by_name[name] for name in order])
 
 
-PACKAGE_PARAMETER = inspect.Parameter("package", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
-    None, "--package", help="Load a model package instead of a model: for each EP here, the variant ONNX Runtime picks, "
-    "run on that EP against the package's float variant.", show_default=False))
+package_command.__signature__ = _package_signature()  # type: ignore[attr-defined]
+package_command = error_boundary(package_command)
+
+
+PACKAGE_PARAMETER = inspect.Parameter(
+    "package", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
+        None, "--package", help="Load a model package instead of a model: for each EP here, the variant ONNX Runtime "
+        "picks, run on that EP against the package's float variant.", show_default=False))
 
 
 def load_package_hook(kwargs: dict[str, Any]) -> bool:

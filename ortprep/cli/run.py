@@ -12,7 +12,8 @@ import typer
 from ortprep.cli.boundary import error_boundary
 from ortprep.cli.options import JsonOpt, ReportOpt
 
-JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.", show_default=False)]
+JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.",
+                                               show_default=False)]
 MarkdownOpt = Annotated[Path | None, typer.Option(
     "--markdown", help="Also write a Markdown summary here (appended to $GITHUB_STEP_SUMMARY when that is set).",
     show_default=False)]
@@ -25,11 +26,13 @@ def run_command(
     config: Annotated[Path, typer.Argument(help="ortprep.toml, a pyproject.toml with [tool.ortprep], or their folder.",
                                            show_default=False)] = Path("."),
     jobs: Annotated[int, typer.Option("-j", "--jobs", help="Models run in parallel (worker processes).", min=1)] = 1,
-    shard: Annotated[str | None, typer.Option("--shard", help="Run only shard K of N of the model x target pairs (K/N).",
+    shard: Annotated[str | None, typer.Option("--shard",
+                                              help="Run only shard K of N of the model x target pairs (K/N).",
                                               show_default=False)] = None,
     baseline: Annotated[Path | None, typer.Option("--baseline", help="Fail on regressions against this stored report.",
                                                   show_default=False)] = None,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="Accuracy regressions smaller than this are ignored.")] = 0.001,
+    tolerance: Annotated[float, typer.Option("--tolerance",
+                                             help="Accuracy regressions smaller than this are ignored.")] = 0.001,
     json_output: JsonOpt = False,
     report: ReportOpt = None,
     junit: JunitOpt = None,
@@ -49,7 +52,8 @@ def run_command(
 
             raise UsageError("-j, --shard, --baseline and --html need a repository config ([[models]], [targets])",
                              hint="see docs/pipeline.md, or write one with: ortprep init")
-        code = execute(Pipeline.from_dict(raw, text.path), as_json=json_output, report=report, junit=junit, markdown=markdown)
+        code = execute(Pipeline.from_dict(raw, text.path), as_json=json_output, report=report, junit=junit,
+                       markdown=markdown)
         if code:
             raise typer.Exit(code)
         return
@@ -151,7 +155,8 @@ def merge_command(
     from ortprep.baseline import merge, read_report
 
     document = merge([(str(p), read_report(p)) for p in reports])
-    raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown, html=html))
+    raise typer.Exit(finish(document, json_output=json_output, report=report, junit=junit, markdown=markdown,
+                            html=html))
 
 
 @error_boundary

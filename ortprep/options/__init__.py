@@ -1,6 +1,7 @@
 """Step options as data, in one place: :mod:`ortprep.options.fields` is the machinery (field kinds,
-parsing from the command line and from TOML, writing a config back), :mod:`ortprep.options.steps`
-the Options dataclass of every step. Both are light (no onnx, numpy or ONNX Runtime import), so the
+parsing from the command line and from TOML, writing a config back), :mod:`ortprep.options.groups`
+the options several commands share (declared once), :mod:`ortprep.options.steps` the Options
+dataclass of every step. All are light (no onnx, numpy or ONNX Runtime import), so the
 command line and ``--help`` never pay for them, and any layer may read a step's options."""
 
 from ortprep.options.fields import (  # noqa: F401 - the public names of the machinery

@@ -249,7 +249,8 @@ def convert_value(field: dataclasses.Field, value: Any, where: str, base: Path |
             path = (base / path) if base is not None and not path.is_absolute() else path
             if not path.is_file():
                 raise UsageError(f"{where}: {key}.{name}: no Python interpreter at {path}",
-                                 hint="give the python of an environment with that EP's ONNX Runtime, e.g. ENV/bin/python")
+                                 hint="give the python of an environment with that EP's ONNX Runtime, e.g. "
+                                      "ENV/bin/python")
             runtimes[name] = Path(os.path.abspath(path))
         return runtimes
     raise AssertionError(f"unhandled option kind {kind}")
@@ -277,7 +278,8 @@ def _provider_options(where: str, key: str, value: Any) -> dict[str, dict[str, s
         ep, sep, assignment = item.partition(":")
         name, eq, text = assignment.partition("=")
         if not sep or not eq or not name:
-            raise UsageError(f"{where}: bad {key} value '{item}'", hint="write it as EP:KEY=VALUE, e.g. cuda:device_id=0")
+            raise UsageError(f"{where}: bad {key} value '{item}'",
+                             hint="write it as EP:KEY=VALUE, e.g. cuda:device_id=0")
         ep_name = _in_context(where, lambda ep=ep: resolve_ep(ep).name)
         result.setdefault(ep_name, {})[name] = text
     return result
@@ -326,7 +328,8 @@ class StepOptions:
                 f"{where}: unknown option(s) {', '.join(unknown)}",
                 hint="valid options: " + ", ".join(sorted(known)),
             )
-        converted = {name: convert_value(known[name], value, where, base) for name, value in values.items() if value is not None}
+        converted = {name: convert_value(known[name], value, where, base) for name, value in values.items()
+                     if value is not None}
         options = cls(**converted)
         options.validate(where)
         return options

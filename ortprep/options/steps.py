@@ -11,6 +11,16 @@ from pathlib import Path
 
 from ortprep.errors import UsageError
 from ortprep.options.fields import Kind, StepOptions, option
+from ortprep.options.groups import (
+    METRIC_KINDS_DETAILED,
+    check_device,
+    data_option,
+    device_option,
+    metrics_option,
+    provider_options_option,
+    runtimes_option,
+    shapes_option,
+)
 
 MAX_ROUNDS = 8  # convert --fp16: mixed-precision rounds
 
@@ -23,32 +33,6 @@ def _known_release(version: str | None, where: str) -> None:
             release_limits(version)
         except UsageError as exc:
             raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
-DEVICE_HELP = ("The device the QNN target is for: a SoC name (x-elite, 8-elite, 8gen3, sm8650, ...; ortprep check "
-               "--list-eps) or soc_model=N. Default: x-elite (Snapdragon X Elite), stated in the report.")
-
-
-def _check_device(device: str | None, eps: list[str], provider_options: dict[str, dict[str, str]], where: str) -> None:
-    """--device names a device of one of the EPs (today: qnn), and does not contradict a soc_model
-    given as a provider option."""
-    from ortprep.eps.devices import has_devices, resolve_device
-    from ortprep.eps.registry import resolve_ep
-
-    if device is None:
-        return
-    names = {resolve_ep(part).name for label in eps for part in label.split(",")}
-    with_devices = [name for name in names if has_devices(name)]
-    if eps and not with_devices:
-        raise UsageError(f"{where}: --device names a QNN device, and no target here is qnn",
-                         hint="drop --device, or add --ep qnn")
-    try:
-        for name in with_devices or ["qnn"]:
-            chosen = resolve_device(name, device)
-            given = provider_options.get(name, {}).get("soc_model")
-            if given is not None and given != chosen.provider_options.get("soc_model"):
-                raise UsageError(f"--device {device} is soc_model {chosen.provider_options.get('soc_model')}, but "
-                                 f"--provider-option {name}:soc_model={given} says otherwise", hint="give one of the two")
-    except UsageError as exc:
-        raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
 
 
 LEVELS = ("basic", "extended", "all")  # optimize
@@ -58,27 +42,26 @@ ACCURACY_LEVELS = ("auto", "0", "1", "2", "3", "4")  # quantize --weight-only: M
 WEIGHT_ONLY_BITS = ("int4", "int8")
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
 DEFAULT_TIMEOUT = 300.0  # load: seconds per EP
-# The time one judgement may take on the target EP (runtime/budget.py): QNN's HTP simulator took
-# 25-48 s a sample for a 1x3x800x608 detector here, and a gate of 8 + 24 samples per attempt ran
-# past the journey's 15 minutes a step.
+# The time one judgement may take on the target EP (runtime/budget.py); why 180 s and 900 s below:
+# docs/decisions/seams-ep-time-budgets.md
 EP_SECONDS = 180.0
 EP_SECONDS_HELP = ("Seconds the target EP may take to judge the samples of one run (held-back, calibration or --eval "
-                   "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the first "
-                   "samples that fit are judged, at least 2, and the report says how many.")
+                   "samples): where one sample takes long there (QNN's HTP simulator on x86 at large inputs), the "
+                   "first samples that fit are judged, at least 2, and the report says how many.")
 # The time all of a quantize step's judgements may take on the target EP together (runtime/budget.py,
-# EpClock): per attempt a baseline for each source, the calibration samples, the divergence search
-# and the trials each judge there, and --auto makes up to four attempts; the layout detector's
-# quantize passed the journey's 30 minutes a step twice, each judgement within --ep-seconds.
+# EpClock): every attempt of --auto, each with its baseline, calibration samples, search and trials.
 EP_TOTAL_SECONDS = 900.0
+SHAPES_HELP = "Shape of a symbolic input: NAME=DIMS (repeatable)."  # load, package
+RUNTIMES_RUN_HELP = ("Run an EP under another environment's Python (its own ONNX Runtime flavour): EP=PYTHON "
+                     "(repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.")  # load, package
 
 
 @dataclass
 class VerifyOptions(StepOptions):
     """How a transform's result is checked and written (shared by convert, simplify, optimize)."""
 
-    shapes: dict[str, list[int]] = option(
-        {}, "Feed shape of a symbolic input for the verification run: NAME=DIMS (repeatable).", Kind.SHAPES,
-        flags=("--shape", "--shapes"), metavar="NAME=DIMS")
+    shapes: dict[str, list[int]] = shapes_option(
+        "Feed shape of a symbolic input for the verification run: NAME=DIMS (repeatable).")
     dims: dict[str, int] = option(
         {}, "Size of a named symbolic dimension for the verification run: NAME=SIZE (repeatable).", Kind.DIMS,
         flags=("--dim", "--dims"), metavar="NAME=SIZE")
@@ -86,10 +69,7 @@ class VerifyOptions(StepOptions):
     verify: bool = option(True, "Run the original and the result in ORT and compare before writing.", Kind.FLAG)
     keep_failed: bool = option(False, "Keep a result that fails verification beside the output as NAME.failed.onnx "
                                "(never at -o).", Kind.FLAG)
-    metrics: dict[str, str] = option(
-        {}, "What the application reads from an output, held to the result besides cosine: OUTPUT=top1, argmax, "
-        "map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] (a DFL box head: each side's decoded distance) or cosine (none); inferred from each output's form when not given (repeatable).", Kind.METRICS,
-        flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
+    metrics: dict[str, str] = metrics_option("held to the result besides cosine")
 
 
 @dataclass
@@ -112,26 +92,25 @@ class CheckOptions(StepOptions):
                             "list, e.g. openvino-cpu,dml.", Kind.TARGETS, flags=("--ep", "--eps"), metavar="EP")
     ort_version: str | None = option(None, "Also check against this ONNX Runtime release (e.g. 1.24, the one that "
                                      "ships your EP): the IR versions and opsets it loads.", Kind.TEXT, metavar="X.Y")
-    html: Path | None = option(None, "Also write a self-contained HTML page of the graph, each node coloured by where it "
-                               "runs on each target.", Kind.PATH, metavar="FILE")
+    html: Path | None = option(None, "Also write a self-contained HTML page of the graph, each node coloured by where "
+                               "it runs on each target.", Kind.PATH, metavar="FILE")
     graph: bool = option(False, "Put the main graph (nodes, edges, each target's partitions) into the report, for "
                          "drawing it (--html and run --html set it).", Kind.FLAG, cli=False)
     prove: bool = option(False, "Build the real session where the EP runs here (the QNN HTP simulator, OpenVINO "
                          "through --runtime, CPU, CUDA/TensorRT when present) and report its placement next to the "
                          "prediction; the verdict is then the session's outcome.", Kind.FLAG)
-    provider_options: dict[str, dict[str, str]] = option(
-        {}, "With --prove: an EP's session option, as your application sets it: EP:KEY=VALUE (repeatable).",
-        Kind.PROVIDER_OPTIONS, flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
-    runtimes: dict[str, Path] = option({}, "With --prove: build an EP's session under another environment's Python (its "
-                                       "own ONNX Runtime flavour): EP=PYTHON (repeatable).", Kind.RUNTIMES,
-                                       flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
-    timeout: float = option(DEFAULT_TIMEOUT, "With --prove: seconds per EP before its session counts as hung.", Kind.FLOAT,
+    provider_options: dict[str, dict[str, str]] = provider_options_option(
+        "With --prove: an EP's session option, as your application sets it: EP:KEY=VALUE (repeatable).")
+    runtimes: dict[str, Path] = runtimes_option("With --prove: build an EP's session under another environment's "
+                                                "Python (its own ONNX Runtime flavour): EP=PYTHON (repeatable).")
+    timeout: float = option(DEFAULT_TIMEOUT, "With --prove: seconds per EP before its session counts as hung.",
+                                             Kind.FLOAT,
                             minimum=0.1)
-    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
+    device: str | None = device_option()
 
     def validate(self, where: str) -> None:
         _known_release(self.ort_version, where)
-        _check_device(self.device, self.eps, self.provider_options, where)
+        check_device(self.device, self.eps, self.provider_options, where)
         if not self.eps:
             raise UsageError(f"{where}: no EP given", hint='name a target: --ep dml, or eps = ["dml"] in a config; '
                              "ortprep check --list-eps lists them")
@@ -145,7 +124,8 @@ class ConvertOptions(VerifyOptions):
     ep: str | None = option(None, "Target EP: ops it has no FP16 kernel for stay FP32; sets the FP16 I/O default. "
                             "Without it: every op with a float16 signature in ONNX becomes FP16.", Kind.EP)
     keep_io_types: bool | None = option(
-        None, "Keep float32 inputs/outputs (default), or make them float16 (the default for EPs that feed FP16, e.g. dml-npu).",
+        None, "Keep float32 inputs/outputs (default), or make them float16 (the default for EPs that feed FP16, e.g. "
+              "dml-npu).",
         Kind.TRISTATE, off_flag="--fp16-io")
     block_ops: tuple[str, ...] = option((), "Op type to keep in FP32 (repeatable).", Kind.NAMES,
                                         flags=("--block-op", "--block-ops"), metavar="OP")
@@ -169,15 +149,15 @@ class ConvertOptions(VerifyOptions):
     max_rounds: int = option(MAX_ROUNDS, "FP16: most mixed-precision rounds before giving up.", Kind.INT, minimum=1)
 
     def any_transform(self) -> bool:
-        return bool(self.fp16 or self.opset or self.ir_version or self.fix_shapes or self.fix_dims or self.conv1d_to_conv2d
-                    or self.keep_off_ep or self.repair)
+        return bool(self.fp16 or self.opset or self.ir_version or self.fix_shapes or self.fix_dims
+                    or self.conv1d_to_conv2d or self.keep_off_ep or self.repair)
 
     def validate(self, where: str) -> None:
         if not self.any_transform():
             raise UsageError(f"{where}: nothing to do",
-                             hint="give at least one of fp16, opset, ir_version, fix_shapes, fix_dims, conv1d_to_conv2d, keep_off_ep, "
-                                  "repair (--fp16, --opset, --ir-version, --fix-shape, --fix-dim, --conv1d-to-conv2d, "
-                                  "--keep-off-ep, --repair)")
+                             hint="give at least one of fp16, opset, ir_version, fix_shapes, fix_dims, "
+                                  "conv1d_to_conv2d, keep_off_ep, repair (--fp16, --opset, --ir-version, --fix-shape, "
+                                  "--fix-dim, --conv1d-to-conv2d, --keep-off-ep, --repair)")
 
 
 @dataclass
@@ -201,12 +181,13 @@ class OptimizeOptions(VerifyOptions):
 class QuantizeOptions(StepOptions):
     """Options of ``quantize`` (config keys = field names)."""
 
-    mode: str | None = option(None, "static (calibrated activations), dynamic (int8 weights, activations quantized at run "
-                              "time) or weight-only (block-wise int4/int8 MatMul weights, float activations: "
+    mode: str | None = option(None, "static (calibrated activations), dynamic (int8 weights, activations quantized at "
+                              "run time) or weight-only (block-wise int4/int8 MatMul weights, float activations: "
                               "MatMulNBits).", Kind.TEXT, choices=MODES,
                               shortcuts=(("--static", "static"), ("--dynamic", "dynamic")))
     weight_only: str | None = option(None, "Weight-only quantization of MatMul weights to int4 or int8, block-wise "
-                                     "(ORT's MatMulNBits; sets mode = weight-only).", Kind.TEXT, choices=WEIGHT_ONLY_BITS,
+                                     "(ORT's MatMulNBits; sets mode = weight-only).", Kind.TEXT,
+                                     choices=WEIGHT_ONLY_BITS,
                                      metavar="int4|int8")
     block_size: int = option(32, "--weight-only: weights per block sharing a scale (16, 32, 64, 128 or 256).", Kind.INT,
                              minimum=16)
@@ -217,24 +198,26 @@ class QuantizeOptions(StepOptions):
                            "then gptq where nearest fails the gate and calibration samples exist.", Kind.TEXT,
                            choices=ROUNDINGS)
     accuracy_level: str = option("auto", "--weight-only: MatMulNBits' accuracy_level, the lowest precision its "
-                                 "activations may be computed in: 0 (the EP's default: float32 on the CPU EP), 1 float32, "
-                                 "2 float16, 3 bfloat16, 4 int8 (activations quantized per block at run time). auto: 4 "
-                                 "with the CPU EP as the target (its int8 kernel: measured about 4x faster than float on a "
-                                 "1x4096 by 4096x4096 MatMul, where level 0 was 1.4x slower), else 0; then 0 (the "
-                                 "more precise) is kept where it passes and 4 fails the gate or does not run in at most "
-                                 "0.9x its time (and 0.1 ms less) on the samples' shapes.", Kind.TEXT, choices=ACCURACY_LEVELS,
+                                 "activations may be computed in: 0 (the EP's default: float32 on the CPU EP), 1 "
+                                 "float32, 2 float16, 3 bfloat16, 4 int8 (activations quantized per block at run "
+                                 "time). auto: 4 with the CPU EP as the target (its int8 kernel: measured about 4x "
+                                 "faster than float on a 1x4096 by 4096x4096 MatMul, where level 0 was 1.4x slower), "
+                                 "else 0; then 0 (the more precise) is kept where it passes and 4 fails the gate or "
+                                 "does not run in at most 0.9x its time (and 0.1 ms less) on the samples' shapes.",
+                                 Kind.TEXT, choices=ACCURACY_LEVELS,
                                  metavar="auto|0-4")
-    calib: str | Path | None = option(None, "Calibration data: folder of .npz/.npy/images, a stacked .npz, or 'random'.",
-                                      Kind.DATA, metavar="DATA")
-    eval: str | Path | None = option(None, "Evaluation data (same forms as calib); default: every fifth calibration "
-                                     "sample, held back (--weight-only: every second, where it may round on them; "
-                                     "dynamic: all of them).", Kind.DATA, metavar="DATA")
+    calib: str | Path | None = data_option("Calibration data: folder of .npz/.npy/images, a stacked .npz, or "
+                                           "'random'.")
+    eval: str | Path | None = data_option("Evaluation data (same forms as calib); default: every fifth calibration "
+                                          "sample, held back (--weight-only: every second, where it may round on "
+                                          "them; dynamic: all of them).")
     ep: str = option("cpu", "Target EP: sets the preset (format, types, per-channel).", Kind.EP)
     format: str | None = option(None, "Override the preset's format.", Kind.TEXT, choices=("qdq", "qoperator"))
     per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",
                                       Kind.TRISTATE, off_flag="--per-tensor")
     method: str = option("minmax", "Calibration method.", Kind.TEXT, choices=("minmax", "entropy", "percentile"))
-    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT, choices=("int8", "uint8", "int16", "uint16"))
+    weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT,
+                                           choices=("int8", "uint8", "int16", "uint16"))
     activation_type: str | None = option(None, "Override the preset's activation type.", Kind.TEXT,
                                          choices=("uint8", "int8", "uint16"))
     exclude_ops: tuple[str, ...] = option((), "Op type to leave in float (repeatable).", Kind.NAMES,
@@ -253,8 +236,8 @@ class QuantizeOptions(StepOptions):
     auto_exclude: bool = option(False, "Search for the fewest nodes to keep in float that pass the gate: op-type rules "
                                 "first (kept when they help), then the nodes ranked by the error they add, bisected.",
                                 Kind.FLAG)
-    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first, before "
-                                     "its bisection from the float end (about log2(nodes) + 1 more).", Kind.INT,
+    max_exclude_rounds: int = option(16, "Most quantize-and-evaluate trials --auto-exclude runs after the first, "
+                                     "before its bisection from the float end (about log2(nodes) + 1 more).", Kind.INT,
                                      minimum=1)
     search_seconds: float = option(240.0, "--auto-exclude starts no trial this many seconds after the first one and "
                                    "keeps the best so far (with --auto, over all the precisions tried).", Kind.FLOAT,
@@ -265,30 +248,28 @@ class QuantizeOptions(StepOptions):
                                      "so none can pass the gate on it; --auto's FP16 probe still gets one judgement.",
                                      Kind.FLOAT, minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude keeps at most this share of the quantizable weights in float: "
-                                    "its search ends at a pass or at this cap (1: at the float model); the report gives "
-                                    "the share left quantized.", Kind.FLOAT, minimum=0.0)
+                                    "its search ends at a pass or at this cap (1: at the float model); the report "
+                                    "gives the share left quantized.", Kind.FLOAT, minimum=0.0)
     auto: bool = option(False, "When the precision asked for fails the gate, try the others in order (A16W8, "
-                        "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.", Kind.FLAG)
-    metrics: dict[str, str] = option(
-        {}, "What the application reads from an output, for the gate: OUTPUT=top1 (class scores), argmax (per-position, "
-        "e.g. CTC), map[:THRESHOLD] (probability map, F1), detect[:THRESHOLD] (a YOLO-style [1, 4 + C, N] detector: class scores at the threshold, default 0.25, and the kept boxes), ctc[:BLANK] (a CTC recogniser's greedy-decoded strings and line scores, blank 0 unless given; in place of the output's cosine), dfl[:BINS] (a DFL box head, [..., 4 x BINS]: each box side's expected distance, 99% within a quarter bin), cosine (none); inferred from each output's form when not given "
-        "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
+                        "A16W16 for QNN, dynamic int8; or static after dynamic) and write the first that passes.",
+                        Kind.FLAG)
+    metrics: dict[str, str] = metrics_option("for the gate", METRIC_KINDS_DETAILED)
     keep_failed: bool = option(False, "Keep a refused result (the gate failed, nothing was quantized, or it is not "
-                               "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.", Kind.FLAG)
+                               "smaller) beside the output as NAME.failed.onnx; nothing is written at the output.",
+                               Kind.FLAG)
     verify: bool = option(True, "Evaluate the quantized model against the float one on held-back samples.", Kind.FLAG)
-    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
+    device: str | None = device_option()
     on_ep: bool | None = option(None, "Judge the accuracy gate on the target EP's own outputs where that EP runs here "
-                                "(default), or on the CPU EP only (--gate-on-cpu).", Kind.TRISTATE, flags=("--gate-on-ep",),
+                                "(default), or on the CPU EP only (--gate-on-cpu).", Kind.TRISTATE,
+                                flags=("--gate-on-ep",),
                                 off_flag="--gate-on-cpu")
-    provider_options: dict[str, dict[str, str]] = option(
-        {}, "The target EP's session option for the evaluation on the EP: EP:KEY=VALUE (repeatable).",
-        Kind.PROVIDER_OPTIONS, flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
-    runtimes: dict[str, Path] = option({}, "Evaluate on an EP under another environment's Python (its own ONNX Runtime "
-                                       "flavour): EP=PYTHON (repeatable).", Kind.RUNTIMES,
-                                       flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
+    provider_options: dict[str, dict[str, str]] = provider_options_option(
+        "The target EP's session option for the evaluation on the EP: EP:KEY=VALUE (repeatable).")
+    runtimes: dict[str, Path] = runtimes_option("Evaluate on an EP under another environment's Python (its own ONNX "
+                                                "Runtime flavour): EP=PYTHON (repeatable).")
 
     def validate(self, where: str) -> None:
-        _check_device(self.device, [self.ep], self.provider_options, where)
+        check_device(self.device, [self.ep], self.provider_options, where)
         if self.weight_only is not None:
             if self.mode not in (None, "weight-only"):
                 raise UsageError(f"{where}: --weight-only and mode {self.mode} ask for two quantizations",
@@ -308,7 +289,8 @@ class QuantizeOptions(StepOptions):
                     raise UsageError(f"{where}: {name} applies to --weight-only",
                                      hint=f"drop {name}, or add --weight-only int4|int8")
         if self.mode is None:
-            raise UsageError(f"{where}: no quantization mode", hint='set mode = "static", "dynamic" or "weight-only" (--static, '
+            raise UsageError(f"{where}: no quantization mode",
+                             hint='set mode = "static", "dynamic" or "weight-only" (--static, '
                              "--dynamic or --weight-only int4|int8)")
         from ortprep.eps.registry import EPS, resolve_ep
 
@@ -323,11 +305,21 @@ class QuantizeOptions(StepOptions):
             raise UsageError(f"{where}: image_size needs two positive numbers", hint="e.g. --image-size 224,224")
 
     def image(self):
-        """The image-calibration settings (runtime.calibration.ImageOptions)."""
-        from ortprep.runtime.calibration import ImageOptions
-
+        """The image-calibration settings (ImageOptions)."""
         size = (int(self.image_size[0]), int(self.image_size[1])) if self.image_size else None
-        return ImageOptions(size=size, mean=self.mean or (0.0, 0.0, 0.0), std=self.std or (1.0, 1.0, 1.0), layout=self.layout)
+        return ImageOptions(size=size, mean=self.mean or (0.0, 0.0, 0.0), std=self.std or (1.0, 1.0, 1.0),
+                            layout=self.layout)
+
+
+@dataclass
+class ImageOptions:
+    """How calibration images become a model input (runtime/calibration.py reads them)."""
+
+    size: tuple[int, int] | None = None  # (height, width); default: the model's input shape
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    layout: str = "nchw"
+    scale: float = 1.0 / 255.0
 
 
 @dataclass
@@ -337,35 +329,29 @@ class LoadOptions(StepOptions):
     eps: list[str] = option([], "EP to test (repeatable); default: every available one.", Kind.EP_LIST,
                             flags=("--ep", "--eps"), metavar="EP")
     inputs: Path | None = option(None, "Run on these inputs (.npz, one array per input).", Kind.PATH)
-    shapes: dict[str, list[int]] = option({}, "Shape of a symbolic input: NAME=DIMS (repeatable).", Kind.SHAPES,
-                                          flags=("--shape", "--shapes"), metavar="NAME=DIMS")
+    shapes: dict[str, list[int]] = shapes_option(SHAPES_HELP)
     runs: int = option(10, "Timed runs after the warm-up.", Kind.INT, minimum=1)
-    provider_options: dict[str, dict[str, str]] = option(
-        {}, "An EP's session option: EP:KEY=VALUE (repeatable).", Kind.PROVIDER_OPTIONS,
-        flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
+    provider_options: dict[str, dict[str, str]] = provider_options_option(
+        "An EP's session option: EP:KEY=VALUE (repeatable).")
     timeout: float = option(DEFAULT_TIMEOUT, "Seconds per EP before it counts as hung.", Kind.FLOAT, minimum=0.1)
     no_fallback: bool = option(False, "Fail when any node falls back to the CPU.", Kind.FLAG, off_flag="--fallback-ok")
     profile: bool = option(False, "ORT's profiler: the ten ops taking the most time, per EP.", Kind.FLAG)
     custom_op_library: Path | None = option(None, "Register this custom-op library in every session.", Kind.PATH)
-    runtimes: dict[str, Path] = option({}, "Run an EP under another environment's Python (its own ONNX Runtime "
-                                       "flavour): EP=PYTHON (repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.",
-                                       Kind.RUNTIMES, flags=("--runtime", "--runtimes"), metavar="EP=PYTHON")
+    runtimes: dict[str, Path] = runtimes_option(RUNTIMES_RUN_HELP)
     reference: Path | None = option(None, "The float model this one was quantized (or converted) from: each EP's "
                                     "result then tells quantization loss (CPU int8 vs float) apart from EP error "
                                     "(EP vs CPU int8).", Kind.PATH)
     placement_off: bool = option(False, "Also record placement with graph optimizations off (node names as in the "
                                  "file); placement is always recorded at the default level a user's session gets.",
                                  Kind.FLAG)
-    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
-    metrics: dict[str, str] = option(
-        {}, "What the application reads from an output, where an output beyond the elementwise tolerance may still "
-        "hold: OUTPUT=top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] (a DFL box head: each side's decoded distance) or cosine (none); inferred from each output's form when not given "
-        "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
+    device: str | None = device_option()
+    metrics: dict[str, str] = metrics_option("where an output beyond the elementwise tolerance may still hold")
 
     def validate(self, where: str) -> None:
-        _check_device(self.device, self.eps, self.provider_options, where)
+        check_device(self.device, self.eps, self.provider_options, where)
         if self.reference is not None and not Path(self.reference).is_file():
-            raise UsageError(f"{where}: reference model not found: {self.reference}", hint="pass the float model's path")
+            raise UsageError(f"{where}: reference model not found: {self.reference}",
+                             hint="pass the float model's path")
         if self.custom_op_library is not None and not Path(self.custom_op_library).is_file():
             raise UsageError(f"{where}: custom-op library not found: {self.custom_op_library}",
                              hint="pass the path of the .so/.dll")
@@ -377,9 +363,8 @@ class DoctorOptions(StepOptions):
 
     scan: Path | None = option(None, "Read the Python and requirements files under PATH for ORT pitfalls (never runs "
                                "them).", Kind.PATH)
-    runtimes: dict[str, Path] = option({}, "Also ask another environment's ONNX Runtime about an EP: EP=PYTHON "
-                                       "(repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
-                                       metavar="EP=PYTHON")
+    runtimes: dict[str, Path] = runtimes_option("Also ask another environment's ONNX Runtime about an EP: EP=PYTHON "
+                                                "(repeatable).")
 
     ort_version: str | None = option(None, "Also show what this ONNX Runtime release loads (IR version, opset).",
                                      Kind.TEXT, metavar="X.Y")
@@ -400,29 +385,24 @@ class CompileOptions(StepOptions):
 
     ep: str = option("qnn", "EP to compile for: qnn or openvino-cpu|gpu|npu.", Kind.EP)
     inputs: Path | None = option(None, "Compare on these inputs (.npz, one array per input).", Kind.PATH)
-    shapes: dict[str, list[int]] = option({}, "Shape of a symbolic input for the comparison run: NAME=DIMS (repeatable).",
-                                          Kind.SHAPES, flags=("--shape", "--shapes"), metavar="NAME=DIMS")
-    provider_options: dict[str, dict[str, str]] = option(
-        {}, "An EP's session option: EP:KEY=VALUE (repeatable).", Kind.PROVIDER_OPTIONS,
-        flags=("--provider-option", "--provider-options"), metavar="EP:KEY=VALUE")
-    runtimes: dict[str, Path] = option({}, "Compile under another environment's Python (its own ONNX Runtime flavour): "
-                                       "EP=PYTHON (repeatable).", Kind.RUNTIMES, flags=("--runtime", "--runtimes"),
-                                       metavar="EP=PYTHON")
+    shapes: dict[str, list[int]] = shapes_option(
+        "Shape of a symbolic input for the comparison run: NAME=DIMS (repeatable).")
+    provider_options: dict[str, dict[str, str]] = provider_options_option(
+        "An EP's session option: EP:KEY=VALUE (repeatable).")
+    runtimes: dict[str, Path] = runtimes_option("Compile under another environment's Python (its own ONNX Runtime "
+                                                "flavour): EP=PYTHON (repeatable).")
     timeout: float = option(DEFAULT_TIMEOUT, "Seconds before the compile counts as hung.", Kind.FLOAT, minimum=0.1)
     ep_seconds: float = option(EP_SECONDS, EP_SECONDS_HELP, Kind.FLOAT, minimum=1.0)
-    keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as NAME.failed.onnx "
-                               "(never at -o).", Kind.FLAG)
-    device: str | None = option(None, DEVICE_HELP, Kind.TEXT, metavar="DEVICE")
-    eval: str | Path | None = option(None, "Also compare on these samples (a folder of .npz/.npy, or a stacked .npz; "
-                                     f"up to {32} of them): each is judged as the --inputs run is, and one beyond the "
-                                     "tolerance fails the compile.", Kind.DATA, metavar="DATA")
-    metrics: dict[str, str] = option(
-        {}, "What the application reads from an output, where an output beyond the elementwise tolerance may still "
-        "hold: OUTPUT=top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] (a DFL box head: each side's decoded distance) or cosine (none); inferred from each output's form when not given "
-        "(repeatable).", Kind.METRICS, flags=("--metric", "--metrics"), metavar="OUTPUT=KIND")
+    keep_failed: bool = option(False, "Keep a compiled model whose outputs differ beside the output as "
+                               "NAME.failed.onnx (never at -o).", Kind.FLAG)
+    device: str | None = device_option()
+    eval: str | Path | None = data_option("Also compare on these samples (a folder of .npz/.npy, or a stacked .npz; "
+                                          f"up to {32} of them): each is judged as the --inputs run is, and one "
+                                          "beyond the tolerance fails the compile.")
+    metrics: dict[str, str] = metrics_option("where an output beyond the elementwise tolerance may still hold")
 
     def validate(self, where: str) -> None:
-        _check_device(self.device, [self.ep], self.provider_options, where)
+        check_device(self.device, [self.ep], self.provider_options, where)
         if self.ep not in COMPILE_EPS:
             raise UsageError(f"{where}: ortprep compiles EPContext models for {', '.join(COMPILE_EPS)}, not {self.ep}",
                              hint="choose --ep qnn or --ep openvino-cpu")

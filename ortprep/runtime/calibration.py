@@ -19,18 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from ortprep.errors import EnvironmentMissingError, UsageError
+from ortprep.options.steps import ImageOptions
 from ortprep.runtime.feeds import InputSpec, concrete_shape, random_feeds
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-
-
-@dataclass
-class ImageOptions:
-    size: tuple[int, int] | None = None  # (height, width); default: the model's input shape
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
-    std: tuple[float, ...] = (1.0, 1.0, 1.0)
-    layout: str = "nchw"
-    scale: float = 1.0 / 255.0
 
 
 @dataclass

@@ -161,6 +161,16 @@ def require_ort() -> ModuleType:
 
 
 @functools.lru_cache(maxsize=1)
+def ort_cuda_major() -> int:
+    """The CUDA major version the installed onnxruntime-gpu was built with (12 when it does not say)."""
+    try:
+        from onnxruntime.capi import build_and_package_info
+
+        return int(str(getattr(build_and_package_info, "cuda_version", "12")).split(".")[0])
+    except (ImportError, ValueError):
+        return 12
+
+
 def ort_max_ir() -> int | None:
     """Highest ONNX IR version the installed ORT loads, found by loading tiny models (opset 7)."""
     ort = import_ort()

@@ -25,6 +25,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.providers import (
     import_ort,
     installed_ort_distributions,
+    ort_cuda_major,
     ort_max_opset,
 )
 from ortprep.steps.base import Step, StepContext
@@ -82,16 +83,6 @@ def _installed(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _cuda_major() -> int:
-    """The CUDA major version the installed onnxruntime-gpu was built with (12 when it does not say)."""
-    try:
-        from onnxruntime.capi import build_and_package_info
-
-        return int(str(getattr(build_and_package_info, "cuda_version", "12")).split(".")[0])
-    except (ImportError, ValueError):
-        return 12
 
 
 def _requires_ort(distribution: str) -> str | None:
@@ -160,7 +151,8 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
         },
     }
     if ort is None:
-        report.add(Finding.of("DOC005", "ONNX Runtime is not importable", fix="pip install 'ortprep[cpu]' (or [gpu], [directml], [openvino])"))
+        report.add(Finding.of("DOC005", "ONNX Runtime is not importable",
+                              fix="pip install 'ortprep[cpu]' (or [gpu], [directml], [openvino])"))
     if len(distributions) > 1:
         names = ", ".join(f"{d.name} {d.version}" for d in distributions)
         report.add(Finding.of(
@@ -172,7 +164,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
     system = "windows" if platform.system() == "Windows" else "linux"
     libraries = []
     gpu_wanted = any(p in providers for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
-    for key, file_name, label in gpu_libraries(system, _cuda_major()):
+    for key, file_name, label in gpu_libraries(system, ort_cuda_major()):
         loaded, detail = probe_library(file_name)
         libraries.append({"name": key, "file": file_name, "label": label, "loaded": loaded, "detail": detail})
         if gpu_wanted and not loaded and (key != "nvinfer" or "TensorrtExecutionProvider" in providers):
@@ -181,7 +173,7 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
                 "DOC002",
                 f"{label} ({file_name}) does not load: the {ep} EP is listed as available but sessions will fail "
                 "or silently run on the CPU",
-                fix=_gpu_library_fix(key, file_name, _cuda_major()),
+                fix=_gpu_library_fix(key, file_name, ort_cuda_major()),
             ))
     data["libraries"] = libraries
     features = cpu_features()
@@ -226,8 +218,9 @@ def doctor(runtimes: dict[str, Path] | None = None, ort_version: str | None = No
 
 FLAVOURS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
             "onnxruntime-training", "ort-nightly", "ort-nightly-gpu")
-NON_CPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "OpenVINOExecutionProvider", "QNNExecutionProvider",
-                     "ROCMExecutionProvider", "MIGraphXExecutionProvider", "CoreMLExecutionProvider", "NnapiExecutionProvider")
+NON_CPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "OpenVINOExecutionProvider",
+                     "QNNExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
+                     "CoreMLExecutionProvider", "NnapiExecutionProvider")
 SKIP_DIRS = {".venv", "venv", ".git", "site-packages", "node_modules", "__pycache__", ".tox", "build", "dist"}
 
 
@@ -267,19 +260,21 @@ def _scan_python(path: Path, shown: str) -> list[Finding]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             if isinstance(node.value, (ast.List, ast.Tuple)):
                 list_values[node.targets[0].id] = node.value
-    text_providers = {s for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str) for s in [node.value]}
+    text_providers = {node.value for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     uses_gpu_ep = bool({"CUDAExecutionProvider", "TensorrtExecutionProvider"} & text_providers)
     for node in ast.walk(tree):
         autoinit = (isinstance(node, ast.Import) and any(a.name == "pycuda.autoinit" for a in node.names)) or (
-            isinstance(node, ast.ImportFrom) and node.module == "pycuda" and any(a.name == "autoinit" for a in node.names)
+            isinstance(node, ast.ImportFrom) and node.module == "pycuda"
+            and any(a.name == "autoinit" for a in node.names)
         )
         if autoinit and uses_gpu_ep:
             findings.append(Finding.of(
                 "SCN001",
                 f"{shown}:{node.lineno}: 'import pycuda.autoinit' in a program that also uses ORT's CUDA/TensorRT EP: "
                 "two owners of the CUDA context",
-                fix="create the context yourself (cuda.Device(0).make_context()), push it around your own CUDA work and "
-                "pop it before ORT runs, or let ORT own the device (user_compute_stream)",
+                fix="create the context yourself (cuda.Device(0).make_context()), push it around your own CUDA work "
+                "and pop it before ORT runs, or let ORT own the device (user_compute_stream)",
                 source=f"{shown}:{node.lineno}",
             ))
         if not isinstance(node, ast.Call):
@@ -305,8 +300,8 @@ def _scan_python(path: Path, shown: str) -> list[Finding]:
         if "DmlExecutionProvider" in names:
             others = [p for p in names if p in NON_CPU_PROVIDERS]
             if others:
-                what = ("OpenVINO with DirectML fails (\"doesn't support memcpy\")" if "OpenVINOExecutionProvider" in others
-                        else "DirectML can only share a session with CPU EPs")
+                what = ("OpenVINO with DirectML fails (\"doesn't support memcpy\")"
+                        if "OpenVINOExecutionProvider" in others else "DirectML can only share a session with CPU EPs")
                 findings.append(Finding.of(
                     "SCN003",
                     f"{shown}:{node.lineno}: providers {names} in one session: {what}",
@@ -371,7 +366,9 @@ class DoctorStep(Step):
     Options = DoctorOptions
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        return scan(self.options.scan) if self.options.scan is not None else doctor(self.options.runtimes, self.options.ort_version)
+        if self.options.scan is not None:
+            return scan(self.options.scan)
+        return doctor(self.options.runtimes, self.options.ort_version)
 
 
 # pip packages that ship each GPU library, per CUDA major (NVIDIA's wheels on PyPI: for CUDA 13 the

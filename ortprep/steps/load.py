@@ -25,11 +25,13 @@ from ortprep.findings import Finding, Severity
 from ortprep.runtime.decisions import dfl_hint
 from ortprep.model import ModelHandle
 from ortprep.options import LoadOptions
+from ortprep.prediction import check_target, predicted_ep_nodes
 from ortprep.report import StepResult
 from ortprep.runtime.compare import compare_arrays
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.isolated import run_isolated
 from ortprep.runtime.requests.sessions import EP_CREATE_FALLBACK, EP_RUN_FALLBACK
+from ortprep.runtime.shapes import symbolic_infer
 from ortprep.runtime.providers import (
     INSTALL_HINT,
     probe_runtime,
@@ -122,8 +124,6 @@ def compare_with_check(analysis: ModelAnalysis, spec: EpSpec, assignment: dict[s
                        subgraphs: list[list], device=None) -> tuple[dict[str, Any], list[Finding]]:
     """check's prediction next to what the EP claimed for the same file: node-level agreement over
     the nodes both know, partitions on both sides, verdicts, and the op types where they differ."""
-    from ortprep.steps.check import check_target, predicted_ep_nodes
-
     predicted, _ = check_target(analysis, (spec,), device=device)
     comparison, differing = compare_prediction(analysis, spec, predicted, assignment, subgraphs,
                                                predicted_ep_nodes(analysis, predicted))
@@ -183,7 +183,8 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
             waiting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortprep-load")
             try:
                 pending = waiting.submit(contextvars.copy_context().run, run_all)  # the pipeline's workers
-                analysis = ModelAnalysis(handle) if any(t.available for t in targets) else None
+                analysis = (ModelAnalysis(handle, symbolic_infer=symbolic_infer)
+                            if any(t.available for t in targets) else None)
                 raw = pending.result()
             except BaseException as exc:
                 stop.set()  # no further EP
@@ -201,7 +202,8 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                 why = target.probe.error or f"{target.spec.provider} is neither built into ONNX Runtime " \
                       f"{target.probe.version} nor offered by a plugin package with a device for {name}"
                 message = f"{name}: not available in {where} ({why}); {target.spec.install_hint}"
-                results.append({"ep": name, "provider": target.spec.provider, "status": "unavailable", "message": message})
+                results.append({"ep": name, "provider": target.spec.provider, "status": "unavailable",
+                                "message": message})
                 report.add(Finding.of("LOD002", f"{name}: {target.spec.provider} is not available here", ep=name,
                                       fix=target.spec.install_hint))
                 report.missing.append(message)
@@ -240,9 +242,9 @@ def _without_tf32(handle: ModelHandle, target: EpRuntime, feeds: dict[str, np.nd
     record = {"option": f"{option}=0", "ran": True, "outputs_match": match, "max_abs_diff": max_abs}
     if match:
         report.add(Finding.of(
-            "LOD010", f"{name}: with {option}=0 the outputs match the CPU EP's by load's rule (max abs diff {max_abs:.3g}): the "
-            f"difference is TF32's precision, which {name} uses for float32 MatMul/Gemm and convolutions by default on "
-            "GPUs since Ampere", ep=name,
+            "LOD010", f"{name}: with {option}=0 the outputs match the CPU EP's by load's rule (max abs diff "
+            f"{max_abs:.3g}): the difference is TF32's precision, which {name} uses for float32 MatMul/Gemm and "
+            "convolutions by default on GPUs since Ampere", ep=name,
             fix=f"where the application needs float32's precision, create its session with {option}=0 "
                 f"(--provider-option {name}:{option}=0 here); or judge by what the application reads (--metric)"))
     return record
@@ -264,17 +266,20 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     if status.get("status") in ("crashed", "timeout"):
         record.update(status=status["status"], message=status["message"])
         report.add(Finding.of("LOD003", f"{name}: {status['message']}", ep=name,
-                              fix="run ortprep check MODEL --ep " + name + " and ortprep doctor; the other EPs were still tested"))
+                              fix="run ortprep check MODEL --ep " + name
+                              + " and ortprep doctor; the other EPs were still tested"))
         return record
     placement = status.get("placement", {})
     default = placement.get("default", {})
     if not status.get("ok") and guessed_inputs is not None and status.get("stage") == "run":
         shown = " ".join(f"{name}={','.join(map(str, dims))}" for name, dims in guessed_inputs.items())
-        record.update(status="inputs_guessed", message=f"inputs guessed ({shown}) and the model does not run with them: "
+        record.update(status="inputs_guessed",
+                      message=f"inputs guessed ({shown}) and the model does not run with them: "
                       f"{status.get('error')}; pass --shape NAME=DIMS or --inputs FILE.npz")
         report.add(Finding.of("LOD009", f"{name}: the model's inputs have dynamic dims and no guess ran ({shown}); "
                               "the model is not shown to fail", ep=name,
-                              fix="pass the sizes it expects: ortprep load MODEL --shape NAME=DIMS (or --inputs FILE.npz)"))
+                              fix="pass the sizes it expects: ortprep load MODEL --shape NAME=DIMS "
+                              "(or --inputs FILE.npz)"))
         return record
     if not status.get("ok"):
         record.update(status="failed", message=status.get("error") or status.get("strict", {}).get("error", "failed"))
@@ -294,20 +299,19 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
             record.update(nodes_total=len(assignment),
                           nodes_on_ep=sum(1 for ep in assignment.values() if ep == provider),
                           subgraphs=default.get("subgraphs"))
-            record["check_comparison"], findings = compare_with_check(analysis, spec, assignment, default.get("subgraphs", []),
-                                                                      device)
+            record["check_comparison"], findings = compare_with_check(analysis, spec, assignment,
+                                                                      default.get("subgraphs", []), device)
             for finding in findings:
                 report.add(finding)
         elif provider != "CPUExecutionProvider":
             # No session, so no placement: the comparison still says what check had predicted, so a
             # wrong prediction ("full", and the session is not even created) is never hidden.
-            from ortprep.steps.check import check_target
-
             predicted, _ = check_target(analysis, (spec,), device=device)
             record["check_comparison"] = {"nodes_compared": 0, "node_agreement": None,
                                           "predicted_partitions": predicted["partitions"], "actual_partitions": 0,
                                           "predicted_verdict": predicted["verdict"], "actual_verdict": "none",
-                                          "differing_op_types": {}, "predicted_on_ep_absent": [], "session": "not created"}
+                                          "differing_op_types": {}, "predicted_on_ep_absent": [],
+                                          "session": "not created"}
         return record
     assignment = default.get("assignment", {})
     on_ep = [n for n, ep in assignment.items() if ep == provider]
@@ -328,7 +332,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
         max_abs_diff=max_abs,
         outputs=judged or None,
         nonfinite_outputs=status.get("nonfinite", []),
-        latency_ms={"median": statistics.median(latencies), "p90": float(np.percentile(latencies, 90))} if latencies else None,
+        latency_ms=({"median": statistics.median(latencies), "p90": float(np.percentile(latencies, 90))}
+                    if latencies else None),
     )
     not_timed = simulated(name)
     if not_timed:
@@ -351,21 +356,25 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     if match is False:
         ratio, cosine = (ep_vs_cpu or {}).get("norm_ratio"), (ep_vs_cpu or {}).get("cosine")
         scaled = ratio is not None and cosine is not None and cosine > 0.999 and abs(ratio - 1.0) > NORM_TOLERANCE
-        shown = f"max abs diff {max_abs:.4g}" + (f", cosine {cosine:.5f}, norm ratio {ratio:.4f}" if ratio is not None else "")
+        shown = f"max abs diff {max_abs:.4g}" + (f", cosine {cosine:.5f}, norm ratio {ratio:.4f}"
+                                                  if ratio is not None else "")
         failing = [j for j in judged if not j["within_tolerance"]]
         if failing and failing[0]["tolerance"] is not None:
-            shown += f"; allowed {failing[0]['tolerance']:.4g} on '{failing[0]['name']}': {failing[0]['tolerance_rule']}"
+            first = failing[0]
+            shown += f"; allowed {first['tolerance']:.4g} on '{first['name']}': {first['tolerance_rule']}"
         report.add(Finding.of(
             "LOD006", f"{name}: outputs differ from the CPU EP's beyond tolerance ({shown})"
-            + ("; the direction is right and the size is not: the output is scaled as a whole" if scaled else ""), ep=name,
+            + ("; the direction is right and the size is not: the output is scaled as a whole" if scaled else ""),
+            ep=name,
             fix=("an op with a fixed output encoding on the EP (QNN: Sigmoid, Tanh, Softmax) before a graph-output "
-                 "DequantizeLinear whose scale is calibrated; quantize with the EP's encodings, or keep that op in float "
-                 "(ortprep quantize MODEL --exclude-nodes NAME)") if scaled
+                 "DequantizeLinear whose scale is calibrated; quantize with the EP's encodings, or keep that op in "
+                 "float (ortprep quantize MODEL --exclude-nodes NAME)") if scaled
             else "compare per output with --json; check precision settings of the EP"
             + (dfl_hint(failing[0]["name"], tuple(np.shape(reference[failing[0]["name"]])), options.metrics)
                if failing and failing[0]["name"] in (reference or {}) else "")))
     if record["nonfinite_outputs"]:
-        report.add(Finding.of("LOD007", f"{name}: NaN or Inf in outputs {', '.join(record['nonfinite_outputs'])}", ep=name,
+        report.add(Finding.of("LOD007", f"{name}: NaN or Inf in outputs {', '.join(record['nonfinite_outputs'])}",
+                              ep=name,
                               fix="check the inputs (--inputs) and FP16 overflow (ortprep convert --fp16 reports it)"))
     rejected = status.get("rejections", {})
     if rejected:
@@ -427,7 +436,8 @@ def _pair(reference: dict | None, candidate: dict | None) -> dict[str, Any] | No
 def three_way(float_cpu: dict, model_cpu: dict | None, model_ep: dict) -> dict[str, Any]:
     """Float on CPU, this model on CPU, this model on the EP: what quantization costs, what the EP
     adds, and the two together."""
-    return {"quantization": _pair(float_cpu, model_cpu), "ep": _pair(model_cpu, model_ep), "total": _pair(float_cpu, model_ep)}
+    return {"quantization": _pair(float_cpu, model_cpu), "ep": _pair(model_cpu, model_ep),
+            "total": _pair(float_cpu, model_ep)}
 
 
 def _placement_summary(level: dict | None, provider: str) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 from ortprep.analysis import ModelAnalysis, formal_types
 from ortprep.runtime.kernels import support_table
+from ortprep.runtime.shapes import symbolic_infer
 from ortprep.graphops import outer_scope_names, topological_sort
 from ortprep.transforms.fp16_types import drop_cast_round_trips, reconcile_types, run_converter
 from ortprep.model import ModelHandle, iter_graphs, subgraphs_of
@@ -215,7 +216,7 @@ def ep_blocked_ops(handle: ModelHandle, ep: str) -> dict[str, str]:
     """Op types present in the model for which ``ep`` registers no float16 kernel."""
     table = support_table(ep)
     blocked: dict[str, str] = {}
-    analysis = ModelAnalysis(handle)
+    analysis = ModelAnalysis(handle, symbolic_infer=symbolic_infer)
     for node in analysis.all_nodes():
         if node.op_type in blocked or node.op_type in ("Cast", "Constant"):
             continue

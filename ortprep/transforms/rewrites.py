@@ -12,6 +12,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ortprep.analysis import ModelAnalysis, unknown_negative_dims
 from ortprep.errors import UsageError
 from ortprep.model import ModelHandle, iter_graphs
+from ortprep.runtime.shapes import symbolic_infer
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +149,7 @@ def _static_from_symbolic(proto: ModelProto) -> None:
     position_ids, which onnx's data propagation leaves as unk__N). An EP that needs every tensor
     static (QNN: "Cannot get shape") reads these value_infos. Main graph only; nothing changes
     where symbolic inference fails."""
-    from ortprep.analysis import _symbolic_infer
-
-    symbolic = _symbolic_infer(proto)
+    symbolic = symbolic_infer(proto)
     if symbolic is None:
         return
     found = {v.name: v for v in list(symbolic.graph.value_info) + list(symbolic.graph.output) if is_static(v)}
@@ -277,7 +276,7 @@ def conv1d_to_conv2d(handle: ModelHandle) -> list[str]:
     Unsqueeze the data to N,C,1,L, use 1xK kernels, Squeeze back. Adjacent rewritten nodes
     share the 4-D tensor. Returns the names of the rewritten nodes."""
     proto = handle.proto
-    analysis = ModelAnalysis(handle)
+    analysis = ModelAnalysis(handle, symbolic_infer=symbolic_infer)
     graph = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
     inits = {t.name: t for t in graph.initializer}

@@ -14,17 +14,18 @@ import numpy as np
 import onnx
 
 from ortprep.eps.registry import resolve_ep
+from ortprep.fidelity.decisions import dfl_hint
+from ortprep.fidelity.ep_match import judge_ep_outputs, judge_ep_samples, summarize_samples
 from ortprep.findings import Finding
 from ortprep.graphops import body_weights, feed_body_weights, localize_body_initializers, small_body_reads
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import limited_words, run_within
-from ortprep.runtime.decisions import dfl_hint
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
-from ortprep.runtime.tolerance import judge_each_sample, judge_outputs
+from ortprep.runtime.tolerance import computes_tf32
 from ortprep.runtime.worker import call
 from ortprep.steps.base import Step, StepContext, output_path
 
@@ -117,15 +118,17 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             data.update(ep_context_facts(compiled))
         comparison = None
         if status.get("ok"):
-            # load's rule (runtime/tolerance.py): the EP's precision, a quantized model's own steps, the norm
-            comparison = judge_outputs(handle.proto, spec.name, {name: reply.reference[name] for name in reply.output_names},
-                                       {name: reply.compiled[name] for name in reply.output_names}, options.metrics)
+            # load's rule (fidelity/ep_match.py): the EP's precision, a quantized model's own steps, the norm
+            comparison = judge_ep_outputs(handle.proto, spec.name,
+                                          {name: reply.reference[name] for name in reply.output_names},
+                                          {name: reply.compiled[name] for name in reply.output_names}, options.metrics,
+                                          computes_tf32(spec.name, None))
         data["stage"] = status.get("stage")
         data["error"] = status.get("error")
         data["outputs"] = comparison
         passed = bool(comparison) and all(c["within_tolerance"] for c in comparison)
         if passed and options.eval is not None:
-            data["eval"] = judge_samples(handle, compiled, spec, target, options)
+            data["eval"] = eval_samples(handle, compiled, spec, target, options)
             worst = data["eval"].get("worst")
             if data["eval"].get("error") or (worst and not worst["passed"]):
                 passed = False
@@ -187,11 +190,11 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
 EVAL_SAMPLES = 32  # compile --eval: samples judged at most
 
 
-def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: CompileOptions) -> dict[str, Any]:
+def eval_samples(handle: ModelHandle, compiled: Path, spec, target, options: CompileOptions) -> dict[str, Any]:
     """The compiled model on the EP (the session an application creates) against the source model
     on the CPU EP, sample by sample (--eval): one compared sample is one input, and the error an EP
-    makes can depend on the input (a QNN compile judged on one sample passed at cosine 0.953 on
-    another: bench/RESULTS.md, the NPU journey). Returns the count, the failures and the worst."""
+    makes can depend on the input. Runs both; fidelity.ep_match judges. Returns the count, the
+    failures and the worst (summarize_samples), and the samples --ep-seconds left out."""
     from ortprep.runtime.calibration import discover
     from ortprep.runtime.isolated import run_isolated
     from ortprep.runtime.requests import RunOnEp
@@ -213,18 +216,15 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
         return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
     # the source model on the CPU EP on every offered sample: those the EP judged are the
     # references; the others' decisions join the margins of the expected agreement, as quantize's
-    # gate reads its calibration samples' (3 samples on QNN gave a score map 96.7% expected where
-    # quantize's gate, on 8 held-back samples and the calibration ones' margins, gave 99.9%)
+    # gate reads its calibration samples' (docs/decisions/fidelity-quantize-gate.md)
     source = run_isolated(handle.path, offered, timeout=options.timeout)
     if not source.ok:
         return {"samples": len(feeds), "error": f"the source model failed on the samples: {source.message}"}
     references, more = source.samples[:len(feeds)], source.samples[len(feeds):]
     candidates = [{k: np.asarray(v) for k, v in candidate.items()} for candidate in reply.samples]
-    judged, pooled = judge_each_sample(handle.proto, spec.name, references, candidates, options.metrics, more=more)
-    failed = [j for j in judged if not j["passed"]]
-    worst = sorted(failed or judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0)[:1]
-    return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
-            "worst": worst[0] if worst else None, "decisions": pooled, "limited": limited}
+    judged, pooled = judge_ep_samples(handle.proto, spec.name, references, candidates, options.metrics,
+                                      computes_tf32(spec.name, None), more=more)
+    return {**summarize_samples(judged, pooled), "limited": limited}
 
 
 class CompileStep(Step):

@@ -18,6 +18,7 @@ from ortprep.findings import Finding
 from ortprep.model import ModelHandle, failed_path, iter_graphs
 from ortprep.report import StepResult
 from ortprep.validity import drop_duplicate_imports
+from ortprep.fidelity.gate import EXACT_GATE, Gate, VerifyResult, expect, judge_run
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
@@ -32,18 +33,8 @@ from ortprep.transforms.common import (
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
 from ortprep.transforms.off_ep import CutError, keep_off_ep
-from ortprep.runtime.compare import expect
 from ortprep.runtime.isolated import run_isolated
-from ortprep.transforms.verify import (
-    EXACT_GATE,
-    Intermediates,
-    VerifyResult,
-    cast_feeds,
-    model_bytes,
-    node_count,
-    run_model,
-    verify_run,
-)
+from ortprep.transforms.verify import Intermediates, cast_feeds, model_bytes, node_count, run_model
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +73,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         proto, verify_result, kept = convert_to_fp16(proto, options, feeds, reference, report, activations=activations)
         applied.append({"transform": "fp16", "detail": f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures"})
     elif reference is not None:
-        verify_result = verify_run(reference, run_model(proto, feeds, optimization=_level(options)), EXACT_GATE)
+        verify_result = judge_run(reference, run_model(proto, feeds, optimization=_level(options)), EXACT_GATE)
         if verify_result.passed and _level(options) != "default":
             verify_result = _as_users_get_it(proto, feeds, verify_result)
 
@@ -193,7 +184,6 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     without them, the weights stream across (transforms/fp16_stream.py), and verification runs
     both models from disk in child processes."""
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.transforms.verify import Gate, cast_feeds, verify_run
 
     size_before = model_bytes(handle.path)
     proto = handle.proto  # the graph; its external tensors are not loaded
@@ -212,7 +202,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
         if reference.ok:
             expect(reference, handle.proto, options.metrics, options.inputs is None)
             candidate = run_isolated(staged, cast_feeds(feeds, converted))
-            verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
+            verify_result = judge_run(reference, candidate, Gate(min_cosine=options.min_cosine))
         else:
             report_unverifiable(reference, report)  # nothing is written (CNV007)
             unverifiable = True

@@ -16,14 +16,8 @@ from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.simplify import run_onnxoptimizer, run_onnxsim
-from ortprep.transforms.verify import (
-    EXACT_GATE,
-    VerifyResult,
-    model_bytes,
-    node_count,
-    run_model,
-    verify_run,
-)
+from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
+from ortprep.transforms.verify import model_bytes, node_count, run_model
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +59,7 @@ def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *,
             report.add(Finding.of("SIM001", f"onnxoptimizer could not run ({why})", fix="nothing needed"))
     verify_result: VerifyResult | None = None
     if reference is not None:
-        verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
+        verify_result = judge_run(reference, run_model(proto, feeds), EXACT_GATE)
     report.output = finish(
         report,
         handle,

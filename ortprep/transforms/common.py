@@ -12,11 +12,11 @@ from onnx import ModelProto
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path
 from ortprep.report import StepResult
-from ortprep.runtime.compare import expect
+from ortprep.fidelity.gate import VerifyResult, expect
 from ortprep.runtime.feeds import FeedChoice, choose_feeds, input_specs
 from ortprep.runtime.isolated import RunOutcome
 from ortprep.options import VerifyOptions
-from ortprep.transforms.verify import VerifyResult, model_bytes, node_count, run_model
+from ortprep.transforms.verify import model_bytes, node_count, run_model
 
 NOT_VERIFIED = {
     "loads": None,

@@ -11,20 +11,12 @@ from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, iter_graphs
 from ortprep.report import StepResult
-from ortprep.runtime.compare import compare_arrays
+from ortprep.fidelity.compare import compare_arrays
+from ortprep.fidelity.gate import EXACT_GATE, Gate, VerifyResult, judge_run
 from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms.fp16 import KeepReason
-from ortprep.transforms.verify import (
-    EXACT_GATE,
-    node_count,
-    Gate,
-    Intermediates,
-    VerifyResult,
-    run_model,
-    run_with_intermediates,
-    verify_run,
-)
+from ortprep.transforms.verify import Intermediates, node_count, run_model, run_with_intermediates
 
 log = logging.getLogger(__name__)
 # The tensor gate tightens 10x per round where only a decision fails, at most this many times.
@@ -98,7 +90,7 @@ class Fp16Search:
             if self.reference is None:
                 return converted, None
             candidate = run_model(converted, self.feeds)
-            last = verify_run(self.reference, candidate, self.gate)
+            last = judge_run(self.reference, candidate, self.gate)
             if last.passed:
                 return converted, last
             if last.status == "crashed" and not bisected:
@@ -299,7 +291,7 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
         removed = node_count(original) - node_count(candidate)
         if not folded and removed <= 0:
             continue  # onnxsim found nothing to fold: keep the model as it was
-        check = verify_run(reference, run_model(candidate, feeds), EXACT_GATE)
+        check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
         if check.passed:
             report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + f" ({node_count(original)} -> {node_count(candidate)} nodes); verified "
                                   f"against the original: max abs diff {check.max_abs_diff:.3g}", fix="nothing to do"))

@@ -1,4 +1,4 @@
-"""Decision metrics in quantize's gate (runtime/decisions.py, steps/quantize/evaluate.py): what
+"""Decision metrics in quantize's gate (fidelity/decisions/, fidelity/quantized.py): what
 an application reads from each output is inferred from its form, and an output that decides
 otherwise fails the gate however close its cosine is."""
 
@@ -11,10 +11,12 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.runtime.decisions import (DETECT_MIN_SCENES, Decision, _scene_margin, agreement, decision_shortfall,
+from ortprep.fidelity.decisions import (DETECT_MIN_SCENES, Decision, agreement, decision_shortfall,
                                        detector_rows, expected_agreement, infer_decisions, judge_decision, parse_metric,
                                        regions)
-from ortprep.steps.quantize.evaluate import _decision_text, judge
+from ortprep.fidelity.decisions import scene_margin as _scene_margin
+from ortprep.fidelity.quantized import judge_quantized as judge
+from ortprep.fidelity.words import decision_text as _decision_text
 
 
 def _graph(outputs: dict[str, tuple[str, list[int]]]) -> onnx.ModelProto:
@@ -212,7 +214,7 @@ def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
     record = judge_decision(decision, [r["scores"] for r in reference], [c["scores"] for c in candidate])
     assert record["agreement"] == 1.0 and record["ranking"]["agreement"] == 0.875
     assert record["ranking"]["passed"] is False and record["passed"] is False
-    from ortprep.steps.quantize.evaluate import _decision_text
+    from ortprep.fidelity.words import decision_text as _decision_text
 
     assert "best-scored class" in _decision_text(record) and "87.5%" in _decision_text(record)
     # a map laid out as an image is not ranked; --metric OUTPUT=map judges the threshold alone
@@ -244,7 +246,7 @@ def test_class_probabilities_are_held_by_their_confidence_too():
     confidence = record["confidence"]
     assert confidence["level"] == 0.5 and confidence["agreement"] == 0.875 and confidence["passed"] is False
     assert record["passed"] is False
-    from ortprep.steps.quantize.evaluate import _decision_text
+    from ortprep.fidelity.words import decision_text as _decision_text
 
     assert "probability stays on the same side of 0.5" in _decision_text(record)
     # an identical candidate keeps every level; --metric OUTPUT=top1 judges the class alone
@@ -263,7 +265,7 @@ def test_a_ranking_fails_beside_a_map_that_passes_and_ties_decide_nothing():
     of 16 rows: the map passes, the ranking fails, and verify's words say which. Rows whose best
     two scores are exactly equal (two labels saturated at 1.0 in float32) decide nothing: an
     identical candidate passes, and one that moves a tied score by a step changes no decision."""
-    from ortprep.transforms.verify import describe_decision
+    from ortprep.fidelity.words import describe_decision
 
     rng = np.random.default_rng(6)
     reference, candidate = [], []
@@ -355,7 +357,7 @@ def test_a_map_whose_regions_move_fails_though_its_elements_agree():
     assert (record["regions_kept"], record["regions"]) == (8, 10)  # the float map's 10 lines, 8 boxes kept
     assert judge_decision(Decision("map", 0.5), [reference], [reference + 0.01])["passed"] is True
     # the refusal says what failed: the boxes, not the pixels' F1 (which passes)
-    from ortprep.steps.quantize.evaluate import _decision_text
+    from ortprep.fidelity.words import decision_text as _decision_text
 
     text = _decision_text(record)
     assert "keep their bounding box on only 80.0%, 8 of the float map's 10 boxes kept (the gate asks 95%" in text
@@ -409,11 +411,11 @@ def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
 
 
 def test_load_tolerance_holds_an_output_whose_decision_agrees():
-    """runtime/tolerance.judge_outputs (load, compile): a probability map off by 0.25 at a few
+    """fidelity/ep_match.judge_ep_outputs (load, compile): a probability map off by 0.25 at a few
     pixels inside a region, its thresholded map and its regions' boxes the same, holds (the rule
     says why); the same map with a block of pixels flipped across the threshold does not; and a
     uniformly scaled map still fails."""
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 64, 64])})
     rng = np.random.default_rng(1)
@@ -498,7 +500,7 @@ def test_a_large_output_shrunk_on_one_sample_fails_its_norm():
 def test_region_boxes_are_judged_only_on_maps_laid_out_as_images():
     """[N, C, H, W] maps are boxed; a rank-3 sigmoid output ([1, T, C] frame probabilities,
     [1, 84, 8400] rows) has no two spatial axes and keeps F1 alone (review finding)."""
-    from ortprep.runtime.decisions import Decision, region_agreement
+    from ortprep.fidelity.decisions import Decision, region_agreement
 
     rng = np.random.default_rng(2)
     rows = rng.random((1, 100, 20)).astype(np.float32)
@@ -530,8 +532,8 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     (91.7%) fail."""
     import onnxruntime as ort
 
-    from ortprep.runtime.tolerance import judge_outputs
-    from ortprep.runtime.tolerance import pool_decisions
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import pool_decisions
 
     rng = np.random.default_rng(0)
     proto = _ctc_like(rng)
@@ -571,7 +573,7 @@ def test_compile_eval_reads_the_margins_of_the_samples_the_ep_did_not_run():
     quantize's gate reads its calibration samples'. Three samples whose map sits close to its
     threshold, each moved by 0.01, expect to keep fewer positions than when 21 more samples show
     that few values sit that close."""
-    from ortprep.runtime.tolerance import judge_each_sample
+    from ortprep.fidelity.ep_match import judge_ep_samples as judge_each_sample
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 16, 16])})
     rng = np.random.default_rng(4)
@@ -829,7 +831,7 @@ def test_ctc_reads_the_decoded_strings_in_place_of_the_cosine():
                    {"out": decision})
     assert scaled.outputs[0]["decision"]["agreement"] == 1.0 and not scaled.passed
     # the blank at either end: the same scores read as other strings
-    from ortprep.runtime.decisions import ctc_strings
+    from ortprep.fidelity.decisions import ctc_strings
 
     scores = np.eye(6, dtype=np.float32)[[1, 1, 0, 2, 2, 5, 3]][None]
     assert ctc_strings(scores)[0][0] == (1, 2, 5, 3) and ctc_strings(scores, -1)[0][0] == (1, 0, 2, 3)
@@ -864,7 +866,7 @@ def test_ctc_lets_load_hold_a_sample_whose_text_stays():
     """runtime/tolerance (load, compile): a sample beyond the elementwise tolerance (a near tie
     read the other way) holds with --metric OUT=ctc when its decoded string is the same, and not
     without it (inferred argmax: a position differs)."""
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
 
     proto = _graph({"probs": ("Softmax", [1, 12, 6])})
     rng = np.random.default_rng(3)
@@ -890,8 +892,8 @@ def test_dfl_reads_a_box_heads_decoded_distances():
     sides (the norm alone would fail that too), and one side shifted by a whole bin fails though
     every other side holds; bins named that do not fit the output, or an output without 4 x bins
     values on an axis, say so."""
-    from ortprep.runtime.decisions import DFL_LIMIT, dfl_distances
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.fidelity.decisions import DFL_LIMIT, dfl_distances
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
 
     rng = np.random.default_rng(5)
     head = _dfl_head(rng)
@@ -925,7 +927,7 @@ def test_dfl_reads_a_box_heads_decoded_distances():
 def test_a_refusal_on_a_box_heads_logits_hints_at_dfl():
     """dfl is never inferred; a refusal on an output of a DFL head's form names the metric (once a
     metric is given for it, or for a form that is not one, nothing is said)."""
-    from ortprep.runtime.decisions import dfl_hint
+    from ortprep.fidelity.decisions import dfl_hint
 
     assert "--metric boxes=dfl" in dfl_hint("boxes", (1, 7600, 32)) and "8 bins" in dfl_hint("boxes", (1, 7600, 32))
     assert "16 bins" in dfl_hint("reg", (1, 64, 2100))

@@ -78,10 +78,19 @@ def test_hidden_states_from_a_normalization_carry_no_class():
              helper.make_node("LayerNormalization", ["x", "g", "b"], ["token_logits"], axis=-1),
              helper.make_node("MatMul", ["x", "w"], ["head"])]
     graph = helper.make_graph(
-        nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 12, 64]) for n in ("last_hidden_state", "token_logits", "head")],
-        [onnx.numpy_helper.from_array(np.ones(64, np.float32), "g"), onnx.numpy_helper.from_array(np.zeros(64, np.float32), "b"),
-         onnx.numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
+        nodes,
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 12, 64])
+            for n in ("last_hidden_state", "token_logits", "head")
+        ],
+        [
+            onnx.numpy_helper.from_array(np.ones(64, np.float32), "g"),
+            onnx.numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+            onnx.numpy_helper.from_array(np.eye(64, dtype=np.float32), "w"),
+        ],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     inferred = infer_decisions(proto, [{"last_hidden_state": hidden, "token_logits": hidden, "head": hidden}])
     assert "last_hidden_state" not in inferred
@@ -218,7 +227,9 @@ def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
 
     assert "best-scored class" in _decision_text(record) and "87.5%" in _decision_text(record)
     # a map laid out as an image is not ranked; --metric OUTPUT=map judges the threshold alone
-    assert not infer_decisions(_graph({"mask": ("Sigmoid", [1, 1, 8, 8])}), [{"mask": rng.random((1, 1, 8, 8))}])["mask"].ranked
+    assert not infer_decisions(_graph({"mask": ("Sigmoid", [1, 1, 8, 8])}), [{"mask": rng.random((1, 1, 8, 8))}])[
+        "mask"
+    ].ranked
     told = infer_decisions(_graph({"scores": ("Sigmoid", [1, 8])}), reference, {"scores": "map"})["scores"]
     assert judge_decision(told, [r["scores"] for r in reference], [c["scores"] for c in candidate])["passed"] is True
 
@@ -303,7 +314,10 @@ def test_a_sequence_is_judged_whole():
         if index % 4 == 0:  # swap the winner of one frame
             frame = 7 + index
             order = np.argsort(other[0, frame])
-            other[0, frame, order[-1]], other[0, frame, order[-2]] = other[0, frame, order[-2]], other[0, frame, order[-1]]
+            other[0, frame, order[-1]], other[0, frame, order[-2]] = (
+                other[0, frame, order[-2]],
+                other[0, frame, order[-1]],
+            )
         reference.append({"tags": tags})
         candidate.append({"tags": other})
     judged = judge("cpu", reference, candidate, 0.9, {}, {"tags": Decision("argmax")})
@@ -552,7 +566,10 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
             other = candidates[sample]["probs"][0, 5]
             other[:] = row
             other[first], other[second] = 0.48, 0.5
-        judged = [{"sample": k, "outputs": judge_outputs(proto, "qnn", r, c)} for k, (r, c) in enumerate(zip(refs, candidates))]
+        judged = [
+            {"sample": k, "outputs": judge_outputs(proto, "qnn", r, c)}
+            for k, (r, c) in enumerate(zip(refs, candidates))
+        ]
         for entry in judged:
             entry["passed"] = all(o["within_tolerance"] for o in entry["outputs"])
         assert [entry["passed"] for entry in judged[:count]] == [False] * count  # alone, each flipped sample fails
@@ -659,7 +676,10 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     record = judge_decision(decision, [reference], [noisy], others)
     assert record["passed"] is True and record["box_agreement"] == 1.0 and record["scene_agreement"] == 1.0
     assert record["expected_scene_agreement"] > 0.99
-    assert judge_decision(decision, [reference], [noisy], others[:DETECT_MIN_SCENES - 2])["expected_scene_agreement"] is None
+    assert (
+        judge_decision(decision, [reference], [noisy], others[: DETECT_MIN_SCENES - 2])["expected_scene_agreement"]
+        is None
+    )
     transposed = judge_decision(decision, [reference.transpose(0, 2, 1)], [lost.transpose(0, 2, 1)])
     assert transposed["agreement"] == pytest.approx(2 / 3)
     flat = judge_decision(decision, [np.zeros((1, 3))], [np.zeros((1, 3))])
@@ -726,7 +746,11 @@ def test_detect_holds_each_scene_and_the_scores_near_its_threshold():
     moved = [seen[0].copy()] + empty[1:]
     moved[0][0, 0, 11] += 5.0
     record = judge_decision(decision, seen, moved, others)
-    assert record["agreement"] == 1.0 and record["box_agreement"] == 0.0 and record["scene_agreement"] == pytest.approx(7 / 8)
+    assert (
+        record["agreement"] == 1.0
+        and record["box_agreement"] == 0.0
+        and record["scene_agreement"] == pytest.approx(7 / 8)
+    )
     assert "keep their box within 2 px" in _decision_text({**record, "name": "output0"})
     # many detections per scene, one added in one scene: the pooled F1 (0.999) and the boxes pass,
     # the scene does not (what the application returns for that input changed)
@@ -835,7 +859,9 @@ def test_ctc_reads_the_decoded_strings_in_place_of_the_cosine():
 
     scores = np.eye(6, dtype=np.float32)[[1, 1, 0, 2, 2, 5, 3]][None]
     assert ctc_strings(scores)[0][0] == (1, 2, 5, 3) and ctc_strings(scores, -1)[0][0] == (1, 0, 2, 3)
-    time_major = judge_decision(decision, [r.transpose(1, 0, 2) for r in reference], [c.transpose(1, 0, 2) for c in misread])
+    time_major = judge_decision(
+        decision, [r.transpose(1, 0, 2) for r in reference], [c.transpose(1, 0, 2) for c in misread]
+    )
     assert time_major["agreement"] == 22 / 24 and time_major["strings"] == 24
 
 
@@ -872,7 +898,11 @@ def test_ctc_lets_load_hold_a_sample_whose_text_stays():
     rng = np.random.default_rng(3)
     line, edge = _trailing_edge(_ctc_lines(rng, 1)[0])
     held = judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge}, {"probs": "ctc"})[0]
-    assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"] and "the decision (ctc) agrees" in held["tolerance_rule"]
+    assert (
+        held["max_abs_diff"] > held["tolerance"]
+        and held["within_tolerance"]
+        and "the decision (ctc) agrees" in held["tolerance_rule"]
+    )
     assert not judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge})[0]["within_tolerance"]
 
 

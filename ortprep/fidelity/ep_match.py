@@ -100,8 +100,12 @@ def pool_decisions(proto, references: list[dict], candidates: list[dict], judged
     for name, decision in decisions.items():
         if not decision.gated or not all(name in c for c in candidates):
             continue
-        record = judge_decision(decision, [np.asarray(r[name]) for r in references], [c[name] for c in candidates],
-                                [np.asarray(m[name]) for m in more or [] if name in m] if decision.reads_margins else None)
+        record = judge_decision(
+            decision,
+            [np.asarray(r[name]) for r in references],
+            [c[name] for c in candidates],
+            [np.asarray(m[name]) for m in more or [] if name in m] if decision.reads_margins else None,
+        )
         pooled[name] = record
         if not record.get("passed"):
             continue

@@ -40,7 +40,9 @@ class Judgement:
     sample_cosines: list[float] = field(default_factory=list)  # each sample's lowest output cosine, in order
     placement: dict | None = None  # the EP's side: {"nodes_total", "nodes_on_ep"} of its session
     apart: dict | None = None  # the EP's side: the first output beyond load's rule against the CPU EP's run (ep_apart)
-    limited: dict | None = None  # the EP's side: the samples it judged within --ep-seconds, of those offered (budget.py)
+    limited: dict | None = (
+        None  # the EP's side: the samples it judged within --ep-seconds, of those offered (budget.py)
+    )
 
     def failing(self) -> list[dict]:
         """The outputs that fail the gate on this side."""
@@ -63,14 +65,33 @@ class Judgement:
 
     def summary(self) -> dict:
         """What a search trial records of this side: the figures, each output's, the verdict."""
-        return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "passed": self.passed,
-                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o["norm_ratio"]} for o in self.outputs[:16]],
-                "error": self.error, "apart": self.apart}
+        return {
+            "ep": self.ep,
+            "cosine": self.cosine,
+            "norm_ratio": self.norm_ratio,
+            "passed": self.passed,
+            "outputs": [
+                {"name": o["name"], "cosine": o["cosine"], "norm_ratio": o["norm_ratio"]} for o in self.outputs[:16]
+            ],
+            "error": self.error,
+            "apart": self.apart,
+        }
 
     def to_record(self) -> dict:
-        return {"ep": self.ep, "cosine": self.cosine, "norm_ratio": self.norm_ratio, "max_abs_diff": self.max_abs_diff,
-                "top1_agreement": self.top1_agreement, "passed": self.passed, "spread": self.spread, "outputs": self.outputs,
-                "error": self.error, "placement": self.placement, "apart": self.apart, "limited": self.limited}
+        return {
+            "ep": self.ep,
+            "cosine": self.cosine,
+            "norm_ratio": self.norm_ratio,
+            "max_abs_diff": self.max_abs_diff,
+            "top1_agreement": self.top1_agreement,
+            "passed": self.passed,
+            "spread": self.spread,
+            "outputs": self.outputs,
+            "error": self.error,
+            "placement": self.placement,
+            "apart": self.apart,
+            "limited": self.limited,
+        }
 
 
 @dataclass
@@ -79,10 +100,7 @@ class Confirmation:
     on, judged together as the held-back ones are alone (each sample's cosine, the norm, each
     decision's share over all of them). Passing with the calibration samples is the weaker test
     (the ranges were set on them), so it is a second condition, never the verdict alone; failing
-    with them is strong evidence: measured on the NPU journey, PP-OCRv4's
-    recogniser in A16W16 passed on QNN on its 8 held-back samples (every string equal) while 3 of
-    its 24 samples' strings changed on QNN (87.5% whole strings against the gate's 95%), and only
-    compile, judging all 24, refused it (bench/RESULTS.md, "Held to the calibration samples too")."""
+    with them is strong evidence (docs/decisions/fidelity-quantize-gate.md)."""
 
     samples: int  # the calibration samples judged (the EP's side: at most CONFIRM_EP_SAMPLES of them)
     cpu: Judgement  # over the held-back samples and the calibration samples together, in that order
@@ -101,8 +119,13 @@ class Confirmation:
         return self.on_ep if self.on_ep is not None and not self.on_ep.passed else None
 
     def to_record(self) -> dict:
-        return {"samples": self.samples, "held_back": self.held_back, "passed": self.passed, "cpu": self.cpu.to_record(),
-                "ep": self.on_ep.to_record() if self.on_ep is not None else None}
+        return {
+            "samples": self.samples,
+            "held_back": self.held_back,
+            "passed": self.passed,
+            "cpu": self.cpu.to_record(),
+            "ep": self.on_ep.to_record() if self.on_ep is not None else None,
+        }
 
 
 @dataclass
@@ -129,7 +152,9 @@ class Evaluation:
     target: dict | None = None  # where the gate was judged (ep_gate.GateTarget.record())
     min_cosine: float | None = None
     ep_skipped: str | None = None  # why the target EP did not run, where it did not
-    ep_latency: dict | None = None  # {"ep", "float_ms", "quant_ms", "ratio"}: timed on the target EP (measure_on_target)
+    ep_latency: dict | None = (
+        None  # {"ep", "float_ms", "quant_ms", "ratio"}: timed on the target EP (measure_on_target)
+    )
     confirmation: Confirmation | None = None  # the same gate on the calibration samples (confirm)
     # a result chosen among trials on the same samples, held to the decision margin (hold_to_margin):
     # {"trials", "samples", "gap", "passed", "side", "output", "kind", "share", "asked", "measured"};
@@ -208,8 +233,10 @@ class Evaluation:
         ep = None
         if self.on_ep is not None:
             context = self.target or {}
-            ep = {**self.on_ep.to_record(), **{key: context.get(key) for key in ("device", "provider_options", "runtime",
-                                                                                  "package")}}
+            ep = {
+                **self.on_ep.to_record(),
+                **{key: context.get(key) for key in ("device", "provider_options", "runtime", "package")},
+            }
         return {
             "cosine": self.cosine,
             "spread": self.spread,

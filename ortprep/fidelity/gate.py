@@ -109,7 +109,9 @@ def expect(outcome, proto, metrics: dict[str, str] | None = None, seeded: bool =
 def judge_run(reference, candidate, gate: Gate) -> VerifyResult:
     """``candidate``'s run against ``reference``'s (set up by :func:`expect`), by ``gate``."""
     if not candidate.ok:
-        return VerifyResult(loads=candidate.stage == "run", passed=False, status=candidate.status, error=candidate.message)
+        return VerifyResult(
+            loads=candidate.stage == "run", passed=False, status=candidate.status, error=candidate.message
+        )
     diffs = compare_outputs(reference.outputs, candidate.outputs)
     flat: list[tuple[str, str]] = []
     verdicts = []

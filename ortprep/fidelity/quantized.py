@@ -46,8 +46,7 @@ SAMPLE_NORM_FLOOR = 0.01
 def sample_norm_ratio(energies: list[tuple[float, float]]) -> float | None:
     """Of the samples' norm ratios (candidate over float), the one farthest from 1, as the lowest
     cosine is the worst sample's: an output shrunk on some inputs only is as wrong there as a
-    uniformly scaled one (the NPU journey's detector: norm 0.986 pooled over the gate's samples,
-    0.979 on its worst unseen one). None without such samples."""
+    uniformly scaled one (docs/decisions/fidelity-quantize-gate.md). None without such samples."""
     if not energies:
         return None
     median = float(np.median([ref for ref, _ in energies]))
@@ -55,9 +54,15 @@ def sample_norm_ratio(energies: list[tuple[float, float]]) -> float | None:
     return max(ratios, key=lambda r: abs(r - 1.0)) if ratios else None
 
 
-def judge_quantized(ep: str, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], min_cosine: float,
-          flat: dict[str, Degenerate], decisions: dict[str, Decision] | None = None,
-          more: list[dict[str, np.ndarray]] | None = None) -> Judgement:
+def judge_quantized(
+    ep: str,
+    reference: list[dict[str, np.ndarray]],
+    candidate: list[dict[str, np.ndarray]],
+    min_cosine: float,
+    flat: dict[str, Degenerate],
+    decisions: dict[str, Decision] | None = None,
+    more: list[dict[str, np.ndarray]] | None = None,
+) -> Judgement:
     """``candidate`` (the quantized model's outputs per sample, on ``ep``) against ``reference``
     (the float model's on the CPU EP). An output passes when its lowest cosine reaches
     ``min_cosine`` and its norm is within NORM_TOLERANCE of the float one's (a uniformly scaled
@@ -99,9 +104,16 @@ def judge_quantized(ep: str, reference: list[dict[str, np.ndarray]], candidate: 
     for name, rows in per_output.items():
         cosines = [d.cosine for d, _ in rows if d.cosine is not None]
         decision = decisions.get(name)
-        judged_decision = (judge_decision(decision, [sample[name] for sample in reference], [other for _, other in rows],
-                                          [sample[name] for sample in more or [] if name in sample])
-                           if decision is not None else None)
+        judged_decision = (
+            judge_decision(
+                decision,
+                [sample[name] for sample in reference],
+                [other for _, other in rows],
+                [sample[name] for sample in more or [] if name in sample],
+            )
+            if decision is not None
+            else None
+        )
         agreed = judged_decision["agreement"] if judged_decision else None
         tops = [agreed] if decision is not None and decision.kind in ("top1", "argmax") and agreed is not None else []
         worst_abs = max((d.max_abs_diff for d, _ in rows if d.max_abs_diff is not None), default=None)
@@ -123,7 +135,9 @@ def judge_quantized(ep: str, reference: list[dict[str, np.ndarray]], candidate: 
         if name in flat:
             limit = DEGENERATE_TOL * flat[name].scale
             record["judged_by"] = f"absolute error <= {limit:.3g} (output {flat[name].what})"
-            verdict = worst_abs is not None and worst_abs <= limit and all(d.shape_match and not d.nonfinite for d, _ in rows)
+            verdict = (
+                worst_abs is not None and worst_abs <= limit and all(d.shape_match and not d.nonfinite for d, _ in rows)
+            )
         else:
             # a gated ctc decision judges the output in place of the cosine floor (decisions.CTC_REPLACES_COSINE)
             replaced = decision is not None and decision.replaces_cosine

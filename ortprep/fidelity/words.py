@@ -48,23 +48,30 @@ def describe_decision(record: dict) -> str:
         return (text + "; but each row's best-scored class agrees "
                 + (f"{best:.4f} on the samples" if best is not None else "on nothing comparable")
                 + (f", {best_expected:.4f} expected on unseen inputs" if best_expected is not None else "")
-                + f", below the {ranking.get('required', 0.99):g} required (--metric {record['name']}=map: the threshold alone)")
+                + f", below the {ranking.get('required', 0.99):g} required (--metric {record['name']}=map: the "
+                  "threshold alone)")
     confidence = record.get("confidence") or {}
     if confidence.get("passed") is False and (required is None or (record.get("agreement") or 0.0) >= required):
         # the top class agrees, its probability crosses a level an application may accept it at
         if record["kind"] == "ctc":
             return (text + f"; but the lines' scores stay on the same side of {confidence['level']:g} "
-                    f"{confidence['agreement']:.4f} of the lines, {confidence['expected_agreement']:.4f} expected on unseen "
+                    f"{confidence['agreement']:.4f} of the lines, {confidence['expected_agreement']:.4f} expected on "
+                    "unseen "
                     f"inputs, below the {confidence['required']:g} required")
         return (text + f"; but the top class's probability stays on the same side of {confidence['level']:g} "
-                f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on unseen "
-                f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class alone)")
-    scenes = [value for value in (record.get("scene_agreement"), record.get("expected_scene_agreement")) if value is not None]
+                f"{confidence['agreement']:.4f} on the samples, {confidence['expected_agreement']:.4f} expected on "
+                "unseen "
+                f"inputs, below the {confidence['required']:g} required (--metric {record['name']}=top1: the class "
+                "alone)")
+    scenes = [
+        value for value in (record.get("scene_agreement"), record.get("expected_scene_agreement")) if value is not None
+    ]
     boxes = record.get("box_agreement")
     if record["kind"] == "detect" and boxes is not None and boxes < record.get("required_regions", 0.0) and (
             required is None or (record.get("agreement") or 0.0) >= required):
         # the detections agree, their boxes moved
-        return text + (f"; but of the detections both find, {boxes:.4f} keep their box within {record['box_slack']:g} px, "
+        return text + (f"; but of the detections both find, {boxes:.4f} keep their box within {record['box_slack']:g} "
+                       "px, "
                        f"below the {record['required_regions']:g} required")
     if record["kind"] == "detect" and scenes and min(scenes) < record.get("required_scenes", 0.0) and (
             required is None or (record.get("agreement") or 0.0) >= required):
@@ -89,13 +96,16 @@ def describe_decision(record: dict) -> str:
 
 
 def decision_text(decision: dict) -> str:
-    what = {"top1": "its top-1 class agrees with the float model's on", "argmax": "its argmax per position agrees on",
-            "ctc": "its decoded strings (greedy CTC) equal the float model's on",
-            "map": f"its map above {decision.get('threshold')} matches the float model's with F1",
-            "detect": f"its detections (class scores above {decision.get('threshold')}) match the float model's with F1",
-            "dfl": f"its box sides (decoded as DFL distances) stay within {decision.get('slack_bins')} bins of the float "
-                   "model's on"
-            }[decision["kind"]]
+    what = {
+        "top1": "its top-1 class agrees with the float model's on",
+        "argmax": "its argmax per position agrees on",
+        "ctc": "its decoded strings (greedy CTC) equal the float model's on",
+        "map": f"its map above {decision.get('threshold')} matches the float model's with F1",
+        "detect": f"its detections (class scores above {decision.get('threshold')}) match the float model's with F1",
+        "dfl": f"its box sides (decoded as DFL distances) stay within {decision.get('slack_bins')} bins of the "
+        "float "
+        "model's on",
+    }[decision["kind"]]
     share, expected, required = decision["agreement"], decision.get("expected_agreement"), decision.get("required")
     if share is None:
         return f"{what} n/a ({decision.get('error') or 'nothing to compare'})"
@@ -109,7 +119,8 @@ def decision_text(decision: dict) -> str:
             return "n/a" if value is None else f"{value:.1%}"
 
         return (text + f"; whole sequences agree on {share_text(whole)} of these samples and on about "
-                f"{share_text(whole_expected)} to expect on unseen ones (the gate asks {REQUIRED_SEQUENCES:.0%}: a string "
+                f"{share_text(whole_expected)} to expect on unseen ones (the gate asks {REQUIRED_SEQUENCES:.0%}: a "
+                "string "
                 "is right only when every position is)")
     ranking = decision.get("ranking") or {}
     if decision["kind"] == "map" and required and ranking.get("passed") is False and (
@@ -127,7 +138,8 @@ def decision_text(decision: dict) -> str:
         # the decision agrees, a score crosses a level an application may accept (or drop) it at
         what, why = ({"ctc": ("the lines' scores (the mean top probability over the characters read) stay",
                               "an application drops a line below a score of its own, rapidocr at 0.5"),
-                      "top1": ("the top class's probability stays", "an application that accepts a class above a threshold "
+                      "top1": ("the top class's probability stays", "an application that accepts a class above a "
+                                                                    "threshold "
                                "answers otherwise; --metric OUTPUT=top1 judges the class alone")})[decision["kind"]]
         return (text + f"; but {what} on the same side of {confidence['level']:g} on "
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
@@ -136,7 +148,8 @@ def decision_text(decision: dict) -> str:
     if decision["kind"] == "detect" and boxes is not None and needed is not None and boxes < needed and (
             required is None or share >= required):
         # the detections agree, their boxes moved
-        return (text + f"; but of the {decision.get('detections_kept')} detections both keep, {boxes:.1%} keep their box "
+        return (text + f"; but of the {decision.get('detections_kept')} detections both keep, {boxes:.1%} keep their "
+                       "box "
                 f"within {decision.get('box_slack'):g} px (the gate asks {needed:.0%})")
     scenes, scenes_expected = decision.get("scene_agreement"), decision.get("expected_scene_agreement")
     needed = decision.get("required_scenes")
@@ -145,9 +158,11 @@ def decision_text(decision: dict) -> str:
         if scenes is not None and scenes < needed:
             kept = decision.get("detections_kept") or 0
             moved = kept - round((decision.get("box_agreement") or 0.0) * kept)
-            return (text + f"; but only {scenes:.1%} of these samples keep every detection (the gate asks {needed:.0%}: "
+            return (text + f"; but only {scenes:.1%} of these samples keep every detection (the gate asks "
+                           f"{needed:.0%}: "
                     f"a scene is right only when all its detections are; {decision.get('detections_lost')} lost, "
-                    f"{decision.get('detections_added')} added, {moved} box(es) moved past {decision.get('box_slack'):g} px)")
+                    f"{decision.get('detections_added')} added, {moved} box(es) moved past "
+                    f"{decision.get('box_slack'):g} px)")
         if scenes_expected is not None and scenes_expected < needed:
             return (text + f"; but only about {scenes_expected:.1%} of unseen scenes can be expected to keep every "
                     f"detection (the gate asks {needed:.0%}): the float model's scenes hold scores nearer "
@@ -180,9 +195,12 @@ def shortfall_text(judgement, min_cosine: float) -> str:
         if (apart.get("tolerance") is not None and apart.get("max_abs_diff") is not None
                 and apart["max_abs_diff"] <= apart["tolerance"] and apart.get("norm_ratio") is not None):
             # within the max abs diff: the norm is what fails, and the words say so
-            size = f"norm ratio {apart['norm_ratio']:.4f}, outside the 1 ± {NORM_TOLERANCE:g} asked; max abs diff {apart['max_abs_diff']:.4g}, "
-        return (f"output '{apart['name']}' computed otherwise than the CPU EP computes the same model, beyond what load "
-                f"and compile allow (held-back sample {apart['sample']}: {size}{allowed}{apart['tolerance_rule']}) though "
+            size = (f"norm ratio {apart['norm_ratio']:.4f}, outside the 1 ± {NORM_TOLERANCE:g} asked; "
+                    f"max abs diff {apart['max_abs_diff']:.4g}, ")
+        return (f"output '{apart['name']}' computed otherwise than the CPU EP computes the same model, beyond what "
+                "load "
+                f"and compile allow (held-back sample {apart['sample']}: {size}{allowed}{apart['tolerance_rule']}) "
+                "though "
                 f"its cosine against the float model passes ({fmt_cosine(judgement.cosine)})"
                 + (f"; {apart['hint']}" if apart.get("hint") else ""))
     if not failing:
@@ -192,8 +210,13 @@ def shortfall_text(judgement, min_cosine: float) -> str:
     decision = worst.get("decision") or {}
     if worst["judged_by"] != "cosine":
         text = f"output '{name}' off by {worst['max_abs_diff']:.4g} ({worst['judged_by']})"
-    elif decision and decision.get("passed") is False and cosine is not None and (
-            cosine >= min_cosine or decision.get("replaces_cosine")) and (ratio is None or abs(ratio - 1.0) <= NORM_TOLERANCE):
+    elif (
+        decision
+        and decision.get("passed") is False
+        and cosine is not None
+        and (cosine >= min_cosine or decision.get("replaces_cosine"))
+        and (ratio is None or abs(ratio - 1.0) <= NORM_TOLERANCE)
+    ):
         text = (f"output '{name}' decides otherwise: {decision_text(decision)} (cosine {fmt_cosine(cosine)} passes: "
                 "the tensor is close, the application's answer is not)")
     elif cosine is not None and (cosine >= min_cosine or decision.get("replaces_cosine")) and ratio is not None:
@@ -238,8 +261,10 @@ def selection_words(selection: dict, ep_text: str) -> str:
     """What the decision margin found short (hold_to_margin), in a few words."""
     where = "the CPU EP" if selection["side"] == "cpu" else ep_text
     gate = 2 * selection["asked"] - 1  # with_margin, undone
-    return (f"output '{selection['output']}' ({selection['kind']}): {selection['share']} {selection['measured']:.1%} on "
+    return (f"output '{selection['output']}' ({selection['kind']}): {selection['share']} {selection['measured']:.1%} "
+            "on "
             f"{where}'s {selection['samples']} held-back samples passes the gate ({gate:.1%}) but not "
-            f"{selection['asked']:.1%}, the margin asked of a result chosen among {selection['trials']} trials judged on "
+            f"{selection['asked']:.1%}, the margin asked of a result chosen among {selection['trials']} trials judged "
+            "on "
             "those same samples (half-way from the gate to 1: of several trials, they favour the one they chose)")
 

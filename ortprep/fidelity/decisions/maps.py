@@ -175,7 +175,9 @@ class Map(Kind):
     takes_value = True
 
     def parse(self, value, text):
-        return Decision("map", parse_threshold("map", value, text, MAP_THRESHOLD), "--metric", threshold_given=bool(value))
+        return Decision(
+            "map", parse_threshold("map", value, text, MAP_THRESHOLD), "--metric", threshold_given=bool(value)
+        )
 
     def infer(self, output: Output) -> Decision | None:
         shape, maker = output.shape, output.maker

@@ -24,8 +24,14 @@ def _exposed_run(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.n
     return run_isolated(model, feeds, optimization="disable")
 
 
-def worst_nodes(float_model: Path, quant_model: Path, feeds: dict[str, np.ndarray], excluded: set[str], limit: int | None = 5,
-                cache: dict[str, RunOutcome] | None = None) -> list[tuple[str, str, float]]:
+def worst_nodes(
+    float_model: Path,
+    quant_model: Path,
+    feeds: dict[str, np.ndarray],
+    excluded: set[str],
+    limit: int | None = 5,
+    cache: dict[str, RunOutcome] | None = None,
+) -> list[tuple[str, str, float]]:
     """(node, op, cosine) of the nodes where the quantization error starts, worst first.
 
     Every tensor both models compute is compared. A node of the quantized model is blamed when
@@ -148,7 +154,11 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
     for node in quant.graph.node:
         if node.op_type == "QuantizeLinear" and len(node.input) >= 2 and node.input[1] in inits:
             scale = onnx.numpy_helper.to_array(inits[node.input[1]])
-            zero = onnx.numpy_helper.to_array(inits[node.input[2]]) if len(node.input) > 2 and node.input[2] in inits else None
+            zero = (
+                onnx.numpy_helper.to_array(inits[node.input[2]])
+                if len(node.input) > 2 and node.input[2] in inits
+                else None
+            )
             tensor = node.input[0]
             if tensor not in produced:
                 # a graph output: the quantizer renames what writes it, and the DQ after the Q writes the name
@@ -178,7 +188,9 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
                 if value is not None and np.asarray(value).dtype.kind == "f":
                     values.setdefault(name, []).append(np.asarray(value).ravel())  # float64 one tensor at a time
         del reference
-        noise += [(name, _noise(np.concatenate(parts).astype(np.float64), wanted[name])) for name, parts in values.items()]
+        noise += [
+            (name, _noise(np.concatenate(parts).astype(np.float64), wanted[name])) for name, parts in values.items()
+        ]
     noise = [(name, value) for name, value in noise if value is not None]
     noise.sort(key=lambda item: -item[1])
     return noise

@@ -52,8 +52,12 @@ def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: di
 MARGIN_SAMPLES, MARGIN_BYTES = 64, 128 * 2**20
 
 
-def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]] | None,
-                   decisions: dict[str, Decision], reference: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def margin_outputs(
+    float_model: Path,
+    feeds: Callable[[], list[dict[str, np.ndarray]]] | None,
+    decisions: dict[str, Decision],
+    reference: list[dict[str, np.ndarray]],
+) -> list[dict[str, np.ndarray]]:
     """The float model's decided outputs on the samples ``feeds()`` reads (capped at MARGIN_SAMPLES
     and MARGIN_BYTES), for their margins; nothing when no output has a gated decision (then no
     sample is read) or the run fails."""
@@ -74,13 +78,8 @@ def margin_outputs(float_model: Path, feeds: Callable[[], list[dict[str, np.ndar
 def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndarray]) -> tuple[float, float] | None:
     """(float ms, quantized ms): the medians of 2 x LATENCY_RUNS runs of each, timed in turns of
     one run (float, quantized, then quantized, float, ...) in one worker, so that both meet the same
-    load (TimeModels), each in a session that exposes nothing more. Timed in blocks of ten, a
-    level-4 MatMulNBits file read 0.90x and 0.96x of its level-0 twin in two runs of one quantize on
-    a shared 2-core machine, across the 0.9 that --accuracy-level auto asks (bench/RESULTS.md, session
-    28). An FP16 probe read 0.19x and 0.41x the float model's time for openwakeword's mel front end,
-    and 0.11x for PP-OCR's direction classifier: the float model was timed in the session that had
-    exposed its every intermediate for FP16's scan (2-9x slower); measured directly, about 1.0x.
-    None where a run fails."""
+    load (TimeModels), each in a session that exposes nothing more (why in turns:
+    docs/decisions/fidelity-quantize-gate.md). None where a run fails."""
     medians = timed_medians([float_model, quant_model], feed)
     return None if medians is None else (medians[0], medians[1])
 
@@ -92,7 +91,9 @@ def timed_medians(models: list[Path], feed: dict[str, np.ndarray]) -> list[float
     return None if times is None else [statistics.median(t) for t in times]
 
 
-def measure_latency(evaluation: Evaluation, float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]]) -> None:
+def measure_latency(
+    evaluation: Evaluation, float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]]
+) -> None:
     """Time ``quant_model`` against the float model (paired_latency) where its evaluation did not,
     and set the evaluation's latency figures."""
     if evaluation.quant_latency_ms is not None or not feeds:
@@ -103,11 +104,20 @@ def measure_latency(evaluation: Evaluation, float_model: Path, quant_model: Path
         evaluation.latency_ratio = round(paired[1] / paired[0], 3) if paired[0] else None
 
 
-def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]], min_cosine: float,
-             cache: dict[str, RunOutcome] | None = None, bounds: dict | None = None, target: GateTarget | None = None,
-             metrics: dict[str, str] | None = None, margin_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
-             ep_after_cpu_fails: bool = True, latency_runs: int = LATENCY_RUNS,
-             confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None) -> Evaluation:
+def evaluate(
+    float_model: Path,
+    quant_model: Path,
+    feeds: list[dict[str, np.ndarray]],
+    min_cosine: float,
+    cache: dict[str, RunOutcome] | None = None,
+    bounds: dict | None = None,
+    target: GateTarget | None = None,
+    metrics: dict[str, str] | None = None,
+    margin_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
+    ep_after_cpu_fails: bool = True,
+    latency_runs: int = LATENCY_RUNS,
+    confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
+) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
     EP. The gate holds on the worse of the two. ``cache`` keeps the float model's run between
@@ -154,13 +164,17 @@ def evaluate(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndar
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
             # (the first samples, where --ep-seconds left some out: run.limited)
-            on_ep = judge_quantized(target.ep, reference.samples[:len(run.samples)], run.samples, min_cosine, flat, decisions, more)
+            on_ep = judge_quantized(
+                target.ep, reference.samples[: len(run.samples)], run.samples, min_cosine, flat, decisions, more
+            )
             on_ep.placement = placement
             on_ep.limited = run.limited
             # apart is said wherever both runs are there, so that null means "within load's rule" (an
             # EP whose output is all zeros failed the gate, and apart was null as if it agreed); it
             # decides the EP's side only where both sides pass the gate
-            on_ep.apart = ep_apart(quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options)
+            on_ep.apart = ep_apart(
+                quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options
+            )
             if on_ep.passed and cpu.passed:
                 on_ep.passed = on_ep.apart is None
             cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
@@ -223,10 +237,18 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
     count = min(len(samples), CONFIRM_EP_SAMPLES)
     run = target.run(quant_model, samples[:count])
     held = held_on_ep[1]  # each side's first samples where --ep-seconds left some out
-    confirmation.on_ep = (judge_quantized(target.ep, held_back.samples[:len(held)] + reference.samples[:len(run.samples)],
-                                held + run.samples, evaluation.min_cosine or 0.99, cache.get("flat", {}),
-                                cache.get("decisions", {}))
-                          if run.ok else Judgement(target.ep, None, None, None, None, False, error=run.message))
+    confirmation.on_ep = (
+        judge_quantized(
+            target.ep,
+            held_back.samples[: len(held)] + reference.samples[: len(run.samples)],
+            held + run.samples,
+            evaluation.min_cosine or 0.99,
+            cache.get("flat", {}),
+            cache.get("decisions", {}),
+        )
+        if run.ok
+        else Judgement(target.ep, None, None, None, None, False, error=run.message)
+    )
     if run.ok and run.limited:
         confirmation.on_ep.limited = run.limited
     # and, as on the held-back samples, computed as the CPU EP computes the same model (compile --eval
@@ -234,8 +256,14 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
     on_cpu, calib_cpu = cache.get("held_back_cpu"), cache.get("confirmation_cpu")
     if (run.ok and confirmation.on_ep.passed and on_cpu is not None and calib_cpu is not None
             and on_cpu[0] == calib_cpu[0] == str(quant_model)):
-        confirmation.on_ep.apart = ep_apart(quant_model, target.ep, on_cpu[1][:len(held)] + calib_cpu[1][:len(run.samples)],
-                                            held + run.samples, cache.get("metrics"), target.provider_options)
+        confirmation.on_ep.apart = ep_apart(
+            quant_model,
+            target.ep,
+            on_cpu[1][: len(held)] + calib_cpu[1][: len(run.samples)],
+            held + run.samples,
+            cache.get("metrics"),
+            target.provider_options,
+        )
         confirmation.on_ep.passed = confirmation.on_ep.apart is None
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
 
@@ -260,7 +288,9 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
     if not candidate.ok:
         return Confirmation(len(samples), Judgement("cpu", None, None, None, None, False, error=candidate.message),
                             held_back=len(held_back))
-    cpu = judge_quantized("cpu", held_back + reference.samples, held_back_cpu + candidate.samples, min_cosine, flat, decisions)
+    cpu = judge_quantized(
+        "cpu", held_back + reference.samples, held_back_cpu + candidate.samples, min_cosine, flat, decisions
+    )
     cache["confirmation_cpu"] = (str(quant_model), candidate.samples)  # for confirm_on_target's ep_apart
     return Confirmation(len(samples), cpu, held_back=len(held_back))
 
@@ -284,9 +314,8 @@ def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: l
 def measure_on_target(evaluation: Evaluation, target: GateTarget, float_model: Path, quant_model: Path,
                       feeds: list[dict[str, np.ndarray]]) -> None:
     """Time the float and the quantized model on the target EP, where its time is the device's
-    (``target.timed``: not the CPU EP, not a simulator), and set ``evaluation.ep_latency``. The
-    CPU's time says nothing of a GPU's: measured on an H200, a GPT-2-like decoder's int4
-    weight-only model ran at 0.84x float's time on the CPU EP and 1.32x on CUDA."""
+    (``target.timed``: not the CPU EP, not a simulator), and set ``evaluation.ep_latency``: the
+    CPU's time says nothing of a GPU's (docs/decisions/fidelity-quantize-gate.md)."""
     if not feeds or not target.timed:  # (the CPU EP as the target is never judged as an EP: not timed)
         return
     float_ms = target.latency(float_model, feeds[0], LATENCY_RUNS)

@@ -25,7 +25,8 @@ def limited_finding(evaluation: Evaluation | None) -> Finding | None:
     ep = next(side.limited["ep"] for _, side in sides if side is not None and side.limited)
     return Finding.of("QNT021", f"the gate on {ep} judged {'; '.join(said)}; the CPU EP judged every sample",
                       ep=ep,
-                      fix="--ep-seconds N lets the EP judge more samples; on the device itself one run takes milliseconds")
+                      fix="--ep-seconds N lets the EP judge more samples; on the device itself one run takes "
+                          "milliseconds")
 
 
 def latency_finding(evaluation: Evaluation | None) -> Finding | None:
@@ -36,16 +37,20 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
         if timed["ratio"] <= 1.0:
             return None
         return Finding.of(
-            "QNT004", f"the quantized model is slower than the float one on {timed['ep']} "
+            "QNT004",
+            f"the quantized model is slower than the float one on {timed['ep']} "
             f"({timed['quant_ms']:.3f} ms vs {timed['float_ms']:.3f} ms per run, {timed['ratio']:.2f}x)",
-            fix="keep the float model for speed on this EP; the precision is a trade of size or accuracy, not time here")
+            fix="keep the float model for speed on this EP; the precision is a trade of size or accuracy, "
+            "not time here",
+        )
     if evaluation is None or evaluation.latency_ratio is None or evaluation.latency_ratio <= 1.0:
         return None
     return Finding.of(
         "QNT004",
         f"the quantized model is slower than the float one on this CPU "
         f"({evaluation.quant_latency_ms:.3f} ms vs {evaluation.float_latency_ms:.3f} ms per run)",
-        fix="expected without VNNI/AVX-512 int8 kernels, for tiny models, or with ConvInteger; measure on the target EP",
+        fix="expected without VNNI/AVX-512 int8 kernels, for tiny models, or with ConvInteger; "
+        "measure on the target EP",
     )
 
 
@@ -79,7 +84,8 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
         judged = confirmation.held_back + (confirmation.samples if side.ep == "cpu"
                                            else min(confirmation.samples, CONFIRM_EP_SAMPLES))
         return Finding.of(
-            "QNT005", f"accuracy gate failed with the samples it was calibrated on: its {confirmation.held_back} held-back "
+            "QNT005", f"accuracy gate failed with the samples it was calibrated on: its {confirmation.held_back} "
+                      "held-back "
             f"sample(s) pass, but on {where} the {judged} held-back and calibration samples together give {what}: the "
             f"held-back samples miss inputs that the calibration samples show{stopped}",
             ep=side.ep if side.ep != "cpu" else None,
@@ -91,7 +97,8 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
     if on_ep is not None and on_ep.error is not None:
         cpu = "passes on the CPU EP" if evaluation.cpu_verdict else "fails on the CPU EP too"
         return Finding.of(
-            "QNT005", f"accuracy gate failed: the quantized model {cpu} (cosine {fmt_cosine(evaluation.cosine)}) but gives "
+            "QNT005", f"accuracy gate failed: the quantized model {cpu} (cosine {fmt_cosine(evaluation.cosine)}) but "
+                      "gives "
             f"no outputs on {ep_text}: {on_ep.error}{stopped}", ep=on_ep.ep,
             fix=f"ortprep check MODEL.int8.onnx --ep {on_ep.ep} --prove names what the EP refuses; another --device; "
                 "--gate-on-cpu judges on the CPU EP only")
@@ -103,16 +110,28 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
             f"{shortfall_text(on_ep, min_cosine)}: the EP's own error, not quantization's{stopped}"
             + (f"; {writers}" if writers else ""), ep=on_ep.ep,
             fix=f"ortprep quantize ... {search} (its trials are judged on {on_ep.ep} too), a different --device, or "
-                f"keep the nodes that write that output in float (--exclude-node NAME); ortprep load MODEL.int8.onnx --ep "
-                f"{on_ep.ep} --reference MODEL.onnx separates the EP's error from quantization's; --gate-on-cpu judges on "
+                "keep the nodes that write that output in float (--exclude-node NAME); ortprep load MODEL.int8.onnx "
+                "--ep "
+                f"{on_ep.ep} --reference MODEL.onnx separates the EP's error from quantization's; --gate-on-cpu judges "
+                "on "
                 "the CPU EP only")
     below = [o for o in evaluation.outputs if not o.get("passed", True) and o["judged_by"] == "cosine"
              and not o.get("cosine_replaced_by") and (o["cosine"] is None or o["cosine"] < min_cosine)]
     if below or evaluation.cpu_verdict:
         what = f"lowest output cosine {fmt_cosine(evaluation.cosine)} is below {min_cosine}"
     else:  # scaled, or a flat output off by too much
-        what = shortfall_text(Judgement("cpu", evaluation.cosine, evaluation.norm_ratio, evaluation.max_abs_diff, None, False,
-                                    evaluation.outputs), min_cosine)
+        what = shortfall_text(
+            Judgement(
+                "cpu",
+                evaluation.cosine,
+                evaluation.norm_ratio,
+                evaluation.max_abs_diff,
+                None,
+                False,
+                evaluation.outputs,
+            ),
+            min_cosine,
+        )
     if on_ep is not None:
         what += (f"; on {on_ep.ep}: " + (shortfall_text(on_ep, min_cosine) if not on_ep.passed
                                          else f"passes (cosine {fmt_cosine(on_ep.cosine)})"))

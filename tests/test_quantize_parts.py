@@ -484,7 +484,8 @@ def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_res
     """The search's blame (worst_nodes) and noise (tensor_noise) rankings read every intermediate of
     both models. Under a budget of a few bytes each tensor is exposed by a run of its own, and the
     rankings are the same as when one run exposes them all (memory bounded, nothing lost)."""
-    from ortprep.steps.quantize import calibrate, evaluate
+    from ortprep.steps.quantize import calibrate
+    from ortprep.steps.quantize import diagnose as evaluate
 
     rng = np.random.default_rng(5)
     first = (rng.standard_normal((16, 16)) / 4).astype(np.float32)

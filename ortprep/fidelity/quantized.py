@@ -68,7 +68,7 @@ def judge_quantized(
     ``min_cosine`` and its norm is within NORM_TOLERANCE of the float one's (a uniformly scaled
     output has cosine 1), pooled over the samples and, for an output of SAMPLE_NORM_SIZE values
     or more, on every sample; a flat output (``flat``) by its absolute error instead.
-    An output with a decision (``decisions``: runtime/decisions.py, what the application reads
+    An output with a decision (``decisions``: fidelity/decisions/, what the application reads
     from it) must also decide the same: its agreement reaches the decision's REQUIRED share."""
     decisions = decisions or {}
     per_output: dict[str, list] = {}

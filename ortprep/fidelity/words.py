@@ -138,9 +138,9 @@ def decision_text(decision: dict) -> str:
         # the decision agrees, a score crosses a level an application may accept (or drop) it at
         what, why = ({"ctc": ("the lines' scores (the mean top probability over the characters read) stay",
                               "an application drops a line below a score of its own, rapidocr at 0.5"),
-                      "top1": ("the top class's probability stays", "an application that accepts a class above a "
-                                                                    "threshold "
-                               "answers otherwise; --metric OUTPUT=top1 judges the class alone")})[decision["kind"]]
+                      "top1": ("the top class's probability stays",
+                               "an application that accepts a class above a threshold answers otherwise; "
+                               "--metric OUTPUT=top1 judges the class alone")})[decision["kind"]]
         return (text + f"; but {what} on the same side of {confidence['level']:g} on "
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
                 f"expect on unseen ones (the gate asks {confidence['required']:.0%}: {why})")

@@ -110,8 +110,8 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             data[key] = names
             report.add(Finding.of(
                 code, f"{len(names)} initializer(s) that If/Loop/Scan bodies read from the main graph {how} before "
-                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "") + "): ORT's EP-context "
-                                                                                             "writer "
+                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "")
+                + "): ORT's EP-context writer "
                 "keeps only what main-graph nodes read (and writes a larger one copied into a body as an in-memory "
                 "marker), and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
         request = Compile(
@@ -193,8 +193,8 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             )
         if (data.get("eval") or {}).get("limited"):
             report.add(Finding.of("CMP004", f"{spec.name}: --eval judged {limited_words(data['eval']['limited'])}",
-                                  ep=spec.name, fix="--ep-seconds N judges more of them; on the device one run takes "
-                                                    "milliseconds"))
+                                  ep=spec.name,
+                                  fix="--ep-seconds N judges more of them; on the device one run takes milliseconds"))
         if data.get("other_nodes"):
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
                                   "node(s) and run on the CPU EP", ep=spec.name,

@@ -232,16 +232,14 @@ def convert_streamed(
                                          error=f"no ONNX Runtime CPU session: {session.message}")
     if stats.overflow:
         worst = max(stats.overflow, key=stats.overflow.get)
-        report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 (up "
-                                        "to "
-                              f"{stats.overflow[worst]:.4g} in '{worst}'); clamped to 65504 while streaming (the "
-                              "streamed "
-                              "path keeps no nodes in FP32 for them)", fix="keep their consumers in FP32: --block-node "
-                                                                           "NODE"))
+        report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 "
+                              f"(up to {stats.overflow[worst]:.4g} in '{worst}'); clamped to 65504 while streaming "
+                              "(the streamed path keeps no nodes in FP32 for them)",
+                              fix="keep their consumers in FP32: --block-node NODE"))
     if stats.underflow:
-        report.add(Finding.of("CNV002", f"{sum(stats.underflow.values())} weight values in {len(stats.underflow)} "
-                                        "tensor(s) "
-                              "are smaller than FP16 can hold (2^-24) and become zero",
+        report.add(Finding.of("CNV002", f"{sum(stats.underflow.values())} weight values in "
+                              f"{len(stats.underflow)} tensor(s) are smaller than FP16 can hold (2^-24) and become "
+                              "zero",
                               fix="usually harmless; if accuracy suffers, --block-node the consumer"))
     failed = verify_result is not None and not verify_result.passed
     if failed:
@@ -264,8 +262,8 @@ def convert_streamed(
     report.data = {
         "input": str(handle.path), "output": str(written) if written else None,
         "kept_failed": str(kept_failed) if kept_failed else None,
-        "transforms": [{"transform": "fp16", "detail": (f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 "
-                                                                                              "signatures")
+        "transforms": [{"transform": "fp16", "detail": (f"ep {options.ep}" if options.ep
+                                                        else "no EP: ONNX's float16 signatures")
                         + f"; streamed: {stats.converted} tensor(s) halved, {stats.copied} copied, "
                         f"{stats.bytes_in} -> {stats.bytes_out} bytes of external data"}],
         "nodes_before": nodes_before, "nodes_after": node_count(converted), "size_before": size_before,

@@ -176,8 +176,8 @@ def session_check(proto: ModelProto, handle: ModelHandle, report: StepResult) ->
         report.add(Finding.of(
             "CNV007", f"--no-verify: neither the original nor the result creates an ONNX Runtime CPU session here "
             f"({original.message}); the result is written without even a session check",
-            severity=Severity.WARNING, fix="load it where its custom ops are registered: ortprep load MODEL "
-                                           "--custom-op-library LIB"))
+            severity=Severity.WARNING,
+            fix="load it where its custom ops are registered: ortprep load MODEL --custom-op-library LIB"))
         return None
     return VerifyResult(loads=False, passed=False, status=outcome.status,
                         error=f"no ONNX Runtime CPU session: {outcome.message}")

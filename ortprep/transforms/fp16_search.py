@@ -302,9 +302,8 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
             continue  # onnxsim found nothing to fold: keep the model as it was
         check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
         if check.passed:
-            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + f" ({node_count(original)} -> "
-                                                                                f"{node_count(candidate)} nodes); "
-                                                                                "verified "
+            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done)
+                                  + f" ({node_count(original)} -> {node_count(candidate)} nodes); verified "
                                   f"against the original: max abs diff {check.max_abs_diff:.3g}", fix="nothing to do"))
             return candidate
     return original if folded else proto
@@ -446,8 +445,8 @@ def blame(source: ModelProto, bad: set[str], kept: set[str], failure: str | None
                 for name in node.input:
                     upstream = producers.get(name)
                     if upstream is not None and upstream.name not in kept:
-                        culprits[upstream.name] = (KeepReason.FEEDS_KEPT, f"feeds '{node.name}', whose output differs "
-                                                                          "even in FP32")
+                        culprits[upstream.name] = (KeepReason.FEEDS_KEPT,
+                                                   f"feeds '{node.name}', whose output differs even in FP32")
     if not culprits and failure is not None:
         # Fails without a node to blame: keep every remaining float node of the main graph in FP32.
         for node in source.graph.node:

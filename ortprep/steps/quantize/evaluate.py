@@ -124,7 +124,7 @@ def evaluate(
     trials (only the quantized model changes). An output that the samples leave flat (constant,
     near zero) is judged by absolute error against its range or scale, not by cosine.
     ``margin_feeds``: reads more samples (the calibration samples) the float model runs on once, so that
-    its decisions' margins on them join the expected agreement (runtime/decisions.py).
+    its decisions' margins on them join the expected agreement (fidelity/decisions/).
     ``ep_after_cpu_fails`` False: where the CPU EP already fails the gate, the target EP is not run
     (the gate holds on both, so it cannot pass; a search's trials save the EP's time).
     ``latency_runs`` 0: the quantized model's latency is not timed (a search trial; the result

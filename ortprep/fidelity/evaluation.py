@@ -259,7 +259,6 @@ class Evaluation:
         }
 
 
-
 def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
     """A result kept after another trial failed the gate on the same held-back samples was chosen
     by them: among several, the one they favour (the winner's curse), and its figures flatter it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortprep.fidelity.decisions import REQUIRED, REQUIRED_SEQUENCES
+from ortprep.fidelity.decisions import REQUIRED, REQUIRED_SEQUENCES, label_of
 from ortprep.fidelity.evaluation import Judgement
 from ortprep.fidelity.tolerances import NORM_TOLERANCE
 
@@ -21,12 +21,9 @@ def fmt_cosine(value: float | None, against: float | None = None) -> str:
     return f"{value:.{digits}f}"
 
 
-
 def describe_decision(record: dict) -> str:
     """One judged decision in words: what it is, what the candidate kept, what the gate asks."""
-    kind = (f"{record['kind']}:{record['threshold']:g}" if record["kind"] in ("map", "detect")
-            else f"ctc:{record['blank']}" if record["kind"] == "ctc" and record.get("blank")
-            else f"dfl:{record['bins']}" if record["kind"] == "dfl" and record.get("bins") else record["kind"])
+    kind = label_of(record)
     parts = []
     if record.get("agreement") is not None:
         parts.append(f"{record['agreement']:.4f} on the samples")
@@ -254,7 +251,6 @@ def failing_words(evaluation, min_cosine: float) -> str | None:
         return (f"with the samples it was calibrated on, on {where}: "
                 f"{side.error or shortfall_text(side, min_cosine)}")
     return None
-
 
 
 def selection_words(selection: dict, ep_text: str) -> str:

@@ -15,7 +15,7 @@ from ortprep.fidelity.decisions.dfl import DFL_LIMIT, DFL_SLACK, dfl_distances, 
 from ortprep.fidelity.decisions.maps import MAP_THRESHOLD, REQUIRED_REGIONS, region_agreement, regions
 from ortprep.fidelity.decisions.margins import MAP_LEVELS, held_at_levels
 from ortprep.fidelity.decisions.registry import (KINDS, REQUIRED, agreement, expected_agreement, infer_decisions,
-                                                 judge_decision, parse_metric)
+                                                 judge_decision, label_of, parse_metric)
 from ortprep.fidelity.decisions.sequences import (REQUIRED_SEQUENCES, expected_sequence_agreement,
                                                   sequence_agreement)
 from ortprep.fidelity.decisions.shortfall import decision_shortfall, margin_shortfall, share_gaps, with_margin
@@ -26,6 +26,6 @@ __all__ = [
     "REQUIRED_REGIONS", "REQUIRED_SCENES", "REQUIRED_SEQUENCES", "Decision", "Kind", "agreement",
     "confidence_agreement", "ctc_agreement", "ctc_strings", "decision_shortfall", "detections", "detector_rows",
     "dfl_distances", "dfl_hint", "expected_agreement", "expected_scene_agreement", "expected_sequence_agreement",
-    "held_at_levels", "infer_decisions", "judge_decision", "margin_shortfall", "parse_metric", "region_agreement",
-    "regions", "scene_margin", "sequence_agreement", "share_gaps", "with_margin",
+    "held_at_levels", "infer_decisions", "judge_decision", "label_of", "margin_shortfall", "parse_metric",
+    "region_agreement", "regions", "scene_margin", "sequence_agreement", "share_gaps", "with_margin",
 ]

@@ -87,3 +87,10 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
     on the samples and the agreement to expect on unseen ones reach its required share, and what
     else the kind holds. ``passed`` is None when the decision is not gated."""
     return REGISTERED[decision.kind].judge(decision, reference, candidate, more)
+
+
+def label_of(record: dict[str, Any]) -> str:
+    """A judged decision's label (``map:0.5``, ``ctc:-1``, ...) from its record."""
+    decision = Decision(record["kind"], record.get("threshold"), blank=record.get("blank") or 0,
+                        bins=record.get("bins"))
+    return REGISTERED[record["kind"]].label(decision)

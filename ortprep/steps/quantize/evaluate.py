@@ -40,12 +40,10 @@ def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.nda
     return run_isolated(model, feeds)
 
 
-
 def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: dict[str, np.ndarray]) -> VerifyResult:
     """Whether ``upgraded`` (an opset conversion of ``original``) computes the same outputs on
     ``feeds``: both run in child processes (ortprep.transforms.verify), judged by the exact gate."""
     return judge_run(run_model(original, feeds), run_model(upgraded, feeds), EXACT_GATE)
-
 
 
 # The float model's outputs kept for margins: at most this many samples, and this many bytes.
@@ -212,7 +210,6 @@ def evaluate(
     )
 
 
-
 def confirm_on_target(evaluation: Evaluation, quant_model: Path,
                       feeds: Callable[[], list[dict[str, np.ndarray]]], target: GateTarget, cache: dict) -> None:
     """The confirmation's side on the target EP, for a result whose held-back samples pass on every
@@ -293,7 +290,6 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
     )
     cache["confirmation_cpu"] = (str(quant_model), candidate.samples)  # for confirm_on_target's ep_apart
     return Confirmation(len(samples), cpu, held_back=len(held_back))
-
 
 
 def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: list[dict[str, np.ndarray]],

@@ -54,7 +54,6 @@ def latency_finding(evaluation: Evaluation | None) -> Finding | None:
     )
 
 
-
 def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, stopped: str, worst: str,
                  writers: str, others: list[str] | None = None, searched: bool = False) -> Finding:
     """QNT005: what failed the gate, where (the CPU EP, the target EP, both) and what to do.

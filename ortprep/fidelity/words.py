@@ -93,6 +93,8 @@ def describe_decision(record: dict) -> str:
 
 
 def decision_text(decision: dict) -> str:
+    """One judged decision in words for quantize's findings: what the candidate keeps of what the
+    application reads, against the share the gate asks, and, where it falls short, by what."""
     what = {
         "top1": "its top-1 class agrees with the float model's on",
         "argmax": "its argmax per position agrees on",

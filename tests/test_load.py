@@ -135,7 +135,8 @@ def test_output_comparison_tolerances():
     grid over its DequantizeLinear's range, and always the norm within 2%."""
     from onnx import TensorProto, helper
 
-    from ortprep.runtime.tolerance import judge_outputs, output_ranges
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.graph import output_ranges
     from ortprep.steps.load import _compare
 
     plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f",
@@ -397,7 +398,7 @@ def test_the_norm_rule_needs_more_than_one_value():
     """A single value's norm ratio is its relative error, which the max abs diff already bounds: a
     VAD's probability of 0.0305 computed as 0.0273 on QNN (within 0.01) was refused at norm ratio
     0.89. Two or more values keep the rule: a pair scaled by half fails however small."""
-    from ortprep.runtime.tolerance import Tolerance, judge_output
+    from ortprep.fidelity.ep_match import Tolerance, judge_output
 
     rule = Tolerance(0.01, "0.01 of the output's scale 1 (float16 compute on qnn)")
     one = judge_output("probability", np.array([0.0305], np.float32), np.array([0.0273], np.float32), rule)

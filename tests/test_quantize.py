@@ -246,7 +246,8 @@ def test_nothing_quantized_is_an_error(tmp_path):
 
 
 def test_latency_finding():
-    from ortprep.steps.quantize.evaluate import Evaluation, latency_finding
+    from ortprep.fidelity.evaluation import Evaluation
+    from ortprep.steps.quantize.gate_findings import latency_finding
 
     slower = Evaluation(1.0, 0.0, 1.0, 1.5, 2.0, 3.0, True)
     faster = Evaluation(1.0, 0.0, 1.0, 0.5, 2.0, 1.0, True)

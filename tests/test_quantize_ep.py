@@ -290,7 +290,8 @@ def _matmul(folder: Path, name: str, scale: float | None) -> Path:
 def test_a_scaled_output_fails_on_its_norm_ratio(tmp_path, scale, passed):
     """Cosine does not see size: an output scaled by 0.5 has cosine 1. The gate also holds each
     output's norm over the samples within 1 ± 0.02 of the float model's."""
-    from ortprep.steps.quantize.evaluate import evaluate, gate_finding
+    from ortprep.steps.quantize.evaluate import evaluate
+    from ortprep.steps.quantize.gate_findings import gate_finding
 
     feeds = [{"x": np.random.default_rng(seed).standard_normal((2, 32)).astype(np.float32)} for seed in range(4)]
     result = evaluate(_matmul(tmp_path, "float", None), _matmul(tmp_path, "scaled", scale), feeds, min_cosine=0.99)
@@ -384,7 +385,9 @@ def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(
     0.2) that the EP computes 0.5 off the CPU EP's run at one element of 400 keeps its cosine
     (> 0.9999) and its norm, and fails; 0.1 off passes. What load (LOD006) and compile (CMP002)
     refuse, quantize's gate on the EP refuses too."""
-    from ortprep.steps.quantize.evaluate import Judgement, _shortfall, ep_apart
+    from ortprep.fidelity.evaluation import Judgement
+    from ortprep.fidelity.words import shortfall_text as _shortfall
+    from ortprep.steps.quantize.evaluate import ep_apart
 
     graph = helper.make_graph(
         [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"),
@@ -976,7 +979,7 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     # no tensor before the output parts (the MatMul reads the inputs' encodings): the search starts
     # from the node that writes the output the EP gets wrong, and says so
     from ortprep.steps.quantize.ep_gate import first_divergence
-    from ortprep.steps.quantize.evaluate import Judgement
+    from ortprep.fidelity.evaluation import Judgement
     from ortprep.steps.quantize.search import parting_points
 
     side = Judgement("qnn", 0.97, 1.01, None, None, False,

@@ -484,7 +484,8 @@ def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_res
     """The search's blame (worst_nodes) and noise (tensor_noise) rankings read every intermediate of
     both models. Under a budget of a few bytes each tensor is exposed by a run of its own, and the
     rankings are the same as when one run exposes them all (memory bounded, nothing lost)."""
-    from ortprep.steps.quantize import calibrate, evaluate
+    from ortprep.steps.quantize import calibrate
+    from ortprep.steps.quantize import diagnose as evaluate
 
     rng = np.random.default_rng(5)
     first = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
@@ -799,7 +800,7 @@ def test_float_end_is_not_tried_where_only_the_target_ep_fails():
 
 
 def test_decision_shortfall_is_the_largest_gap_to_the_gate():
-    from ortprep.runtime.decisions import decision_shortfall
+    from ortprep.fidelity.decisions import decision_shortfall
 
     assert decision_shortfall(None) == 0.0
     assert decision_shortfall({"passed": True, "required": 0.99, "agreement": 0.5}) == 0.0
@@ -815,7 +816,7 @@ def test_decision_shortfall_is_the_largest_gap_to_the_gate():
 
 
 def test_margin_shortfall_asks_every_share_half_way_to_one():
-    from ortprep.runtime.decisions import margin_shortfall, with_margin
+    from ortprep.fidelity.decisions import margin_shortfall, with_margin
 
     assert with_margin(0.95) == pytest.approx(0.975) and with_margin(0.99) == pytest.approx(0.995)
     assert margin_shortfall(None) == 0.0
@@ -909,7 +910,9 @@ def test_a_chosen_result_is_held_to_the_decision_margin(tmp_path):
     """Real sessions: the candidate reads 23 of 24 strings as the float model does, 95.8% against
     the gate's 95%: it passes the gate; chosen among trials on those samples, it must hold 97.5%,
     and fails, with a QNT005 that says so."""
-    from ortprep.steps.quantize.evaluate import evaluate, gate_finding, hold_to_margin
+    from ortprep.fidelity.evaluation import hold_to_margin
+    from ortprep.steps.quantize.evaluate import evaluate
+    from ortprep.steps.quantize.gate_findings import gate_finding
 
     float_model, candidate, feeds = _ctc_pair(tmp_path, 0.2)
     evaluation = evaluate(float_model, candidate, feeds, 0.99, metrics={"y": "ctc"}, latency_runs=0)
@@ -1113,7 +1116,8 @@ def test_a_move_that_empties_the_eps_session_is_not_taken():
 def test_the_gate_finding_does_not_ask_for_the_search_that_ran():
     """QNT005's fix offered --auto-exclude to a user who had passed it (an unseen-model sweep); where
     the search ran, it offers more room for it instead."""
-    from ortprep.steps.quantize.evaluate import Evaluation, gate_finding
+    from ortprep.fidelity.evaluation import Evaluation
+    from ortprep.steps.quantize.gate_findings import gate_finding
 
     failed = Evaluation(0.97, 0.5, None, None, None, None, False,
                         outputs=[{"name": "y", "cosine": 0.97, "passed": False, "judged_by": "cosine"}])

@@ -360,7 +360,7 @@ def test_opset_newer_than_the_named_release(tmp_path):
 
 @needs_qnn
 def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeypatch):
-    import ortprep.runtime.tolerance as tolerance
+    import ortprep.fidelity.ep_match as tolerance
 
     # any difference at all counts
     monkeypatch.setattr(tolerance, "tolerance_for", lambda *args: tolerance.Tolerance(0.0, "no difference allowed"))
@@ -381,7 +381,7 @@ def test_compile_eval_judges_every_sample_and_names_the_one_that_fails(qdq_cnn, 
     fails while the --inputs run and the other samples pass: the compile fails on it, named."""
     import onnxruntime as ort
 
-    import ortprep.runtime.tolerance as tolerance
+    import ortprep.fidelity.ep_match as tolerance
 
     samples = tmp_path / "eval"
     samples.mkdir()

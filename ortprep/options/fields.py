@@ -228,7 +228,7 @@ def convert_value(field: dataclasses.Field, value: Any, where: str, base: Path |
     if kind == Kind.PROVIDER_OPTIONS:
         return _provider_options(where, key, value)
     if kind == Kind.METRICS:
-        from ortprep.runtime.decisions import parse_metric
+        from ortprep.fidelity.decisions import parse_metric
 
         metrics = {}
         for name, text in _assignments(where, key, value, "logits=top1").items():

@@ -14,17 +14,18 @@ import numpy as np
 import onnx
 
 from ortprep.eps.registry import resolve_ep
+from ortprep.fidelity.decisions import dfl_hint
+from ortprep.fidelity.ep_match import judge_ep_outputs, judge_ep_samples, summarize_samples
 from ortprep.findings import Finding
 from ortprep.graphops import body_weights, feed_body_weights, localize_body_initializers, small_body_reads
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import limited_words, run_within
-from ortprep.runtime.decisions import dfl_hint
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.requests import Compile
 from ortprep.runtime.targets import ep_runtime, session_options, target_device
-from ortprep.runtime.tolerance import judge_each_sample, judge_outputs
+from ortprep.runtime.tolerance import computes_tf32
 from ortprep.runtime.worker import call
 from ortprep.steps.base import Step, StepContext, output_path
 
@@ -44,8 +45,13 @@ def ep_context_facts(path: Path) -> dict[str, Any]:
     }
     for node in nodes:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "ep_cache_context"}
-        facts["partitions"].append({key: (value.decode() if isinstance(value, bytes) else value) for key, value in attrs.items()
-                                    if key in ("source", "ep_sdk_version", "partition_name", "embed_mode", "main_context")})
+        facts["partitions"].append(
+            {
+                key: (value.decode() if isinstance(value, bytes) else value)
+                for key, value in attrs.items()
+                if key in ("source", "ep_sdk_version", "partition_name", "embed_mode", "main_context")
+            }
+        )
     return facts
 
 
@@ -96,19 +102,26 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
         compiled = Path(staging) / dest.name
         source, localized, fed = _bodies_with_own_weights(handle, Path(staging))
         for code, key, names, how in (
-                ("CMP005", "localized_initializers", localized, "were copied into those bodies"),
-                ("CMP006", "fed_initializers", fed, "(larger ones) were read through an Identity node in the main graph")):
+            ("CMP005", "localized_initializers", localized, "were copied into those bodies"),
+            ("CMP006", "fed_initializers", fed, "(larger ones) were read through an Identity node in the main graph"),
+        ):
             if not names:
                 continue
             data[key] = names
             report.add(Finding.of(
                 code, f"{len(names)} initializer(s) that If/Loop/Scan bodies read from the main graph {how} before "
-                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "") + "): ORT's EP-context writer "
+                f"compiling ({', '.join(names[:4])}" + (", ..." if len(names) > 4 else "")
+                + "): ORT's EP-context writer "
                 "keeps only what main-graph nodes read (and writes a larger one copied into a body as an in-memory "
                 "marker), and the compiled model would not load without them", ep=spec.name, fix="nothing to do"))
-        request = Compile(model=os.path.abspath(source), output=str(compiled.resolve()), provider=spec.provider,
-                          feeds=feeds, provider_options=session_options(target, options.provider_options, options.device),
-                          plugin=target.plugin)
+        request = Compile(
+            model=os.path.abspath(source),
+            output=str(compiled.resolve()),
+            provider=spec.provider,
+            feeds=feeds,
+            provider_options=session_options(target, options.provider_options, options.device),
+            plugin=target.plugin,
+        )
         reply = call(request, python=target.python, timeout=options.timeout)
         status = {"ok": reply.ok, "stage": reply.stage if reply.status in ("ok", "failed") else "compile",
                   "error": reply.message if reply.status == "failed" else
@@ -117,15 +130,17 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             data.update(ep_context_facts(compiled))
         comparison = None
         if status.get("ok"):
-            # load's rule (runtime/tolerance.py): the EP's precision, a quantized model's own steps, the norm
-            comparison = judge_outputs(handle.proto, spec.name, {name: reply.reference[name] for name in reply.output_names},
-                                       {name: reply.compiled[name] for name in reply.output_names}, options.metrics)
+            # load's rule (fidelity/ep_match.py): the EP's precision, a quantized model's own steps, the norm
+            comparison = judge_ep_outputs(handle.proto, spec.name,
+                                          {name: reply.reference[name] for name in reply.output_names},
+                                          {name: reply.compiled[name] for name in reply.output_names}, options.metrics,
+                                          computes_tf32(spec.name, None))
         data["stage"] = status.get("stage")
         data["error"] = status.get("error")
         data["outputs"] = comparison
         passed = bool(comparison) and all(c["within_tolerance"] for c in comparison)
         if passed and options.eval is not None:
-            data["eval"] = judge_samples(handle, compiled, spec, target, options)
+            data["eval"] = eval_samples(handle, compiled, spec, target, options)
             worst = data["eval"].get("worst")
             if data["eval"].get("error") or (worst and not worst["passed"]):
                 passed = False
@@ -139,11 +154,14 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             fix = (f"{len(wrapped)} node(s) are kept off {spec.name} inside If nodes (quantize's or convert's "
                    f"--keep-off-ep: {', '.join(wrapped[:3])}), where ORT's compile API can fail (INVALID_GRAPH, "
                    "measured on a MiniLM's QNN model); ship the model as it is, which the EP compiles when the "
-                   f"session is created (ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what it takes)"
+                   f"session is created (ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what it "
+                   "takes)"
                    if status.get("stage") == "compile" and wrapped else
-                   f"ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what the EP takes; a model the EP takes no "
+                   f"ortprep load {shlex.quote(str(handle.path))} --ep {spec.name} shows what the EP takes; a model "
+                   "the EP takes no "
                    "node of cannot be compiled" if status.get("stage") == "compile" else
-                   "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship the "
+                   "the EP wrote a context it cannot read back (seen with onnxruntime-openvino 1.24.1 on CPU): ship "
+                   "the "
                    "source model, which the EP compiles at load, or compile with another release of the EP")
             report.add(Finding.of("CMP001", f"{spec.name}: {what}: {status.get('error')}", ep=spec.name, fix=fix))
         elif data.get("eval", {}).get("error"):
@@ -151,21 +169,32 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
                                   fix="check the samples against the model's inputs (ortprep inspect MODEL)"))
         elif not passed:
             worst = next(c for c in comparison or [] if not c["within_tolerance"]) if comparison else None
-            detail = (f" ('{worst['name']}': max abs diff {worst['max_abs_diff']:.4g}, norm ratio {worst['norm_ratio']:.4f}; "
+            detail = (f" ('{worst['name']}': max abs diff {worst['max_abs_diff']:.4g}, norm ratio "
+                      f"{worst['norm_ratio']:.4f}; "
                       f"allowed {worst['tolerance']:.4g}: {worst['tolerance_rule']})"
                       if worst and worst["max_abs_diff"] is not None and worst["norm_ratio"] is not None else "")
             sample = data.get("eval", {}).get("worst")
-            where = (f" on --eval sample {sample['sample']} ({data['eval']['failed']} of {data['eval']['samples']} samples "
+            where = (f" on --eval sample {sample['sample']} ({data['eval']['failed']} of {data['eval']['samples']} "
+                     "samples "
                      "fail)" if sample else "")
-            report.add(Finding.of("CMP002", f"{spec.name}: the compiled model's outputs differ from the source model's "
-                                  f"on the CPU EP beyond tolerance{where}{detail}", ep=spec.name,
-                                  fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"
-                                  + (dfl_hint(worst["name"], tuple(np.shape(reply.reference[worst["name"]])), options.metrics)
-                                     if worst and status.get("ok") and worst["name"] in reply.reference else "")))
+            report.add(
+                Finding.of(
+                    "CMP002",
+                    f"{spec.name}: the compiled model's outputs differ from the source model's "
+                    f"on the CPU EP beyond tolerance{where}{detail}",
+                    ep=spec.name,
+                    fix="compare per output in the JSON; quantization or FP16 on the EP may explain it"
+                    + (
+                        dfl_hint(worst["name"], tuple(np.shape(reply.reference[worst["name"]])), options.metrics)
+                        if worst and status.get("ok") and worst["name"] in reply.reference
+                        else ""
+                    ),
+                )
+            )
         if (data.get("eval") or {}).get("limited"):
             report.add(Finding.of("CMP004", f"{spec.name}: --eval judged {limited_words(data['eval']['limited'])}",
-                                  ep=spec.name, fix="--ep-seconds N judges more of them; on the device one run takes "
-                                                    "milliseconds"))
+                                  ep=spec.name,
+                                  fix="--ep-seconds N judges more of them; on the device one run takes milliseconds"))
         if data.get("other_nodes"):
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
                                   "node(s) and run on the CPU EP", ep=spec.name,
@@ -187,11 +216,11 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
 EVAL_SAMPLES = 32  # compile --eval: samples judged at most
 
 
-def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: CompileOptions) -> dict[str, Any]:
+def eval_samples(handle: ModelHandle, compiled: Path, spec, target, options: CompileOptions) -> dict[str, Any]:
     """The compiled model on the EP (the session an application creates) against the source model
     on the CPU EP, sample by sample (--eval): one compared sample is one input, and the error an EP
-    makes can depend on the input (a QNN compile judged on one sample passed at cosine 0.953 on
-    another: bench/RESULTS.md, the NPU journey). Returns the count, the failures and the worst."""
+    makes can depend on the input. Runs both; fidelity.ep_match judges. Returns the count, the
+    failures and the worst (summarize_samples), and the samples --ep-seconds left out."""
     from ortprep.runtime.calibration import discover
     from ortprep.runtime.isolated import run_isolated
     from ortprep.runtime.requests import RunOnEp
@@ -210,21 +239,19 @@ def judge_samples(handle: ModelHandle, compiled: Path, spec, target, options: Co
     if reply.ok:
         feeds = feeds[:len(reply.samples)]
     if not reply.ok:
-        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): {reply.message}"}
+        return {"samples": len(feeds), "error": f"the compiled model failed on the samples ({reply.status}): "
+                                                f"{reply.message}"}
     # the source model on the CPU EP on every offered sample: those the EP judged are the
     # references; the others' decisions join the margins of the expected agreement, as quantize's
-    # gate reads its calibration samples' (3 samples on QNN gave a score map 96.7% expected where
-    # quantize's gate, on 8 held-back samples and the calibration ones' margins, gave 99.9%)
+    # gate reads its calibration samples' (docs/decisions/fidelity-quantize-gate.md)
     source = run_isolated(handle.path, offered, timeout=options.timeout)
     if not source.ok:
         return {"samples": len(feeds), "error": f"the source model failed on the samples: {source.message}"}
     references, more = source.samples[:len(feeds)], source.samples[len(feeds):]
     candidates = [{k: np.asarray(v) for k, v in candidate.items()} for candidate in reply.samples]
-    judged, pooled = judge_each_sample(handle.proto, spec.name, references, candidates, options.metrics, more=more)
-    failed = [j for j in judged if not j["passed"]]
-    worst = sorted(failed or judged, key=lambda j: j["cosine"] if j["cosine"] is not None else 1.0)[:1]
-    return {"samples": len(judged), "failed": len(failed), "lowest_cosine": min((j["cosine"] for j in judged if j["cosine"] is not None), default=None),
-            "worst": worst[0] if worst else None, "decisions": pooled, "limited": limited}
+    judged, pooled = judge_ep_samples(handle.proto, spec.name, references, candidates, options.metrics,
+                                      computes_tf32(spec.name, None), more=more)
+    return {**summarize_samples(judged, pooled), "limited": limited}
 
 
 class CompileStep(Step):

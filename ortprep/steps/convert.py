@@ -18,6 +18,7 @@ from ortprep.findings import Finding
 from ortprep.model import ModelHandle, failed_path, iter_graphs
 from ortprep.report import StepResult
 from ortprep.validity import drop_duplicate_imports
+from ortprep.fidelity.gate import EXACT_GATE, Gate, VerifyResult, expect, judge_run
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
@@ -32,18 +33,8 @@ from ortprep.transforms.common import (
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
 from ortprep.transforms.off_ep import CutError, keep_off_ep
-from ortprep.runtime.compare import expect
 from ortprep.runtime.isolated import run_isolated
-from ortprep.transforms.verify import (
-    EXACT_GATE,
-    Intermediates,
-    VerifyResult,
-    cast_feeds,
-    model_bytes,
-    node_count,
-    run_model,
-    verify_run,
-)
+from ortprep.transforms.verify import Intermediates, cast_feeds, model_bytes, node_count, run_model
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +44,9 @@ SCHEMA = "ortprep.convert/1"
 def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, force: bool = False) -> StepResult:
     """Apply the requested transforms, verify, and write ``dest`` only when verification passes
     (or ``keep_failed``). The handle's model is transformed in place (its file is not touched)."""
-    checks = dataclasses.replace(options, shapes={**options.fix_shapes, **options.shapes}, dims={**options.fix_dims, **options.dims})
+    checks = dataclasses.replace(
+        options, shapes={**options.fix_shapes, **options.shapes}, dims={**options.fix_dims, **options.dims}
+    )
     report = StepResult(step="convert", schema=SCHEMA)
     if fp16_stream.streams(handle, options):
         return convert_streamed(handle, dest, options, checks, report, force=force)
@@ -65,14 +58,26 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     # The reference run comes first: after it the transforms change handle.proto in place
     # (a copy would hold every weight twice).
     feeds, feed_source = make_feeds(handle, checks)
-    rewrites_graph = (options.opset or options.ir_version or options.fix_dims or options.fix_shapes or options.conv1d_to_conv2d
-                      or options.keep_off_ep)
+    rewrites_graph = (
+        options.opset
+        or options.ir_version
+        or options.fix_dims
+        or options.fix_shapes
+        or options.conv1d_to_conv2d
+        or options.keep_off_ep
+    )
     activations = None
     if options.verify and options.fp16 and not rewrites_graph:
         # one run serves as the reference and as the FP16 activation scan
-        activations, reference = _reference_with_intermediates(handle, feeds, report, options.metrics, options.inputs is None)
+        activations, reference = _reference_with_intermediates(
+            handle, feeds, report, options.metrics, options.inputs is None
+        )
     else:
-        reference = _reference(handle, feeds, report, _level(options), options.metrics, options.inputs is None) if options.verify else None
+        reference = (
+            _reference(handle, feeds, report, _level(options), options.metrics, options.inputs is None)
+            if options.verify
+            else None
+        )
     proto, applied = _rewrite(handle.proto, options)
     left = rewrites.dynamic_tensors(proto) if options.fix_dims or options.fix_shapes else []
 
@@ -80,9 +85,10 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
     kept: list[fp16_step.KeptNode] = []
     if options.fp16:
         proto, verify_result, kept = convert_to_fp16(proto, options, feeds, reference, report, activations=activations)
-        applied.append({"transform": "fp16", "detail": f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures"})
+        applied.append({"transform": "fp16", "detail": f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 "
+                                                                                             "signatures"})
     elif reference is not None:
-        verify_result = verify_run(reference, run_model(proto, feeds, optimization=_level(options)), EXACT_GATE)
+        verify_result = judge_run(reference, run_model(proto, feeds, optimization=_level(options)), EXACT_GATE)
         if verify_result.passed and _level(options) != "default":
             verify_result = _as_users_get_it(proto, feeds, verify_result)
 
@@ -140,16 +146,19 @@ def _level(options: ConvertOptions) -> str:
 def _as_users_get_it(proto, feeds, verified: VerifyResult) -> VerifyResult:
     """The result compared with graph optimizations off must also run in the session an application
     creates (the default level): where that session fails or kills its process, the comparison did
-    not prove what a user gets, and the result fails verification (nothing is written). Measured:
-    PP-OCRv4's detector, A16W16, with an Add kept off the EP, ran at ORT_DISABLE_ALL and
-    ORT_ENABLE_BASIC, and aborted the process at the default level (onnxruntime 1.32's
-    QDQFinalCleanupTransformer or EnsureUniqueDQForNodeUnit: a vector index assertion)."""
+    not prove what a user gets, and the result fails verification (nothing is written; the case
+    that showed it: docs/decisions/fidelity-verification.md)."""
     run = run_model(proto, feeds, optimization="default")
     if run.ok:
         return verified
     words = {"crashed": "killed its process", "timeout": "did not answer"}.get(run.status, "failed")
-    return dataclasses.replace(verified, loads=False, passed=False, status=run.status,
-                   error=f"the session an application creates (ORT's default optimization level) {words}: {run.message}")
+    return dataclasses.replace(
+        verified,
+        loads=False,
+        passed=False,
+        status=run.status,
+        error=f"the session an application creates (ORT's default optimization level) {words}: {run.message}",
+    )
 
 
 def _reference(handle: ModelHandle, feeds, report: StepResult, optimization: str = "default",
@@ -187,13 +196,13 @@ def _reference_with_intermediates(handle: ModelHandle, feeds, report: StepResult
     return activations, reference
 
 
-def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, checks: ConvertOptions, report: StepResult,
-                     *, force: bool) -> StepResult:
+def convert_streamed(
+    handle: ModelHandle, dest: Path, options: ConvertOptions, checks: ConvertOptions, report: StepResult, *, force: bool
+) -> StepResult:
     """FP16 of a model with more external weights than belong in memory: the graph converts
     without them, the weights stream across (transforms/fp16_stream.py), and verification runs
     both models from disk in child processes."""
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.transforms.verify import Gate, cast_feeds, verify_run
 
     size_before = model_bytes(handle.path)
     proto = handle.proto  # the graph; its external tensors are not loaded
@@ -212,7 +221,7 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
         if reference.ok:
             expect(reference, handle.proto, options.metrics, options.inputs is None)
             candidate = run_isolated(staged, cast_feeds(feeds, converted))
-            verify_result = verify_run(reference, candidate, Gate(min_cosine=options.min_cosine))
+            verify_result = judge_run(reference, candidate, Gate(min_cosine=options.min_cosine))
         else:
             report_unverifiable(reference, report)  # nothing is written (CNV007)
             unverifiable = True
@@ -223,18 +232,21 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
                                          error=f"no ONNX Runtime CPU session: {session.message}")
     if stats.overflow:
         worst = max(stats.overflow, key=stats.overflow.get)
-        report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 (up to "
-                              f"{stats.overflow[worst]:.4g} in '{worst}'); clamped to 65504 while streaming (the streamed "
-                              "path keeps no nodes in FP32 for them)", fix="keep their consumers in FP32: --block-node NODE"))
+        report.add(Finding.of("CNV001", f"{len(stats.overflow)} weight tensor(s) hold values beyond FP16's 65504 "
+                              f"(up to {stats.overflow[worst]:.4g} in '{worst}'); clamped to 65504 while streaming "
+                              "(the streamed path keeps no nodes in FP32 for them)",
+                              fix="keep their consumers in FP32: --block-node NODE"))
     if stats.underflow:
-        report.add(Finding.of("CNV002", f"{sum(stats.underflow.values())} weight values in {len(stats.underflow)} tensor(s) "
-                              "are smaller than FP16 can hold (2^-24) and become zero",
+        report.add(Finding.of("CNV002", f"{sum(stats.underflow.values())} weight values in "
+                              f"{len(stats.underflow)} tensor(s) are smaller than FP16 can hold (2^-24) and become "
+                              "zero",
                               fix="usually harmless; if accuracy suffers, --block-node the consumer"))
     failed = verify_result is not None and not verify_result.passed
     if failed:
         what = verify_result.failure_words()
         report.add(Finding.of("CNV006", f"verification failed: {what}", fix=decision_fix(
-            verify_result, "keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision search")))
+            verify_result, "keep nodes in FP32 (--block-op / --block-node); the streamed path runs no mixed-precision "
+                           "search")))
     written = kept_failed = None
     if not failed and not unverifiable:
         written = fp16_stream.commit(staged, dest)
@@ -250,7 +262,8 @@ def convert_streamed(handle: ModelHandle, dest: Path, options: ConvertOptions, c
     report.data = {
         "input": str(handle.path), "output": str(written) if written else None,
         "kept_failed": str(kept_failed) if kept_failed else None,
-        "transforms": [{"transform": "fp16", "detail": (f"ep {options.ep}" if options.ep else "no EP: ONNX's float16 signatures")
+        "transforms": [{"transform": "fp16", "detail": (f"ep {options.ep}" if options.ep
+                                                        else "no EP: ONNX's float16 signatures")
                         + f"; streamed: {stats.converted} tensor(s) halved, {stats.copied} copied, "
                         f"{stats.bytes_in} -> {stats.bytes_out} bytes of external data"}],
         "nodes_before": nodes_before, "nodes_after": node_count(converted), "size_before": size_before,
@@ -277,7 +290,8 @@ def _rewrite(proto: ModelProto, options: ConvertOptions) -> tuple[ModelProto, li
         applied.append({"transform": "opset", "detail": f"opset {options.opset}"})
     if options.ir_version:
         if options.ir_version > proto.ir_version:  # equal: a no-op stamp
-            raise UsageError(f"the model already has IR version {proto.ir_version}; --ir-version only stamps an older one",
+            raise UsageError(f"the model already has IR version {proto.ir_version}; --ir-version only stamps an older "
+                             "one",
                              hint=f"give a version below {proto.ir_version}, or leave --ir-version out")
         applied.append({"transform": "ir_version", "detail": f"IR {proto.ir_version} -> {options.ir_version}"})
         proto.ir_version = options.ir_version

@@ -22,12 +22,12 @@ from ortprep.graphops import has_unnamed_nodes
 from ortprep.eps.registry import EPS, EpSpec, resolve_ep, spec_for_provider
 from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
-from ortprep.runtime.decisions import dfl_hint
+from ortprep.fidelity.decisions import dfl_hint
 from ortprep.model import ModelHandle
 from ortprep.options import LoadOptions
 from ortprep.prediction import check_target, predicted_ep_nodes
 from ortprep.report import StepResult
-from ortprep.runtime.compare import compare_arrays
+from ortprep.fidelity.compare import compare_arrays
 from ortprep.runtime.feeds import choose_feeds, input_specs
 from ortprep.runtime.isolated import run_isolated
 from ortprep.runtime.requests.sessions import EP_CREATE_FALLBACK, EP_RUN_FALLBACK
@@ -37,7 +37,9 @@ from ortprep.runtime.providers import (
     probe_runtime,
 )
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, simulated, target_device
-from ortprep.runtime.tolerance import NORM_TOLERANCE, TF32_COMPUTE, computes_tf32, judge_outputs
+from ortprep.fidelity.ep_match import judge_ep_outputs
+from ortprep.fidelity.tolerances import NORM_TOLERANCE, TF32_COMPUTE
+from ortprep.runtime.tolerance import computes_tf32
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
 from ortprep.steps.prove import compare_prediction
@@ -115,7 +117,7 @@ def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndar
     CUDA's use_tf32), a quantized model's own steps, and the output's norm within NORM_TOLERANCE."""
     if reference is None:
         return None, None, []
-    judged = judge_outputs(proto, ep, reference, outputs, metrics, provider_options)
+    judged = judge_ep_outputs(proto, ep, reference, outputs, metrics, computes_tf32(ep, provider_options))
     worst = max((j["max_abs_diff"] for j in judged if j["max_abs_diff"] is not None), default=None)
     return all(j["within_tolerance"] for j in judged), worst, judged
 

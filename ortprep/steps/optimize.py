@@ -15,15 +15,8 @@ from ortprep.runtime.isolated import run_isolated
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.options import OptimizeOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
-from ortprep.transforms.verify import (
-    Gate,
-    VerifyResult,
-    model_bytes,
-    node_count,
-    run_model,
-    save_temp,
-    verify_run,
-)
+from ortprep.fidelity.gate import Gate, VerifyResult, judge_run
+from ortprep.transforms.verify import model_bytes, node_count, run_model, save_temp
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +65,7 @@ def optimize_model(handle: ModelHandle, dest: Path, options: OptimizeOptions, *,
     if options.verify:
         reference = reference_run(original, feeds, report, options.metrics, options.inputs is None)
         if reference is not None:
-            verify_result = verify_run(reference, run_model(proto, feeds), OPTIMIZE_GATE)
+            verify_result = judge_run(reference, run_model(proto, feeds), OPTIMIZE_GATE)
     report.output = finish(
         report,
         handle,

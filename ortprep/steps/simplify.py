@@ -16,14 +16,8 @@ from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.options import SimplifyOptions
 from ortprep.transforms.common import finish, make_feeds, reference_run
 from ortprep.transforms.simplify import run_onnxoptimizer, run_onnxsim
-from ortprep.transforms.verify import (
-    EXACT_GATE,
-    VerifyResult,
-    model_bytes,
-    node_count,
-    run_model,
-    verify_run,
-)
+from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
+from ortprep.transforms.verify import model_bytes, node_count, run_model
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +32,17 @@ def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *,
     original = handle.proto
     nodes_before = node_count(original)
     feeds, feed_source = make_feeds(handle, options)
-    reference = reference_run(original, feeds, report, options.metrics, options.inputs is None) if options.verify else None
+    reference = (
+        reference_run(original, feeds, report, options.metrics, options.inputs is None) if options.verify else None
+    )
     proto = original  # onnxsim and onnxoptimizer return new models
     path_taken: list[dict[str, str]] = []
     if options.onnxsim:
         simplified, why = run_onnxsim(proto, handle)
         if simplified is not None:
             proto = simplified
-            path_taken.append({"transform": "onnxsim", "detail": "constant folding, shape inference, onnxsim's optimizations"})
+            path_taken.append({"transform": "onnxsim", "detail": "constant folding, shape inference, onnxsim's "
+                                                                 "optimizations"})
         else:
             path_taken.append({"transform": "onnxsim skipped", "detail": why})
             report.add(
@@ -65,7 +62,7 @@ def simplify_model(handle: ModelHandle, dest: Path, options: SimplifyOptions, *,
             report.add(Finding.of("SIM001", f"onnxoptimizer could not run ({why})", fix="nothing needed"))
     verify_result: VerifyResult | None = None
     if reference is not None:
-        verify_result = verify_run(reference, run_model(proto, feeds), EXACT_GATE)
+        verify_result = judge_run(reference, run_model(proto, feeds), EXACT_GATE)
     report.output = finish(
         report,
         handle,

@@ -12,11 +12,11 @@ from onnx import ModelProto
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path
 from ortprep.report import StepResult
-from ortprep.runtime.compare import expect
+from ortprep.fidelity.gate import VerifyResult, expect
 from ortprep.runtime.feeds import FeedChoice, choose_feeds, input_specs
 from ortprep.runtime.isolated import RunOutcome
 from ortprep.options import VerifyOptions
-from ortprep.transforms.verify import VerifyResult, model_bytes, node_count, run_model
+from ortprep.transforms.verify import model_bytes, node_count, run_model
 
 NOT_VERIFIED = {
     "loads": None,
@@ -59,7 +59,11 @@ def decision_fix(verify_result, fix: str) -> str:
     names = [d["name"] for d in getattr(verify_result, "decision_failed", [])]
     if not names:
         return fix
-    return fix + f"; if the application does not read '{names[0]}' as ortprep did, say what it reads: --metric {names[0]}=KIND (cosine: none)"
+    return (
+        fix
+        + f"; if the application does not read '{names[0]}' as ortprep did, say what it reads: --metric "
+          f"{names[0]}=KIND (cosine: none)"
+    )
 
 
 def report_unverifiable(outcome: RunOutcome, report: StepResult) -> None:
@@ -102,17 +106,26 @@ def finish(
     failed = verify_result is not None and not verify_result.passed
     unverifiable = verify_result is None and options.verify
     if failed and not verify_result.loads:
-        failure_fix = "the result does not load in ONNX Runtime: please report it with the model (--keep-failed writes it)"
+        failure_fix = (
+            "the result does not load in ONNX Runtime: please report it with the model (--keep-failed writes it)"
+        )
     for name, what in (verify_result.degenerate if verify_result is not None else []):
-        report.add(Finding.of(
-            "VFY001", f"output '{name}' is {what} on the inputs used: cosine similarity means nothing there, so it was "
-            "judged by absolute error; these inputs do not exercise it",
-            fix="pass real inputs with --inputs FILE.npz (one array per input) to verify on data that moves this output"))
+        report.add(
+            Finding.of(
+                "VFY001",
+                f"output '{name}' is {what} on the inputs used: cosine similarity means nothing there, so it was "
+                "judged by absolute error; these inputs do not exercise it",
+                fix="pass real inputs with --inputs FILE.npz (one array per input) to verify on data that moves this "
+                    "output",
+            )
+        )
     # Every output flat on inputs ortprep made up (a detector's map on a small random image): the
     # run compared nothing the model decides, so the result counts as unverified (CNV015), as when
     # the original cannot run: nothing is written, and the user's inputs are the way on.
     flat = {name for name, _ in verify_result.degenerate} if verify_result is not None else set()
-    judged = {o.name for o in verify_result.outputs if o.cosine is not None} | flat if verify_result is not None else set()
+    judged = (
+        {o.name for o in verify_result.outputs if o.cosine is not None} | flat if verify_result is not None else set()
+    )
     if (flat and flat >= judged and verify_result.passed and options.verify
             and getattr(options, "inputs", None) is None):
         unverifiable = True
@@ -163,7 +176,8 @@ def session_check(proto: ModelProto, handle: ModelHandle, report: StepResult) ->
         report.add(Finding.of(
             "CNV007", f"--no-verify: neither the original nor the result creates an ONNX Runtime CPU session here "
             f"({original.message}); the result is written without even a session check",
-            severity=Severity.WARNING, fix="load it where its custom ops are registered: ortprep load MODEL --custom-op-library LIB"))
+            severity=Severity.WARNING,
+            fix="load it where its custom ops are registered: ortprep load MODEL --custom-op-library LIB"))
         return None
     return VerifyResult(loads=False, passed=False, status=outcome.status,
                         error=f"no ONNX Runtime CPU session: {outcome.message}")

@@ -11,20 +11,12 @@ from ortprep.eps.registry import resolve_ep
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, iter_graphs
 from ortprep.report import StepResult
-from ortprep.runtime.compare import compare_arrays
+from ortprep.fidelity.compare import compare_arrays
+from ortprep.fidelity.gate import EXACT_GATE, Gate, VerifyResult, judge_run
 from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms.fp16 import KeepReason
-from ortprep.transforms.verify import (
-    EXACT_GATE,
-    node_count,
-    Gate,
-    Intermediates,
-    VerifyResult,
-    run_model,
-    run_with_intermediates,
-    verify_run,
-)
+from ortprep.transforms.verify import Intermediates, node_count, run_model, run_with_intermediates
 
 log = logging.getLogger(__name__)
 # The tensor gate tightens 10x per round where only a decision fails, at most this many times.
@@ -98,13 +90,14 @@ class Fp16Search:
             if self.reference is None:
                 return converted, None
             candidate = run_model(converted, self.feeds)
-            last = verify_run(self.reference, candidate, self.gate)
+            last = judge_run(self.reference, candidate, self.gate)
             if last.passed:
                 return converted, last
             if last.status == "crashed" and not bisected:
                 bisected = True
                 self.report.add(Finding.of(
-                    "CNV005", f"ONNX Runtime crashed on the FP16 model ({last.error}); bisecting the op types and nodes "
+                    "CNV005", f"ONNX Runtime crashed on the FP16 model ({last.error}); bisecting the op types and "
+                              "nodes "
                     "that cause it", severity=Severity.WARNING,
                     fix="if it persists: ortprep convert --fp16 --block-op OP for the op types involved"))
                 if self._bisect_crash(last.error or "crashed"):
@@ -143,7 +136,8 @@ class Fp16Search:
             self.keep(name, KeepReason.CRASH, "ORT crashes on this op in float16")
         self.report.add(Finding.of(
             "CNV010",
-            f"ONNX Runtime crashed on the FP16 model ({error[:160]}); bisection ({self.bisect_tries} tries, each in its "
+            f"ONNX Runtime crashed on the FP16 model ({error[:160]}); bisection ({self.bisect_tries} tries, each in "
+            "its "
             f"own process) found that keeping {len(nodes)} node(s) in FP32 avoids it: "
             + ", ".join(f"{n} ({self._op_of(n)})" for n in nodes[:8]),
             fix="nothing to do: ortprep kept them; report the crash to ONNX Runtime with the op types named"))
@@ -162,9 +156,8 @@ class Fp16Search:
         if result.decision_failed and result.loads and not result.error and all(
                 d.shape_match and not d.nonfinite and (d.cosine is None or d.cosine >= self.gate.min_cosine)
                 for d in result.outputs):
-            # Tighter until some tensor fails: a detector's regions move at FP16's rounding alone
-            # (rapidocr's, at output cosine 0.999993), which a gate 10x tighter still passes
-            # everywhere; stopping there gave up after one round with nothing kept in FP32.
+            # Tighter until some tensor fails: a detector's regions can move at FP16's rounding alone,
+            # which a gate 10x tighter still passes everywhere (docs/decisions/fidelity-verification.md).
             while True:
                 self.tightened += 1
                 level = min(self.tightened, MAX_TIGHTENING)
@@ -216,7 +209,8 @@ def fp32_op_types(handle: ModelHandle, options: ConvertOptions, report: StepResu
         kept.setdefault(op, reason)
     if options.ep is None:
         report.add(Finding.of(
-            "CNV014", "FP16 for no particular EP: every op with a float16 signature in ONNX computes in FP16; ONNX Runtime's "
+            "CNV014", "FP16 for no particular EP: every op with a float16 signature in ONNX computes in FP16; ONNX "
+                      "Runtime's "
             "CPU EP runs those it has no float16 kernel for (Conv, for one) through Casts to float32",
             fix="name the EP you deploy to (--ep cuda, --ep dml, --ep cpu) to keep its FP32-only ops in FP32"))
         return kept
@@ -224,9 +218,14 @@ def fp32_op_types(handle: ModelHandle, options: ConvertOptions, report: StepResu
     for op, reason in ep_ops.items():
         kept.setdefault(op, reason)
     if ep_ops:
-        report.add(Finding.of(
-            "CNV008", f"{len(ep_ops)} op type(s) stay FP32 because {options.ep} has no FP16 kernel for them: "
-            f"{', '.join(sorted(ep_ops))}", fix="convert for the EP you deploy to: --ep cuda, --ep dml or --ep dml-npu"))
+        report.add(
+            Finding.of(
+                "CNV008",
+                f"{len(ep_ops)} op type(s) stay FP32 because {options.ep} has no FP16 kernel for them: "
+                f"{', '.join(sorted(ep_ops))}",
+                fix="convert for the EP you deploy to: --ep cuda, --ep dml or --ep dml-npu",
+            )
+        )
     return kept
 
 
@@ -288,7 +287,9 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
     simplified = None
     if reference is not None and has_foldable(proto):  # onnxsim's rewrites are only taken when they can be verified
         simplified, _ = run_onnxsim(proto, ModelHandle(proto=proto, path=None))
-    candidates = ([(simplified, steps + ["constants folded (onnxsim)"])] if simplified is not None else []) + [(proto, steps)]
+    candidates = ([(simplified, steps + ["constants folded (onnxsim)"])] if simplified is not None else []) + [
+        (proto, steps)
+    ]
     for candidate, done in candidates:
         if not done:
             continue
@@ -299,9 +300,10 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
         removed = node_count(original) - node_count(candidate)
         if not folded and removed <= 0:
             continue  # onnxsim found nothing to fold: keep the model as it was
-        check = verify_run(reference, run_model(candidate, feeds), EXACT_GATE)
+        check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
         if check.passed:
-            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done) + f" ({node_count(original)} -> {node_count(candidate)} nodes); verified "
+            report.add(Finding.of("CNV013", "before FP16: " + "; ".join(done)
+                                  + f" ({node_count(original)} -> {node_count(candidate)} nodes); verified "
                                   f"against the original: max abs diff {check.max_abs_diff:.3g}", fix="nothing to do"))
             return candidate
     return original if folded else proto
@@ -316,7 +318,9 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
     scan = fp16_step.scan_constants(proto)
     before = [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node]
     prefolded = prefold(proto, feeds, reference, report)
-    unchanged = prefolded is proto and [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node] == before
+    unchanged = (
+        prefolded is proto and [(n.op_type, tuple(n.input), tuple(n.output)) for n in proto.graph.node] == before
+    )
     proto = prefolded
     if not unchanged:
         activations = None  # prefolding changed the graph: its intermediates are other tensors
@@ -330,7 +334,11 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
         activations = None  # the graph changed in place: its intermediates are read again
     run = Fp16Search(proto, options, feeds, reference, report)
     for name, peak in scan.overflow:
-        handled = "folded away before conversion" if name not in {n for n, _ in remaining} else "kept in FP32 with its consumers"
+        handled = (
+            "folded away before conversion"
+            if name not in {n for n, _ in remaining}
+            else "kept in FP32 with its consumers"
+        )
         report.add(
             Finding.of(
                 "CNV001",
@@ -376,7 +384,12 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
         if peaks is not None:
             flagged = fp16_step.activation_overflow_nodes(proto, peaks)
             for name, peak in flagged.items():
-                run.keep(name, KeepReason.ACTIVATION_RANGE, f"activations reach {peak:.4g}, beyond FP16's safe range", replace=False)
+                run.keep(
+                    name,
+                    KeepReason.ACTIVATION_RANGE,
+                    f"activations reach {peak:.4g}, beyond FP16's safe range",
+                    replace=False,
+                )
             if flagged:
                 report.add(
                     Finding.of(
@@ -432,7 +445,8 @@ def blame(source: ModelProto, bad: set[str], kept: set[str], failure: str | None
                 for name in node.input:
                     upstream = producers.get(name)
                     if upstream is not None and upstream.name not in kept:
-                        culprits[upstream.name] = (KeepReason.FEEDS_KEPT, f"feeds '{node.name}', whose output differs even in FP32")
+                        culprits[upstream.name] = (KeepReason.FEEDS_KEPT,
+                                                   f"feeds '{node.name}', whose output differs even in FP32")
     if not culprits and failure is not None:
         # Fails without a node to blame: keep every remaining float node of the main graph in FP32.
         for node in source.graph.node:

@@ -1,4 +1,4 @@
-"""Decision metrics in quantize's gate (runtime/decisions.py, steps/quantize/evaluate.py): what
+"""Decision metrics in quantize's gate (fidelity/decisions/, fidelity/quantized.py): what
 an application reads from each output is inferred from its form, and an output that decides
 otherwise fails the gate however close its cosine is."""
 
@@ -11,10 +11,12 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import SAMPLES
-from ortprep.runtime.decisions import (DETECT_MIN_SCENES, Decision, _scene_margin, agreement, decision_shortfall,
+from ortprep.fidelity.decisions import (DETECT_MIN_SCENES, Decision, agreement, decision_shortfall,
                                        detector_rows, expected_agreement, infer_decisions, judge_decision, parse_metric,
                                        regions)
-from ortprep.steps.quantize.evaluate import _decision_text, judge
+from ortprep.fidelity.decisions import scene_margin as _scene_margin
+from ortprep.fidelity.quantized import judge_quantized as judge
+from ortprep.fidelity.words import decision_text as _decision_text
 
 
 def _graph(outputs: dict[str, tuple[str, list[int]]]) -> onnx.ModelProto:
@@ -76,10 +78,19 @@ def test_hidden_states_from_a_normalization_carry_no_class():
              helper.make_node("LayerNormalization", ["x", "g", "b"], ["token_logits"], axis=-1),
              helper.make_node("MatMul", ["x", "w"], ["head"])]
     graph = helper.make_graph(
-        nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 12, 64]) for n in ("last_hidden_state", "token_logits", "head")],
-        [onnx.numpy_helper.from_array(np.ones(64, np.float32), "g"), onnx.numpy_helper.from_array(np.zeros(64, np.float32), "b"),
-         onnx.numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
+        nodes,
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 12, 64])
+            for n in ("last_hidden_state", "token_logits", "head")
+        ],
+        [
+            onnx.numpy_helper.from_array(np.ones(64, np.float32), "g"),
+            onnx.numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+            onnx.numpy_helper.from_array(np.eye(64, dtype=np.float32), "w"),
+        ],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     inferred = infer_decisions(proto, [{"last_hidden_state": hidden, "token_logits": hidden, "head": hidden}])
     assert "last_hidden_state" not in inferred
@@ -212,11 +223,13 @@ def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
     record = judge_decision(decision, [r["scores"] for r in reference], [c["scores"] for c in candidate])
     assert record["agreement"] == 1.0 and record["ranking"]["agreement"] == 0.875
     assert record["ranking"]["passed"] is False and record["passed"] is False
-    from ortprep.steps.quantize.evaluate import _decision_text
+    from ortprep.fidelity.words import decision_text as _decision_text
 
     assert "best-scored class" in _decision_text(record) and "87.5%" in _decision_text(record)
     # a map laid out as an image is not ranked; --metric OUTPUT=map judges the threshold alone
-    assert not infer_decisions(_graph({"mask": ("Sigmoid", [1, 1, 8, 8])}), [{"mask": rng.random((1, 1, 8, 8))}])["mask"].ranked
+    assert not infer_decisions(_graph({"mask": ("Sigmoid", [1, 1, 8, 8])}), [{"mask": rng.random((1, 1, 8, 8))}])[
+        "mask"
+    ].ranked
     told = infer_decisions(_graph({"scores": ("Sigmoid", [1, 8])}), reference, {"scores": "map"})["scores"]
     assert judge_decision(told, [r["scores"] for r in reference], [c["scores"] for c in candidate])["passed"] is True
 
@@ -244,7 +257,7 @@ def test_class_probabilities_are_held_by_their_confidence_too():
     confidence = record["confidence"]
     assert confidence["level"] == 0.5 and confidence["agreement"] == 0.875 and confidence["passed"] is False
     assert record["passed"] is False
-    from ortprep.steps.quantize.evaluate import _decision_text
+    from ortprep.fidelity.words import decision_text as _decision_text
 
     assert "probability stays on the same side of 0.5" in _decision_text(record)
     # an identical candidate keeps every level; --metric OUTPUT=top1 judges the class alone
@@ -263,7 +276,7 @@ def test_a_ranking_fails_beside_a_map_that_passes_and_ties_decide_nothing():
     of 16 rows: the map passes, the ranking fails, and verify's words say which. Rows whose best
     two scores are exactly equal (two labels saturated at 1.0 in float32) decide nothing: an
     identical candidate passes, and one that moves a tied score by a step changes no decision."""
-    from ortprep.transforms.verify import describe_decision
+    from ortprep.fidelity.words import describe_decision
 
     rng = np.random.default_rng(6)
     reference, candidate = [], []
@@ -301,7 +314,10 @@ def test_a_sequence_is_judged_whole():
         if index % 4 == 0:  # swap the winner of one frame
             frame = 7 + index
             order = np.argsort(other[0, frame])
-            other[0, frame, order[-1]], other[0, frame, order[-2]] = other[0, frame, order[-2]], other[0, frame, order[-1]]
+            other[0, frame, order[-1]], other[0, frame, order[-2]] = (
+                other[0, frame, order[-2]],
+                other[0, frame, order[-1]],
+            )
         reference.append({"tags": tags})
         candidate.append({"tags": other})
     judged = judge("cpu", reference, candidate, 0.9, {}, {"tags": Decision("argmax")})
@@ -355,7 +371,7 @@ def test_a_map_whose_regions_move_fails_though_its_elements_agree():
     assert (record["regions_kept"], record["regions"]) == (8, 10)  # the float map's 10 lines, 8 boxes kept
     assert judge_decision(Decision("map", 0.5), [reference], [reference + 0.01])["passed"] is True
     # the refusal says what failed: the boxes, not the pixels' F1 (which passes)
-    from ortprep.steps.quantize.evaluate import _decision_text
+    from ortprep.fidelity.words import decision_text as _decision_text
 
     text = _decision_text(record)
     assert "keep their bounding box on only 80.0%, 8 of the float map's 10 boxes kept (the gate asks 95%" in text
@@ -409,11 +425,11 @@ def test_quantize_reports_the_decision_and_takes_metric_overrides(tmp_path):
 
 
 def test_load_tolerance_holds_an_output_whose_decision_agrees():
-    """runtime/tolerance.judge_outputs (load, compile): a probability map off by 0.25 at a few
+    """fidelity/ep_match.judge_ep_outputs (load, compile): a probability map off by 0.25 at a few
     pixels inside a region, its thresholded map and its regions' boxes the same, holds (the rule
     says why); the same map with a block of pixels flipped across the threshold does not; and a
     uniformly scaled map still fails."""
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 64, 64])})
     rng = np.random.default_rng(1)
@@ -498,7 +514,7 @@ def test_a_large_output_shrunk_on_one_sample_fails_its_norm():
 def test_region_boxes_are_judged_only_on_maps_laid_out_as_images():
     """[N, C, H, W] maps are boxed; a rank-3 sigmoid output ([1, T, C] frame probabilities,
     [1, 84, 8400] rows) has no two spatial axes and keeps F1 alone (review finding)."""
-    from ortprep.runtime.decisions import Decision, region_agreement
+    from ortprep.fidelity.decisions import Decision, region_agreement
 
     rng = np.random.default_rng(2)
     rows = rng.random((1, 100, 20)).astype(np.float32)
@@ -530,8 +546,8 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     (91.7%) fail."""
     import onnxruntime as ort
 
-    from ortprep.runtime.tolerance import judge_outputs
-    from ortprep.runtime.tolerance import pool_decisions
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import pool_decisions
 
     rng = np.random.default_rng(0)
     proto = _ctc_like(rng)
@@ -550,7 +566,10 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
             other = candidates[sample]["probs"][0, 5]
             other[:] = row
             other[first], other[second] = 0.48, 0.5
-        judged = [{"sample": k, "outputs": judge_outputs(proto, "qnn", r, c)} for k, (r, c) in enumerate(zip(refs, candidates))]
+        judged = [
+            {"sample": k, "outputs": judge_outputs(proto, "qnn", r, c)}
+            for k, (r, c) in enumerate(zip(refs, candidates))
+        ]
         for entry in judged:
             entry["passed"] = all(o["within_tolerance"] for o in entry["outputs"])
         assert [entry["passed"] for entry in judged[:count]] == [False] * count  # alone, each flipped sample fails
@@ -571,7 +590,7 @@ def test_compile_eval_reads_the_margins_of_the_samples_the_ep_did_not_run():
     quantize's gate reads its calibration samples'. Three samples whose map sits close to its
     threshold, each moved by 0.01, expect to keep fewer positions than when 21 more samples show
     that few values sit that close."""
-    from ortprep.runtime.tolerance import judge_each_sample
+    from ortprep.fidelity.ep_match import judge_ep_samples as judge_each_sample
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 16, 16])})
     rng = np.random.default_rng(4)
@@ -657,7 +676,10 @@ def test_detect_judges_class_scores_at_the_threshold_and_the_kept_boxes():
     record = judge_decision(decision, [reference], [noisy], others)
     assert record["passed"] is True and record["box_agreement"] == 1.0 and record["scene_agreement"] == 1.0
     assert record["expected_scene_agreement"] > 0.99
-    assert judge_decision(decision, [reference], [noisy], others[:DETECT_MIN_SCENES - 2])["expected_scene_agreement"] is None
+    assert (
+        judge_decision(decision, [reference], [noisy], others[: DETECT_MIN_SCENES - 2])["expected_scene_agreement"]
+        is None
+    )
     transposed = judge_decision(decision, [reference.transpose(0, 2, 1)], [lost.transpose(0, 2, 1)])
     assert transposed["agreement"] == pytest.approx(2 / 3)
     flat = judge_decision(decision, [np.zeros((1, 3))], [np.zeros((1, 3))])
@@ -724,7 +746,11 @@ def test_detect_holds_each_scene_and_the_scores_near_its_threshold():
     moved = [seen[0].copy()] + empty[1:]
     moved[0][0, 0, 11] += 5.0
     record = judge_decision(decision, seen, moved, others)
-    assert record["agreement"] == 1.0 and record["box_agreement"] == 0.0 and record["scene_agreement"] == pytest.approx(7 / 8)
+    assert (
+        record["agreement"] == 1.0
+        and record["box_agreement"] == 0.0
+        and record["scene_agreement"] == pytest.approx(7 / 8)
+    )
     assert "keep their box within 2 px" in _decision_text({**record, "name": "output0"})
     # many detections per scene, one added in one scene: the pooled F1 (0.999) and the boxes pass,
     # the scene does not (what the application returns for that input changed)
@@ -829,11 +855,13 @@ def test_ctc_reads_the_decoded_strings_in_place_of_the_cosine():
                    {"out": decision})
     assert scaled.outputs[0]["decision"]["agreement"] == 1.0 and not scaled.passed
     # the blank at either end: the same scores read as other strings
-    from ortprep.runtime.decisions import ctc_strings
+    from ortprep.fidelity.decisions import ctc_strings
 
     scores = np.eye(6, dtype=np.float32)[[1, 1, 0, 2, 2, 5, 3]][None]
     assert ctc_strings(scores)[0][0] == (1, 2, 5, 3) and ctc_strings(scores, -1)[0][0] == (1, 0, 2, 3)
-    time_major = judge_decision(decision, [r.transpose(1, 0, 2) for r in reference], [c.transpose(1, 0, 2) for c in misread])
+    time_major = judge_decision(
+        decision, [r.transpose(1, 0, 2) for r in reference], [c.transpose(1, 0, 2) for c in misread]
+    )
     assert time_major["agreement"] == 22 / 24 and time_major["strings"] == 24
 
 
@@ -864,13 +892,17 @@ def test_ctc_lets_load_hold_a_sample_whose_text_stays():
     """runtime/tolerance (load, compile): a sample beyond the elementwise tolerance (a near tie
     read the other way) holds with --metric OUT=ctc when its decoded string is the same, and not
     without it (inferred argmax: a position differs)."""
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
 
     proto = _graph({"probs": ("Softmax", [1, 12, 6])})
     rng = np.random.default_rng(3)
     line, edge = _trailing_edge(_ctc_lines(rng, 1)[0])
     held = judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge}, {"probs": "ctc"})[0]
-    assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"] and "the decision (ctc) agrees" in held["tolerance_rule"]
+    assert (
+        held["max_abs_diff"] > held["tolerance"]
+        and held["within_tolerance"]
+        and "the decision (ctc) agrees" in held["tolerance_rule"]
+    )
     assert not judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge})[0]["within_tolerance"]
 
 
@@ -890,8 +922,8 @@ def test_dfl_reads_a_box_heads_decoded_distances():
     sides (the norm alone would fail that too), and one side shifted by a whole bin fails though
     every other side holds; bins named that do not fit the output, or an output without 4 x bins
     values on an axis, say so."""
-    from ortprep.runtime.decisions import DFL_LIMIT, dfl_distances
-    from ortprep.runtime.tolerance import judge_outputs
+    from ortprep.fidelity.decisions import DFL_LIMIT, dfl_distances
+    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
 
     rng = np.random.default_rng(5)
     head = _dfl_head(rng)
@@ -925,7 +957,7 @@ def test_dfl_reads_a_box_heads_decoded_distances():
 def test_a_refusal_on_a_box_heads_logits_hints_at_dfl():
     """dfl is never inferred; a refusal on an output of a DFL head's form names the metric (once a
     metric is given for it, or for a form that is not one, nothing is said)."""
-    from ortprep.runtime.decisions import dfl_hint
+    from ortprep.fidelity.decisions import dfl_hint
 
     assert "--metric boxes=dfl" in dfl_hint("boxes", (1, 7600, 32)) and "8 bins" in dfl_hint("boxes", (1, 7600, 32))
     assert "16 bins" in dfl_hint("reg", (1, 64, 2100))

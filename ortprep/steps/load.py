@@ -38,7 +38,7 @@ from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, simu
 from ortprep.runtime.tolerance import NORM_TOLERANCE, TF32_COMPUTE, computes_tf32, judge_outputs
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
-from ortprep.steps.prove import compare_prediction
+from ortprep.prove.proof import compare_prediction
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Keeping nodes of a graph off an EP, and the graph as units a search can cut into models of
-their own (steps/reduce.py's probes).
+their own (the probes of ortprep/prove/culprits.py).
 
 :class:`GraphCut`: the main graph as *units* (a node with the activation Q/DQ nodes of its QDQ node
 unit, or an If/Loop/Scan node with its subgraphs whole; constant work comes along with the units

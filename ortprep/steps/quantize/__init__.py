@@ -275,9 +275,9 @@ def _nothing_to_quantize(proto: ModelProto) -> str | None:
     """Why the model has nothing ORT's quantizer computes on (its registries: dynamic, QDQ and
     QOperator), or None. An ai.onnx.ml pipeline (a scikit-learn export: Scaler, LinearClassifier,
     ZipMap) made ORT's quantizer fail inside ("Failed to find proper ai.onnx domain", QNT008)."""
-    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+    from ortprep.runtime.quantizer_ops import all_registry_op_types
 
-    quantizable = (set(IntegerOpsRegistry) | set(QDQRegistry) | set(QLinearOpsRegistry)) - _DATA_MOVEMENT
+    quantizable = all_registry_op_types() - _DATA_MOVEMENT
     ops: dict[str, int] = {}
     for _, graph in iter_graphs(proto.graph):
         for node in graph.node:

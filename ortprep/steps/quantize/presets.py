@@ -74,11 +74,10 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
 
 
 def quantizer_op_types(mode: str, quant_format: str) -> list[str]:
-    if mode == "weight-only":
-        return ["MatMul"]
     """Every op type ORT's quantizer knows how to quantize in this mode and format (what it
     quantizes when the settings name no op types)."""
-    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+    if mode == "weight-only":
+        return ["MatMul"]
+    from ortprep.runtime.quantizer_ops import registry_op_types
 
-    registry = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if quant_format == "qdq" else QLinearOpsRegistry)
-    return list(registry)
+    return registry_op_types(mode, quant_format)

@@ -4,7 +4,8 @@ to the tables' prediction, or, when the session cannot be created, "none" with t
 
 A QNN session is built for the target's device (--device, else ortprep's stated default: see
 eps/devices.py), which the report names: the outcome depends on it. A session that is not created
-is reduced to the nodes that cause it (steps/reduce.py).
+is reduced to the nodes that cause it (:mod:`ortprep.prove.culprits`) and a fix is measured
+(:mod:`ortprep.prove.fixes`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from ortprep.report import StepResult
 from ortprep.runtime.kernels import support_table
 from ortprep.runtime.requests.sessions import EP_RUN_FALLBACK
 from ortprep.runtime.targets import ep_runtime, session_options
-from ortprep.steps.base import ProgressCallback
-from ortprep.steps.reduce import find_fix, reduce_failure
+from ortprep.prove.culprits import reduce_failure
+from ortprep.prove.fixes import find_fix
+
+# (stage, done, total), as a step's progress callback
+ProgressCallback = Callable[[str, int, int], None]
 
 # Per-node findings, besides EP0xx, that predict a CPU fallback: where the real session put the
-# node on the EP they are contradicted and go (akiki's GRU VAD: 36 QNN002 "falls back" warnings
-# beside a proof of 34 of 34 nodes on QNN).
+# node on the EP they are contradicted and go (docs/decisions/reduce-prove-bounds.md).
 NODE_FALLBACK_CODES = ("QNN002",)
 
 
@@ -54,9 +57,9 @@ def compare_prediction(analysis: ModelAnalysis, spec: EpSpec, predicted: dict[st
             agree += 1
             continue
         differing_ops[op_of[node]] = differing_ops.get(op_of[node], 0) + 1
-        differing.append((node, op_of[node], f"node '{node}' ({op_of[node]}) ran on the CPU, but check predicted it on "
-                          f"{spec.name}" if on_cpu else f"node '{node}' ({op_of[node]}) ran on {ep}, but check predicted "
-                          "a CPU fallback"))
+        what = (f"node '{node}' ({op_of[node]}) ran on the CPU, but check predicted it on {spec.name}" if on_cpu
+                else f"node '{node}' ({op_of[node]}) ran on {ep}, but check predicted a CPU fallback")
+        differing.append((node, op_of[node], what))
     on_ep = sum(1 for ep in assignment.values() if ep == spec.provider)
     # nodes check placed on the EP that the session's graph no longer holds: ORT's optimizer removed
     # or fused them before the EP was asked (a Shape of a dynamic input, folded constants), so a
@@ -136,12 +139,12 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             record["verdict"] = "none"
             culprit_text, found = _reduce_and_fix(handle, spec, target, label, chosen, proof, options, progress,
                                                   run_once=True)
+            fix = found or (f"ortprep load {model_arg} --ep {label}{runtime_arg} --inputs SAMPLE.npz shows the same "
+                            f"failure; keep the failing part off the EP (ortprep convert {model_arg} --keep-off-ep "
+                            "NODE) or try another device or precision")
             result.add(Finding.of("PRV002", f"{label}: the real session is created, and its first run fails on the EP "
-                                  f"({reply.message}); check predicted '{record['predicted_verdict']}'; {EP_RUN_FALLBACK}"
-                                  f"{culprit_text}", ep=label, target=label,
-                                  fix=found or f"ortprep load {model_arg} --ep {label}{runtime_arg} --inputs SAMPLE.npz "
-                                      f"shows the same failure; keep the failing part off the EP (ortprep convert "
-                                      f"{model_arg} --keep-off-ep NODE) or try another device or precision"))
+                                  f"({reply.message}); check predicted '{record['predicted_verdict']}'; "
+                                  f"{EP_RUN_FALLBACK}{culprit_text}", ep=label, target=label, fix=fix))
             continue
         if not reply.ok:
             proof["message"] = reply.message
@@ -153,13 +156,15 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
                 if found:
                     fix = found
             result.add(Finding.of("PRV002", f"{label}: the real session is not created ({reply.message}); check "
-                                  f"predicted '{record['predicted_verdict']}'{culprit_text}", ep=label, target=label, fix=fix))
+                                  f"predicted '{record['predicted_verdict']}'{culprit_text}", ep=label, target=label,
+                                  fix=fix))
             continue
         default = reply.placement.get("default", {})
         assignment, subgraphs = default.get("assignment", {}), default.get("subgraphs", [])
         comparison, differing = compare_prediction(analysis, spec, record, assignment, subgraphs,
                                                    ep_nodes(record) if ep_nodes else None)
-        proof.update(nodes_total=len(assignment), nodes_on_ep=sum(1 for ep in assignment.values() if ep == spec.provider),
+        proof.update(nodes_total=len(assignment),
+                     nodes_on_ep=sum(1 for ep in assignment.values() if ep == spec.provider),
                      fallback_nodes=sorted(node for node, ep in assignment.items() if ep != spec.provider),
                      comparison=comparison)
         record["verdict"] = comparison["actual_verdict"]
@@ -175,7 +180,8 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
             gone = ""
             if absent and not differing and comparison["actual_verdict"] != comparison["predicted_verdict"]:
                 gone = (f"; {len(absent)} node(s) check placed on {label} are not in the session's graph (ORT's "
-                        f"optimizer removed or fused them first): " + ", ".join(absent[:5]) + (", ..." if len(absent) > 5 else ""))
+                        f"optimizer removed or fused them first): " + ", ".join(absent[:5])
+                        + (", ..." if len(absent) > 5 else ""))
             result.add(Finding.of(
                 "PRV001", f"{label}: the real session's verdict is '{comparison['actual_verdict']}' (check predicted "
                 f"'{comparison['predicted_verdict']}'); {len(differing)} node(s) placed otherwise"
@@ -186,7 +192,7 @@ def prove_targets(analysis: ModelAnalysis, result: StepResult, options: CheckOpt
 def session_caller(spec: EpSpec, target, timeout: float, run_once: bool = False):
     """``session(model_path, provider_options)``: the session a user's application creates for
     ``spec`` (in ``target``'s environment, on a worker, no run), answered as (created?, the EP's
-    message, ORT's assignment {node: EP} when created): what steps/reduce.py's search and fix
+    message, ORT's assignment {node: EP} when created): what the culprit search and the fix
     search build their sessions with."""
     from ortprep.runtime.requests import Prove
     from ortprep.runtime.worker import call
@@ -200,8 +206,9 @@ def session_caller(spec: EpSpec, target, timeout: float, run_once: bool = False)
 
 
 def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, str], proof: dict[str, Any],
-                    options: CheckOptions, progress: ProgressCallback | None, run_once: bool = False) -> tuple[str, str | None]:
-    """The failing session reduced to its culprit sets (steps/reduce.py, bounded), then the fix
+                    options: CheckOptions, progress: ProgressCallback | None, run_once: bool = False
+                    ) -> tuple[str, str | None]:
+    """The failing session reduced to its culprit sets (prove/culprits.py, bounded), then the fix
     measured: provider options first, then the culprits kept off the EP (``convert
     --keep-off-ep``). Fills ``proof.culprit`` and ``proof.fix``; returns (the text PRV002 adds,
     the command that works or None)."""
@@ -221,8 +228,8 @@ def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, 
     proof["culprit"] = culprit
     if not culprit["culprits"]:
         why = culprit.get("reason") or culprit.get("stopped") or "no culprit found"
-        return f"; no smaller part of the graph was found that fails alone ({why}; {culprit['probes']} probe sessions, " \
-               f"{culprit['seconds']} s)", None
+        return (f"; no smaller part of the graph was found that fails alone ({why}; {culprit['probes']} probe "
+                f"sessions, {culprit['seconds']} s)"), None
     shown = "; ".join(", ".join(_node_text(node) for node in culprit["nodes"] if node["name"] in group["nodes"])
                       for group in culprit["culprits"][:3])
     more = f" and {len(culprit['culprits']) - 3} more" if len(culprit["culprits"]) > 3 else ""
@@ -233,7 +240,8 @@ def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, 
     named = options.device is not None or any(key in options.provider_options.get(spec.name, {})
                                              for key in ("soc_model", "htp_arch"))
     args = (["--device", options.device] if options.device else []) + [
-        f"--provider-option={label}:{key}={value}" for key, value in options.provider_options.get(spec.name, {}).items()]
+        f"--provider-option={label}:{key}={value}"
+        for key, value in options.provider_options.get(spec.name, {}).items()]
     args += [f"--runtime={name}={python}" for name, python in options.runtimes.items()]
     with tempfile.TemporaryDirectory(prefix="ortprep-fix-") as workdir:
         fix = find_fix(handle, culprit, session, provider=spec.provider, provider_options=chosen, ep_label=label,
@@ -242,15 +250,15 @@ def _reduce_and_fix(handle, spec: EpSpec, target, label: str, chosen: dict[str, 
     if fix.get("kind") == "graph":
         # the measured rewrite was a temporary file: the command makes it again, verified
         output = Path(handle.path).with_name(f"{Path(handle.path).stem}.off-ep.onnx")
-        fix["command"] = shlex.join(["ortprep", "convert", str(handle.path), *[f"--keep-off-ep={name}" for name in fix["kept_off"]],
-                                     "-o", str(output)])
+        fix["command"] = shlex.join(["ortprep", "convert", str(handle.path),
+                                     *[f"--keep-off-ep={name}" for name in fix["kept_off"]], "-o", str(output)])
         fix["then"] = shlex.join(["ortprep", "check", str(output), "--ep", label, "--prove", *args])
         fix.pop("model", None)
     proof["fix"] = fix
     if fix.get("kind") is None:
         return text + f"; no fix found ({fix.get('reason')})", None
-    what = (f"provider option {', '.join(f'{k}={v}' for k, v in fix['options'].items())}" if fix["kind"] == "provider_option"
-            else f"keeping {', '.join(fix['kept_off'])} off the EP")
+    what = (f"provider option {', '.join(f'{k}={v}' for k, v in fix['options'].items())}"
+            if fix["kind"] == "provider_option" else f"keeping {', '.join(fix['kept_off'])} off the EP")
     return text + f"; measured fix: {what} makes the session work ({fix['sessions']} sessions, {fix['seconds']} s)", \
         fix["command"] + (f"; then {fix['then']}" if fix.get("then") else "")
 

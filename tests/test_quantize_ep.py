@@ -320,7 +320,7 @@ def test_the_search_counts_a_norm_ratio_brought_back_as_progress():
 
 
 def test_output_writers_of_a_qdq_graph():
-    from ortprep.steps.quantize.edits import output_writers
+    from ortprep.transforms.qdq.facts import output_writers
 
     def qdq(tensor: str, out: str) -> list[onnx.NodeProto]:
         return [helper.make_node("QuantizeLinear", [tensor, "s", "z"], [f"{tensor}_q"], name=f"{tensor}_Q"),
@@ -711,7 +711,7 @@ def _without_the_floor(quantized: Path, model: Path, out: Path) -> Path:
 def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_path):
     from ortprep.runtime.isolated import run_isolated
     from ortprep.eps.htp import HTP_MIN_MULTIPLIER, small_multipliers
-    from ortprep.steps.quantize.edits import floor_weight_scales
+    from ortprep.transforms.qdq.encodings import floor_weight_scales
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
@@ -753,7 +753,7 @@ def test_qnn_computes_the_dead_channel_only_after_the_floor(tmp_path):
     from ortprep.options import QuantizeOptions
     from ortprep.report import StepResult
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import floor_weight_scales
+    from ortprep.transforms.qdq.encodings import floor_weight_scales
     from ortprep.steps.quantize.ep_gate import gate_target
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
@@ -989,7 +989,7 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
 
 def test_fold_conv_transpose_bias_is_the_same_function_in_float(tmp_path):
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import fold_conv_transpose_bias
+    from ortprep.transforms.qdq.prepare import fold_conv_transpose_bias
 
     model, calib = models.bias_after_conv_transpose(tmp_path)
     proto = onnx.load(str(model))
@@ -1036,7 +1036,7 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
 
 def test_fold_batch_norms_is_the_same_function_in_float(tmp_path):
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import fold_batch_norms
+    from ortprep.transforms.qdq.prepare import fold_batch_norms
 
     model, calib = models.conv_batch_norm(tmp_path)
     proto = onnx.load(str(model))

@@ -19,14 +19,8 @@ from ortprep.eps.registry import EPS, resolve_ep, valid_names
 from ortprep.errors import UsageError
 from ortprep.options import QuantizeOptions
 from ortprep.steps.quantize.calibrate import held_back_share
-from ortprep.steps.quantize.edits import (
-    already_quantized,
-    constants_to_initializers,
-    name_nodes,
-    quantization_stats,
-    sentinel_readers,
-    with_outputs,
-)
+from ortprep.transforms.qdq.facts import quantization_stats, with_outputs
+from ortprep.transforms.qdq.prepare import already_quantized, constants_to_initializers, name_nodes, sentinel_readers
 from ortprep.steps.quantize.presets import FORMATS, QUANT_TYPES, presets, resolve_settings
 from ortprep.steps.quantize.search import Search, Trial, margin_aim, rule_sets
 
@@ -754,7 +748,7 @@ def test_int8_compute_matmuls_skips_a_transposed_gemm():
     """A 16-bit activation into a MatMul and into a Gemm without transposes (ORT's CPU EP fuses both
     into MatMulNBits at accuracy level 4), and into a Gemm with transB=1 (PyTorch's Linear, which
     it does not fuse: measured, onnxruntime 1.32.0)."""
-    from ortprep.steps.quantize.edits import int8_compute_matmuls
+    from ortprep.transforms.qdq.facts import int8_compute_matmuls
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint16), "z16"),

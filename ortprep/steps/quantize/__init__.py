@@ -34,17 +34,14 @@ from ortprep.runtime.compare import output_bounds
 from ortprep.runtime.tolerance import FLOAT16_COMPUTE
 from ortprep.steps.base import ProgressCallback, Step, StepContext, output_path
 from ortprep.steps.quantize.calibrate import DataPlan, evaluation_feeds, plan_data, preprocess
-from ortprep.steps.quantize.edits import (
-    OUTPUT_HEADROOM_16,
+from ortprep.transforms.qdq.encodings import OUTPUT_HEADROOM_16
+from ortprep.transforms.qdq.facts import float_weighted, int8_compute_matmuls, output_writers, quantization_stats
+from ortprep.transforms.qdq.prepare import (
     already_quantized,
     constants_to_initializers,
-    float_weighted,
     fold_batch_norms,
     fold_conv_transpose_bias,
-    int8_compute_matmuls,
     name_nodes,
-    output_writers,
-    quantization_stats,
     sentinel_readers,
     upgrade_opset,
 )

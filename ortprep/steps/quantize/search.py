@@ -53,13 +53,8 @@ from ortprep.options import QuantizeOptions
 from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
-from ortprep.steps.quantize.edits import (
-    floor_weight_scales,
-    fp16_activation_matmuls,
-    output_writers,
-    quantization_stats,
-    widen_activation_encodings,
-)
+from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings
+from ortprep.transforms.qdq.facts import output_writers, quantization_stats
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.steps.quantize.evaluate import (LATENCY_RUNS, Evaluation, Judgement, confirm_on_target, evaluate, fmt_cosine,
                                              outputs_margin_gap, tensor_noise, timed_medians,

@@ -895,7 +895,7 @@ def test_the_accuracy_level_edit_reaches_subgraphs():
     from onnx import TensorProto, helper
 
     from ortprep.model import iter_graphs
-    from ortprep.steps.quantize.search import set_accuracy_level
+    from ortprep.steps.quantize.remedies import set_accuracy_level
 
     def nbits(name):
         return helper.make_node("MatMulNBits", ["x", "b", "s"], [name], name=name, domain="com.microsoft", K=32, N=8,

@@ -308,7 +308,7 @@ def test_a_scaled_output_fails_on_its_norm_ratio(tmp_path, scale, passed):
 
 
 def test_the_search_counts_a_norm_ratio_brought_back_as_progress():
-    from ortprep.steps.quantize.search import Trial, improved
+    from ortprep.steps.quantize.trials import Trial, improved
 
     scaled = Trial("baseline", [], 0.99995, False, 1, norm_ratio=0.59)
     fixed = Trial("rule", ["sig"], 0.99990, True, 1, norm_ratio=1.001)
@@ -366,7 +366,7 @@ def test_a_trial_not_run_on_the_ep_is_compared_on_the_cpu_side():
     """A baseline judged on both sides (CPU 0.95, QNN 0.80: the search decides on 0.80) against a
     trial the CPU EP failed, so not run on QNN (0.95 on the CPU alone): the same figure, not
     progress. Compared on the CPU side, a real gain still counts."""
-    from ortprep.steps.quantize.search import Trial, improved
+    from ortprep.steps.quantize.trials import Trial, improved
 
     both = {"judged_on": ["cpu", "qnn"], "cpu": {"cosine": 0.95, "norm_ratio": 1.0}, "ep": {"cosine": 0.80}}
     baseline = Trial("baseline", [], 0.80, False, 1, norm_ratio=1.0, sides=both)
@@ -977,7 +977,7 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     # from the node that writes the output the EP gets wrong, and says so
     from ortprep.steps.quantize.ep_gate import first_divergence
     from ortprep.steps.quantize.evaluate import Judgement
-    from ortprep.steps.quantize.search import parting_points
+    from ortprep.steps.quantize.moves import parting_points
 
     side = Judgement("qnn", 0.97, 1.01, None, None, False,
                      outputs=[{"name": "scores", "cosine": 0.97, "norm_ratio": 1.01, "passed": False}])

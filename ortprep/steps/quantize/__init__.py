@@ -60,9 +60,16 @@ from ortprep.steps.quantize.evaluate import (
     worst_nodes,
 )
 from ortprep.steps.quantize.presets import resolve_settings
-from ortprep.steps.quantize.search import (Trial, Trials, confirmation_move, margin_aim, reaches_margin, rounding_done,
-                                           run_search,
-                                           try_calibration_methods, try_compensated_rounding, try_float_compute)
+from ortprep.steps.quantize.moves import confirmation_move
+from ortprep.steps.quantize.remedies import (
+    rounding_done,
+    try_calibration_methods,
+    try_compensated_rounding,
+    try_float_compute,
+)
+from ortprep.steps.quantize.runner import Trials
+from ortprep.steps.quantize.search import run_search
+from ortprep.steps.quantize.trials import Trial, margin_aim, reaches_margin
 from ortprep.transforms.fp16 import ensure_node_names
 from ortprep.transforms.verify import model_bytes, save_temp
 
@@ -124,7 +131,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     trials = Trials(workdir, options, settings, plan, eval_feeds, big, bounds, progress, target, spare_failing_baseline,
                     earlier)
     trials.fixed += [n for n in sentinels if n not in trials.fixed]
-    baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})"))
+    baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})", baseline=True))
                  for label, path in sources]
     usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
     if not usable:

@@ -172,7 +172,7 @@ def _flags(changes: dict[str, Any]) -> str:
 def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
                   progress: ProgressCallback | None = None) -> StepResult:
     from ortprep.steps.quantize import quantize_model
-    from ortprep.steps.quantize.search import margin_aim
+    from ortprep.steps.quantize.trials import margin_aim
 
     tried: list[dict[str, Any]] = []
     report: StepResult | None = None

@@ -34,7 +34,8 @@ from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import evaluate, failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
-from ortprep.steps.quantize.search import margin_aim, margin_samples
+from ortprep.steps.quantize.runner import margin_samples
+from ortprep.steps.quantize.trials import margin_aim
 from ortprep.transforms.verify import model_bytes
 
 

@@ -193,7 +193,7 @@ def test_a_scaled_output_on_qnn_fails_on_its_norm_and_the_search_keeps_its_write
     assert code == 0 and ours["verify"]["judged_on"] == ["cpu", "qnn"]
     assert abs(ours["verify"]["ep"]["norm_ratio"] - 1) < 0.02 and ours["verify"]["ep"]["cosine"] > 0.999
 
-    import ortprep.steps.quantize as step
+    import ortprep.steps.quantize.attempt as step
 
     preset = step.resolve_settings
     monkeypatch.setattr(step, "resolve_settings", lambda options: {**preset(options), "fixed_output_encodings": {}})
@@ -1020,7 +1020,7 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
     assert code == 0, record["findings"]
     assert record["folded_biases"] == ["bias"] and findings(record, "QNT025")
     # the same quantization without the fold, as a QDQ model made elsewhere would be
-    monkeypatch.setattr("ortprep.steps.quantize.fold_conv_transpose_bias", lambda proto, keep=(): [])
+    monkeypatch.setattr("ortprep.steps.quantize.prepare.fold_conv_transpose_bias", lambda proto, keep=(): [])
     raw = tmp_path / "raw.onnx"
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
                                "--calib", calib, "-o", raw, "--no-preprocess", "--metric", "y=cosine", "--gate-on-cpu")
@@ -1067,7 +1067,7 @@ def test_a_batch_norm_is_folded_into_its_conv_for_qnn(tmp_path, monkeypatch):
     assert code == 0, record["findings"]
     assert record["folded_batch_norms"] == ["bn"] and findings(record, "QNT026")
     assert quantized_batch_norms(onnx.load(str(ours))) == []
-    monkeypatch.setattr("ortprep.steps.quantize.fold_batch_norms", lambda proto, keep=(): [])
+    monkeypatch.setattr("ortprep.steps.quantize.prepare.fold_batch_norms", lambda proto, keep=(): [])
     raw = tmp_path / "raw.onnx"
     code, record, _ = quantize(model, *args, "-o", raw)
     assert code == 0 and quantized_batch_norms(onnx.load(str(raw))) == ["bn"]

@@ -932,7 +932,7 @@ def test_a_chosen_result_is_held_to_the_decision_margin(tmp_path):
 
 
 def test_not_smaller_says_which_ops_hold_the_weights_left_float():
-    from ortprep.steps.quantize import not_smaller_fix
+    from ortprep.steps.quantize.findings import not_smaller_fix
 
     rng = np.random.default_rng(0)
     table = numpy_helper.from_array(rng.standard_normal((200, 128)).astype(np.float32), "table")  # 102,400 bytes

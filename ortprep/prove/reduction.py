@@ -77,6 +77,10 @@ class Budget:
         return Budget(probes=self.used + probes, seconds=self.seconds, started=self.started, used=self.used,
                       parent=self)
 
+    def seconds_left(self) -> float | None:
+        """The seconds left of ``seconds`` (None: no bound), at least 0."""
+        return None if self.seconds is None else max(0.0, self.seconds - (time.monotonic() - self.started))
+
     @property
     def elapsed(self) -> float:
         return round(time.monotonic() - self.started, 2)

@@ -72,19 +72,20 @@ class FloatEnd:
                     for name in earlier:
                         result.reasons.pop(name, None)
             result.best = chosen
-            result.stopped = (f"{before}; then 16-bit activations on the {len(chosen.wide)} worst-ranked tensor(s) passed "
-                              "the gate with the margin (the weights stay as asked"
-                              + (f"; {len(chosen.kept) - len(self.fixed)} node(s) kept float" if len(chosen.kept) > len(self.fixed)
+            result.stopped = (f"{before}; then 16-bit activations on the {len(chosen.wide)} worst-ranked tensor(s) "
+                              "passed the gate with the margin (the weights stay as asked"
+                              + (f"; {len(chosen.kept) - len(self.fixed)} node(s) kept float"
+                                 if len(chosen.kept) > len(self.fixed)
                                  else "") + ")")
         elif closest is not None and improved(closest, best):
             result.best = closest
-            result.stopped = (f"{before}; 16-bit activations on the {len(closest.wide)} worst-ranked tensor(s) passed the "
-                              "gate short of the margin at best")
+            result.stopped = (f"{before}; 16-bit activations on the {len(closest.wide)} worst-ranked tensor(s) passed "
+                              "the gate short of the margin at best")
         else:
             ran_out = self.out_of_time() or phase.out_of_probes()
-            result.stopped = (f"{before}; 16-bit activations on the worst 1 to {low} of {len(tensors)} ranked tensors did "
-                              "not pass" + (f" (then: {self._converge_limit(phase)})" if ran_out and low < len(tensors)
-                                            else ""))
+            then = f" (then: {self._converge_limit(phase)})" if ran_out and low < len(tensors) else ""
+            result.stopped = (f"{before}; 16-bit activations on the worst 1 to {low} of {len(tensors)} ranked tensors "
+                              "did not pass" + then)
         return result
 
     def converge(self, result: SearchResult) -> SearchResult:
@@ -133,8 +134,8 @@ class FloatEnd:
             return result
         capped = not everything <= set(prefix(high))
         if high == 1 and not capped:
-            result.stopped = (f"{before}; only the float model is past it: keeping the first of the {len(order)} node(s) "
-                              "still quantized in float keeps them all (with what writes their inputs)")
+            result.stopped = (f"{before}; only the float model is past it: keeping the first of the {len(order)} "
+                              "node(s) still quantized in float keeps them all (with what writes their inputs)")
             return result
         low, passing, closest = 0, None, None  # closest: the best trial that passed the gate short of the margin
         phase = self.budget.phase(int(np.ceil(np.log2(high + 1))) + 1)
@@ -204,7 +205,8 @@ class FloatEnd:
         else:
             result.stopped = (f"{before}; the bisection from the float end found no pass short of the float model "
                               f"(keeping the first {low} of the {len(order)} nodes still quantized in float failed"
-                              + (f"; keeping {high} leaves nothing quantized" if high < len(groups) and not capped else "")
+                              + (f"; keeping {high} leaves nothing quantized" if high < len(groups) and not capped
+                                 else "")
                               + ")")
         return result
 

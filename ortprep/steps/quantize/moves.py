@@ -77,7 +77,8 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
             tried.append(set(off))
             clock = trials.target.clock
             if (budget is not None and budget.out_of_time()) or (clock is not None and clock.exhausted):
-                why = "the time bound (--search-seconds)" if clock is None or not clock.exhausted else "--ep-total-seconds"
+                spent = clock is not None and clock.exhausted
+                why = "--ep-total-seconds" if spent else "the time bound (--search-seconds)"
                 records.append({"nodes": len(names), "label": label, "skipped": why})
                 return best, records, reasons
             outcome = trials.attempt(source, list(baseline.kept), f"off {ep}: {label}", off=off)
@@ -90,14 +91,16 @@ def keep_off_ep_move(trials: Trials, source: Path, baseline: Trial, parted: list
             else:
                 helped = improved(outcome, best)
             records.append({"label": label, "nodes": len(off) - len(best.off), "cosine_before": best.cosine,
-                            "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error, "kept": helped,
+                            "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error,
+                            "kept": helped,
                             **({"confirmed": helped} if accept is not None else {}),
                             **({"not_confirmed": unconfirmed} if unconfirmed else {}),
                             **({"placement_lost": lost} if lost else {})})
             if helped:
                 at = (f"first parting at {first['node']} ({first['op_type']}, cosine {first['cosine']:.4f} there)"
                       if "where" not in first else
-                      f"seen at '{first['tensor']}' ({first['op_type']} {first['node']}, cosine {first['cosine']:.6f} there)")
+                      f"seen at '{first['tensor']}' ({first['op_type']} {first['node']}, cosine {first['cosine']:.6f} "
+                      "there)")
                 why = f"computed otherwise on {ep} than on the CPU EP: {label}; {at}; judged {change(best, outcome)}"
                 reasons = {**reasons, **{name: why for name in names}}
                 best = outcome
@@ -152,7 +155,8 @@ def parting_points(target: GateTarget, model: Path, feeds: list[dict], workdir: 
         quantized, computed = output_writers(proto, [name])
         for node, where in ([(n, "computed in float on the way to the output it gets wrong") for n in computed]
                             + [(n, "where the output it gets wrong is written") for n in quantized]):
-            if node not in [entry["node"] for entry in parted] and not node.startswith(OFF_EP_PREFIX):  # not a move's If
+            if node not in [entry["node"]
+                            for entry in parted] and not node.startswith(OFF_EP_PREFIX):  # not a move's If
                 parted.append({"tensor": name, "node": node, "op_type": ops.get(node, "?"), "where": where,
                                "cosine": figures.get("cosine") if figures.get("cosine") is not None else -1.0,
                                "norm_ratio": figures.get("norm_ratio")})

@@ -43,7 +43,8 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
         "op_types": None,
         # ops whose output encoding the EP fixes (QNN's 16-bit Sigmoid/Tanh): written into the model so that
         # the graph's own DequantizeLinear agrees with what the EP computes
-        "fixed_output_encodings": {op: list(by_type[activation]) for op, by_type in (preset.fixed_output_encodings or {}).items()
+        "fixed_output_encodings": {op: list(by_type[activation]) for op,
+                                   by_type in (preset.fixed_output_encodings or {}).items()
                                    if (activation := options.activation_type or preset.activation_type) in by_type},
     }
     # U8S8 on an x86-64 CPU without VNNI: ORT's int8 kernels saturate there (runtime/cpu.py), so the

@@ -17,7 +17,8 @@ from ortprep.steps.quantize.evaluate import timed_medians
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.trials import Trial, improved, reaches_margin
 
-def try_calibration_methods(trials: Trials, source: Path, best: Trial, aim: float) -> tuple[Trial, list[dict], list[Trial]]:
+def try_calibration_methods(trials: Trials, source: Path, best: Trial,
+                            aim: float) -> tuple[Trial, list[dict], list[Trial]]:
     """Calibration methods other than min/max, each kept only when it raises the lowest cosine:
     min/max ranges stretched by rare values cost every node precision. Leaves ``trials.settings`` on the method kept;
     returns the best trial, a record per method tried, and their trials."""

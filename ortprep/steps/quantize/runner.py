@@ -64,7 +64,8 @@ class Trials:
         self.evaluations: dict[Path, Evaluation] = {}
         self.caches: dict[Path, dict] = {}
         self.failure: str | None = None
-        self.widened: dict[Path, list[str]] = {}  # a trial's model -> the graph outputs whose 16-bit encoding was widened
+        # a trial's model -> the graph outputs whose 16-bit encoding was widened
+        self.widened: dict[Path, list[str]] = {}
         self.widened_count: dict[Path, int] = {}  # a trial's model -> how many activations' 16-bit encodings were
         self.floored: dict[Path, list[dict]] = {}  # a trial's model -> weights whose scales were raised for QNN's HTP
         self.fp16_matmuls: dict[Path, list[str]] = {}  # a trial's model -> MatMuls of two 16-bit activations, in FP16
@@ -121,12 +122,12 @@ class Trials:
             return Trial(label, list(kept), None, False, 0, None, error, off=off)
         if self.options.mode == "static" and self.settings["activation_type"] in ("uint16", "int16"):
             # headroom for inputs past the calibration samples' range, inside the model as at its
-            # outputs (edits.widen_activation_encodings)
+            # outputs (qdq.encodings.widen_activation_encodings)
             tensors, outputs = widen_activation_encodings(output, float_model=source)
             self.widened[output] = outputs
             self.widened_count[output] = len(tensors)
         if self.options.mode == "static" and self.settings.get("preset") == "qnn":
-            # after the widening: it changes the output scales the multipliers divide by (edits.HTP_MIN_MULTIPLIER)
+            # after the widening: it changes the output scales the multipliers divide by (eps.htp.HTP_MIN_MULTIPLIER)
             self.floored[output] = floor_weight_scales(output)
             if self.settings["activation_type"] in ("uint16", "int16"):
                 # the HTP's 16-bit MatMul of two activations is far less precise than FP16 (eps/htp.py)
@@ -180,7 +181,8 @@ class Trials:
             return Trial(label, list(kept), None, True, model_bytes(output), output, off=off)
         on_ep = evaluation.on_ep
         error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
-        cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio, "passed": evaluation.cpu_verdict,
+        cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio,
+               "passed": evaluation.cpu_verdict,
                "margin_gap": None if evaluation.error is not None else outputs_margin_gap(evaluation.outputs),
                "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
                            for o in evaluation.outputs[:16]], "error": evaluation.error}

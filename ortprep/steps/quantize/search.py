@@ -67,7 +67,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         name: the held-back samples, or, where only the calibration samples fail it (the held-back
         ones pass: evaluate.confirm), those, since the error the search must remove shows there."""
         evaluation = trials.evaluations.get(trial.path)
-        side = evaluation.confirmation.failing if evaluation is not None and evaluation.confirmation is not None else None
+        confirmed = evaluation is not None and evaluation.confirmation is not None
+        side = evaluation.confirmation.failing if confirmed else None
         if side is not None and side.sample_cosines and evaluation.cpu_verdict and (
                 evaluation.on_ep is None or evaluation.on_ep.passed):
             # the confirmation judged the held-back samples first, then the calibration samples
@@ -108,14 +109,16 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
             baseline = moved
         names = list(dict.fromkeys(entry["node"] for entry in parted[:3]))
         if names:
-            first_rules.append((f"the nodes where {evaluation.on_ep.ep} first parts from the CPU EP ({', '.join(names)})",
+            first_rules.append((f"the nodes where {evaluation.on_ep.ep} first parts from the CPU EP "
+                                f"({', '.join(names)})",
                                 names))
     if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None:
         # then the nodes writing the outputs it gets wrong (their encoding, their precision)
         wrong = evaluation.on_ep.wrong_outputs()
         names, _ = output_writers(onnx.load(str(baseline.path), load_external_data=False), wrong)
         if names:
-            first_rules.append((f"the nodes that write the outputs {evaluation.on_ep.ep} gets wrong ({', '.join(wrong[:4])})",
+            first_rules.append((f"the nodes that write the outputs {evaluation.on_ep.ep} gets wrong "
+                                f"({', '.join(wrong[:4])})",
                                 names))
     def blame(trial: Trial, kept: list[str]) -> list[tuple[str, str, float]]:
         if trial.path is None or not trials.eval_feeds:
@@ -141,7 +144,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         late, off_records, off_reasons = late_move(trials, source, result.best, options)
         if late is not result.best:
             result.best = late
-            result.stopped += ("; then nodes kept off the EP " + ("passed the gate" if search.ok(late) else "improved it")
+            result.stopped += ("; then nodes kept off the EP "
+                               + ("passed the gate" if search.ok(late) else "improved it")
                                + " (search.off_ep)")
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,

@@ -29,10 +29,12 @@ NOISE_FLOOR = 0.02  # quantization noise (RMS over median magnitude) below which
 def rule_sets(proto: onnx.ModelProto) -> list[tuple[str, list[str]]]:
     """(rule, node names) for the op-type rules that apply to this model."""
     graph = proto.graph
-    constants = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    constants = ({t.name for t in graph.initializer}
+                 | {o for n in graph.node if n.op_type == "Constant" for o in n.output})
     rules = [
         ("Softmax", [n.name for n in graph.node if n.op_type == "Softmax"]),
-        ("LayerNormalization", [n.name for n in graph.node if n.op_type in ("LayerNormalization", "SimplifiedLayerNormalization")]),
+        ("LayerNormalization",
+         [n.name for n in graph.node if n.op_type in ("LayerNormalization", "SimplifiedLayerNormalization")]),
         ("attention MatMuls (both inputs computed)",
          [n.name for n in graph.node if n.op_type == "MatMul" and not any(i in constants for i in n.input)]),
         ("heads (the last Conv/MatMul/Gemm before each output)", heads(proto)),
@@ -143,8 +145,8 @@ class Search(FloatEnd):
         result = self.converge(result)
         if wide is not before and not self.ok(result.best) and improved(wide, result.best):
             result.best = wide
-            result.stopped += (f"; the best kept is the rung's: 16-bit activations on {len(wide.wide)} tensor(s), passing "
-                               "the gate short of the margin")
+            result.stopped += (f"; the best kept is the rung's: 16-bit activations on {len(wide.wide)} tensor(s), "
+                               "passing the gate short of the margin")
         return result
 
     def _run(self, baseline: Trial) -> SearchResult:
@@ -173,7 +175,8 @@ class Search(FloatEnd):
             if outcome is None:
                 break
             helped = improved(outcome, current)
-            record = {"rule": label, "nodes": len(extra), "cosine_before": current.cosine, "cosine_after": outcome.cosine,
+            record = {"rule": label, "nodes": len(extra), "cosine_before": current.cosine,
+                      "cosine_after": outcome.cosine,
                       "kept": helped}
             if current.norm_ratio is not None or outcome.norm_ratio is not None:
                 record.update(norm_ratio_before=current.norm_ratio, norm_ratio_after=outcome.norm_ratio)
@@ -222,7 +225,8 @@ class Search(FloatEnd):
                 result.stopped = (f"keeping more in float would leave less than {1 - self.share:.0%} of the weights "
                                   "quantized")
                 break
-            top = trial(kept + prefix(high), f"ranked{below} (pass {passes}): worst {high} tensor(s), {len(prefix(high))} node(s)")
+            top = trial(kept + prefix(high),
+                        f"ranked{below} (pass {passes}): worst {high} tensor(s), {len(prefix(high))} node(s)")
             if top is None:
                 result.best, result.stopped = current, self.limit_reached()
                 break
@@ -236,8 +240,8 @@ class Search(FloatEnd):
             if not improved(top, current):
                 current, result.stopped = self._where_error_starts(
                     current, kept, reasons, result, trial,
-                    f"keeping the {len(prefix(high))} nodes around the {high} worst-ranked tensors in float did not improve "
-                    "the result")
+                    f"keeping the {len(prefix(high))} nodes around the {high} worst-ranked tensors in float did not "
+                    "improve the result")
                 result.best = current
                 break
             # better but not there: keep them, and rank again on the new result (the next error source shows)
@@ -284,7 +288,8 @@ class Search(FloatEnd):
     FIRST_BLAMED = 4
 
     def _where_error_starts(self, current: Trial, kept: list[str], reasons: dict[str, str], result: SearchResult,
-                            trial: Callable[[list[str], str], Trial | None], why: str | None = None) -> tuple[Trial, str]:
+                            trial: Callable[[list[str], str], Trial | None],
+                            why: str | None = None) -> tuple[Trial, str]:
         """After the ranking by activation noise has nothing left that helps: keep float the nodes
         where the error starts (blame), the worst FIRST_BLAMED first, twice as many while that does
         not improve the result, and rank again after each improvement; until the gate passes, the
@@ -294,8 +299,8 @@ class Search(FloatEnd):
         sides = current.sides or {}
         if why is None and ep_only(current):
             # the ranking measures activation noise on the CPU EP, where this model already passes
-            stopped += (f" on the CPU EP, where it passes; what fails is {sides['ep'].get('ep') or 'the target EP'}'s own "
-                        "error, which that ranking does not see")
+            stopped += (f" on the CPU EP, where it passes; what fails is {sides['ep'].get('ep') or 'the target EP'}'s "
+                        "own error, which that ranking does not see")
         if self.blame is None:
             return current, stopped
         count, rounds = self.FIRST_BLAMED, 0
@@ -345,12 +350,13 @@ class Search(FloatEnd):
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
         if self.clock is not None and self.clock.exhausted:
-            return (f"the step's time on the target EP ({self.clock.total:g} s, --ep-total-seconds) was spent: no later "
-                    "trial could be judged there")
+            return (f"the step's time on the target EP ({self.clock.total:g} s, --ep-total-seconds) was spent: no "
+                    "later trial could be judged there")
         if self.out_of_time():
             if self.budget.seconds is not None and self.budget.seconds <= 0:
                 # --auto: --search-seconds bounds the whole step, and the earlier precisions' searches used it
-                return "no search time was left (--search-seconds bounds the whole step; --auto's earlier attempts used it)"
+                return ("no search time was left (--search-seconds bounds the whole step; --auto's earlier attempts "
+                        "used it)")
             return f"the time bound ({self.budget.seconds:g} s, --search-seconds) was reached"
         return f"the trial limit ({self.budget.probes}) was reached"
 
@@ -375,7 +381,8 @@ class Search(FloatEnd):
     def _explain(units, reasons: dict[str, str]) -> None:
         for position, (label, members, score) in enumerate(units, start=1):
             for name in members:
-                reasons.setdefault(name, f"ranked #{position}: keeps tensor '{label}' float (quantization noise {score:.3g} "
+                reasons.setdefault(name,
+                                   f"ranked #{position}: keeps tensor '{label}' float (quantization noise {score:.3g} "
                                          "of its median magnitude)")
 
     def _float_name(self, name: str) -> str | None:

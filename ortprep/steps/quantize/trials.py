@@ -42,9 +42,12 @@ class Trial:
     error: str | None = None
     norm_ratio: float | None = None  # of both sides' norm ratios, the one farthest from 1
     sides: dict | None = None  # {"judged_on", "cpu": summary, "ep": summary or None} (Judgement.summary)
-    shortfall: float | None = None  # how far its held-back decisions fall short of the gate (Evaluation.shortfall); 0: none does
-    off: list[str] = field(default_factory=list)  # nodes kept off the target EP (off_ep.keep_off_ep): the CPU EP runs them
-    wide: list[str] = field(default_factory=list)  # activations given 16 bits (the search's 16-bit rung; weights as asked)
+    # how far its held-back decisions fall short of the gate (Evaluation.shortfall); 0: none does
+    shortfall: float | None = None
+    # nodes kept off the target EP (off_ep.keep_off_ep): the CPU EP runs them
+    off: list[str] = field(default_factory=list)
+    # activations given 16 bits (the search's 16-bit rung; weights as asked)
+    wide: list[str] = field(default_factory=list)
     # how far its decisions fall short of the decision margin (Evaluation.margin_gap); 0: they hold it
     margin_gap: float | None = None
 
@@ -54,7 +57,8 @@ class Trial:
                 "activations_16bit": len(self.wide),
                 "cosine": self.cosine, "passed": self.passed,
                 "size_ratio": round(self.size / size_before, 4) if size_before and self.size else None,
-                "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None if self.shortfall is None else round(self.shortfall, 6),
+                "error": self.error, "norm_ratio": self.norm_ratio, "decision_shortfall": None
+                if self.shortfall is None else round(self.shortfall, 6),
                 "decision_margin_gap": None if self.margin_gap is None else round(self.margin_gap, 6),
                 "judged_on": sides.get("judged_on"),
                 "cpu": sides.get("cpu"), "ep": sides.get("ep")}

@@ -12,7 +12,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ortprep.eps.htp import HTP_MIN_MULTIPLIER, HTP_MULTIPLIER_FLOOR, WEIGHTED_OPS, sixteen_bit_activation_matmuls, weight_multipliers
+from ortprep.eps.htp import (
+    HTP_MIN_MULTIPLIER,
+    HTP_MULTIPLIER_FLOOR,
+    WEIGHTED_OPS,
+    sixteen_bit_activation_matmuls,
+    weight_multipliers,
+)
 from ortprep.graphops import fresh_name
 
 # Ops whose output range is known whatever the input (QNN fixes their 16-bit encodings too):
@@ -50,12 +56,9 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
     outputs among what they write). The model's external weights are not read.
 
     A range calibrated on a few samples is the range of those samples, inside the model as at its
-    outputs: an unseen input whose values reach past it is clipped. Measured on the NPU journey:
-    a keyword spotter's logits calibrated to [-0.32, 0.41] on 16 samples, an unseen sample at
-    -0.48, norm 0.97 on the CPU EP and on QNN; the control-flow classifier (A16W16), one of 8 unseen
-    images pooled to 11.9 where the calibration samples had set 10.65, its logits at cosine 0.968
-    and norm 0.944 while every held-back and calibration sample was at 0.99999 (1.0000 and 1.0006
-    widened). A 16-bit grid affords the headroom: doubling a range costs one bit of sixteen.
+    outputs: an unseen input whose values reach past it is clipped
+    (docs/decisions/reduce-quantize-measurements.md). A 16-bit grid affords the headroom: doubling
+    a range costs one bit of sixteen.
 
     Each encoding is a pair of initializers (scale, zero point) that Q/DQ nodes share; a pair is
     widened once, for every node that reads it, so encodings that an EP requires equal (a tensor
@@ -130,7 +133,8 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
             continue
         step, point = _widened(float(scale.ravel()[0]), float(zero.ravel()[0]), zero.dtype, factor)
         widened_scales[scale_name] = (float(scale.ravel()[0]), step)
-        scale_t.CopyFrom(onnx.numpy_helper.from_array(np.array(step, dtype=np.float32).reshape(scale.shape), scale_name))
+        scale_t.CopyFrom(onnx.numpy_helper.from_array(np.array(step, dtype=np.float32).reshape(scale.shape),
+                                                      scale_name))
         zero_t.CopyFrom(onnx.numpy_helper.from_array(np.array(point, dtype=zero.dtype).reshape(zero.shape), zero_name))
         tensors.extend(quantized)
     if not widened_scales:
@@ -140,7 +144,8 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
     # weight); rounded again with the ratio of each widened factor
     biased_ops = ("Conv", "ConvTranspose", "Gemm", "LayerNormalization", "InstanceNormalization", "BatchNormalization")
     for node in graph.node:
-        if node.op_type != "DequantizeLinear" or node.input[0] not in inits or inits[node.input[0]].data_type != TensorProto.INT32:
+        if (node.op_type != "DequantizeLinear" or node.input[0] not in inits
+                or inits[node.input[0]].data_type != TensorProto.INT32):
             continue
         users = readers.get(node.output[0], [])
         if len(users) != 1 or len(node.input) < 2 or node.input[1] not in inits:
@@ -173,7 +178,8 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
     return tensors, outputs
 
 
-def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: float = HTP_MIN_MULTIPLIER) -> list[dict]:
+def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR,
+                        bound: float = HTP_MIN_MULTIPLIER) -> list[dict]:
     """Raise, in place, every weight scale whose requantization multiplier is below ``bound`` so that
     it reaches ``floor``, requantizing the weight's values (and the int32 bias, whose scale is the
     input's times the weight's) on the new grid. Such a channel's weights are tiny against its
@@ -194,7 +200,8 @@ def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: 
         node, w_dq, x_scale, y_scale = found["_op"], found["_w_dq"], found["_x_scale"], found["_y_scale"]
         bias_at = WEIGHTED_OPS[node.op_type]
         bias_dq = producers.get(node.input[bias_at]) if bias_at is not None and len(node.input) > bias_at else None
-        edited = [name for name in w_dq.input if name] + ([n for n in bias_dq.input if n] if bias_dq is not None else [])
+        edited = [name for name in w_dq.input
+                  if name] + ([n for n in bias_dq.input if n] if bias_dq is not None else [])
         if any(readers.get(name, 0) > 1 for name in edited if name in inits):
             continue  # an initializer another node reads too would change under it
         scale_t = inits[w_dq.input[1]]
@@ -212,7 +219,8 @@ def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: 
         info = np.iinfo(q.dtype)
         requantized = np.clip(np.round(values / new_scale.reshape(shape)) + zero.reshape(shape), info.min, info.max)
         if bias_dq is not None and bias_dq.op_type == "DequantizeLinear" and bias_dq.input[0] in inits:
-            bias_q, bias_scale = onnx.numpy_helper.to_array(inits[bias_dq.input[0]]), onnx.numpy_helper.to_array(inits[bias_dq.input[1]])
+            bias_q = onnx.numpy_helper.to_array(inits[bias_dq.input[0]])
+            bias_scale = onnx.numpy_helper.to_array(inits[bias_dq.input[1]])
             if bias_q.dtype != np.int32 or bias_scale.size not in (1, new_scale.size):
                 continue  # a bias this edit cannot keep consistent: the weight stays as it is
             bias = bias_q.astype(np.float64) * bias_scale.astype(np.float64)
@@ -221,7 +229,8 @@ def floor_weight_scales(path: Path, floor: float = HTP_MULTIPLIER_FLOOR, bound: 
                 continue
             inits[bias_dq.input[0]].CopyFrom(onnx.numpy_helper.from_array(
                 np.clip(np.round(bias / new_bias_scale), -(2 ** 31), 2 ** 31 - 1).astype(np.int32), bias_dq.input[0]))
-            inits[bias_dq.input[1]].CopyFrom(onnx.numpy_helper.from_array(new_bias_scale.reshape(bias_scale.shape), bias_dq.input[1]))
+            inits[bias_dq.input[1]].CopyFrom(onnx.numpy_helper.from_array(new_bias_scale.reshape(bias_scale.shape),
+                                                                          bias_dq.input[1]))
         weight_t.CopyFrom(onnx.numpy_helper.from_array(requantized.astype(q.dtype), w_dq.input[0]))
         scale_t.CopyFrom(onnx.numpy_helper.from_array(new_scale.reshape(scale.shape), w_dq.input[1]))
         raised.append({k: v for k, v in found.items() if not k.startswith("_")})

@@ -18,7 +18,8 @@ from ortprep.runtime.compare import PASS_THROUGH
 
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
-                 "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul", "QGemm", "QAttention", "DynamicQuantizeMatMul",
+                 "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul", "QGemm", "QAttention",
+                 "DynamicQuantizeMatMul",
                  "MatMulNBits", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool", "QLinearConcat"}
 # weight-only ops: their weights are block-quantized, their activations float (quantize --weight-only)
 BLOCK_QUANTIZED_OPS = ("MatMulNBits", "GatherBlockQuantized", "MatMulBnb4")
@@ -67,7 +68,8 @@ def quantization_stats(proto: ModelProto) -> dict[str, int]:
     for node in nodes:
         if node.op_type in QUANT_OPS:
             continue
-        if (node.op_type.startswith("QLinear") or node.op_type.endswith("Integer") or node.op_type in BLOCK_QUANTIZED_OPS
+        if (node.op_type.startswith("QLinear") or node.op_type.endswith("Integer")
+            or node.op_type in BLOCK_QUANTIZED_OPS
                 or any(i in dq_outputs for i in node.input)):
             ops += 1
     integer_elements = float_elements = 0
@@ -96,12 +98,9 @@ def int8_compute_matmuls(proto: ModelProto) -> list[str]:
     """The MatMul/Gemm nodes (top graph; a Gemm without transposes) that read a 16-bit activation
     through a DequantizeLinear and an 8- or 4-bit constant weight through another: ORT's CPU EP
     (its default session) fuses each DequantizeLinear(weight) + MatMul into MatMulNBits at accuracy
-    level 4
-    (``session.qdq_matmulnbits_accuracy_level``, default 4: onnxruntime's session options header,
-    DQMatMulToMatMulNBitsSelector), which quantizes the activation to int8 per block of 32 at run
-    time. Measured with onnxruntime 1.32.0: a 16-bit activation with one channel at 2000 beside values
-    near 1, read by a MatMul, cosine 0.70 against float; 0.9999 with the option at 1 (float compute)
-    or with optimizations off."""
+    level 4 (``session.qdq_matmulnbits_accuracy_level``, default 4: onnxruntime's session options
+    header, DQMatMulToMatMulNBitsSelector), which quantizes the activation to int8 per block of 32
+    at run time (docs/decisions/reduce-quantize-measurements.md)."""
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}

@@ -28,8 +28,10 @@ def constants_to_initializers(proto: ModelProto) -> int:
     for _, graph in iter_graphs(proto.graph):
         keep = []
         for node in graph.node:
-            value = next((a for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None and len(node.attribute) == 1:
+            value = next((a for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None)
+            if (node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None
+                    and len(node.attribute) == 1):
                 tensor = TensorProto()
                 tensor.CopyFrom(value.t)
                 tensor.name = node.output[0]
@@ -57,7 +59,8 @@ def sentinel_readers(proto: ModelProto) -> list[str]:
     quantizing their inputs would stretch an 8-bit range over it and erase every real value."""
     bad = set()
     for tensor in proto.graph.initializer:
-        if tensor.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE) and int(np.prod(tensor.dims)) <= 1 << 20:
+        if tensor.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16,
+                                TensorProto.DOUBLE) and int(np.prod(tensor.dims)) <= 1 << 20:
             values = onnx.numpy_helper.to_array(tensor)
             if values.size and (not np.all(np.isfinite(values)) or float(np.abs(values).max()) >= SENTINEL):
                 bad.add(tensor.name)
@@ -84,7 +87,8 @@ def already_quantized(proto: ModelProto) -> str | None:
                 ops[node.op_type] = ops.get(node.op_type, 0) + 1
     if not ops:
         return None
-    weights = sum(1 for _, g in iter_graphs(proto.graph) for t in g.initializer if t.data_type in INT_TYPES and len(t.dims) >= 1
+    weights = sum(1 for _, g in iter_graphs(proto.graph) for t in g.initializer if t.data_type in INT_TYPES
+                  and len(t.dims) >= 1
                   and int(np.prod(t.dims)) > 1)
     listed = ", ".join(f"{count} {op}" for op, count in sorted(ops.items(), key=lambda kv: -kv[1])[:5])
     return f"{listed}; {weights} 8-bit (or smaller) integer weight tensor(s)"
@@ -92,11 +96,11 @@ def already_quantized(proto: ModelProto) -> str | None:
 
 def fold_conv_transpose_bias(proto: ModelProto, keep: set[str] = frozenset()) -> list[str]:
     """Fold, in place, an Add of a constant per output channel (shape [1, C, 1, 1], [C, 1, 1] or one
-    value) that reads a ConvTranspose's output (through Identity nodes), and nothing else does, into that ConvTranspose's
-    bias: the same function in float, one node fewer. Paddle exports its transposed convolutions so
-    (PP-OCR's detector head). QNN's HTP computes such an Add wrongly once both are quantized
-    (eps/htp.py, conv_transpose_bias_adds). Nodes named in ``keep`` are left as they are. Returns the Adds
-    folded, by name."""
+    value) that reads a ConvTranspose's output (through Identity nodes), and nothing else does, into
+    that ConvTranspose's bias: the same function in float, one node fewer. Paddle exports its
+    transposed convolutions so (PP-OCR's detector head). QNN's HTP computes such an Add wrongly once
+    both are quantized (eps/htp.py, conv_transpose_bias_adds). Nodes named in ``keep`` are left as
+    they are. Returns the Adds folded, by name."""
     graph = proto.graph
     inits, readers, producers, outputs = _graph_facts(graph)
     folded, dropped, gone = [], set(), set()
@@ -108,7 +112,8 @@ def fold_conv_transpose_bias(proto: ModelProto, keep: set[str] = frozenset()) ->
             tensor = inits.get(node.input[const])
             if conv is None or conv.op_type != "ConvTranspose" or tensor is None or conv.name in keep:
                 continue
-            if readers.get(node.input[act], 0) != 1 or node.input[act] in outputs or readers.get(node.input[const], 0) != 1:
+            if readers.get(node.input[act],
+                           0) != 1 or node.input[act] in outputs or readers.get(node.input[const], 0) != 1:
                 continue
             weight = inits.get(conv.input[1])
             if weight is None or tensor.data_type != TensorProto.FLOAT or weight.data_location == TensorProto.EXTERNAL:
@@ -117,7 +122,8 @@ def fold_conv_transpose_bias(proto: ModelProto, keep: set[str] = frozenset()) ->
             value = onnx.numpy_helper.to_array(tensor).astype(np.float32)
             if value.size == 1:
                 per_channel = np.full(channels, value.ravel()[0], np.float32)
-            elif value.size == channels and list(value.shape) in ([1, channels, 1, 1], [channels, 1, 1], [1, channels, 1], [channels, 1]):
+            elif value.size == channels and list(value.shape) in ([1, channels, 1, 1], [channels, 1, 1],
+                                                                  [1, channels, 1], [channels, 1]):
                 per_channel = value.ravel()
             else:
                 continue
@@ -162,7 +168,8 @@ def fold_batch_norms(proto: ModelProto, keep: set[str] = frozenset()) -> list[st
             continue
         names = [conv.input[1], *(conv.input[2:3] if len(conv.input) > 2 and conv.input[2] else []), *node.input[1:5]]
         tensors = [inits.get(name) for name in names]
-        if any(t is None or t.data_location == TensorProto.EXTERNAL or t.data_type != TensorProto.FLOAT for t in tensors) \
+        if any(t is None or t.data_location == TensorProto.EXTERNAL or t.data_type != TensorProto.FLOAT
+               for t in tensors) \
                 or readers.get(conv.input[1], 0) != 1:
             continue
         gamma, beta, mean, var = (onnx.numpy_helper.to_array(inits[n]).astype(np.float64) for n in node.input[1:5])
@@ -174,7 +181,8 @@ def fold_batch_norms(proto: ModelProto, keep: set[str] = frozenset()) -> list[st
         has_bias = len(conv.input) > 2 and bool(conv.input[2])
         if has_bias and readers.get(conv.input[2], 0) != 1:
             continue  # a bias another node reads would change under it
-        bias = onnx.numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+        bias = (onnx.numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias
+                else np.zeros(weight.shape[0]))
         inits[conv.input[1]].CopyFrom(onnx.numpy_helper.from_array(
             (weight * factor.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32), conv.input[1]))
         new_bias = ((bias - mean) * factor + beta).astype(np.float32)

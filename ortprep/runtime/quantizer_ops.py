@@ -12,7 +12,8 @@ def registry_op_types(mode: str, quant_format: str) -> list[str]:
     ``quant_format`` ("qdq", "qoperator") when no op types are named."""
     from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 
-    registry = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if quant_format == "qdq" else QLinearOpsRegistry)
+    registry = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if quant_format == "qdq"
+                                                             else QLinearOpsRegistry)
     return list(registry)
 
 

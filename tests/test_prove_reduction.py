@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ortprep.prove.reduction import Budget, Stopped, ddmin, first_true, last_true, shortest_window
+from ortprep.prove.reduction import Budget, Stopped, ddmin, doubling, first_true, last_true, shortest_window
 
 
 def counted(predicate):
@@ -28,6 +28,14 @@ def test_first_true_finds_the_smallest_count_and_stops_when_told():
     probe, calls = counted(lambda n: n >= 6)
     assert first_true(0, 16, probe, upper=True)[1] == 6 and calls[0] == 8
     assert first_true(0, 16, lambda n: None) == (0, 16, True)
+
+
+def test_doubling_gallops_to_a_count_with_the_property():
+    probe, calls = counted(lambda n: n >= 5)
+    assert doubling(12, probe) == (4, 8, False) and calls == [1, 2, 4, 8]
+    probe, calls = counted(lambda n: False)
+    assert doubling(5, probe) == (5, None, False) and calls == [1, 2, 4, 5]  # the limit is probed last
+    assert doubling(5, lambda n: None if n > 2 else False) == (2, None, True)
 
 
 def test_last_true_finds_the_largest_count():

@@ -6,6 +6,6 @@ A layer between the steps and the transforms: ``check --prove`` and ``load`` use
 :mod:`.fixes` measures what makes a failing session work.
 """
 
-from ortprep.prove.reduction import Budget, Stopped, ddmin, first_true, last_true, shortest_window
+from ortprep.prove.reduction import Budget, Stopped, ddmin, doubling, first_true, last_true, shortest_window
 
-__all__ = ["Budget", "Stopped", "ddmin", "first_true", "last_true", "shortest_window"]
+__all__ = ["Budget", "Stopped", "ddmin", "doubling", "first_true", "last_true", "shortest_window"]

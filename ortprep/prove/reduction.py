@@ -105,6 +105,24 @@ def first_true(low: int, high: int, probe: CountProbe, *, upper: bool = False) -
     return low, high, False
 
 
+def doubling(limit: int, probe: CountProbe, start: int = 1) -> tuple[int, int | None, bool]:
+    """Galloping search for a count with the property: ``start``, twice that, ... up to ``limit``
+    (probed last), until one has it. Returns (the last count without it, 0 if none; the first
+    with it, None if none; stopped). A bisection between the two (:func:`first_true`) follows."""
+    low, count = 0, start
+    while True:
+        count = min(count, limit)
+        verdict = probe(count)
+        if verdict is None:
+            return low, None, True
+        if verdict:
+            return low, count, False
+        low = count
+        if count == limit:
+            return low, None, False
+        count *= 2
+
+
 def last_true(low: int, high: int, probe: CountProbe) -> tuple[int, int, bool]:
     """Bisection for the largest count with the property, between ``low`` (with it; not probed)
     and ``high`` (without it, or past the range). Returns (low, high, stopped)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortprep.prove.reduction import Budget, first_true
+from ortprep.prove.reduction import Budget, doubling, first_true
 from ortprep.steps.quantize.trials import FLOAT_MODEL, SearchResult, Trial, ep_only, improved
 
 
@@ -43,21 +43,22 @@ class FloatEnd:
             label = f"16-bit activations: the worst {count} of {len(tensors)} ranked tensor(s)"
             return self._probe(result, phase, lambda: self.attempt_wide(kept, tensors[:count], label))
 
-        low, count, chosen, closest = 0, 1, None, None
-        while True:
-            count = min(count, len(tensors))
+        chosen = closest = None
+
+        def probe(count: int) -> bool | None:
+            nonlocal chosen, closest
             outcome = judge(count)
             if outcome is None:
-                break
+                return None
             if self.ok(outcome):
                 chosen = outcome
-                break
+                return True
             if outcome.passed and (closest is None or improved(outcome, closest)):
                 closest = outcome
-            low = count
-            if count == len(tensors):
-                break
-            count *= 2
+            return False
+
+        # the worst 1, 2, 4, ... tensors at 16 bits until a trial passes (the engine's galloping search)
+        low, count, _ = doubling(len(tensors), probe)
         if chosen is not None:
             _, chosen = self._fewest(low, count, chosen, judge)
             earlier = [n for n in kept if n not in self.fixed]

@@ -134,3 +134,17 @@ def load_package(package_dir, **load_options: Any):
     from ortprep.packaging import load_package as load
 
     return load(Path(package_dir), load_options)
+
+
+# The reduction engine and check --prove's parts, for scripts (bench/ among them), imported on first use.
+_PROVE = {"Budget": "ortprep.prove.reduction", "reduce_failure": "ortprep.prove.culprits",
+          "find_fix": "ortprep.prove.fixes", "session_caller": "ortprep.prove.proof"}
+__all__ += list(_PROVE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PROVE:
+        import importlib
+
+        return getattr(importlib.import_module(_PROVE[name]), name)
+    raise AttributeError(f"module 'ortprep' has no attribute {name!r}")

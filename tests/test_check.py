@@ -723,7 +723,7 @@ def test_a_verdict_that_differs_with_no_node_placed_otherwise_names_the_absent_n
     from ortprep.eps.registry import resolve_ep
     from ortprep.model import ModelHandle
     from ortprep.steps.check import check_target, predicted_ep_nodes
-    from ortprep.steps.prove import compare_prediction
+    from ortprep.prove.proof import compare_prediction
 
     analysis = ModelAnalysis(ModelHandle.open(SAMPLES / "cnn.onnx"))
     spec = resolve_ep("qnn")

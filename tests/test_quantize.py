@@ -786,7 +786,7 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
     16-bit graph outputs are widened 2x about their centre; a Sigmoid's output is not."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortprep.steps.quantize.edits import widen_activation_encodings
+    from ortprep.transforms.qdq.encodings import widen_activation_encodings
 
     rng = np.random.default_rng(2)
     weight = numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w")
@@ -896,7 +896,7 @@ def test_the_accuracy_level_edit_reaches_subgraphs():
     from onnx import TensorProto, helper
 
     from ortprep.model import iter_graphs
-    from ortprep.steps.quantize.search import set_accuracy_level
+    from ortprep.steps.quantize.remedies import set_accuracy_level
 
     def nbits(name):
         return helper.make_node("MatMulNBits", ["x", "b", "s"], [name], name=name, domain="com.microsoft", K=32, N=8,
@@ -1068,7 +1068,7 @@ def test_headroom_reaches_through_transpose_and_reshape_sharing_the_encoding(tmp
     pair could be widened)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortprep.steps.quantize.edits import widen_activation_encodings
+    from ortprep.transforms.qdq.encodings import widen_activation_encodings
 
     rng = np.random.default_rng(3)
     weight = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
@@ -1286,7 +1286,7 @@ def test_16bit_activations_inside_the_model_get_headroom_and_biases_follow(tmp_p
     ranges clip some, and every sample as it is stays right (the biases still add what they held)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortprep.steps.quantize.edits import widen_activation_encodings
+    from ortprep.transforms.qdq.encodings import widen_activation_encodings
 
     rng = np.random.default_rng(4)
     tensors = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),

@@ -193,7 +193,7 @@ def test_a_scaled_output_on_qnn_fails_on_its_norm_and_the_search_keeps_its_write
     assert code == 0 and ours["verify"]["judged_on"] == ["cpu", "qnn"]
     assert abs(ours["verify"]["ep"]["norm_ratio"] - 1) < 0.02 and ours["verify"]["ep"]["cosine"] > 0.999
 
-    import ortprep.steps.quantize as step
+    import ortprep.steps.quantize.attempt as step
 
     preset = step.resolve_settings
     monkeypatch.setattr(step, "resolve_settings", lambda options: {**preset(options), "fixed_output_encodings": {}})
@@ -309,7 +309,7 @@ def test_a_scaled_output_fails_on_its_norm_ratio(tmp_path, scale, passed):
 
 
 def test_the_search_counts_a_norm_ratio_brought_back_as_progress():
-    from ortprep.steps.quantize.search import Trial, improved
+    from ortprep.steps.quantize.trials import Trial, improved
 
     scaled = Trial("baseline", [], 0.99995, False, 1, norm_ratio=0.59)
     fixed = Trial("rule", ["sig"], 0.99990, True, 1, norm_ratio=1.001)
@@ -321,7 +321,7 @@ def test_the_search_counts_a_norm_ratio_brought_back_as_progress():
 
 
 def test_output_writers_of_a_qdq_graph():
-    from ortprep.steps.quantize.edits import output_writers
+    from ortprep.transforms.qdq.facts import output_writers
 
     def qdq(tensor: str, out: str) -> list[onnx.NodeProto]:
         return [helper.make_node("QuantizeLinear", [tensor, "s", "z"], [f"{tensor}_q"], name=f"{tensor}_Q"),
@@ -367,7 +367,7 @@ def test_a_trial_not_run_on_the_ep_is_compared_on_the_cpu_side():
     """A baseline judged on both sides (CPU 0.95, QNN 0.80: the search decides on 0.80) against a
     trial the CPU EP failed, so not run on QNN (0.95 on the CPU alone): the same figure, not
     progress. Compared on the CPU side, a real gain still counts."""
-    from ortprep.steps.quantize.search import Trial, improved
+    from ortprep.steps.quantize.trials import Trial, improved
 
     both = {"judged_on": ["cpu", "qnn"], "cpu": {"cosine": 0.95, "norm_ratio": 1.0}, "ep": {"cosine": 0.80}}
     baseline = Trial("baseline", [], 0.80, False, 1, norm_ratio=1.0, sides=both)
@@ -714,7 +714,7 @@ def _without_the_floor(quantized: Path, model: Path, out: Path) -> Path:
 def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_path):
     from ortprep.runtime.isolated import run_isolated
     from ortprep.eps.htp import HTP_MIN_MULTIPLIER, small_multipliers
-    from ortprep.steps.quantize.edits import floor_weight_scales
+    from ortprep.transforms.qdq.encodings import floor_weight_scales
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
@@ -756,7 +756,7 @@ def test_qnn_computes_the_dead_channel_only_after_the_floor(tmp_path):
     from ortprep.options import QuantizeOptions
     from ortprep.report import StepResult
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import floor_weight_scales
+    from ortprep.transforms.qdq.encodings import floor_weight_scales
     from ortprep.steps.quantize.ep_gate import gate_target
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
@@ -980,7 +980,7 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     # from the node that writes the output the EP gets wrong, and says so
     from ortprep.steps.quantize.ep_gate import first_divergence
     from ortprep.fidelity.evaluation import Judgement
-    from ortprep.steps.quantize.search import parting_points
+    from ortprep.steps.quantize.moves import parting_points
 
     side = Judgement("qnn", 0.97, 1.01, None, None, False,
                      outputs=[{"name": "scores", "cosine": 0.97, "norm_ratio": 1.01, "passed": False}])
@@ -992,7 +992,7 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
 
 def test_fold_conv_transpose_bias_is_the_same_function_in_float(tmp_path):
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import fold_conv_transpose_bias
+    from ortprep.transforms.qdq.prepare import fold_conv_transpose_bias
 
     model, calib = models.bias_after_conv_transpose(tmp_path)
     proto = onnx.load(str(model))
@@ -1023,7 +1023,7 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
     assert code == 0, record["findings"]
     assert record["folded_biases"] == ["bias"] and findings(record, "QNT025")
     # the same quantization without the fold, as a QDQ model made elsewhere would be
-    monkeypatch.setattr("ortprep.steps.quantize.fold_conv_transpose_bias", lambda proto, keep=(): [])
+    monkeypatch.setattr("ortprep.steps.quantize.prepare.fold_conv_transpose_bias", lambda proto, keep=(): [])
     raw = tmp_path / "raw.onnx"
     code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
                                "--calib", calib, "-o", raw, "--no-preprocess", "--metric", "y=cosine", "--gate-on-cpu")
@@ -1039,7 +1039,7 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
 
 def test_fold_batch_norms_is_the_same_function_in_float(tmp_path):
     from ortprep.runtime.isolated import run_isolated
-    from ortprep.steps.quantize.edits import fold_batch_norms
+    from ortprep.transforms.qdq.prepare import fold_batch_norms
 
     model, calib = models.conv_batch_norm(tmp_path)
     proto = onnx.load(str(model))
@@ -1070,7 +1070,7 @@ def test_a_batch_norm_is_folded_into_its_conv_for_qnn(tmp_path, monkeypatch):
     assert code == 0, record["findings"]
     assert record["folded_batch_norms"] == ["bn"] and findings(record, "QNT026")
     assert quantized_batch_norms(onnx.load(str(ours))) == []
-    monkeypatch.setattr("ortprep.steps.quantize.fold_batch_norms", lambda proto, keep=(): [])
+    monkeypatch.setattr("ortprep.steps.quantize.prepare.fold_batch_norms", lambda proto, keep=(): [])
     raw = tmp_path / "raw.onnx"
     code, record, _ = quantize(model, *args, "-o", raw)
     assert code == 0 and quantized_batch_norms(onnx.load(str(raw))) == ["bn"]

@@ -19,16 +19,12 @@ from ortprep.eps.registry import EPS, resolve_ep, valid_names
 from ortprep.errors import UsageError
 from ortprep.options import QuantizeOptions
 from ortprep.steps.quantize.calibrate import held_back_share
-from ortprep.steps.quantize.edits import (
-    already_quantized,
-    constants_to_initializers,
-    name_nodes,
-    quantization_stats,
-    sentinel_readers,
-    with_outputs,
-)
+from ortprep.transforms.qdq.facts import quantization_stats, with_outputs
+from ortprep.transforms.qdq.prepare import already_quantized, constants_to_initializers, name_nodes, sentinel_readers
 from ortprep.steps.quantize.presets import FORMATS, QUANT_TYPES, presets, resolve_settings
-from ortprep.steps.quantize.search import Search, Trial, margin_aim, rule_sets
+from ortprep.prove.reduction import Budget
+from ortprep.steps.quantize.strategy import Search, rule_sets
+from ortprep.steps.quantize.trials import Trial, margin_aim
 
 # --- presets -------------------------------------------------------------------------------------
 
@@ -271,7 +267,7 @@ def _search(max_float_share: float, max_trials: int = 10) -> tuple[Search, list[
 
     proto = _chain()
     search = Search(proto, attempt, rank, quantizable_nodes={n.name for n in proto.graph.node},
-                    max_float_share=max_float_share, max_trials=max_trials, fixed=[], aim=margin_aim(0.99))
+                    max_float_share=max_float_share, budget=Budget(probes=max_trials), fixed=[], aim=margin_aim(0.99))
     return search, attempted
 
 
@@ -429,7 +425,8 @@ def test_the_search_starts_no_trial_past_its_time_bound():
     Trial the search's own callables return: what is tested is the search's bookkeeping."""
     import time
 
-    from ortprep.steps.quantize.search import Search, Trial
+    from ortprep.steps.quantize.strategy import Search
+    from ortprep.steps.quantize.trials import Trial
 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w0"], ["y0"], name="mm0")], "g",
@@ -446,18 +443,18 @@ def test_the_search_starts_no_trial_past_its_time_bound():
     def blame(trial, kept):  # always one node where the error starts, never fixed
         return [("mm0", "MatMul", 0.5)] if "mm0" not in kept else []
 
-    search = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0, max_trials=50,
-                    fixed=[], blame=blame, seconds=0.1)
+    search = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0,
+                    budget=Budget(probes=50, seconds=0.1), fixed=[], blame=blame)
     time.sleep(0.15)
     result = search.run(Trial("baseline", [], 0.5, False, 1))
     assert started == []  # the bound had passed before the first trial
     assert result.stopped.startswith("the time bound (0.1 s, --search-seconds) was reached")
     unbounded = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0,
-                       max_trials=50, fixed=[], blame=blame)
+                       budget=Budget(probes=50), fixed=[], blame=blame)
     assert "time bound" not in unbounded.run(Trial("baseline", [], 0.5, False, 1)).stopped and started
     # --auto's later attempt, given what the earlier ones left (nothing): said as such, not "a bound of 0 s"
-    spent = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0, max_trials=50,
-                   fixed=[], blame=blame, seconds=0.0)
+    spent = Search(proto, attempt, lambda trial, kept: [], quantizable_nodes={"mm0"}, max_float_share=1.0,
+                   budget=Budget(probes=50, seconds=0.0), fixed=[], blame=blame)
     assert spent.run(Trial("baseline", [], 0.5, False, 1)).stopped.startswith("no search time was left")
 
 
@@ -535,7 +532,7 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
 
     proto = _chain()
     fine = [("a1", ["m2"], 0.015), ("x", ["m1"], 0.008), ("a2", ["m3"], 0.001)]
-    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, max_trials=20, fixed=[],
+    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, budget=Budget(probes=20), fixed=[],
                   aim=0.998)
     result = Search(proto, attempt, lambda trial, kept: [], fine_rank=lambda trial, kept: fine, **common).run(
         Trial("baseline", [], 0.9935, False, 100))
@@ -578,7 +575,7 @@ def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
 
     ranks = iter([[("a1", ["m2"], 0.05)], [("x", ["m1"], 0.03)]])
     proto = _chain()
-    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, max_trials=20, fixed=[],
+    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, budget=Budget(probes=20), fixed=[],
                   aim=0.995)
     result = Search(proto, attempt, lambda trial, kept: next(ranks, []), **common).run(
         Trial("baseline", [], 0.9999, False, 100, shortfall=0.016))
@@ -625,10 +622,11 @@ def _fan_search(needed: float = 0.002, **overrides) -> tuple[Search, list[list[s
         return Trial(label, list(kept), cosine, cosine >= 1 - needed, 100, path=Path(label))
 
     proto = _fan()
-    settings = dict(quantizable_nodes={f"m{i}" for i in range(1, 8)}, max_float_share=1.0, max_trials=20, fixed=[],
+    settings = dict(quantizable_nodes={f"m{i}" for i in range(1, 8)}, max_float_share=1.0, budget=Budget(probes=20), fixed=[],
                     aim=0.998, fine_rank=lambda trial, kept: [("a2", ["m2"], 0.04), ("a3", ["m3"], 0.03),
                                                               ("a1", ["m1"], 0.01)])
-    settings.update(overrides)
+    seconds = overrides.pop("seconds", None)
+    settings.update(overrides, budget=Budget(probes=20, seconds=seconds))
     return Search(proto, attempt, lambda trial, kept: [("a5", ["m5"], 0.05)], **settings), attempted
 
 
@@ -722,7 +720,7 @@ def test_rung_that_runs_out_of_time_says_so():
     ranking = search.fine_rank
 
     def slow_rank(trial, kept):
-        search.deadline = time.monotonic() - 1  # the bound falls during the ranking
+        search.budget.started = time.monotonic() - 21  # the bound (20 s) falls during the ranking
         return ranking(trial, kept)
 
     search.fine_rank = slow_rank
@@ -755,7 +753,7 @@ def test_int8_compute_matmuls_skips_a_transposed_gemm():
     """A 16-bit activation into a MatMul and into a Gemm without transposes (ORT's CPU EP fuses both
     into MatMulNBits at accuracy level 4), and into a Gemm with transB=1 (PyTorch's Linear, which
     it does not fuse: measured, onnxruntime 1.32.0)."""
-    from ortprep.steps.quantize.edits import int8_compute_matmuls
+    from ortprep.transforms.qdq.facts import int8_compute_matmuls
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint16), "z16"),
@@ -848,7 +846,7 @@ def test_search_goes_on_past_a_pass_short_of_the_decision_margin():
     ranks = iter([[("a2", ["m2"], 0.05)], [("a1", ["m1"], 0.03)]])
     proto = _chain()
     search = Search(proto, attempt, lambda trial, kept: next(ranks, []), quantizable_nodes={n.name for n in proto.graph.node},
-                    max_float_share=1.0, max_trials=20, fixed=[], aim=0.995)
+                    max_float_share=1.0, budget=Budget(probes=20), fixed=[], aim=0.995)
     assert search.ok(Trial("t", [], 0.9999, True, 1, margin_gap=0.005)) is False
     assert search.ok(Trial("t", [], 0.9999, True, 1, margin_gap=0.0)) is True
     result = search.run(Trial("baseline", [], 0.9999, False, 100, shortfall=0.01, margin_gap=0.025))
@@ -863,7 +861,7 @@ def test_improved_reads_the_margin_gap_only_between_passing_trials():
     """Two trials past the gate, the same cosine: the one nearer the decision margin improves on the
     other. A trial that fails (its cosine within IMPROVES of a passing one) never improves on it by
     its margin gap: the search would trade a pass for a failure."""
-    from ortprep.steps.quantize.search import improved
+    from ortprep.steps.quantize.trials import improved
 
     held = Trial("held", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0)
     short = Trial("short", [], 0.9999, True, 1, shortfall=0.0, margin_gap=0.0167)
@@ -937,7 +935,7 @@ def test_a_chosen_result_is_held_to_the_decision_margin(tmp_path):
 
 
 def test_not_smaller_says_which_ops_hold_the_weights_left_float():
-    from ortprep.steps.quantize import not_smaller_fix
+    from ortprep.steps.quantize.findings import not_smaller_fix
 
     rng = np.random.default_rng(0)
     table = numpy_helper.from_array(rng.standard_normal((200, 128)).astype(np.float32), "table")  # 102,400 bytes
@@ -1096,7 +1094,7 @@ def test_a_move_that_empties_the_eps_session_is_not_taken():
     the placement; unknown placements say nothing."""
     from types import SimpleNamespace
 
-    from ortprep.steps.quantize.search import MOVE_NODE_SLACK, placement_lost
+    from ortprep.steps.quantize.moves import MOVE_NODE_SLACK, placement_lost
 
     def judged(on_ep: int | None, total: int) -> SimpleNamespace:
         placement = None if on_ep is None else {"nodes_on_ep": on_ep, "nodes_total": total}
@@ -1165,7 +1163,7 @@ def test_int8_compute_is_kept_where_float32_compute_alone_is_slower_than_float()
     0, or where 0 runs slower than the float model and 4 does not (gpt2_medium_slice's int4: 4 at
     0.86x float's time, 0 at 1.2x, 4 at 0.898x of 0: the 10% rule alone kept 0); elsewhere 0, the
     more precise, is judged."""
-    from ortprep.steps.quantize.search import _int8_compute_pays
+    from ortprep.steps.quantize.remedies import _int8_compute_pays
 
     assert _int8_compute_pays({"float": 10.0, "4": 8.0, "0": 10.0}).startswith("int8 compute runs clearly faster")
     assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 10.2}).startswith("float32 compute runs slower than the float")

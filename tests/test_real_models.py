@@ -150,7 +150,7 @@ def test_where_qnn_parts_from_the_cpu_ep_is_named_and_fp16_gets_past_it(directio
     assert len(folded["folded_batch_norms"]) >= 1 and folded["ep_divergence"] == []
     assert folded["verify"]["ep"]["cosine"] >= folded["verify"]["cosine"] - 0.01  # measured: 0.9959 vs 0.9936
     with monkeypatch.context() as patched:
-        patched.setattr("ortprep.steps.quantize.fold_batch_norms", lambda proto, keep=(): [])
+        patched.setattr("ortprep.steps.quantize.prepare.fold_batch_norms", lambda proto, keep=(): [])
         result = invoke("quantize", fixed, "--static", "--ep", "qnn", "--no-preprocess", "--calib", data,
                         "-o", tmp_path / "standing.onnx", "--json")
     record = result.json()

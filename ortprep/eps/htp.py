@@ -1,6 +1,6 @@
 """What QNN's HTP computes otherwise than the CPU EP in a QDQ model, found from the model's
 encodings alone (no weights are read): used by check (a QDQ model made elsewhere) and by quantize
-(which raises the scales, steps/quantize/edits.floor_weight_scales)."""
+(which raises the scales, transforms/qdq/encodings.floor_weight_scales)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""How many samples a slow EP judges within a time bound.
+"""How many samples a slow EP judges within a time bound, and a step's time on that EP.
 
-QNN's HTP simulator runs a 1x3x800x608 layout detector in 25-48 s a sample on this x86 machine
-(measured, onnxruntime-qnn 2.7.0, soc_model 60; bench/RESULTS.md), so judging 8 held-back and 24
-calibration samples there takes quantize, and compile --eval, past any CI step's patience while a
-real device runs the same model in milliseconds. The first sample is run alone and timed (the
+A simulated EP (QNN's HTP simulator) can take tens of seconds a sample where the real device takes
+milliseconds (docs/decisions/reduce-ep-time.md). The first sample is run alone and timed (the
 session is kept for the rest); the samples that fit in the bound follow, at least LEAST_SAMPLES,
 and the report says how many of how many were judged, and why.
+
+:class:`EpClock` accounts the EP time of a step's judgements (``--ep-total-seconds``). It is not a
+search budget: searches count their probes and seconds with ``ortprep.prove.reduction.Budget``, and
+quantize's search also stops where the EP's clock is spent.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ LEAST_SAMPLES = 2  # an EP judges at least this many samples, bound or not
 @dataclass
 class EpClock:
     """The time a step's judgements on a slow EP took together, against ``total`` seconds (None:
-    no bound): each judgement is also bound by what is left, and none starts once it is spent."""
+    no bound): each judgement is also bound by what is left, and none starts once it is spent.
+    Accounting of EP time across a step's judgements, not a reduction budget (prove.reduction.Budget)."""
 
     total: float | None
     spent: float = 0.0

@@ -151,7 +151,7 @@ class CheckStep(Step):
         result = check_model(model, self.options.eps, self.options.ort_version, analysis, self.options.device,
                              self.options.provider_options)
         if self.options.prove:
-            from ortprep.steps.prove import prove_targets
+            from ortprep.prove.proof import prove_targets
 
             prove_targets(analysis, result, self.options, ctx.progress,
                           ep_nodes=lambda record: predicted_ep_nodes(analysis, record))

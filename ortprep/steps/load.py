@@ -42,7 +42,7 @@ from ortprep.fidelity.tolerances import NORM_TOLERANCE, TF32_COMPUTE
 from ortprep.runtime.tolerance import computes_tf32
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
-from ortprep.steps.prove import compare_prediction
+from ortprep.prove.proof import compare_prediction
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Keeping nodes of a graph off an EP, and the graph as units a search can cut into models of
-their own (steps/reduce.py's probes).
+their own (the probes of ortprep/prove/culprits.py).
 
 :class:`GraphCut`: the main graph as *units* (a node with the activation Q/DQ nodes of its QDQ node
 unit, or an If/Loop/Scan node with its subgraphs whole; constant work comes along with the units
@@ -61,7 +61,8 @@ class GraphCut:
         self.types = {v.name: v for v in list(graph.value_info) + list(graph.output) + list(graph.input)}
         self.initializers = {t.name: t for t in proto.graph.initializer}
         self.graph_outputs = [o.name for o in proto.graph.output]
-        self.reads = [list(dict.fromkeys([n for n in node.input if n] + sorted(node_dependencies(node) - set(node.input))))
+        self.reads = [list(dict.fromkeys([n for n in node.input if n]
+                                         + sorted(node_dependencies(node) - set(node.input))))
                       for node in self.nodes]
         self.producer = {out: index for index, node in enumerate(self.nodes) for out in node.output if out}
         self.consumers: dict[str, list[int]] = {}
@@ -79,7 +80,8 @@ class GraphCut:
         value = self.types.get(name)
         if value is None or not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
             return False
-        return all(d.HasField("dim_value") and d.dim_value >= 0 for d in value.type.tensor_type.shape.dim)  # -1: Paddle's "any"
+        return all(d.HasField("dim_value") and d.dim_value >= 0
+                   for d in value.type.tensor_type.shape.dim)  # -1: Paddle's "any"
 
     def _constant_work(self) -> set[int]:
         free: set[int] = set()
@@ -180,8 +182,8 @@ class GraphCut:
                     continue
                 value = self.types.get(name)
                 if value is None or not value.type.HasField("tensor_type") or not value.type.tensor_type.elem_type:
-                    raise CutError(f"value '{name}' read by node '{self.label(index)}' ({self.nodes[index].op_type}) has "
-                                   "no type that shape inference knows, so it cannot become a probe's input")
+                    raise CutError(f"value '{name}' read by node '{self.label(index)}' ({self.nodes[index].op_type}) "
+                                   "has no type that shape inference knows, so it cannot become a probe's input")
                 inputs.append(value)
         outputs = self._outputs(order, chosen)
         graph = helper.make_graph([self.nodes[i] for i in order], "probe", inputs, outputs, weights)
@@ -285,21 +287,7 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
     reads come along) moved into an If whose two branches are that same unit, so ORT runs it on
     the CPU EP, exactly as before, while the EP takes the rest.
 
-    Measured with onnxruntime 1.32 + onnxruntime-qnn 2.7.0 (HTP simulator), 2026-11-24:
-    - QNN refuses these If nodes ("If branches share internal tensor name ...; rename not
-      supported", "If implicit input ... is produced outside the QNN partition"), and ORT runs
-      the If, and the nodes in its branches, on the CPU EP; QNN takes the rest of the graph.
-    - The condition must not be a constant: ORT inlines an If with a constant condition again.
-      It is computed from a value the unit reads anyway (ReduceMax, IsNaN, Not); either branch
-      gives the same values. One condition from a graph input shared by several Ifs made
-      QNN's capability invalid ("set nodes that cannot be fused together"): ORT then placed every
-      node on the CPU EP, which creates the session but is no fix.
-    - ORT's own way of pinning nodes to a device (session.layer_assignment_settings) fails the
-      session with the QNN plugin (partitioning_utils: "num_nodes_processed == in_degree.size()"),
-      and its "cpu" designator binds to QNN there (the simulator's device is typed CPU).
-    - Moving a float node into double precision (Cast around it) does not keep it off: QNN takes
-      the double ops and fails the same way; removing the Q/DQ around a node of a QDQ model does
-      not either: QNN takes the float node (in fp16) and fails at finalize.
+    Why If nodes, and why this condition: docs/decisions/reduce-off-ep-rewrite.md.
     Returns (model, labels of the nodes moved); raises CutError where it cannot."""
     import onnx
     from onnx import helper

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
-import time
 from pathlib import Path
 from typing import Any
 
@@ -51,152 +49,44 @@ from ortprep.errors import OrtprepError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
+from ortprep.prove.reduction import Budget
 from ortprep.report import StepResult
 from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
 from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
-
-DYNAMIC_EPS = ("cpu", "cuda")  # EPs with kernels for dynamic quantization's integer ops
-# EPs that run QDQ models with 16-bit (int16, symmetric) weights on their accelerator. QNN: measured
-# with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP simulator at soc_model 60 (check --prove): a
-# UNet (Conv, ConvTranspose, Resize) 61 of 63 nodes on the EP and a BERT-tiny classifier (MatMul,
-# Gemm, LayerNormalization, Softmax) 243 of 245, the same placement as with 8-bit weights.
-WIDE_WEIGHT_EPS = ("qnn",)
-# EPs that run per-channel (symmetric int8) weights. QNN: measured as above, PP-OCR's direction
-# classifier after ORT's pre-processing (BatchNormalizations folded into 53 Convs): A16W8 per tensor
-# cosine 0.88 on the CPU EP, per channel 0.995 on the CPU EP and on the HTP, 545 of 547 nodes there.
-PER_CHANNEL_EPS = ("qnn",)
-
-
-# --eval's samples calibrate the static attempts after a dynamic one only where there are at least
-# this many: one of two is held back for their gate; from one sample none is, and the gate would
-# judge seeded noise
-EVAL_AS_CALIB_MIN = 2
-
-
-def _real(data: str | Path | None) -> bool:
-    """Samples given (not none, not 'random')."""
-    return data is not None and str(data) != "random"
-
-
-def eval_sample_count(handle: ModelHandle, options: QuantizeOptions) -> int | None:
-    """How many of --eval's samples a static attempt after a dynamic one would calibrate on (at most
-    --samples), where it would (dynamic, --eval real, no real --calib); None otherwise, or where the
-    samples cannot be read (the attempts report that themselves)."""
-    from ortprep.runtime.calibration import discover
-    from ortprep.runtime.feeds import input_specs
-
-    if options.mode != "dynamic" or _real(options.calib) or not _real(options.eval):
-        return None
-    try:
-        found = discover(str(options.eval), input_specs(handle.proto), image=options.image())
-    except OrtprepError:
-        return None
-    return min(found.count, options.samples) if options.samples else found.count
-
-
-def auto_order(options: QuantizeOptions, eval_samples: int | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """(label, option changes) for each attempt, the options' own first. ``eval_samples``: how many
-    samples --eval holds (eval_sample_count), for the static attempts after a dynamic one without
-    --calib."""
-    from ortprep.steps.quantize.presets import resolve_settings
-
-    first = resolve_settings(options)
-    order: list[tuple[str, dict[str, Any]]] = [(_label(options.mode, first["activation_type"], first["weight_type"]), {})]
-    has_data = _real(options.calib)
-    if options.mode == "weight-only":
-        # weights only: the other precisions quantize activations too, another kind of result; int4
-        # steps up to int8 (measured, bench RESULTS: the evaluation half's int4 refusals, bert_tiny,
-        # convnext_tiny and magika, keep 50/50 decisions at int8)
-        if (options.weight_only or "int4") == "int4":
-            order.append((_label("weight-only", "float", "int8"), {"weight_only": "int8"}))
-        return order
-    if options.mode == "static":
-        if first["activation_type"] != "uint16":
-            order.append((_label("static", "uint16", "int8"), {"activation_type": "uint16", "weight_type": "int8"}))
-        if options.ep in PER_CHANNEL_EPS and not first["per_channel"] and first["weight_type"] in ("int8", "uint8"):
-            order.append((_label("static", first["activation_type"], "int8", per_channel=True),
-                          {"activation_type": first["activation_type"], "weight_type": "int8", "per_channel": True}))
-        if options.ep in WIDE_WEIGHT_EPS and first["weight_type"] not in ("int16", "uint16"):
-            order.append((_label("static", "uint16", "int16"), {"activation_type": "uint16", "weight_type": "int16",
-                                                                "per_channel": False}))
-        if options.ep in DYNAMIC_EPS:
-            order.append((_label("dynamic", "uint8", "int8"), {"mode": "dynamic", "activation_type": None,
-                                                               "weight_type": None}))
-    elif has_data or (_real(options.eval) and (eval_samples or 0) >= EVAL_AS_CALIB_MIN):
-        # dynamic quantization reads --calib and --eval alike, as evaluation samples; a static attempt
-        # calibrates on them. Given as --eval alone, they become its --calib, so that its gate holds
-        # back a share of them as static calibration's does (judged on the samples it calibrated on,
-        # a static result would look better than it is)
-        static = {"mode": "static"} if has_data else {"mode": "static", "calib": options.eval, "eval": None}
-        settings = resolve_settings(dataclasses.replace(options, mode="static"))
-        order.append((_label("static", settings["activation_type"], settings["weight_type"]), dict(static)))
-        if settings["activation_type"] != "uint16":
-            order.append((_label("static", "uint16", "int8"), {**static, "activation_type": "uint16",
-                                                               "weight_type": "int8"}))
-        if options.ep in PER_CHANNEL_EPS and not settings["per_channel"] and settings["weight_type"] in ("int8", "uint8"):
-            order.append((_label("static", settings["activation_type"], "int8", per_channel=True),
-                          {**static, "activation_type": settings["activation_type"], "weight_type": "int8",
-                           "per_channel": True}))
-        if options.ep in WIDE_WEIGHT_EPS and settings["weight_type"] not in ("int16", "uint16"):
-            order.append((_label("static", "uint16", "int16"), {**static, "activation_type": "uint16",
-                                                                "weight_type": "int16", "per_channel": False}))
-    return order
-
-
-def _label(mode: str | None, activations: str | None, weights: str | None, per_channel: bool = False) -> str:
-    if mode == "weight-only":
-        return f"weight-only {weights} (MatMulNBits, float activations)"
-    if mode == "dynamic":
-        return "dynamic int8 (weights int8, activations quantized at run time)"
-    return f"static {activations} activations, {weights} weights" + (" per channel" if per_channel else "")
-
-
-def _flags(changes: dict[str, Any]) -> str:
-    parts = []
-    if changes.get("weight_only"):
-        parts.append(f"--weight-only {changes['weight_only']}")
-    if changes.get("mode"):
-        parts.append(f"--{changes['mode']}")
-    for key in ("activation_type", "weight_type"):
-        if changes.get(key):
-            parts.append(f"--{key.replace('_', '-')} {changes[key]}")
-    if changes.get("per_channel") is not None:
-        parts.append("--per-channel" if changes["per_channel"] else "--per-tensor")
-    if changes.get("calib") is not None:
-        parts.append(f"--calib {shlex.quote(str(changes['calib']))}")
-    return " ".join(parts)
+from ortprep.steps.quantize.attempt import quantize_model
+from ortprep.steps.quantize.ladder import attempt_flags, auto_order, eval_sample_count
+from ortprep.steps.quantize.trials import margin_aim
 
 
 def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
                   progress: ProgressCallback | None = None) -> StepResult:
-    from ortprep.steps.quantize import quantize_model
-    from ortprep.steps.quantize.search import margin_aim
-
+    """Each precision of the ladder (ladder.auto_order) quantized and judged in turn until one
+    passes (see the module's docstring); the report of the one kept, with ``auto`` listing all."""
     tried: list[dict[str, Any]] = []
     report: StepResult | None = None
     # --keep-failed keeps the latest refused attempt's model (NAME.failed.onnx) and says which
     kept, kept_label = None, None
     order = auto_order(options, eval_sample_count(handle, options))
     # the CPU's latency judges only a CPU target; a result written over its own input is not moved
-    on_cpu = options.ep in (None, "cpu") and not (handle.path is not None and Path(handle.path).resolve() == dest.resolve())
+    in_place = handle.path is not None and Path(handle.path).resolve() == dest.resolve()
+    on_cpu = options.ep in (None, "cpu") and not in_place
     best: tuple[dict[str, Any], StepResult] | None = None  # the fastest attempt that passed, written at dest
     aside = dest.with_name(f".{dest.name}.auto-best")  # the written best while a later attempt runs
-    started = time.monotonic()
+    search = Budget(seconds=options.search_seconds)  # --search-seconds bounds the whole step
     clock = EpClock(options.ep_total_seconds)  # the target EP's time, over every attempt (--ep-total-seconds)
     # trials judged and failed on the held-back samples by the attempts so far: a later precision
-    # kept is chosen after them, and holds the decision margin (search.Trials.held_to_margin) as it
+    # kept is chosen after them, and holds the decision margin (runner.Trials.held_to_margin) as it
     # holds the cosine's (floor, below)
     earlier = (0, 0)
     try:
         for number, (label, changes) in enumerate(order):
             # --search-seconds bounds the whole step: a later precision's search gets what is left
-            left = max(0.0, options.search_seconds - (time.monotonic() - started))
+            left = search.seconds_left()
             # a later precision is held to the margin the search aims for: the first of several that
-            # passes on the same held-back samples is more often a lucky one (measured: PP-OCR's
-            # classifier, per-channel int8 passed at 0.99498 on 8 samples and flipped a confident
-            # decision, cosine 0.971, on an unseen one; the journey in bench/RESULTS.md)
+            # passes on the same held-back samples is more often a lucky one (docs/decisions/
+            # reduce-quantize-measurements.md)
             floor = options.min_cosine if number == 0 else margin_aim(options.min_cosine)
             # --keep-failed: each refused attempt replaces the one before at NAME.failed.onnx, so that
             # when none passes the file kept is the one the report describes (the last attempt's);
@@ -212,12 +102,13 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                     report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress,
                                             clock=clock, spare_failing_baseline=spare, earlier=earlier)
                 except OrtprepError as error:  # a later precision's refusal: the one that passed stays
-                    tried.append({"label": label, "flags": _flags(changes), "passed": False, "cosine": None,
+                    tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
                                   "latency_ratio": None, "judged_on": None, "codes": [], "error": str(error)})
                     os.replace(aside, dest)
                     continue
             else:
-                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress, clock=clock,
+                report = quantize_model(handle, dest, attempt, force=force or number > 0, progress=progress,
+                                        clock=clock,
                                         spare_failing_baseline=spare, earlier=earlier)
             if report.data.get("kept_failed"):
                 kept, kept_label = report.data["kept_failed"], label
@@ -227,7 +118,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             earlier = (counted.get("failed", earlier[0]), counted.get("judged", earlier[1]))
             ratio = target_latency_ratio(verify)
             timed_here = on_cpu or bool(verify.get("ep_latency"))
-            entry = {"label": label, "flags": _flags(changes), "passed": passed, "cosine": verify.get("cosine"),
+            entry = {"label": label, "flags": attempt_flags(changes), "passed": passed, "cosine": verify.get("cosine"),
                      "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
                      "judged_on": verify.get("judged_on"),
                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
@@ -262,9 +153,9 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     slower = [t for t in tried if t["passed"] and t is not chosen]
     if chosen is not None and slower:
         report.add(Finding.of(
-            "QNT017", f"--auto: {chosen['label']} passed and runs at {_times(chosen['latency_ratio'])} the float model's "
-            f"time on {'this CPU' if chosen.get('timed_on', 'cpu') == 'cpu' else chosen['timed_on']}; written instead of " + ", ".join(f"{t['label']} (passed, {_times(t['latency_ratio'])})"
-                                                              for t in slower),
+            "QNT017", f"--auto: {chosen['label']} passed and runs at {_times(chosen['latency_ratio'])} the float "
+            f"model's time on {'this CPU' if chosen.get('timed_on', 'cpu') == 'cpu' else chosen['timed_on']}; written "
+            "instead of " + ", ".join(f"{t['label']} (passed, {_times(t['latency_ratio'])})" for t in slower),
             fix=_ask_directly(chosen["flags"])))
     elif chosen is not None and chosen is not tried[0]:
         report.add(Finding.of("QNT017", f"--auto: {failed_first} failed the gate; {chosen['label']} passed and was "
@@ -278,7 +169,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             "", "FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "
                 "nodes that add the error in float")
         report.add(Finding.of("QNT017", "--auto: no precision passed the gate: " + "; ".join(
-            f"{t['label']} ({', '.join(t['codes']) or 'failed'})" for t in tried) + (f"; {said}" if said else ""), fix=fix))
+            f"{t['label']} ({', '.join(t['codes']) or 'failed'})" for t in tried) + (f"; {said}" if said else ""),
+                              fix=fix))
     if kept:
         report.data["kept_failed"] = kept
     return report

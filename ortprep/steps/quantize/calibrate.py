@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 
 TIMEOUT = 1800.0
 MIN_EVAL_SAMPLES = 8  # held back at least this many when there are twice as many samples
-# Fewer evaluation samples than this and the verdict is flagged as weak evidence (QNT014): the
-# journey's wrong passes were decisions that flipped on 1 of 8 unseen samples while the gate's
-# 4-8 held-back samples all agreed (bench/RESULTS.md, "The NPU journey").
+# Fewer evaluation samples than this and the verdict is flagged as weak evidence (QNT014)
+# (docs/decisions/reduce-quantize-measurements.md).
 WEAK_EVIDENCE = 16
 RANDOM_EVAL_SAMPLES = 8
 
@@ -105,7 +104,8 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     if options.mode == "weight-only" and options.rounding == "gptq" and not calib_indices:
         raise UsageError("--rounding gptq measures each MatMul's inputs on calibration samples, and none is left to it "
                          f"({len(eval_indices)} sample(s), held back for the gate)",
-                         hint="give two or more samples with --calib DATA (or --eval DATA beside them), or --rounding nearest")
+                         hint="give two or more samples with --calib DATA (or --eval DATA beside them), or --rounding "
+                              "nearest")
     if evaluation_set is not None:
         return DataPlan(calibration, calib_indices, evaluation_set, list(range(evaluation_set.count)))
     return DataPlan(calibration, calib_indices, calibration, eval_indices)
@@ -119,9 +119,12 @@ def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptio
     if plan.eval_set is not None and plan.eval_indices:
         feeds = list(plan.eval_set.samples(plan.eval_indices))
         if len(feeds) < WEAK_EVIDENCE:
-            report.add(Finding.of("QNT014", f"the accuracy verdict rests on {len(feeds)} evaluation sample(s); fewer than "
-                                  f"{WEAK_EVIDENCE} are weak evidence: a decision that flips on 1 input in 10 can pass them all",
-                                  fix=f"give more samples (--eval DATA with {WEAK_EVIDENCE} or more, or --calib with at least "
+            report.add(Finding.of("QNT014",
+                                  f"the accuracy verdict rests on {len(feeds)} evaluation sample(s); fewer than "
+                                  f"{WEAK_EVIDENCE} are weak evidence: a decision that flips on 1 input in 10 can "
+                                  "pass them all",
+                                  fix=f"give more samples (--eval DATA with {WEAK_EVIDENCE} or more, or --calib with "
+                                      "at least "
                                       f"{5 * WEAK_EVIDENCE})"))
         return feeds, plan.eval_set.source
     specs = input_specs(handle.proto)
@@ -136,8 +139,8 @@ def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptio
     shapes = {name: list(value.shape) for name, value in choice.feeds.items()}
     feeds = [random_feeds(specs, seed=seed, shapes=shapes) for seed in range(RANDOM_EVAL_SAMPLES)]
     report.add(Finding.of(
-        "QNT011", f"no evaluation data: the quantized model was evaluated on {RANDOM_EVAL_SAMPLES} seeded random inputs, "
-        "which prove little about real inputs", severity=None,
+        "QNT011", f"no evaluation data: the quantized model was evaluated on {RANDOM_EVAL_SAMPLES} seeded random "
+        "inputs, which prove little about real inputs", severity=None,
         fix="pass real samples with --eval DATA (or --calib DATA); --fail-on warning makes this fail CI"))
     if "guessed from " not in choice.how:
         return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples)"
@@ -146,7 +149,8 @@ def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptio
     return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples; {shown}, dims guessed from {reason})"
 
 
-def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings: dict, calibration: CalibrationSet | None,
+def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings: dict,
+                  calibration: CalibrationSet | None,
                   indices: list[int], exclude_nodes: list[str], exclude_ops: tuple[str, ...], big: bool,
                   progress: ProgressCallback | None = None) -> tuple[bool, str]:
     """Quantize ``model`` into ``output`` (calibrating on ``indices`` of ``calibration`` in static
@@ -159,7 +163,8 @@ def run_quantizer(workdir: Path, model: Path, output: Path, mode: str, settings:
     stride = None
     if mode == "static" and settings.get("method") in HISTOGRAM_METHODS and indices:
         first = calibration.sample(indices[0]) if calibration is not None else {}
-        stride, why = histogram_stride(model, len(indices), {name: list(np.shape(value)) for name, value in first.items()})
+        stride, why = histogram_stride(model, len(indices),
+                                       {name: list(np.shape(value)) for name, value in first.items()})
         if stride is None:
             return False, why
     request = {
@@ -199,8 +204,8 @@ def calibration_cache(workdir: Path, model: Path, settings: dict, op_types: list
     quantize_static ``calibration_cache_path``): one file per model, method, ops calibrated,
     activation type, stride, samples and calibration options. The nodes kept float and the weights'
     type and granularity do not change what calibration measures, so the search's trials and
-    --auto's weight widenings on one source reuse one calibration (measured on the layout detector,
-    1,493 nodes at 1x3x800x608: one quantization with its calibration took about a minute)."""
+    --auto's weight widenings on one source reuse one calibration (a calibration can take a minute:
+    docs/decisions/reduce-quantize-measurements.md)."""
     # the sources are the step's own files in its work folder: path, size and time name one (no byte
     # of a model of gigabytes read again per trial)
     stat = model.stat()
@@ -244,11 +249,13 @@ def tensor_bytes(model: Path, input_shapes: dict[str, list[int]] | None = None) 
 _ACTIVATION_BYTES: dict[tuple, int | None] = {}
 
 
-def histogram_stride(model: Path, count: int, input_shapes: dict[str, list[int]] | None = None) -> tuple[int | None, str]:
+def histogram_stride(model: Path, count: int,
+                     input_shapes: dict[str, list[int]] | None = None) -> tuple[int | None, str]:
     """How many samples a histogram calibration stride holds at once: as many as ACTIVATION_BUDGET
     takes (at most MAX_STRIDE, a divisor of ``count`` as ORT's strided protocol needs), or (None,
     why) when one sample's activations alone exceed it. Unknown sizes keep MAX_STRIDE's rule."""
-    key = (str(model), Path(model).stat().st_mtime_ns, tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
+    key = (str(model), Path(model).stat().st_mtime_ns,
+           tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
     if key not in _ACTIVATION_BYTES:  # every trial of a search asks again for the same source
         _ACTIVATION_BYTES.clear()
         _ACTIVATION_BYTES[key] = activation_bytes(model, input_shapes)
@@ -290,7 +297,8 @@ def preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, s
         reason = reply.message if reply.status == "failed" else f"its process died ({reply.message[-300:]})"
         folded = fold_batch_norms(source, workdir / "bn_folded.onnx")
         report.add(Finding.of("QNT007", f"pre-processing failed ({reason}); quantizing the model as it is"
-                              + (", and with its BatchNormalizations folded into the Convs before them" if folded else ""),
+                              + (", and with its BatchNormalizations folded into the Convs before them" if folded
+                                 else ""),
                               fix="pass --no-preprocess to skip it, or simplify the model first"))
         if folded:
             return folded, "ORT's failed; BatchNormalization folded into Conv (onnxoptimizer fuse_bn_into_conv)"
@@ -312,9 +320,8 @@ def fold_batch_norms(source: Path, target: Path) -> Path | None:
     the weights live in external data, or the pass fails.
 
     ORT's pre-processing folds them; where it fails, a BatchNormalization left standing is
-    quantized as an op of its own, and an EP may compute it otherwise than the CPU EP: measured,
-    PP-OCR's direction classifier (QNN HTP simulator, A16W8) parts from the CPU EP at its first
-    BatchNormalization (cosine 0.32 there, 0.70 at the output). The caller checks the result
+    quantized as an op of its own, and an EP may compute it otherwise than the CPU EP
+    (docs/decisions/reduce-quantize-measurements.md). The caller checks the result
     against the model as given, as it checks ORT's pre-processing."""
     import onnx
 
@@ -322,7 +329,8 @@ def fold_batch_norms(source: Path, target: Path) -> Path | None:
         return None
     proto = onnx.load(str(source))
     producers = {out: node for node in proto.graph.node for out in node.output}
-    if not any(node.op_type == "BatchNormalization" and node.input and (producers.get(node.input[0]) or node).op_type == "Conv"
+    if not any(node.op_type == "BatchNormalization" and node.input
+               and (producers.get(node.input[0]) or node).op_type == "Conv"
                for node in proto.graph.node):
         return None
     try:
@@ -352,4 +360,5 @@ def exposure_chunks(model: Path, names: list[str], feeds: list[dict[str, np.ndar
     from ortprep.transforms.verify import exposure_groups
 
     sizes = tensor_bytes(model, {name: list(np.shape(value)) for name, value in feeds[0].items()}) if feeds else {}
-    return exposure_groups(names, sizes, EXPOSED_BYTES if budget is None else budget, scale=len(feeds), none_known="budget")
+    return exposure_groups(names, sizes, EXPOSED_BYTES if budget is None else budget, scale=len(feeds),
+                           none_known="budget")

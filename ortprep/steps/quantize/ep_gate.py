@@ -15,7 +15,6 @@ False judges on the CPU EP only (--gate-on-cpu).
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from ortprep.eps.registry import resolve_ep
 from ortprep.errors import EnvironmentMissingError
 from ortprep.findings import Finding, Severity
 from ortprep.options import QuantizeOptions
+from ortprep.prove.reduction import Budget
 from ortprep.report import StepResult
 from ortprep.runtime.budget import EpClock, run_within
 from ortprep.runtime.requests import RunOnEp
@@ -117,7 +117,8 @@ class GateTarget:
         """``model`` on the samples of ``feeds`` in the EP's session, on a worker of the EP's interpreter:
         every sample, or where one run is slow (a simulator), the first that fit in ``seconds``
         (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples."""
-        outcome = self._on_clock(lambda seconds: run_within(lambda part: self._run(model, part), feeds, seconds, self.ep))
+        outcome = self._on_clock(lambda seconds: run_within(lambda part: self._run(model, part), feeds, seconds,
+                                                            self.ep))
         if outcome is None:
             return EpRun(False, f"not run on {self.ep}: the step's time there ({self.clock.total:g} s, "
                                 "--ep-total-seconds) was spent")
@@ -156,15 +157,19 @@ def gate_target(options: QuantizeOptions, report: StepResult, clock: EpClock | N
     runtime = ep_runtime(spec, options.runtimes)
     device = target_device(runtime, options.provider_options, options.device)
     if runtime.available:
-        return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device), device,
+        return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device),
+                          device,
                           seconds=options.ep_seconds, clock=clock or EpClock(options.ep_total_seconds))
     where = f"the environment of {runtime.python}" if runtime.python else "this environment"
-    why = runtime.probe.error or (f"{spec.provider} is neither built into ONNX Runtime {runtime.probe.version} nor offered "
+    why = runtime.probe.error or (f"{spec.provider} is neither built into ONNX Runtime {runtime.probe.version} nor "
+                                  "offered "
                                   f"by a plugin package with a device for {spec.name}")
     how = (f"{spec.install_hint}, or name an environment that has it: --runtime {spec.name}=PYTHON")
     if options.on_ep:
-        raise EnvironmentMissingError(f"--gate-on-ep: {spec.name} does not run in {where} ({why}), so the accuracy gate "
-                                      "cannot be judged on it", hint=f"{how}; or --gate-on-cpu to judge on the CPU EP only")
+        raise EnvironmentMissingError(f"--gate-on-ep: {spec.name} does not run in {where} ({why}), so the accuracy "
+                                      "gate "
+                                      "cannot be judged on it",
+                                      hint=f"{how}; or --gate-on-cpu to judge on the CPU EP only")
     reason = f"{spec.name} does not run in {where} ({why})"
     report.add(Finding.of(
         "LOD002", f"the accuracy gate was judged on the CPU EP only: {reason}; the quantized model's outputs on "
@@ -191,13 +196,12 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     the model's own arithmetic): every activation's DequantizeLinear is made an output, both run
     on ``feeds`` (one or two samples), and the first ``limit`` tensors in graph order whose cosine
     falls below DIVERGED are returned with the node that computes them. Only the final outputs
-    are seen otherwise; this names the op whose EP kernel computes otherwise (measured: PP-OCR's
-    direction classifier parted at its first BatchNormalization, cosine 0.32). [] when nothing
+    are seen otherwise; this names the op whose EP kernel computes otherwise. [] when nothing
     parts or a run fails. A reshaping node of float values stands for the node that computed them.
     ``nearest``: where nothing falls below DIVERGED, the tensor farthest from the CPU EP's run (by
     cosine) of those more than APART_STEPS of their own quantization steps off it, marked
-    ``where``: a small error that the nodes after it magnify (a keyword model's float LSTM on the
-    HTP: cosine 0.99993 at the first quantized tensor after it, 0.998 at the logits)."""
+    ``where``: a small error that the nodes after it magnify
+    (docs/decisions/reduce-quantize-measurements.md)."""
     import onnx
 
     from ortprep.runtime.compare import compare_arrays
@@ -216,7 +220,8 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
         if node.op_type != "DequantizeLinear" or node.input[0] in constants or node.output[0] in existing:
             continue
         quantize = producers.get(node.input[0])
-        source = producers.get(quantize.input[0]) if quantize is not None and quantize.op_type == "QuantizeLinear" else None
+        quantizes = quantize is not None and quantize.op_type == "QuantizeLinear"
+        source = producers.get(quantize.input[0]) if quantizes else None
         if source is None:
             continue
         # a reshaping node of float values passes on its input's error: the node that computed it
@@ -237,7 +242,7 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     # each group is a whole run on the EP: bounded by --ep-seconds as its other runs are (on the HTP
     # simulator the layout detector's 1,493 nodes at 1x3x800x608 took tens of such runs, 45 s each)
     seconds = target.clock.bound(target.seconds) if target.clock is not None else target.seconds
-    deadline = None if seconds is None else time.monotonic() + seconds
+    budget = Budget(seconds=seconds)
     def answer() -> list[dict[str, Any]]:
         if not found and farthest is not None:
             return [{**farthest, "where": "where its run is farthest from the CPU EP's"}]
@@ -267,17 +272,16 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
 
     # in groups of at most EXPOSED_BYTES a run, in graph order, until ``limit`` tensors have parted.
     # On a simulated EP a pass where nothing parts is made once more (SIMULATED_PASSES): the HTP
-    # simulator does not compute a model alike each time. Measured (onnxruntime-qnn 2.7.0, the two
-    # Conv+SiLU blocks on 10x10 maps of tests/test_quantize_ep.py, 80 passes): 78 parted at the
-    # first Sigmoid (cosine 0.974-0.978), 2 agreed everywhere (after such a pass, in a CI run, the
-    # search kept a Conv off the EP); with the second pass, 0 of 80 agreed everywhere. Elsewhere one pass:
-    # an EP whose runs do not vary would spend its time (--ep-total-seconds) on the same answer.
+    # simulator does not compute a model alike each time (docs/decisions/reduce-quantize-measurements.md).
+    # Elsewhere one pass: an EP whose runs do not vary would spend its time (--ep-total-seconds) on the
+    # same answer.
     for _ in range(SIMULATED_PASSES if simulated(target.ep) else 1):
         for index, chunk in enumerate(exposure_chunks(model, [name for name, _ in exposed], feeds)):
-            if deadline is not None and time.monotonic() > deadline:
+            if budget.out_of_time():
                 return answer()
             del graph.output[len(existing):]
-            graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in chunk)
+            graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                                for name in chunk)
             path = workdir / f"exposed{index}.onnx"
             onnx.save(proto, str(path))
             cpu = run_isolated(path, feeds, optimization="disable")

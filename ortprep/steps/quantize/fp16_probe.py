@@ -28,13 +28,14 @@ from ortprep.findings import Severity
 from ortprep.model import ModelHandle
 from ortprep.options import ConvertOptions, QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.steps.base import ProgressCallback
+from ortprep.steps.base import ProgressCallback, StepContext
 from ortprep.runtime.compare import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import evaluate, failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
-from ortprep.steps.quantize.search import margin_aim, margin_samples
+from ortprep.steps.quantize.runner import margin_samples
+from ortprep.steps.quantize.trials import margin_aim
 from ortprep.transforms.verify import model_bytes
 
 
@@ -55,21 +56,24 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
     source = Path(handle.path)
     scratch = StepResult(step="quantize", schema="scratch")  # the data's findings are the attempts' already
     # calibration data splits as for a static attempt (a fifth held back, the rest's margins)
-    static = dataclasses.replace(options, mode="static") if options.mode != "static" and options.calib not in (None, "random") \
+    static = dataclasses.replace(options,
+                                 mode="static") if options.mode != "static" and options.calib not in (None, "random") \
         else options
     settings = resolve_settings(static)
     ep = options.ep if options.ep not in (None, "cpu") else None
     target_file = source.with_name(f"{source.stem}.fp16.onnx")
     metrics = dict(options.metrics or {})
     command = " ".join(["ortprep", "convert", shlex.quote(str(source)), "--fp16", *(["--ep", ep] if ep else []),
-                        *(part for name, kind in metrics.items() for part in ("--metric", shlex.quote(f"{name}={kind}"))),
+                        *(part for name, kind in metrics.items()
+                          for part in ("--metric", shlex.quote(f"{name}={kind}"))),
                         "--keep-io-types", "-o", shlex.quote(str(target_file))])
     # where quantize refuses a result for not being smaller (the CPU preset, dynamic and weight-only
     # modes), FP16 is held to that too
     needs_smaller = settings["preset"] == "cpu" or options.mode != "static"
     if model_bytes(source) > PROBE_MAX_BYTES:
         return {"passed": False, "command": command, "converted": False, "measured": False,
-                "reason": f"not measured: the model is over {PROBE_MAX_BYTES >> 30} GiB; the command converts and verifies it"}
+                "reason": f"not measured: the model is over {PROBE_MAX_BYTES >> 30} GiB; the command converts and "
+                          "verifies it"}
     try:
         plan = plan_data(handle, static, settings, scratch)
         if plan.eval_set is None or plan.eval_set.kind == "random":
@@ -89,14 +93,16 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
     if plan.eval_set.kind == "npz-files" and plan.eval_indices:
         sample_file = Path(plan.eval_set.files[plan.eval_indices[0]])
     try:
-        return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command, needs_smaller,
+        return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command,
+                        needs_smaller,
                         progress, sample_file)
     except Exception as error:  # noqa: BLE001 - advisory: its failure is reported, the refusal stands
         return {"passed": False, "command": command, "converted": False, "measured": False,
                 "reason": f"not measured: {' '.join(str(error).split())[:300] or type(error).__name__}"}
 
 
-def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds: list, margins: list, target, ep: str | None,
+def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds: list, margins: list, target,
+             ep: str | None,
              metrics: dict[str, str], command: str, needs_smaller: bool, progress: ProgressCallback | None,
              sample_file: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ortprep-fp16-probe-") as tmp:
@@ -111,14 +117,17 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
             # verified on random [0, 1) samples) nor, for a detector, anything (every output flat).
             # The gate below judges the result on every real sample.
             if sample_file is not None:
-                command = command.replace(" --keep-io-types ", f" --keep-io-types --inputs {shlex.quote(str(sample_file))} ")
+                command = command.replace(" --keep-io-types ",
+                                          f" --keep-io-types --inputs {shlex.quote(str(sample_file))} ")
             result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True,
                                                                 inputs=sample_file))
-            if result.output is None and sample_file is not None and any(f.code == VERIFICATION_FAILED for f in result.findings):
+            if result.output is None and sample_file is not None and any(f.code == VERIFICATION_FAILED
+                                                                         for f in result.findings):
                 # convert refuses FP16 on that sample: the conversion it verifies on its own inputs is
                 # judged by the gate on every sample, which says what fails (a decision at a near
                 # tie, an output), and the printed command is the one that writes what was judged
-                result = _convert(source, converted, ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
+                result = _convert(source, converted,
+                                  ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True))
                 command = command.replace(f" --inputs {shlex.quote(str(sample_file))} ", " ")
         except OrtprepError as error:
             return {"passed": False, "command": command, "converted": False, "measured": True, "reason": str(error)}
@@ -149,22 +158,28 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
 
 
 def _convert(source: Path, dest: Path, options: ConvertOptions) -> StepResult:
-    from ortprep.steps.convert import convert_model
+    """``ortprep convert SOURCE --fp16 ...`` to ``dest``: the convert step, taken from the step
+    registry as the pipeline takes it (a step does not import another step's module)."""
+    from ortprep.steps import step_class
 
-    return convert_model(ModelHandle.open(source), dest, options, force=True)
+    step = step_class("convert")(options)
+    return step.run(ModelHandle.open(source), StepContext(output=dest, force=True))
 
 
 def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:
     """(what the report says of FP16, the fix) for a probe's record."""
     sides = " and ".join(probe.get("judged_on") or ["cpu"])
     if probe["passed"]:
-        decisions = "; ".join(f"{d['kind']} {d['agreement']:.1%}, about {d['expected_agreement']:.1%} expected on unseen inputs"
-                              for d in probe["decisions"] if d.get("agreement") is not None and d.get("expected_agreement") is not None)
+        decisions = "; ".join(f"{d['kind']} {d['agreement']:.1%}, about {d['expected_agreement']:.1%} expected on "
+                              "unseen inputs"
+                              for d in probe["decisions"] if d.get("agreement") is not None
+                              and d.get("expected_agreement") is not None)
         placed = probe.get("placement") or {}
         parts = [f"lowest cosine {fmt_cosine(probe['cosine'])}", decisions, f"{probe['size_ratio']:.2f}x the size",
                  f"{placed['nodes_on_ep']} of {placed['nodes_total']} nodes on {probe['judged_on'][-1]}"
                  if placed.get("nodes_total") and len(probe.get("judged_on") or []) > 1 else "",
-                 f"{probe['latency_ratio']:.2f}x the float model's time on the CPU EP here" if probe.get("latency_ratio") else ""]
+                 f"{probe['latency_ratio']:.2f}x the float model's time on the CPU EP here"
+                 if probe.get("latency_ratio") else ""]
         said = f"FP16 passes the same gate on {sides}: " + "; ".join(part for part in parts if part)
         return said, (f"{probe['command']} writes it (the gate above judged that conversion on these samples); FP16 "
                       "pays where the EP has FP16 kernels (GPU, NPU)")
@@ -186,4 +201,5 @@ def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:
                 "or --metric OUTPUT=cosine where no application reads that decision")
     why = probe.get("why") or f"lowest cosine {fmt_cosine(probe.get('cosine'))}"
     return (f"FP16 fails it too (judged on {sides}): {why}",
-            "keep the float model; ortprep convert MODEL --fp16 --block-op OP keeps the ops that lose precision in FP32")
+            "keep the float model; ortprep convert MODEL --fp16 --block-op OP keeps the ops that lose precision "
+            "in FP32")

@@ -5,27 +5,11 @@ Keeping such a node in float does not help where the EP computes float itself (Q
 in float16, through the same kernels); keeping it off the EP does: :func:`keep_off_ep` moves it
 into an If that ORT runs on the CPU EP, which computes it as the CPU side of the gate did.
 
-Measured (onnxruntime 1.32 + onnxruntime-qnn 2.7.0, HTP simulator, soc_model 60, 2026-11-27):
-NudeNet's YOLOv8n at 320 (A16W8) parts from the CPU EP at its first SiLU on a 10x10 map,
-/model.7/act/Mul (cosine 0.73 there; its Conv and Sigmoid inputs agree at 1.0000, and the same
-Sigmoid -> Mul alone on the same values is exact), wrong on the map's edge tiles. A detection at
-score 0.34 came out at 0.10. Keeping that one Mul off the EP did not help, since the model's other
-SiLUs on the 10x10 maps fail alike. Keeping its 16 alike Muls off (each reads a Conv and a
-Sigmoid, all on 10x10 maps) brought the output to within 3.3 of the CPU EP's, with 2 steps of
-the output's grid allowed (5.1).
-
-rapidocr's PP-OCRv6 recogniser (A16W16, same setup) read one of 24 calibration lines otherwise on
-the HTP: a character at probability 0.78 became the blank. QNN parts first at the attention's
-MatMul of the softmax by the values (MatMul.2, cosine 0.984). Keeping it and its alike MatMul.8
-off kept QNN's placement (961 of 981 nodes) and did not mend the line; keeping off all four
-MatMuls that read two activations (the two attention blocks' query-by-key and softmax-by-value)
-read it right only because QNN then took none of the model (0 of 1,002 nodes), so the move refuses
-that set (search.placement_lost).
-
-So the move (search.keep_off_ep_move) tries, in order, each while the gate still fails: the node where the EP first parts;
-the nodes alike to it (same op, their inputs made by the same ops) on maps of its size; where it
-reads activations only, every node of its op that does; the alike nodes on maps of any size. Each
-is one trial, judged on both EPs like every other trial.
+The move (moves.keep_off_ep_move) tries, in order, each while the gate still fails: the node
+where the EP first parts; the nodes alike to it (same op, their inputs made by the same ops) on
+maps of its size; where it reads activations only, every node of its op that does; the alike
+nodes on maps of any size. Each is one trial, judged on both EPs like every other trial.
+Measurements behind this order: docs/decisions/reduce-quantize-off-ep.md.
 """
 
 from __future__ import annotations
@@ -131,7 +115,8 @@ def candidate_sets(model: Path, first: str, limit: int, where: str | None = None
     activations = ([node.name for node in graph.node if node.op_type == anchor.op_type and node.domain == anchor.domain
                     and computed_only(node)] if computed_only(anchor) and len(anchor.input) > 1 else [])
     sets = [(f"{first}, {where or 'where it first parts from the CPU EP'}", [first]),
-            (f"the {len(same_size)} {anchor.op_type} node(s) alike to {first} (reading {reads}) on {shown} maps", same_size),
+            (f"the {len(same_size)} {anchor.op_type} node(s) alike to {first} (reading {reads}) on {shown} maps",
+             same_size),
             (f"the {len(activations)} {anchor.op_type} node(s) that, as {first}, read activations only (no weight)",
              activations),
             (f"the {len(alike)} {anchor.op_type} node(s) alike to {first} (reading {reads}), any size", alike)]

@@ -43,7 +43,8 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
         "op_types": None,
         # ops whose output encoding the EP fixes (QNN's 16-bit Sigmoid/Tanh): written into the model so that
         # the graph's own DequantizeLinear agrees with what the EP computes
-        "fixed_output_encodings": {op: list(by_type[activation]) for op, by_type in (preset.fixed_output_encodings or {}).items()
+        "fixed_output_encodings": {op: list(by_type[activation]) for op,
+                                   by_type in (preset.fixed_output_encodings or {}).items()
                                    if (activation := options.activation_type or preset.activation_type) in by_type},
     }
     # U8S8 on an x86-64 CPU without VNNI: ORT's int8 kernels saturate there (runtime/cpu.py), so the
@@ -74,11 +75,10 @@ def resolve_settings(options: QuantizeOptions) -> dict[str, Any]:
 
 
 def quantizer_op_types(mode: str, quant_format: str) -> list[str]:
-    if mode == "weight-only":
-        return ["MatMul"]
     """Every op type ORT's quantizer knows how to quantize in this mode and format (what it
     quantizes when the settings name no op types)."""
-    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+    if mode == "weight-only":
+        return ["MatMul"]
+    from ortprep.runtime.quantizer_ops import registry_op_types
 
-    registry = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if quant_format == "qdq" else QLinearOpsRegistry)
-    return list(registry)
+    return registry_op_types(mode, quant_format)

@@ -1,4 +1,4 @@
-"""Reducing a failing session to its culprits and finding what fixes it (steps/reduce.py), on the
+"""Reducing a failing session to its culprits and finding what fixes it (ortprep/prove/), on the
 real QNN HTP simulator (onnxruntime-qnn): sessions for the Snapdragon 888 (soc_model 30), where a
 depthwise Conv with strides [2, 1], a HardSigmoid on a [1, C, 1, 1] gate and a ReduceSum -> Mul
 each fail at graph finalize (QNN_COMMON_ERROR_MEM_ALLOC). Every session runs on a worker, as
@@ -32,7 +32,7 @@ class Qnn:
     def __init__(self, device: str = DEVICE) -> None:
         from ortprep.eps.registry import resolve_ep
         from ortprep.runtime.targets import ep_runtime, session_options
-        from ortprep.steps.prove import session_caller
+        from ortprep.prove.proof import session_caller
 
         self.spec = resolve_ep("qnn")
         self.target = ep_runtime(self.spec)
@@ -102,7 +102,7 @@ def test_ddmin_names_two_culprits_far_apart(tmp_path):
     names exactly those two, each a set of its own (the contiguous search named the first only)."""
     from ortprep.model import ModelHandle
     from ortprep.runtime.worker import workers_scope
-    from ortprep.steps.reduce import reduce_failure
+    from ortprep.prove.culprits import reduce_failure
 
     model = planted_chain(tmp_path / "far.onnx", plant={0.1: "dw", 0.9: "hs"})
     qnn = Qnn()
@@ -126,7 +126,7 @@ def test_ddmin_reduces_a_window_to_the_pair_that_fails_together(tmp_path):
     neither alone (1-minimal)."""
     from ortprep.model import ModelHandle
     from ortprep.runtime.worker import workers_scope
-    from ortprep.steps.reduce import reduce_failure
+    from ortprep.prove.culprits import reduce_failure
 
     model = planted_chain(tmp_path / "mean.onnx", plant={0.5: "mean"})
     qnn = Qnn()
@@ -147,7 +147,7 @@ def test_ddmin_reduces_a_window_to_the_pair_that_fails_together(tmp_path):
 def _save_units(model: Path, names: list[str], dest: Path) -> None:
     import onnx
 
-    from ortprep.steps.reduce import GraphCut
+    from ortprep.transforms.off_ep import GraphCut
 
     cut = GraphCut(onnx.load(str(model)))
     units = [cut.unit_of[index] for index, node in enumerate(cut.nodes) if node.name in names]
@@ -157,7 +157,8 @@ def _save_units(model: Path, names: list[str], dest: Path) -> None:
 def test_the_bound_holds_and_a_stopped_search_says_so(tmp_path):
     from ortprep.model import ModelHandle
     from ortprep.runtime.worker import workers_scope
-    from ortprep.steps.reduce import Bound, reduce_failure
+    from ortprep.prove.culprits import reduce_failure
+    from ortprep.prove.reduction import Budget
 
     model = planted_chain(tmp_path / "far.onnx", plant={0.1: "dw", 0.9: "hs"})
     qnn = Qnn()
@@ -165,7 +166,7 @@ def test_the_bound_holds_and_a_stopped_search_says_so(tmp_path):
     with workers_scope():
         _, message, _ = qnn.session(str(model))
         before = qnn.sessions
-        record = reduce_failure(ModelHandle.open(model), qnn.fails, message=message, bound=Bound(probes=5, seconds=600),
+        record = reduce_failure(ModelHandle.open(model), qnn.fails, message=message, bound=Budget(probes=5, seconds=600),
                                 progress=lambda done, bound: seen.append((done, bound)))
         assert qnn.sessions - before == record["probes"] == 5
         assert record["stopped"].startswith("the bound of 5 sessions was reached")
@@ -176,7 +177,7 @@ def test_the_bound_holds_and_a_stopped_search_says_so(tmp_path):
 
         # the deadline: none left, no session started
         before = qnn.sessions
-        record = reduce_failure(ModelHandle.open(model), qnn.fails, message=message, bound=Bound(probes=50, seconds=0))
+        record = reduce_failure(ModelHandle.open(model), qnn.fails, message=message, bound=Budget(probes=50, seconds=0))
         assert qnn.sessions == before and record["probes"] == 0
         assert record["stopped"].startswith("the deadline of 0 s passed")
 
@@ -220,7 +221,7 @@ def test_control_flow_is_cut_around_the_if_or_says_why_not(tmp_path):
     leaves that If to the CPU (its outer input comes from the CPU), so the Conv is the culprit."""
     from ortprep.model import ModelHandle
     from ortprep.runtime.worker import workers_scope
-    from ortprep.steps.reduce import GraphCut, reduce_failure
+    from ortprep.prove.culprits import GraphCut, reduce_failure
 
     typed = control_flow_model(tmp_path / "if.onnx")
     untyped = control_flow_model(tmp_path / "if_fused.onnx", unknown_outer=True)
@@ -252,7 +253,8 @@ def test_control_flow_is_cut_around_the_if_or_says_why_not(tmp_path):
 def test_fix_search_finds_soc_model_and_its_command_works(tmp_path):
     from ortprep.model import ModelHandle
     from ortprep.runtime.worker import workers_scope
-    from ortprep.steps.reduce import find_fix, reduce_failure
+    from ortprep.prove.culprits import reduce_failure
+    from ortprep.prove.fixes import find_fix
 
     model = planted_chain(tmp_path / "dw.onnx", pairs=4, plant={0.5: "dw"})
     qnn = Qnn()
@@ -330,7 +332,8 @@ def test_graph_fix_on_a_qdq_model_is_verified(tmp_path):
 
     from ortprep.model import ModelHandle
     from ortprep.runtime.worker import workers_scope
-    from ortprep.steps.reduce import find_fix, reduce_failure
+    from ortprep.prove.culprits import reduce_failure
+    from ortprep.prove.fixes import find_fix
 
     model = mixed_qdq(tmp_path / "mixed.onnx")
     qnn = Qnn()

@@ -1,0 +1,192 @@
+"""The trials of quantize's search: quantize with some nodes kept in float (or off the target EP,
+or at 16 bits), each into a folder of its own, and evaluate on the held-back samples.
+
+:class:`Trials` runs the quantizer's child and the gate for each; the search's selection logic
+(:mod:`.strategy`), its remedies and its moves all go through it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from ortprep.options import QuantizeOptions
+from ortprep.steps.base import ProgressCallback
+from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
+from ortprep.steps.quantize.ep_gate import GateTarget
+from ortprep.steps.quantize.evaluate import LATENCY_RUNS, Evaluation, evaluate, outputs_margin_gap
+from ortprep.steps.quantize.off_target import move_off_ep
+from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial
+from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings
+from ortprep.transforms.qdq.facts import quantization_stats
+from ortprep.transforms.verify import model_bytes
+
+def margin_samples(plan: DataPlan) -> list:
+    """The calibration samples (real data only: seeded noise says nothing of where real decisions
+    sit), for the float model's margins in the expected agreement; at most MARGIN_SAMPLES of them
+    and about MARGIN_BYTES."""
+    calibration = plan.calibration
+    samples: list = []
+    if calibration is not None and calibration.kind != "random" and plan.calib_indices:
+        from ortprep.steps.quantize.evaluate import MARGIN_BYTES, MARGIN_SAMPLES
+
+        held = 0
+        for sample in calibration.samples(plan.calib_indices[:MARGIN_SAMPLES]):
+            held += sum(v.nbytes for v in sample.values())
+            if held > MARGIN_BYTES and samples:
+                break
+            samples.append(sample)
+    return samples
+
+
+class Trials:
+    """Quantize with some nodes kept in float, into a folder of its own, and evaluate."""
+
+    def __init__(self, workdir: Path, options: QuantizeOptions, settings: dict, plan: DataPlan, eval_feeds: list,
+                 big: bool, bounds: dict, progress: ProgressCallback | None, target: GateTarget | None = None,
+                 spare_failing_baseline: bool = False, earlier: tuple[int, int] = (0, 0)) -> None:
+        """``earlier``: (failed, judged) trials of --auto's earlier attempts on the same held-back
+        samples (a later precision kept is chosen after them: held_to_margin)."""
+        self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
+        self.target = target  # where the gate is judged besides the CPU EP
+        self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
+        self.count = 0
+        # trials judged on the held-back samples, and of those the ones that failed the gate there (an
+        # evaluation that errored is not a verdict on them); a result kept after one failed was
+        # chosen by those samples (held_to_margin)
+        self.failed, self.judged = earlier
+        self.failed_before: dict[Path, int] = {}  # a trial's model -> the trials that failed before it was judged
+        self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
+        self.off: list[str] = []  # kept off the target EP in every trial (keep_off_ep_move)
+        self.evaluations: dict[Path, Evaluation] = {}
+        self.caches: dict[Path, dict] = {}
+        self.failure: str | None = None
+        # a trial's model -> the graph outputs whose 16-bit encoding was widened
+        self.widened: dict[Path, list[str]] = {}
+        self.widened_count: dict[Path, int] = {}  # a trial's model -> how many activations' 16-bit encodings were
+        self.floored: dict[Path, list[dict]] = {}  # a trial's model -> weights whose scales were raised for QNN's HTP
+        self.fp16_matmuls: dict[Path, list[str]] = {}  # a trial's model -> MatMuls of two 16-bit activations, in FP16
+        self._margin_feeds: list | None = None
+        self.started = time.monotonic()  # the search's time bound counts from here (the step's first trial)
+        # The target EP runs the baselines (both sides reported, where they part
+        # named; not an --auto attempt's that the CPU EP fails while later precisions remain), then
+        # a trial only once the CPU EP passes it, until a trial passes on the CPU EP
+        # and fails on the EP: from then on every trial runs there too (the EP's own error is what
+        # the search works on). A trial failing on the CPU EP fails the gate either way.
+        self.ep_in_loop = False
+        self.sources: dict = {}  # each result's float model (its trial's source)
+        # An --auto attempt with later precisions to try: its baseline runs on the EP only where the
+        # CPU EP passes it. A baseline that fails there cannot pass, and on a slow EP its run costs what
+        # a later precision's trials need (docs/decisions/reduce-quantize-search.md).
+        self.spare_failing_baseline = spare_failing_baseline
+
+    def counts(self) -> dict:
+        """The trials judged on the held-back samples and those that failed there (verify.trials)."""
+        return {"judged": self.judged, "failed": self.failed}
+
+    def held_to_margin(self, trial: Trial) -> bool:
+        """Whether ``trial``, kept, was chosen by the held-back samples: judged after another trial
+        failed there (this step's, or an earlier --auto attempt's). Such a result holds the decision
+        margin (evaluate.hold_to_margin); one whose baseline passes was not chosen, and is not."""
+        return trial.path is not None and self.failed_before.get(trial.path, 0) > 0
+
+    def margin_feeds(self) -> list:
+        """The calibration samples for the float model's margins (margin_samples), read once."""
+        if self._margin_feeds is None:
+            self._margin_feeds = margin_samples(self.plan)
+        return self._margin_feeds
+
+    def attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None = None,
+                wide: list[str] | None = None, *, baseline: bool = False) -> Trial:
+        """``wide``: activations given 16 bits (Search.widen); ``baseline``: the step's first
+        trial on a source (judged on the target EP and timed; never taken for the float model)."""
+        trial = self._attempt(source, kept, label, off, list(wide or []), baseline)
+        trial.wide = list(wide or [])
+        return trial
+
+    def _attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str],
+                 baseline: bool) -> Trial:
+        off = list(self.off if off is None else off)
+        self.count += 1
+        folder = self.workdir / f"trial{self.count}"
+        folder.mkdir()
+        output = folder / "quantized.onnx"
+        settings = {**self.settings, "wide_tensors": wide} if wide else self.settings
+        ok, error = run_quantizer(self.workdir, source, output, self.options.mode, settings, self.plan.calibration,
+                                  self.plan.calib_indices, kept, self.options.exclude_ops, self.big, self.progress)
+        if not ok:
+            self.failure = self.failure or error
+            return Trial(label, list(kept), None, False, 0, None, error, off=off)
+        if self.options.mode == "static" and self.settings["activation_type"] in ("uint16", "int16"):
+            # headroom for inputs past the calibration samples' range, inside the model as at its
+            # outputs (qdq.encodings.widen_activation_encodings)
+            tensors, outputs = widen_activation_encodings(output, float_model=source)
+            self.widened[output] = outputs
+            self.widened_count[output] = len(tensors)
+        if self.options.mode == "static" and self.settings.get("preset") == "qnn":
+            # after the widening: it changes the output scales the multipliers divide by (eps.htp.HTP_MIN_MULTIPLIER)
+            self.floored[output] = floor_weight_scales(output)
+            if self.settings["activation_type"] in ("uint16", "int16"):
+                # the HTP's 16-bit MatMul of two activations is far less precise than FP16 (eps/htp.py)
+                self.fp16_matmuls[output] = fp16_activation_matmuls(output)
+        if off:
+            error = move_off_ep(output, off)
+            if error is not None:
+                return Trial(label, list(kept), None, False, 0, None, error, off=off)
+        if (not baseline and set(kept) - set(self.fixed)
+                and quantization_stats(onnx.load(str(output), load_external_data=False))["quantized_ops"] == 0):
+            # a search trial whose kept nodes leave nothing quantized is the float model: it passes
+            # trivially, and a search that took it would end at "nothing was quantized" instead of at
+            # its verdict; not evaluated (no EP time), no figure: neither a pass nor progress
+            return Trial(label, list(kept), None, False, model_bytes(output), output, FLOAT_MODEL, off=off)
+        return self.judge(source, output, label, kept, off, baseline=baseline)
+
+    def edited(self, base: Trial, edit: Callable[[onnx.ModelProto], None]) -> Path:
+        """A copy of ``base``'s file with its graph edited (no weights read: the copy sits beside
+        it, so its external data resolves); ``judge`` evaluates it as a trial."""
+        output = base.path.with_name(base.path.stem + f".variant{self.count}.onnx")
+        self.count += 1
+        graph = onnx.load(str(base.path), load_external_data=False)
+        edit(graph)
+        onnx.save(graph, str(output))
+        return output
+
+    def judge(self, source: Path, output: Path, label: str, kept: list[str], off: list[str], *,
+              baseline: bool = False) -> Trial:
+        """Evaluate ``output`` (quantized from ``source``) on the held-back samples."""
+        evaluation = None
+        if self.eval_feeds:
+            if self.progress is not None:
+                self.progress("evaluating", 0, 1)
+            evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
+                                  self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
+                                  self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or (
+                                      baseline and not self.spare_failing_baseline),
+                                  latency_runs=LATENCY_RUNS if baseline else 0,
+                                  confirm_feeds=self.margin_feeds)
+            self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
+            self.failed_before[output] = self.failed
+            self.judged += 1
+            on_ep = evaluation.on_ep
+            if evaluation.error is None and (on_ep is None or on_ep.error is None) and not evaluation.passed:
+                self.failed += 1
+            if self.progress is not None:
+                self.progress("evaluating", 1, 1)
+            self.evaluations[output] = evaluation
+            self.sources[output] = source  # the float model it was compared (and is timed) with
+        if evaluation is None:
+            return Trial(label, list(kept), None, True, model_bytes(output), output, off=off)
+        on_ep = evaluation.on_ep
+        error = evaluation.error or (f"on {on_ep.ep}: {on_ep.error}" if on_ep is not None and on_ep.error else None)
+        cpu = {"ep": "cpu", "cosine": evaluation.cosine, "norm_ratio": evaluation.norm_ratio,
+               "passed": evaluation.cpu_verdict,
+               "margin_gap": None if evaluation.error is not None else outputs_margin_gap(evaluation.outputs),
+               "outputs": [{"name": o["name"], "cosine": o["cosine"], "norm_ratio": o.get("norm_ratio")}
+                           for o in evaluation.outputs[:16]], "error": evaluation.error}
+        sides = {"judged_on": evaluation.judged_on, "cpu": cpu, "ep": on_ep.summary() if on_ep is not None else None}
+        return Trial(label, list(kept), evaluation.gate_cosine, evaluation.passed, model_bytes(output), output, error,
+                     norm_ratio=evaluation.gate_norm_ratio, sides=sides, shortfall=evaluation.shortfall, off=off,
+                     margin_gap=evaluation.margin_gap)

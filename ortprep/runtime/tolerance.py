@@ -4,8 +4,7 @@ so it lives with the runtime. Sources: docs/decisions/fidelity-tolerances.md."""
 
 from __future__ import annotations
 
-# SHIM(integration): re-exports of ortprep.fidelity.tolerances for code not yet moved to it.
-from ortprep.fidelity.tolerances import FLOAT16_COMPUTE, NORM_TOLERANCE, TF32_COMPUTE  # noqa: F401
+from ortprep.fidelity.tolerances import TF32_COMPUTE
 
 # TF32 exists on NVIDIA GPUs of compute capability 8.0 (Ampere) and later; on older ones use_tf32
 # changes nothing and the session computes in float32.

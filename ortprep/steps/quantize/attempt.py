@@ -18,7 +18,7 @@ from ortprep.model import ModelHandle, failed_path
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.budget import EpClock
-from ortprep.runtime.compare import output_bounds
+from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target

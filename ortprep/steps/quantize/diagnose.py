@@ -12,7 +12,7 @@ import onnx
 from ortprep.fidelity.compare import compare_arrays
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.steps.quantize.calibrate import exposure_chunks
-from ortprep.steps.quantize.edits import QUANT_OPS, with_outputs
+from ortprep.transforms.qdq.facts import QUANT_OPS, with_outputs
 from ortprep.transforms.verify import float_intermediates
 
 

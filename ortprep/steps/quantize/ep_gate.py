@@ -204,7 +204,7 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
     (docs/decisions/reduce-quantize-measurements.md)."""
     import onnx
 
-    from ortprep.runtime.compare import compare_arrays
+    from ortprep.fidelity.compare import compare_arrays
     from ortprep.runtime.isolated import run_isolated
 
     proto = onnx.load(str(model), load_external_data=False)

@@ -23,12 +23,6 @@ from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
 from ortprep.transforms.verify import run_model
 
-# SHIM(integration): re-exports of what moved out of this module, for code not yet moved to the new homes.
-from ortprep.fidelity.evaluation import hold_to_margin, outputs_margin_gap  # noqa: E402,F401
-from ortprep.fidelity.words import failing_words, fmt_cosine  # noqa: E402,F401
-from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes  # noqa: E402,F401
-from ortprep.steps.quantize.gate_findings import gate_finding, latency_finding, limited_finding  # noqa: E402,F401
-
 if TYPE_CHECKING:
     from ortprep.steps.quantize.ep_gate import GateTarget
 

@@ -18,17 +18,13 @@ from ortprep.findings import Finding, Severity
 from ortprep.model import iter_graphs
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.runtime.tolerance import FLOAT16_COMPUTE
+from ortprep.fidelity.tolerances import FLOAT16_COMPUTE
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import (
-    Evaluation,
-    fmt_cosine,
-    gate_finding,
-    latency_finding,
-    limited_finding,
-    worst_nodes,
-)
+from ortprep.fidelity.evaluation import Evaluation
+from ortprep.fidelity.words import fmt_cosine
+from ortprep.steps.quantize.gate_findings import gate_finding, latency_finding, limited_finding
+from ortprep.steps.quantize.diagnose import worst_nodes
 from ortprep.steps.quantize.ladder import auto_order
 from ortprep.steps.quantize.outcome import Outcome
 from ortprep.transforms.qdq.facts import float_weighted, int8_compute_matmuls, output_writers

@@ -29,10 +29,11 @@ from ortprep.model import ModelHandle
 from ortprep.options import ConvertOptions, QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.steps.base import ProgressCallback, StepContext
-from ortprep.runtime.compare import output_bounds
+from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
-from ortprep.steps.quantize.evaluate import evaluate, failing_words, fmt_cosine
+from ortprep.steps.quantize.evaluate import evaluate
+from ortprep.fidelity.words import failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.runner import margin_samples
 from ortprep.steps.quantize.trials import margin_aim

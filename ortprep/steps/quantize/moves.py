@@ -16,7 +16,8 @@ import onnx
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
-from ortprep.steps.quantize.evaluate import Judgement, confirm_on_target
+from ortprep.fidelity.evaluation import Judgement
+from ortprep.steps.quantize.evaluate import confirm_on_target
 from ortprep.steps.quantize.off_target import candidate_sets, movable
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.trials import Trial, change, improved, margin_aim, reaches_margin

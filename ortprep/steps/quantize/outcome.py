@@ -17,7 +17,9 @@ from ortprep.report import StepResult
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.ep_gate import GateTarget
-from ortprep.steps.quantize.evaluate import Evaluation, confirm_on_target, fmt_cosine, hold_to_margin, measure_latency
+from ortprep.fidelity.evaluation import Evaluation, hold_to_margin
+from ortprep.steps.quantize.evaluate import confirm_on_target, measure_latency
+from ortprep.fidelity.words import fmt_cosine
 from ortprep.steps.quantize.moves import confirmation_move
 from ortprep.steps.quantize.remedies import (
     rounding_done,

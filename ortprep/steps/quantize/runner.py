@@ -17,7 +17,8 @@ from ortprep.options import QuantizeOptions
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.ep_gate import GateTarget
-from ortprep.steps.quantize.evaluate import LATENCY_RUNS, Evaluation, evaluate, outputs_margin_gap
+from ortprep.steps.quantize.evaluate import LATENCY_RUNS, evaluate
+from ortprep.fidelity.evaluation import Evaluation, outputs_margin_gap
 from ortprep.steps.quantize.off_target import move_off_ep
 from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial
 from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings

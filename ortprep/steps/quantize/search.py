@@ -23,7 +23,7 @@ from onnx import ModelProto
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.steps.quantize.ep_gate import first_divergence
-from ortprep.steps.quantize.evaluate import tensor_noise, worst_nodes
+from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes
 from ortprep.steps.quantize.moves import keep_off_ep_move, late_move
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.steps.quantize.runner import Trials

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortprep.steps.quantize.evaluate import fmt_cosine
+from ortprep.fidelity.words import fmt_cosine
 
 IMPROVES = 1e-4  # a rule (or a calibration method) must raise the lowest cosine by at least this much to stay
 NORM_IMPROVES = 5e-3  # or bring the norm ratio this much closer to 1 (a scaled output: cosine cannot show it)

@@ -14,7 +14,7 @@ import onnx
 from onnx import ModelProto, TensorProto
 
 from ortprep.model import iter_graphs
-from ortprep.runtime.compare import PASS_THROUGH
+from ortprep.fidelity.graph import RANGE_KEEPING as PASS_THROUGH
 
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",

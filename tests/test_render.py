@@ -8,7 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from ortprep.render.console import render_check, render_load, render_quantize
+from ortprep.render.console import render_check, render_load
+from ortprep.render.console_writes import render_quantize
 
 LONG_NODE = "/model/encoder/layers.11/self_attn/MatMul_with_a_very_long_exported_name"
 

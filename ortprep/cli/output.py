@@ -90,7 +90,7 @@ def execute(pipeline, *, as_json: bool, report: Path | None = None, junit: Path 
     """Run a pipeline with a progress display, write the report files, print the report; returns
     the exit code."""
     from ortprep.model import atomic_write_bytes
-    from ortprep.render.console import render_run_report
+    from ortprep.render.console_run import render_run_report
     from ortprep.render.junit import render_junit
     from ortprep.render.markdown import render_markdown
 

@@ -6,7 +6,7 @@ Built on onnxconverter-common, with what it lacks around it:
   target EP has no FP16 kernel for, activations that overflow FP16 on real inputs;
 - after: repairs of what makes ORT reject the result (Cast nodes whose `to` contradicts the new
   types, stale value_info);
-- verification is done by the caller (steps/convert.py), which feeds nodes responsible for a
+- verification is done by the caller (transforms/conversion.py), which feeds nodes responsible for a
   failure back in here as FP32 nodes.
 """
 

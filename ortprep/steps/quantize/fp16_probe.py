@@ -28,7 +28,7 @@ from ortprep.findings import Severity
 from ortprep.model import ModelHandle
 from ortprep.options import ConvertOptions, QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.steps.base import ProgressCallback, StepContext
+from ortprep.steps.base import ProgressCallback
 from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
@@ -37,6 +37,7 @@ from ortprep.fidelity.words import failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.runner import margin_samples
 from ortprep.steps.quantize.trials import margin_aim
+from ortprep.transforms.conversion import convert_model
 from ortprep.transforms.verify import model_bytes
 
 
@@ -159,12 +160,8 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
 
 
 def _convert(source: Path, dest: Path, options: ConvertOptions) -> StepResult:
-    """``ortprep convert SOURCE --fp16 ...`` to ``dest``: the convert step, taken from the step
-    registry as the pipeline takes it (a step does not import another step's module)."""
-    from ortprep.steps import step_class
-
-    step = step_class("convert")(options)
-    return step.run(ModelHandle.open(source), StepContext(output=dest, force=True))
+    """``ortprep convert SOURCE --fp16 ...`` to ``dest``: what the convert step runs."""
+    return convert_model(ModelHandle.open(source), dest, options, force=True)
 
 
 def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:

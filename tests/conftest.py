@@ -53,7 +53,11 @@ def pytest_configure(config):
 def pytest_report_header(config):
     # Without ONNX Runtime the modules that import it fail at collection, on purpose: a suite that
     # silently skips most of itself would pass on a broken install. This line says why.
-    return None if HAVE_ORT else "onnxruntime is not installed: the modules that need it fail to collect (run: make install)"
+    return (
+        None
+        if HAVE_ORT
+        else "onnxruntime is not installed: the modules that need it fail to collect (run: make install)"
+    )
 
 
 def _full_run(session) -> bool:

@@ -13,7 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
-def make(graph: onnx.GraphProto, opset: int = OPSET, ir_version: int = 8, extra_opsets=(), check=True) -> onnx.ModelProto:
+def make(
+    graph: onnx.GraphProto, opset: int = OPSET, ir_version: int = 8, extra_opsets=(), check=True
+) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
     if check:
@@ -76,7 +78,12 @@ def save_external(model: onnx.ModelProto, path: Path, location: str | None = Non
     if data_path.exists():
         data_path.unlink()
     onnx.save_model(
-        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=1024
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=1024,
     )
     return path
 
@@ -112,7 +119,16 @@ def single_node(
 ) -> onnx.ModelProto:
     """One node ``op`` reading graph inputs (name, elem type, shape) and writing graph outputs."""
     graph = helper.make_graph(
-        [helper.make_node(op, [i[0] for i in inputs] + [t.name for t in initializers], [o[0] for o in outputs], name=op.lower(), domain=domain, **attrs)],
+        [
+            helper.make_node(
+                op,
+                [i[0] for i in inputs] + [t.name for t in initializers],
+                [o[0] for o in outputs],
+                name=op.lower(),
+                domain=domain,
+                **attrs,
+            )
+        ],
         op.lower(),
         [helper.make_tensor_value_info(*i) for i in inputs],
         [helper.make_tensor_value_info(*o) for o in outputs],
@@ -302,7 +318,10 @@ def fp16_overflowing_activations() -> onnx.ModelProto:
         "overflow",
         [_vi("x", TensorProto.FLOAT, [1, 64])],
         [_vi("y", TensorProto.FLOAT, [1, 64])],
-        [numpy_helper.from_array(np.array(1000.0, np.float32), "big"), numpy_helper.from_array(np.array([1], np.int64), "axes")],
+        [
+            numpy_helper.from_array(np.array(1000.0, np.float32), "big"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
     )
     return _model17(graph)
 
@@ -603,8 +622,12 @@ def vit_like(layers: int = 4, hidden: int = 64, tokens: int = 16, seed: int = 11
         p = f"l{i}"
         nodes += [
             *norm(stream, f"{p}.ln1", f"{p}/ln1"),
-            helper.make_node("MatMul", [f"{p}.ln1", weight(f"{p}.q.w", hidden, hidden, sharpness)], [f"{p}.q"], name=f"{p}/q"),
-            helper.make_node("MatMul", [f"{p}.ln1", weight(f"{p}.k.w", hidden, hidden, sharpness)], [f"{p}.k"], name=f"{p}/k"),
+            helper.make_node(
+                "MatMul", [f"{p}.ln1", weight(f"{p}.q.w", hidden, hidden, sharpness)], [f"{p}.q"], name=f"{p}/q"
+            ),
+            helper.make_node(
+                "MatMul", [f"{p}.ln1", weight(f"{p}.k.w", hidden, hidden, sharpness)], [f"{p}.k"], name=f"{p}/k"
+            ),
             helper.make_node("MatMul", [f"{p}.ln1", weight(f"{p}.v.w", hidden, hidden)], [f"{p}.v"], name=f"{p}/v"),
             helper.make_node("Transpose", [f"{p}.k"], [f"{p}.kt"], perm=[0, 2, 1], name=f"{p}/kt"),
             helper.make_node("MatMul", [f"{p}.q", f"{p}.kt"], [f"{p}.s"], name=f"{p}/qk"),
@@ -613,9 +636,13 @@ def vit_like(layers: int = 4, hidden: int = 64, tokens: int = 16, seed: int = 11
             helper.make_node("MatMul", [f"{p}.c", weight(f"{p}.o.w", hidden, hidden)], [f"{p}.o"], name=f"{p}/o"),
             helper.make_node("Add", [stream, f"{p}.o"], [f"{p}.r1"], name=f"{p}/residual1"),
             *norm(f"{p}.r1", f"{p}.ln2", f"{p}/ln2"),
-            helper.make_node("MatMul", [f"{p}.ln2", weight(f"{p}.f1.w", hidden, 2 * hidden)], [f"{p}.f1"], name=f"{p}/ffn1"),
+            helper.make_node(
+                "MatMul", [f"{p}.ln2", weight(f"{p}.f1.w", hidden, 2 * hidden)], [f"{p}.f1"], name=f"{p}/ffn1"
+            ),
             helper.make_node("Relu", [f"{p}.f1"], [f"{p}.g"], name=f"{p}/relu"),
-            helper.make_node("MatMul", [f"{p}.g", weight(f"{p}.f2.w", 2 * hidden, hidden)], [f"{p}.f2"], name=f"{p}/ffn2"),
+            helper.make_node(
+                "MatMul", [f"{p}.g", weight(f"{p}.f2.w", 2 * hidden, hidden)], [f"{p}.f2"], name=f"{p}/ffn2"
+            ),
             helper.make_node("Add", [f"{p}.r1", f"{p}.f2"], [f"{p}.out"], name=f"{p}/residual2"),
         ]
         stream = f"{p}.out"
@@ -722,11 +749,14 @@ def lstm_keywords(folder: Path, hidden: int = 64, features: int = 40, frames: in
     bound = 1 / np.sqrt(hidden)
     bias = np.zeros((1, 8 * hidden), np.float32)
     bias[0, hidden:2 * hidden] = 1.0  # the forget gate opens at the start, as trained LSTMs do
-    weights = [numpy_helper.from_array(rng.uniform(-bound, bound, (1, 4 * hidden, features)).astype(np.float32), "W"),
-               numpy_helper.from_array(rng.uniform(-bound, bound, (1, 4 * hidden, hidden)).astype(np.float32), "R"),
-               numpy_helper.from_array(bias, "B"), numpy_helper.from_array(np.array([1, hidden], np.int64), "flat"),
-               numpy_helper.from_array((rng.standard_normal((8, hidden)) * np.sqrt(2 / hidden)).astype(np.float32), "head.w"),
-               numpy_helper.from_array(np.zeros(8, np.float32), "head.b")]
+    weights = [
+        numpy_helper.from_array(rng.uniform(-bound, bound, (1, 4 * hidden, features)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.uniform(-bound, bound, (1, 4 * hidden, hidden)).astype(np.float32), "R"),
+        numpy_helper.from_array(bias, "B"),
+        numpy_helper.from_array(np.array([1, hidden], np.int64), "flat"),
+        numpy_helper.from_array((rng.standard_normal((8, hidden)) * np.sqrt(2 / hidden)).astype(np.float32), "head.w"),
+        numpy_helper.from_array(np.zeros(8, np.float32), "head.b"),
+    ]
     graph = helper.make_graph(
         [helper.make_node("Transpose", ["features"], ["time_major"], perm=[1, 0, 2], name="to_time_major"),
          helper.make_node("LSTM", ["time_major", "W", "R", "B"], ["", "last"], hidden_size=hidden, name="lstm"),
@@ -734,8 +764,10 @@ def lstm_keywords(folder: Path, hidden: int = 64, features: int = 40, frames: in
          helper.make_node("Gemm", ["h", "head.w", "head.b"], ["logits"], transB=1, name="head")],
         "lstm_keywords", [_vi("features", TensorProto.FLOAT, [1, frames, features])],
         [_vi("logits", TensorProto.FLOAT, [1, 8])], weights)
-    energies = [np.cumsum(rng.standard_normal((1, frames, features)) * 0.3, axis=1) + rng.uniform(2, 6, (1, 1, features))
-                for _ in range(samples)]
+    energies = [
+        np.cumsum(rng.standard_normal((1, frames, features)) * 0.3, axis=1) + rng.uniform(2, 6, (1, 1, features))
+        for _ in range(samples)
+    ]
     return saved_with_samples(make(graph, opset=17, ir_version=9), Path(folder) / "lstm.onnx",
                               [{"features": energy.astype(np.float32)} for energy in energies])
 

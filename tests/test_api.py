@@ -13,5 +13,7 @@ def test_python_api(tmp_path):
     assert converted["verify"]["passed"] is True and (tmp_path / "f.onnx").exists()
     assert ortprep.simplify(SAMPLES / "cnn.onnx", tmp_path / "s.onnx").to_record()["verify"]["passed"] is True
     assert ortprep.test_load(SAMPLES / "cnn.onnx", eps=["cpu"]).to_record()["results"][0]["status"] == "ok"
-    assert ortprep.quantize(SAMPLES / "cnn.onnx", tmp_path / "q.onnx", mode="static", calib="random").to_record()["verify"]["passed"]
+    assert ortprep.quantize(SAMPLES / "cnn.onnx", tmp_path / "q.onnx", mode="static", calib="random").to_record()[
+        "verify"
+    ]["passed"]
     assert "onnxruntime" in ortprep.doctor().to_record()

@@ -378,7 +378,17 @@ def test_check_json_schema_and_fail_on(samples):
     for key in ("ep", "nodes", "supported_nodes", "partitions", "copies", "fallback_nodes", "verdict", "finding_count"):
         assert key in target
     assert "findings" not in target  # each finding once, at top level, tagged with its target
-    assert set(record["findings"][0]) == {"code", "severity", "message", "node", "op_type", "ep", "fix", "source", "target"}
+    assert set(record["findings"][0]) == {
+        "code",
+        "severity",
+        "message",
+        "node",
+        "op_type",
+        "ep",
+        "fix",
+        "source",
+        "target",
+    }
     assert invoke("check", samples / "transformer_block.onnx", "--ep", "xnnpack", "--fail-on", "warning").exit_code == 1
     assert invoke("check", samples / "cnn.onnx", "--ep", "cpu", "--fail-on", "warning").exit_code == 0
 
@@ -422,21 +432,35 @@ def test_patterns_measured_to_fail_on_a_device_are_predicted(tmp_path):
 
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="dw"),
-         helper.make_node("ReduceSum", ["c", "axes"], ["s"], keepdims=1, name="sum"),
-         helper.make_node("Mul", ["s", "inv"], ["m"], name="mean"), helper.make_node("Sub", ["c", "m"], ["y"], name="center")],
-        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="dw"),
+            helper.make_node("ReduceSum", ["c", "axes"], ["s"], keepdims=1, name="sum"),
+            helper.make_node("Mul", ["s", "inv"], ["m"], name="mean"),
+            helper.make_node("Sub", ["c", "m"], ["y"], name="center"),
+        ],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 8])],
-        [numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "w"),
-         numpy_helper.from_array(np.array([-1], np.int64), "axes"), numpy_helper.from_array(np.array(0.125, np.float32), "inv")])
+        [
+            numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+            numpy_helper.from_array(np.array(0.125, np.float32), "inv"),
+        ],
+    )
     path = tmp_path / "two.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     older = invoke("check", path, "--ep", "qnn", "--device", "sm8350", "--json")
     assert older.exit_code == 1
     record = older.json()
-    assert record["results"][0]["verdict"] == "none" and record["results"][0]["device"]["provider_options"] == {"soc_model": "30"}
+    assert record["results"][0]["verdict"] == "none" and record["results"][0]["device"]["provider_options"] == {
+        "soc_model": "30"
+    }
     named = {f["node"]: f for f in record["findings"] if f["code"] == "QNN004"}
-    assert set(named) == {"dw", "sum"} and "MEASURED" not in named["dw"]["source"] and "soc_model unset or 30" in named["dw"]["source"]
+    assert (
+        set(named) == {"dw", "sum"}
+        and "MEASURED" not in named["dw"]["source"]
+        and "soc_model unset or 30" in named["dw"]["source"]
+    )
     # the 8cx Gen 3 refuses the Conv (measured), not the ReduceSum
     assert {f["node"] for f in invoke("check", path, "--ep", "qnn", "--device", "8cx-gen3", "--json").json()["findings"]
             if f["code"] == "QNN004"} == {"dw"}
@@ -451,7 +475,9 @@ def test_devices_carry_sources_and_resolve():
     for name, entry in facts["qnn"]["devices"].items():
         assert entry["source"] in facts["sources"], name
         assert resolve_device("qnn", name).provider_options == {"soc_model": str(entry["soc_model"])}
-    assert resolve_device("qnn", "SM8650").name == "8gen3" and resolve_device("qnn", "888").provider_options == {"soc_model": "30"}
+    assert resolve_device("qnn", "SM8650").name == "8gen3" and resolve_device("qnn", "888").provider_options == {
+        "soc_model": "30"
+    }
     assert resolve_device("qnn", "soc_model=57").name == "8gen3" and resolve_device("qnn", "57").name == "8gen3"
     unknown = resolve_device("qnn", "soc_model=99")
     assert unknown.provider_options == {"soc_model": "99"} and unknown.given == "--device"
@@ -470,7 +496,9 @@ def test_ep_facts_carry_sources():
             if key in entry and key != "static_shapes":
                 assert entry[key]["source"] in facts["sources"], (entry["name"], key)
         if "static_shapes" in entry:
-            table = json.loads((Path(__file__).resolve().parents[1] / "ortprep" / "eps" / "data" / f"{entry['name']}.json").read_text())
+            table = json.loads(
+                (Path(__file__).resolve().parents[1] / "ortprep" / "eps" / "data" / f"{entry['name']}.json").read_text()
+            )
             assert any(c["id"] == entry["static_shapes"]["constraint"] for c in table["constraints"]), entry["name"]
     assert all(key.strip() in facts["sources"] for key in facts["gpu_libraries"]["source"].split(";"))
 
@@ -549,8 +577,12 @@ def test_constant_subgraphs_are_folded_like_ort(tmp_path):
         helper.make_node("Add", ["x", "w2"], ["a"], name="keep_add"),
         helper.make_node("Mul", ["a", "dq"], ["y"], name="keep_mul"),
     ]
-    inits = [numpy_helper.from_array(np.ones(4, np.float32), "w"), numpy_helper.from_array(np.array([1, 4]), "shape"),
-             numpy_helper.from_array(np.ones((1, 4), np.int8), "q"), numpy_helper.from_array(np.array(0.5, np.float32), "s")]
+    inits = [
+        numpy_helper.from_array(np.ones(4, np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 4]), "shape"),
+        numpy_helper.from_array(np.ones((1, 4), np.int8), "q"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+    ]
     graph = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
                                helper.make_tensor_value_info("xs", TensorProto.INT64, [2])], inits)
@@ -569,7 +601,10 @@ def _human_check(path: Path, ep: str) -> str:
     from ortprep.render.console import render_check
 
     buffer = io.StringIO()
-    render_check(check_model(ModelHandle.open(path), [ep]).to_record(), Console(file=buffer, width=200, color_system=None, soft_wrap=True))
+    render_check(
+        check_model(ModelHandle.open(path), [ep]).to_record(),
+        Console(file=buffer, width=200, color_system=None, soft_wrap=True),
+    )
     return buffer.getvalue().replace(str(path.parent), "<dir>")
 
 
@@ -584,14 +619,24 @@ def test_check_report_reads_as_a_diagnosis(tmp_path):
         golden.write_text(text)
         pytest.fail(f"golden file {golden.name} rewritten; review the diff and rerun without ORTPREP_UPDATE_GOLDEN")
     assert text == golden.read_text()
-    assert [line.split()[1] for line in text.splitlines() if line.startswith("  error")] == ["DML001", "NPU001", "SHP001"]
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("  error")] == [
+        "DML001",
+        "NPU001",
+        "SHP001",
+    ]
     assert "--fix-shape audio=1,1,1024" in text and "NAME=VALUE" not in text
     assert "dml-npu: not as it is" in text and "3 problem(s) block it" in text and "partial" in text
     assert "5 problems: 3 errors, 1 warning, 1 note; 8 nodes affected" in text
 
 
-@pytest.mark.parametrize("args", [("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--ep", "dml-npu", "--ep", "openvino-cpu"),
-                                  ("check", "--list-eps"), ("inspect", SAMPLES / "transformer_block.onnx")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("check", SAMPLES / "cnn.onnx", "--ep", "qnn", "--ep", "dml-npu", "--ep", "openvino-cpu"),
+        ("check", "--list-eps"),
+        ("inspect", SAMPLES / "transformer_block.onnx"),
+    ],
+)
 def test_tables_fit_80_columns_without_cutting_headers(args):
     """On an 80-column terminal every table line fits, and no header or cell is cut short with an
     ellipsis (issue 23: 'partiti…', 'fallbac…')."""
@@ -608,18 +653,25 @@ def _shape_computation(tmp_path: Path, buffer: int, dtype: int = TensorProto.FLO
 
     np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     graph = helper.make_graph(
-        [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
-         helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0, name="length"),
-         helper.make_node("Concat", ["n", "four"], ["dims"], axis=0, name="dims"),
-         helper.make_node("Reshape", ["x", "dims"], ["flat"], name="reshape"),
-         helper.make_node("Add", ["flat", "bias"], ["y"], name="add_bias"),
-         helper.make_node("Cast", ["n"], ["n_float"], to=dtype, name="length_as_float"),
-         helper.make_node("Add", ["n_float", "buffer"], ["z"], name="add_buffer")],
+        [
+            helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+            helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0, name="length"),
+            helper.make_node("Concat", ["n", "four"], ["dims"], axis=0, name="dims"),
+            helper.make_node("Reshape", ["x", "dims"], ["flat"], name="reshape"),
+            helper.make_node("Add", ["flat", "bias"], ["y"], name="add_bias"),
+            helper.make_node("Cast", ["n"], ["n_float"], to=dtype, name="length_as_float"),
+            helper.make_node("Add", ["n_float", "buffer"], ["z"], name="add_buffer"),
+        ],
         "shape_computation",
         [helper.make_tensor_value_info("x", dtype, ["n", 4])],
         [helper.make_tensor_value_info("y", dtype, ["n", 4]), helper.make_tensor_value_info("z", dtype, [buffer])],
-        [numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([4], np.int64), "four"),
-         numpy_helper.from_array(np.ones(4, np_dtype), "bias"), numpy_helper.from_array(np.ones(buffer, np_dtype), "buffer")])
+        [
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(np.array([4], np.int64), "four"),
+            numpy_helper.from_array(np.ones(4, np_dtype), "bias"),
+            numpy_helper.from_array(np.ones(buffer, np_dtype), "buffer"),
+        ],
+    )
     path = tmp_path / f"shape_{buffer}_{dtype}.onnx"
     onnx.save(models.make(graph), path)
     return path
@@ -653,10 +705,15 @@ def test_an_output_declared_minus_one_behind_static_inputs_is_static(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"), helper.make_node("Identity", ["m"], ["y"], name="out")],
-        "paddle_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
+            helper.make_node("Identity", ["m"], ["y"], name="out"),
+        ],
+        "paddle_out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3])],
-        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")],
+    )
     path = tmp_path / "paddle_out.onnx"
     onnx.save(models.make(graph, check=False), str(path))  # (onnx's full checker refuses the -1 itself)
     record = invoke("check", path, "--ep", "qnn", "--json").json()
@@ -700,8 +757,9 @@ def test_an_ep_context_node_runs_on_the_ep_that_compiled_it(tmp_path, source):
                             ep_cache_context=b"opaque", source=source)
     graph = helper.make_graph([node], "compiled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=9)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)], ir_version=9
+    )
     path = tmp_path / "ctx.onnx"
     onnx.save(model, str(path))
     record = invoke("check", path, "--ep", "qnn", "--json").json()

@@ -162,14 +162,29 @@ def _boundary_app(exc: BaseException):
     return app
 
 
-@pytest.mark.parametrize("exc, code, text", [
-    (__import__("ortprep.errors", fromlist=["UsageError"]).UsageError("bad flag", hint="use --good"), 2, "bad flag; use --good"),
-    (__import__("ortprep.errors", fromlist=["ModelReadError"]).ModelReadError("cannot read m.onnx"), 2, "cannot read m.onnx"),
-    (__import__("ortprep.errors", fromlist=["EnvironmentMissingError"]).EnvironmentMissingError("no ORT"), 3, "no ORT"),
-    (MemoryError(), 3, "out of memory"),
-    (KeyError("x" * 500), 4, "internal error (KeyError"),
-    (KeyboardInterrupt(), 130, "interrupted"),
-])
+@pytest.mark.parametrize(
+    "exc, code, text",
+    [
+        (
+            __import__("ortprep.errors", fromlist=["UsageError"]).UsageError("bad flag", hint="use --good"),
+            2,
+            "bad flag; use --good",
+        ),
+        (
+            __import__("ortprep.errors", fromlist=["ModelReadError"]).ModelReadError("cannot read m.onnx"),
+            2,
+            "cannot read m.onnx",
+        ),
+        (
+            __import__("ortprep.errors", fromlist=["EnvironmentMissingError"]).EnvironmentMissingError("no ORT"),
+            3,
+            "no ORT",
+        ),
+        (MemoryError(), 3, "out of memory"),
+        (KeyError("x" * 500), 4, "internal error (KeyError"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+    ],
+)
 def test_error_boundary_maps_exceptions_to_exit_codes(exc, code, text):
     from typer.testing import CliRunner
 

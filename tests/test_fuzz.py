@@ -46,7 +46,11 @@ def test_text_that_is_not_utf8(tmp_path):
     at = data.find(b"Relu")
     path = tmp_path / "bad.onnx"
     path.write_bytes(data[:at] + b"Rel\xff" + data[at + 4:])
-    for args in (["inspect", path], ["check", path, "--ep", "cpu"], ["convert", path, "--fp16", "-o", tmp_path / "o.onnx"]):
+    for args in (
+        ["inspect", path],
+        ["check", path, "--ep", "cpu"],
+        ["convert", path, "--fp16", "-o", tmp_path / "o.onnx"],
+    ):
         result = invoke(*args)
         assert result.exit_code == 2 and "not valid UTF-8" in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
@@ -93,8 +97,12 @@ def _invalid(kind: str):
         a = helper.make_node("Relu", ["b"], ["a"], name="first")  # first reads second's output
     elif kind == "dangling_input":
         b = helper.make_node("Add", ["a", "nowhere"], ["b"], name="second")
-    graph = helper.make_graph([a, b], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("b" if kind != "duplicate_name" else "a", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [a, b],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("b" if kind != "duplicate_name" else "a", TensorProto.FLOAT, [2])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -151,7 +159,9 @@ def test_fixed_shapes_pass_the_checker(tmp_path):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
     custom = tmp_path / "custom.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]),
-              str(custom))
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]),
+        str(custom),
+    )
     assert invoke("convert", custom, "--fix-dim", "batch=1", "--no-verify", "-o", tmp_path / "c.onnx").exit_code == 0
     onnx.checker.check_model(str(tmp_path / "c.onnx"), full_check=True)

@@ -36,7 +36,8 @@ def test_load_package_picks_the_fp16_variant_for_cuda(tmp_path):
                   "--inputs", inputs, "--json")
     assert made.exit_code == 0, made.stdout
     cuda_proofs = json.loads((tmp_path / "pkg/model/component.json").read_text())["variants"]["cuda"]
-    assert cuda_proofs["additional_metadata"]["ortprep"]["proofs"]["load"]["status"] == "ok"  # proven here, not predicted
+    # proven here, not predicted
+    assert cuda_proofs["additional_metadata"]["ortprep"]["proofs"]["load"]["status"] == "ok"
     result = invoke("load", "--package", tmp_path / "pkg", "--ep", "cuda", "--ep", "cpu", "--inputs", inputs, "--json")
     assert result.exit_code == 0, result.stdout
     rows = {row["ep"]: row for row in result.json()["results"]}
@@ -59,7 +60,9 @@ def test_tensorrt_without_its_libraries_is_reported_not_silent():
     assert failed[0]["fix"].startswith("ortprep doctor")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="cuda-bindings (NVIDIA's CUDA Python) not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("cuda") is None, reason="cuda-bindings (NVIDIA's CUDA Python) not installed"
+)
 def test_ort_cuda_sessions_survive_a_foreign_cuda_context():
     """The seeds' clash (TensorRT under pycuda.autoinit next to ORT's CUDA EP: "invalid resource
     handle") put to ORT alone: a foreign, non-primary context current at session creation, destroyed
@@ -112,7 +115,11 @@ def test_load_on_cuda_puts_a_tf32_difference_down_to_tf32(tmp_path):
     # CUDA's default session (use_tf32 on) loses the difference; the same session with it off keeps it
     assert result.exit_code == 1 and "LOD006" in codes and cuda["outputs_match"] is False, record["findings"]
     assert cuda["max_abs_diff"] > 1.0
-    assert cuda["tf32_off"]["ran"] and cuda["tf32_off"]["outputs_match"] is True and cuda["tf32_off"]["max_abs_diff"] < 1e-2
+    assert (
+        cuda["tf32_off"]["ran"]
+        and cuda["tf32_off"]["outputs_match"] is True
+        and cuda["tf32_off"]["max_abs_diff"] < 1e-2
+    )
     told = [f for f in record["findings"] if f["code"] == "LOD010"]
     assert told and "use_tf32=0" in told[0]["fix"]
     # and asked for float32 from the start, it matches

@@ -60,7 +60,8 @@ def drawn(page) -> dict[str, dict]:
     """Each node drawn as itself or in a chain: name -> {classes, chain}."""
     return page.evaluate("""() => {var out={};document.querySelectorAll('#graph g.node').forEach(function(g){
         var names=g.dataset.node?[g.dataset.node]:JSON.parse(g.dataset.nodes);
-        names.forEach(function(n){out[n]={classes:g.getAttribute('class').split(' '),chain:!g.dataset.node};});});return out;}""")
+        names.forEach(function(n){out[n]={classes:g.getAttribute('class').split(' '),"""
+        """chain:!g.dataset.node};});});return out;}""")
 
 
 def highlighted(page) -> list[str]:
@@ -69,8 +70,11 @@ def highlighted(page) -> list[str]:
 
 
 def causes_of(page) -> list[dict]:
-    return page.evaluate("""() => Array.prototype.map.call(document.querySelectorAll('.target-info[data-section="0"] li.cause'),
-        function(li){return {number:li.dataset.cause,count:+li.dataset.count,code:li.dataset.code,nodes:JSON.parse(li.dataset.nodes)};})""")
+    return page.evaluate(
+        """() => Array.prototype.map.call(document.querySelectorAll('.target-info[data-section="0"] li.cause'),
+        function(li){return {number:li.dataset.cause,count:+li.dataset.count,code:li.dataset.code,"""
+        """nodes:JSON.parse(li.dataset.nodes)};})"""
+    )
 
 
 def check(model: Path, page: Path, eps: list[str]) -> dict:
@@ -94,11 +98,14 @@ def test_control_flow_page_draws_bodies_fallbacks_and_causes(browser, tmp_path):
     assert set(nodes) == {"choose", "repeat", "then_add", "else_mul", "body_cond", "body_add"}
     assert {n for n, d in nodes.items() if "cpu" in d["classes"]} == fallback
     assert {n for n, d in nodes.items() if "ep" in d["classes"]} == {"choose", "then_add", "else_mul"}
-    inside = page.evaluate("""() => {var out={};document.querySelectorAll('g.node.container > g.body').forEach(function(b){
+    inside = page.evaluate(
+        """() => {var out={};document.querySelectorAll('g.node.container > g.body').forEach(function(b){
         var frame=b.querySelector(':scope > rect').getBoundingClientRect();
         b.querySelectorAll('g.node').forEach(function(g){var r=g.querySelector('rect').getBoundingClientRect();
           out[g.dataset.node]={container:b.parentNode.dataset.node,body:b.dataset.attribute,
-            within:r.left>=frame.left&&r.right<=frame.right&&r.top>=frame.top&&r.bottom<=frame.bottom};});});return out;}""")
+            within:r.left>=frame.left&&r.right<=frame.right&&r.top>=frame.top&&r.bottom<=frame.bottom};});});"""
+        """return out;}"""
+    )
     assert inside == {"then_add": {"container": "choose", "body": "then_branch", "within": True},
                       "else_mul": {"container": "choose", "body": "else_branch", "within": True},
                       "body_cond": {"container": "repeat", "body": "body", "within": True},
@@ -115,7 +122,8 @@ def test_control_flow_page_draws_bodies_fallbacks_and_causes(browser, tmp_path):
             assert sorted(highlighted(page)) == sorted(cause["nodes"])
     page.locator('.target-info[data-section="0"] li.cause.active').click()  # a second click clears it
     assert highlighted(page) == []
-    page.locator('#graph g.node.container[data-node="repeat"] > rect.frame').click(position={"x": 4, "y": 4})  # closes the body
+    # closes the body
+    page.locator('#graph g.node.container[data-node="repeat"] > rect.frame').click(position={"x": 4, "y": 4})
     nodes = drawn(page)
     assert "body_add" not in nodes and "repeat" in nodes
     assert "inside" in page.locator('#graph g.node[data-node="repeat"] text').first.text_content()
@@ -166,7 +174,9 @@ def test_large_graphs_are_drawn_whole_and_searchable(browser, tmp_path, blocks):
     target = view["nodes"][count // 2]["name"]
     page.fill("#search", target)
     page.press("#search", "Enter")
-    assert page.evaluate("() => Array.prototype.map.call(document.querySelectorAll('#graph g.node.hit'), g => g.dataset.node)") == [target]
+    assert page.evaluate(
+        "() => Array.prototype.map.call(document.querySelectorAll('#graph g.node.hit'), g => g.dataset.node)"
+    ) == [target]
 
 
 REAL_MODELS = {
@@ -198,7 +208,8 @@ def test_real_models_pages_and_screenshots(browser, tmp_path, kind):
     assert fallback <= set(nodes)
     assert all("cpu" in nodes[n]["classes"] for n in fallback)
     if kind == "control-flow":
-        assert page.locator("#graph g.node.container.open g.body g.node.cpu").count() > 0  # fallbacks drawn inside If bodies
+        # fallbacks drawn inside If bodies
+        assert page.locator("#graph g.node.container.open g.body g.node.cpu").count() > 0
     causes = [c for c in causes_of(page) if c["nodes"]]
     largest = max(causes, key=lambda c: c["count"])
     number = largest["number"]

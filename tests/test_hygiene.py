@@ -40,6 +40,11 @@ def test_docs_name_only_commands_that_exist():
 def test_no_model_files_at_the_repository_root():
     """Models live in sample_models/ (built by its script) or tmp_path; one at the root is a
     leftover of a manual run, tracked or about to be (untracked and not ignored)."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.onnx", "*.onnx.data"],
-                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.onnx", "*.onnx.data"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert [path for path in listed if "/" not in path] == []

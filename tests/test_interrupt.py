@@ -65,8 +65,17 @@ def test_interrupt_leaves_nothing_behind(tmp_path, how, code, command):
     if command == "convert":
         args = ["convert", str(big_model(tmp_path / "big.onnx")), "--fp16", "-o", str(out_dir / "big.fp16.onnx")]
     elif command == "quantize":
-        args = ["quantize", str(big_model(tmp_path / "big.onnx")), "--static", "--calib", "random", "--method", "entropy",
-                "-o", str(out_dir / "big.int8.onnx")]
+        args = [
+            "quantize",
+            str(big_model(tmp_path / "big.onnx")),
+            "--static",
+            "--calib",
+            "random",
+            "--method",
+            "entropy",
+            "-o",
+            str(out_dir / "big.int8.onnx"),
+        ]
     else:
         # two EPs: the interrupt must stop the step, not just the EP running (the next one must not start)
         args = ["load", str(SAMPLES / "transformer_block.onnx"), "--ep", "cpu", "--ep", "qnn", "--runs", "100000000",

@@ -46,13 +46,27 @@ def test_session_failure_is_a_status(samples):
 
 def test_crash_and_hang_leave_other_eps_reported(samples):
     # coreml: an EP no Linux machine has (cuda runs on a GPU machine)
-    code, record, stderr = load(samples / "cnn.onnx", "--ep", "cpu", "--ep", "coreml", env={"ORTPREP_TEST_LOAD_HOOK": "crash:CPUExecutionProvider"})
+    code, record, stderr = load(
+        samples / "cnn.onnx",
+        "--ep",
+        "cpu",
+        "--ep",
+        "coreml",
+        env={"ORTPREP_TEST_LOAD_HOOK": "crash:CPUExecutionProvider"},
+    )
     statuses = {r["ep"]: r["status"] for r in record["results"]}
     assert statuses == {"cpu": "crashed", "coreml": "unavailable"}
     assert "SIGABRT" in record["results"][0]["message"]
     assert code == 3  # an EP asked for is missing; the crash is reported too
     assert "LOD003" in {f["code"] for f in record["findings"]}
-    code, record, _ = load(samples / "cnn.onnx", "--ep", "cpu", "--timeout", "2", env={"ORTPREP_TEST_LOAD_HOOK": "hang:CPUExecutionProvider"})
+    code, record, _ = load(
+        samples / "cnn.onnx",
+        "--ep",
+        "cpu",
+        "--timeout",
+        "2",
+        env={"ORTPREP_TEST_LOAD_HOOK": "hang:CPUExecutionProvider"},
+    )
     assert code == 1 and record["results"][0]["status"] == "timeout"
 
 
@@ -93,7 +107,9 @@ def test_prediction_disagreement_is_reported(samples):
     # check predicts every node of the CNN on TensorRT; an assignment record that says otherwise:
     names = [n.name for n in handle.graph.node]
     assignment = {name: "TensorrtExecutionProvider" for name in names}
-    comparison, findings = compare_with_check(analysis, resolve_ep("tensorrt"), assignment, [["TensorrtExecutionProvider", 9]])
+    comparison, findings = compare_with_check(
+        analysis, resolve_ep("tensorrt"), assignment, [["TensorrtExecutionProvider", 9]]
+    )
     assert findings == [] and comparison["node_agreement"] == 1.0 and comparison["actual_verdict"] == "full"
     assignment[names[2]] = "CPUExecutionProvider"
     assignment["fused_by_the_optimizer"] = "CPUExecutionProvider"  # not in the file: not compared
@@ -120,10 +136,16 @@ def _qdq_output_model(scale: float, zero_type=None):
     from onnx import TensorProto, helper, numpy_helper
 
     zero_type = zero_type or np.uint8
-    inits = [numpy_helper.from_array(np.array(scale, np.float32), "s"), numpy_helper.from_array(np.array(0, zero_type), "z"),
-             numpy_helper.from_array(np.array([3], np.int64), "shape")]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
-             helper.make_node("Reshape", ["d", "shape"], ["y"])]
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, zero_type), "z"),
+        numpy_helper.from_array(np.array([3], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+        helper.make_node("Reshape", ["d", "shape"], ["y"]),
+    ]
     graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
@@ -146,7 +168,8 @@ def test_output_comparison_tolerances():
     assert _compare(reference, {"y": np.array([1.0, 2.0, 3.0005], np.float32)}, plain, "cpu")[0] is True
     assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float32)}, plain, "cpu")[0] is False
     assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float32)}, plain, "qnn")[0] is True  # HTP: float16
-    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float16)}, plain, "cpu")[0] is True  # float16 is looser
+    # float16 is looser
+    assert _compare(reference, {"y": np.array([1.0, 2.0, 3.01], np.float16)}, plain, "cpu")[0] is True
     # CUDA's default session computes float32 products in TF32 (float16's mantissa); use_tf32=0 is float32
     tf32 = {"y": np.array([1.0, 2.0, 3.01], np.float32)}
     assert _compare(reference, tf32, plain, "cuda")[0] is True
@@ -224,7 +247,10 @@ def test_the_tf32_rerun_says_so_where_the_ep_took_nothing(tmp_path):
 
 
 
-@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA EP in this ONNX Runtime (CI has no GPU)")
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" not in ort.get_available_providers(),
+    reason="no CUDA EP in this ONNX Runtime (CI has no GPU)",
+)
 def test_cuda_runs_samples():
     code, record, _ = load(SAMPLES / "cnn.onnx", "--ep", "cuda")
     assert record["results"][0]["status"] in ("ok", "fallback") and record["results"][0]["outputs_match"] is True
@@ -245,7 +271,10 @@ def test_doctor_reports_runtime():
 
 
 def test_doctor_without_ort():
-    code = "import sys; sys.modules['onnxruntime'] = None; sys.argv = ['ortprep', 'doctor', '--json']\nfrom ortprep.cli.app import main\nmain()"
+    code = (
+        "import sys; sys.modules['onnxruntime'] = None; sys.argv = ['ortprep', 'doctor', '--json']\n"
+        "from ortprep.cli.app import main\nmain()"
+    )
     import subprocess
 
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

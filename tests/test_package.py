@@ -94,7 +94,8 @@ def test_qnn_target_holds_the_compiled_model_first_and_its_qdq_source(package):
     assert qdq["executor_info"]["ort"]["provider_options"] == {"soc_model": "60"}
     proofs = compiled["additional_metadata"]["ortprep"]["proofs"]
     assert proofs["compile"]["compatibility"]["QNNExecutionProvider"] == compiled["compatibility_string"]
-    assert proofs["compile"]["samples"]["samples"] == 24 and proofs["compile"]["samples"]["failed"] == 0  # compile --eval
+    # compile --eval
+    assert proofs["compile"]["samples"]["samples"] == 24 and proofs["compile"]["samples"]["failed"] == 0
     assert proofs["load"]["vs_source"][0]["cosine"] > 0.999
     assert qdq["additional_metadata"]["ortprep"]["proofs"]["accuracy"]["step"] == "quantize"
 
@@ -116,7 +117,9 @@ def test_load_package_runs_the_variant_ort_picks_for_each_ep_here(package):
 
 def test_load_package_on_an_ep_with_no_variant_fails(tmp_path):
     calib, inputs = _data(tmp_path)
-    made = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "gpu-only", "--target", "cuda", "--inputs", inputs, "--json")
+    made = invoke(
+        "package", SAMPLES / "cnn.onnx", "-o", tmp_path / "gpu-only", "--target", "cuda", "--inputs", inputs, "--json"
+    )
     assert made.exit_code == 0, made.stdout
     result = invoke("load", "--package", tmp_path / "gpu-only", "--ep", "cpu", "--ep", "cuda", "--json")
     assert result.exit_code == 1
@@ -166,11 +169,15 @@ def test_device_goes_to_the_targets_that_have_devices(tmp_path):
 
 
 def test_external_data_is_copied_and_digested(tmp_path):
-    made = invoke("package", SAMPLES / "external_data" / "mlp.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--json")
+    made = invoke(
+        "package", SAMPLES / "external_data" / "mlp.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--json"
+    )
     assert made.exit_code == 0, made.stdout
     cpu = _variants(tmp_path / "pkg")["cpu"]["additional_metadata"]["ortprep"]
     assert set(cpu["files"]) == {"model.onnx", "mlp.onnx.data"}  # the source's files, byte for byte
-    assert (tmp_path / "pkg/model/cpu/mlp.onnx.data").read_bytes() == (SAMPLES / "external_data/mlp.onnx.data").read_bytes()
+    assert (tmp_path / "pkg/model/cpu/mlp.onnx.data").read_bytes() == (
+        SAMPLES / "external_data/mlp.onnx.data"
+    ).read_bytes()
     loaded = invoke("load", "--package", tmp_path / "pkg", "--json")
     assert loaded.exit_code == 0 and loaded.json()["results"][0]["status"] == "passed"
 
@@ -178,7 +185,9 @@ def test_external_data_is_copied_and_digested(tmp_path):
 def test_package_refusals_are_one_line_usage_errors(tmp_path):
     calib, inputs = _data(tmp_path)
     no_calib = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "p", "--target", "qnn")
-    assert no_calib.exit_code == 2 and "needs calibration data" in no_calib.stderr and "Traceback" not in no_calib.stderr
+    assert (
+        no_calib.exit_code == 2 and "needs calibration data" in no_calib.stderr and "Traceback" not in no_calib.stderr
+    )
     (tmp_path / "taken").mkdir()
     taken = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "taken", "--target", "cpu")
     assert taken.exit_code == 2 and "exists" in taken.stderr
@@ -209,13 +218,26 @@ def test_no_compile_ships_the_qdq_model_and_says_so(tmp_path):
 OPENVINO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-openvino" / "bin" / "python"
 
 
-@pytest.mark.skipif(not OPENVINO_PYTHON.exists(), reason="the OpenVINO environment is not built (make install builds it)")
+@pytest.mark.skipif(
+    not OPENVINO_PYTHON.exists(), reason="the OpenVINO environment is not built (make install builds it)"
+)
 def test_a_target_in_another_environment_is_proven_and_picked_there(tmp_path):
     """OpenVINO lives in its own ORT build: package proves its variant there (--runtime), and
     load --package picks it with ORT's rules applied by ortprep (that build has no package API)."""
     runtime = f"openvino-cpu={OPENVINO_PYTHON}"
-    made = invoke("package", SAMPLES / "cnn.onnx", "-o", tmp_path / "pkg", "--target", "cpu", "--target", "openvino-cpu",
-                  "--runtime", runtime, "--json")
+    made = invoke(
+        "package",
+        SAMPLES / "cnn.onnx",
+        "-o",
+        tmp_path / "pkg",
+        "--target",
+        "cpu",
+        "--target",
+        "openvino-cpu",
+        "--runtime",
+        runtime,
+        "--json",
+    )
     assert made.exit_code == 0, made.stdout
     proofs = {v["name"]: v["proofs"] for v in made.json()["variants"]}
     assert proofs["openvino-cpu"]["load"]["status"] == "ok" and proofs["openvino-cpu"]["load"]["nodes_on_ep"] > 0

@@ -62,13 +62,27 @@ def calib_folder(folder: Path) -> Path:
 CASES = {
     "inspect": ("cnn.onnx", ["inspect"], None),
     "check": ("cnn.onnx", ["check", "--ep", "dml-npu", "--ep", "openvino-cpu,dml"], None),
-    "convert": ("conv1d_audio.onnx", ["convert", "--fp16", "--ep", "directml", "--fix-dim", "batch=1",
-                                      "--conv1d-to-conv2d", "-o", "{tmp}/out.onnx"], "out.onnx"),
-    "simplify": ("cnn.onnx", ["simplify", "--skip-pass", "eliminate_nop_transpose", "-o", "{tmp}/out.onnx"], "out.onnx"),
+    "convert": (
+        "conv1d_audio.onnx",
+        ["convert", "--fp16", "--ep", "directml", "--fix-dim", "batch=1", "--conv1d-to-conv2d", "-o", "{tmp}/out.onnx"],
+        "out.onnx",
+    ),
+    "simplify": (
+        "cnn.onnx",
+        ["simplify", "--skip-pass", "eliminate_nop_transpose", "-o", "{tmp}/out.onnx"],
+        "out.onnx",
+    ),
     "optimize": ("transformer_block.onnx", ["optimize", "--level", "basic", "-o", "{tmp}/out.onnx"], "out.onnx"),
-    "quantize": ("cnn.onnx", ["quantize", "--static", "--calib", "{tmp}/calib", "--ep", "trt", "--per-tensor",
-                              "-o", "{tmp}/out.onnx"], "out.onnx"),
-    "load": ("cnn.onnx", ["load", "--ep", "cpu", "--runs", "2", "--provider-option", "cpu:intra_op_num_threads=1"], None),
+    "quantize": (
+        "cnn.onnx",
+        ["quantize", "--static", "--calib", "{tmp}/calib", "--ep", "trt", "--per-tensor", "-o", "{tmp}/out.onnx"],
+        "out.onnx",
+    ),
+    "load": (
+        "cnn.onnx",
+        ["load", "--ep", "cpu", "--runs", "2", "--provider-option", "cpu:intra_op_num_threads=1"],
+        None,
+    ),
     "doctor": (None, ["doctor", "--scan", "{tmp}/code"], None),
     "compile": ("cnn.onnx", ["compile", "--ep", "qnn", "-o", "{tmp}/out.onnx"], "out.onnx"),
 }
@@ -282,7 +296,9 @@ def test_options_doc_is_generated_from_the_definitions():
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    child = subprocess.run([sys.executable, str(root / "tools" / "gen_options_doc.py"), "--check"], capture_output=True, text=True)
+    child = subprocess.run(
+        [sys.executable, str(root / "tools" / "gen_options_doc.py"), "--check"], capture_output=True, text=True
+    )
     assert child.returncode == 0, child.stderr
     text = (root / "docs" / "options.md").read_text()
     assert "| `fix_dims` | `--fix-dim`, `--fix-dims` |" in text and "`--static`" in text

@@ -90,12 +90,18 @@ def test_failing_gate_stops_the_run(tmp_path):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ('model = "cnn.onnx"\ncolour = "blue"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "unknown top-level key(s) colour"),
+        (
+            'model = "cnn.onnx"\ncolour = "blue"\n[[steps]]\nrun = "check"\neps = ["dml"]\n',
+            "unknown top-level key(s) colour",
+        ),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "compress"\n', "unknown step 'compress'"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "convert"\nfp17 = true\n', "unknown option(s) fp17"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\neps = ["gpu9000"]\n', "unknown execution provider 'gpu9000'"),
         ('model = "cnn.onnx"\n[[steps]]\nrun = "check"\n', "no EP given"),
-        ('model = "cnn.onnx"\nfail_on = "sometimes"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "fail_on is 'sometimes'"),
+        (
+            'model = "cnn.onnx"\nfail_on = "sometimes"\n[[steps]]\nrun = "check"\neps = ["dml"]\n',
+            "fail_on is 'sometimes'",
+        ),
         ('model = "cnn.onnx"\n', "no steps"),
         ('model = "missing.onnx"\n[[steps]]\nrun = "check"\neps = ["dml"]\n', "model file not found"),
         ('model = "cnn.onnx"\n[[steps]\n', "not valid TOML"),

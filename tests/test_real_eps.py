@@ -101,7 +101,10 @@ def test_unnamed_nodes_are_placed_one_by_one(qdq_cnn, tmp_path):
     proof = _only(invoke("check", unnamed, "--ep", "qnn", "--prove", "--json").json())
     # the same placement as the named file's (ORT adds a few DQ copies of its own: more than 20 nodes)
     assert named["nodes_total"] > 20
-    assert (proof["proof"]["nodes_total"], proof["proof"]["nodes_on_ep"]) == (named["nodes_total"], named["nodes_on_ep"])
+    assert (proof["proof"]["nodes_total"], proof["proof"]["nodes_on_ep"]) == (
+        named["nodes_total"],
+        named["nodes_on_ep"],
+    )
     assert proof["verdict"] == proof["predicted_verdict"] == "partial"
     assert f"QuantizeLinear#{first_q}" in proof["proof"]["fallback_nodes"]
     assert proof["proof"]["comparison"]["node_agreement"] == 1.0
@@ -143,7 +146,9 @@ def test_the_wire_level_labels_equal_checks():
     model.graph.node[1].name = ""
     model.graph.node[2].name = ""
     labelled = onnx.load_from_string(label_unnamed_nodes(model.SerializeToString()))
-    assert [n.name for n in labelled.graph.node] == [n.name or f"{n.op_type}#{i}" for i, n in enumerate(model.graph.node)]
+    assert [n.name for n in labelled.graph.node] == [
+        n.name or f"{n.op_type}#{i}" for i, n in enumerate(model.graph.node)
+    ]
     for index in (1, 2):
         labelled.graph.node[index].name = ""
     assert labelled == model  # field by field: nothing else changed
@@ -274,7 +279,9 @@ def test_openvino_compile_failure_is_a_finding(qdq_cnn, tmp_path):
         assert record["outputs"][0]["within_tolerance"] is True  # a release that reloads its own context
         return
     assert result.exit_code == 1 and "CMP001" in codes(record) and not (tmp_path / "ov.onnx").exists()
-    assert record["stage"] == "reload" and "source model" in next(f["fix"] for f in record["findings"] if f["code"] == "CMP001")
+    assert record["stage"] == "reload" and "source model" in next(
+        f["fix"] for f in record["findings"] if f["code"] == "CMP001"
+    )
 
 
 @needs_qnn
@@ -282,7 +289,10 @@ def test_the_qnn_path_end_to_end(tmp_path):
     """float -> static shapes -> QDQ with the QNN preset -> the real QNN HTP simulator, with the
     three-way comparison that tells quantization loss from EP error."""
     static = tmp_path / "tb.static.onnx"
-    assert invoke("convert", SAMPLES / "transformer_block.onnx", "--fix-shape", "hidden=1,16,64", "-o", static).exit_code == 0
+    assert (
+        invoke("convert", SAMPLES / "transformer_block.onnx", "--fix-shape", "hidden=1,16,64", "-o", static).exit_code
+        == 0
+    )
     calib = tmp_path / "calib"
     calib.mkdir()
     rng = np.random.default_rng(1)
@@ -320,7 +330,11 @@ def test_ir14_model_against_ort_124(tmp_path):
     onnx.save(model, str(path))
     record = invoke("check", path, "--ep", "cpu", "--ort-version", "1.24", "--json").json()
     finding = next(f for f in record["findings"] if f["code"] == "MOD009")
-    assert finding["severity"] == "error" and "ONNX Runtime 1.24" in finding["message"] and "--ir-version 13" in finding["fix"]
+    assert (
+        finding["severity"] == "error"
+        and "ONNX Runtime 1.24" in finding["message"]
+        and "--ir-version 13" in finding["fix"]
+    )
     assert "measured" in finding["source"] and record["results"][0]["verdict"] == "none"
     assert "MOD009" in codes(invoke("inspect", path, "--ort-version", "1.24", "--json").json())
     assert "MOD009" not in codes(invoke("check", path, "--ep", "cpu", "--json").json())  # the installed ORT loads it
@@ -368,7 +382,10 @@ def test_compiled_outputs_that_differ_are_not_written(qdq_cnn, tmp_path, monkeyp
     monkeypatch.setattr(tolerance, "DECISION_COSINE", 2.0)
     result = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--json")
     assert result.exit_code == 1 and "CMP002" in codes(result.json()) and not (tmp_path / "c.onnx").exists()
-    assert "allowed 0: no difference allowed" in next(f for f in result.json()["findings"] if f["code"] == "CMP002")["message"]
+    assert (
+        "allowed 0: no difference allowed"
+        in next(f for f in result.json()["findings"] if f["code"] == "CMP002")["message"]
+    )
     kept = invoke("compile", qdq_cnn, "--ep", "qnn", "-o", tmp_path / "c.onnx", "--keep-failed", "--json")
     assert kept.exit_code == 1 and not (tmp_path / "c.onnx").exists() and (tmp_path / "c.failed.onnx").exists()
     assert kept.json()["kept_failed"] == str(tmp_path / "c.failed.onnx") and kept.json()["output"] is None
@@ -486,8 +503,14 @@ def test_converter_written_classifier_with_zipmap(tmp_path):
 
 @needs_openvino
 def test_runtime_flag_repeats():
-    record = invoke("doctor", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}", "--runtime", f"openvino-gpu={OPENVINO_PYTHON}",
-                    "--json").json()
+    record = invoke(
+        "doctor",
+        "--runtime",
+        f"openvino-cpu={OPENVINO_PYTHON}",
+        "--runtime",
+        f"openvino-gpu={OPENVINO_PYTHON}",
+        "--json",
+    ).json()
     rows = {row["ep"]: row for row in record["eps"]}
     assert rows["openvino-cpu"]["runtime"] == rows["openvino-gpu"]["runtime"] == str(OPENVINO_PYTHON)
     assert rows["openvino-cpu"]["available"] and rows["openvino-cpu"]["via"] == "built in"
@@ -556,11 +579,17 @@ def test_int64_elementwise_on_real_openvino_is_predicted_and_proven(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "k"], ["m"], name="mul_i64"), helper.make_node("Add", ["m", "k"], ["a"], name="add_i64"),
-         helper.make_node("Cast", ["a"], ["f"], to=TensorProto.FLOAT, name="cast"), helper.make_node("Relu", ["f"], ["y"], name="relu")],
-        "i64", [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 16])],
+        [
+            helper.make_node("Mul", ["x", "k"], ["m"], name="mul_i64"),
+            helper.make_node("Add", ["m", "k"], ["a"], name="add_i64"),
+            helper.make_node("Cast", ["a"], ["f"], to=TensorProto.FLOAT, name="cast"),
+            helper.make_node("Relu", ["f"], ["y"], name="relu"),
+        ],
+        "i64",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-        [numpy_helper.from_array(np.arange(16, dtype=np.int64).reshape(1, 16), "k")])
+        [numpy_helper.from_array(np.arange(16, dtype=np.int64).reshape(1, 16), "k")],
+    )
     path = tmp_path / "i64.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     record = invoke("check", path, "--ep", "openvino-cpu", "--prove", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}",
@@ -591,12 +620,22 @@ def control_flow_model(path: Path, kind: str) -> Path:
         inits = [numpy_helper.from_array(np.array(0, np.float32), "zero")]
     else:
         body = helper.make_graph(
-            [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_id"),
-             helper.make_node("Mul", ["v_in", "two"], ["v_out"], name="b_mul")], "body",
-            [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-             helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1, 4])],
-            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1, 4])],
-            [numpy_helper.from_array(np.full((1, 4), 2, np.float32), "two")])
+            [
+                helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_id"),
+                helper.make_node("Mul", ["v_in", "two"], ["v_out"], name="b_mul"),
+            ],
+            "body",
+            [
+                helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1, 4]),
+            ],
+            [
+                helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1, 4]),
+            ],
+            [numpy_helper.from_array(np.full((1, 4), 2, np.float32), "two")],
+        )
         nodes = [helper.make_node("Loop", ["n", "c0", "x"], ["y0"], body=body, name="loop")]
         inits = [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array(True), "c0")]
     graph = helper.make_graph(nodes + [helper.make_node("Relu", ["y0"], ["y"], name="relu")], kind, [x], [y], inits)
@@ -614,7 +653,9 @@ def test_prove_control_flow_on_real_openvino(tmp_path):
                     "--runtime", runtime, "--json").json()
     target = branch["results"][0]
     assert target["predicted_verdict"] == "full" and target["verdict"] == "partial"
-    assert target["proof"]["fallback_nodes"] == ["sum"] and target["proof"]["comparison"]["differing_op_types"] == {"ReduceSum": 1}
+    assert target["proof"]["fallback_nodes"] == ["sum"] and target["proof"]["comparison"]["differing_op_types"] == {
+        "ReduceSum": 1
+    }
     prv = next(f for f in branch["findings"] if f["code"] == "PRV001")
     assert "'partial' (check predicted 'full')" in prv["message"] and "sum" in prv["message"]
     loop = invoke("check", control_flow_model(tmp_path / "loop.onnx", "loop"), "--ep", "openvino-cpu", "--prove",
@@ -622,7 +663,9 @@ def test_prove_control_flow_on_real_openvino(tmp_path):
     assert loop.exit_code == 1
     target = loop.json()["results"][0]
     # the Loop is now predicted (EP009, eps/session_rules.py): the prediction equals the real session
-    assert target["predicted_verdict"] == "none" and target["verdict"] == "none" and target["proof"]["status"] == "failed"
+    assert (
+        target["predicted_verdict"] == "none" and target["verdict"] == "none" and target["proof"]["status"] == "failed"
+    )
     assert any(f["code"] == "PRV002" and "initialization" in f["message"] for f in loop.json()["findings"])
     assert any(f["code"] == "EP009" and f["node"] == "loop" for f in loop.json()["findings"])
 
@@ -654,10 +697,15 @@ def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
 
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Sigmoid", ["m"], ["y"], name="sig")],
-        "sig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+            helper.make_node("Sigmoid", ["m"], ["y"], name="sig"),
+        ],
+        "sig",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.02).astype(np.float32), "w")])
+        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.02).astype(np.float32), "w")],
+    )
     model = tmp_path / "sig.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(model))
     samples = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(16)]
@@ -688,7 +736,12 @@ def test_a_sigmoid_output_on_qnn_scaled_and_not(tmp_path):
     ours = tmp_path / "sig.qdq.onnx"
     # judged as a thresholded map: its 32 scores sit together near 0.5, and their ranking (which
     # 8-bit weights change) is not what this test is about
-    assert invoke("quantize", model, "--static", "--ep", "qnn", "--calib", calib, "-o", ours, "--metric", "y=map").exit_code == 0
+    assert (
+        invoke(
+            "quantize", model, "--static", "--ep", "qnn", "--calib", calib, "-o", ours, "--metric", "y=map"
+        ).exit_code
+        == 0
+    )
     scale = next(t for t in onnx.load(str(ours)).graph.initializer if t.name.startswith("y_scale"))
     assert float(numpy_helper.to_array(scale)) == 1.0 / 65536.0
     loaded = invoke("load", ours, "--ep", "qnn", "--reference", model, "--json")
@@ -752,9 +805,17 @@ def test_qnn_sessions_with_other_options_never_share_a_worker(tmp_path):
     target = ep_runtime(resolve_ep("qnn"))
     default = {k: v for k, v in session_options(target).items() if k != "soc_model"}  # the simulator's own default
     with workers_scope() as pool:
-        named = pool.call(Prove(model=model, provider="QNNExecutionProvider", provider_options={**default, "soc_model": "60"},
-                                plugin=target.plugin))
-        plain = pool.call(Prove(model=model, provider="QNNExecutionProvider", provider_options=default, plugin=target.plugin))
+        named = pool.call(
+            Prove(
+                model=model,
+                provider="QNNExecutionProvider",
+                provider_options={**default, "soc_model": "60"},
+                plugin=target.plugin,
+            )
+        )
+        plain = pool.call(
+            Prove(model=model, provider="QNNExecutionProvider", provider_options=default, plugin=target.plugin)
+        )
         assert named.ok and plain.status == "failed" and "finalize" in plain.message.lower()
         assert pool.started >= 2
 
@@ -830,7 +891,10 @@ def test_synthetic_feeds_follow_the_inputs_and_refuse_dynamic_dims(tmp_path):
     assert name == fixed.get_inputs()[0].name and list(value.shape) == fixed.get_inputs()[0].shape
     assert value.dtype == np.float32 and value.std() > 0.1
     onnx.save(models.relu(), tmp_path / "dynamic.onnx")  # x: ["n", 4]
-    assert synthetic_feeds(ort.InferenceSession(str(tmp_path / "dynamic.onnx"), providers=["CPUExecutionProvider"])) is None
+    assert (
+        synthetic_feeds(ort.InferenceSession(str(tmp_path / "dynamic.onnx"), providers=["CPUExecutionProvider"]))
+        is None
+    )
 
 
 @needs_qnn
@@ -919,7 +983,10 @@ def test_the_answer_line_is_the_real_sessions_where_it_is_proven(tmp_path):
     assert (target["predicted_verdict"], target["verdict"]) == ("full", "partial")
     assert target["proof"]["fallback_nodes"] == ["clip_dynamic"]
     human = invoke("check", path, "--ep", "qnn", "--prove", env={"COLUMNS": "200"}).stdout
-    assert f"qnn: yes, with 1 CPU fallback(s) in the real session: {target['proof']['comparison']['actual_partitions']} partition(s)" in human
+    assert (
+        "qnn: yes, with 1 CPU fallback(s) in the real session: "
+        f"{target['proof']['comparison']['actual_partitions']} partition(s)" in human
+    )
     assert "every node runs on qnn" not in human
     total = target["proof"]["nodes_total"]
     assert f"{total - 1}/{total}" in human
@@ -934,10 +1001,13 @@ def test_fallbacks_the_real_session_contradicts_are_dropped(tmp_path):
     beside a proof of every node on QNN)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
-             helper.make_node("ReduceMax", ["s"], ["m"], keepdims=1, name="rmax"),
-             helper.make_node("Concat", ["head", "m"], ["shp"], axis=0, name="concat"),
-             helper.make_node("Reshape", ["x", "shp"], ["r"], name="reshape"), helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("ReduceMax", ["s"], ["m"], keepdims=1, name="rmax"),
+        helper.make_node("Concat", ["head", "m"], ["shp"], axis=0, name="concat"),
+        helper.make_node("Reshape", ["x", "shp"], ["r"], name="reshape"),
+        helper.make_node("Relu", ["r"], ["y"], name="relu"),
+    ]
     graph = helper.make_graph(nodes, "folded_shape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])],
                               [numpy_helper.from_array(np.array([1, 4], np.int64), "head")])

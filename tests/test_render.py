@@ -19,9 +19,20 @@ def _check_record() -> dict:
     for ep in ("qnn", "dml-npu", "openvino-cpu,dml", "tensorrt,cuda"):
         results.append({"ep": ep, "nodes": 123456, "supported_nodes": 120000, "node_share": 0.9719, "partitions": 1234,
                         "fallback_nodes": [LONG_NODE] * 12, "copies": 23456, "mac_share": 0.9912, "verdict": "partial"})
-    findings = [{"code": "EP001", "severity": "error", "message": f"node '{LONG_NODE}' (Det) is not supported by {r['ep']}",
-                 "node": LONG_NODE, "op_type": "Det", "ep": r["ep"], "fix": "replace Det", "source": None,
-                 "target": r["ep"]} for r in results]
+    findings = [
+        {
+            "code": "EP001",
+            "severity": "error",
+            "message": f"node '{LONG_NODE}' (Det) is not supported by {r['ep']}",
+            "node": LONG_NODE,
+            "op_type": "Det",
+            "ep": r["ep"],
+            "fix": "replace Det",
+            "source": None,
+            "target": r["ep"],
+        }
+        for r in results
+    ]
     return {"model": "/a/rather/long/path/to/models/encoder_decoder_transformer.onnx", "results": results,
             "findings": findings}
 
@@ -56,9 +67,17 @@ def _quantize_record() -> dict:
 
 # (renderer, record, the headers of every table it draws)
 CASES = {
-    "check": (render_check, _check_record, ["EP", "EP takes", "parts", "on CPU", "copies", "MACs on EP", "errors", "verdict"]),
+    "check": (
+        render_check,
+        _check_record,
+        ["EP", "EP takes", "parts", "on CPU", "copies", "MACs on EP", "errors", "verdict"],
+    ),
     "load": (render_load, _load_record, ["EP", "status", "nodes on EP", "outputs match", "median ms", "p90 ms"]),
-    "quantize": (render_quantize, _quantize_record, ["trial", "nodes kept in float", "lowest cosine", "size ratio", "gate"]),
+    "quantize": (
+        render_quantize,
+        _quantize_record,
+        ["trial", "nodes kept in float", "lowest cosine", "size ratio", "gate"],
+    ),
 }
 
 
@@ -106,11 +125,26 @@ def test_the_answer_and_the_row_are_the_real_sessions_where_proven():
     assert placement(predicted) == {"proven": False, "on_ep": 20, "nodes": 20, "share": 1.0, "partitions": 1,
                                     "fallbacks": 0, "copies": 2}
     assert answer(predicted, []) == "yes: every node runs on qnn"
-    proven = {**predicted, "verdict": "partial", "predicted_verdict": "full",
-              "proof": {"status": "created", "nodes_total": 17, "nodes_on_ep": 16, "fallback_nodes": ["Clip_28"],
-                        "comparison": {"actual_partitions": 1, "actual_verdict": "partial", "predicted_verdict": "full"}}}
+    proven = {
+        **predicted,
+        "verdict": "partial",
+        "predicted_verdict": "full",
+        "proof": {
+            "status": "created",
+            "nodes_total": 17,
+            "nodes_on_ep": 16,
+            "fallback_nodes": ["Clip_28"],
+            "comparison": {"actual_partitions": 1, "actual_verdict": "partial", "predicted_verdict": "full"},
+        },
+    }
     placed = placement(proven)
-    assert (placed["proven"], placed["on_ep"], placed["nodes"], placed["fallbacks"], placed["copies"]) == (True, 16, 17, 1, None)
+    assert (placed["proven"], placed["on_ep"], placed["nodes"], placed["fallbacks"], placed["copies"]) == (
+        True,
+        16,
+        17,
+        1,
+        None,
+    )
     assert answer(proven, []) == "yes, with 1 CPU fallback(s) in the real session: 1 partition(s)"
     blocked = answer(proven, [{"code": "SHP001", "severity": "error"}])
     assert blocked.startswith("not as it is: 16/17 nodes are on qnn in the real session, but 1 problem(s)")

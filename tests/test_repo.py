@@ -104,20 +104,29 @@ def test_pyproject_table_and_github_outputs(tmp_path):
     (folder / "pyproject.toml").write_text('[project]\nname = "zoo"\n\n[tool.ortprep]\n' + body)
     summary = tmp_path / "step_summary.md"
     summary.write_text("earlier content\n")
-    result = invoke("run", folder / "pyproject.toml", env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    result = invoke(
+        "run", folder / "pyproject.toml", env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    )
     assert result.exit_code == 1
     assert "::error file=models/erf_mlp.onnx,title=ortprep npu%3A gate min_node_share (check)::" in result.stdout
     appended = summary.read_text()
     assert appended.startswith("earlier content\n") and "## ortprep: failed (5 of 6" in appended
 
 
-@pytest.mark.parametrize("edit, key, line", [
-    ('[targets.npu]\nep = "qnn"\nmin_node_sharez = 0.5\n', "targets.npu.min_node_sharez: unknown key", 11),
-    ('[targets.npu]\nep = "qnn"\nmin_node_share = "high"\n', "targets.npu.min_node_share: must be a number", 11),
-    ('[targets.npu]\nep = "qnn"\nmax_partitions = 1.5\n', "targets.npu.max_partitions: must be an integer", 11),
-    ('[targets.npu]\nep = "qnn"\ndevice = "8gen9"\n', "targets.npu.device: unknown qnn device '8gen9'", 11),
-    ('[targets.npu]\nep = "openvino-cpu"\ndevice = "8gen3"\n', "targets.npu.device: --device names a device of qnn", 11),
-])
+@pytest.mark.parametrize(
+    "edit, key, line",
+    [
+        ('[targets.npu]\nep = "qnn"\nmin_node_sharez = 0.5\n', "targets.npu.min_node_sharez: unknown key", 11),
+        ('[targets.npu]\nep = "qnn"\nmin_node_share = "high"\n', "targets.npu.min_node_share: must be a number", 11),
+        ('[targets.npu]\nep = "qnn"\nmax_partitions = 1.5\n', "targets.npu.max_partitions: must be an integer", 11),
+        ('[targets.npu]\nep = "qnn"\ndevice = "8gen9"\n', "targets.npu.device: unknown qnn device '8gen9'", 11),
+        (
+            '[targets.npu]\nep = "openvino-cpu"\ndevice = "8gen3"\n',
+            "targets.npu.device: --device names a device of qnn",
+            11,
+        ),
+    ],
+)
 def test_config_errors_name_key_and_line(tmp_path, edit, key, line):
     folder = repository(tmp_path)
     text = (folder / "ortprep.toml").read_text()
@@ -213,7 +222,8 @@ def test_shards_merge_to_the_unsharded_verdict(tmp_path):
     assert invoke("merge", *reports, "--html", pages).exit_code == 1
     assert len(list(pages.iterdir())) == 11  # and index.html, the run's report page
     assert "act" in page_names((pages / "models__net03.html").read_text())
-    assert "graph" not in json.loads(reports[0].read_text())["runs"][0]["steps"][0]["report"]  # the reports stay as written
+    # the reports stay as written
+    assert "graph" not in json.loads(reports[0].read_text())["runs"][0]["steps"][0]["report"]
     # a pair in two reports is refused
     assert invoke("merge", reports[0], reports[0]).exit_code == 2
 
@@ -262,8 +272,11 @@ def test_html_page_names_every_node_and_marks_the_fallbacks(tmp_path):
         placement = data["targets"][index]["placement"]
         assert set(placement) == every
         assert {n for n, where in placement.items() if where == "cpu"} == set(result_["fallback_nodes"])
-        panel = re.search(rf'<div class="target-info" data-section="{index}">.*?</div>\s*(?=<div class="target-info"|</aside>)',
-                          text, re.S).group(0)
+        panel = re.search(
+            rf'<div class="target-info" data-section="{index}">.*?</div>\s*(?=<div class="target-info"|</aside>)',
+            text,
+            re.S,
+        ).group(0)
         assert set(re.findall(r'<li><a data-find="([^"]*)"', panel)) == set(result_["fallback_nodes"])
         # one entry per cause; each names its nodes, and together they name every finding's node
         findings = [f for f in record["findings"] if f["target"] in (None, result_["ep"])]
@@ -284,11 +297,25 @@ def test_findings_are_grouped_by_cause():
         return {"code": code, "severity": "warning", "node": node, "op_type": op, "fix": f"replace {op}",
                 "message": f"node '{node}' (ai.onnx:{op}) is not supported by qnn: {reason}; it falls back to the CPU"}
 
-    found = causes([finding(f"erf{i}", "Erf", "qnn has no ai.onnx:Erf") for i in range(13)]
-                   + [finding("n1", "Add", "QNN needs a static shape"), finding("n2", "Conv", "QNN needs a static shape")]
-                   + [{"code": "EP006", "severity": "warning", "node": None, "op_type": None, "fix": None,
-                       "message": "qnn: 15 of 20 nodes fall back"}])
-    assert [(c["code"], len(c["nodes"]), c["findings"]) for c in found] == [("EP001", 13, 13), ("EP001", 2, 2), ("EP006", 0, 1)]
+    found = causes(
+        [finding(f"erf{i}", "Erf", "qnn has no ai.onnx:Erf") for i in range(13)]
+        + [finding("n1", "Add", "QNN needs a static shape"), finding("n2", "Conv", "QNN needs a static shape")]
+        + [
+            {
+                "code": "EP006",
+                "severity": "warning",
+                "node": None,
+                "op_type": None,
+                "fix": None,
+                "message": "qnn: 15 of 20 nodes fall back",
+            }
+        ]
+    )
+    assert [(c["code"], len(c["nodes"]), c["findings"]) for c in found] == [
+        ("EP001", 13, 13),
+        ("EP001", 2, 2),
+        ("EP006", 0, 1),
+    ]
     assert found[0]["text"] == "is not supported by qnn: qnn has no ai.onnx:Erf; it falls back to the CPU"
     assert found[1]["ops"] == {"Add": 1, "Conv": 1} and found[1]["fixes"] == ["replace Add", "replace Conv"]
 
@@ -304,10 +331,15 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
     document = invoke("run", folder, "--json").json()
     index = (out / "index.html").read_text()
     for run in document["runs"]:
-        cell = re.search(rf'<td class="(pass|fail)" data-model="{re.escape(run["model"])}" data-target="{run["target"]}">(.*?)</td>',
-                         index, re.S)
+        cell = re.search(
+            rf'<td class="(pass|fail)" data-model="{re.escape(run["model"])}" data-target="{run["target"]}">(.*?)</td>',
+            index,
+            re.S,
+        )
         assert cell and cell.group(1) == ("pass" if run["passed"] else "fail")
-        check = next(r for s in run["steps"] if s["run"] == "check" for r in s["report"]["results"] if r["ep"] == run["ep"])
+        check = next(
+            r for s in run["steps"] if s["run"] == "check" for r in s["report"]["results"] if r["ep"] == run["ep"]
+        )
         assert check["verdict"] in cell.group(2) and f"{check['node_share']:.1%}" in cell.group(2)
     for page in pages[1:]:
         assert f'<a href="{page}">' in index
@@ -315,9 +347,12 @@ def test_html_for_a_run_and_a_large_graph(tmp_path):
     from ortprep.eps.partition import graph_view
     from ortprep.render.html import render_page
 
-    chain = helper.make_graph([helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu{i}") for i in range(5000)],
-                              "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("t5000", TensorProto.FLOAT, [1, 4])])
+    chain = helper.make_graph(
+        [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu{i}") for i in range(5000)],
+        "chain",
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("t5000", TensorProto.FLOAT, [1, 4])],
+    )
     placement = {f"relu{i}": ("cpu" if 2000 <= i < 2003 else "ep") for i in range(5000)}
     html_text = render_page("chain.onnx", graph_view(chain), [{"name": "npu", "ep": "qnn", "placement": placement,
                                                               "actual": None, "findings": [], "summary": {}}])
@@ -370,7 +405,9 @@ def test_init_then_run(tmp_path):
 def test_placement_gates_and_the_precommit_hook(tmp_path):
     folder = repository(tmp_path, share=0.0)
     text = (folder / "ortprep.toml").read_text().replace(
-        "min_node_share = 0.0", "min_node_share = 0.0\nmax_partitions = 1\nmax_fallback_nodes = 0\nno_cpu_island = true\nmin_mac_share = 0.5")
+        "min_node_share = 0.0",
+        "min_node_share = 0.0\nmax_partitions = 1\nmax_fallback_nodes = 0\nno_cpu_island = true\nmin_mac_share = 0.5",
+    )
     (folder / "ortprep.toml").write_text(text)
     record = invoke("run", folder, "--json").json()
     erf = next(r for r in record["runs"] if r["model"] == "models/erf_mlp.onnx" and r["target"] == "npu")
@@ -419,7 +456,11 @@ run = "compile"
 """)
     result = invoke("run", folder, "--json")
     assert result.exit_code == 2, result.stdout[-1000:]
-    assert "ortprep.toml:18: step 2 (compile): " in result.stderr and "target c" in result.stderr and "not cpu" in result.stderr
+    assert (
+        "ortprep.toml:18: step 2 (compile): " in result.stderr
+        and "target c" in result.stderr
+        and "not cpu" in result.stderr
+    )
     assert not (folder / "build").exists()
     # the first two targets alone are a valid config
     (folder / "ortprep.toml").write_text((folder / "ortprep.toml").read_text().replace('[targets.c]\nep = "cpu"\n', ""))
@@ -440,8 +481,13 @@ def test_run_on_workers_leaves_no_process_and_no_file(tmp_path):
     folder = repository(tmp_path)
     temp = tmp_path / "tmp"
     temp.mkdir()
-    done = subprocess.run([sys.executable, "-m", "ortprep", "run", str(folder), "-j", "2", "--json"], capture_output=True,
-                          text=True, env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "ortprep", "run", str(folder), "-j", "2", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert done.returncode == 1 and json.loads(done.stdout)["summary"]["pairs"] == 6
     # (ONNX Runtime itself keeps $TMPDIR/.ses, its telemetry session id: not ortprep's)
     assert [p.name for p in temp.iterdir() if p.name != ".ses"] == []

@@ -121,11 +121,18 @@ def _two_readers(path, other: str):
 
     rng = np.random.default_rng(3)
     w = numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), "W")
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node(other, ["r", "W"], ["y"], name="mm2")]
-    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64] if other == "Add" else [1, 64])],
-                              [w])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node(other, ["r", "W"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64] if other == "Add" else [1, 64])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, path)
     return model
@@ -149,7 +156,9 @@ def test_a_weight_read_elsewhere_is_left_alone(tmp_path, other, excluded):
         return ({"x": correlated_inputs(np.random.default_rng(i), 1, basis).astype(np.float32)} for i in range(16))
 
     steps = []
-    done = compensate_model(model, str(path), samples, 16, 4, 32, False, excluded, progress=lambda d, t: steps.append((d, t)))
+    done = compensate_model(
+        model, str(path), samples, 16, 4, 32, False, excluded, progress=lambda d, t: steps.append((d, t))
+    )
     after = numpy_helper.to_array(model.graph.initializer[0])
     if steps:  # samples read, then each weight rounded: it counts up to its total and ends there
         assert [d for d, _ in steps] == list(range(1, len(steps) + 1)) and steps[-1][0] == steps[-1][1]

@@ -154,8 +154,12 @@ def test_overflowing_activations_are_found_a_group_of_tensors_at_a_time(tmp_path
     assert "CNV003" in codes(record)
     assert (len(runs) == 1) == (budget is None)
     if budget is not None:  # each run exposed a part, and the parts together are every intermediate
-        assert all(len(names) < len(verify.float_intermediates(models.fp16_overflowing_activations())) for names in runs)
-        assert sorted(n for names in runs for n in names) == sorted(verify.float_intermediates(models.fp16_overflowing_activations()))
+        assert all(
+            len(names) < len(verify.float_intermediates(models.fp16_overflowing_activations())) for names in runs
+        )
+        assert sorted(n for names in runs for n in names) == sorted(
+            verify.float_intermediates(models.fp16_overflowing_activations())
+        )
 
 
 def test_batchnorm_with_huge_variance_is_folded(tmp_path):
@@ -225,10 +229,15 @@ def test_failed_verification_writes_nothing(tmp_path):
     assert record["output"] is None and record["verify"]["passed"] is False
     assert "CNV006" in codes(record)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
-    kept_result = invoke("convert", source, "--fp16", "--min-cosine", "1.5", "--shape", "x=2,4", "--keep-failed", "--json")
+    kept_result = invoke(
+        "convert", source, "--fp16", "--min-cosine", "1.5", "--shape", "x=2,4", "--keep-failed", "--json"
+    )
     # a refusal leaves nothing at -o: --keep-failed writes beside it, under a name that says so
     assert kept_result.exit_code == 1 and not (tmp_path / "m.fp16.onnx").exists()
-    assert kept_result.json()["kept_failed"] == str(tmp_path / "m.fp16.failed.onnx") and (tmp_path / "m.fp16.failed.onnx").exists()
+    assert (
+        kept_result.json()["kept_failed"] == str(tmp_path / "m.fp16.failed.onnx")
+        and (tmp_path / "m.fp16.failed.onnx").exists()
+    )
 
 
 def test_unverifiable_original_writes_nothing(tmp_path, samples):
@@ -254,7 +263,9 @@ def _needs_large_image(tmp_path: Path, kernel: int) -> Path:
     least that size (a detector's stem, in short)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, kernel, kernel)).astype(np.float32) * 0.01, "w")
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3, kernel, kernel)).astype(np.float32) * 0.01, "w"
+    )
     graph = helper.make_graph([helper.make_node("Conv", ["image", "w"], ["f"], name="stem"),
                                helper.make_node("Sigmoid", ["f"], ["map"], name="prob")], "det",
                               [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "height", "width"])],
@@ -279,7 +290,9 @@ def test_convert_verifies_on_sizes_the_original_runs_on(tmp_path):
     assert result.exit_code == 1 and not out.exists() and record["output"] is None
     cnv007 = next(f for f in record["findings"] if f["code"] == "CNV007")
     assert "--inputs FILE.npz" in cnv007["fix"] and "--shape NAME=DIMS" in cnv007["fix"]
-    fixed = invoke("convert", _needs_large_image(tmp_path, 700), "--fp16", "-o", out, "--shape", "image=1,3,704,704", "--json")
+    fixed = invoke(
+        "convert", _needs_large_image(tmp_path, 700), "--fp16", "-o", out, "--shape", "image=1,3,704,704", "--json"
+    )
     assert fixed.exit_code == 0 and fixed.json()["verified"] is True
 
 
@@ -331,11 +344,15 @@ def test_conv1d_sample_ready_for_dml_npu(tmp_path, samples):
     assert errors == []
     # and the same numbers as the original, independently of ortprep's own verification
     audio = np.random.default_rng(5).standard_normal((1, 1, 1024)).astype(np.float32)
-    np.testing.assert_allclose(run(out, {"audio": audio})[0], run(samples / "conv1d_audio.onnx", {"audio": audio})[0], atol=2e-2)
+    np.testing.assert_allclose(
+        run(out, {"audio": audio})[0], run(samples / "conv1d_audio.onnx", {"audio": audio})[0], atol=2e-2
+    )
 
 
 def test_conv1d_rewrite_alone_is_exact(tmp_path, samples):
-    record = invoke("convert", samples / "conv1d_audio.onnx", "--conv1d-to-conv2d", "-o", tmp_path / "c.onnx", "--json").json()
+    record = invoke(
+        "convert", samples / "conv1d_audio.onnx", "--conv1d-to-conv2d", "-o", tmp_path / "c.onnx", "--json"
+    ).json()
     assert record["verify"]["passed"] is True and record["verify"]["max_abs_diff"] < 1e-5
     ops = [n.op_type for n in onnx.load(str(tmp_path / "c.onnx")).graph.node]
     assert ops.count("Conv") == 2 and "Unsqueeze" in ops
@@ -345,7 +362,13 @@ def test_conv1d_rewrite_alone_is_exact(tmp_path, samples):
 
 def test_fix_shape_and_fix_dim(tmp_path, samples):
     record = invoke(
-        "convert", samples / "transformer_block.onnx", "--fix-shape", "hidden=2,5,64", "-o", tmp_path / "t.onnx", "--json"
+        "convert",
+        samples / "transformer_block.onnx",
+        "--fix-shape",
+        "hidden=2,5,64",
+        "-o",
+        tmp_path / "t.onnx",
+        "--json",
     ).json()
     assert record["verify"]["passed"] is True
     dims = [d.dim_value for d in onnx.load(str(tmp_path / "t.onnx")).graph.input[0].type.tensor_type.shape.dim]
@@ -368,7 +391,9 @@ def test_opset_conversion(tmp_path, samples):
 
 
 def test_combined_transforms_in_one_call(tmp_path, samples):
-    record = invoke("convert", samples / "cnn.onnx", "--opset", "18", "--fp16", "--ep", "dml", "-o", tmp_path / "x.onnx", "--json").json()
+    record = invoke(
+        "convert", samples / "cnn.onnx", "--opset", "18", "--fp16", "--ep", "dml", "-o", tmp_path / "x.onnx", "--json"
+    ).json()
     assert [t["transform"] for t in record["transforms"]] == ["opset", "fp16"]
     assert record["verify"]["passed"] is True
 
@@ -384,7 +409,9 @@ def _external_sample(tmp_path: Path) -> Path:
     return folder / "mlp.onnx"
 
 
-@pytest.mark.parametrize("command", [["simplify"], ["optimize", "--level", "extended"], ["convert", "--fp16", "--ep", "cuda"]])
+@pytest.mark.parametrize(
+    "command", [["simplify"], ["optimize", "--level", "extended"], ["convert", "--fp16", "--ep", "cuda"]]
+)
 def test_external_data_in_and_out(tmp_path, command):
     source = _external_sample(tmp_path)
     before = {p.name: p.read_bytes() for p in source.parent.iterdir()}
@@ -397,7 +424,9 @@ def test_external_data_in_and_out(tmp_path, command):
     assert sorted(p.name for p in out_dir.iterdir()) == ["result.onnx", "result.onnx.data"]
     assert ModelHandle.open(out_dir / "result.onnx").external_files[0].location == "result.onnx.data"
     x = np.random.default_rng(9).standard_normal((3, 64)).astype(np.float32)
-    np.testing.assert_allclose(run(out_dir / "result.onnx", {"x": x})[0], run(source, {"x": x})[0], atol=5e-2 if "--fp16" in command else 1e-4)
+    np.testing.assert_allclose(
+        run(out_dir / "result.onnx", {"x": x})[0], run(source, {"x": x})[0], atol=5e-2 if "--fp16" in command else 1e-4
+    )
     assert {p.name: p.read_bytes() for p in source.parent.iterdir()} == before
 
 
@@ -416,7 +445,10 @@ def test_simplify_falls_back_when_onnxsim_cannot(tmp_path, samples, monkeypatch)
 
     report = ortprep.simplify(samples / "cnn.onnx", tmp_path / "s.onnx")
     record = report.to_record()
-    assert record["transforms"][0] == {"transform": "onnxsim skipped", "detail": "the model is over 2 GB, which onnxsim cannot serialize"}
+    assert record["transforms"][0] == {
+        "transform": "onnxsim skipped",
+        "detail": "the model is over 2 GB, which onnxsim cannot serialize",
+    }
     assert "SIM001" in codes(record) and record["verify"]["passed"] is True
     monkeypatch.undo()
     assert "SIM001" not in codes(invoke("simplify", samples / "cnn.onnx", "-o", tmp_path / "t.onnx", "--json").json())
@@ -438,8 +470,21 @@ def test_optimize_failure_is_reported(tmp_path, samples):
 
 
 def test_convert_json_schema(tmp_path, samples):
-    record = invoke("convert", samples / "cnn.onnx", "--fp16", "--ep", "dml", "-o", tmp_path / "f.onnx", "--json").json()
-    for key in ("schema", "input", "output", "nodes_before", "nodes_after", "size_before", "size_after", "verify", "kept_fp32_nodes", "findings"):
+    record = invoke(
+        "convert", samples / "cnn.onnx", "--fp16", "--ep", "dml", "-o", tmp_path / "f.onnx", "--json"
+    ).json()
+    for key in (
+        "schema",
+        "input",
+        "output",
+        "nodes_before",
+        "nodes_after",
+        "size_before",
+        "size_after",
+        "verify",
+        "kept_fp32_nodes",
+        "findings",
+    ):
         assert key in record
     assert record["schema"] == "ortprep.convert/1"
     assert set(record["verify"]) >= {"loads", "max_abs_diff", "max_rel_diff", "cosine", "passed"}
@@ -642,8 +687,18 @@ def test_fp16_that_keeps_cosine_but_not_the_decision_is_refused(tmp_path):
     finding = next(f for f in record["findings"] if f["code"] == "CNV006")
     assert "decision changes: 'probs' (top1)" in finding["message"] and "--metric probs=" in finding["fix"]
     # said to be no decision, the same conversion is judged by cosine and written
-    again = invoke("convert", source, "--fp16", "--inputs", inputs, "-o", tmp_path / "out.onnx", "--metric", "probs=cosine",
-                   "--json")
+    again = invoke(
+        "convert",
+        source,
+        "--fp16",
+        "--inputs",
+        inputs,
+        "-o",
+        tmp_path / "out.onnx",
+        "--metric",
+        "probs=cosine",
+        "--json",
+    )
     assert again.exit_code == 0 and (tmp_path / "out.onnx").exists()
     assert again.json()["verify"]["decisions"][0]["chosen_by"] == "--metric"
 
@@ -665,18 +720,26 @@ def _position_buffer_model() -> onnx.ModelProto:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(np.arange(64, dtype=np.int64)[None], "buffer"),
-             numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
-             numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "table"),
-             numpy_helper.from_array(rng.standard_normal((100, 8)).astype(np.float32), "words")]
+    inits = [
+        numpy_helper.from_array(np.arange(64, dtype=np.int64)[None], "buffer"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "table"),
+        numpy_helper.from_array(rng.standard_normal((100, 8)).astype(np.float32), "words"),
+    ]
     nodes = [helper.make_node("Shape", ["ids"], ["shape"], name="shape"),
              helper.make_node("Gather", ["shape", "one"], ["length"], axis=0, name="length"),
              helper.make_node("Slice", ["buffer", "zero", "length", "one"], ["positions"], name="slice"),
              helper.make_node("Gather", ["table", "positions"], ["position_vectors"], name="lookup"),
              helper.make_node("Gather", ["words", "ids"], ["word_vectors"], name="embed"),
              helper.make_node("Add", ["word_vectors", "position_vectors"], ["out"], name="add")]
-    graph = helper.make_graph(nodes, "positions", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "sequence", 8])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "positions",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "sequence", 8])],
+        inits,
+    )
     return models.make(graph)
 
 
@@ -727,11 +790,14 @@ def test_fix_shape_folds_the_shape_computations_a_reshape_reads(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
-             numpy_helper.from_array(np.array([1, 4, 1, 1], np.int64), "b_shape"),
-             numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
-             numpy_helper.from_array(np.array([-1], np.int64), "rest")]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([1, 4, 1, 1], np.int64), "b_shape"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+    ]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
              helper.make_node("Reshape", ["b", "b_shape"], ["b4"], name="bias_reshape"),
              helper.make_node("Add", ["c", "b4"], ["cb"], name="bias_add"),
@@ -790,10 +856,16 @@ def test_fix_shape_makes_an_output_declared_minus_one_static(tmp_path):
              helper.make_node("MatMul", ["flat", "fc"], ["logits"], name="fc"),
              helper.make_node("Softmax", ["logits"], ["softmax"], axis=-1, name="softmax"),
              helper.make_node("Identity", ["softmax"], ["probs"], name="out")]
-    graph = helper.make_graph(nodes, "paddle_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "h", "w"])],
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [-1, 2])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "paddle_like",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [-1, 2])],
+        inits,
+    )
     source = tmp_path / "paddle_like.onnx"
-    onnx.save(models.make(graph, opset=11), str(source))  # PP-OCR's opset: there onnx's data propagation stops at the Slice
+    # PP-OCR's opset: there onnx's data propagation stops at the Slice
+    onnx.save(models.make(graph, opset=11), str(source))
     out = tmp_path / "fixed.onnx"
     result = invoke("convert", source, "--fix-shape", "x=1,3,16,32", "-o", out, "--json")
     assert result.exit_code == 0, result.output
@@ -824,16 +896,28 @@ def test_localize_body_initializers_copies_the_small_ones_a_body_reads_and_leave
 
     from ortprep.graphops import localize_body_initializers
 
-    branch = helper.make_graph([helper.make_node("Mul", ["x", "small"], ["t"]), helper.make_node("Add", ["t", "big"], ["o"])],
-                               "then", [], [helper.make_tensor_value_info("o", TensorProto.FLOAT, [64])])
+    branch = helper.make_graph(
+        [helper.make_node("Mul", ["x", "small"], ["t"]), helper.make_node("Add", ["t", "big"], ["o"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [64])],
+    )
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "shared"], ["a"]), helper.make_node("ReduceMax", ["a"], ["m"], keepdims=0),
-         helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL),
-         helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [
+            helper.make_node("Add", ["x", "shared"], ["a"]),
+            helper.make_node("ReduceMax", ["a"], ["m"], keepdims=0),
+            helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL),
+            helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])],
-        [numpy_helper.from_array(np.ones(1, np.float32), "small"), numpy_helper.from_array(np.ones(64, np.float32), "big"),
-         numpy_helper.from_array(np.ones(1, np.float32), "shared")])
+        [
+            numpy_helper.from_array(np.ones(1, np.float32), "small"),
+            numpy_helper.from_array(np.ones(64, np.float32), "big"),
+            numpy_helper.from_array(np.ones(1, np.float32), "shared"),
+        ],
+    )
     proto = models.make(graph)
     assert localize_body_initializers(proto.graph) == ["small"]
     names = [t.name for t in proto.graph.initializer]
@@ -867,13 +951,21 @@ def test_fp16_verified_on_made_up_inputs_says_the_real_range_is_unknown(tmp_path
     onnx.save_model(models.make(graph), str(model))
     made_up = invoke("convert", model, "--fp16", "-o", tmp_path / "a.onnx", "--json")
     note = next(f for f in made_up.json()["findings"] if f["code"] == "CNV017")
-    assert made_up.exit_code == 0 and "--inputs" in note["fix"] and "the largest activation on them is" in note["message"]
+    assert (
+        made_up.exit_code == 0 and "--inputs" in note["fix"] and "the largest activation on them is" in note["message"]
+    )
     audio = (np.random.default_rng(3).standard_normal((1, 4, 256)) * 8000).astype(np.float32)
     np.savez(tmp_path / "audio.npz", x=audio)
     real = invoke("convert", model, "--fp16", "--inputs", tmp_path / "audio.npz", "-o", tmp_path / "b.onnx", "--json")
     assert real.exit_code == 0 and not any(f["code"] == "CNV017" for f in real.json()["findings"])
     session = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: audio.astype(session.get_inputs()[0].type == "tensor(float16)"
-                                                                         and np.float16 or np.float32)})[0]
+    got = session.run(
+        None,
+        {
+            session.get_inputs()[0].name: audio.astype(
+                session.get_inputs()[0].type == "tensor(float16)" and np.float16 or np.float32
+            )
+        },
+    )[0]
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": audio})[0]
     assert np.isfinite(got).all() and np.allclose(got.astype(np.float32), want, atol=1e-2)

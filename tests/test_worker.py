@@ -185,13 +185,19 @@ def test_run_many_runs_concurrently():
     assert all(r.ok for r in replies) and elapsed < 1.8
 
 
-@pytest.mark.skipif(not OPENVINO_PYTHON.exists(), reason="no .venv-openvino (onnxruntime-openvino) next to the repository")
+@pytest.mark.skipif(
+    not OPENVINO_PYTHON.exists(), reason="no .venv-openvino (onnxruntime-openvino) next to the repository"
+)
 def test_openvino_interpreter_serves_run_model(matmul_model):
     path, weight = matmul_model
     x = np.ones((2, 32), np.float32)
     with workers_scope() as pool:
-        reply = call(RunModel(model=str(path), feeds=[{"x": x}], providers=["OpenVINOExecutionProvider", "CPUExecutionProvider"]),
-                     python=str(OPENVINO_PYTHON))
+        reply = call(
+            RunModel(
+                model=str(path), feeds=[{"x": x}], providers=["OpenVINOExecutionProvider", "CPUExecutionProvider"]
+            ),
+            python=str(OPENVINO_PYTHON),
+        )
         assert reply.ok, reply.message
         assert reply.providers[0] == "OpenVINOExecutionProvider"
         np.testing.assert_allclose(reply.samples[0]["y"], x @ weight, rtol=1e-3, atol=1e-3)
@@ -259,21 +265,26 @@ def test_an_eps_exception_is_cleaned_of_cpp_signatures_and_source_locations():
     locations, around one sentence. The finding keeps the sentence and the names."""
     from ortprep.runtime.protocol import clean_error
 
-    raw = ("Exception during initialization: /onnxruntime/onnxruntime/core/providers/openvino/backends/basic_backend.cc:136 "
-           "onnxruntime::openvino_ep::BasicBackend::BasicBackend(std::unique_ptr<onnx::ModelProto>&, "
-           "onnxruntime::openvino_ep::SessionContext&, const onnxruntime::openvino_ep::SubGraphContext&) "
-           "/onnxruntime/onnxruntime/core/providers/openvino/ov_interface.cc:28 auto "
-           "onnxruntime::openvino_ep::OvExceptionBoundary(Func&&, std::format_string<Args ...>&&, Args&& ...) [with bool "
-           "typed = false; Func = OVCore::CompileModel(std::shared_ptr<const ov::Model>&, std::string&)::<lambda()>; "
-           "Args = {const std::__cxx11::basic_string<char>&}] [OpenVINO-EP] Exception while Loading Network for graph "
-           "OpenVINO-EP-subgraph_1_0: Exception from src/inference/src/cpp/core.cpp:114: Exception from "
-           "src/inference/src/dev/plugin.cpp:53: Check '!shape.rank().is_dynamic()' failed at "
-           "src/plugins/intel_cpu/src/node.cpp:106: Unexpected: CPU plug-in doesn't support Parameter operation with "
-           "dynamic rank. Operation name: If_0_else_branch__Inline_0__/decoder/If_output_0")
+    raw = (
+        "Exception during initialization: "
+        "/onnxruntime/onnxruntime/core/providers/openvino/backends/basic_backend.cc:136 "
+        "onnxruntime::openvino_ep::BasicBackend::BasicBackend(std::unique_ptr<onnx::ModelProto>&, "
+        "onnxruntime::openvino_ep::SessionContext&, const onnxruntime::openvino_ep::SubGraphContext&) "
+        "/onnxruntime/onnxruntime/core/providers/openvino/ov_interface.cc:28 auto "
+        "onnxruntime::openvino_ep::OvExceptionBoundary(Func&&, std::format_string<Args ...>&&, Args&& ...) [with bool "
+        "typed = false; Func = OVCore::CompileModel(std::shared_ptr<const ov::Model>&, std::string&)::<lambda()>; "
+        "Args = {const std::__cxx11::basic_string<char>&}] [OpenVINO-EP] Exception while Loading Network for graph "
+        "OpenVINO-EP-subgraph_1_0: Exception from src/inference/src/cpp/core.cpp:114: Exception from "
+        "src/inference/src/dev/plugin.cpp:53: Check '!shape.rank().is_dynamic()' failed at "
+        "src/plugins/intel_cpu/src/node.cpp:106: Unexpected: CPU plug-in doesn't support Parameter operation with "
+        "dynamic rank. Operation name: If_0_else_branch__Inline_0__/decoder/If_output_0"
+    )
     assert clean_error(raw) == (
-        "Exception during initialization: [OpenVINO-EP] Exception while Loading Network for graph OpenVINO-EP-subgraph_1_0: "
+        "Exception during initialization: "
+        "[OpenVINO-EP] Exception while Loading Network for graph OpenVINO-EP-subgraph_1_0: "
         "Check '!shape.rank().is_dynamic()' failed: Unexpected: CPU plug-in doesn't support Parameter operation with "
-        "dynamic rank. Operation name: If_0_else_branch__Inline_0__/decoder/If_output_0")
+        "dynamic rank. Operation name: If_0_else_branch__Inline_0__/decoder/If_output_0"
+    )
     assert clean_error("[ONNXRuntimeError] : 1 : FAIL : QNN graph finalize failed: QNN_COMMON_ERROR_MEM_ALLOC") == \
         "QNN graph finalize failed: QNN_COMMON_ERROR_MEM_ALLOC"
 
@@ -282,9 +293,12 @@ def _two_nodes(tmp_path) -> Path:
     """x -> Relu -> a -> Neg -> y: 'a' is an intermediate a request can expose."""
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")],
-                              "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
     path = tmp_path / "two.onnx"
     onnx.save(models.make(graph), str(path))
     return path
@@ -302,7 +316,9 @@ def test_a_session_asked_once_is_not_kept(tmp_path):
         exposed = call(RunModel(model=str(path), feeds=feeds, extra_outputs=["a"], once=True))
         assert exposed.ok and not exposed.cached_session and "a" in exposed.samples[0]
         assert call(Stats()).sessions_cached == 1 and pool.sessions_created() == {str(path): 2}
-        failed = call(RunModel(model=str(path), feeds=[{"x": np.ones((2, 7), np.float32)}], extra_outputs=["a"], once=True))
+        failed = call(
+            RunModel(model=str(path), feeds=[{"x": np.ones((2, 7), np.float32)}], extra_outputs=["a"], once=True)
+        )
         assert not failed.ok and call(Stats()).sessions_cached == 1
         kept = call(RunModel(model=str(path), feeds=feeds, extra_outputs=["a"]))
         assert kept.ok and call(Stats()).sessions_cached == 2  # without once it stays
@@ -331,8 +347,13 @@ def _chain(path: Path, links: int) -> Path:
                for i in range(links)]
     nodes = [onnx.helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"],
                                    ["y" if i == links - 1 else f"h{i}"], name=f"mm{i}") for i in range(links)]
-    graph = onnx.helper.make_graph(nodes, "chain", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [64, 256])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [64, 256])], weights)
+    graph = onnx.helper.make_graph(
+        nodes,
+        "chain",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [64, 256])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [64, 256])],
+        weights,
+    )
     onnx.save(models.make(graph), str(path))
     return path
 

@@ -24,6 +24,7 @@ install:
 	$(OPENVINO_VENV)/bin/python -m pip install --quiet onnxruntime-openvino numpy
 
 test:
+	$(BIN)/ruff check --quiet ortprep tests bench tools sample_models
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 

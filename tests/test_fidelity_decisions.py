@@ -889,7 +889,7 @@ def test_ctc_holds_each_lines_score_as_an_application_that_drops_weak_lines():
 
 
 def test_ctc_lets_load_hold_a_sample_whose_text_stays():
-    """runtime/tolerance (load, compile): a sample beyond the elementwise tolerance (a near tie
+    """fidelity.ep_match (load, compile): a sample beyond the elementwise tolerance (a near tie
     read the other way) holds with --metric OUT=ctc when its decoded string is the same, and not
     without it (inferred argmax: a position differs)."""
     from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs

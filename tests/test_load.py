@@ -152,7 +152,7 @@ def _qdq_output_model(scale: float, zero_type=None):
 
 
 def test_output_comparison_tolerances():
-    """One rule for load and compile (runtime/tolerance.py): float32 within 1e-3 of the output's
+    """One rule for load and compile (fidelity/ep_match.py): float32 within 1e-3 of the output's
     scale, float16 (or an EP computing in float16) 1e-2, a quantized output two steps of an 8-bit
     grid over its DequantizeLinear's range, and always the norm within 2%."""
     from onnx import TensorProto, helper

@@ -28,8 +28,8 @@ class RunOutcome:
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)  # outputs per sample
     # output name -> (low, high) where the graph bounds it (a Sigmoid, Softmax or Tanh makes it)
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # output name -> the decision an application reads from it (runtime/decisions.py), set on a
-    # reference run by :func:`ortprep.runtime.compare.expect`; a candidate must keep each gated one
+    # output name -> the decision an application reads from it (ortprep/fidelity/decisions/), set on a
+    # reference run by :func:`ortprep.fidelity.gate.expect`; a candidate must keep each gated one
     decisions: dict = field(default_factory=dict)
 
     @property

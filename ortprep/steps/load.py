@@ -112,7 +112,7 @@ def ep_rejections(log_text: str) -> dict[str, dict[str, str]]:
 def _compare(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], proto, ep: str,
              metrics: dict[str, str] | None = None, provider_options: dict[str, str] | None = None
              ) -> tuple[bool | None, float | None, list[dict[str, Any]]]:
-    """Do the EP's outputs match the CPU EP's? One rule with compile (runtime/tolerance.py): a share
+    """Do the EP's outputs match the CPU EP's? One rule with compile (fidelity/ep_match.py): a share
     of the output's scale by the precision the EP computes in (its provider options can set it:
     CUDA's use_tf32), a quantized model's own steps, and the output's norm within NORM_TOLERANCE."""
     if reference is None:

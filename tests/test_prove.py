@@ -89,8 +89,13 @@ def planted_chain(path: Path, pairs: int = 20, plant: dict[float, str] | None = 
                       helper.make_node("Sub", [current, "mean_val"], ["centered"], name="center")]
             current = "centered"
     nodes.append(helper.make_node("Relu", [current], ["y"], name="out"))
-    graph = helper.make_graph(nodes, "planted", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, height, size])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "planted",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, height, size])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
@@ -166,8 +171,13 @@ def test_the_bound_holds_and_a_stopped_search_says_so(tmp_path):
     with workers_scope():
         _, message, _ = qnn.session(str(model))
         before = qnn.sessions
-        record = reduce_failure(ModelHandle.open(model), qnn.fails, message=message, bound=Budget(probes=5, seconds=600),
-                                progress=lambda done, bound: seen.append((done, bound)))
+        record = reduce_failure(
+            ModelHandle.open(model),
+            qnn.fails,
+            message=message,
+            bound=Budget(probes=5, seconds=600),
+            progress=lambda done, bound: seen.append((done, bound)),
+        )
         assert qnn.sessions - before == record["probes"] == 5
         assert record["stopped"].startswith("the bound of 5 sessions was reached")
         assert record["culprits"] == [] and record["nodes"] == []
@@ -200,12 +210,19 @@ def control_flow_model(path: Path, unknown_outer: bool = False) -> Path:
                                     [out("t", TensorProto.FLOAT, [1, 8, 16, 16])])
     else_branch = helper.make_graph([helper.make_node("Relu", ["r0"], ["e"], name="else_relu")], "else", [],
                                     [out("e", TensorProto.FLOAT, [1, 8, 16, 16])])
-    nodes = [first,
-             helper.make_node("If", ["flag"], ["b"], then_branch=then_branch, else_branch=else_branch, name="branch"),
-             helper.make_node("Conv", ["b", "dw_w"], ["d"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="culprit_dw"),
-             helper.make_node("Relu", ["d"], ["y"], name="out")]
-    graph = helper.make_graph(nodes, "control_flow", [out("x", TensorProto.FLOAT, [1, 8, 16, 16]), out("flag", TensorProto.BOOL, [])],
-                              [out("y", TensorProto.FLOAT, [1, 8, 8, 16])], inits)
+    nodes = [
+        first,
+        helper.make_node("If", ["flag"], ["b"], then_branch=then_branch, else_branch=else_branch, name="branch"),
+        helper.make_node("Conv", ["b", "dw_w"], ["d"], group=8, strides=[2, 1], pads=[1, 1, 1, 1], name="culprit_dw"),
+        helper.make_node("Relu", ["d"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "control_flow",
+        [out("x", TensorProto.FLOAT, [1, 8, 16, 16]), out("flag", TensorProto.BOOL, [])],
+        [out("y", TensorProto.FLOAT, [1, 8, 8, 16])],
+        inits,
+    )
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("com.microsoft", 1)] if unknown_outer else [])
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(path))
     return path
@@ -295,25 +312,49 @@ def mixed_qdq(path: Path, channels: int = 8, size: int = 16) -> Path:
         return name
 
     def qdq(source: str, name: str) -> list:
-        return [helper.make_node("QuantizeLinear", [source, "act_scale", "act_zp"], [f"{name}_q"], name=f"{name}_QuantizeLinear"),
-                helper.make_node("DequantizeLinear", [f"{name}_q", "act_scale", "act_zp"], [name], name=f"{name}_DequantizeLinear")]
+        return [
+            helper.make_node(
+                "QuantizeLinear", [source, "act_scale", "act_zp"], [f"{name}_q"], name=f"{name}_QuantizeLinear"
+            ),
+            helper.make_node(
+                "DequantizeLinear", [f"{name}_q", "act_scale", "act_zp"], [name], name=f"{name}_DequantizeLinear"
+            ),
+        ]
 
     def weight(name: str) -> list:
         init(f"{name}_q", rng.integers(100, 156, size=(channels, channels, 1, 1)).astype(np.uint8))
-        return [helper.make_node("DequantizeLinear", [f"{name}_q", "w_scale", "w_zp"], [name], name=f"{name}_DequantizeLinear")]
+        return [
+            helper.make_node(
+                "DequantizeLinear", [f"{name}_q", "w_scale", "w_zp"], [name], name=f"{name}_DequantizeLinear"
+            )
+        ]
 
     init("act_scale", np.float32(0.05))
     init("act_zp", np.uint8(128))
     init("w_scale", np.float32(0.01))
     init("w_zp", np.uint8(128))
     init("dw_w", rng.standard_normal((channels, 1, 3, 3)).astype(np.float32))
-    nodes = [*qdq("x", "xq"), *weight("w0"), helper.make_node("Conv", ["xq", "w0"], ["c0"], name="conv0"), *qdq("c0", "c0q"),
-             helper.make_node("Conv", ["c0q", "dw_w"], ["d"], group=channels, strides=[2, 1], pads=[1, 1, 1, 1],
-                              name="culprit_dw"),
-             helper.make_node("Relu", ["d"], ["dr"], name="float_relu"), *qdq("dr", "drq"),
-             *weight("w1"), helper.make_node("Conv", ["drq", "w1"], ["c1"], name="conv1"), *qdq("c1", "y")]
-    graph = helper.make_graph(nodes, "mixed_qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size // 2, size])], inits)
+    nodes = [
+        *qdq("x", "xq"),
+        *weight("w0"),
+        helper.make_node("Conv", ["xq", "w0"], ["c0"], name="conv0"),
+        *qdq("c0", "c0q"),
+        helper.make_node(
+            "Conv", ["c0q", "dw_w"], ["d"], group=channels, strides=[2, 1], pads=[1, 1, 1, 1], name="culprit_dw"
+        ),
+        helper.make_node("Relu", ["d"], ["dr"], name="float_relu"),
+        *qdq("dr", "drq"),
+        *weight("w1"),
+        helper.make_node("Conv", ["drq", "w1"], ["c1"], name="conv1"),
+        *qdq("c1", "y"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mixed_qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size // 2, size])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
@@ -350,7 +391,9 @@ def test_graph_fix_on_a_qdq_model_is_verified(tmp_path):
             "vtcm_mb=8", "htp_graph_finalization_optimization_mode=3", "keep culprit_dw off the EP"]
         assert [t["created"] for t in fix["tried"]] == [False, False, True]
         assert fix["kind"] == "graph" and fix["moved_nodes"] == ["c0q_DequantizeLinear", "culprit_dw"]
-        assert fix["verified"]["session"] and fix["verified"]["cpu_outputs_match"] and fix["verified"]["max_abs_diff"] == 0
+        assert (
+            fix["verified"]["session"] and fix["verified"]["cpu_outputs_match"] and fix["verified"]["max_abs_diff"] == 0
+        )
         assert fix["placement"]["moved_on_ep"] == [] and fix["placement"]["nodes_on_ep"] > 0
         assert fix["sessions"] == 3 + 4  # three QNN sessions, four CPU sessions to verify
         rewritten = Path(fix["model"])
@@ -373,7 +416,9 @@ def test_graph_fix_on_a_qdq_model_is_verified(tmp_path):
     proto = onnx.load(str(rewritten))
     onnx.checker.check_model(proto, full_check=True)
     assert [node.name for node in proto.graph.node if node.op_type == "If"] == ["ortprep_off_ep_culprit_dw"]
-    assert fix["command"] == shlex.join(["ortprep", "check", str(rewritten), "--ep", "qnn", "--prove", "--device", DEVICE])
+    assert fix["command"] == shlex.join(
+        ["ortprep", "check", str(rewritten), "--ep", "qnn", "--prove", "--device", DEVICE]
+    )
     result = invoke(*shlex.split(fix["command"])[1:], "--json")
     assert result.json()["results"][0]["proof"]["status"] == "created", result.stdout[-800:]
 
@@ -395,7 +440,9 @@ def test_check_prove_names_the_culprit_and_its_fix_command_works(tmp_path):
     assert fix["kind"] == "graph" and fix["kept_off"] == ["culprit_dw"]
     assert not any(t["candidate"].startswith(("soc_model", "htp_arch")) for t in fix["tried"])
     output = tmp_path / "dw.off-ep.onnx"
-    assert fix["command"] == shlex.join(["ortprep", "convert", str(model), "--keep-off-ep=culprit_dw", "-o", str(output)])
+    assert fix["command"] == shlex.join(
+        ["ortprep", "convert", str(model), "--keep-off-ep=culprit_dw", "-o", str(output)]
+    )
     prv002 = next(f for f in result.json()["findings"] if f["code"] == "PRV002")
     assert "culprit_dw" in prv002["message"] and fix["command"] in prv002["fix"]
     converted = invoke(*shlex.split(fix["command"])[1:], "--json")
@@ -427,8 +474,25 @@ def _bias_between_identities(folder: Path) -> Path:
 
     model, calib = models.bias_after_conv_transpose(folder, identity_after=True)
     quantized = folder / "q.onnx"
-    done = invoke("quantize", model, "--static", "--format", "qdq", "--activation-type", "uint16", "--weight-type",
-                  "uint16", "--calib", calib, "-o", quantized, "--no-preprocess", "--metric", "y=cosine", "--keep-failed")
+    done = invoke(
+        "quantize",
+        model,
+        "--static",
+        "--format",
+        "qdq",
+        "--activation-type",
+        "uint16",
+        "--weight-type",
+        "uint16",
+        "--calib",
+        calib,
+        "-o",
+        quantized,
+        "--no-preprocess",
+        "--metric",
+        "y=cosine",
+        "--keep-failed",
+    )
     # refused on size alone for the CPU (QNT003: a tiny model); the QDQ file it kept is what this needs
     assert done.exit_code == 1 and "QNT003" in done.stdout, done.stdout[-800:]
     return folder / "q.failed.onnx"

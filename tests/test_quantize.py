@@ -62,7 +62,9 @@ def test_static_cnn(tmp_path):
 
 def test_static_transformer_block(tmp_path):
     calib = write_samples(tmp_path / "calib", "hidden", (2, 8, 64), 10)
-    code, record, _ = quantize(SAMPLES / "transformer_block.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
+    code, record, _ = quantize(
+        SAMPLES / "transformer_block.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx"
+    )
     assert code == 0, record
     assert record["verify"]["passed"] is True
     assert record["size_after"] < record["size_before"]
@@ -70,7 +72,9 @@ def test_static_transformer_block(tmp_path):
 
 def test_dynamic_transformer_block(tmp_path):
     data = write_samples(tmp_path / "data", "hidden", (1, 8, 64), 4)
-    code, record, _ = quantize(SAMPLES / "transformer_block.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "q.onnx")
+    code, record, _ = quantize(
+        SAMPLES / "transformer_block.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "q.onnx"
+    )
     assert code == 0, record
     assert record["mode"] == "dynamic" and record["evaluation_samples"] == 4
     assert "MatMulInteger" in op_types(record["output"]) or "DynamicQuantizeLinear" in op_types(record["output"])
@@ -79,10 +83,13 @@ def test_dynamic_transformer_block(tmp_path):
 
 def test_dynamic_cnn_for_gpu_has_no_conv_integer(tmp_path):
     data = write_samples(tmp_path / "data", "image", (1, 3, 32, 32), 3)
-    code, cpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "cpu.onnx", "--min-cosine", "0.5")
+    code, cpu, _ = quantize(
+        SAMPLES / "cnn.onnx", "--dynamic", "--calib", data, "-o", tmp_path / "cpu.onnx", "--min-cosine", "0.5"
+    )
     assert "ConvInteger" in op_types(cpu["output"])
-    code, gpu, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--ep", "cuda", "--calib", data, "-o", tmp_path / "gpu.onnx",
-                            "--keep-failed")
+    code, gpu, _ = quantize(
+        SAMPLES / "cnn.onnx", "--dynamic", "--ep", "cuda", "--calib", data, "-o", tmp_path / "gpu.onnx", "--keep-failed"
+    )
     assert gpu["verify"]["passed"] is True
     # only the small Gemm is left to quantize, so the model does not shrink: said plainly, and refused
     # (nothing at -o; --keep-failed keeps it under its own name)
@@ -95,20 +102,52 @@ def test_dynamic_cnn_for_gpu_has_no_conv_integer(tmp_path):
 
 def test_presets_and_overrides(tmp_path):
     calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 5)
-    _, trt, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "tensorrt", "--calib", calib, "-o", tmp_path / "t.onnx",
-                         "--keep-failed")  # the small sample may not shrink (QNT003): its file is then NAME.failed.onnx
+    # the small sample may not shrink (QNT003): its file is then NAME.failed.onnx
+    _, trt, _ = quantize(
+        SAMPLES / "cnn.onnx",
+        "--static",
+        "--ep",
+        "tensorrt",
+        "--calib",
+        calib,
+        "-o",
+        tmp_path / "t.onnx",
+        "--keep-failed",
+    )
     assert trt["preset"]["activation_type"] == "int8" and trt["preset"]["weight_type"] == "int8"
-    zero_points = [t for t in onnx.load(trt["output"] or trt["kept_failed"]).graph.initializer if t.name.endswith("zero_point")]
+    zero_points = [
+        t for t in onnx.load(trt["output"] or trt["kept_failed"]).graph.initializer if t.name.endswith("zero_point")
+    ]
     assert zero_points and all(onnx.numpy_helper.to_array(t).max() == 0 for t in zero_points)  # symmetric
     _, qnn, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--ep", "qnn", "--calib", calib, "-o", tmp_path / "n.onnx")
     assert qnn["preset"]["activation_type"] == "uint16"
-    _, override, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--per-tensor", "--activation-type", "int8", "-o", tmp_path / "o.onnx")
+    _, override, _ = quantize(
+        SAMPLES / "cnn.onnx",
+        "--static",
+        "--calib",
+        calib,
+        "--per-tensor",
+        "--activation-type",
+        "int8",
+        "-o",
+        tmp_path / "o.onnx",
+    )
     assert override["preset"]["per_channel"] is False and override["preset"]["activation_type"] == "int8"
 
 
 def test_qnn_needs_static_shapes(tmp_path):
     calib = write_samples(tmp_path / "calib", "hidden", (1, 8, 64), 3)
-    result = invoke("quantize", SAMPLES / "transformer_block.onnx", "--static", "--ep", "qnn", "--calib", calib, "-o", tmp_path / "q.onnx")
+    result = invoke(
+        "quantize",
+        SAMPLES / "transformer_block.onnx",
+        "--static",
+        "--ep",
+        "qnn",
+        "--calib",
+        calib,
+        "-o",
+        tmp_path / "q.onnx",
+    )
     assert result.exit_code == 2
     assert "static shapes" in result.stderr and "--fix-dim" in result.stderr
 
@@ -126,8 +165,10 @@ def test_outlier_sensitive_node_auto_exclude(tmp_path):
     # passes with the head (what the heads rule kept) float: 96% of the weight values stay int8
     code, wide, _ = quantize(model, "--static", "--calib", calib, "--auto-exclude", "-o", tmp_path / "wide.onnx")
     assert code == 0, wide["findings"]
-    assert wide["search"]["stopped"].startswith("keeping more in float would leave less than 50% of the weights "
-                                                "quantized; then 16-bit activations on the 1 worst-ranked tensor(s) passed")
+    assert wide["search"]["stopped"].startswith(
+        "keeping more in float would leave less than 50% of the weights "
+        "quantized; then 16-bit activations on the 1 worst-ranked tensor(s) passed"
+    )
     assert wide["wide_activations"] == ["h"] and "QNT028" in codes(wide)
     assert "readout" not in {n["name"] for n in wide["excluded_nodes"]}
     assert wide["quantized_weight_share"] > 0.9 and wide["verify"]["cosine"] > 0.995
@@ -167,13 +208,17 @@ def test_random_calibration_is_flagged(tmp_path):
 def test_stacked_npz_and_npy_folder(tmp_path):
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "stacked.npz", image=rng.standard_normal((6, 1, 3, 32, 32)).astype(np.float32))
-    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", tmp_path / "stacked.npz", "-o", tmp_path / "a.onnx")
+    code, record, _ = quantize(
+        SAMPLES / "cnn.onnx", "--static", "--calib", tmp_path / "stacked.npz", "-o", tmp_path / "a.onnx"
+    )
     assert code == 0 and record["calibration"]["kind"] == "npz-stacked" and record["calibration"]["samples"] == 3
     folder = tmp_path / "npy"
     folder.mkdir()
     for index in range(4):
         np.save(folder / f"{index}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
-    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", folder, "-o", tmp_path / "b.onnx", "--samples", "3")
+    code, record, _ = quantize(
+        SAMPLES / "cnn.onnx", "--static", "--calib", folder, "-o", tmp_path / "b.onnx", "--samples", "3"
+    )
     assert code == 0 and record["calibration"]["kind"] == "npy-files" and record["calibration"]["samples"] == 2
 
 
@@ -242,7 +287,9 @@ def test_nothing_quantized_is_an_error(tmp_path):
     code, record, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx")
     assert code == 1 and "QNT002" in codes(record) and record["quantized_ops"] == 0
     cnn_calib = write_samples(tmp_path / "cnn", "image", (1, 3, 32, 32), 5)
-    assert "QNT002" not in codes(quantize(SAMPLES / "cnn.onnx", "--static", "--calib", cnn_calib, "-o", tmp_path / "c.onnx")[1])
+    assert "QNT002" not in codes(
+        quantize(SAMPLES / "cnn.onnx", "--static", "--calib", cnn_calib, "-o", tmp_path / "c.onnx")[1]
+    )
 
 
 def test_latency_finding():
@@ -261,7 +308,9 @@ def test_preprocessing_failure_is_reported(tmp_path):
     assert "QNT007" in codes(record)
     assert "QNT005" in codes(record) and code == 1  # the float model itself cannot run: no verdict
     clean = write_samples(tmp_path / "clean", "image", (1, 3, 32, 32), 4)
-    assert "QNT007" not in codes(quantize(SAMPLES / "cnn.onnx", "--static", "--calib", clean, "-o", tmp_path / "c.onnx")[1])
+    assert "QNT007" not in codes(
+        quantize(SAMPLES / "cnn.onnx", "--static", "--calib", clean, "-o", tmp_path / "c.onnx")[1]
+    )
 
 
 def test_progress_reports_calibration_and_evaluation(tmp_path):
@@ -327,7 +376,9 @@ def test_ranked_search_reaches_the_gate_on_a_vit(tmp_path):
     # chosen among the trials on the 8 held-back samples: its top-1 decision holds the margin (99.5%)
     selection = record["verify"]["gate"]["selection"]
     assert selection == search["selection"] and selection["passed"] is True and selection["gap"] == 0.0
-    assert selection["output"] == "logits" and selection["kind"] == "top1" and selection["asked"] == pytest.approx(0.995)
+    assert (
+        selection["output"] == "logits" and selection["kind"] == "top1" and selection["asked"] == pytest.approx(0.995)
+    )
     # every trial judged on those samples: the search's, and the baseline of the model as given (the
     # pre-processed one was chosen over it)
     assert selection["trials"] == len(search["trials"]) + 1 and selection["samples"] == 8
@@ -405,7 +456,10 @@ def test_preprocessing_that_hurts_is_dropped(tmp_path):
     code, record, _ = quantize(path, "--dynamic", "--per-tensor", "--eval", data, "-o", tmp_path / "q.onnx")
     assert code == 0, record["findings"]
     finding = next(f for f in record["findings"] if f["code"] == "QNT013")
-    with_it, without = (float(v) for v in __import__("re").findall(r"cosine ([0-9.]+) with it, ([0-9.]+) without", finding["message"])[0])
+    with_it, without = (
+        float(v)
+        for v in __import__("re").findall(r"cosine ([0-9.]+) with it, ([0-9.]+) without", finding["message"])[0]
+    )
     assert with_it < 0.9 and without > 0.999
     assert record["verify"]["cosine"] > 0.999
     assert "not used" in record["preprocess"]
@@ -442,7 +496,10 @@ def test_sentinel_constant_readers_stay_float(tmp_path):
     assert code == 0, record["findings"]
     finding = next(f for f in record["findings"] if f["code"] == "QNT015")
     assert "safe_max" in finding["message"]
-    assert {"name": "safe_max", "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)"} in record["excluded_nodes"]
+    assert {
+        "name": "safe_max",
+        "reason": "reads a non-finite or sentinel constant (no 8-bit range holds it)",
+    } in record["excluded_nodes"]
     assert record["verify"]["cosine"] > 0.99
 
 
@@ -495,7 +552,11 @@ def test_calibration_and_evaluation_data_of_mixed_shapes(tmp_path, mode):
     assert out.exists()
     session = __import__("onnxruntime").InferenceSession(str(out), providers=["CPUExecutionProvider"])
     for seq in (16, 24):  # both shapes run
-        assert session.run(None, {"hidden": rng.standard_normal((1, seq, 64)).astype(np.float32)})[0].shape == (1, seq, 64)
+        assert session.run(None, {"hidden": rng.standard_normal((1, seq, 64)).astype(np.float32)})[0].shape == (
+            1,
+            seq,
+            64,
+        )
 
 
 def test_a_refusal_writes_nothing_and_keep_failed_writes_a_name_of_its_own(tmp_path):
@@ -586,7 +647,9 @@ def test_auto_holds_a_later_precision_to_the_search_margin(tmp_path):
     model = _wide_range_model(tmp_path / "wide.onnx")
     calib = _wide_range_calib(tmp_path / "calib")
     out = tmp_path / "q.onnx"
-    result = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.9999", "--json")
+    result = invoke(
+        "quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.9999", "--json"
+    )
     tried = result.json()["auto"]["tried"]
     assert result.exit_code == 1 and not out.exists()
     assert tried[1]["label"] == "static uint16 activations, int8 weights"
@@ -611,7 +674,9 @@ def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
     calib = _wide_range_calib(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     before = sorted(p.name for p in tmp_path.iterdir())
-    result = invoke("quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.99999", "--json")
+    result = invoke(
+        "quantize", model, "--static", "--calib", calib, "-o", out, "--auto", "--min-cosine", "0.99999", "--json"
+    )
     record = result.json()
     assert result.exit_code == 1 and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == before
     assert [t["passed"] for t in record["auto"]["tried"]] == [False] * len(record["auto"]["tried"])
@@ -622,8 +687,10 @@ def test_auto_measures_fp16_where_no_quantized_precision_passes(tmp_path):
     assert "FP16 passes the same gate" in note["message"]
     command = probe["command"]
     # converted on a held-back sample of the user's (every fifth, from index 2), not on made-up inputs
-    assert note["fix"].startswith(command) and command == (f"ortprep convert {model} --fp16 --keep-io-types --inputs "
-                                                           f"{tmp_path / 'calib' / '02.npz'} -o {tmp_path / 'wide.fp16.onnx'}")
+    assert note["fix"].startswith(command) and command == (
+        f"ortprep convert {model} --fp16 --keep-io-types --inputs "
+        f"{tmp_path / 'calib' / '02.npz'} -o {tmp_path / 'wide.fp16.onnx'}"
+    )
     converted = invoke(*shlex.split(command)[1:], "--json")  # typed as printed
     assert converted.exit_code == 0 and (tmp_path / "wide.fp16.onnx").exists()
     # on seeded noise there is nothing to judge FP16 by: not measured, and said so
@@ -644,7 +711,10 @@ def test_a_failing_fp16_is_said_with_what_fails(tmp_path):
     probe = record["auto"]["fp16"]
     assert probe["passed"] is False and probe["gate_passed"] is False and probe["converted"] is True
     # enough digits to read it below the gate (the FP16 aim: half-way from the gate to 1)
-    assert probe["why"].startswith("on the CPU EP: cosine 0.9999999") and "on output 'y' (the gate asks 0.99" in probe["why"]
+    assert (
+        probe["why"].startswith("on the CPU EP: cosine 0.9999999")
+        and "on output 'y' (the gate asks 0.99" in probe["why"]
+    )
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert f"FP16 fails it too (judged on cpu): {probe['why']}" in note["message"]
 
@@ -691,8 +761,9 @@ def test_a_refusal_names_what_auto_would_try_here(tmp_path):
     bench/quantize_yield.py), and FP16 where --auto has nothing left to try."""
     model = _wide_range_model(tmp_path / "wide.onnx")
     calib = _wide_range_calib(tmp_path / "calib")
-    static = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "s.onnx", "--min-cosine", "0.99999",
-                    "--json")
+    static = invoke(
+        "quantize", model, "--static", "--calib", calib, "-o", tmp_path / "s.onnx", "--min-cosine", "0.99999", "--json"
+    )
     fix = next(f for f in static.json()["findings"] if f["code"] == "QNT005")["fix"]
     assert static.exit_code == 1 and "--auto tries static uint16 activations, int8 weights, dynamic int8" in fix
     assert "A16W16" not in fix and "int16 weights" not in fix  # the CPU EP's --auto has no 16-bit weights
@@ -702,8 +773,14 @@ def test_a_refusal_names_what_auto_would_try_here(tmp_path):
     dynamic = invoke("quantize", model, "--dynamic", "--eval", calib, "-o", tmp_path / "d.onnx", "--min-cosine",
                      "0.999999", "--json")
     fix = next(f for f in dynamic.json()["findings"] if f["code"] == "QNT005")["fix"]
-    assert dynamic.exit_code == 1 and (f"--auto tries static uint8 activations, int8 weights (calibrated on {calib}, a share "
-                                       "held back), static uint16 activations, int8 weights (calibrated on") in fix
+    assert (
+        dynamic.exit_code == 1
+        and (
+            f"--auto tries static uint8 activations, int8 weights (calibrated on {calib}, a share "
+            "held back), static uint16 activations, int8 weights (calibrated on"
+        )
+        in fix
+    )
     # without real samples there is nothing to calibrate on: FP16 is what is left
     seeded = invoke("quantize", model, "--dynamic", "-o", tmp_path / "d.onnx", "--min-cosine", "0.999999", "--json")
     fix = next(f for f in seeded.json()["findings"] if f["code"] == "QNT005")["fix"]
@@ -722,10 +799,15 @@ def test_dynamic_auto_calibrates_static_on_the_eval_samples_with_a_share_held_ba
     record = result.json()
     assert result.exit_code == 0, record["findings"]
     tried = record["auto"]["tried"]
-    assert [t["label"] for t in tried] == ["dynamic int8 (weights int8, activations quantized at run time)",
-                                           "static uint8 activations, int8 weights", "static uint16 activations, int8 weights"]
+    assert [t["label"] for t in tried] == [
+        "dynamic int8 (weights int8, activations quantized at run time)",
+        "static uint8 activations, int8 weights",
+        "static uint16 activations, int8 weights",
+    ]
     assert [t["passed"] for t in tried] == [False, False, True] and tried[0]["flags"] == ""
-    assert tried[2]["flags"] == f"--static --activation-type uint16 --weight-type int8 --calib {shlex.quote(str(calib))}"
+    assert (
+        tried[2]["flags"] == f"--static --activation-type uint16 --weight-type int8 --calib {shlex.quote(str(calib))}"
+    )
     assert record["auto"]["chosen"] == tried[2]["label"] and record["preset"]["activation_type"] == "uint16"
     weak = next(f for f in record["findings"] if f["code"] == "QNT014")
     assert "rests on 8 evaluation sample(s)" in weak["message"]  # a fifth of 24, at least 8: held back
@@ -746,7 +828,9 @@ def test_dynamic_auto_does_not_calibrate_static_on_a_single_eval_sample(tmp_path
     result = invoke("quantize", model, "--dynamic", "--eval", one, "-o", tmp_path / "q.onnx", "--auto", "--json")
     record = result.json()
     assert result.exit_code == 1 and not (tmp_path / "q.onnx").exists()
-    assert [t["label"] for t in record["auto"]["tried"]] == ["dynamic int8 (weights int8, activations quantized at run time)"]
+    assert [t["label"] for t in record["auto"]["tried"]] == [
+        "dynamic int8 (weights int8, activations quantized at run time)"
+    ]
     plain = invoke("quantize", model, "--dynamic", "--eval", one, "-o", tmp_path / "q.onnx", "--json").json()
     fix = next(f for f in plain["findings"] if f["code"] == "QNT005")["fix"]
     assert "no other precision here" in fix and "static" not in fix
@@ -802,7 +886,8 @@ def test_16bit_output_encodings_get_headroom_past_the_calibration_range(tmp_path
                                "-o", tmp_path / "q.onnx", "--metric", "scores=cosine", "--metric", "gate=map")
     assert code == 0, record["findings"]
     headroom = record["output_headroom"]
-    assert headroom["factor"] == 2.0 and headroom["outputs"] == ["scores"] and headroom["activations"] >= 2  # x and scores
+    # x and scores
+    assert headroom["factor"] == 2.0 and headroom["outputs"] == ["scores"] and headroom["activations"] >= 2
 
     def encoding(proto, output):
         producers = {o: n for n in proto.graph.node for o in n.output}
@@ -852,11 +937,17 @@ def test_weight_only_int4_and_int8(tmp_path):
         "rounding": "nearest", "rounding_tried": None}  # --eval alone: nothing to round on
     # the CPU EP's int8 kernel (4), or float32 (0) where that timed faster on these shapes and passed
     # too: which one depends on this CPU, not asserted; that the record says which, and why, is
-    assert wo["accuracy_tried"]["why"] and (wo["accuracy_tried"]["ms"] is None or set(wo["accuracy_tried"]["ms"]) == {"float", "4", "0"})
+    assert wo["accuracy_tried"]["why"] and (
+        wo["accuracy_tried"]["ms"] is None or set(wo["accuracy_tried"]["ms"]) == {"float", "4", "0"}
+    )
     assert wo["accuracy_level"] == (0 if wo["accuracy_tried"]["kept"] else 4)
     quantized = onnx.load(record["output"])
     nbits = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 2 and all(n.domain == "com.microsoft" for n in nbits) and "MatMul" not in op_types(record["output"])
+    assert (
+        len(nbits) == 2
+        and all(n.domain == "com.microsoft" for n in nbits)
+        and "MatMul" not in op_types(record["output"])
+    )
     assert all({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("accuracy_level", 0)
                == wo["accuracy_level"] for n in nbits)
     assert record["size_after"] < record["size_before"] / 5  # 4-bit weights and a scale per 32
@@ -903,7 +994,9 @@ def test_the_accuracy_level_edit_reaches_subgraphs():
                                 bits=4, block_size=32, accuracy_level=4)
 
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    branch = lambda name: helper.make_graph([nbits(name)], name, [], [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)])
+    branch = lambda name: helper.make_graph(
+        [nbits(name)], name, [], [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)]
+    )
     graph = helper.make_graph([nbits("main"), helper.make_node("If", ["c"], ["y"], then_branch=branch("then"),
                                                                else_branch=branch("else"))], "g", [], [out])
     model = helper.make_model(graph)
@@ -1016,11 +1109,25 @@ def test_rounding_without_samples_is_refused(tmp_path):
     assert record["weight_only"]["rounding"] == "nearest"
     # with --eval beside it, the one sample is the rounding's (it used to be dropped)
     evaluation = write_samples(tmp_path / "eval", "x", (1, 8, 256), 8, seed=3)
-    code, record, _ = quantize(model, "--weight-only", "int4", "--calib", one, "--eval", evaluation, "--rounding", "gptq",
-                               "-o", tmp_path / "one.onnx", "--force")
+    code, record, _ = quantize(
+        model,
+        "--weight-only",
+        "int4",
+        "--calib",
+        one,
+        "--eval",
+        evaluation,
+        "--rounding",
+        "gptq",
+        "-o",
+        tmp_path / "one.onnx",
+        "--force",
+    )
     assert record["calibration"]["samples"] == 1 and record["weight_only"]["rounding_tried"]["asked"]
     # --rounding gptq with nothing left to round on is refused, not passed off as gptq
-    result = invoke("quantize", model, "--weight-only", "int4", "--calib", one, "--rounding", "gptq", "-o", tmp_path / "z.onnx")
+    result = invoke(
+        "quantize", model, "--weight-only", "int4", "--calib", one, "--rounding", "gptq", "-o", tmp_path / "z.onnx"
+    )
     assert result.exit_code == 2 and "none is left to it" in result.stderr and not (tmp_path / "z.onnx").exists()
 
 
@@ -1030,7 +1137,10 @@ def test_weight_only_refusals(tmp_path):
     assert code == 1 and "QNT002" in codes(record) and not (tmp_path / "c.onnx").exists()
     assert "--static or --dynamic" in next(f for f in record["findings"] if f["code"] == "QNT002")["fix"]
     model = _mlp(tmp_path / "mlp.onnx")
-    for extra, words in ((["--static", "--calib", "random"], "two quantizations"), (["--block-size", "48"], "block size 48")):
+    for extra, words in (
+        (["--static", "--calib", "random"], "two quantizations"),
+        (["--block-size", "48"], "block size 48"),
+    ):
         result = invoke("quantize", model, "--weight-only", "int4", *extra, "-o", tmp_path / "x.onnx")
         assert result.exit_code == 2 and words in result.stderr and not (tmp_path / "x.onnx").exists()
     # --exclude-op MatMul leaves nothing (ORT's quantizer would read the empty list as MatMul)
@@ -1158,8 +1268,19 @@ def test_the_search_keeps_float_where_the_error_starts_when_activation_noise_sho
         x = rng.standard_normal((1, 32)).astype(np.float32)
         x[0, 0] = 1e-5
         np.savez(calib / f"{index:02d}.npz", x=x)
-    code, record, _ = quantize(model, "--static", "--activation-type", "uint16", "--calib", calib, "-o", tmp_path / "q.onnx",
-                               "--auto-exclude", "--metric", "y=cosine")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--activation-type",
+        "uint16",
+        "--calib",
+        calib,
+        "-o",
+        tmp_path / "q.onnx",
+        "--auto-exclude",
+        "--metric",
+        "y=cosine",
+    )
     assert code == 0, [f["message"] for f in record["findings"] if f["severity"] == "error"]
     search = record["search"]
     assert search["trials"][0]["cosine"] < 0.9  # the baseline: the outlier row took the first MatMul's weights
@@ -1178,10 +1299,16 @@ def _two_matmuls(path: Path) -> Path:
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), name) for name in ("W1", "W2")]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-         helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")], "two_matmuls",
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2"),
+        ],
+        "two_matmuls",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], weights)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -1269,7 +1396,9 @@ def test_fp16_is_verified_on_a_real_sample_where_seeded_inputs_leave_the_output_
         np.savez(calib / f"{index:02d}.npz", x=x)
     result = invoke("quantize", model, "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--auto", "--json")
     record = result.json()
-    assert result.exit_code == 1 and [t["passed"] for t in record["auto"]["tried"]] == [False] * len(record["auto"]["tried"])
+    assert result.exit_code == 1 and [t["passed"] for t in record["auto"]["tried"]] == [False] * len(
+        record["auto"]["tried"]
+    )
     probe = record["auto"]["fp16"]
     held_back = calib / "02.npz"  # every fifth sample is held back, at least 8 of 24: indices 2, 5, 8, ...
     assert probe["passed"] is True and f"--inputs {held_back}" in probe["command"], probe
@@ -1346,8 +1475,20 @@ def test_16_bit_quantization_of_a_model_with_external_data(tmp_path):
                     location="wide.onnx.data", size_threshold=0)
     calib = write_samples(tmp_path / "calib", "x", (1, 8, 4, 4), 16)
     (tmp_path / "out").mkdir()
-    result = invoke("quantize", model, "--static", "--calib", calib, "--activation-type", "uint16", "--weight-type", "int8",
-                    "-o", tmp_path / "out" / "q.onnx", "--json")
+    result = invoke(
+        "quantize",
+        model,
+        "--static",
+        "--calib",
+        calib,
+        "--activation-type",
+        "uint16",
+        "--weight-type",
+        "int8",
+        "-o",
+        tmp_path / "out" / "q.onnx",
+        "--json",
+    )
     assert result.exit_code in (0, 1) and "internal error" not in result.stderr, result.stderr
     if result.exit_code == 0:
         session = ort.InferenceSession(str(tmp_path / "out" / "q.onnx"), providers=["CPUExecutionProvider"])
@@ -1365,8 +1506,13 @@ def test_a_result_whose_weights_mostly_stay_float_says_so(tmp_path):
     nodes = [onnx.helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
              onnx.helper.make_node("MatMul", ["a", "w1"], ["b"], name="mm1"),
              onnx.helper.make_node("MatMul", ["b", "w2"], ["y"], name="mm2")]
-    graph = onnx.helper.make_graph(nodes, "three", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16])], weights)
+    graph = onnx.helper.make_graph(
+        nodes,
+        "three",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16])],
+        weights,
+    )
     model = tmp_path / "three.onnx"
     onnx.save_model(models.make(graph), str(model))
     calib = write_samples(tmp_path / "calib", "x", (1, 16), 16)
@@ -1374,7 +1520,10 @@ def test_a_result_whose_weights_mostly_stay_float_says_so(tmp_path):
                                "-o", tmp_path / "q.onnx")
     assert code in (0, 1), record
     warning = next(f for f in record["findings"] if f["code"] == "QNT027")
-    assert warning["severity"] == "warning" and "2 of 3 MatMul/Gemm/Conv node(s) keep float weights (mm1, mm2)" in warning["message"]
+    assert (
+        warning["severity"] == "warning"
+        and "2 of 3 MatMul/Gemm/Conv node(s) keep float weights (mm1, mm2)" in warning["message"]
+    )
     code, record, _ = quantize(model, "--static", "--calib", calib, "-o", tmp_path / "all.onnx")
     assert code in (0, 1) and "QNT027" not in codes(record)
 
@@ -1394,11 +1543,16 @@ def test_auto_exclude_ends_at_the_float_model_and_says_so(tmp_path):
     stopped = record["search"]["stopped"]
     # the model's two MatMuls: keeping the first float leaves nothing quantized (the quantizer quantizes
     # the rest only around it), and none short of that passes
-    assert stopped.endswith("the bisection from the float end found no pass short of the float model (keeping the first "
-                            "0 of the 2 nodes still quantized in float failed; keeping 1 leaves nothing quantized)")
+    assert stopped.endswith(
+        "the bisection from the float end found no pass short of the float model (keeping the first "
+        "0 of the 2 nodes still quantized in float failed; keeping 1 leaves nothing quantized)"
+    )
     assert not any(t["passed"] for t in record["search"]["trials"])
-    floats = [t for t in record["search"]["trials"] if t["error"] == "nothing is quantized with these nodes kept float: "
-              "this is the float model"]
+    floats = [
+        t
+        for t in record["search"]["trials"]
+        if t["error"] == "nothing is quantized with these nodes kept float: this is the float model"
+    ]
     assert floats and all(t["cosine"] is None for t in floats)
     gate = next(f for f in record["findings"] if f["code"] == "QNT005")
     assert "float model" in gate["message"]
@@ -1419,10 +1573,16 @@ def _outlier_channel_model() -> onnx.ModelProto:
     mask[0] = 0.0
     w2 = (rng.standard_normal((1024, 16)) * 0.1).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Mul", ["h", "mask"], ["h3"], name="drop"),
-         helper.make_node("MatMul", ["h3", "W2"], ["y"], name="mm2")], "outlier_channel",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(w2, "W2")])
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+            helper.make_node("Mul", ["h", "mask"], ["h3"], name="drop"),
+            helper.make_node("MatMul", ["h3", "W2"], ["y"], name="mm2"),
+        ],
+        "outlier_channel",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(w2, "W2")],
+    )
     return models.make(graph)
 
 
@@ -1440,8 +1600,10 @@ def test_auto_exclude_gives_the_outlier_tensor_16_bits(tmp_path):
     assert "QNT028" in codes(record)
     trials = record["search"]["trials"]
     assert trials[0]["cosine"] < 0.5 and trials[-1]["activations_16bit"] == 1 and trials[-1]["passed"]
-    assert record["search"]["stopped"].endswith("then 16-bit activations on the 1 worst-ranked tensor(s) passed the gate "
-                                                "with the margin (the weights stay as asked)")
+    assert record["search"]["stopped"].endswith(
+        "then 16-bit activations on the 1 worst-ranked tensor(s) passed the gate "
+        "with the margin (the weights stay as asked)"
+    )
     written = onnx.load(str(tmp_path / "q.onnx"))
     inits = {t.name: t for t in written.graph.initializer}
     widths = {n.input[0]: inits[n.input[2]].data_type for n in written.graph.node if n.op_type == "QuantizeLinear"}
@@ -1466,10 +1628,16 @@ def test_sixteen_bit_matmuls_on_the_cpu_ep_are_named(tmp_path):
     w2 = (rng.standard_normal((64, 256)) * 0.1).astype(np.float32)
     w2[0, :] = 0.0
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Add", ["h", "b"], ["h2"], name="shift"),
-         helper.make_node("MatMul", ["h2", "W2"], ["y"], name="mm2")], "shifted",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
-        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(bias, "b"), numpy_helper.from_array(w2, "W2")])
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+            helper.make_node("Add", ["h", "b"], ["h2"], name="shift"),
+            helper.make_node("MatMul", ["h2", "W2"], ["y"], name="mm2"),
+        ],
+        "shifted",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(bias, "b"), numpy_helper.from_array(w2, "W2")],
+    )
     model = tmp_path / "shifted.onnx"
     onnx.save_model(models.make(graph), str(model))
     calib = write_samples(tmp_path / "calib", "x", (1, 64), 20)

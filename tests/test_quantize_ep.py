@@ -22,8 +22,9 @@ from conftest import ROOT, SAMPLES
 HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
 OPENVINO_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
 x86 = platform.machine() in ("x86_64", "AMD64")
-needs_qnn = pytest.mark.skipif(not (HAVE_QNN and x86), reason="onnxruntime-qnn (the x86 HTP simulator) is not installed "
-                               "(make install adds it)")
+needs_qnn = pytest.mark.skipif(
+    not (HAVE_QNN and x86), reason="onnxruntime-qnn (the x86 HTP simulator) is not installed (make install adds it)"
+)
 needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON.exists(),
                                     reason="no .venv-openvino with onnxruntime-openvino (make install creates it)")
 
@@ -69,10 +70,15 @@ def sigmoid_head(folder: Path) -> tuple[Path, Path]:
     """MatMul -> Sigmoid as the graph output, with small weights (the Sigmoid stays near 0.5)."""
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Sigmoid", ["m"], ["y"], name="sig")],
-        "sig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+            helper.make_node("Sigmoid", ["m"], ["y"], name="sig"),
+        ],
+        "sig",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.02).astype(np.float32), "w")])
+        [numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.02).astype(np.float32), "w")],
+    )
     path = folder / "sig.onnx"
     onnx.save_model(models.make(graph, ir_version=9), str(path))
     data = folder / "x"
@@ -143,25 +149,33 @@ def test_auto_exclude_judges_every_trial_on_qnn(tmp_path):
     the float Log on the way to the output (it mends it), and then drops the Conv again, since the
     result passes without it: the Log alone runs on the CPU EP."""
     model, audio = mel_front_end(tmp_path)
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", audio, "--auto-exclude", "-o", tmp_path / "q.onnx")
+    code, record, _ = quantize(
+        model, "--static", "--ep", "qnn", "--calib", audio, "--auto-exclude", "-o", tmp_path / "q.onnx"
+    )
     assert code == 0, [f["message"] for f in record["findings"]]
     assert [entry["name"] for entry in record["kept_off_ep"]] == ["log"]
     search = record["search"]
     # the start before the Log (the tensor farthest from the CPU EP's run) depends on which of two
     # nearly equal tensors the simulator's exposed runs show farther: whatever it was, the Log mends
     # the output, and a set the result passes without is dropped again
-    log = next(m for m in search["off_ep"] if m["label"] == "log, computed in float on the way to the output it gets wrong")
+    log = next(
+        m for m in search["off_ep"] if m["label"] == "log, computed in float on the way to the output it gets wrong"
+    )
     assert log["kept"] is True and log["cosine_before"] < 0.9 and log["cosine_after"] > 0.9999, search["off_ep"]
     assert record["verify"]["ep"]["passed"] is True and record["verify"]["ep"]["cosine"] > 0.9999
     # nothing adds error on the CPU EP (the HTP's float16 does): no tensor above the noise floor (those
     # below it, ranked next, do not fit the weight budget), no node where it starts
     # (with every 16-bit range widened for unseen inputs, one tensor's noise reaches the ranking; keeping
     # it float does not help either)
-    assert search["stopped"] in (stopped + "; then nodes kept off the EP passed the gate (search.off_ep)" for stopped in (
-        "no quantized tensor left adds measurable error on the CPU EP, where it passes; what fails is qnn's own "
-        "error, which that ranking does not see; no node left where the error starts",
-        "keeping the 2 nodes around the 1 worst-ranked tensors in float did not improve the result; "
-        "no node left where the error starts"))
+    assert search["stopped"] in (
+        stopped + "; then nodes kept off the EP passed the gate (search.off_ep)"
+        for stopped in (
+            "no quantized tensor left adds measurable error on the CPU EP, where it passes; what fails is qnn's own "
+            "error, which that ranking does not see; no node left where the error starts",
+            "keeping the 2 nodes around the 1 worst-ranked tensors in float did not improve the result; "
+            "no node left where the error starts",
+        )
+    )
     assert search["ranked"] and sum(entry["noise"] > 0.02 for entry in search["ranked"]) <= 1
     labels = [t["label"] for t in search["trials"]]
     assert labels[0] == "baseline (preprocessed)" and labels[1] == "calibration: percentile"
@@ -189,7 +203,9 @@ def test_a_scaled_output_on_qnn_fails_on_its_norm_and_the_search_keeps_its_write
     scores sit together near 0.5, so their ranking changes with 8-bit weights, which is not what
     this test is about."""
     model, data = sigmoid_head(tmp_path)
-    code, ours, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "ours.onnx", "--metric", "y=map")
+    code, ours, _ = quantize(
+        model, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "ours.onnx", "--metric", "y=map"
+    )
     assert code == 0 and ours["verify"]["judged_on"] == ["cpu", "qnn"]
     assert abs(ours["verify"]["ep"]["norm_ratio"] - 1) < 0.02 and ours["verify"]["ep"]["cosine"] > 0.999
 
@@ -197,17 +213,31 @@ def test_a_scaled_output_on_qnn_fails_on_its_norm_and_the_search_keeps_its_write
 
     preset = step.resolve_settings
     monkeypatch.setattr(step, "resolve_settings", lambda options: {**preset(options), "fixed_output_encodings": {}})
-    code, plain, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "plain.onnx", "--metric", "y=map")
+    code, plain, _ = quantize(
+        model, "--static", "--ep", "qnn", "--calib", data, "-o", tmp_path / "plain.onnx", "--metric", "y=map"
+    )
     assert code == 1
     verify = plain["verify"]
     assert verify["cosine"] > 0.999 and abs(verify["norm_ratio"] - 1) < 0.01  # the CPU EP: fine
-    assert verify["ep"]["cosine"] > 0.999 and 0.58 < verify["ep"]["norm_ratio"] < 0.66  # QNN: the right direction, 0.62x
+    # QNN: the right direction, 0.62x
+    assert verify["ep"]["cosine"] > 0.999 and 0.58 < verify["ep"]["norm_ratio"] < 0.66
     gate = findings(plain, "QNT005")[0]
     assert f"but qnn gives output 'y' scaled as a whole: norm ratio {verify['ep']['norm_ratio']:.4f}" in gate["message"]
     assert "allowed 1 ± 0.02" in gate["message"] and "sig (Sigmoid)" in gate["message"]
 
-    code, fixed, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "--auto-exclude", "-o", tmp_path / "f.onnx",
-                              "--metric", "y=map")
+    code, fixed, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--calib",
+        data,
+        "--auto-exclude",
+        "-o",
+        tmp_path / "f.onnx",
+        "--metric",
+        "y=map",
+    )
     assert code == 0, fixed["findings"]
     assert [e["name"] for e in fixed["excluded_nodes"]] == ["sig"]
     assert fixed["excluded_nodes"][0]["reason"].startswith("rule: the nodes that write the outputs qnn gets wrong (y)")
@@ -241,7 +271,9 @@ def test_gate_on_ep_without_the_ep_is_refused_before_any_work(tmp_path):
     assert code == 0 and out.exists()
     assert record["verify"]["judged_on"] == ["cpu"] and record["verify"]["ep"] is None
     target = record["gate_target"]
-    assert target["judged"] is False and target["reason"].startswith(f"qnn does not run in the environment of {OPENVINO_PYTHON}")
+    assert target["judged"] is False and target["reason"].startswith(
+        f"qnn does not run in the environment of {OPENVINO_PYTHON}"
+    )
     assert target["device"]["name"] == "x-elite"
     notice = findings(record, "LOD002")[0]
     assert notice["severity"] == "warning" and notice["ep"] == "qnn"
@@ -251,7 +283,9 @@ def test_gate_on_ep_without_the_ep_is_refused_before_any_work(tmp_path):
 
 def test_the_cpu_target_is_judged_on_the_cpu_ep_without_a_notice(tmp_path):
     calib = cnn_samples(tmp_path / "calib")
-    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--gate-on-ep")
+    code, record, _ = quantize(
+        SAMPLES / "cnn.onnx", "--static", "--calib", calib, "-o", tmp_path / "q.onnx", "--gate-on-ep"
+    )
     assert code == 0
     assert record["verify"]["judged_on"] == ["cpu"] and record["gate_target"]["reason"] == "the target is the CPU EP"
     assert not findings(record, "LOD002")
@@ -265,8 +299,12 @@ def test_openvino_cpu_judges_through_its_own_runtime(tmp_path):
     assert code == 0, record["findings"]
     verify = record["verify"]
     assert verify["judged_on"] == ["cpu", "openvino-cpu"] and verify["passed"] is True
-    assert verify["ep"]["runtime"] == str(OPENVINO_PYTHON) and verify["ep"]["provider_options"] == {"device_type": "CPU"}
-    assert verify["ep"]["device"] is None and verify["ep"]["cosine"] > 0.99 and abs(verify["ep"]["norm_ratio"] - 1) < 0.02
+    assert verify["ep"]["runtime"] == str(OPENVINO_PYTHON) and verify["ep"]["provider_options"] == {
+        "device_type": "CPU"
+    }
+    assert (
+        verify["ep"]["device"] is None and verify["ep"]["cosine"] > 0.99 and abs(verify["ep"]["norm_ratio"] - 1) < 0.02
+    )
 
 
 # --- the norm ratio, without an EP ----------------------------------------------------------------
@@ -297,15 +335,19 @@ def test_a_scaled_output_fails_on_its_norm_ratio(tmp_path, scale, passed):
     result = evaluate(_matmul(tmp_path, "float", None), _matmul(tmp_path, "scaled", scale), feeds, min_cosine=0.99)
     assert result.passed is passed and result.judged_on == ["cpu"]
     assert result.norm_ratio == pytest.approx(abs(scale), rel=1e-5)
-    assert result.outputs[0]["norm_ratio"] == pytest.approx(abs(scale), rel=1e-5) and result.outputs[0]["passed"] is passed
+    assert (
+        result.outputs[0]["norm_ratio"] == pytest.approx(abs(scale), rel=1e-5) and result.outputs[0]["passed"] is passed
+    )
     assert result.cosine == pytest.approx(1.0 if scale > 0 else -1.0, abs=1e-6)
     record = result.to_record()
     assert record["gate"]["failed_on"] == ([] if passed else ["cpu"]) and record["ep"] is None
     if scale == 0.5:
         finding = gate_finding(result, min_cosine=0.99, ep_text="cpu", stopped="", worst="none found", writers="")
         assert finding.code == "QNT005"
-        assert finding.message.startswith("accuracy gate failed: output 'y' scaled as a whole: norm ratio 0.5000, allowed "
-                                          "1 ± 0.02 (cosine 1.0000: the direction is right, the size is not)")
+        assert finding.message.startswith(
+            "accuracy gate failed: output 'y' scaled as a whole: norm ratio 0.5000, allowed "
+            "1 ± 0.02 (cosine 1.0000: the direction is right, the size is not)"
+        )
 
 
 def test_the_search_counts_a_norm_ratio_brought_back_as_progress():
@@ -416,7 +458,9 @@ def test_the_ep_is_held_to_loads_rule_against_the_cpu_eps_run_of_the_same_model(
     assert ep_apart(path, "qnn", boxes, moved)["hint"].startswith("if 'y' is a DFL box head (4 sides x 8 bins")
     side = Judgement("qnn", 0.9999, 1.0, 0.5, None, False, [{"name": "y", "passed": True}], apart=apart)
     said = _shortfall(side, 0.99)
-    assert said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said
+    assert (
+        said.startswith("output 'y' computed otherwise than the CPU EP computes the same model") and "sample 2" in said
+    )
 
 
 @pytest.mark.parametrize("shift, passed", [(0.05, True), (0.5, False), ("zeros", False)])
@@ -434,7 +478,10 @@ def test_the_gate_fails_where_the_ep_computes_apart_from_the_cpu_ep(tmp_path, sh
     float_graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "f",
                                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
                                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
-    scale, zero = numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")
+    scale, zero = (
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.uint8), "z"),
+    )
     quant_graph = helper.make_graph(
         [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
@@ -486,13 +533,23 @@ def _slow_convs(folder: Path, layers: int = 6, size: int = 128) -> tuple[Path, P
     rng = np.random.default_rng(0)
     nodes, inits, previous = [], [], "x"
     for index in range(layers):
-        inits.append(numpy_helper.from_array((rng.standard_normal((32, 32 if index else 3, 3, 3)) * 0.1).astype(np.float32),
-                                             f"w{index}"))
-        nodes += [helper.make_node("Conv", [previous, f"w{index}"], [f"c{index}"], pads=[1, 1, 1, 1], name=f"conv{index}"),
-                  helper.make_node("Relu", [f"c{index}"], [f"r{index}"], name=f"relu{index}")]
+        inits.append(
+            numpy_helper.from_array(
+                (rng.standard_normal((32, 32 if index else 3, 3, 3)) * 0.1).astype(np.float32), f"w{index}"
+            )
+        )
+        nodes += [
+            helper.make_node("Conv", [previous, f"w{index}"], [f"c{index}"], pads=[1, 1, 1, 1], name=f"conv{index}"),
+            helper.make_node("Relu", [f"c{index}"], [f"r{index}"], name=f"relu{index}"),
+        ]
         previous = f"r{index}"
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [1, 32, size, size])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [1, 32, size, size])],
+        inits,
+    )
     path = folder / "slow.onnx"
     onnx.save_model(models.make(graph), str(path))
     calib = folder / "calib"
@@ -563,8 +620,11 @@ def _wide_weights(folder: Path, within_channels: bool) -> tuple[Path, Path]:
     return path, calib
 
 
-PER_TENSOR, PER_CHANNEL, WIDE = ("static uint16 activations, uint8 weights", "static uint16 activations, int8 weights per channel",
-                                 "static uint16 activations, int16 weights")
+PER_TENSOR, PER_CHANNEL, WIDE = (
+    "static uint16 activations, uint8 weights",
+    "static uint16 activations, int8 weights per channel",
+    "static uint16 activations, int16 weights",
+)
 
 
 @needs_qnn
@@ -656,7 +716,9 @@ def test_speed_is_timed_on_the_target_ep_where_it_is_the_devices_own(tmp_path):
         assert "on openvino-cpu" in slower[0]["message"]
 
 
-@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="the HTP simulator runs on x86")
+@pytest.mark.skipif(
+    __import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="the HTP simulator runs on x86"
+)
 def test_qnn_simulator_time_is_not_the_devices():
     from ortprep.steps.quantize.ep_gate import GateTarget
     from ortprep.runtime.targets import ep_runtime
@@ -679,14 +741,21 @@ def _conv_with_a_dead_channel(folder: Path) -> tuple[Path, Path]:
     w1[15] *= 1e-7
     w2 = rng.standard_normal((8, 16, 1, 1)).astype(np.float32) * 0.3
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="squeeze"),
-         helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-         helper.make_node("Conv", ["r1", "w2"], ["y"], name="project")],
-        "dead_channel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="squeeze"),
+            helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+            helper.make_node("Conv", ["r1", "w2"], ["y"], name="project"),
+        ],
+        "dead_channel",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
         # no bias on channel 15: ORT's quantizer raises a weight scale its int32 bias would overflow
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.where(np.arange(16) < 15, 0.1, 0.0).astype(np.float32), "b1"),
-         numpy_helper.from_array(w2, "w2")])
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(np.where(np.arange(16) < 15, 0.1, 0.0).astype(np.float32), "b1"),
+            numpy_helper.from_array(w2, "w2"),
+        ],
+    )
     path = folder / "dead_channel.onnx"
     onnx.save_model(models.make(graph, opset=13, ir_version=8), str(path))
     calib = folder / "calib"
@@ -705,7 +774,9 @@ def _without_the_floor(quantized: Path, model: Path, out: Path) -> Path:
               and onnx.numpy_helper.to_array(inits[n.input[0]]).shape == (16, 16, 1, 1))
     w1 = onnx.numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
     scale = (np.abs(w1).reshape(16, -1).max(1) / 127).astype(np.float32)
-    inits[dq.input[0]].CopyFrom(numpy_helper.from_array(np.round(w1 / scale.reshape(16, 1, 1, 1)).astype(np.int8), dq.input[0]))
+    inits[dq.input[0]].CopyFrom(
+        numpy_helper.from_array(np.round(w1 / scale.reshape(16, 1, 1, 1)).astype(np.int8), dq.input[0])
+    )
     inits[dq.input[1]].CopyFrom(numpy_helper.from_array(scale, dq.input[1]))
     onnx.save(proto, str(out))
     return out
@@ -717,11 +788,26 @@ def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_pat
     from ortprep.transforms.qdq.encodings import floor_weight_scales
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
-                               "-o", tmp_path / "q.onnx", "--gate-on-cpu", "--no-preprocess")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--per-channel",
+        "--weight-type",
+        "int8",
+        "--calib",
+        calib,
+        "-o",
+        tmp_path / "q.onnx",
+        "--gate-on-cpu",
+        "--no-preprocess",
+    )
     assert code == 0, record["findings"]
     raised = record["raised_weight_scales"]
-    assert [(r["node"], r["channels"]) for r in raised] == [("squeeze", 1)] and raised[0]["smallest"] < HTP_MIN_MULTIPLIER
+    assert [(r["node"], r["channels"]) for r in raised] == [("squeeze", 1)] and raised[0][
+        "smallest"
+    ] < HTP_MIN_MULTIPLIER
     assert findings(record, "QNT020")
     quantized = onnx.load(str(tmp_path / "q.onnx"))
     assert small_multipliers(quantized) == []  # nothing left below the edge
@@ -733,7 +819,9 @@ def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_pat
     # check reads the same edge from a QDQ model's encodings (one made elsewhere), without its weights
     raw = _without_the_floor(tmp_path / "q.onnx", model, tmp_path / "raw.onnx")
     warned = invoke("check", raw, "--ep", "qnn", "--json").json()
-    assert [f["message"] for f in warned["findings"] if f["code"] == "QNN005"][0].startswith("qnn: 1 weight channel(s) of 1 node")
+    assert [f["message"] for f in warned["findings"] if f["code"] == "QNN005"][0].startswith(
+        "qnn: 1 weight channel(s) of 1 node"
+    )
     clean = invoke("check", tmp_path / "q.onnx", "--ep", "qnn", "--json").json()
     assert not [f for f in clean["findings"] if f["code"] == "QNN005"]
     # the edit touches the dead channel alone: the others keep their scales and values
@@ -745,7 +833,9 @@ def test_floor_weight_scales_raises_only_the_channels_below_the_htp_edge(tmp_pat
     changed = sorted(name for name in before if not np.array_equal(before[name], after[name]))
     assert changed and all(name.startswith("w1") for name in changed)
     for name in changed:
-        assert np.array_equal(before[name][:15], after[name][:15]) and not np.array_equal(before[name][15], after[name][15])
+        assert np.array_equal(before[name][:15], after[name][:15]) and not np.array_equal(
+            before[name][15], after[name][15]
+        )
 
 
 @needs_qnn
@@ -760,8 +850,20 @@ def test_qnn_computes_the_dead_channel_only_after_the_floor(tmp_path):
     from ortprep.steps.quantize.ep_gate import gate_target
 
     model, calib = _conv_with_a_dead_channel(tmp_path)
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--per-channel", "--weight-type", "int8", "--calib", calib,
-                               "-o", tmp_path / "q.onnx", "--no-preprocess")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--per-channel",
+        "--weight-type",
+        "int8",
+        "--calib",
+        calib,
+        "-o",
+        tmp_path / "q.onnx",
+        "--no-preprocess",
+    )
     assert code == 0, record["findings"]
     assert record["verify"]["ep"]["cosine"] > 0.999 and abs(record["verify"]["ep"]["norm_ratio"] - 1) < 0.02
     raw = _without_the_floor(tmp_path / "q.onnx", model, tmp_path / "raw.onnx")
@@ -793,8 +895,18 @@ def test_the_calibration_samples_are_judged_on_qnn_too(tmp_path):
         (tmp_path / folder).mkdir()
         for index in range(count):
             np.savez(tmp_path / folder / f"{index}.npz", x=rng.standard_normal((1, 64)).astype(np.float32))
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", tmp_path / "calib", "--eval", tmp_path / "eval",
-                               "-o", tmp_path / "q.onnx")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--calib",
+        tmp_path / "calib",
+        "--eval",
+        tmp_path / "eval",
+        "-o",
+        tmp_path / "q.onnx",
+    )
     verify = record["verify"]
     assert code == 0 and verify["judged_on"] == ["cpu", "qnn"]
     confirmation = verify["confirmation"]
@@ -893,7 +1005,9 @@ def test_the_steps_time_on_the_ep_is_bounded_across_auto_attempts(tmp_path):
     note = findings(record, "QNT023")[0]
     assert note["message"].startswith("the step's time on qnn (1 s, --ep-total-seconds) was spent after 1 judgement(s)")
     assert all("QNT005" in attempt["codes"] for attempt in record["auto"]["tried"]), record["auto"]["tried"]
-    assert "not run on qnn: the step's time there (1 s, --ep-total-seconds) was spent" in record["verify"]["ep"]["error"]
+    assert (
+        "not run on qnn: the step's time there (1 s, --ep-total-seconds) was spent" in record["verify"]["ep"]["error"]
+    )
     assert record["auto"]["fp16"]["measured"] is True and record["auto"]["fp16"]["judged_on"] == ["cpu", "qnn"]
 
 
@@ -950,8 +1064,23 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
 
     model, calib = _attention_scores(tmp_path)
     out = tmp_path / "q.onnx"
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint8",
-                               "--calib", calib, "-o", out, "--no-preprocess", "--metric", "scores=cosine")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--activation-type",
+        "uint16",
+        "--weight-type",
+        "uint8",
+        "--calib",
+        calib,
+        "-o",
+        out,
+        "--no-preprocess",
+        "--metric",
+        "scores=cosine",
+    )
     assert code == 0, record["findings"]
     assert record["fp16_matmuls"] == ["scores"] and findings(record, "QNT024")
     written = onnx.load(str(out))
@@ -967,7 +1096,9 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
     scale = max(float(np.abs(m).max()) for m in meant)
 
     def qnn_error(path: Path) -> float:
-        return max(float(np.abs(ours["scores"] - want).max()) for ours, want in zip(target.run(path, samples).samples, meant))
+        return max(
+            float(np.abs(ours["scores"] - want).max()) for ours, want in zip(target.run(path, samples).samples, meant)
+        )
 
     raw_error, fp16_error = qnn_error(raw), qnn_error(out)
     assert raw_error > 2e-3 * scale  # the 16-bit MatMul on the HTP: far more than a 16-bit step off
@@ -986,7 +1117,9 @@ def test_a_matmul_of_two_16_bit_activations_computes_in_fp16_on_qnn(tmp_path):
                      outputs=[{"name": "scores", "cosine": 0.97, "norm_ratio": 1.01, "passed": False}])
     assert first_divergence(target, raw, samples[:2], tmp_path) == []
     parted = parting_points(target, raw, samples[:2], tmp_path, side)
-    assert [(p["node"], p["op_type"], p["tensor"], p["cosine"]) for p in parted] == [("scores", "MatMul", "scores", 0.97)]
+    assert [(p["node"], p["op_type"], p["tensor"], p["cosine"]) for p in parted] == [
+        ("scores", "MatMul", "scores", 0.97)
+    ]
     assert parted[0]["where"] == "where the output it gets wrong is written"
 
 
@@ -1018,15 +1151,46 @@ def test_a_bias_add_after_a_conv_transpose_is_folded_for_qnn(tmp_path, monkeypat
 
     model, calib = models.bias_after_conv_transpose(tmp_path)
     ours = tmp_path / "q.onnx"
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
-                               "--calib", calib, "-o", ours, "--no-preprocess", "--metric", "y=cosine")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--activation-type",
+        "uint16",
+        "--weight-type",
+        "uint16",
+        "--calib",
+        calib,
+        "-o",
+        ours,
+        "--no-preprocess",
+        "--metric",
+        "y=cosine",
+    )
     assert code == 0, record["findings"]
     assert record["folded_biases"] == ["bias"] and findings(record, "QNT025")
     # the same quantization without the fold, as a QDQ model made elsewhere would be
     monkeypatch.setattr("ortprep.steps.quantize.prepare.fold_conv_transpose_bias", lambda proto, keep=(): [])
     raw = tmp_path / "raw.onnx"
-    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--activation-type", "uint16", "--weight-type", "uint16",
-                               "--calib", calib, "-o", raw, "--no-preprocess", "--metric", "y=cosine", "--gate-on-cpu")
+    code, record, _ = quantize(
+        model,
+        "--static",
+        "--ep",
+        "qnn",
+        "--activation-type",
+        "uint16",
+        "--weight-type",
+        "uint16",
+        "--calib",
+        calib,
+        "-o",
+        raw,
+        "--no-preprocess",
+        "--metric",
+        "y=cosine",
+        "--gate-on-cpu",
+    )
     assert record["folded_biases"] == [] and conv_transpose_bias_adds(onnx.load(str(raw))) == ["bias"]
     assert conv_transpose_bias_adds(onnx.load(str(ours))) == []
     samples = [dict(np.load(calib / f"{i:03d}.npz")) for i in range(4)]
@@ -1110,7 +1274,9 @@ def test_a_small_ep_error_no_tensor_parts_at_is_traced_to_the_float_node_before_
     assert code == 0, [f["message"] for f in record["findings"]]
     assert [entry["name"] for entry in record["kept_off_ep"]] == ["lstm"]
     move = record["search"]["off_ep"]
-    assert [(m["label"], m["kept"], m["passed"]) for m in move] == [("lstm, where its run is farthest from the CPU EP's", True, True)]
+    assert [(m["label"], m["kept"], m["passed"]) for m in move] == [
+        ("lstm, where its run is farthest from the CPU EP's", True, True)
+    ]
     assert record["search"]["stopped"].endswith("then nodes kept off the EP passed the gate (search.off_ep)")
     assert "seen at 'h_DequantizeLinear_Output' (LSTM lstm, cosine 0.9999" in findings(record, "QNT022")[0]["message"]
     assert record["verify"]["ep"]["cosine"] > 0.99999 and record["verify"]["ep"]["passed"] is True

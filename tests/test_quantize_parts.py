@@ -40,13 +40,21 @@ def test_presets_are_keyed_by_registry_ep_names():
         assert preset.format in FORMATS, name
         assert preset.activation_type in QUANT_TYPES and preset.weight_type in QUANT_TYPES, name
         assert preset.reason and preset.source, name
-        assert preset.dynamic_op_types is None or (preset.dynamic_op_types and "Conv" not in preset.dynamic_op_types), name
+        assert preset.dynamic_op_types is None or (preset.dynamic_op_types and "Conv" not in preset.dynamic_op_types), (
+            name
+        )
 
 
 def test_presets_hold_the_documented_choices():
     table = presets()
     cpu, trt, qnn = table["cpu"], table["tensorrt"], table["qnn"]
-    assert (cpu.format, cpu.activation_type, cpu.weight_type, cpu.per_channel, cpu.symmetric) == ("qdq", "uint8", "int8", True, False)
+    assert (cpu.format, cpu.activation_type, cpu.weight_type, cpu.per_channel, cpu.symmetric) == (
+        "qdq",
+        "uint8",
+        "int8",
+        True,
+        False,
+    )
     assert (trt.activation_type, trt.weight_type, trt.symmetric) == ("int8", "int8", True)
     assert (qnn.activation_type, qnn.weight_type, qnn.per_channel) == ("uint16", "uint8", False)
     assert [name for name, preset in table.items() if preset.requires_static_shapes] == ["qnn"]
@@ -137,16 +145,23 @@ def test_already_quantized_and_stats_read_a_qdq_graph():
                                        "quantized_weight_share": None}  # no weight at all
     assert already_quantized(models.matmul_weights()) is None
     float_weights = models.matmul_weights()
-    assert quantization_stats(float_weights) == {"quantized_ops": 0, "quantized_weights": 0, "quantized_weight_share": 0.0}
+    assert quantization_stats(float_weights) == {
+        "quantized_ops": 0,
+        "quantized_weights": 0,
+        "quantized_weight_share": 0.0,
+    }
 
 
 def test_weight_share_counts_integer_and_float_weight_values():
     """One MatMul's 16x8 weight stored as int8 (through a DequantizeLinear), the other's 8x4 kept
     float: 128 of 160 weight values are integers; the scale and zero point are scalars."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.integers(-100, 100, (16, 8)).astype(np.int8), "Wq"),
-             numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z"),
-             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W2")]
+    inits = [
+        numpy_helper.from_array(rng.integers(-100, 100, (16, 8)).astype(np.int8), "Wq"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W2"),
+    ]
     graph = helper.make_graph([helper.make_node("DequantizeLinear", ["Wq", "s", "z"], ["W1"], name="dq"),
                                helper.make_node("MatMul", ["x", "W1"], ["h"], name="m1"),
                                helper.make_node("MatMul", ["h", "W2"], ["y"], name="m2")], "mixed",
@@ -341,7 +356,12 @@ def test_cpu_preset_uses_7_bit_weights_where_int8_saturates():
     cpu = resolve_settings(QuantizeOptions(mode="static", calib="random", ep="cpu"))
     assert cpu["reduce_range"] is bool(int8_saturates())
     assert resolve_settings(QuantizeOptions(mode="static", calib="random", ep="qnn"))["reduce_range"] is False
-    assert resolve_settings(QuantizeOptions(mode="static", calib="random", ep="cpu", activation_type="int8"))["reduce_range"] is False
+    assert (
+        resolve_settings(QuantizeOptions(mode="static", calib="random", ep="cpu", activation_type="int8"))[
+            "reduce_range"
+        ]
+        is False
+    )
 
 
 def test_batch_norms_are_folded_into_their_convs(tmp_path):
@@ -359,11 +379,17 @@ def test_batch_norms_are_folded_into_their_convs(tmp_path):
              numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "beta"),
              numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "mean"),
              numpy_helper.from_array(rng.uniform(0.1, 3, 8).astype(np.float32), "var")]
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-                               helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"], name="bn"),
-                               helper.make_node("Relu", ["b"], ["y"], name="relu")], "convbn",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"], name="bn"),
+            helper.make_node("Relu", ["b"], ["y"], name="relu"),
+        ],
+        "convbn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        inits,
+    )
     source = tmp_path / "convbn.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), source)
     folded = fold_batch_norms(source, tmp_path / "folded.onnx")
@@ -389,8 +415,13 @@ def _wide_activations(path, size: int, layers: int):
         inits.append(numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32) * 0.5, f"w{layer}"))
         nodes.append(helper.make_node("Conv", [name, f"w{layer}"], [f"c{layer}"], name=f"conv{layer}"))
         name = f"c{layer}"
-    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
-                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4, size, size])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4, size, size])],
+        inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -412,7 +443,10 @@ def test_histogram_calibration_strides_within_the_activation_budget(tmp_path):
     calib = tmp_path / "calib"
     calib.mkdir()
     for index in range(10):
-        np.savez(calib / f"{index}.npz", x=np.random.default_rng(index).standard_normal((1, 4, 1024, 1024)).astype(np.float32))
+        np.savez(
+            calib / f"{index}.npz",
+            x=np.random.default_rng(index).standard_normal((1, 4, 1024, 1024)).astype(np.float32),
+        )
     result = invoke("quantize", big, "--static", "--method", "percentile", "--calib", calib, "-o", tmp_path / "q.onnx",
                     "--no-verify", "--json")
     assert result.exit_code == 1 and not (tmp_path / "q.onnx").exists()
@@ -429,9 +463,12 @@ def test_the_search_starts_no_trial_past_its_time_bound():
     from ortprep.steps.quantize.trials import Trial
 
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w0"], ["y0"], name="mm0")], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [1, 4])],
-        [numpy_helper.from_array(np.ones((4, 4), np.float32), "w0")])
+        [helper.make_node("MatMul", ["x", "w0"], ["y0"], name="mm0")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.ones((4, 4), np.float32), "w0")],
+    )
     proto = helper.make_model(graph)
     started = []
 
@@ -488,12 +525,19 @@ def test_error_rankings_expose_intermediates_in_bounded_groups_with_the_same_res
     first = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
     first[0, :] = 500.0  # an outlier row: the first MatMul's 8-bit weights lose most of it
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="outlier_mm"),
-         helper.make_node("Relu", ["h"], ["r"], name="relu"),
-         helper.make_node("MatMul", ["r", "w2"], ["y"], name="head_mm")], "outlier",
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="outlier_mm"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="head_mm"),
+        ],
+        "outlier",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-        [numpy_helper.from_array(first, "w1"), numpy_helper.from_array((rng.standard_normal((16, 8)) / 4).astype(np.float32), "w2")])
+        [
+            numpy_helper.from_array(first, "w1"),
+            numpy_helper.from_array((rng.standard_normal((16, 8)) / 4).astype(np.float32), "w2"),
+        ],
+    )
     model = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     calib = tmp_path / "calib"
@@ -532,16 +576,23 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
 
     proto = _chain()
     fine = [("a1", ["m2"], 0.015), ("x", ["m1"], 0.008), ("a2", ["m3"], 0.001)]
-    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, budget=Budget(probes=20), fixed=[],
-                  aim=0.998)
+    common = dict(
+        quantizable_nodes={n.name for n in proto.graph.node},
+        max_float_share=1.0,
+        budget=Budget(probes=20),
+        fixed=[],
+        aim=0.998,
+    )
     result = Search(proto, attempt, lambda trial, kept: [], fine_rank=lambda trial, kept: fine, **common).run(
         Trial("baseline", [], 0.9935, False, 100))
     assert result.stopped == "the gate passed with the margin"
     # the heads rule keeps m4 and m3 first (0.9935 -> 0.994); then m2 and m1 from below the floor
     # pass (1.0), bisected to m2 alone (0.998)
     assert result.best.kept == ["m4", "m3", "m2"] and result.best.cosine == pytest.approx(0.998)
-    assert [t.label for t in result.trials[-2:]] == ["ranked below the noise floor (pass 1): worst 2 tensor(s), 2 node(s)",
-                                                     "ranked below the noise floor (pass 1): worst 1 tensor(s), 1 node(s)"]
+    assert [t.label for t in result.trials[-2:]] == [
+        "ranked below the noise floor (pass 1): worst 2 tensor(s), 2 node(s)",
+        "ranked below the noise floor (pass 1): worst 1 tensor(s), 1 node(s)",
+    ]
     short = Search(proto, attempt, lambda trial, kept: [], **common).run(Trial("baseline", [], 0.9935, False, 100))
     assert short.stopped.startswith("no quantized tensor left adds measurable error; only the float model is past it")
     assert short.best.cosine == pytest.approx(0.994)
@@ -550,7 +601,11 @@ def test_search_goes_on_below_the_noise_floor_before_it_stops():
 
     def on_ep(kept: list[str], label: str) -> Trial:
         trial = attempt(kept, label)
-        trial.sides = {"judged_on": ["cpu", "qnn"], "cpu": {"ep": "cpu", "passed": True}, "ep": {"ep": "qnn", "passed": False}}
+        trial.sides = {
+            "judged_on": ["cpu", "qnn"],
+            "cpu": {"ep": "cpu", "passed": True},
+            "ep": {"ep": "qnn", "passed": False},
+        }
         trial.passed = False
         return trial
 
@@ -575,8 +630,13 @@ def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
 
     ranks = iter([[("a1", ["m2"], 0.05)], [("x", ["m1"], 0.03)]])
     proto = _chain()
-    common = dict(quantizable_nodes={n.name for n in proto.graph.node}, max_float_share=1.0, budget=Budget(probes=20), fixed=[],
-                  aim=0.995)
+    common = dict(
+        quantizable_nodes={n.name for n in proto.graph.node},
+        max_float_share=1.0,
+        budget=Budget(probes=20),
+        fixed=[],
+        aim=0.995,
+    )
     result = Search(proto, attempt, lambda trial, kept: next(ranks, []), **common).run(
         Trial("baseline", [], 0.9999, False, 100, shortfall=0.016))
     assert result.stopped == "the gate passed with the margin"
@@ -588,8 +648,12 @@ def test_search_reads_decisions_where_the_cosine_cannot_show_progress():
     assert result.reasons["m2"].startswith("ranked #1: keeps tensor 'a1' float")
     # the same trials without the shortfall: the cosine never moves, and the search stops at the first ranked trial
     ranks = iter([[("a1", ["m2"], 0.05)], [("x", ["m1"], 0.03)]])
-    blind = Search(proto, lambda kept, label: Trial(label, list(kept), 0.9999, False, 100), lambda trial, kept: next(ranks, []),
-                   **common).run(Trial("baseline", [], 0.9999, False, 100))
+    blind = Search(
+        proto,
+        lambda kept, label: Trial(label, list(kept), 0.9999, False, 100),
+        lambda trial, kept: next(ranks, []),
+        **common,
+    ).run(Trial("baseline", [], 0.9999, False, 100))
     assert blind.stopped.startswith("keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve")
     assert blind.best.kept == []
 
@@ -622,9 +686,14 @@ def _fan_search(needed: float = 0.002, **overrides) -> tuple[Search, list[list[s
         return Trial(label, list(kept), cosine, cosine >= 1 - needed, 100, path=Path(label))
 
     proto = _fan()
-    settings = dict(quantizable_nodes={f"m{i}" for i in range(1, 8)}, max_float_share=1.0, budget=Budget(probes=20), fixed=[],
-                    aim=0.998, fine_rank=lambda trial, kept: [("a2", ["m2"], 0.04), ("a3", ["m3"], 0.03),
-                                                              ("a1", ["m1"], 0.01)])
+    settings = dict(
+        quantizable_nodes={f"m{i}" for i in range(1, 8)},
+        max_float_share=1.0,
+        budget=Budget(probes=20),
+        fixed=[],
+        aim=0.998,
+        fine_rank=lambda trial, kept: [("a2", ["m2"], 0.04), ("a3", ["m3"], 0.03), ("a1", ["m1"], 0.01)],
+    )
     seconds = overrides.pop("seconds", None)
     settings.update(overrides, budget=Budget(probes=20, seconds=seconds))
     return Search(proto, attempt, lambda trial, kept: [("a5", ["m5"], 0.05)], **settings), attempted
@@ -643,9 +712,11 @@ def test_search_converges_from_the_float_end():
     assert attempted[-3:] == [["m2", "m3", "m1"], ["m2"], ["m2", "m3"]]
     assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n} node(s) kept float, the first {n} of 7"
                                                      for n in (3, 1, 2)]
-    assert result.stopped == ("keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve the result; "
-                              "then the bisection from the float end passed the gate with the margin, keeping 2 more "
-                              "node(s) in float (the first 2 of the 7 still quantized)")
+    assert result.stopped == (
+        "keeping the 1 nodes around the 1 worst-ranked tensors in float did not improve the result; "
+        "then the bisection from the float end passed the gate with the margin, keeping 2 more "
+        "node(s) in float (the first 2 of the 7 still quantized)"
+    )
     assert result.reasons["m3"] == "from the float end: #2 by the noise it adds (the fewest kept float that pass)"
     assert "m1" not in result.reasons
 
@@ -655,8 +726,9 @@ def test_search_says_when_only_the_float_model_passes():
     result = search.run(Trial("baseline", [], 0.9915, False, 100, path=Path("baseline")))
     assert not result.best.passed
     # never all 7 groups (m7's brings the Sum that writes its input): the float model is not run
-    assert [t.label for t in result.trials[-3:]] == [f"from the float end: {n + (n > 3)} node(s) kept float, the first {n} "
-                                                     "of 7" for n in (3, 5, 6)]
+    assert [t.label for t in result.trials[-3:]] == [
+        f"from the float end: {n + (n > 3)} node(s) kept float, the first {n} of 7" for n in (3, 5, 6)
+    ]
     assert attempted[-1] == ["m2", "m3", "m1", "m7", "sum", "m6", "m5"]
     assert result.stopped.endswith("; the bisection from the float end found no pass short of the float model "
                                    "(keeping the first 6 of the 7 nodes still quantized in float failed)")
@@ -756,17 +828,24 @@ def test_int8_compute_matmuls_skips_a_transposed_gemm():
     from ortprep.transforms.qdq.facts import int8_compute_matmuls
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint16), "z16"),
-             numpy_helper.from_array(np.array(0, np.int8), "z8")]
+    inits = [
+        numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.uint16), "z16"),
+        numpy_helper.from_array(np.array(0, np.int8), "z8"),
+    ]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z16"], ["xq"], name="q"),
              helper.make_node("DequantizeLinear", ["xq", "s", "z16"], ["xd"], name="dq")]
     for name, op, attrs in (("plain", "MatMul", {}), ("gemm", "Gemm", {}), ("linear", "Gemm", {"transB": 1})):
         inits.append(numpy_helper.from_array(rng.integers(-9, 9, (8, 8)).astype(np.int8), f"{name}_w"))
         nodes += [helper.make_node("DequantizeLinear", [f"{name}_w", "s", "z8"], [f"{name}_wd"], name=f"{name}_dq"),
                   helper.make_node(op, ["xd", f"{name}_wd"], [f"{name}_y"], name=name, **attrs)]
-    graph = helper.make_graph(nodes, "widths", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info(f"{n}_y", TensorProto.FLOAT, [1, 8]) for n in ("plain", "gemm", "linear")],
-                              inits)
+    graph = helper.make_graph(
+        nodes,
+        "widths",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info(f"{n}_y", TensorProto.FLOAT, [1, 8]) for n in ("plain", "gemm", "linear")],
+        inits,
+    )
     assert int8_compute_matmuls(models.make(graph, opset=21)) == ["plain", "gemm"]
 
 
@@ -787,7 +866,11 @@ def test_float_end_is_not_tried_where_only_the_target_ep_fails():
 
     def on_ep(kept: list[str], label: str) -> Trial:
         trial = Trial(label, list(kept), 0.999, False, 100, path=Path(label))
-        trial.sides = {"judged_on": ["cpu", "qnn"], "cpu": {"ep": "cpu", "passed": True}, "ep": {"ep": "qnn", "passed": False}}
+        trial.sides = {
+            "judged_on": ["cpu", "qnn"],
+            "cpu": {"ep": "cpu", "passed": True},
+            "ep": {"ep": "qnn", "passed": False},
+        }
         attempted.append(list(kept))
         return trial
 
@@ -845,8 +928,16 @@ def test_search_goes_on_past_a_pass_short_of_the_decision_margin():
 
     ranks = iter([[("a2", ["m2"], 0.05)], [("a1", ["m1"], 0.03)]])
     proto = _chain()
-    search = Search(proto, attempt, lambda trial, kept: next(ranks, []), quantizable_nodes={n.name for n in proto.graph.node},
-                    max_float_share=1.0, budget=Budget(probes=20), fixed=[], aim=0.995)
+    search = Search(
+        proto,
+        attempt,
+        lambda trial, kept: next(ranks, []),
+        quantizable_nodes={n.name for n in proto.graph.node},
+        max_float_share=1.0,
+        budget=Budget(probes=20),
+        fixed=[],
+        aim=0.995,
+    )
     assert search.ok(Trial("t", [], 0.9999, True, 1, margin_gap=0.005)) is False
     assert search.ok(Trial("t", [], 0.9999, True, 1, margin_gap=0.0)) is True
     result = search.run(Trial("baseline", [], 0.9999, False, 100, shortfall=0.01, margin_gap=0.025))
@@ -882,9 +973,15 @@ def _ctc_pair(folder: Path, nudge: float) -> tuple[Path, Path, list[dict]]:
 
     def model(delta: np.ndarray) -> onnx.ModelProto:
         graph = helper.make_graph(
-            [helper.make_node("Add", ["x", "d"], ["z"], name="nudge"), helper.make_node("Softmax", ["z"], ["y"], axis=-1)],
-            "ctc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, steps, classes])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, steps, classes])], [numpy_helper.from_array(delta, "d")])
+            [
+                helper.make_node("Add", ["x", "d"], ["z"], name="nudge"),
+                helper.make_node("Softmax", ["z"], ["y"], axis=-1),
+            ],
+            "ctc",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, steps, classes])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, steps, classes])],
+            [numpy_helper.from_array(delta, "d")],
+        )
         return models.make(graph)
 
     zero = np.zeros((1, steps, classes), np.float32)
@@ -955,7 +1052,9 @@ def test_not_smaller_says_which_ops_hold_the_weights_left_float():
     del quantized.graph.initializer[1]
     quantized.graph.initializer.append(weight_q)
     quantized.graph.node[1].input[1] = "w_quantized"
-    assert not_smaller_fix(proto, quantized, 0).startswith("98% of the float weights stayed float (read by Gather 98%):")
+    assert not_smaller_fix(proto, quantized, 0).startswith(
+        "98% of the float weights stayed float (read by Gather 98%):"
+    )
     tiny = models.make(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "tiny",
                                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
                                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weight]))
@@ -1024,12 +1123,19 @@ def test_later_trials_reuse_the_calibrated_ranges_and_quantize_alike(tmp_path):
         pytest.skip("this onnxruntime has no calibration cache (before 1.32)")
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-         helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")], "two",
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+        ],
+        "two",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-        [numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1"),
-         numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2")])
+        [
+            numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1"),
+            numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2"),
+        ],
+    )
     model = tmp_path / "two.onnx"
     onnx.save_model(models.make(graph), str(model))
     data = tmp_path / "data"
@@ -1040,15 +1146,21 @@ def test_later_trials_reuse_the_calibrated_ranges_and_quantize_alike(tmp_path):
     settings = resolve_settings(QuantizeOptions(mode="static", ep="cpu"))
     work = tmp_path / "work"
     work.mkdir()
-    ok, why = run_quantizer(work, model, tmp_path / "a.onnx", "static", settings, calibration, list(range(6)), [], (), False)
+    ok, why = run_quantizer(
+        work, model, tmp_path / "a.onnx", "static", settings, calibration, list(range(6)), [], (), False
+    )
     assert ok, why
     assert len(list(work.glob("calibration-*.json"))) == 1
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    ok, why = run_quantizer(fresh, model, tmp_path / "c.onnx", "static", settings, calibration, list(range(6)), ["mm2"], (), False)
+    ok, why = run_quantizer(
+        fresh, model, tmp_path / "c.onnx", "static", settings, calibration, list(range(6)), ["mm2"], (), False
+    )
     assert ok, why
     shutil.rmtree(data)  # nothing left to calibrate on: the second trial in ``work`` must reuse the ranges
-    ok, why = run_quantizer(work, model, tmp_path / "b.onnx", "static", settings, calibration, list(range(6)), ["mm2"], (), False)
+    ok, why = run_quantizer(
+        work, model, tmp_path / "b.onnx", "static", settings, calibration, list(range(6)), ["mm2"], (), False
+    )
     assert ok, why
 
     def encodings(path):
@@ -1166,10 +1278,13 @@ def test_int8_compute_is_kept_where_float32_compute_alone_is_slower_than_float()
     from ortprep.steps.quantize.remedies import _int8_compute_pays
 
     assert _int8_compute_pays({"float": 10.0, "4": 8.0, "0": 10.0}).startswith("int8 compute runs clearly faster")
-    assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 10.2}).startswith("float32 compute runs slower than the float")
+    assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 10.2}).startswith(
+        "float32 compute runs slower than the float"
+    )
     assert _int8_compute_pays({"float": 10.0, "4": 11.0, "0": 11.5}) is None  # both slower than float
     assert _int8_compute_pays({"float": 10.0, "4": 9.5, "0": 9.8}) is None  # both faster: precision first
-    assert _int8_compute_pays({"float": 1.0, "4": 0.95, "0": 1.04}).startswith("float32")  # sub-ms: still the float line
+    # sub-ms: still the float line
+    assert _int8_compute_pays({"float": 1.0, "4": 0.95, "0": 1.04}).startswith("float32")
 
 
 def _relu_sigmoid_qdq(folder: Path) -> Path:

@@ -127,7 +127,9 @@ def direction_classifier(tmp_path_factory) -> tuple[Path, Path]:
         image = ((np.repeat(line[None], 3, axis=0).astype(np.float32) / 255 - 0.5) / 0.5)[None]
         np.savez(data / f"{index:03d}.npz", x=image.astype(np.float32))
     fixed = folder / "cls.fixed.onnx"
-    made = invoke("convert", folder / CLASSIFIER, "--fix-shape", "x=1,3,48,192", "--inputs", data / "000.npz", "-o", fixed)
+    made = invoke(
+        "convert", folder / CLASSIFIER, "--fix-shape", "x=1,3,48,192", "--inputs", data / "000.npz", "-o", fixed
+    )
     assert made.exit_code == 0, made.stdout[-800:]
     return fixed, data
 
@@ -137,8 +139,8 @@ def test_where_qnn_parts_from_the_cpu_ep_is_named_and_fp16_gets_past_it(directio
     quantize --ep qnn folds them into their Convs (QNT026): folded, QNN's output stays with the CPU
     EP's. Left standing (the fold turned off here), on QNN's HTP (A16W8) the output parts from the
     CPU EP's, and quantize names where it starts, the first BatchNormalization (the model's own
-    arithmetic on both EPs, intermediate tensors compared). With ORT's pre-processing (it runs: convert --fix-shape left every shape a constant)
-    the BatchNormalizations are folded into the Convs' weights and every precision --auto tries
+    arithmetic on both EPs, intermediate tensors compared). With ORT's pre-processing (it runs: convert --fix-shape left
+    every shape a constant) the BatchNormalizations are folded into the Convs' weights and every precision --auto tries
     agrees with the float model at cosine >= 0.99 on the HTP, yet the HTP computes the class
     probabilities 0.015 off the CPU EP's run of the same model, beyond the 0.01 that load and compile
     allow (judged by cosine, no decision to hold them by): refused, as load would refuse it, and

@@ -110,10 +110,20 @@ def refuse_ep_context(handle: ModelHandle, step: str) -> None:
 
     from ortprep.errors import UsageError
 
-    sources = sorted({onnx.helper.get_attribute_value(a).decode() if isinstance(onnx.helper.get_attribute_value(a), bytes)
-                      else str(onnx.helper.get_attribute_value(a))
-                      for node in handle.graph.node if node.op_type == "EPContext" for a in node.attribute if a.name == "source"})
+    sources = sorted(
+        {
+            onnx.helper.get_attribute_value(a).decode()
+            if isinstance(onnx.helper.get_attribute_value(a), bytes)
+            else str(onnx.helper.get_attribute_value(a))
+            for node in handle.graph.node
+            if node.op_type == "EPContext"
+            for a in node.attribute
+            if a.name == "source"
+        }
+    )
     if any(node.op_type == "EPContext" for node in handle.graph.node):
-        raise UsageError(f"{handle.path} is a compiled EPContext model ({', '.join(sources) or 'an EP'}); {step} cannot "
-                         "change what is inside it",
-                         hint=f"run ortprep {step} on the source model, then ortprep compile the result again")
+        raise UsageError(
+            f"{handle.path} is a compiled EPContext model ({', '.join(sources) or 'an EP'}); {step} cannot "
+            "change what is inside it",
+            hint=f"run ortprep {step} on the source model, then ortprep compile the result again",
+        )

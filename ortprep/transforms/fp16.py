@@ -98,7 +98,9 @@ def scan_constants(proto: ModelProto) -> RangeScan:
     return RangeScan(overflow, underflow)
 
 
-def fold_batchnorms(proto: ModelProto, tensors: set[str] | None = None, ranks: dict[str, int] | None = None) -> list[str]:
+def fold_batchnorms(
+    proto: ModelProto, tensors: set[str] | None = None, ranks: dict[str, int] | None = None
+) -> list[str]:
     """Fold inference-mode BatchNormalization nodes of the main graph whose parameters are
     initializers (those reading any of ``tensors`` when given) into the Conv or ConvTranspose
     before them, computed in float64. Where that is not exact (no such producer, or it feeds
@@ -139,8 +141,12 @@ def fold_batchnorms(proto: ModelProto, tensors: set[str] | None = None, ranks: d
                 numpy_helper.from_array(offset.reshape(shape).astype(np.float32), f"{label}.folded_shift"),
             ])
             replacements[id(bn)] = [
-                onnx.helper.make_node("Mul", [bn.input[0], f"{label}.folded_scale"], [f"{label}.scaled"], name=f"{label}/mul"),
-                onnx.helper.make_node("Add", [f"{label}.scaled", f"{label}.folded_shift"], [bn.output[0]], name=f"{label}/add"),
+                onnx.helper.make_node(
+                    "Mul", [bn.input[0], f"{label}.folded_scale"], [f"{label}.scaled"], name=f"{label}/mul"
+                ),
+                onnx.helper.make_node(
+                    "Add", [f"{label}.scaled", f"{label}.folded_shift"], [bn.output[0]], name=f"{label}/add"
+                ),
             ]
         folded.append(label)
     if replacements:
@@ -163,8 +169,11 @@ def tensor_ranks(proto: ModelProto) -> dict[str, int]:
         inferred = onnx.shape_inference.infer_shapes(proto)
     except Exception:  # noqa: BLE001 - no ranks is a usable answer
         return {}
-    return {v.name: len(v.type.tensor_type.shape.dim) for v in list(inferred.graph.value_info) + list(inferred.graph.input)
-            if v.type.tensor_type.HasField("shape")}
+    return {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in list(inferred.graph.value_info) + list(inferred.graph.input)
+        if v.type.tensor_type.HasField("shape")
+    }
 
 
 def _rank(name: str, graph) -> int | None:
@@ -176,9 +185,17 @@ def _rank(name: str, graph) -> int | None:
 
 def _fold_into(conv, factor, offset, inits, graph, consumers, outputs, bn) -> bool:
     """Fold the BN's per-channel factor and offset into the Conv/ConvTranspose ``conv`` when exact."""
-    if conv.op_type not in ("Conv", "ConvTranspose") or len(consumers.get(bn.input[0], [])) != 1 or bn.input[0] in outputs:
+    if (
+        conv.op_type not in ("Conv", "ConvTranspose")
+        or len(consumers.get(bn.input[0], [])) != 1
+        or bn.input[0] in outputs
+    ):
         return False
-    if len(conv.input) < 2 or conv.input[1] not in inits or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits):
+    if (
+        len(conv.input) < 2
+        or conv.input[1] not in inits
+        or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits)
+    ):
         return False
     group = next((a.i for a in conv.attribute if a.name == "group"), 1)
     weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
@@ -254,7 +271,9 @@ def no_fp16_signature_ops(proto: ModelProto) -> dict[str, str]:
             for formal in schema.inputs:
                 types = allowed.get(formal.type_str, {formal.type_str})
                 if "tensor(float)" in types and "tensor(float16)" not in types:
-                    found[node.op_type] = f"ONNX defines no float16 signature for {node.op_type} ('{formal.name}' is float only)"
+                    found[node.op_type] = (
+                        f"ONNX defines no float16 signature for {node.op_type} ('{formal.name}' is float only)"
+                    )
                     break
     return found
 
@@ -337,8 +356,13 @@ def fold_constant_casts(proto: ModelProto) -> list[str]:
         for node in graph.node:
             tensor = values.get(node.input[0]) if node.op_type == "Cast" and node.input else None
             to = next((a.i for a in node.attribute if a.name == "to"), None)
-            if (tensor is None or to is None or node.output[0] in outputs or tensor.data_location == TensorProto.EXTERNAL
-                    or int(np.prod(tensor.dims)) > FOLD_CAST_ELEMENTS):
+            if (
+                tensor is None
+                or to is None
+                or node.output[0] in outputs
+                or tensor.data_location == TensorProto.EXTERNAL
+                or int(np.prod(tensor.dims)) > FOLD_CAST_ELEMENTS
+            ):
                 keep.append(node)
                 continue
             array = numpy_helper.to_array(tensor).astype(onnx.helper.tensor_dtype_to_np_dtype(to))

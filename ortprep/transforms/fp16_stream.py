@@ -75,7 +75,9 @@ def output_bytes(source: ModelHandle, converted: ModelProto) -> int:
         for tensor in graph.initializer:
             if tensor.name in originals:
                 length = _length(originals[tensor.name])
-                halve = originals[tensor.name].data_type == TensorProto.FLOAT and tensor.data_type == TensorProto.FLOAT16
+                halve = (
+                    originals[tensor.name].data_type == TensorProto.FLOAT and tensor.data_type == TensorProto.FLOAT16
+                )
                 total += length // 2 if halve else length
     return total
 
@@ -155,7 +157,11 @@ def stage(source: ModelHandle, converted: ModelProto, dest: Path, *, force: bool
                         stats.converted += halve
                         stats.copied += not halve
                         del tensor.external_data[:]
-                        for key, value in (("location", data_name), ("offset", str(start)), ("length", str(out.tell() - start))):
+                        for key, value in (
+                            ("location", data_name),
+                            ("offset", str(start)),
+                            ("length", str(out.tell() - start)),
+                        ):
                             entry = tensor.external_data.add()
                             entry.key, entry.value = key, value
                         tensor.data_location = TensorProto.EXTERNAL

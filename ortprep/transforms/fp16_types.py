@@ -43,7 +43,9 @@ def run_converter(model: ModelProto, *, keep_io_types: bool, op_block_list: set[
         following = []
         for graph in level:
             f16.process_graph_input(graph, top, keep_io_types, names)
-            blocked_values = f16.process_tensor_in_node(graph, op_block_list, node_block_list, min_positive_val, max_finite_val)
+            blocked_values = f16.process_tensor_in_node(
+                graph, op_block_list, node_block_list, min_positive_val, max_finite_val
+            )
             f16.process_value_info(graph, blocked_values)
             f16.process_node_in_block_list(graph, names, op_block_list, node_block_list)
             process_initializers(graph, op_block_list, node_block_list, min_positive_val, max_finite_val)
@@ -254,7 +256,9 @@ class _Reconciler:
             elif formal.type_str in bound:
                 types[out] = bound[formal.type_str]
             elif formal.type_str.startswith("tensor("):
-                types[out] = onnx.helper.np_dtype_to_tensor_dtype(_np_of(formal.type_str)) if _np_of(formal.type_str) else None
+                types[out] = (
+                    onnx.helper.np_dtype_to_tensor_dtype(_np_of(formal.type_str)) if _np_of(formal.type_str) else None
+                )
             else:
                 types[out] = None
         return inserted
@@ -292,7 +296,11 @@ class _Reconciler:
             else_branch = next((a.g for a in bodies if a.name == "else_branch"), None)
             if else_branch is not None:
                 for then_value, else_value in zip(then_branch.output, else_branch.output):
-                    if _elem(then_value) in FLOATS and _elem(else_value) in FLOATS and _elem(then_value) != _elem(else_value):
+                    if (
+                        _elem(then_value) in FLOATS
+                        and _elem(else_value) in FLOATS
+                        and _elem(then_value) != _elem(else_value)
+                    ):
                         # make the else branch produce the then branch's type
                         produced = _elem(else_value)
                         else_value.type.tensor_type.elem_type = _elem(then_value)
@@ -302,7 +310,9 @@ class _Reconciler:
                             producer.output[list(producer.output).index(else_value.name)] = inner
                             else_branch.node.append(helper.make_node("Cast", [inner], [else_value.name],
                                                                      to=_elem(then_value), name=f"{inner}_cast"))
-                        self.changes.append(f"{path}: else branch output '{else_value.name}' cast to the then branch's type")
+                        self.changes.append(
+                            f"{path}: else branch output '{else_value.name}' cast to the then branch's type"
+                        )
             for out, value in zip(node.output, then_branch.output):
                 types[out] = _elem(value)
         else:

@@ -113,11 +113,17 @@ def propagate_static_shapes(proto: ModelProto) -> ModelProto:
             value.type.CopyFrom(old_outputs[value.name])
             unknown_negative_dims(value)
     for _, graph in iter_graphs(inferred.graph):
-        keep = [v for v in graph.value_info if v.type.WhichOneof("value") != "tensor_type" or v.type.tensor_type.HasField("shape")]
+        keep = [
+            v
+            for v in graph.value_info
+            if v.type.WhichOneof("value") != "tensor_type" or v.type.tensor_type.HasField("shape")
+        ]
         if len(keep) != len(graph.value_info):
             del graph.value_info[:]
             graph.value_info.extend(keep)
-    if _all_static(inferred.graph.input) and not _all_static(list(inferred.graph.value_info) + list(inferred.graph.output)):
+    if _all_static(inferred.graph.input) and not _all_static(
+        list(inferred.graph.value_info) + list(inferred.graph.output)
+    ):
         _static_from_symbolic(inferred)
     return inferred
 
@@ -164,9 +170,37 @@ def _static_from_symbolic(proto: ModelProto) -> None:
 
 # Shape computations folded into constants once every input is static: the ops a shape is computed
 # with, and the most elements a folded value may have (shapes, not data).
-SHAPE_OPS = frozenset({"Shape", "Size", "Cast", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Add", "Sub", "Mul",
-                       "Div", "Floor", "Ceil", "Equal", "Where", "Range", "ReduceProd", "Identity", "Max", "Min",
-                       "Neg", "Abs", "Reshape", "Expand", "ConstantOfShape", "Sqrt"})
+SHAPE_OPS = frozenset(
+    {
+        "Shape",
+        "Size",
+        "Cast",
+        "Gather",
+        "Slice",
+        "Concat",
+        "Unsqueeze",
+        "Squeeze",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Floor",
+        "Ceil",
+        "Equal",
+        "Where",
+        "Range",
+        "ReduceProd",
+        "Identity",
+        "Max",
+        "Min",
+        "Neg",
+        "Abs",
+        "Reshape",
+        "Expand",
+        "ConstantOfShape",
+        "Sqrt",
+    }
+)
 SHAPE_FOLD_ELEMENTS = 4096
 
 
@@ -214,16 +248,26 @@ def fold_shape_computations(proto: ModelProto) -> list[str]:
               and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)
               and all(not name or name in small for name in node.input)):
             try:
-                single = helper.make_model(helper.make_graph(
-                    [node], "fold", [], [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.UNDEFINED, None)]),
-                    opset_imports=[helper.make_opsetid("", opset)])
+                single = helper.make_model(
+                    helper.make_graph(
+                        [node],
+                        "fold",
+                        [],
+                        [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.UNDEFINED, None)],
+                    ),
+                    opset_imports=[helper.make_opsetid("", opset)],
+                )
                 value = ReferenceEvaluator(single).run(None, {n: small[n] for n in node.input if n})[0]
             except Exception as exc:  # noqa: BLE001 - not foldable: it stays a node
                 log.debug("not folding %s (%s): %s", node.name, node.op_type, exc)
                 value = None
         # shapes are integers: a float constant stays a node (folding a Reshape of a bias into an
         # initializer made PP-OCR's classifier quantize its biases as 8-bit weights: cosine 0.997 -> 0.88)
-        if value is not None and np.asarray(value).size <= SHAPE_FOLD_ELEMENTS and np.asarray(value).dtype.kind in "iub":
+        if (
+            value is not None
+            and np.asarray(value).size <= SHAPE_FOLD_ELEMENTS
+            and np.asarray(value).dtype.kind in "iub"
+        ):
             array = np.asarray(value)
             small[node.output[0]] = array
             shapes[node.output[0]] = list(array.shape)
@@ -352,7 +396,11 @@ def _drop_dead_squeezes(proto: ModelProto) -> None:
     graph = proto.graph
     used = {name for _, sub in iter_graphs(graph) for node in sub.node for name in node.input}
     used |= {v.name for v in graph.output}
-    keep = [n for n in graph.node if not (n.op_type == "Squeeze" and n.name.endswith(".squeeze") and n.output[0] not in used)]
+    keep = [
+        n
+        for n in graph.node
+        if not (n.op_type == "Squeeze" and n.name.endswith(".squeeze") and n.output[0] not in used)
+    ]
     del graph.node[:]
     graph.node.extend(keep)
     used_inits = {name for _, sub in iter_graphs(graph) for node in sub.node for name in node.input}

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out"
+from bench.paths import OUT, ROOT  # noqa: F401 - re-exported to the suite's scripts
+from bench.referee import median_interval
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -205,19 +205,6 @@ def cpu_session(path: Path, threads: int = 1):
 # paired timing: ROUNDS rounds of runs of each model in turns, each side of a round at least
 # ROUND_MS long (5 to 40 runs: a 0.2 ms transformer gets 40, a 50 ms recogniser 5)
 ROUNDS, ROUND_MS, MIN_RUNS, MAX_RUNS = 21, 40.0, 5, 40
-
-
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median of ``values``: the order statistics k and n-k+1
-    whose binomial(n, 1/2) coverage first reaches ``level``."""
-    from math import comb
-
-    ordered, n = sorted(values), len(values)
-    for k in range(n // 2, 0, -1):
-        # P(X_(k) <= median <= X_(n-k+1)) = 1 - 2 P(Binomial(n, 1/2) <= k - 1)
-        if 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n >= level:
-            return ordered[k - 1], ordered[n - k]
-    return ordered[0], ordered[-1]
 
 
 def paired_latency(float_path: Path, path: Path, feed: dict, threads: int = 1) -> dict:

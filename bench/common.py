@@ -46,7 +46,9 @@ def models_from_wheels(wheels: Path, spec: dict[str, dict[str, str]], dest: Path
         name = package.split("==")[0].replace("-", "_")
         have = list(wheels.glob(f"{name}-*.whl"))
         if not have:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True
+            )
             have = list(wheels.glob(f"{name}-*.whl"))
         with zipfile.ZipFile(have[0]) as wheel:
             for inner, target in files.items():
@@ -82,7 +84,9 @@ def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8
             while remaining:
                 chunk = min(remaining, 64 << 20)
                 if realistic:
-                    data.write((rng.standard_normal(chunk // 4, dtype=np.float32) * np.float32(1 / np.sqrt(rows))).tobytes())
+                    data.write(
+                        (rng.standard_normal(chunk // 4, dtype=np.float32) * np.float32(1 / np.sqrt(rows))).tobytes()
+                    )
                 else:
                     data.write(os.urandom(chunk))
                 remaining -= chunk

@@ -58,7 +58,9 @@ def channel_means(model: onnx.ModelProto, names: list[str], feeds: list[dict]) -
     """Each named tensor's mean per channel (axis 1) over the feeds."""
     probe = copy.deepcopy(model)
     have = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have)
+    probe.graph.output.extend(
+        helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have
+    )
     runner = session(probe)
     wanted = [o.name for o in runner.get_outputs()]
     sums: dict[str, np.ndarray] = {}
@@ -97,7 +99,9 @@ def _bias_targets(float_model_: onnx.ModelProto, quantized: onnx.ModelProto):
             yield node, dq, twin
 
 
-def corrected(float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: list[dict], own: bool) -> onnx.ModelProto:
+def corrected(
+    float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: list[dict], own: bool
+) -> onnx.ModelProto:
     result = copy.deepcopy(quantized)
     targets = list(_bias_targets(float_model_, result))
     float_inits = {i.name: i for i in float_model_.graph.initializer}
@@ -114,7 +118,9 @@ def corrected(float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: 
             extra = helper.make_node("Conv", inputs, [node.output[0] + "__twin"], name=node.name + "__twin")
             extra.attribute.extend(node.attribute)
             probe.graph.node.append(extra)
-        means = channel_means(probe, [n for node, _, _ in targets for n in (node.output[0], node.output[0] + "__twin")], feeds)
+        means = channel_means(
+            probe, [n for node, _, _ in targets for n in (node.output[0], node.output[0] + "__twin")], feeds
+        )
         deltas = {node.output[0]: means[node.output[0]] - means[node.output[0] + "__twin"] for node, _, _ in targets}
     else:
         ours = channel_means(result, [node.output[0] for node, _, _ in targets], feeds)
@@ -123,7 +129,9 @@ def corrected(float_model_: onnx.ModelProto, quantized: onnx.ModelProto, feeds: 
     inits = {i.name: i for i in result.graph.initializer}
     for node, dq, _ in targets:
         bias, scale = inits[dq.input[0]], numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
-        values = numpy_helper.to_array(bias).astype(np.int64) - np.round(deltas[node.output[0]] / scale).astype(np.int64)
+        values = numpy_helper.to_array(bias).astype(np.int64) - np.round(deltas[node.output[0]] / scale).astype(
+            np.int64
+        )
         bias.CopyFrom(numpy_helper.from_array(np.clip(values, -2**31, 2**31 - 1).astype(np.int32), bias.name))
     return result
 
@@ -138,7 +146,9 @@ def judge(case, wanted: list[list[np.ndarray]], candidate: onnx.ModelProto, fres
             cosines.append(cosine(a, b))
         if case.decision:
             index = case.decision_output
-            agreed += same_decision(case.decision, decide(case.decision, want[index]), decide(case.decision, got[index]))
+            agreed += same_decision(
+                case.decision, decide(case.decision, want[index]), decide(case.decision, got[index])
+            )
     return (f"{agreed}/{len(fresh)}" if case.decision else "-"), min(cosines), float(np.mean(cosines))
 
 
@@ -171,12 +181,18 @@ def main(names: list[str]) -> int:
             count = len(list(_bias_targets(reference, quantized)))
             float_session = session(reference)
             wanted = [float_session.run(None, feed) for feed in fresh]  # the float model's outputs, once
-            for label, candidate in (("static int8", quantized),
-                                     ("+ bias correction (total error)", corrected(reference, quantized, calib, own=False)),
-                                     ("+ bias correction (own error)", corrected(reference, quantized, calib, own=True))):
+            for label, candidate in (
+                ("static int8", quantized),
+                ("+ bias correction (total error)", corrected(reference, quantized, calib, own=False)),
+                ("+ bias correction (own error)", corrected(reference, quantized, calib, own=True)),
+            ):
                 agreed, lowest, mean = judge(case, wanted, candidate, fresh)
-                print(f"| {name} | {case.half} | {case.decision or '-'} | {label} | {agreed} | {lowest:.4f} | {mean:.4f} | "
-                      f"{0 if candidate is quantized else count} |", flush=True)
+                print(
+                    f"| {name} | {case.half} | {case.decision or '-'} | {label} | {agreed} | {lowest:.4f} | {mean:.4f} "
+                    f"| "
+                    f"{0 if candidate is quantized else count} |",
+                    flush=True,
+                )
     return 0
 
 

@@ -51,7 +51,9 @@ def run_scenario(name: str, model: str) -> dict:
         return ort.InferenceSession(model, providers=["CUDAExecutionProvider"])
 
     def run(sess):
-        feeds = {i.name: np.ones([d if isinstance(d, int) else 1 for d in i.shape], np.float32) for i in sess.get_inputs()}
+        feeds = {
+            i.name: np.ones([d if isinstance(d, int) else 1 for d in i.shape], np.float32) for i in sess.get_inputs()
+        }
         return sess.run(None, feeds)[0]
 
     steps = []
@@ -99,7 +101,9 @@ def main(argv: list[str]) -> int:
         return 0
     model = argv[1] if len(argv) > 1 else str(Path(__file__).resolve().parents[2] / "sample_models" / "cnn.onnx")
     for name, what in SCENARIOS.items():
-        done = subprocess.run([sys.executable, __file__, "--one", name, model], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", name, model], capture_output=True, text=True, timeout=300
+        )
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         row = json.loads(lines[-1]) if lines else {"scenario": name, "status": f"died (exit {done.returncode})",
                                                    "stderr": done.stderr[-400:]}

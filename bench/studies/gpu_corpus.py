@@ -39,24 +39,34 @@ def check_row(report: dict | None) -> dict:
     result = ((report or {}).get("results") or [{}])[0]
     proof = result.get("proof") or {}
     total, on_ep = proof.get("nodes_total"), proof.get("nodes_on_ep")
-    return {"predicted": result.get("predicted_verdict"), "proven": result.get("verdict"), "status": proof.get("status"),
-            "share_predicted": result.get("node_share"), "share_real": round(on_ep / total, 3) if total else None,
-            "partitions_predicted": result.get("partitions"),
-            "partitions_real": (proof.get("comparison") or {}).get("actual_partitions"),
-            "fallback_predicted": (result.get("fallback_nodes") or [])[:6],
-            "message": proof.get("message")}
+    return {
+        "predicted": result.get("predicted_verdict"),
+        "proven": result.get("verdict"),
+        "status": proof.get("status"),
+        "share_predicted": result.get("node_share"),
+        "share_real": round(on_ep / total, 3) if total else None,
+        "partitions_predicted": result.get("partitions"),
+        "partitions_real": (proof.get("comparison") or {}).get("actual_partitions"),
+        "fallback_predicted": (result.get("fallback_nodes") or [])[:6],
+        "message": proof.get("message"),
+    }
 
 
 def load_row(report: dict | None) -> dict:
     rows = {r["ep"]: r for r in (report or {}).get("results", [])}
     cuda, cpu = rows.get("cuda") or {}, rows.get("cpu") or {}
-    return {"status": cuda.get("status"), "message": (cuda.get("message") or "")[:300],
-            "nodes": f"{cuda.get('nodes_on_ep')}/{cuda.get('nodes_total')}", "outputs_match": cuda.get("outputs_match"),
-            "max_abs_diff": cuda.get("max_abs_diff"),
-            "cuda_ms": (cuda.get("latency_ms") or {}).get("median"), "cpu_ms": (cpu.get("latency_ms") or {}).get("median"),
-            "tf32_off": cuda.get("tf32_off"),
-            "codes": sorted({f["code"] for f in (report or {}).get("findings", [])}),
-            "differ": [f["message"][:400] for f in (report or {}).get("findings", []) if f["code"] in ("LOD006", "LOD010")]}
+    return {
+        "status": cuda.get("status"),
+        "message": (cuda.get("message") or "")[:300],
+        "nodes": f"{cuda.get('nodes_on_ep')}/{cuda.get('nodes_total')}",
+        "outputs_match": cuda.get("outputs_match"),
+        "max_abs_diff": cuda.get("max_abs_diff"),
+        "cuda_ms": (cuda.get("latency_ms") or {}).get("median"),
+        "cpu_ms": (cpu.get("latency_ms") or {}).get("median"),
+        "tf32_off": cuda.get("tf32_off"),
+        "codes": sorted({f["code"] for f in (report or {}).get("findings", [])}),
+        "differ": [f["message"][:400] for f in (report or {}).get("findings", []) if f["code"] in ("LOD006", "LOD010")],
+    }
 
 
 def main() -> int:
@@ -75,15 +85,19 @@ def main() -> int:
         row = {"model": name, "check_exit": code, "check_s": round(seconds, 1), **check_row(report)}
         if report is None:
             row["check_error"] = tail
-        code, report, tail, seconds = ortprep("load", str(model), "--ep", "cuda", "--ep", "cpu", "--runs", str(args.runs),
-                                              *inputs)
+        code, report, tail, seconds = ortprep(
+            "load", str(model), "--ep", "cuda", "--ep", "cpu", "--runs", str(args.runs), *inputs
+        )
         row["load"] = {"exit": code, "seconds": round(seconds, 1), "sample": bool(inputs), **load_row(report)}
         if report is None:
             row["load"]["error"] = tail
         rows.append(row)
         print(json.dumps(row), flush=True)
     (args.out / "gpu_corpus.json").write_text(json.dumps(rows, indent=1))
-    print("| model | predicted / proven | nodes on CUDA (predicted / real) | partitions | load | outputs vs CPU EP | CUDA / CPU ms |")
+    print(
+        "| model | predicted / proven | nodes on CUDA (predicted / real) | partitions | load | outputs vs CPU EP | "
+        "CUDA / CPU ms |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         load = r["load"]
@@ -92,11 +106,17 @@ def main() -> int:
             diff += f", max abs {load['max_abs_diff']:.1e}"
         if load.get("tf32_off"):
             off = load["tf32_off"]
-            diff += (f"; use_tf32=0: {'match' if off.get('outputs_match') else 'differ'}, max abs {off['max_abs_diff']:.1e}"
-                     if off.get("ran") else f"; use_tf32=0 did not run: {off.get('error')}")
+            diff += (
+                f"; use_tf32=0: {'match' if off.get('outputs_match') else 'differ'}, max abs {off['max_abs_diff']:.1e}"
+                if off.get("ran")
+                else f"; use_tf32=0 did not run: {off.get('error')}"
+            )
         ms = "/".join(f"{v:.2f}" if v is not None else "-" for v in (load["cuda_ms"], load["cpu_ms"]))
-        print(f"| {r['model']} | {r['predicted']} / {r['proven']} | {r['share_predicted']} / {r['share_real']} | "
-              f"{r['partitions_predicted']} / {r['partitions_real']} | {load['status']} ({load['nodes']}) | {diff} | {ms} |")
+        print(
+            f"| {r['model']} | {r['predicted']} / {r['proven']} | {r['share_predicted']} / {r['share_real']} | "
+            f"{r['partitions_predicted']} / {r['partitions_real']} | {load['status']} ({load['nodes']}) | {diff} | "
+            f"{ms} |"
+        )
     return 0
 
 

@@ -37,10 +37,15 @@ def qdq_conv(rng: np.random.Generator, channel_max: np.ndarray) -> tuple[onnx.Mo
              helper.make_node("Conv", ["xd", "wd"], ["y"]),
              helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["yq"]),
              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["out"])]
-    inits = [numpy_helper.from_array(np.array(x_scale), "xs"), numpy_helper.from_array(np.array(32768, np.uint16), "xz"),
-             numpy_helper.from_array(w_q, "wq"), numpy_helper.from_array(w_scale, "ws"),
-             numpy_helper.from_array(np.zeros(c, np.int8), "wz"), numpy_helper.from_array(np.array(y_scale), "ys"),
-             numpy_helper.from_array(np.array(32768, np.uint16), "yz")]
+    inits = [
+        numpy_helper.from_array(np.array(x_scale), "xs"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "xz"),
+        numpy_helper.from_array(w_q, "wq"),
+        numpy_helper.from_array(w_scale, "ws"),
+        numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
+        numpy_helper.from_array(np.array(y_scale), "ys"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "yz"),
+    ]
     graph = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, c, 8, 8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
@@ -65,8 +70,12 @@ def main(ratios: list[float]) -> None:
             cpu = np.asarray(run_isolated(path, [{"x": x}]).samples[0]["out"])
             qnn = np.asarray(target.run(path, [{"x": x}]).samples[0]["out"])
             error = np.linalg.norm(cpu - qnn) / np.linalg.norm(cpu)
-            print(f"| {ratio:g} | {np.log2(multiplier):.2f} | {np.abs(cpu[:, -1]).max():.3g} | {np.abs(qnn[:, -1]).max():.3g} "
-                  f"| {error:.4f} |", flush=True)
+            print(
+                f"| {ratio:g} | {np.log2(multiplier):.2f} | {np.abs(cpu[:, -1]).max():.3g} | "
+                f"{np.abs(qnn[:, -1]).max():.3g} "
+                f"| {error:.4f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ def session(model: Path, qnn: bool, soc_model: str):
     if not any(d.ep_name == provider for d in ort.get_ep_devices()):
         ort.register_execution_provider_library(provider, onnxruntime_qnn.get_library_path())
     devices = [d for d in ort.get_ep_devices() if d.ep_name == provider]
-    options.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": soc_model})
+    options.add_provider_for_devices(
+        devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": soc_model}
+    )
     created = ort.InferenceSession(str(model), sess_options=options, enable_fallback=0)
     created.disable_fallback()  # a failed QNN run stays one (no silent CPU re-run)
     return created
@@ -104,8 +106,10 @@ def model_rows(out: Path, folder: Path, qnn: bool) -> list[dict]:
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| model | samples | EP | n | lowest cosine | norm ratio | decisions (agreement; whole sequences) | the gate |",
-             "|---|---|---|---:|---:|---:|---|---|"]
+    lines = [
+        "| model | samples | EP | n | lowest cosine | norm ratio | decisions (agreement; whole sequences) | the gate |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
     for row in rows:
         decided = "; ".join(
             f"{name} {d['kind']} {d['agreement']:.4f}" + (f", whole {d['sequence_agreement']:.4f}"
@@ -115,8 +119,10 @@ def render(rows: list[dict]) -> str:
         cosine = "-" if row["lowest_cosine"] is None else f"{row['lowest_cosine']:.4f}"
         ratio = "-" if row["norm_ratio"] is None else f"{row['norm_ratio']:.4f}"
         verdict = "passes" if row["passed"] else "**fails**"
-        lines.append(f"| {row['model']} | {row['group']} | {row['ep']} | {row['samples']} | {cosine} | {ratio} | {decided} "
-                     f"| {verdict} |")
+        lines.append(
+            f"| {row['model']} | {row['group']} | {row['ep']} | {row['samples']} | {cosine} | {ratio} | {decided} "
+            f"| {verdict} |"
+        )
     return "\n".join(lines)
 
 

@@ -41,7 +41,9 @@ def post_process(journey: Path):
     """rapid-layout's PPPostProcess, read from its wheel."""
     wheel = journey / "wheels" / WHEEL
     if not wheel.exists():
-        raise SystemExit(f"{wheel} is missing: run `python -m bench.suite.journey` once (it downloads the corpus's wheels)")
+        raise SystemExit(
+            f"{wheel} is missing: run `python -m bench.suite.journey` once (it downloads the corpus's wheels)"
+        )
     folder = Path(tempfile.mkdtemp(prefix="rapid-layout-"))
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(POST, folder)
@@ -106,12 +108,16 @@ def main() -> int:
     summary = {}
     for pair in ("cpu_vs_float", "qnn_vs_float", "qnn_vs_cpu"):
         parts = [r[pair] for r in rows]
-        summary[pair] = {"boxes": sum(p["boxes"] for p in parts), "kept_iou_0.5": sum(p["kept_iou_0.5"] for p in parts),
-                         "kept_iou_0.9": sum(p["kept_iou_0.9"] for p in parts),
-                         "lowest_iou": min((p["lowest_iou"] for p in parts if p["lowest_iou"] is not None), default=None),
-                         "largest_move_px": max((p["largest_move_px"] for p in parts if p["largest_move_px"] is not None),
-                                                default=None),
-                         "added": sum(p["added"] for p in parts)}
+        summary[pair] = {
+            "boxes": sum(p["boxes"] for p in parts),
+            "kept_iou_0.5": sum(p["kept_iou_0.5"] for p in parts),
+            "kept_iou_0.9": sum(p["kept_iou_0.9"] for p in parts),
+            "lowest_iou": min((p["lowest_iou"] for p in parts if p["lowest_iou"] is not None), default=None),
+            "largest_move_px": max(
+                (p["largest_move_px"] for p in parts if p["largest_move_px"] is not None), default=None
+            ),
+            "added": sum(p["added"] for p in parts),
+        }
     moves = [m for r in rows for m in r["dfl_move_bins"].values()]
     summary["dfl"] = {"qnn_vs_cpu_largest": max(m["qnn_vs_cpu"] for m in moves),
                       "qnn_vs_cpu_lowest_share_within_0.25": min(m["qnn_vs_cpu_within_0.25"] for m in moves),

@@ -42,15 +42,26 @@ def build(folder: Path) -> Path:
     rng = np.random.default_rng(0)
     nodes, weights, x = [], [], "x"
     for i in range(BLOCKS):
-        weights += [numpy_helper.from_array((rng.standard_normal((HIDDEN, INNER)) / np.sqrt(HIDDEN)).astype(np.float32), f"up{i}.w"),
-                    numpy_helper.from_array((rng.standard_normal((INNER, HIDDEN)) / np.sqrt(INNER)).astype(np.float32), f"down{i}.w")]
+        weights += [
+            numpy_helper.from_array(
+                (rng.standard_normal((HIDDEN, INNER)) / np.sqrt(HIDDEN)).astype(np.float32), f"up{i}.w"
+            ),
+            numpy_helper.from_array(
+                (rng.standard_normal((INNER, HIDDEN)) / np.sqrt(INNER)).astype(np.float32), f"down{i}.w"
+            ),
+        ]
         nodes += [helper.make_node("MatMul", [x, f"up{i}.w"], [f"h{i}"], name=f"up{i}"),
                   helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"act{i}"),
                   helper.make_node("MatMul", [f"r{i}", f"down{i}.w"], [f"d{i}"], name=f"down{i}"),
                   helper.make_node("Add", [x, f"d{i}"], [f"x{i}"], name=f"residual{i}")]
         x = f"x{i}"
-    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, TOKENS, HIDDEN])], weights)
+    graph = helper.make_graph(
+        nodes,
+        "stack",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
+        weights,
+    )
     path = folder / "stack.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path, save_as_external_data=True,
               location="stack.onnx.data")
@@ -60,8 +71,14 @@ def build(folder: Path) -> Path:
 def samples(seed: int, count: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     basis = np.random.default_rng(99).standard_normal((32, HIDDEN))
-    return [{"x": (rng.standard_normal((1, TOKENS, 32)) @ basis + 0.3 * rng.standard_normal((1, TOKENS, HIDDEN))).astype(np.float32)}
-            for _ in range(count)]
+    return [
+        {
+            "x": (rng.standard_normal((1, TOKENS, 32)) @ basis + 0.3 * rng.standard_normal((1, TOKENS, HIDDEN))).astype(
+                np.float32
+            )
+        }
+        for _ in range(count)
+    ]
 
 
 def lowest_cosine(reference: Path, candidate: Path, feeds: list[dict]) -> float:
@@ -94,15 +111,40 @@ def main() -> int:
     for rounding in ("nearest", "gptq"):
         out, report = args.out / f"ortprep.{rounding}.onnx", args.out / f"ortprep.{rounding}.json"
         out.unlink(missing_ok=True)
-        code, seconds, rss, _ = launch([sys.executable, "-m", "ortprep", "quantize", str(model), "--weight-only", "int4",
-                                        "--calib", str(calib), "--rounding", rounding, "-o", str(out), "--force",
-                                        "--json", "--report", str(report), "--keep-failed"])
+        code, seconds, rss, _ = launch(
+            [
+                sys.executable,
+                "-m",
+                "ortprep",
+                "quantize",
+                str(model),
+                "--weight-only",
+                "int4",
+                "--calib",
+                str(calib),
+                "--rounding",
+                rounding,
+                "-o",
+                str(out),
+                "--force",
+                "--json",
+                "--report",
+                str(report),
+                "--keep-failed",
+            ]
+        )
         record = json.loads(report.read_text()) if report.exists() else {}
         judged = out if out.exists() else (Path(record["kept_failed"]) if record.get("kept_failed") else None)
         level = (record.get("weight_only") or {}).get("accuracy_level")
-        cosine = f"{lowest_cosine(model, judged, fresh):.4f}" + ("" if judged == out else " (refused file)") if judged else "-"
-        print(f"| ortprep --rounding {rounding} | {code} | {seconds:.0f} | {rss:.0f} | {rounding} | {level} | {cosine} |",
-              flush=True)
+        cosine = (
+            f"{lowest_cosine(model, judged, fresh):.4f}" + ("" if judged == out else " (refused file)")
+            if judged
+            else "-"
+        )
+        print(
+            f"| ortprep --rounding {rounding} | {code} | {seconds:.0f} | {rss:.0f} | {rounding} | {level} | {cosine} |",
+            flush=True,
+        )
     return 0
 
 

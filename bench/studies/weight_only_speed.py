@@ -92,8 +92,11 @@ def main() -> int:
                 code, written, record = ortprep(model, f"int{bits}", Path(tmp))
                 level = (record.get("weight_only") or {}).get("accuracy_level")
                 ms = median_ms(written, feed) if written else None
-                print(f"| {shape} | {base:.3f} | ortprep --weight-only | int{bits} | {level} | {code} | "
-                      f"{'-' if ms is None else f'{ms:.3f}'} | {'-' if ms is None else f'{ms / base:.2f}'} |", flush=True)
+                print(
+                    f"| {shape} | {base:.3f} | ortprep --weight-only | int{bits} | {level} | {code} | "
+                    f"{'-' if ms is None else f'{ms:.3f}'} | {'-' if ms is None else f'{ms / base:.2f}'} |",
+                    flush=True,
+                )
     return 0
 
 

@@ -35,8 +35,11 @@ def main() -> int:
             feed = {"input_ids": np.random.default_rng(0).integers(0, 512, (1, tokens)).astype(np.int64)}
             timed = paired_latency(source, args.folder / name, feed)
             low, high = timed["latency_interval"]
-            print(f"| {name} | {tokens} | {timed['float_ms']:.2f} | {timed['latency_ratio']:.2f} ({low:.2f}-{high:.2f}) |",
-                  flush=True)
+            print(
+                f"| {name} | {tokens} | {timed['float_ms']:.2f} | {timed['latency_ratio']:.2f} ({low:.2f}-{high:.2f}) "
+                f"|",
+                flush=True,
+            )
     return 0
 
 

@@ -30,13 +30,32 @@ def ten_thousand() -> list:
     path = chain_model(folder, blocks=2500, width=320)
     ortprep = str(VENV_BIN / "ortprep")
     rows = [
-        ("10k nodes, 1 GB", measure("ortprep check --ep dml --json", [ortprep, "check", str(path), "--ep", "dml", "--json"])),
-        ("10k nodes, 1 GB", measure("ortprep check --ep nnapi --json", [ortprep, "check", str(path), "--ep", "nnapi", "--json"])),
+        (
+            "10k nodes, 1 GB",
+            measure("ortprep check --ep dml --json", [ortprep, "check", str(path), "--ep", "dml", "--json"]),
+        ),
+        (
+            "10k nodes, 1 GB",
+            measure("ortprep check --ep nnapi --json", [ortprep, "check", str(path), "--ep", "nnapi", "--json"]),
+        ),
         (
             "10k nodes, 1 GB",
             measure(
                 "ortprep check, 4 EPs",
-                [ortprep, "check", str(path), "--ep", "cpu", "--ep", "dml-npu", "--ep", "tensorrt", "--ep", "qnn", "--json"],
+                [
+                    ortprep,
+                    "check",
+                    str(path),
+                    "--ep",
+                    "cpu",
+                    "--ep",
+                    "dml-npu",
+                    "--ep",
+                    "tensorrt",
+                    "--ep",
+                    "qnn",
+                    "--json",
+                ],
             ),
         ),
         (
@@ -56,14 +75,33 @@ def hundred_thousand() -> list:
     folder = OUT / "check_100k"
     path = chain_model(folder, blocks=25000, width=32)
     rows = [
-        ("100k nodes, 100 MB", measure("ortprep check --ep cpu --ep qnn --json",
-                                       [ortprep, "check", str(path), "--ep", "cpu", "--ep", "qnn", "--json"])),
-        ("100k nodes, 100 MB", measure("onnx.checker.check_model (by path, full_check)",
-                                       [sys.executable, "-c", "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)",
-                                        str(path)])),
-        ("100k nodes, 100 MB", measure("python -m onnxruntime.tools.check_onnx_model_mobile_usability",
-                                       [sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability", str(path)],
-                                       runs=1)),
+        (
+            "100k nodes, 100 MB",
+            measure(
+                "ortprep check --ep cpu --ep qnn --json",
+                [ortprep, "check", str(path), "--ep", "cpu", "--ep", "qnn", "--json"],
+            ),
+        ),
+        (
+            "100k nodes, 100 MB",
+            measure(
+                "onnx.checker.check_model (by path, full_check)",
+                [
+                    sys.executable,
+                    "-c",
+                    "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)",
+                    str(path),
+                ],
+            ),
+        ),
+        (
+            "100k nodes, 100 MB",
+            measure(
+                "python -m onnxruntime.tools.check_onnx_model_mobile_usability",
+                [sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability", str(path)],
+                runs=1,
+            ),
+        ),
     ]
     shutil.rmtree(folder)
     return rows

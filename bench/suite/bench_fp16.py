@@ -25,13 +25,57 @@ def main() -> None:
         path = chain_model(folder, blocks=blocks, width=width, realistic=True)
         ortprep = str(VENV_BIN / "ortprep")
         rows.append(
-            (label, measure("ortprep convert --fp16 --ep cuda (verified)", [ortprep, "convert", str(path), "--fp16", "--ep", "cuda", "-o", str(folder / "a.onnx"), "--force", "--json"], runs=1))
+            (
+                label,
+                measure(
+                    "ortprep convert --fp16 --ep cuda (verified)",
+                    [
+                        ortprep,
+                        "convert",
+                        str(path),
+                        "--fp16",
+                        "--ep",
+                        "cuda",
+                        "-o",
+                        str(folder / "a.onnx"),
+                        "--force",
+                        "--json",
+                    ],
+                    runs=1,
+                ),
+            )
         )
         rows.append(
-            (label, measure("ortprep convert --fp16 --ep cuda --no-verify", [ortprep, "convert", str(path), "--fp16", "--ep", "cuda", "--no-verify", "-o", str(folder / "b.onnx"), "--force", "--json"], runs=1))
+            (
+                label,
+                measure(
+                    "ortprep convert --fp16 --ep cuda --no-verify",
+                    [
+                        ortprep,
+                        "convert",
+                        str(path),
+                        "--fp16",
+                        "--ep",
+                        "cuda",
+                        "--no-verify",
+                        "-o",
+                        str(folder / "b.onnx"),
+                        "--force",
+                        "--json",
+                    ],
+                    runs=1,
+                ),
+            )
         )
         rows.append(
-            (label, measure("onnxconverter-common convert_float_to_float16", [sys.executable, "-c", DIRECT.format(src=str(path), dst=str(folder / "c.onnx"))], runs=1))
+            (
+                label,
+                measure(
+                    "onnxconverter-common convert_float_to_float16",
+                    [sys.executable, "-c", DIRECT.format(src=str(path), dst=str(folder / "c.onnx"))],
+                    runs=1,
+                ),
+            )
         )
         shutil.rmtree(folder)
     print(table(rows))

@@ -44,12 +44,22 @@ def main() -> None:
             print(f"building {label} ...", file=sys.stderr, flush=True)
             model_with_external_weights(folder, int(gb * 2**30), tensors=16, rows=4096, realistic=True)
         argv = [ortprep, "convert", str(model), "--fp16", "-o", str(folder / "ortprep.onnx"), "--force", "--json"]
-        name = "ortprep convert --fp16 (streamed, verified)" if verify else "ortprep convert --fp16 --no-verify (streamed)"
+        name = (
+            "ortprep convert --fp16 (streamed, verified)" if verify else "ortprep convert --fp16 --no-verify (streamed)"
+        )
         rows.append((label, measure(name, argv + ([] if verify else ["--no-verify"]), runs=1)))
         if verify == (gb == 1.0):  # once per size
             bare = [sys.executable, "-c", BARE.format(limit=limit, src=str(model), dst=str(folder / "bare.onnx"))]
-            rows.append((label, measure(f"onnx.load + convert_float_to_float16 + save (address space <= {args.limit_gb:g} GB)",
-                                        bare, runs=1)))
+            rows.append(
+                (
+                    label,
+                    measure(
+                        f"onnx.load + convert_float_to_float16 + save (address space <= {args.limit_gb:g} GB)",
+                        bare,
+                        runs=1,
+                    ),
+                )
+            )
         for leftover in ("ortprep.onnx.data", "bare.onnx.data"):
             (folder / leftover).unlink(missing_ok=True)
     print(table(rows))

@@ -19,7 +19,9 @@ def main() -> None:
     for label, size in SIZES.items():
         folder = OUT / f"inspect_{label.replace(' ', '')}"
         path = model_with_external_weights(folder, size)
-        rows.append((label, measure("ortprep inspect --json", [str(VENV_BIN / "ortprep"), "inspect", str(path), "--json"])))
+        rows.append(
+            (label, measure("ortprep inspect --json", [str(VENV_BIN / "ortprep"), "inspect", str(path), "--json"]))
+        )
         rows.append(
             (
                 label,

@@ -69,13 +69,20 @@ def chain(path: Path, nodes: int, plant: dict[float, str]) -> Path:
                                                 pads=[1, 1, 1, 1], name="culprit_dw"))
             current, height = "dw_out", height // 2
         elif kind == "hs":
-            graph_nodes += [helper.make_node("GlobalAveragePool", [current], ["se_pool"], name="se_pool"),
-                            helper.make_node("HardSigmoid", ["se_pool"], ["se_gate"], alpha=0.2, beta=0.5, name="culprit_hs"),
-                            helper.make_node("Mul", [current, "se_gate"], ["se_out"], name="se_scale")]
+            graph_nodes += [
+                helper.make_node("GlobalAveragePool", [current], ["se_pool"], name="se_pool"),
+                helper.make_node("HardSigmoid", ["se_pool"], ["se_gate"], alpha=0.2, beta=0.5, name="culprit_hs"),
+                helper.make_node("Mul", [current, "se_gate"], ["se_out"], name="se_scale"),
+            ]
             current = "se_out"
     graph_nodes.append(helper.make_node("Relu", [current], ["y"], name="out"))
-    graph = helper.make_graph(graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, height, 16])], inits)
+    graph = helper.make_graph(
+        graph_nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, height, 16])],
+        inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
 
@@ -126,10 +133,14 @@ def ocr_classifier(path: Path, blocks: int, plant: float | None = 0.5) -> Path:
         stride = (2, 1) if index == planted else ((2, 2) if index in (1, blocks // 2) else (1, 1))
         hidden = channels * 3
         expanded = conv(x, channels, hidden)
-        depthwise = conv(expanded, hidden, hidden, 3, stride, group=hidden, name="planted_dw" if index == planted else None)
+        depthwise = conv(
+            expanded, hidden, hidden, 3, stride, group=hidden, name="planted_dw" if index == planted else None
+        )
         pool, gate, scaled = fresh("gap"), fresh("gate"), fresh("scaled")
         nodes.append(helper.make_node("GlobalAveragePool", [depthwise], [pool], name=pool))
-        excite = conv(conv(pool, hidden, max(8, hidden // 4), bn=False), max(8, hidden // 4), hidden, bn=False, relu=False)
+        excite = conv(
+            conv(pool, hidden, max(8, hidden // 4), bn=False), max(8, hidden // 4), hidden, bn=False, relu=False
+        )
         nodes += [helper.make_node("Sigmoid", [excite], [gate], name=gate),
                   helper.make_node("Mul", [depthwise, gate], [scaled], name=scaled)]
         projected = conv(scaled, hidden, out_channels, relu=False)
@@ -138,13 +149,25 @@ def ocr_classifier(path: Path, blocks: int, plant: float | None = 0.5) -> Path:
             nodes.append(helper.make_node("Add", [x, projected], [added], name=added))
             projected = added
         x, channels = projected, out_channels
-    nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"], name="head_pool"),
-              helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
-              helper.make_node("Gemm", ["flat", init(rng.standard_normal((2, channels)) * 0.1), init(np.zeros(2))], ["logits"],
-                               transB=1, name="fc"),
-              helper.make_node("Softmax", ["logits"], ["prob"], axis=-1, name="softmax")]
-    graph = helper.make_graph(nodes, "ocr_classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 48, 192])],
-                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 2])], inits)
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["pooled"], name="head_pool"),
+        helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+        helper.make_node(
+            "Gemm",
+            ["flat", init(rng.standard_normal((2, channels)) * 0.1), init(np.zeros(2))],
+            ["logits"],
+            transB=1,
+            name="fc",
+        ),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=-1, name="softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ocr_classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 48, 192])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 2])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
@@ -319,7 +342,10 @@ def main() -> None:
             cases += [(f"{name} (wheel)", path, []) for name, path in real_models(OUT / "prove-models")]
             cases += [(f"{name} (built)", path, []) for name, path in built_models(folder)]
         # the plain versions of the realistic networks are created on the 888: their plants are the only culprits
-        controls = [ocr_classifier(folder / "cls_plain.onnx", 24, plant=None), encoder(folder / "enc_plain.onnx", 10, plant=None)]
+        controls = [
+            ocr_classifier(folder / "cls_plain.onnx", 24, plant=None),
+            encoder(folder / "enc_plain.onnx", 10, plant=None),
+        ]
         from ortprep import workers_scope
 
         with workers_scope():
@@ -337,10 +363,13 @@ def main() -> None:
         culprit = row["culprit"]
         planted = "yes" if row["planted_found"] else "no"
         stopped = " (bound)" if "stopped" in culprit else ""
-        print(f"| {row['model']} | {row['nodes']} | {culprit['units']} | {row['bare']:.2f} | {len(row['named'])}{stopped} | "
-              f"{_sets(row['named'])} | {planted if row['model'].endswith(('(wheel)', '(built)')) is False else '-'} | "
-              f"{culprit['probes']} | "
-              f"{culprit['seconds']:.1f} |")
+        print(
+            f"| {row['model']} | {row['nodes']} | {culprit['units']} | {row['bare']:.2f} | "
+            f"{len(row['named'])}{stopped} | "
+            f"{_sets(row['named'])} | {planted if row['model'].endswith(('(wheel)', '(built)')) is False else '-'} | "
+            f"{culprit['probes']} | "
+            f"{culprit['seconds']:.1f} |"
+        )
     print("\n| model | fix (default order) | sessions | s | graph fix (device kept), pruned in the whole model | "
           "sessions | s | CPU max abs diff (opt. off / default) |\n|---|---|---:|---:|---|---:|---:|---|")
     for row in rows:

@@ -42,13 +42,22 @@ def conv_model(path) -> None:
     rng = np.random.default_rng(0)
     nodes, inits, x, cin = [], [], "image", 3
     for index in range(6):
-        inits.append(numpy_helper.from_array((rng.standard_normal((CHANNELS, cin, 3, 3)) * np.sqrt(2 / (cin * 9))).astype(np.float32), f"w{index}"))
+        inits.append(
+            numpy_helper.from_array(
+                (rng.standard_normal((CHANNELS, cin, 3, 3)) * np.sqrt(2 / (cin * 9))).astype(np.float32), f"w{index}"
+            )
+        )
         nodes.append(helper.make_node("Conv", [x, f"w{index}"], [f"c{index}"], pads=[1, 1, 1, 1], name=f"conv{index}"))
         nodes.append(helper.make_node("Relu", [f"c{index}"], [f"r{index}"], name=f"relu{index}"))
         x, cin = f"r{index}", CHANNELS
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"], name="gap"))
-    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, SIDE, SIDE])],
-                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, CHANNELS, 1, 1])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "convs",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, SIDE, SIDE])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, CHANNELS, 1, 1])],
+        inits,
+    )
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
@@ -61,7 +70,9 @@ def wide_model(path) -> None:
     rng = np.random.default_rng(2)
     nodes, inits, x = [], [], "image"
     for index in range(WIDE_LAYERS):
-        inits.append(numpy_helper.from_array((rng.standard_normal((16, 16, 1, 1)) * 0.35).astype(np.float32), f"w{index}"))
+        inits.append(
+            numpy_helper.from_array((rng.standard_normal((16, 16, 1, 1)) * 0.35).astype(np.float32), f"w{index}")
+        )
         nodes.append(helper.make_node("Conv", [x, f"w{index}"], [f"c{index}"], name=f"conv{index}"))
         x = f"c{index}"
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"], name="gap"))
@@ -82,13 +93,52 @@ def main() -> None:
     rows = []
     for method in ("minmax", "entropy"):
         for count in (16, 256):
-            rows.append((f"{count} samples", measure(
-                f"ortprep quantize --static --method {method} (20% held back for evaluation)",
-                [str(VENV_BIN / "ortprep"), "quantize", str(model), "--static", "--calib", str(folder / "calib"), "--samples", str(count),
-                 "--method", method, "-o", str(folder / "a.onnx"), "--force", "--json", "--fail-on", "never"], runs=1)))
-            rows.append((f"{count} samples", measure(
-                f"quantize_static ({method}, all samples in one reader)",
-                [sys.executable, "-c", DIRECT, str(folder / "calib"), str(model), str(count), str(folder / "b.onnx"), method], runs=1)))
+            rows.append(
+                (
+                    f"{count} samples",
+                    measure(
+                        f"ortprep quantize --static --method {method} (20% held back for evaluation)",
+                        [
+                            str(VENV_BIN / "ortprep"),
+                            "quantize",
+                            str(model),
+                            "--static",
+                            "--calib",
+                            str(folder / "calib"),
+                            "--samples",
+                            str(count),
+                            "--method",
+                            method,
+                            "-o",
+                            str(folder / "a.onnx"),
+                            "--force",
+                            "--json",
+                            "--fail-on",
+                            "never",
+                        ],
+                        runs=1,
+                    ),
+                )
+            )
+            rows.append(
+                (
+                    f"{count} samples",
+                    measure(
+                        f"quantize_static ({method}, all samples in one reader)",
+                        [
+                            sys.executable,
+                            "-c",
+                            DIRECT,
+                            str(folder / "calib"),
+                            str(model),
+                            str(count),
+                            str(folder / "b.onnx"),
+                            method,
+                        ],
+                        runs=1,
+                    ),
+                )
+            )
     wide = folder / "wide.onnx"
     wide_model(wide)
     (folder / "wide_calib").mkdir()
@@ -98,23 +148,60 @@ def main() -> None:
         "ortprep quantize --static --method percentile (stride within 512 MB)",
         [str(VENV_BIN / "ortprep"), "quantize", str(wide), "--static", "--calib", str(folder / "wide_calib"),
          "--method", "percentile", "-o", str(folder / "wa.onnx"), "--force", "--json", "--fail-on", "never"], runs=1)))
-    rows.append(("180 MB activations/sample, 16 samples", measure(
-        "quantize_static (percentile, all samples in one reader)",
-        [sys.executable, "-c", DIRECT, str(folder / "wide_calib"), str(wide), "16", str(folder / "wb.onnx"), "percentile"],
-        runs=1)))
+    rows.append(
+        (
+            "180 MB activations/sample, 16 samples",
+            measure(
+                "quantize_static (percentile, all samples in one reader)",
+                [
+                    sys.executable,
+                    "-c",
+                    DIRECT,
+                    str(folder / "wide_calib"),
+                    str(wide),
+                    "16",
+                    str(folder / "wb.onnx"),
+                    "percentile",
+                ],
+                runs=1,
+            ),
+        )
+    )
     print(table(rows))
     print()
     print("| sample model | int8 / fp32 CPU latency (median of 10 runs) | float ms | int8 ms |")
     print("|---|---:|---:|---:|")
-    for name, input_name, shape in (("cnn.onnx", "image", (1, 3, 32, 32)), ("transformer_block.onnx", "hidden", (1, 16, 64))):
+    for name, input_name, shape in (
+        ("cnn.onnx", "image", (1, 3, 32, 32)),
+        ("transformer_block.onnx", "hidden", (1, 16, 64)),
+    ):
         calib = folder / f"calib_{name}"
         calib.mkdir()
         for index in range(10):
             np.savez(calib / f"{index}.npz", **{input_name: rng.standard_normal(shape).astype(np.float32)})
-        out = subprocess.run([str(VENV_BIN / "ortprep"), "quantize", str(ROOT / "sample_models" / name), "--static", "--calib", str(calib),
-                              "-o", str(folder / f"q_{name}"), "--json", "--fail-on", "never"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                str(VENV_BIN / "ortprep"),
+                "quantize",
+                str(ROOT / "sample_models" / name),
+                "--static",
+                "--calib",
+                str(calib),
+                "-o",
+                str(folder / f"q_{name}"),
+                "--json",
+                "--fail-on",
+                "never",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         verify = json.loads(out.stdout)["verify"]
-        print(f"| {name} | {verify['latency_ratio']} | {verify['float_latency_ms']:.3f} | {verify['quant_latency_ms']:.3f} |")
+        print(
+            f"| {name} | {verify['latency_ratio']} | {verify['float_latency_ms']:.3f} | "
+            f"{verify['quant_latency_ms']:.3f} |"
+        )
     shutil.rmtree(folder)
 
 

@@ -97,7 +97,12 @@ def run_case(case, out: Path, bits_list: list[str]) -> dict | None:
         number = {"int4": 4, "int8": 8}[bits]
         ort_out = folder / f"ort.{bits}.onnx"
         code, seconds, rss, err = launch([sys.executable, "-c", _ORT_CALL, str(path), str(ort_out), str(number)])
-        ort_entry = {"exit": code, "seconds": seconds, "peak_rss_mb": rss, "error": err.strip()[-300:] if code else None}
+        ort_entry = {
+            "exit": code,
+            "seconds": seconds,
+            "peak_rss_mb": rss,
+            "error": err.strip()[-300:] if code else None,
+        }
         if code == 0:
             ort_entry.update(bytes=ort_out.stat().st_size, **paired_latency(path, ort_out, feeds[0]),
                              **compare(reference, outputs(ort_out, feeds), case.decision))
@@ -106,9 +111,28 @@ def run_case(case, out: Path, bits_list: list[str]) -> dict | None:
             ours = folder / f"ortprep.{bits}.{rounding}.onnx"
             report = folder / f"ortprep.{bits}.{rounding}.json"
             ours.unlink(missing_ok=True)
-            code, seconds, rss, err = launch([sys.executable, "-m", "ortprep", "quantize", str(path), "--weight-only", bits,
-                                              "--calib", str(data), "--rounding", rounding, "-o", str(ours), "--force",
-                                              "--json", "--report", str(report), "--keep-failed"])
+            code, seconds, rss, err = launch(
+                [
+                    sys.executable,
+                    "-m",
+                    "ortprep",
+                    "quantize",
+                    str(path),
+                    "--weight-only",
+                    bits,
+                    "--calib",
+                    str(data),
+                    "--rounding",
+                    rounding,
+                    "-o",
+                    str(ours),
+                    "--force",
+                    "--json",
+                    "--report",
+                    str(report),
+                    "--keep-failed",
+                ]
+            )
             record = json.loads(report.read_text()) if report.exists() else {}
             our_entry = {"exit": code, "seconds": seconds, "peak_rss_mb": rss,
                          "codes": sorted({f["code"] for f in record.get("findings", []) if f["severity"] != "info"}),
@@ -120,15 +144,20 @@ def run_case(case, out: Path, bits_list: list[str]) -> dict | None:
                                  **compare(reference, outputs(written, feeds), case.decision))
             elif record.get("kept_failed"):
                 # a refusal, measured through the file it refused (right, or needless)
-                our_entry["refused_file"] = compare(reference, outputs(Path(record["kept_failed"]), feeds), case.decision)
+                our_entry["refused_file"] = compare(
+                    reference, outputs(Path(record["kept_failed"]), feeds), case.decision
+                )
             row["bits"][bits][f"ortprep {rounding}"] = our_entry
     return row
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| half | model | bits | who | exit | rounding | s | peak RSS (MB) | size vs float | cosine | norm | decision | "
-             "latency vs float (1 thread; 95% interval) | ortprep's findings | the refused file: cosine, decision |",
-             "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    lines = [
+        "| half | model | bits | who | exit | rounding | s | peak RSS (MB) | size vs float | cosine | norm | decision "
+        "| "
+        "latency vs float (1 thread; 95% interval) | ortprep's findings | the refused file: cosine, decision |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|---|",
+    ]
     for row in sorted(rows, key=lambda r: (r["half"] != "eval", r["model"])):
         for bits, entries in row["bits"].items():
             for who, e in entries.items():

@@ -66,8 +66,12 @@ def load_rows() -> list[tuple]:
 
         def bare() -> None:
             session = ort.InferenceSession(str(fresh(source)), providers=["CPUExecutionProvider"])
-            feeds = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape]
-                                                                      ).astype(np.float32) for i in session.get_inputs()}
+            feeds = {
+                i.name: np.random.default_rng(0)
+                .standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
+                .astype(np.float32)
+                for i in session.get_inputs()
+            }
             for _ in range(11):
                 session.run(None, feeds)
 
@@ -104,13 +108,31 @@ def load_rows() -> list[tuple]:
             bare_s, warm_s, worker_s = (statistics.median(t) for t in (bare_times, warm_times, worker_times))
         rows += [
             (name, "bare InferenceSession + 11 runs (in process)", f"{bare_s:.3f}", "1.00"),
-            (name, "ortprep: the worker's part (session + 11 runs + placement, over the pipe)", f"{worker_s:.3f}",
-             f"{worker_s / bare_s:.2f}"),
-            (name, "ortprep test_load --ep cpu, warm worker (the whole step)", f"{warm_s:.3f}", f"{warm_s / bare_s:.2f}"),
-            (name, "of which the step's own checks in ortprep's process (whole step minus worker's part)",
-             f"{warm_s - worker_s:.3f}", ""),
+            (
+                name,
+                "ortprep: the worker's part (session + 11 runs + placement, over the pipe)",
+                f"{worker_s:.3f}",
+                f"{worker_s / bare_s:.2f}",
+            ),
+            (
+                name,
+                "ortprep test_load --ep cpu, warm worker (the whole step)",
+                f"{warm_s:.3f}",
+                f"{warm_s / bare_s:.2f}",
+            ),
+            (
+                name,
+                "of which the step's own checks in ortprep's process (whole step minus worker's part)",
+                f"{warm_s - worker_s:.3f}",
+                "",
+            ),
             (name, "ortprep test_load --ep cpu, one-shot worker", f"{cold_s:.3f}", f"{cold_s / bare_s:.2f}"),
-            (name, "isolation cost: the worker's start (one-shot minus warm), once per pipeline", f"{cold_s - warm_s:.3f}", ""),
+            (
+                name,
+                "isolation cost: the worker's start (one-shot minus warm), once per pipeline",
+                f"{cold_s - warm_s:.3f}",
+                "",
+            ),
         ]
     shutil.rmtree(work)
     return rows
@@ -120,9 +142,11 @@ def fp16_rows():
     folder = OUT / "worker_fp16"
     path = chain_model(folder, blocks=1000, width=320, realistic=True)
     ortprep = str(VENV_BIN / "ortprep")
-    verified = measure("ortprep convert --fp16 --ep cuda (verified)",
-                       [ortprep, "convert", str(path), "--fp16", "--ep", "cuda", "-o", str(folder / "a.onnx"), "--force", "--json"],
-                       runs=3)
+    verified = measure(
+        "ortprep convert --fp16 --ep cuda (verified)",
+        [ortprep, "convert", str(path), "--fp16", "--ep", "cuda", "-o", str(folder / "a.onnx"), "--force", "--json"],
+        runs=3,
+    )
     bare = measure("onnxconverter-common convert_float_to_float16",
                    [sys.executable, "-c", DIRECT.format(src=str(path), dst=str(folder / "c.onnx"))], runs=3)
     shutil.rmtree(folder)
@@ -153,10 +177,17 @@ def pipeline_rows() -> list[tuple]:
         workers = pool.started
     original = counts.get(str(work / "cnn.onnx"), 0)
     shutil.rmtree(work)
-    return [("convert (opset 18) -> quantize (dynamic) -> load (cpu)", "sessions of the original model", str(original), "3"),
-            ("", "sessions, every model file", str(sum(counts.values())), ""),
-            ("", "most sessions of one model file", str(max(counts.values())), ""),
-            ("", "worker processes started", str(workers), "one child per ORT call")]
+    return [
+        (
+            "convert (opset 18) -> quantize (dynamic) -> load (cpu)",
+            "sessions of the original model",
+            str(original),
+            "3",
+        ),
+        ("", "sessions, every model file", str(sum(counts.values())), ""),
+        ("", "most sessions of one model file", str(max(counts.values())), ""),
+        ("", "worker processes started", str(workers), "one child per ORT call"),
+    ]
 
 
 def main() -> None:
@@ -167,7 +198,10 @@ def main() -> None:
     rows, verified, bare = fp16_rows()
     print("\nVerified FP16 against the bare converter (fresh processes, medians of 3):\n")
     print(table(rows))
-    print(f"\n| ratio | value |\n|---|---:|\n| verified FP16 / bare converter | {verified.seconds / bare.seconds:.2f}x |\n")
+    print(
+        f"\n| ratio | value |\n|---|---:|\n| verified FP16 / bare converter | {verified.seconds / bare.seconds:.2f}x "
+        f"|\n"
+    )
     print("Sessions built by one pipeline run (ortprep vs the naive count, one session per ORT call):\n")
     print("| pipeline | what | ortprep | naive |\n|---|---|---:|---:|")
     for row in pipeline_rows():

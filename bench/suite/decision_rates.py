@@ -75,7 +75,9 @@ def qnn_session(model: Path, soc_model: str):
     options = ort.SessionOptions()
     options.log_severity_level = 3
     devices = [d for d in ort.get_ep_devices() if d.ep_name == provider]
-    options.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": soc_model})
+    options.add_provider_for_devices(
+        devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": soc_model}
+    )
     session = ort.InferenceSession(str(model), sess_options=options)
     session.disable_fallback()  # a failed QNN run stays a failure, never the CPU EP's outputs
     return session
@@ -90,7 +92,11 @@ def measure(case, folder: Path, count: int, qdq: Path | None = None, ep: str = "
     report = json.loads(report_path.read_text())
     # the float model quantize read: the fixed-shape file, a model built in the case's folder, or
     # the one shipped in a wheel (the journey's models/)
-    candidates = [folder / "fixed.onnx", folder / f"{case.name}.onnx", folder.parent / "models" / Path(report["input"]).name]
+    candidates = [
+        folder / "fixed.onnx",
+        folder / f"{case.name}.onnx",
+        folder.parent / "models" / Path(report["input"]).name,
+    ]
     float_model = next((path for path in candidates if path.exists()), Path(report["input"]))
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -160,7 +166,9 @@ def main() -> int:
         rows.append(row)
     rows.sort(key=lambda r: (r["half"] != "eval", r["model"]))
     if not files:  # the journey's own files: the record sits beside them
-        (args.journey / f"decision_rates{'' if args.ep == 'cpu' else '_' + args.ep}.json").write_text(json.dumps(rows, indent=1))
+        (args.journey / f"decision_rates{'' if args.ep == 'cpu' else '_' + args.ep}.json").write_text(
+            json.dumps(rows, indent=1)
+        )
     print(table(rows))
     return 0
 

@@ -96,8 +96,11 @@ def run(args: argparse.Namespace) -> dict:
                       "quantize_reported": command.get("latency_ratio"),
                       "seconds": round(time.perf_counter() - started, 1)}
             entry["files"].append(record)
-            shown = (f"{timed['latency_ratio']:.2f}x ({timed['latency_interval'][0]:.2f}-{timed['latency_interval'][1]:.2f})"
-                     if "latency_ratio" in timed else timed["error"])
+            shown = (
+                f"{timed['latency_ratio']:.2f}x ({timed['latency_interval'][0]:.2f}-{timed['latency_interval'][1]:.2f})"
+                if "latency_ratio" in timed
+                else timed["error"]
+            )
             print(f"  {row['model']} {label} [{state}]: {shown}", file=sys.stderr, flush=True)
         results.append(entry)
     return {"meta": {"threads": args.threads, "yield_run": saved.get("meta", {}).get("tree_at_start"),
@@ -147,8 +150,12 @@ def report(result: dict) -> str:
                 continue
             by_label = {f["label"]: f for f in row["files"]}
             float_ms = next((f["float_ms"] for f in row["files"] if "float_ms" in f), None)
-            own = " / ".join("-" if by_label.get(k, {}).get("quantize_reported") is None
-                             else f"{by_label[k]['quantize_reported']:.2f}" for k in ("ortprep static", "ortprep dynamic"))
+            own = " / ".join(
+                "-"
+                if by_label.get(k, {}).get("quantize_reported") is None
+                else f"{by_label[k]['quantize_reported']:.2f}"
+                for k in ("ortprep static", "ortprep dynamic")
+            )
             lines.append(f"| {row['model']} | {'-' if float_ms is None else f'{float_ms:.3f}'} | "
                          + " | ".join(_cell(by_label.get(c)) for c in columns) + f" | {own} |")
         lines.append("")
@@ -188,7 +195,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (0: ORT's default)")
     args = parser.parse_args()
     if not (args.yield_out / "results.json").exists():
-        print(f"no {args.yield_out / 'results.json'}: run `python -m bench.suite.quantize_yield` first", file=sys.stderr)
+        print(
+            f"no {args.yield_out / 'results.json'}: run `python -m bench.suite.quantize_yield` first", file=sys.stderr
+        )
         return 2
     started = time.perf_counter()
     result = run(args)

@@ -68,9 +68,17 @@ ORTPREP = [sys.executable, "-m", "ortprep"]
 OPENVINO = ROOT / ".venv-openvino" / "bin" / "python"
 CALIB, INDEPENDENT = 24, 8
 STEPS = ["check_qnn", "check_ov", "convert", "quantize", "fp16", "check_qdq_qnn", "check_ov_fixed", "load", "compile"]
-STEP_TITLES = {"check_qnn": "check qnn", "check_ov": "check ov", "convert": "convert", "quantize": "quantize",
-               "fp16": "FP16 (named by quantize)", "check_qdq_qnn": "check deployed qnn", "check_ov_fixed": "check ov fixed",
-               "load": "load", "compile": "compile"}
+STEP_TITLES = {
+    "check_qnn": "check qnn",
+    "check_ov": "check ov",
+    "convert": "convert",
+    "quantize": "quantize",
+    "fp16": "FP16 (named by quantize)",
+    "check_qdq_qnn": "check deployed qnn",
+    "check_ov_fixed": "check ov fixed",
+    "load": "load",
+    "compile": "compile",
+}
 ARTIFACT_STEPS = ["convert", "quantize", "fp16", "load", "compile"]  # the steps that make or pass the deployed model
 
 # A step runs under this launcher so that its peak RSS is its own (Linux carries a process's peak
@@ -94,11 +102,17 @@ print("timeout" if timed_out else os.waitstatus_to_exitcode(status), usage.ru_ma
 """
 
 
-def launch(argv: list[str], stdout: Path, stderr: Path, timeout: float, cwd: Path = ROOT) -> tuple[int | str, float, float]:
+def launch(
+    argv: list[str], stdout: Path, stderr: Path, timeout: float, cwd: Path = ROOT
+) -> tuple[int | str, float, float]:
     """Run ``argv`` under the launcher: (exit code or "timeout", seconds, peak RSS in MB)."""
     started = time.perf_counter()
-    launcher = subprocess.run([sys.executable, "-c", _LAUNCHER, str(stdout), str(stderr), str(timeout), *map(str, argv)],
-                              capture_output=True, text=True, cwd=cwd)
+    launcher = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, str(stdout), str(stderr), str(timeout), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
     seconds = time.perf_counter() - started
     try:
         code, maxrss = launcher.stdout.split()
@@ -135,7 +149,8 @@ SESSION = r"""
 import json, sys, time
 import numpy as np, onnxruntime as ort
 request = json.loads(sys.argv[1])
-provider = {"qnn": "QNNExecutionProvider", "openvino-cpu": "OpenVINOExecutionProvider", "cpu": "CPUExecutionProvider"}[request["ep"]]
+provider = {"qnn": "QNNExecutionProvider", "openvino-cpu": "OpenVINOExecutionProvider",
+            "cpu": "CPUExecutionProvider"}[request["ep"]]
 options = ort.SessionOptions()
 options.log_severity_level = 3
 options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
@@ -150,7 +165,8 @@ try:
                                                    "soc_model": request["soc_model"]})
         session = ort.InferenceSession(request["model"], sess_options=options, enable_fallback=0)
     elif request["ep"] == "openvino-cpu":
-        session = ort.InferenceSession(request["model"], options, providers=[(provider, {"device_type": "CPU"}), "CPUExecutionProvider"],
+        session = ort.InferenceSession(request["model"], options,
+                                       providers=[(provider, {"device_type": "CPU"}), "CPUExecutionProvider"],
                                        enable_fallback=0)
     else:
         session = ort.InferenceSession(request["model"], options, providers=["CPUExecutionProvider"])
@@ -167,7 +183,8 @@ for subgraph in session.get_provider_graph_assignment_info():
     partitions += subgraph.ep_name == provider
     for node in subgraph.get_nodes():
         assignment[node.name] = subgraph.ep_name
-reply.update(nodes_total=len(assignment), nodes_on_ep=sum(ep == provider for ep in assignment.values()), partitions=partitions)
+reply.update(nodes_total=len(assignment), nodes_on_ep=sum(ep == provider for ep in assignment.values()),
+             partitions=partitions)
 names = {i.name for i in session.get_inputs()}
 outputs, started = {}, time.perf_counter()
 try:
@@ -197,7 +214,11 @@ def session(model: Path, ep: str, samples: list[Path], save: Path, timeout: floa
     try:
         reply.update(json.loads(log.read_text().strip().splitlines()[-1]))
     except (OSError, IndexError, json.JSONDecodeError):
-        tail = save.with_suffix(".stderr").read_text(errors="replace").strip()[-300:] if save.with_suffix(".stderr").exists() else ""
+        tail = (
+            save.with_suffix(".stderr").read_text(errors="replace").strip()[-300:]
+            if save.with_suffix(".stderr").exists()
+            else ""
+        )
         return {**reply, "created": None, "error": f"the session's process died (exit {code}): {tail}"}
     reply["expected_runs"] = len(samples)
     return reply
@@ -233,7 +254,9 @@ def write_samples(case: JourneyCase, folder: Path, count: int, seed: int) -> lis
         feeds = {k: np.ascontiguousarray(v) for k, v in case.inputs(rng, index).items()}
         for name, dims in case.static.items():
             if tuple(feeds[name].shape) != tuple(dims):
-                raise ValueError(f"{case.name}: sample input {name} has shape {feeds[name].shape}, the corpus fixes {dims}")
+                raise ValueError(
+                    f"{case.name}: sample input {name} has shape {feeds[name].shape}, the corpus fixes {dims}"
+                )
         path = folder / f"{index:03d}.npz"
         np.savez(path, **feeds)
         paths.append(path)
@@ -247,14 +270,23 @@ def check_record(entry: dict) -> dict:
     proof = result.get("proof") or {}
     comparison = proof.get("comparison") or {}
     total, on_ep = proof.get("nodes_total"), proof.get("nodes_on_ep")
-    record = {"predicted": result.get("predicted_verdict"), "proven": result.get("verdict"), "status": proof.get("status"),
-              "share_predicted": result.get("node_share"), "share_real": on_ep / total if total else None,
-              "partitions_predicted": result.get("partitions"), "partitions_real": comparison.get("actual_partitions"),
-              "message": proof.get("message"), "device": (result.get("device") or {}).get("provider_options"),
-              "errors": sorted({f["code"] for f in report.get("findings", []) if f["severity"] == "error"})}
+    record = {
+        "predicted": result.get("predicted_verdict"),
+        "proven": result.get("verdict"),
+        "status": proof.get("status"),
+        "share_predicted": result.get("node_share"),
+        "share_real": on_ep / total if total else None,
+        "partitions_predicted": result.get("partitions"),
+        "partitions_real": comparison.get("actual_partitions"),
+        "message": proof.get("message"),
+        "device": (result.get("device") or {}).get("provider_options"),
+        "errors": sorted({f["code"] for f in report.get("findings", []) if f["severity"] == "error"}),
+    }
     if proof.get("culprit"):
         culprit = proof["culprit"]
-        record["culprit"] = [f"{n['name']} ({n['op_type']})" for n in culprit.get("nodes", [])[:5]] or culprit.get("stopped")
+        record["culprit"] = [f"{n['name']} ({n['op_type']})" for n in culprit.get("nodes", [])[:5]] or culprit.get(
+            "stopped"
+        )
     if record["status"] != "created" and record["status"] is not None:
         record["share_real"], record["partitions_real"] = 0.0, 0
     return record
@@ -290,20 +322,40 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
 
     def step(name: str, *args) -> dict:
         steps[name] = ortprep(name, list(args), folder, timeout)
-        print(f"  {case.name} {name}: exit {steps[name]['exit']} in {steps[name]['seconds']} s", file=sys.stderr, flush=True)
+        print(
+            f"  {case.name} {name}: exit {steps[name]['exit']} in {steps[name]['seconds']} s",
+            file=sys.stderr,
+            flush=True,
+        )
         return steps[name]
 
     step("check_qnn", "check", source, "--ep", "qnn", "--prove", *device)
     step("check_ov", "check", source, "--ep", "openvino-cpu", "--prove", *openvino)
     metric_args = [a for name, kind in case.metrics.items() for a in ("--metric", f"{name}={kind}")]
     if case.static:
-        shapes = [a for name, dims in case.static.items() for a in ("--fix-shape", f"{name}={','.join(map(str, dims))}")]
+        shapes = [
+            a for name, dims in case.static.items() for a in ("--fix-shape", f"{name}={','.join(map(str, dims))}")
+        ]
         step("convert", "convert", source, *shapes, "--inputs", sample, "-o", fixed, "--force")
     else:
         fixed = source  # static as shipped: the float model the journey quantizes is the model itself
     if fixed.exists():
-        step("quantize", "quantize", fixed, "--static", "--ep", "qnn", "--auto", "--auto-exclude", "--calib", folder / "calib",
-             "-o", qdq, "--force", *metric_args)
+        step(
+            "quantize",
+            "quantize",
+            fixed,
+            "--static",
+            "--ep",
+            "qnn",
+            "--auto",
+            "--auto-exclude",
+            "--calib",
+            folder / "calib",
+            "-o",
+            qdq,
+            "--force",
+            *metric_args,
+        )
         if fixed != source:
             step("check_ov_fixed", "check", fixed, "--ep", "openvino-cpu", "--prove", *openvino)
     named = fp16_named(steps.get("quantize"))
@@ -347,30 +399,61 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     measures = {}
     if fixed != source and fixed.exists():
         source_outputs = outputs_of(saved / "cpu_source.npz")
-        measures["convert"] = {"measure": compare(source_outputs, reference), "decision": decisions(case, source_outputs, reference)}
+        measures["convert"] = {
+            "measure": compare(source_outputs, reference),
+            "decision": decisions(case, source_outputs, reference),
+        }
     for label in ("cpu_qdq", "qnn_qdq", "qnn_ctx"):
         if label in sessions:
             candidate = outputs_of(saved / f"{label}.npz")
-            measures[label] = {"measure": compare(reference, candidate), "decision": decisions(case, reference, candidate)}
+            measures[label] = {
+                "measure": compare(reference, candidate),
+                "decision": decisions(case, reference, candidate),
+            }
     if "cpu_qdq" in sessions and "qnn_qdq" in sessions:  # what the EP adds to the same QDQ model
         on_cpu, on_ep = outputs_of(saved / "cpu_qdq.npz"), outputs_of(saved / "qnn_qdq.npz")
         measures["qnn_vs_cpu_qdq"] = {"measure": compare(on_cpu, on_ep), "decision": decisions(case, on_cpu, on_ep)}
 
     targets = {
-        "qnn_float": (check_record(steps["check_qnn"]), session_verdict(sessions.get("qnn_source")), sessions.get("qnn_source")),
-        "ov_float": (check_record(steps["check_ov"]), session_verdict(sessions.get("ov_source")), sessions.get("ov_source")),
+        "qnn_float": (
+            check_record(steps["check_qnn"]),
+            session_verdict(sessions.get("qnn_source")),
+            sessions.get("qnn_source"),
+        ),
+        "ov_float": (
+            check_record(steps["check_ov"]),
+            session_verdict(sessions.get("ov_source")),
+            sessions.get("ov_source"),
+        ),
     }
     if "check_qdq_qnn" in steps:
-        targets["qnn_qdq"] = (check_record(steps["check_qdq_qnn"]), session_verdict(sessions.get("qnn_qdq")), sessions.get("qnn_qdq"))
+        targets["qnn_qdq"] = (
+            check_record(steps["check_qdq_qnn"]),
+            session_verdict(sessions.get("qnn_qdq")),
+            sessions.get("qnn_qdq"),
+        )
     if "check_ov_fixed" in steps:
-        targets["ov_fixed"] = (check_record(steps["check_ov_fixed"]), session_verdict(sessions.get("ov_fixed")), sessions.get("ov_fixed"))
+        targets["ov_fixed"] = (
+            check_record(steps["check_ov_fixed"]),
+            session_verdict(sessions.get("ov_fixed")),
+            sessions.get("ov_fixed"),
+        )
     verdicts = {}
     for label, (record, real, reply) in targets.items():
         record["session"] = real
-        record["session_detail"] = None if not reply else (
-            reply.get("error") or reply.get("run_error") or
-            f"{reply.get('nodes_on_ep')}/{reply.get('nodes_total')} nodes on the EP, {reply.get('partitions')} partition(s)")
-        record["session_share"] = (reply["nodes_on_ep"] / reply["nodes_total"]) if reply and reply.get("nodes_total") else None
+        record["session_detail"] = (
+            None
+            if not reply
+            else (
+                reply.get("error")
+                or reply.get("run_error")
+                or f"{reply.get('nodes_on_ep')}/{reply.get('nodes_total')} nodes on the EP, {reply.get('partitions')} "
+                   f"partition(s)"
+            )
+        )
+        record["session_share"] = (
+            (reply["nodes_on_ep"] / reply["nodes_total"]) if reply and reply.get("nodes_total") else None
+        )
         record["session_partitions"] = reply.get("partitions") if reply and reply.get("created") else None
         verdicts[label] = record
 
@@ -561,8 +644,12 @@ def peak(row: dict) -> float:
 
 
 def tables_for(rows: list[dict]) -> list[str]:
-    lines = ["| model | NPU material | " + " | ".join(STEP_TITLES[s] for s in STEPS) + " | journey | wall (s) | peak RSS (MB) |",
-             "|---|---|" + "---|" * len(STEPS) + "---|---:|---:|"]
+    lines = [
+        "| model | NPU material | "
+        + " | ".join(STEP_TITLES[s] for s in STEPS)
+        + " | journey | wall (s) | peak RSS (MB) |",
+        "|---|---|" + "---|" * len(STEPS) + "---|---:|---:|",
+    ]
     for row in rows:
         result = row["outcome"]
         journey = (("complete" + (" (in FP16, named by quantize)" if result.get("via") == "fp16" else ""))
@@ -571,39 +658,61 @@ def tables_for(rows: list[dict]) -> list[str]:
         lines.append(f"| {row['model']} | {'yes' if row['npu_material'] else 'no'} | "
                      + " | ".join(step_cell(row, name) for name in STEPS)
                      + f" | {journey} | {row['seconds']:.0f} | {peak(row):.0f} |")
-    lines += ["", "| model | QNN, as shipped | QNN, deployed (QDQ, or FP16 where the journey says) | OpenVINO CPU, as shipped | OpenVINO CPU, static |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| model | QNN, as shipped | QNN, deployed (QDQ, or FP16 where the journey says) | OpenVINO CPU, as shipped | "
+        "OpenVINO CPU, static |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
         v = row["verdicts"]
-        lines.append(f"| {row['model']} | {verdict_cell(v.get('qnn_float'))} | {verdict_cell(v.get('qnn_qdq'))} | "
-                     f"{verdict_cell(v.get('ov_float'))} | {verdict_cell(v.get('ov_fixed')) if 'ov_fixed' in v else '- (= as shipped)'} |")
-    lines += ["", "| model | decision | load: QDQ on QNN vs float, cosine / norm | this script: QDQ on QNN vs float, cosine / norm "
-              "| decision agrees | of which quantization (QDQ on CPU vs float) | of which the EP (QDQ on QNN vs on CPU) "
-              "| compiled on QNN: cosine / norm | compiled: decision | convert: cosine / norm | pass of a wrong output |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {row['model']} | {verdict_cell(v.get('qnn_float'))} | {verdict_cell(v.get('qnn_qdq'))} | "
+            f"{verdict_cell(v.get('ov_float'))} | "
+            f"{verdict_cell(v.get('ov_fixed')) if 'ov_fixed' in v else '- (= as shipped)'} |"
+        )
+    lines += [
+        "",
+        "| model | decision | load: QDQ on QNN vs float, cosine / norm | this script: QDQ on QNN vs float, cosine / "
+        "norm "
+        "| decision agrees | of which quantization (QDQ on CPU vs float) | of which the EP (QDQ on QNN vs on CPU) "
+        "| compiled on QNN: cosine / norm | compiled: decision | convert: cosine / norm | pass of a wrong output |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         m = row["measures"]
         wrong_text = "yes: " + ", ".join(w.split(":")[0] for w in row["wrong_passes"]) if row["wrong_passes"] else "no"
         check = row.get("wrong_pass_check") or {}
         if check.get("checked"):
             low, high = check["interval"]
-            wrong_text += (f"; on {check['samples']} fresh inputs {check['agree']}/{check['samples']} ({low:.1%}-{high:.1%}, "
-                           f"bar {check['bar']:.0%}): {'confirmed' if check['confirmed'] else 'cleared'}")
-        lines.append(f"| {row['model']} | {row['decision_kind'] or '-'} | {load_cell(row)} | {measure_cell(m.get('qnn_qdq'))} | "
-                     f"{decision_cell(m.get('qnn_qdq'))} | {measure_cell(m.get('cpu_qdq'))}, {decision_cell(m.get('cpu_qdq'))} | "
-                     f"{measure_cell(m.get('qnn_vs_cpu_qdq'))}, {decision_cell(m.get('qnn_vs_cpu_qdq'))} | "
-                     f"{measure_cell(m.get('qnn_ctx'))} | {decision_cell(m.get('qnn_ctx'))} | "
-                     f"{measure_cell(m.get('convert'))} | {wrong_text} |")
+            wrong_text += (
+                f"; on {check['samples']} fresh inputs {check['agree']}/{check['samples']} ({low:.1%}-{high:.1%}, "
+                f"bar {check['bar']:.0%}): {'confirmed' if check['confirmed'] else 'cleared'}"
+            )
+        lines.append(
+            f"| {row['model']} | {row['decision_kind'] or '-'} | {load_cell(row)} | {measure_cell(m.get('qnn_qdq'))} | "
+            f"{decision_cell(m.get('qnn_qdq'))} | {measure_cell(m.get('cpu_qdq'))}, {decision_cell(m.get('cpu_qdq'))} "
+            f"| "
+            f"{measure_cell(m.get('qnn_vs_cpu_qdq'))}, {decision_cell(m.get('qnn_vs_cpu_qdq'))} | "
+            f"{measure_cell(m.get('qnn_ctx'))} | {decision_cell(m.get('qnn_ctx'))} | "
+            f"{measure_cell(m.get('convert'))} | {wrong_text} |"
+        )
     lines += ["", "| model | " + " | ".join(STEP_TITLES[s] for s in STEPS) + " | own sessions | total |",
               "|---|" + "---:|" * (len(STEPS) + 2)]
     for row in rows:
-        lines.append(f"| {row['model']} | " + " | ".join(f"{row['steps'][s]['seconds']:.1f}" if s in row["steps"] else "-"
-                                                          for s in STEPS) + f" | {row['bench_seconds']:.1f} | {row['seconds']:.1f} |")
+        lines.append(
+            f"| {row['model']} | "
+            + " | ".join(f"{row['steps'][s]['seconds']:.1f}" if s in row["steps"] else "-" for s in STEPS)
+            + f" | {row['bench_seconds']:.1f} | {row['seconds']:.1f} |"
+        )
     return lines
 
 
 def summary(rows: list[dict]) -> dict:
     material = [r for r in rows if r["npu_material"]]
-    compared = [(r["model"], label, record) for r in rows for label, record in r["verdicts"].items() if record.get("session")]
+    compared = [
+        (r["model"], label, record) for r in rows for label, record in r["verdicts"].items() if record.get("session")
+    ]
     wrong_verdicts = [(m, label, rec) for m, label, rec in compared if rec["proven"] != rec["session"]]
     table_agree = [(m, label, rec) for m, label, rec in compared if rec["predicted"] == rec["session"]]
     complete_material = [r for r in material if r["outcome"]["complete"]]
@@ -632,18 +741,39 @@ def summary_table(groups: list[tuple[str, list[dict]]]) -> list[str]:
     rows = [
         ("models (NPU material)", lambda s: f"{s['models']} ({s['npu_material']})"),
         ("journeys complete, NPU material", lambda s: frac(s["complete_material"], s["npu_material"])),
-        ("of which with a quantized model (the others in FP16, as quantize named it)",
-         lambda s: frac(s.get("complete_quantized_material", s["complete_material"]), s["npu_material"])),
+        (
+            "of which with a quantized model (the others in FP16, as quantize named it)",
+            lambda s: frac(s.get("complete_quantized_material", s["complete_material"]), s["npu_material"]),
+        ),
         ("journeys complete, every model", lambda s: frac(s["complete_all"], s["models"])),
-        ("wrong verdicts (check --prove vs the session this script builds)", lambda s: f"{s['wrong_verdicts']} of {s['verdicts_compared']}"),
-        ("table-only verdict agreement (prediction vs that session)", lambda s: frac(s["table_agreement"], s["verdicts_compared"])),
-        ("passes of a wrong output flagged by 8 unseen samples (models; NPU material)",
-         lambda s: f"{s['wrong_passes']} ({s['wrong_passes_material']})"),
-        ("of which the journey completed (every step exit 0: the wrong model would ship)", lambda s: f"{s['wrong_shipped']}"),
-        (f"of the flagged, wrong on {CONFIRM_SAMPLES} fresh inputs on QNN (interval below the bar; models; NPU material)",
-         lambda s: f"{s.get('wrong_confirmed', s['wrong_passes'])} ({s.get('wrong_confirmed_material', s['wrong_passes_material'])})"),
-        ("acceptance: >= 80% complete, 0 wrong verdicts, 0 wrong passes (NPU material)",
-         lambda s: "met" if s["accepted"] else "not met"),
+        (
+            "wrong verdicts (check --prove vs the session this script builds)",
+            lambda s: f"{s['wrong_verdicts']} of {s['verdicts_compared']}",
+        ),
+        (
+            "table-only verdict agreement (prediction vs that session)",
+            lambda s: frac(s["table_agreement"], s["verdicts_compared"]),
+        ),
+        (
+            "passes of a wrong output flagged by 8 unseen samples (models; NPU material)",
+            lambda s: f"{s['wrong_passes']} ({s['wrong_passes_material']})",
+        ),
+        (
+            "of which the journey completed (every step exit 0: the wrong model would ship)",
+            lambda s: f"{s['wrong_shipped']}",
+        ),
+        (
+            f"of the flagged, wrong on {CONFIRM_SAMPLES} fresh inputs on QNN (interval below the bar; models; NPU "
+            f"material)",
+            lambda s: (
+                f"{s.get('wrong_confirmed', s['wrong_passes'])} "
+                f"({s.get('wrong_confirmed_material', s['wrong_passes_material'])})"
+            ),
+        ),
+        (
+            "acceptance: >= 80% complete, 0 wrong verdicts, 0 wrong passes (NPU material)",
+            lambda s: "met" if s["accepted"] else "not met",
+        ),
     ]
     for title, cell in rows:
         lines.append(f"| {title} | " + " | ".join(cell(s) for _, s in figures) + " |")
@@ -680,15 +810,24 @@ def disagreements(rows: list[dict]) -> list[str]:
             failed = entry["exit"] == "timeout" or entry["traceback"] or entry["exit"] not in (0, 1) \
                 or (name in ARTIFACT_STEPS and entry["exit"] == 1)
             if failed:
-                followed = " (it named FP16: the journey went on with it)" if name == "quantize" and row.get("deployed") == "fp16" \
+                followed = (
+                    " (it named FP16: the journey went on with it)"
+                    if name == "quantize" and row.get("deployed") == "fp16"
                     else ""
-                add(row, STEP_TITLES[name], f"exit {entry['exit']}" + (" with a traceback" if entry["traceback"] else "")
-                    + followed, first_error(entry))
+                )
+                add(
+                    row,
+                    STEP_TITLES[name],
+                    f"exit {entry['exit']}" + (" with a traceback" if entry["traceback"] else "") + followed,
+                    first_error(entry),
+                )
         for text in row["wrong_passes"]:
             add(row, "output", "pass of a wrong output", text)
         if not row["wrong_passes"]:  # a wrong output no step passed (a step refused it, or nothing ran)
             for label in ("qnn_qdq", "qnn_ctx"):
-                reasons = wrong(row["measures"].get(label, {}).get("measure"), row["measures"].get(label, {}).get("decision"))
+                reasons = wrong(
+                    row["measures"].get(label, {}).get("measure"), row["measures"].get(label, {}).get("decision")
+                )
                 if reasons:
                     add(row, label.replace("qnn_qdq", "QDQ on QNN").replace("qnn_ctx", "compiled on QNN"),
                         "wrong output, refused by a step", "; ".join(reasons))
@@ -710,7 +849,11 @@ def tree_state() -> dict:
         path = ROOT / name
         if path.is_file():
             digest.update(path.read_bytes())
-    return {"head": git("rev-parse", "--short", "HEAD").strip(), "uncommitted": changed, "digest": digest.hexdigest()[:12]}
+    return {
+        "head": git("rev-parse", "--short", "HEAD").strip(),
+        "uncommitted": changed,
+        "digest": digest.hexdigest()[:12],
+    }
 
 
 def versions() -> dict[str, str]:
@@ -721,8 +864,11 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = "not installed"
     if OPENVINO.exists():
-        child = subprocess.run([str(OPENVINO), "-c", "import importlib.metadata as m; print(m.version('onnxruntime-openvino'))"],
-                               capture_output=True, text=True)
+        child = subprocess.run(
+            [str(OPENVINO), "-c", "import importlib.metadata as m; print(m.version('onnxruntime-openvino'))"],
+            capture_output=True,
+            text=True,
+        )
         found["onnxruntime-openvino"] = child.stdout.strip() or "not installed"
     return found
 
@@ -740,7 +886,10 @@ def report(rows: list[dict], meta: dict) -> str:
     lines = [f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}; {tree}. "
              f"QNN device: {meta['device']}. Timeout per step: {meta.get('timeout_s', 0):.0f} s.", ""]
     lines += summary_table([("evaluation half", evaluation), ("development half", development), ("all", rows)])
-    for title, group in (("Evaluation half", evaluation), ("Development half (labelled: not the evaluation)", development)):
+    for title, group in (
+        ("Evaluation half", evaluation),
+        ("Development half (labelled: not the evaluation)", development),
+    ):
         if group:
             lines += ["", f"{title}, {len(group)} models:", ""] + tables_for(group)
     lines += ["", "Every disagreement and failure:", ""] + disagreements(evaluation + development)
@@ -768,7 +917,9 @@ def main() -> int:
     previous = {}
     if saved.exists() and (args.only or args.half != "all"):
         previous = {row["model"]: row for row in json.loads(saved.read_text()).get("rows", [])}
-    chosen = [c for c in CORPUS if (not args.only or c.name in args.only) and (args.half == "all" or c.half == args.half)]
+    chosen = [
+        c for c in CORPUS if (not args.only or c.name in args.only) and (args.half == "all" or c.half == args.half)
+    ]
     rows = {name: row for name, row in previous.items() if name in known}
     started = time.perf_counter()
     for case in chosen:

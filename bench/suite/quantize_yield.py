@@ -90,7 +90,14 @@ CASES = {case.name: case for case in CORPUS}
 CALIB, CALIB_SEED, FRESH_SEED = 24, 1, 23
 TIMEOUT = 900.0
 WEIGHTED_OPS = {"Conv", "MatMul", "Gemm", "ConvTranspose", "LSTM", "GRU", "Attention"}
-QUANTIZED_OPS = {"QuantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul"}
+QUANTIZED_OPS = {
+    "QuantizeLinear",
+    "DynamicQuantizeLinear",
+    "ConvInteger",
+    "MatMulInteger",
+    "QLinearConv",
+    "QLinearMatMul",
+}
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 # what a refusal's findings may point to, and the words that name it
 REMEDIES = {"--auto": r"--auto(?!-)", "--auto-exclude": r"--auto-exclude", "--exclude-node": r"--exclude-node",
@@ -161,8 +168,12 @@ def quantizable(path: Path) -> dict:
     weighted = [n for n in nodes if n.op_type in WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in floats]
     quantized = sorted({n.op_type for n in nodes if n.op_type in QUANTIZED_OPS})
     reason = ("already quantized: " + ", ".join(quantized)) if quantized else "" if weighted else "no weighted node"
-    return {"quantizable": bool(weighted) and not quantized, "weighted_nodes": len(weighted), "quantized_ops": quantized,
-            "why_not": reason}
+    return {
+        "quantizable": bool(weighted) and not quantized,
+        "weighted_nodes": len(weighted),
+        "quantized_ops": quantized,
+        "why_not": reason,
+    }
 
 
 # ---------------------------------------------------------------- ortprep and the peers
@@ -177,7 +188,9 @@ def precision_name(label: str | None) -> str | None:
     if not found:
         return label
     acts, weights, channel = found.groups()
-    name = {"uint16": "A16", "uint8": "A8", "int8": "A8"}.get(acts, acts) + {"int16": "W16", "uint16": "W16"}.get(weights, "W8")
+    name = {"uint16": "A16", "uint8": "A8", "int8": "A8"}.get(acts, acts) + {"int16": "W16", "uint16": "W16"}.get(
+        weights, "W8"
+    )
     name = "static int8" if name == "A8W8" else name
     return name + (" per channel" if channel else "")
 
@@ -197,28 +210,65 @@ def command_record(entry: dict, target: Path) -> dict:
     auto = report.get("auto")
     preset = report.get("preset") or {}
     return {
-        "command": entry["command"], "exit": entry["exit"], "seconds": entry["seconds"], "peak_rss_mb": entry["peak_rss_mb"],
-        "traceback": entry.get("traceback"), "stderr_tail": entry.get("stderr_tail"), "written": target.exists(),
-        "file": str(target.relative_to(ROOT)), "mode": report.get("mode"),
+        "command": entry["command"],
+        "exit": entry["exit"],
+        "seconds": entry["seconds"],
+        "peak_rss_mb": entry["peak_rss_mb"],
+        "traceback": entry.get("traceback"),
+        "stderr_tail": entry.get("stderr_tail"),
+        "written": target.exists(),
+        "file": str(target.relative_to(ROOT)),
+        "mode": report.get("mode"),
         # NAME.failed.onnx beside the output (model.failed_path), named from the target: the reported path
         # may run through a symlink that the target's does not
-        "kept_failed": str(target.with_name(f"{target.stem}.failed.onnx").relative_to(ROOT)) if report.get("kept_failed") else None,
-        "activation_type": preset.get("activation_type"), "weight_type": preset.get("weight_type"),
-        "gate_cosine": verify.get("cosine"), "gate_passed": verify.get("passed"), "latency_ratio": verify.get("latency_ratio"),
-        "decisions": [{"output": o.get("name"), **{k: (o.get("decision") or {}).get(k) for k in
-                                                     ("kind", "agreement", "expected_agreement", "required", "gated", "passed", "ranking",
-                                                      "region_agreement", "required_regions", "scene_agreement",
-                                                      "expected_scene_agreement", "required_scenes")}}
-                      for o in verify.get("outputs") or [] if o.get("decision")],
+        "kept_failed": str(target.with_name(f"{target.stem}.failed.onnx").relative_to(ROOT))
+        if report.get("kept_failed")
+        else None,
+        "activation_type": preset.get("activation_type"),
+        "weight_type": preset.get("weight_type"),
+        "gate_cosine": verify.get("cosine"),
+        "gate_passed": verify.get("passed"),
+        "latency_ratio": verify.get("latency_ratio"),
+        "decisions": [
+            {
+                "output": o.get("name"),
+                **{
+                    k: (o.get("decision") or {}).get(k)
+                    for k in (
+                        "kind",
+                        "agreement",
+                        "expected_agreement",
+                        "required",
+                        "gated",
+                        "passed",
+                        "ranking",
+                        "region_agreement",
+                        "required_regions",
+                        "scene_agreement",
+                        "expected_scene_agreement",
+                        "required_scenes",
+                    )
+                },
+            }
+            for o in verify.get("outputs") or []
+            if o.get("decision")
+        ],
         "excluded_nodes": len(report.get("excluded_nodes") or []),
         # the share of the weight values stored as integers (what the nodes kept float cost)
         "weight_share": report.get("quantized_weight_share"),
         "error_codes": sorted({f["code"] for f in errors}),
         "findings": [{k: f.get(k) for k in ("code", "severity", "message", "fix")} for f in findings],
         "names": remedies_named(findings),
-        "auto": None if auto is None else {"tried": [{k: t.get(k) for k in ("label", "passed", "cosine", "latency_ratio", "codes")}
-                                                     for t in auto.get("tried") or []],
-                                           "chosen": auto.get("chosen"), "chosen_name": precision_name(auto.get("chosen"))},
+        "auto": None
+        if auto is None
+        else {
+            "tried": [
+                {k: t.get(k) for k in ("label", "passed", "cosine", "latency_ratio", "codes")}
+                for t in auto.get("tried") or []
+            ],
+            "chosen": auto.get("chosen"),
+            "chosen_name": precision_name(auto.get("chosen")),
+        },
     }
 
 
@@ -229,12 +279,22 @@ def peer_run(kind: str, source: Path, target: Path, calib: list[Path], folder: P
     code, seconds, rss = launch([sys.executable, "-c", bench_corpus.PEER, request], stdout, stderr, TIMEOUT, cwd=folder)
     error = None
     if code != 0:
-        lines = [line for line in (stderr.read_text(errors="replace") if stderr.exists() else "").splitlines() if line.strip()]
+        lines = [
+            line
+            for line in (stderr.read_text(errors="replace") if stderr.exists() else "").splitlines()
+            if line.strip()
+        ]
         error = "timed out" if code == "timeout" else (lines[-1] if lines else f"exit {code}")[:300]
     for stale in folder.glob(f"{target.name}.pre.onnx*"):  # quant_pre_process's intermediate file
         stale.unlink()
-    return {"exit": code, "seconds": round(seconds, 1), "peak_rss_mb": round(rss), "error": error, "written": target.exists(),
-            "file": str(target.relative_to(ROOT))}
+    return {
+        "exit": code,
+        "seconds": round(seconds, 1),
+        "peak_rss_mb": round(rss),
+        "error": error,
+        "written": target.exists(),
+        "file": str(target.relative_to(ROOT)),
+    }
 
 
 # ---------------------------------------------------------------- judging a file on fresh inputs
@@ -290,8 +350,11 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, calib_coun
     float_session = cpu_session(source)
     reference = run_all(float_session, feeds)
     row["decision_output_name"] = float_session.get_outputs()[case.decision_output].name
-    print(f"  {case.name}: float model {row['float_model']}, quantizable {row['quantizable']}, {count} fresh inputs run",
-          file=sys.stderr, flush=True)
+    print(
+        f"  {case.name}: float model {row['float_model']}, quantizable {row['quantizable']}, {count} fresh inputs run",
+        file=sys.stderr,
+        flush=True,
+    )
 
     commands: dict[str, dict] = {}
     calib_dir = folder / "calib"
@@ -308,7 +371,9 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, calib_coun
         print(f"  {case.name} {kind}: exit {entry['exit']} in {entry['seconds']} s", file=sys.stderr, flush=True)
         if entry["exit"] != 0:
             target = folder / f"{kind}_auto.onnx"
-            entry = ortprep(f"{kind}_auto", ["quantize", source, *retry[kind], "-o", target, "--force"], folder, TIMEOUT)
+            entry = ortprep(
+                f"{kind}_auto", ["quantize", source, *retry[kind], "-o", target, "--force"], folder, TIMEOUT
+            )
             commands[f"{kind}_auto"] = command_record(entry, target)
             print(f"  {case.name} {kind} --auto: exit {entry['exit']} in {entry['seconds']} s, chose "
                   f"{(commands[f'{kind}_auto']['auto'] or {}).get('chosen')}", file=sys.stderr, flush=True)
@@ -322,12 +387,19 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, calib_coun
                 printed[at + 1] = str(target)  # this script's folder, not the model's
                 entry = ortprep(f"{kind}_fp16", ["convert", *printed, "--force"], folder, TIMEOUT)
                 commands[f"{kind}_fp16"] = command_record(entry, target)
-                print(f"  {case.name} {kind} FP16 as printed: exit {entry['exit']} in {entry['seconds']} s", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"  {case.name} {kind} FP16 as printed: exit {entry['exit']} in {entry['seconds']} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         target = folder / f"peer_{kind}.onnx"
         commands[f"peer_{kind}"] = peer_run(kind, source, target, calib, folder)
-        print(f"  {case.name} peer {kind}: exit {commands[f'peer_{kind}']['exit']} in {commands[f'peer_{kind}']['seconds']} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {case.name} peer {kind}: exit {commands[f'peer_{kind}']['exit']} in "
+            f"{commands[f'peer_{kind}']['seconds']} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     for label, record in commands.items():
         record["judged"] = judge(case, ROOT / record["file"], reference, feeds) if record["written"] else None
@@ -345,8 +417,16 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, calib_coun
             record["silent_failure"] = record["exit"] == 0 and (not record["written"] or bool(record["below_bar"]))
         if record["judged"]:
             j = record["judged"]
-            print(f"  {case.name} judged {label}: " + (f"{j['agree']}/{j['samples']}, lowest cosine {j['lowest_cosine']}"
-                                                      if j.get("runs") else j.get("error")), file=sys.stderr, flush=True)
+            print(
+                f"  {case.name} judged {label}: "
+                + (
+                    f"{j['agree']}/{j['samples']}, lowest cosine {j['lowest_cosine']}"
+                    if j.get("runs")
+                    else j.get("error")
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
     row["commands"] = commands
     row["tree_after"] = tree_state()
     row["seconds"] = round(time.perf_counter() - started, 1)
@@ -368,7 +448,9 @@ def measured_cell(row: dict, record: dict | None) -> str:
     if not judged:
         return "-"
     if not judged.get("runs"):
-        return ("does not load: " if not judged.get("loads") else "does not run: ") + judged["error"][:80].replace("|", "/")
+        return ("does not load: " if not judged.get("loads") else "does not run: ") + judged["error"][:80].replace(
+            "|", "/"
+        )
     low, high = judged["interval"]
     what = "" if row["decision"] else " at 0.99"
     return f"{judged['agree']}/{judged['samples']}{what} ({_pct(low)}-{_pct(high)})"
@@ -384,7 +466,9 @@ def cosine_cell(record: dict | None) -> str:
     judged = (record or {}).get("judged")
     if not judged or not judged.get("runs"):
         return "-"
-    return f"{_num(judged['lowest_cosine'])} / {_num(judged['norm_ratio'])}" + (" NaN/Inf" if judged["nonfinite"] else "")
+    return f"{_num(judged['lowest_cosine'])} / {_num(judged['norm_ratio'])}" + (
+        " NaN/Inf" if judged["nonfinite"] else ""
+    )
 
 
 def judged_verdict(record: dict) -> str:
@@ -405,8 +489,9 @@ def verdict_cell(row: dict, kind: str) -> str:
         refusal = refusal_class(CASES[row["model"]], record.get("refused_judged"), record["error_codes"]) \
             if record.get("refused_judged") else None
         if refusal:
-            text += f", the refused file: {refused_cell(row, record)}, " + (f"**{refusal}**" if refusal.startswith("needless")
-                                                                            else refusal)
+            text += f", the refused file: {refused_cell(row, record)}, " + (
+                f"**{refusal}**" if refusal.startswith("needless") else refusal
+            )
         if record["written"]:
             text += ", a file written anyway: " + judged_verdict(record)
     else:
@@ -423,8 +508,11 @@ def verdict_cell(row: dict, kind: str) -> str:
         text += f"; --auto: none passed (exit {auto['exit']}" + (", traceback" if auto.get("traceback") else "") + ")"
         fp16 = row["commands"].get(f"{kind}_fp16")
         if fp16 is not None:
-            text += (f", FP16 measured passing; its printed convert: exit {fp16['exit']}, measured {measured_cell(row, fp16)}, "
-                     f"{judged_verdict(fp16) if fp16['written'] else 'nothing written'}")
+            text += (
+                f", FP16 measured passing; its printed convert: exit {fp16['exit']}, measured "
+                f"{measured_cell(row, fp16)}, "
+                f"{judged_verdict(fp16) if fp16['written'] else 'nothing written'}"
+            )
     return text
 
 
@@ -463,11 +551,14 @@ def kept_cell(record: dict) -> str:
 
 
 def table_rows(rows: list[dict]) -> list[str]:
-    lines = ["| model | transform | exit | written | gate cosine | gate decision: agreement / expected | "
-             "measured on fresh inputs (95% interval) | lowest cosine / norm ratio | bar | verdict | latency int8/float | "
-             "nodes kept float (weights integer) | s | peak RSS MB | peer: measured (95% interval) | peer: lowest cosine / norm ratio | "
-             "peer verdict | peer s | peer peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---|---|---|---:|---:|"]
+    lines = [
+        "| model | transform | exit | written | gate cosine | gate decision: agreement / expected | "
+        "measured on fresh inputs (95% interval) | lowest cosine / norm ratio | bar | verdict | latency int8/float | "
+        "nodes kept float (weights integer) | s | peak RSS MB | peer: measured (95% interval) | peer: lowest cosine / "
+        "norm ratio | "
+        "peer verdict | peer s | peer peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---|---|---|---:|---:|",
+    ]
     for row in rows:
         if row.get("skipped"):
             lines.append(f"| {row['model']} | - | skipped: {row['skipped']} |" + " |" * 16)
@@ -479,11 +570,13 @@ def table_rows(rows: list[dict]) -> list[str]:
             code = mine["exit"]
             codes = f" ({', '.join(mine['error_codes'])})" if mine["error_codes"] else ""
             lines.append(
-                f"| {name} | {kind} | {code}{codes} | {'yes' if mine['written'] else 'no'} | {_num(mine['gate_cosine'])} | "
+                f"| {name} | {kind} | {code}{codes} | {'yes' if mine['written'] else 'no'} | "
+                f"{_num(mine['gate_cosine'])} | "
                 f"{gate_decision_cell(row, mine)} | {measured_cell(row, mine)} | {cosine_cell(mine)} | {bar} | "
                 f"{verdict_cell(row, kind)} | {_num(mine['latency_ratio'], 2)} | {kept_cell(mine)} | "
                 f"{mine['seconds']:.0f} | {mine['peak_rss_mb']} | {measured_cell(row, peer)} | {cosine_cell(peer)} | "
-                f"{peer_verdict(peer)} | {peer['seconds']:.0f} | {peer['peak_rss_mb']} |")
+                f"{peer_verdict(peer)} | {peer['seconds']:.0f} | {peer['peak_rss_mb']} |"
+            )
     return lines
 
 
@@ -495,10 +588,15 @@ def summary(rows: list[dict]) -> dict:
                      "not_quantizable": [f"{r['model']} ({r['why_not']})" for r in done if not r["quantizable"]]}
     for kind in ("static", "dynamic"):
         within = [r for r in quantizable if r["commands"][kind]["exit"] == 0 and r["commands"][kind]["written"]]
-        with_auto = [r for r in quantizable if r in within or (r["commands"].get(f"{kind}_auto") or {}).get("exit") == 0]
-        figures[kind] = {"within": len(within), "with_auto": len(with_auto),
-                         "peer_silent": [r["model"] for r in quantizable if r["commands"][f"peer_{kind}"]["silent_failure"]],
-                         "peer_failed": [r["model"] for r in quantizable if r["commands"][f"peer_{kind}"]["error"]]}
+        with_auto = [
+            r for r in quantizable if r in within or (r["commands"].get(f"{kind}_auto") or {}).get("exit") == 0
+        ]
+        figures[kind] = {
+            "within": len(within),
+            "with_auto": len(with_auto),
+            "peer_silent": [r["model"] for r in quantizable if r["commands"][f"peer_{kind}"]["silent_failure"]],
+            "peer_failed": [r["model"] for r in quantizable if r["commands"][f"peer_{kind}"]["error"]],
+        }
     silent, by_interval, refusals = [], [], []
     for r in done:
         for label, record in r["commands"].items():
@@ -519,16 +617,38 @@ def summary(rows: list[dict]) -> dict:
                     # the file that command writes, judged
                     chosen, passes = "FP16", not fp16.get("below_bar")
                 # FP16 is named by the --auto run's QNT017 with its command (the plain refusal points to --auto)
-                named = passes and (chosen == "FP16" or chosen.replace(" per channel", "") in remedies_named(record.get("findings") or []))
-                names = remedies_named(record.get("findings") or [])  # read again: REMEDIES may have changed since the run
-                refusals.append({"model": r["model"], "kind": label, "codes": record["error_codes"], "names": names,
-                                 "auto_chose": chosen, "auto_holds_bar": passes, "named": named,
-                                 "measured": refusal_class(CASES[r["model"]], record.get("refused_judged"), record["error_codes"])
-                                 if record.get("refused_judged") else None, "fp16_broken": fp16_broken})
+                named = passes and (
+                    chosen == "FP16"
+                    or chosen.replace(" per channel", "") in remedies_named(record.get("findings") or [])
+                )
+                names = remedies_named(
+                    record.get("findings") or []
+                )  # read again: REMEDIES may have changed since the run
+                refusals.append(
+                    {
+                        "model": r["model"],
+                        "kind": label,
+                        "codes": record["error_codes"],
+                        "names": names,
+                        "auto_chose": chosen,
+                        "auto_holds_bar": passes,
+                        "named": named,
+                        "measured": refusal_class(
+                            CASES[r["model"]], record.get("refused_judged"), record["error_codes"]
+                        )
+                        if record.get("refused_judged")
+                        else None,
+                        "fp16_broken": fp16_broken,
+                    }
+                )
     figures.update(silent=silent, wrong_by_interval=by_interval, refusals=refusals)
     n = len(quantizable)
-    figures["accepted"] = bool(n) and all(figures[k]["within"] >= 0.9 * n for k in ("static", "dynamic")) and not silent \
+    figures["accepted"] = (
+        bool(n)
+        and all(figures[k]["within"] >= 0.9 * n for k in ("static", "dynamic"))
+        and not silent
         and all(r["named"] for r in refusals)
+    )
     return figures
 
 
@@ -553,18 +673,31 @@ def summary_lines(label: str, rows: list[dict]) -> list[str]:
                  + (f" ({', '.join(s['wrong_by_interval'])})" if s["wrong_by_interval"] else ""))
     refusals = s["refusals"]
     passing = [r for r in refusals if r["auto_holds_bar"]]
-    lines.append(f"- refusals of quantizable models: {len(refusals)}; where --auto wrote a precision that holds the bar: "
-                 f"{len(passing)} (FP16 counts where --auto measured it as passing and the convert command it printed "
-                 f"wrote a file that holds the bar); of those, the refusal's findings name that precision: {sum(r['named'] for r in passing)}"
-                 + (" (" + "; ".join(f"{r['model']} {r['kind']}: {r['auto_chose']}, named: {', '.join(r['names']) or 'nothing'}"
-                                     for r in passing) + ")" if passing else ""))
+    lines.append(
+        f"- refusals of quantizable models: {len(refusals)}; where --auto wrote a precision that holds the bar: "
+        f"{len(passing)} (FP16 counts where --auto measured it as passing and the convert command it printed "
+        f"wrote a file that holds the bar); of those, the refusal's findings name that precision: "
+        f"{sum(r['named'] for r in passing)}"
+        + (
+            " ("
+            + "; ".join(
+                f"{r['model']} {r['kind']}: {r['auto_chose']}, named: {', '.join(r['names']) or 'nothing'}"
+                for r in passing
+            )
+            + ")"
+            if passing
+            else ""
+        )
+    )
     none = [r for r in refusals if not r["auto_holds_bar"]]
     if none:
         groups: dict[str, list[str]] = {}
         for r in none:
             groups.setdefault(", ".join(r["names"]) or "nothing", []).append(f"{r['model']} {r['kind']}")
-        lines.append(f"- refusals where --auto wrote nothing that holds the bar: {len(none)}; what their findings name: "
-                     + "; ".join(f"{named}: {', '.join(which)}" for named, which in groups.items()))
+        lines.append(
+            f"- refusals where --auto wrote nothing that holds the bar: {len(none)}; what their findings name: "
+            + "; ".join(f"{named}: {', '.join(which)}" for named, which in groups.items())
+        )
     broken = [r for r in refusals if r["fp16_broken"]]
     if broken:
         lines.append(f"- --auto measured FP16 as passing but its printed convert wrote nothing: {len(broken)} ("
@@ -572,20 +705,32 @@ def summary_lines(label: str, rows: list[dict]) -> list[str]:
     measured = [r for r in refusals if r["measured"]]
     for_size = [r for r in measured if r["measured"] == "for size"]
     needless = [r for r in measured if r["measured"] not in ("right", "for size")]
-    lines.append(f"- refusals measured by their refused file (--keep-failed): {len(measured)} of {len(refusals)}; right "
-                 f"(the file is below the bar): {len(measured) - len(needless) - len(for_size)}; refused for size alone "
-                 f"(QNT003, the file holds the bar): {len(for_size)}; needless (refused on accuracy, the file holds "
-                 f"the bar): {len(needless)}"
-                 + (" (" + ", ".join(f"{r['model']} {r['kind']} [{', '.join(r['codes'])}]"
-                                     + (", by the interval" if r["measured"].endswith("interval") else "") for r in needless)
-                    + ")" if needless else ""))
+    lines.append(
+        f"- refusals measured by their refused file (--keep-failed): {len(measured)} of {len(refusals)}; right "
+        f"(the file is below the bar): {len(measured) - len(needless) - len(for_size)}; refused for size alone "
+        f"(QNT003, the file holds the bar): {len(for_size)}; needless (refused on accuracy, the file holds "
+        f"the bar): {len(needless)}"
+        + (
+            " ("
+            + ", ".join(
+                f"{r['model']} {r['kind']} [{', '.join(r['codes'])}]"
+                + (", by the interval" if r["measured"].endswith("interval") else "")
+                for r in needless
+            )
+            + ")"
+            if needless
+            else ""
+        )
+    )
     for kind in ("static", "dynamic"):
         f = s[kind]
         lines.append(f"- peer {kind} (ORT's defaults): silent failures {len(f['peer_silent'])} of {n}"
                      + (f" ({', '.join(f['peer_silent'])})" if f["peer_silent"] else "")
                      + (f"; no file: {', '.join(f['peer_failed'])}" if f["peer_failed"] else ""))
-    lines.append(f"- issue 22's point (static and dynamic each >= 90%, 0 silent failures, every refusal names a precision "
-                 f"that passes): {'met' if s['accepted'] else 'not met'}")
+    lines.append(
+        f"- issue 22's point (static and dynamic each >= 90%, 0 silent failures, every refusal names a precision "
+        f"that passes): {'met' if s['accepted'] else 'not met'}"
+    )
     return lines
 
 
@@ -597,9 +742,11 @@ def models_table(rows: list[dict]) -> list[str]:
             lines.append(f"| {row['model']} | {row['half']} | skipped: {row['skipped']} | - | - | - |")
             continue
         detail = f"{row['weighted_nodes']}" + (f"; {', '.join(row['quantized_ops'])}" if row["quantized_ops"] else "")
-        lines.append(f"| {row['model']} | {row['half']} | {row['float_model']} | {'yes' if row['quantizable'] else 'no'} "
-                     f"({detail}) | {row['decision'] or 'none: lowest cosine'} | "
-                     f"{_pct(row['bar']) if row['decision'] else 'cosine 0.99'} |")
+        lines.append(
+            f"| {row['model']} | {row['half']} | {row['float_model']} | {'yes' if row['quantizable'] else 'no'} "
+            f"({detail}) | {row['decision'] or 'none: lowest cosine'} | "
+            f"{_pct(row['bar']) if row['decision'] else 'cosine 0.99'} |"
+        )
     return lines
 
 
@@ -611,15 +758,26 @@ def report(rows: list[dict], meta: dict) -> str:
     states: dict[str, list[str]] = {}
     for row in rows:
         tree = row.get("tree") or {}
-        label = f"{tree.get('head')}" + (f" with uncommitted changes to {', '.join(tree['uncommitted'])} (digest {tree['digest']})"
-                                         if tree.get("uncommitted") else "")
+        label = f"{tree.get('head')}" + (
+            f" with uncommitted changes to {', '.join(tree['uncommitted'])} (digest {tree['digest']})"
+            if tree.get("uncommitted")
+            else ""
+        )
         changed = row.get("tree_after") not in (None, tree)
         states.setdefault(label, []).append(row["model"] + (" (the code changed while it ran)" if changed else ""))
-    code = (f"ortprep at {next(iter(states))}" if len(states) == 1 else
-            "the ortprep code changed during the run: " + "; ".join(f"{label} for {', '.join(models)}" for label, models in states.items()))
-    lines = [f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}; {code}. "
-             f"{meta['fresh']} fresh inputs per model (seed {FRESH_SEED}); {meta.get('calib', CALIB)} calibration samples (seed {CALIB_SEED}); "
-             f"timeout {TIMEOUT:.0f} s per command. Target: the CPU EP.", ""]
+    code = (
+        f"ortprep at {next(iter(states))}"
+        if len(states) == 1
+        else "the ortprep code changed during the run: "
+        + "; ".join(f"{label} for {', '.join(models)}" for label, models in states.items())
+    )
+    lines = [
+        f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}; {code}. "
+        f"{meta['fresh']} fresh inputs per model (seed {FRESH_SEED}); {meta.get('calib', CALIB)} calibration samples "
+        f"(seed {CALIB_SEED}); "
+        f"timeout {TIMEOUT:.0f} s per command. Target: the CPU EP.",
+        "",
+    ]
     lines += models_table(rows)
     for title, group in (("Evaluation half", evaluation), ("Development half", development)):
         if group:
@@ -683,7 +841,9 @@ def main() -> int:
             parser.error(f"{saved} holds a run with {last['meta'].get('calib', CALIB)} calibration samples; "
                          f"--calib-samples {args.calib_samples} needs another --out")
         rows = {row["model"]: row for row in last.get("rows", []) if row["model"] in known}
-    chosen = [c for c in CORPUS if (not args.only or c.name in args.only) and (args.half == "all" or c.half == args.half)]
+    chosen = [
+        c for c in CORPUS if (not args.only or c.name in args.only) and (args.half == "all" or c.half == args.half)
+    ]
     chosen.sort(key=lambda c: c.half != "eval")  # the evaluation half first
     started = time.perf_counter()
     for case in chosen:

@@ -139,18 +139,24 @@ def main() -> int:
                       "bar": BARS[case.decision] if case.decision else COSINE_BAR, "before": before, "now": judged,
                       "verdict_before": verdict(case, before), "verdict_now": verdict(case, judged)}
             records.append(record)
-            print(f"  {row['model']} {label}: {figure(case, before)} -> {figure(case, judged)}, {record['verdict_now']}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {row['model']} {label}: {figure(case, before)} -> {figure(case, judged)}, {record['verdict_now']}",
+                file=sys.stderr,
+                flush=True,
+            )
     seconds = round(time.perf_counter() - started, 1)
     meta = {"fresh": args.n, "seed": args.seed, "half": args.half, "only": args.only, "seconds": seconds,
             "yield_meta": saved.get("meta")}
     name = f"remeasure_seed{args.seed}" + (f"_{args.half}" if args.half != "all" else "") + \
         ("_" + "_".join(sorted(args.only)) if args.only else "")
     (args.yield_out / f"{name}.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
-    lines = [f"{args.n} fresh inputs per model (seed {args.seed}), {seconds:.0f} s; the yield run's own figure is on "
-             f"{(saved.get('meta') or {}).get('fresh', 100)} (seed 23).", "",
-             "| model | half | command | bar | the yield run's figure | verdict then | on the new inputs | verdict now |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{args.n} fresh inputs per model (seed {args.seed}), {seconds:.0f} s; the yield run's own figure is on "
+        f"{(saved.get('meta') or {}).get('fresh', 100)} (seed 23).",
+        "",
+        "| model | half | command | bar | the yield run's figure | verdict then | on the new inputs | verdict now |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in records:
         case = CASES[r["model"]]
         bar = f"{r['bar']:.0%}" if case.decision else f"cosine {r['bar']}"
@@ -160,10 +166,18 @@ def main() -> int:
         group = [r for r in records if r["half"] == half and not r["command"].startswith("peer")]
         if group:
             below = [f"{r['model']} {r['command']}" for r in group if r["verdict_now"] != "holds the bar"]
-            wrong = [f"{r['model']} {r['command']}" for r in group if r["verdict_now"] in ("wrong by the interval", "does not run")]
-            lines += ["", f"- {half}: {len(group)} ortprep files; below the bar now: {len(below)}"
-                      + (f" ({', '.join(below)})" if below else "") + f"; wrong by the interval or not running: {len(wrong)}"
-                      + (f" ({', '.join(wrong)})" if wrong else "")]
+            wrong = [
+                f"{r['model']} {r['command']}"
+                for r in group
+                if r["verdict_now"] in ("wrong by the interval", "does not run")
+            ]
+            lines += [
+                "",
+                f"- {half}: {len(group)} ortprep files; below the bar now: {len(below)}"
+                + (f" ({', '.join(below)})" if below else "")
+                + f"; wrong by the interval or not running: {len(wrong)}"
+                + (f" ({', '.join(wrong)})" if wrong else ""),
+            ]
     text = "\n".join(lines) + "\n"
     (args.yield_out / f"{name}.md").write_text(text)
     print(text)

@@ -65,11 +65,13 @@ def machine() -> str:
             versions.append(f"{name} {importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
             pass
-    return (f"The suite's tables were last measured in one run of `make bench` on {datetime.date.today().isoformat()}:\n"
-            f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB memory, {platform.system()} {platform.machine()}, "
-            f"Python {platform.python_version()}, {', '.join(versions)}.\n"
-            "Times are medians of fresh processes (import time included) unless a section says otherwise; peak RSS\n"
-            "is the largest process's own peak resident set (see `bench/common.py`).\n")
+    return (
+        f"The suite's tables were last measured in one run of `make bench` on {datetime.date.today().isoformat()}:\n"
+        f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB memory, {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}, {', '.join(versions)}.\n"
+        "Times are medians of fresh processes (import time included) unless a section says otherwise; peak RSS\n"
+        "is the largest process's own peak resident set (see `bench/common.py`).\n"
+    )
 
 
 def tables(text: str) -> list[list[str]]:

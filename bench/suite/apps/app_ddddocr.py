@@ -49,7 +49,12 @@ def captcha(rng: np.random.Generator) -> bytes:
         if rng.random() < 0.5:
             draw.line([(box[0][0], box[1][0]), (box[0][1], box[1][1])], fill=color, width=int(rng.integers(1, 3)))
         else:
-            draw.arc([box[0][0], box[1][0], box[0][1] + 1, box[1][1] + 1], int(rng.integers(0, 180)), int(rng.integers(180, 360)), fill=color)
+            draw.arc(
+                [box[0][0], box[1][0], box[0][1] + 1, box[1][1] + 1],
+                int(rng.integers(0, 180)),
+                int(rng.integers(180, 360)),
+                fill=color,
+            )
     count = int(rng.integers(4, 7))
     step = (width - 10) / count
     for index in range(count):

@@ -116,8 +116,15 @@ def answers(app_module, split: str, swaps: dict[str, str]) -> dict:
             results.append(app_module.answer(app, item))
         except Exception as error:
             results.append({"error": _one_line(error)})
-    missing = [key for key in swaps if not any(o["key"] == key and o["opened"] == os.path.realpath(swaps[key]) for o in OPENED)]
-    return {"answers": results, "opened": OPENED, "not_opened": missing, "seconds": round(time.perf_counter() - started, 1)}
+    missing = [
+        key for key in swaps if not any(o["key"] == key and o["opened"] == os.path.realpath(swaps[key]) for o in OPENED)
+    ]
+    return {
+        "answers": results,
+        "opened": OPENED,
+        "not_opened": missing,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def _one_line(error: BaseException) -> str:

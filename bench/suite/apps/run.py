@@ -138,7 +138,9 @@ def gate_figures(record: dict) -> dict:
     findings = record.get("findings") or []
     figures["errors"] = sorted({f["code"] for f in findings if f.get("severity") == "error"})
     figures["warnings"] = sorted({f["code"] for f in findings if f.get("severity") == "warning"})
-    figures["messages"] = [f"{f['code']}: {f['message'][:300]}" for f in findings if f.get("severity") in ("error",)][:3]
+    figures["messages"] = [f"{f['code']}: {f['message'][:300]}" for f in findings if f.get("severity") in ("error",)][
+        :3
+    ]
     return figures
 
 
@@ -165,8 +167,14 @@ def run_transform(module, key: str, name: str, source: Path, calib: Path, folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     output = folder / f"{key}.onnx"
-    args = [part.format(sample=sorted(calib.glob("*.npz"))[0], calib=calib, calib_one_shape=calib.parent.parent / "calib-one-shape" / key)
-            for part in TRANSFORMS[name]]
+    args = [
+        part.format(
+            sample=sorted(calib.glob("*.npz"))[0],
+            calib=calib,
+            calib_one_shape=calib.parent.parent / "calib-one-shape" / key,
+        )
+        for part in TRANSFORMS[name]
+    ]
     args = [args[0], str(source), *args[1:], "-o", str(output)]
     code, record, seconds, stderr = ortprep(args)
     (folder / "ortprep.json").write_text(json.dumps(record, indent=1))
@@ -216,11 +224,17 @@ def run_app(app: str, out: Path, split: str, transforms: list[str], only_models:
     reference = app_answers(app, split, folder / "float.json", {})
     models = sorted(p.stem for p in (folder / "models").glob("*.onnx"))
     control = app_answers(app, split, folder / "control.json", {k: folder / "models" / f"{k}.onnx" for k in models})
-    result = {"app": app, "metric": module.METRIC, "bound": module.BOUND, "prepared": prepared,
-              "versions": json.loads((folder / "versions.json").read_text()), "float_seconds": reference["seconds"],
-              "inputs": len(reference["answers"]), "control": {k: module.score(reference["answers"], control["answers"], k)
-                                                                for k in models},
-              "rows": []}
+    result = {
+        "app": app,
+        "metric": module.METRIC,
+        "bound": module.BOUND,
+        "prepared": prepared,
+        "versions": json.loads((folder / "versions.json").read_text()),
+        "float_seconds": reference["seconds"],
+        "inputs": len(reference["answers"]),
+        "control": {k: module.score(reference["answers"], control["answers"], k) for k in models},
+        "rows": [],
+    }
     source = ortprep_source()
     earlier = _earlier_rows(folder / "result.json", transforms, only_models)
     for key in models:
@@ -235,9 +249,14 @@ def run_app(app: str, out: Path, split: str, transforms: list[str], only_models:
                                   folder / "runs" / key / name.replace(" ", "").replace("--", "_"), split, reference)
             entry["verdict"] = classify(entry, module.BOUND)
             entry["ortprep"] = source
-            log(f"{app}/{key}: {name}: exit {entry['exit']}, app {(entry.get('app') or {}).get('value')}, {entry['verdict']}")
+            log(
+                f"{app}/{key}: {name}: exit {entry['exit']}, app {(entry.get('app') or {}).get('value')}, "
+                f"{entry['verdict']}"
+            )
             result["rows"].append(entry)
-            (folder / "result.json").write_text(json.dumps(result | {"rows": _merged(earlier, result["rows"])}, indent=1))
+            (folder / "result.json").write_text(
+                json.dumps(result | {"rows": _merged(earlier, result["rows"])}, indent=1)
+            )
     result["rows"] = _merged(earlier, result["rows"])
     (folder / "result.json").write_text(json.dumps(result, indent=1))
     return result
@@ -268,11 +287,15 @@ def tables(results: list[dict]) -> str:
     for result in results:
         kind, limit = result["bound"]
         unit = "%"
-        lines += [f"{result['app']}: {result['metric']} ({'<=' if kind == 'max' else '>='} {limit:g}{unit} to keep the answers), "
-                  f"{result['inputs']} evaluation inputs", "",
-                  "| model | transform | ortprep exit | written | ortprep's gate: cosine | ortprep's errors | "
-                  f"app: {result['metric']} | app detail | verdict |",
-                  "|---|---|---|---|---:|---|---:|---|---|"]
+        lines += [
+            f"{result['app']}: {result['metric']} ({'<=' if kind == 'max' else '>='} {limit:g}{unit} to keep the "
+            f"answers), "
+            f"{result['inputs']} evaluation inputs",
+            "",
+            "| model | transform | ortprep exit | written | ortprep's gate: cosine | ortprep's errors | "
+            f"app: {result['metric']} | app detail | verdict |",
+            "|---|---|---|---|---:|---|---:|---|---|",
+        ]
         for key, control in result["control"].items():
             lines.append(f"| {key} | control: the shipped file, copied | - | - | - | - | {control['value']:.2f}% | "
                          f"{control.get('detail', '')} | harness check |")
@@ -287,14 +310,24 @@ def tables(results: list[dict]) -> str:
             if app.get("errors"):
                 detail += f"; {app['errors']} inputs raised: {app.get('first_error', '')[:80]}"
             verdict = row["verdict"]
-            verdict = f"**{verdict}**" if verdict.isupper() or verdict.startswith(("SILENT", "NEEDLESS", "silent", "exit")) else verdict
+            verdict = (
+                f"**{verdict}**"
+                if verdict.isupper() or verdict.startswith(("SILENT", "NEEDLESS", "silent", "exit"))
+                else verdict
+            )
             at = f" (at {(row.get('ortprep') or {}).get('commit') or 'an earlier run'})" if len(commits) > 1 else ""
-            lines.append(f"| {row['model']} | {row['transform']}{at} | {row['exit']} | {'yes' if row['written'] else 'no'} | "
-                         f"{_num(row.get('cosine'))} | {', '.join(row.get('errors') or []) or '-'} | {metric} | {detail} | {verdict} |")
+            lines.append(
+                f"| {row['model']} | {row['transform']}{at} | {row['exit']} | {'yes' if row['written'] else 'no'} | "
+                f"{_num(row.get('cosine'))} | {', '.join(row.get('errors') or []) or '-'} | {metric} | {detail} | "
+                f"{verdict} |"
+            )
         lines.append("")
-    lines += ["| app | (model, transform) runs | exit 0, answers kept | silent failures | rightly refused | needless refusals | "
-              "refused, nothing to measure | ortprep crashed (exit 4) | other |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| app | (model, transform) runs | exit 0, answers kept | silent failures | rightly refused | needless "
+        "refusals | "
+        "refused, nothing to measure | ortprep crashed (exit 4) | other |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     totals = [0] * 8
     for result in results:
         verdicts = [row["verdict"] for row in result["rows"]]
@@ -317,7 +350,9 @@ def main() -> int:
     parser.add_argument("--transforms", nargs="*", choices=list(TRANSFORMS), default=list(TRANSFORMS))
     parser.add_argument("--models", nargs="*", help="only these models of the apps run (e.g. ocr_rec); "
                         "the last run's rows of the others are kept, each with its commit")
-    parser.add_argument("--render", action="store_true", help="print the tables of the last run (OUT/results.json) again")
+    parser.add_argument(
+        "--render", action="store_true", help="print the tables of the last run (OUT/results.json) again"
+    )
     args = parser.parse_args()
     if args.render:
         print(tables(json.loads((args.out / "results.json").read_text())))

@@ -1,4 +1,9 @@
-"""Whether bias correction earns a place in quantize (issue 22, point 2: "bias correction where it
+"""Conclusion (session 26, 2026-11-28; bench/studies/bias_correction.md): empirical bias correction of
+ORT's int8 Convs moves little and lifts no development-half model over its bar (ocr_rec 36 -> 38 of
+50 strings, 95% asked; dddd_det and unet_small within 0.001 cosine); the "total error" variant hurts
+(ocr_rec 12 of 50). Not added to quantize.
+
+Whether bias correction earns a place in quantize (issue 22, point 2: "bias correction where it
 measurably helps; keep a method only if the bench shows it raises the yield"). Measured on the
 development half only, so that the evaluation half can judge a method chosen here.
 

@@ -1,4 +1,7 @@
-"""The CUDA-context clash of the seeds (ORT's CUDA EP next to TensorRT under pycuda.autoinit,
+"""Conclusion (2026-11-25; bench/studies/gpu.md): ORT's CUDA EP ran in all four foreign-context
+scenarios, so the handle that goes invalid under pycuda.autoinit is TensorRT's, not ORT's (DOC004).
+
+The CUDA-context clash of the seeds (ORT's CUDA EP next to TensorRT under pycuda.autoinit,
 "invalid resource handle"), reproduced without TensorRT: a foreign, non-primary CUDA context made
 current on the thread, as pycuda.autoinit does, around an ORT CUDA session. Each scenario runs in
 its own process (a clash may kill it); prints one JSON line per scenario.

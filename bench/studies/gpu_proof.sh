@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Conclusion (2026-11-22/25; bench/studies/gpu.md): without TensorRT's libraries TensorRT takes no node and
+# the session silently runs on the CPU; load says so (LOD005) and doctor names the missing library.
 # The CUDA and TensorRT paths on a real GPU (not part of make test: CI has no GPU).
 # Needs an onnxruntime-gpu on the path (and onnxconverter-common for the FP16 step); writes the
 # JSON reports to $OUT (default bench/out/gpu). Figures in bench/studies/gpu.md.

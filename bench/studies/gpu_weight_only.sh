@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Conclusion (2026-11-26; bench/studies/gpu.md): weight-only int4/int8 on CUDA, check held to the real
+# placement; figures in bench/studies/gpu.md.
 # Weight-only int4/int8 (MatMulNBits, issue 22) on the CUDA EP of a real GPU: does check's table
 # (cuda runs MatMulNBits) hold against the real session, do the outputs match the CPU EP's, and is
 # it faster than float there? Not part of make test (CI has no GPU). Figures in bench/studies/gpu.md.

@@ -1,4 +1,9 @@
-"""Where QNN's HTP stops computing a per-channel QDQ Conv channel right (bench/studies/htp_multiplier.md, "QNN's
+"""Conclusion (session 11, 2026-11-26; bench/studies/htp_multiplier.md): on QNN's HTP a per-channel
+Conv channel whose requantization multiplier (input scale x weight scale / output scale) falls below
+2^-24 outputs garbage (8 to 70 where about 0 is right); quantize --ep qnn now raises such channels to
+2^-23 (QNT020), which took PP-OCRv4's detector on QNN from cosine 0.35 to 0.9972.
+
+Where QNN's HTP stops computing a per-channel QDQ Conv channel right (bench/studies/htp_multiplier.md, "QNN's
 smallest requantization multiplier"): a hand-built QDQ Conv (16 channels, 1x1, uint16 activations,
 int8 per-channel weights), one output channel's weights scaled down by RATIO, run on the CPU EP and
 on QNN's HTP simulator (ortprep's default device); printed per case: that channel's

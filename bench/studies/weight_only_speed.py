@@ -1,4 +1,9 @@
-"""Weight-only MatMulNBits against the float MatMul on the CPU EP, by accuracy_level (issue 22,
+"""Conclusion (session 27; bench/suite/results/bench_weight_only.md): for a decode step
+accuracy_level 4 is what makes weight-only pay (int4 0.23-0.25x float's time, int8 0.32-0.35x; level
+0, ORT's default, 1.37x and 31.6x); batches of tokens are compute-bound, so ortprep keeps level 0
+where level 4 is not clearly faster.
+
+Weight-only MatMulNBits against the float MatMul on the CPU EP, by accuracy_level (issue 22,
 part 5: speed is part of the verdict). The corpus's transformers are small enough that a call's
 overhead hides the kernel, so the kernels are timed here on the shapes that decide it: a language
 model's decode step (one token, 1x4096 by 4096x4096 and 1x1024 by 1024x1024) and an encoder's batch

@@ -1,4 +1,8 @@
-"""The weight-only files bench_weight_only.py wrote for gpt2_medium_slice, timed against the float
+"""Conclusion (session 28; bench/suite/results/bench_weight_only.md): on gpt2_medium_slice
+ortprep's int4 runs at 0.29x float's time one token at a time and its int8 at 0.40x (ORT's level-0
+files 1.27x and 16.1x): issue 22's point 5 holds there at every token count measured.
+
+The weight-only files bench_weight_only.py wrote for gpt2_medium_slice, timed against the float
 model at 1, 8 and 32 tokens (a decode step, a short prompt, the corpus's samples), one thread, in
 paired rounds (bench.common.paired_latency: 21 rounds, the median ratio and its 95% interval).
 Token ids are seeded (0); a weight-only file's time does not depend on them.

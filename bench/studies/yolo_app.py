@@ -1,4 +1,9 @@
-"""NudeNet's detections, float model against a deployed file: the application-level check for the
+"""Conclusion (sessions 18-26; bench/suite/results/journey.md): on NudeNet's own detections the
+quantized YOLOv8n with its move kept 24/24 calibration and 100/100 fresh scenes on QNN, while the
+cosine that passed an earlier file could not see 2 of its 3 detecting scenes change; the journey now
+passes `--metric output0=detect:0.25`. The figures rest on 3 detections.
+
+NudeNet's detections, float model against a deployed file: the application-level check for the
 journey's YOLOv8n, whose gate judges one output that holds box coordinates in pixels beside class
 scores in 0..1 (the boxes dominate its cosine).
 

@@ -17,7 +17,7 @@ Three runs per page: the float model on the CPU EP, the deployed model on the CP
 deployed model on QNN's HTP simulator (ortprep's default device, as quantize's gate builds it).
 Boxes are matched by class and IoU; printed per page and in all: boxes kept at IoU 0.5 and 0.9,
 the lowest IoU, the largest corner move in pixels, boxes added; and each box output's largest
-decoded-distance move in bins (``ortprep.runtime.decisions.dfl_distances``), QNN against the
+decoded-distance move in bins (``bench.referee.dfl_distances``), QNN against the
 CPU EP's run of the same file and that file against float.
 
     .venv/bin/python -m bench.studies.layout_app DEPLOYED.onnx [--pages 12] [--seed 11] [--json OUT]

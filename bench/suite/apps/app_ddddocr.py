@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.referee import percent_equal
+
 PACKAGES = ["ddddocr"]
 METRIC = "string agreement"
 BOUND = ("min", 95.0)
@@ -103,6 +105,6 @@ def score(reference: list[dict], candidate: list[dict], key: str) -> dict:
     """String agreement (%) of the answer that ``key``'s model decides."""
     field = ANSWER_OF[key]
     pairs = list(zip(reference, candidate))
-    same = sum(a[field] == b.get(field) for a, b in pairs)
     changed = [f"{a[field]}->{b.get(field, b.get('error', '?'))}" for a, b in pairs if a[field] != b.get(field)]
-    return {"value": 100.0 * same / max(1, len(pairs)), "n": len(pairs), "detail": "", "examples": changed[:4]}
+    return {"value": percent_equal(pairs, lambda d: d.get(field)), "n": len(pairs), "detail": "",
+            "examples": changed[:4]}

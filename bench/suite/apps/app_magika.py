@@ -24,6 +24,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from bench.referee import percent_equal
+
 PACKAGES = ["magika"]
 METRIC = "label agreement"
 BOUND = ("min", 99.0)  # % of files whose label equals the float model's
@@ -90,9 +92,7 @@ def answer(app, path: str) -> dict:
 def score(reference: list[dict], candidate: list[dict], key: str | None = None) -> dict:
     """Label agreement (%) and the raw model label's agreement, over the inputs."""
     pairs = list(zip(reference, candidate))
-    same = sum(a.get("label") == b.get("label") for a, b in pairs)
-    same_dl = sum(a.get("dl") == b.get("dl") for a, b in pairs)
     changed = [f"{Path(a['input']).name}: {a['label']}->{b.get('label', b.get('error', '?'))}"
                for a, b in pairs if a.get("label") != b.get("label")]
-    return {"value": 100.0 * same / max(1, len(pairs)), "n": len(pairs),
-            "detail": f"model label {100.0 * same_dl / max(1, len(pairs)):.1f}%", "examples": changed[:4]}
+    return {"value": percent_equal(pairs, lambda d: d.get("label")), "n": len(pairs),
+            "detail": f"model label {percent_equal(pairs, lambda d: d.get('dl')):.1f}%", "examples": changed[:4]}

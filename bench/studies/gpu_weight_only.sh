@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 import os
 import numpy as np, onnx
-from bench.suite.journey_corpus import _gpt_inputs, gpt2_tiny  # (run from the repository root)
+from bench.suite.journey_corpus import _gpt_inputs  # (run from the repository root)
+from bench.suite.journey_models import gpt2_tiny
 model = gpt2_tiny(hidden=int(os.environ["HIDDEN"]), heads=int(os.environ["HEADS"]), layers=4, max_len=256)
 onnx.save(model, "/tmp/gpt2_768.onnx")
 rng = np.random.default_rng(11)

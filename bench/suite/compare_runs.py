@@ -39,7 +39,10 @@ def load_rows(folder: Path) -> tuple[dict, dict]:
     for path in sorted(folder.glob("apps*/results.json")):
         for result in json.loads(path.read_text()):
             for row in result.get("rows", []):
-                apps[(result["app"], row["model"], row["transform"])] = row
+                # where bench.suite.apps.run wrote the file the app ran on
+                runs = path.parent / result["app"] / "runs" / row["model"]
+                written = runs / row["transform"].replace(" ", "").replace("--", "_") / (row.get("app_file") or "-")
+                apps[(result["app"], row["model"], row["transform"])] = {**row, "_file": digest(written)}
     return journey, apps
 
 
@@ -83,7 +86,7 @@ def journey_figures(row: dict) -> str:
         measure = (row["measures"].get(label) or {}).get("measure") or {}
         if measure.get("cosine") is not None:
             shown.append(f"{label} cosine {measure['cosine']:.4f}")
-    return ", ".join(shown) + f"; {row['seconds']:.0f} s"
+    return (", ".join(shown) or "no deployed model's figures") + f"; {row['seconds']:.0f} s"
 
 
 def digest(path: Path) -> str | None:
@@ -148,7 +151,12 @@ def compare(before_dir: Path, after_dir: Path) -> tuple[str, int]:
         keys = ("exit", "written", "errors", "verdict")
         same = b is not None and a is not None and all(b.get(k) == a.get(k) for k in keys)
         changed += not same
-        lines.append(f"| {' | '.join(key)} | {cell(b)} | {cell(a)} | {'same' if same else 'CHANGED'} |")
+        note = "same" if same else "CHANGED"
+        if same and (b.get("app") or {}).get("value") != (a.get("app") or {}).get("value"):
+            note = "same verdict; the app's figure moved" + (
+                " on a byte-identical file (the app's own run-to-run noise)" if b["_file"] and b["_file"] == a["_file"]
+                else f" (files {b['_file']} / {a['_file']})")
+        lines.append(f"| {' | '.join(key)} | {cell(b)} | {cell(a)} | {note} |")
     lines += ["", f"Differences not named as noise: {changed}."]
     return "\n".join(lines) + "\n", changed
 

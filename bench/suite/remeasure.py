@@ -31,7 +31,8 @@ import numpy as np
 from bench.paths import OUT
 from bench.referee import BARS, below_bar, wilson, wrong_by_interval
 from bench.referee import COSINE_GATE as COSINE_BAR
-from bench.suite.quantize_yield import CASES, cpu_session, judge, run_all
+from bench.suite.quantize_yield import cpu_session, judge, run_all
+from bench.suite.quantize_yield_report import CASES
 
 SEED = 29
 BATCH = 100

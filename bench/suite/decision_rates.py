@@ -15,7 +15,7 @@ confirmation's over held-back and calibration samples together, on the CPU EP an
 A model whose measured agreement is below its bar with its whole interval, and that quantize
 passed, is a pass of a wrong output that 8 samples could not show.
 
-    .venv/bin/python python -m bench.suite.decision_rates [--journey bench/out/journey] [-n 400] [--only NAME ...]
+    .venv/bin/python -m bench.suite.decision_rates [--journey bench/out/journey] [-n 400] [--only NAME ...]
         [--ep cpu|qnn] [--qdq NAME=PATH]
 
 By default the CPU EP runs the QDQ model (the QNN simulator takes seconds per sample on the

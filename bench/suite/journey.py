@@ -3,7 +3,7 @@ runs it (the CLI with --json, in a child process), and every verdict and output 
 sessions this script builds itself.
 
     .venv/bin/python -m bench.suite.journey [--only NAME ...] [--half dev|eval|all] [--out bench/out/journey]
-                                      [--timeout 600]
+                                                [--timeout 600]
 
 Per model (bench/suite/journey_corpus.py: the corpus, its halves and which models are NPU material):
 

@@ -126,9 +126,13 @@ def compare(before_dir: Path, after_dir: Path) -> tuple[str, int]:
         fields_b, fields_a = journey_fields(journey_b[model][0]), journey_fields(journey_a[model][0])
         differing = [k for k in sorted(set(fields_b) | set(fields_a)) if fields_b.get(k) != fields_a.get(k)]
         verdict = "same verdicts" if not differing else f"{len(differing)} field(s) differ"
+        files = [(digest(journey_b[model][1] / model / name), digest(journey_a[model][1] / model / name))
+                 for name in ("qdq.onnx", "fp16.onnx")]
+        files = [f"{b} / {a}" + (" (byte-identical)" if a == b else "") for b, a in files if b or a]
         lines += [f"### {model} ({journey_b[model][0]['half']}): {verdict}", "",
                   f"Figures before: {journey_figures(journey_b[model][0])}; "
-                  f"after: {journey_figures(journey_a[model][0])}.",
+                  f"after: {journey_figures(journey_a[model][0])}. "
+                  f"Deployed file, sha256 before / after: {', '.join(files) or 'none written'}.",
                   "", "| field | before | after | |", "|---|---|---|---|"]
         for key in sorted(set(fields_b) | set(fields_a)):
             b, a = fields_b.get(key, "-"), fields_a.get(key, "-")

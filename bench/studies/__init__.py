@@ -1,0 +1,1 @@
+"""Dated one-off studies, frozen: each docstring opens with its conclusion."""

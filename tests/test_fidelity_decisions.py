@@ -206,7 +206,7 @@ def test_class_probabilities_are_compared_in_log_space():
 def test_rows_of_sigmoid_scores_are_ranked_as_well_as_thresholded():
     """The NPU journey's recommender: 50 candidates' Sigmoid scores in one row. Its A16W8 model kept
     the map at 0.5, and its best-scored candidate changed on 19 of 400 fresh inputs
-    (bench/decision_rates.py). A [N, C] Sigmoid output is read both ways: here every score stays
+    (bench/suite/decision_rates.py). A [N, C] Sigmoid output is read both ways: here every score stays
     below 0.5 (the map agrees), and the best two candidates swap on 2 of 16 samples."""
     rng = np.random.default_rng(5)
     reference, candidate = [], []
@@ -429,7 +429,7 @@ def test_load_tolerance_holds_an_output_whose_decision_agrees():
     pixels inside a region, its thresholded map and its regions' boxes the same, holds (the rule
     says why); the same map with a block of pixels flipped across the threshold does not; and a
     uniformly scaled map still fails."""
-    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 64, 64])})
     rng = np.random.default_rng(1)
@@ -439,13 +439,13 @@ def test_load_tolerance_holds_an_output_whose_decision_agrees():
     # three pixels inside the region, still above 0.5 (background pixels raised by 0.25 would be new
     # regions above 0.3, which a detector thresholding there boxes: judged at every level now)
     few[0, 0, 20, 20:23] -= 0.25
-    held = judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": few})[0]
+    held = judge_ep_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": few})[0]
     assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"]
     assert held["decision"]["agreement"] == 1.0 and "the decision (map:0.5) agrees" in held["tolerance_rule"]
     flipped = reference.copy()
     flipped[0, 0, 10:30, 10:25] = 0.3  # part of the region falls below the threshold
-    assert not judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": flipped})[0]["within_tolerance"]
-    scaled = judge_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": reference * 0.9})[0]
+    assert not judge_ep_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": flipped})[0]["within_tolerance"]
+    scaled = judge_ep_outputs(proto, "qnn", {"prob_map": reference}, {"prob_map": reference * 0.9})[0]
     assert not scaled["within_tolerance"]
 
 
@@ -546,7 +546,7 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     (91.7%) fail."""
     import onnxruntime as ort
 
-    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs
     from ortprep.fidelity.ep_match import pool_decisions
 
     rng = np.random.default_rng(0)
@@ -567,7 +567,7 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
             other[:] = row
             other[first], other[second] = 0.48, 0.5
         judged = [
-            {"sample": k, "outputs": judge_outputs(proto, "qnn", r, c)}
+            {"sample": k, "outputs": judge_ep_outputs(proto, "qnn", r, c)}
             for k, (r, c) in enumerate(zip(refs, candidates))
         ]
         for entry in judged:
@@ -590,7 +590,7 @@ def test_compile_eval_reads_the_margins_of_the_samples_the_ep_did_not_run():
     quantize's gate reads its calibration samples'. Three samples whose map sits close to its
     threshold, each moved by 0.01, expect to keep fewer positions than when 21 more samples show
     that few values sit that close."""
-    from ortprep.fidelity.ep_match import judge_ep_samples as judge_each_sample
+    from ortprep.fidelity.ep_match import judge_ep_samples
 
     proto = _graph({"prob_map": ("Sigmoid", [1, 1, 16, 16])})
     rng = np.random.default_rng(4)
@@ -603,9 +603,9 @@ def test_compile_eval_reads_the_margins_of_the_samples_the_ep_did_not_run():
 
     references = [{"prob_map": page(True)} for _ in range(3)]
     candidates = [{"prob_map": r["prob_map"] - 0.01} for r in references]
-    _, alone = judge_each_sample(proto, "qnn", references, candidates)
+    _, alone = judge_ep_samples(proto, "qnn", references, candidates)
     more = [{"prob_map": page(False)} for _ in range(21)]
-    _, pooled = judge_each_sample(proto, "qnn", references, candidates, more=more)
+    _, pooled = judge_ep_samples(proto, "qnn", references, candidates, more=more)
     assert pooled["prob_map"]["margin_samples"] == 24 and "margin_samples" not in alone["prob_map"]
     assert pooled["prob_map"]["expected_agreement"] > alone["prob_map"]["expected_agreement"]
 
@@ -892,18 +892,18 @@ def test_ctc_lets_load_hold_a_sample_whose_text_stays():
     """fidelity.ep_match (load, compile): a sample beyond the elementwise tolerance (a near tie
     read the other way) holds with --metric OUT=ctc when its decoded string is the same, and not
     without it (inferred argmax: a position differs)."""
-    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs
 
     proto = _graph({"probs": ("Softmax", [1, 12, 6])})
     rng = np.random.default_rng(3)
     line, edge = _trailing_edge(_ctc_lines(rng, 1)[0])
-    held = judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge}, {"probs": "ctc"})[0]
+    held = judge_ep_outputs(proto, "qnn", {"probs": line}, {"probs": edge}, {"probs": "ctc"})[0]
     assert (
         held["max_abs_diff"] > held["tolerance"]
         and held["within_tolerance"]
         and "the decision (ctc) agrees" in held["tolerance_rule"]
     )
-    assert not judge_outputs(proto, "qnn", {"probs": line}, {"probs": edge})[0]["within_tolerance"]
+    assert not judge_ep_outputs(proto, "qnn", {"probs": line}, {"probs": edge})[0]["within_tolerance"]
 
 
 def _dfl_head(rng, positions: int = 400, bins: int = 8) -> np.ndarray:
@@ -923,7 +923,7 @@ def test_dfl_reads_a_box_heads_decoded_distances():
     every other side holds; bins named that do not fit the output, or an output without 4 x bins
     values on an axis, say so."""
     from ortprep.fidelity.decisions import DFL_LIMIT, dfl_distances
-    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs
 
     rng = np.random.default_rng(5)
     head = _dfl_head(rng)
@@ -948,10 +948,10 @@ def test_dfl_reads_a_box_heads_decoded_distances():
         parse_metric("dfl:1")
     # load's rule: past the elementwise tolerance, held by the decision, and the rule says why
     proto = _graph({"boxes": ("Conv", [1, 400, 32])})
-    held = judge_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy}, {"boxes": "dfl"})[0]
+    held = judge_ep_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy}, {"boxes": "dfl"})[0]
     assert held["max_abs_diff"] > held["tolerance"] and held["within_tolerance"]
     assert "the decision (dfl) agrees" in held["tolerance_rule"]
-    assert not judge_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy})[0]["within_tolerance"]
+    assert not judge_ep_outputs(proto, "qnn", {"boxes": head}, {"boxes": noisy})[0]["within_tolerance"]
 
 
 def test_a_refusal_on_a_box_heads_logits_hints_at_dfl():

@@ -157,7 +157,7 @@ def test_output_comparison_tolerances():
     grid over its DequantizeLinear's range, and always the norm within 2%."""
     from onnx import TensorProto, helper
 
-    from ortprep.fidelity.ep_match import judge_ep_outputs as judge_outputs
+    from ortprep.fidelity.ep_match import judge_ep_outputs
     from ortprep.fidelity.graph import output_ranges
     from ortprep.steps.load import _compare
 
@@ -179,7 +179,7 @@ def test_output_comparison_tolerances():
     assert _compare(reference, {"y": np.array([1.0, 2.0], np.float32)}, plain, "cpu")[0] is False
     assert _compare(None, {"y": reference["y"]}, plain, "cpu") == (None, None, [])
     # a uniformly scaled output fails on its norm, whatever its cosine
-    judged = judge_outputs(plain, "qnn", reference, {"y": reference["y"] * 0.5})
+    judged = judge_ep_outputs(plain, "qnn", reference, {"y": reference["y"] * 0.5})
     assert judged[0]["cosine"] > 0.9999 and judged[0]["norm_ratio"] == 0.5 and judged[0]["within_tolerance"] is False
 
     # quantized: uint8 scale 0.1 -> range 25.5 -> two 8-bit steps = 0.2; uint16 scale 1e-3 -> 65.535 -> 0.514
@@ -187,11 +187,11 @@ def test_output_comparison_tolerances():
     assert output_ranges(coarse) == {"y": pytest.approx(25.5)} and output_ranges(fine) == {"y": pytest.approx(65.535)}
     reference = {"y": np.array([10.0, 20.0, 30.0], np.float32)}
     off = {"y": np.array([10.0, 20.0, 30.15], np.float32)}  # 0.15: beyond 1% of 30 (0.3)? no; within two steps
-    judged = judge_outputs(coarse, "qnn", reference, off)[0]
+    judged = judge_ep_outputs(coarse, "qnn", reference, off)[0]
     assert judged["within_tolerance"] is True and judged["tolerance"] == pytest.approx(0.3)  # 1% of the scale is larger
     further = {"y": np.array([10.0, 20.0, 30.45], np.float32)}
-    assert judge_outputs(coarse, "qnn", reference, further)[0]["within_tolerance"] is False
-    judged = judge_outputs(fine, "qnn", reference, further)[0]
+    assert judge_ep_outputs(coarse, "qnn", reference, further)[0]["within_tolerance"] is False
+    judged = judge_ep_outputs(fine, "qnn", reference, further)[0]
     assert judged["within_tolerance"] is True and judged["tolerance"] == pytest.approx(2 * 65.535 / 255)
     assert "8-bit grid" in judged["tolerance_rule"]
 

@@ -1,5 +1,5 @@
 """check --prove's reduction of a failing session to its culprits, and the fix search
-(ortprep/steps/reduce.py), on the QNN HTP simulator for the Snapdragon 888 (soc_model 30), where
+(ortprep/prove/culprits.py), on the QNN HTP simulator for the Snapdragon 888 (soc_model 30), where
 a depthwise Conv with strides [2, 1], a written-out LayerNorm (ReduceSum -> Mul), a HardSigmoid
 gate and more fail at graph finalize (QNN_COMMON_ERROR_MEM_ALLOC).
 

@@ -1,7 +1,7 @@
 """Patterns measured to fail a whole session on an EP, which no single-op probe shows: the EP
 takes each node alone, and the session of the model still is not created. Each rule stands on
 whole-model sessions (tools/probe_sessions.py writes them to data/measured/sessions.json; the
-rule names its cases) and on real models (bench/journey.py). A match is finding EP009 (error) and
+rule names its cases) and on real models (bench/suite/journey.py). A match is finding EP009 (error) and
 the verdict "none"."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ortprep.analysis import ModelAnalysis
 
 SESSIONS = "eps/data/measured/sessions.json (tools/probe_sessions.py), 2026-11-24"
 OPENVINO_SOURCE = (f"measured with onnxruntime-openvino 1.24.1, CPU device: cases loop_conv_body, loop_add_body, "
-                   f"loop_then_relu of {SESSIONS}, and bench/journey.py's control-flow classifier")
+                   f"loop_then_relu of {SESSIONS}, and bench/suite/journey.py's control-flow classifier")
 QNN_SOURCE = (f"measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP simulator, soc_model 60: case "
               f"qdq_dynamic_batch of {SESSIONS}")
 

@@ -263,7 +263,7 @@ def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
     """A result kept after another trial failed the gate on the same held-back samples was chosen
     by them: among several, the one they favour (the winner's curse), and its figures flatter it.
     Such a result holds each decision's shares half-way from the gate to 1 (decisions.with_margin),
-    as the search's cosine aims half-way (search.margin_aim); short of that it fails, and
+    as the search's cosine aims half-way (trials.margin_aim); short of that it fails, and
     ``evaluation.selection`` says by what. ``trials``: how many were judged on those samples.
     Returns the selection record (None: nothing gated, or the evaluation failed already)."""
     if evaluation.error is not None or not evaluation.passed:

@@ -42,7 +42,7 @@ class Budget:
         return self.probes is not None and self.used >= self.probes
 
     def out_of_time(self) -> bool:
-        return self.seconds is not None and time.monotonic() - self.started >= self.seconds
+        return self.seconds is not None and time.monotonic() - self.started > self.seconds
 
     def exhausted(self) -> bool:
         return self.out_of_probes() or self.out_of_time()
@@ -55,7 +55,7 @@ class Budget:
 
     def spend(self) -> None:
         """Count one probe, or raise :class:`Stopped` where a bound is reached."""
-        if self.out_of_probes() or (self.seconds is not None and time.monotonic() - self.started > self.seconds):
+        if self.out_of_probes() or self.out_of_time():
             raise Stopped(self.why())
         self.count()
 

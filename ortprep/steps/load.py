@@ -180,7 +180,7 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
 
         # The workers build sessions and run while this process analyses the graph for the
         # comparison with check: the waiting thread spends its time in select(), so the analysis
-        # is off the critical path (bench/bench_worker.py measures it).
+        # is off the critical path (bench/suite/bench_worker.py measures it).
         with workers_scope(prestart=False) as pool:
             waiting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortprep-load")
             try:

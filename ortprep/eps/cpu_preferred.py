@@ -13,7 +13,7 @@ and gives up the ones it returns. The rule, as that function applies it:
   bfloat16 or float8;
 - a node moved so puts its outputs in CPU memory, and its consumers become candidates in turn.
 
-Measured on a real GPU (bench/gpu_weight_only.sh, onnxruntime-gpu 1.31.1 on an H200, RESULTS.md
+Measured on a real GPU (bench/studies/gpu_weight_only.sh, onnxruntime-gpu 1.31.1 on an H200, RESULTS.md
 "CUDA and TensorRT on a real GPU"): in a GPT-2-like decoder, the Gather that reads the sequence
 length from Shape and the Concat of two such lengths ran on the CPU while check had them on CUDA.
 """

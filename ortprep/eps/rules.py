@@ -438,7 +438,7 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                     ep=spec.name,
                     fix="quantize the float model with ortprep quantize MODEL --static --ep qnn (it raises those "
                         "scales, QNT020), then ortprep load MODEL.qdq.onnx --ep qnn --reference MODEL",
-                    source=QNN_MEASURED + "; bench/RESULTS.md, QNN's smallest requantization multiplier",
+                    source=QNN_MEASURED + "; bench/studies/htp_multiplier.md, QNN's smallest requantization multiplier",
                 )
             )
     if spec.name == "qnn" and _has_qdq(analysis):
@@ -452,7 +452,7 @@ def model_findings(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -
                         node=name,
                         fix=f"quantize the float model again: ortprep quantize FLOAT.onnx --static --ep qnn "
                         f"({fix}); then ortprep load FLOAT.qdq.onnx --ep qnn --reference FLOAT.onnx",
-                        source=f"{QNN_MEASURED}; bench/RESULTS.md, {source}",
+                        source=f"{QNN_MEASURED}; bench/suite/results/journey.md, {source}",
                     )
                 )
     if spec.name == "tensorrt" and opset is not None:

@@ -163,7 +163,7 @@ def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
                if (o.get("decision") or {}).get("gated")]
     if seeded and decided and evaluation is not None and evaluation.passed:
         # a decision (a class, a CTC string, a mask) on seeded noise says nothing of the application's
-        # inputs: measured in bench/apps, a captcha OCR's dynamic int8 passed on seeded inputs at cosine
+        # inputs: measured in bench/suite/apps, a captcha OCR's dynamic int8 passed on seeded inputs at cosine
         # 0.9992 and changed 17% of the strings the application reads
         kinds = ", ".join(f"'{o['name']}' ({o['decision']['kind']})" for o in decided[:4])
         report.add(Finding.of("QNT019", f"the outputs {kinds} carry decisions the application reads, and the verdict "

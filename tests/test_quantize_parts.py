@@ -371,7 +371,7 @@ def test_batch_norms_are_folded_into_their_convs(tmp_path):
     left alone."""
     import onnxruntime as ort
 
-    from ortprep.steps.quantize.calibrate import fold_batch_norms
+    from ortprep.steps.quantize.calibrate import fuse_bn_into_conv
 
     rng = np.random.default_rng(5)
     inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
@@ -392,7 +392,7 @@ def test_batch_norms_are_folded_into_their_convs(tmp_path):
     )
     source = tmp_path / "convbn.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), source)
-    folded = fold_batch_norms(source, tmp_path / "folded.onnx")
+    folded = fuse_bn_into_conv(source, tmp_path / "folded.onnx")
     assert folded is not None and "BatchNormalization" not in [n.op_type for n in onnx.load(str(folded)).graph.node]
     feed = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
     options = ort.SessionOptions()
@@ -402,7 +402,7 @@ def test_batch_norms_are_folded_into_their_convs(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     plain = tmp_path / "plain.onnx"
     onnx.save(models.matmul_weights(), plain)  # no BatchNormalization at all
-    assert fold_batch_norms(plain, tmp_path / "none.onnx") is None and not (tmp_path / "none.onnx").exists()
+    assert fuse_bn_into_conv(plain, tmp_path / "none.onnx") is None and not (tmp_path / "none.onnx").exists()
 
 
 def _wide_activations(path, size: int, layers: int):

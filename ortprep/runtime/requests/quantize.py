@@ -18,8 +18,10 @@ from ortprep.runtime.requests.sessions import (
 MAX_STRIDE = 8
 
 
-def _stride(count: int) -> int:
-    return max(d for d in range(1, min(MAX_STRIDE, count) + 1) if count % d == 0)
+def largest_divisor(count: int, at_most: int = MAX_STRIDE) -> int:
+    """The largest divisor of ``count`` up to ``at_most``: a calibration stride ORT's strided protocol
+    takes (it needs a divisor of the sample count)."""
+    return max(d for d in range(1, min(at_most, count) + 1) if count % d == 0)
 
 
 @contextlib.contextmanager
@@ -200,7 +202,7 @@ class Quantize(Request):
         calibration = CalibrationSet.from_json(self.calibration)
         reader = StreamingReader(calibration, self.calibration_indices, self.progress)
         extra = dict(common.pop("extra_options"))
-        extra["CalibStridedMinMax"] = options.get("stride") or _stride(len(reader))
+        extra["CalibStridedMinMax"] = options.get("stride") or largest_divisor(len(reader))
         fixed = _fixed_encodings(
             self.model,
             options.get("fixed_output_encodings") or {},

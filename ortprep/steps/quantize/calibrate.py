@@ -24,6 +24,8 @@ from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.runtime.calibration import CalibrationSet, discover, split
 from ortprep.runtime.requests import Quantize, QuantizeReply
+from ortprep.runtime.requests.quantize import MAX_STRIDE, largest_divisor
+from ortprep.transforms.verify import EXPOSED_BYTES, exposure_groups
 from ortprep.runtime.worker import call
 from ortprep.runtime.feeds import input_specs, random_feeds
 from ortprep.steps.base import ProgressCallback
@@ -222,7 +224,6 @@ HISTOGRAM_METHODS = ("percentile", "entropy")
 # What a histogram stride may hold of activations (the issue's bound is the model's size x 3 + 1 GB
 # for the whole process; the model's sessions and ORT's arenas take the rest).
 ACTIVATION_BUDGET = 512 * 2**20
-MAX_STRIDE = 8
 
 
 def activation_bytes(model: Path, input_shapes: dict[str, list[int]] | None = None) -> int | None:
@@ -265,7 +266,7 @@ def histogram_stride(model: Path, count: int,
         return None, (f"histogram calibration keeps every activation of a sample until it builds its histograms: "
                       f"{per_sample / 2**20:.0f} MB per sample here, past the {ACTIVATION_BUDGET / 2**20:.0f} MB "
                       "ortprep allows it; --method minmax reduces each tensor in the graph and stays small")
-    return max(d for d in range(1, min(fits, count) + 1) if count % d == 0), ""
+    return largest_divisor(count, fits), ""
 
 
 def _read_progress(path: Path) -> tuple[int, int] | None:
@@ -295,7 +296,7 @@ def preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, s
     reply = _run_quantizer(request)
     if not reply.ok or not target.exists():
         reason = reply.message if reply.status == "failed" else f"its process died ({reply.message[-300:]})"
-        folded = fold_batch_norms(source, workdir / "bn_folded.onnx")
+        folded = fuse_bn_into_conv(source, workdir / "bn_folded.onnx")
         report.add(Finding.of("QNT007", f"pre-processing failed ({reason}); quantizing the model as it is"
                               + (", and with its BatchNormalizations folded into the Convs before them" if folded
                                  else ""),
@@ -314,7 +315,7 @@ def preprocess(workdir: Path, source: Path, report: StepResult) -> tuple[Path, s
     return target, detail
 
 
-def fold_batch_norms(source: Path, target: Path) -> Path | None:
+def fuse_bn_into_conv(source: Path, target: Path) -> Path | None:
     """``source`` with each BatchNormalization that follows a Conv folded into that Conv's weights
     (onnxoptimizer's fuse_bn_into_conv), written to ``target``; None when there is none to fold,
     the weights live in external data, or the pass fails.
@@ -346,19 +347,13 @@ def fold_batch_norms(source: Path, target: Path) -> Path | None:
     return target
 
 
-# Intermediate values one run exposes, at most (bytes, over its samples): the search's blame and
-# noise rankings read every tensor of both models, which on a 1x3x800x608 detector is gigabytes
-# at once; they run once per group of tensors instead.
-EXPOSED_BYTES = 128 * 2**20
-
-
 def exposure_chunks(model: Path, names: list[str], feeds: list[dict[str, np.ndarray]],
                     budget: int | None = None) -> list[list[str]]:
     """``names`` (intermediates of ``model``) in groups whose values on ``feeds`` take at most
     ``budget`` bytes (EXPOSED_BYTES): one run per group exposes them. Sizes come from shape
-    inference with the feeds' shapes; a tensor of unknown size counts as the largest known one."""
-    from ortprep.transforms.verify import exposure_groups
-
+    inference with the feeds' shapes; a tensor of unknown size counts as the largest known one. The
+    search's blame and noise rankings read every tensor of both models, which on a large detector is
+    gigabytes at once; they run once per group instead."""
     sizes = tensor_bytes(model, {name: list(np.shape(value)) for name, value in feeds[0].items()}) if feeds else {}
     return exposure_groups(names, sizes, EXPOSED_BYTES if budget is None else budget, scale=len(feeds),
                            none_known="budget")

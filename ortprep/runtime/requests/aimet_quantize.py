@@ -116,6 +116,7 @@ class AimetQuantize(Request):
             _write_progress(self.progress, done, passes)
 
         model = onnx.load(self.model)  # a copy in memory: the passes below change it, never the file
+        _explicit_groups(model)
         step()
         if cle:
             equalize_model(model)  # folds batch norms first, then scales and folds high biases
@@ -160,6 +161,17 @@ class AimetQuantize(Request):
                 "per_channel": bool(s.get("per_channel", True)), "kept_float": sorted(excluded),
                 "not_found": sorted(missing), "wide_tensors": wide, "samples": len(samples),
                 "opset": next((o.version for o in qdq.opset_import if o.domain in ("", "ai.onnx")), None)}
+
+
+def _explicit_groups(model) -> None:
+    """Write ONNX's default ``group=1`` on every Conv that omits it: AIMET 2.42's cross-layer
+    equalization reads a missing attribute as an unsupported layer and skips the pair (measured:
+    docs/decisions/aimet-engine.md). The value is the default, so nothing computes otherwise."""
+    import onnx
+
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "ConvTranspose") and not any(a.name == "group" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("group", 1))
 
 
 class _Samples:

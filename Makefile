@@ -4,6 +4,12 @@ BIN := $(VENV)/bin
 # onnxruntime-openvino is its own ONNX Runtime build and clashes with the CPU wheel, so it lives in
 # its own environment; ortprep load --runtime openvino-cpu=$(OPENVINO_VENV)/bin/python reaches it.
 OPENVINO_VENV := .venv-openvino
+# AIMET-ONNX (quantize --engine aimet) needs torch, about 2 GB with its dependencies: its own environment,
+# reached by the engine's worker (docs/install.md). torch==2.13.0 resolves to the CPU wheel where a local
+# wheel dir holds it; elsewhere pass AIMET_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'
+# (plain PyPI's torch is the CUDA build).
+AIMET_VENV := .venv-aimet
+AIMET_PIP_ARGS ?=
 
 .PHONY: install test samples bench fuzz clean
 
@@ -22,6 +28,8 @@ install:
 		|| echo "no Chromium: the browser tests of the HTML pages will skip"
 	$(PYTHON) -m venv $(OPENVINO_VENV)
 	$(OPENVINO_VENV)/bin/python -m pip install --quiet onnxruntime-openvino numpy
+	$(PYTHON) -m venv $(AIMET_VENV)
+	$(AIMET_VENV)/bin/python -m pip install --quiet $(AIMET_PIP_ARGS) torch==2.13.0 aimet-onnx==2.42.0 onnxruntime numpy onnx
 
 test:
 	$(BIN)/ruff check --quiet ortprep tests bench tools sample_models
@@ -38,4 +46,4 @@ fuzz:
 	$(BIN)/python tools/fuzz.py --cases 2000
 
 clean:
-	rm -rf $(VENV) $(OPENVINO_VENV) build *.egg-info
+	rm -rf $(VENV) $(OPENVINO_VENV) $(AIMET_VENV) build *.egg-info

@@ -47,7 +47,8 @@ class AimetQuantize(Request):
 
     ``settings``: activation_type and weight_type (int8, uint8, int16, uint16: the width goes to
     AIMET, the signedness to the export), per_channel, config (an AIMET alias: "htp_v73",
-    "default"), quant_scheme ("min_max", "tf_enhanced"), cle, seq_mse, adaround_iterations (0: off),
+    "default"), quant_scheme ("min_max", "tf_enhanced"), extra_options' ActivationSymmetric, cle,
+    seq_mse (with seq_mse_samples, 0 for all, and seq_mse_candidates), adaround_iterations (0: off),
     external_data. ``exclude_nodes``/``exclude_ops`` stay float; ``wide_tensors`` get 16 bits."""
 
     reply_type = AimetQuantizeReply
@@ -105,22 +106,26 @@ class AimetQuantize(Request):
         from aimet_onnx.cross_layer_equalization import equalize_model
 
         s = self.settings
-        cle, seq_mse = bool(s.get("cle", True)), bool(s.get("seq_mse", True))
+        cle, seq_mse = bool(s.get("cle", True)), bool(s.get("seq_mse", False))
         adaround = int(s.get("adaround_iterations") or 0)
         passes = 3 + cle + seq_mse + bool(adaround)  # load, calibrate, export + the algorithms
-        done = 0
+        done, seconds, mark = 0, {}, [time.perf_counter()]
 
-        def step() -> None:
+        def step(name: str, counted: bool = True) -> None:
             nonlocal done
-            done += 1
-            _write_progress(self.progress, done, passes)
+            if counted:
+                done += 1
+                _write_progress(self.progress, done, passes)
+            now = time.perf_counter()
+            seconds[name] = round(seconds.get(name, 0.0) + now - mark[0], 3)
+            mark[0] = now
 
         model = onnx.load(self.model)  # a copy in memory: the passes below change it, never the file
         _explicit_groups(model)
-        step()
+        step("load")
         if cle:
             equalize_model(model)  # folds batch norms first, then scales and folds high biases
-            step()
+            step("cle")
         else:
             fold_all_batch_norms_to_weight(model)  # the sim simulates folded batch norms only
         samples = _Samples(self.calibration, self.indices)
@@ -134,6 +139,7 @@ class AimetQuantize(Request):
                                      bool((s.get("extra_options") or {}).get("ActivationSymmetric")), self.workdir),
             path=os.path.join(self.workdir, "sim"),
         )
+        step("sim", counted=False)
         excluded, missing = _keep_float(sim, self.exclude_nodes, self.exclude_ops)
         deferred = _input_readers(sim, excluded) if seq_mse else {}
         wide = [name for name in self.wide_tensors if name]
@@ -142,24 +148,26 @@ class AimetQuantize(Request):
         if seq_mse:
             # a kept node that reads a graph input stays in SeqMSE (its weight quantizer still on, turned
             # off below): AIMET 2.42 leaves the inputs of the quantized node after it empty otherwise
-            apply_seq_mse(sim, samples, nodes_to_exclude=sorted(excluded - set(deferred)) or None)
-            step()
+            apply_seq_mse(sim, samples.first(int(s.get("seq_mse_samples") or 0)),
+                          num_candidates=int(s.get("seq_mse_candidates") or 20),
+                          nodes_to_exclude=sorted(excluded - set(deferred)) or None)
+            step("seq_mse")
         if adaround:
             include = [op.name for op in sim.connected_graph.get_all_ops().values()
                        if op.type in ADAROUND_OPS and op.name not in excluded]
             apply_adaround(sim, samples, num_iterations=adaround, nodes_to_include=include)
-            step()
+            step("adaround")
         for quantizer in (q for quantizers in deferred.values() for q in quantizers):
             quantizer.enabled = False
         sim.compute_encodings(samples)
-        step()
+        step("calibrate")
         signed = activation in ("int8", "int16")
         qdq = sim.to_onnx_qdq(prequantize_constants=True, force_activation_as="signed" if signed else "unsigned")
         _save(qdq, self.output, bool(s.get("external_data")))
-        step()
+        step("export")
         return {"cle": cle, "seq_mse": seq_mse, "adaround_iterations": adaround, "config": s.get("config") or "default",
                 "per_channel": bool(s.get("per_channel", True)), "kept_float": sorted(excluded),
-                "not_found": sorted(missing), "wide_tensors": wide, "samples": len(samples),
+                "not_found": sorted(missing), "wide_tensors": wide, "samples": len(samples), "pass_seconds": seconds,
                 "opset": next((o.version for o in qdq.opset_import if o.domain in ("", "ai.onnx")), None)}
 
 
@@ -186,6 +194,14 @@ class _Samples:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def first(self, count: int) -> _Samples:
+        """The first ``count`` samples (0: all of them)."""
+        if not count or count >= len(self.indices):
+            return self
+        subset = _Samples.__new__(_Samples)
+        subset.calibration, subset.indices = self.calibration, self.indices[:count]
+        return subset
 
     def __iter__(self):
         return (self.calibration.sample(index) for index in self.indices)

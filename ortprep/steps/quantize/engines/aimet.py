@@ -5,7 +5,7 @@ AIMET needs torch (about 2 GB with its dependencies), so it lives in an environm
 runs in a worker of that interpreter (``runtime/requests/aimet_quantize.py``); nothing here imports
 it. Which interpreter: ``$ORTPREP_AIMET_PYTHON`` when set, else ``.venv-aimet/bin/python`` in the
 checkout that holds ortprep (what ``make install`` creates; docs/install.md). A crash, a hang or an
-exception in AIMET is a failed run with one line, never ortprep's. The defaults (CLE and SeqMSE on,
+exception in AIMET is a failed run with one line, never ortprep's. The defaults (CLE on, SeqMSE and
 AdaRound off) and their cost: docs/decisions/aimet-engine.md.
 """
 
@@ -26,9 +26,11 @@ from ortprep.steps.quantize.engines.base import EngineRun, Exclusion
 
 PYTHON_VARIABLE = "ORTPREP_AIMET_PYTHON"
 VENV = ".venv-aimet"
-# what runs unless settings["aimet"] says otherwise: CLE carries the classifiers of issue 51's
-# table, SeqMSE is cheap beside it; AdaRound costs seconds per layer and is asked for by name
-DEFAULT_ALGORITHMS = {"cle": True, "seq_mse": True, "adaround_iterations": 0, "quant_scheme": "min_max"}
+# what runs unless settings["aimet"] says otherwise: CLE (it carries the classifiers of issue 51's
+# table, for about a second); SeqMSE and AdaRound are asked for by name: SeqMSE took 140-200 s on
+# a 53-conv classifier that CLE alone quantizes in 4 s (docs/decisions/aimet-engine.md)
+DEFAULT_ALGORITHMS = {"cle": True, "seq_mse": False, "seq_mse_samples": 0, "seq_mse_candidates": 20,
+                      "adaround_iterations": 0, "quant_scheme": "min_max"}
 # QNN's preset takes AIMET's HTP configuration (v73: Snapdragon 8 Gen 2, the QNN EP's usual target)
 HTP_CONFIG = "htp_v73"
 DEFAULT_TIMEOUT = 900.0
@@ -53,8 +55,8 @@ def aimet_version(python: Path) -> str | None:
 class AimetEngine:
     """AIMET-ONNX behind the Engine protocol (engines/base.py). Settings it reads: activation_type,
     weight_type, per_channel, preset ("qnn" selects the HTP configuration), format, extra_options'
-    ActivationSymmetric, and ``settings["aimet"]`` (cle, seq_mse, adaround_iterations, quant_scheme,
-    config) over DEFAULT_ALGORITHMS."""
+    ActivationSymmetric, and ``settings["aimet"]`` (cle, seq_mse, seq_mse_samples, seq_mse_candidates,
+    adaround_iterations, quant_scheme, config) over DEFAULT_ALGORITHMS."""
 
     name = "aimet"
 
@@ -93,6 +95,8 @@ class AimetEngine:
             "quant_scheme": chosen["quant_scheme"],
             "cle": bool(chosen["cle"]),
             "seq_mse": bool(chosen["seq_mse"]),
+            "seq_mse_samples": int(chosen["seq_mse_samples"] or 0),
+            "seq_mse_candidates": int(chosen["seq_mse_candidates"] or 20),
             "adaround_iterations": int(chosen["adaround_iterations"] or 0),
             "extra_options": {"ActivationSymmetric": bool((settings.get("extra_options") or {})
                                                           .get("ActivationSymmetric"))},

@@ -7,6 +7,7 @@ Skipped, with the reason, where no AIMET environment exists (make install create
 
 from __future__ import annotations
 
+import contextvars
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +54,9 @@ def fresh(name: str, shape: list[int], count: int = 32, seed: int = 99) -> list[
 
 
 def aimet(tmp_path: Path, model: Path, settings: dict, data: CalibrationSet, exclusion: Exclusion = Exclusion(),
-          name: str = "aimet.onnx"):
+          name: str = "aimet.onnx", big: bool = False, **more):
     return ENGINE.quantize(tmp_path / "work", model, tmp_path / name, "static", settings, data,
-                           list(range(data.count)), exclusion, False)
+                           list(range(data.count)), exclusion, big, **more)
 
 
 def cle_net(path: Path, spread: float = 1000.0, seed: int = 0, channels: int = 8) -> Path:
@@ -114,8 +115,10 @@ def test_supports_static_qdq_only():
 def test_w8a8_with_cle_loads_and_agrees_with_the_float_model(pool, tmp_path):
     source = SAMPLES / "cnn.onnx"
     before = source.read_bytes()
-    run = aimet(tmp_path, source, W8A8, random_set("image", [1, 3, 32, 32]))
+    seen = []
+    run = aimet(tmp_path, source, W8A8, random_set("image", [1, 3, 32, 32]), progress=lambda *done: seen.append(done))
     assert run.ok, run.error
+    assert seen and seen[-1][0] == seen[-1][1] == 4  # load, CLE, calibration, export
     assert run.detail["cle"] and not run.detail["seq_mse"] and run.detail["version"].startswith("2.")  # defaults
     assert run.seconds > 0 and run.detail["peak_rss"] > 0
     assert source.read_bytes() == before  # CLE changed the worker's copy only
@@ -150,8 +153,9 @@ def test_a_kept_node_has_no_qdq_on_its_weight(pool, tmp_path):
 @needs_aimet
 def test_w8a16_writes_16_bit_zero_points_at_opset_21(pool, tmp_path):
     run = aimet(tmp_path, SAMPLES / "cnn.onnx", {**W8A8, "activation_type": "uint16"},
-                random_set("image", [1, 3, 32, 32], count=8))
+                random_set("image", [1, 3, 32, 32], count=8), big=True)
     assert run.ok, run.error
+    assert (tmp_path / "aimet.onnx.data").stat().st_size > 0  # big: the weights beside the graph
     model = onnx.load(run.output)
     assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 21
     initializers = {i.name: i for i in model.graph.initializer}
@@ -161,6 +165,17 @@ def test_w8a16_writes_16_bit_zero_points_at_opset_21(pool, tmp_path):
     feeds = fresh("image", [1, 3, 32, 32], count=4)
     for ref, cand in zip(outputs(SAMPLES / "cnn.onnx", feeds), outputs(run.output, feeds)):
         assert ref["logits"].argmax() == cand["logits"].argmax()
+
+
+@needs_aimet
+def test_a_hang_is_a_failed_run_with_one_line(tmp_path, monkeypatch):
+    # the worker's test hook holds the request for 60 s; the deadline ends that worker (an empty context:
+    # a one-shot worker, not the module pool's warm one)
+    monkeypatch.setenv("ORTPREP_TEST_WORKER_DELAY", "AimetQuantize:60")
+    run = contextvars.Context().run(aimet, tmp_path, SAMPLES / "cnn.onnx", W8A8,
+                                    random_set("image", [1, 3, 32, 32], count=2), timeout=1.0)
+    assert not run.ok and run.error.startswith("aimet 2.") and "timed out" in run.error and "\n" not in run.error
+    assert not (tmp_path / "aimet.onnx").exists() and not list((tmp_path / "work").iterdir())
 
 
 @needs_aimet

@@ -136,6 +136,8 @@ class AimetEngine:
         except Exception as exc:  # noqa: BLE001 - the worker could not start: a failed candidate
             return failed(f"the AIMET worker did not start: {type(exc).__name__}: {exc}")
         finally:
+            if poll is not None:
+                poll()  # the last "done total" the worker wrote
             shutil.rmtree(scratch, ignore_errors=True)
         version = getattr(reply, "version", None) or version
         detail = {"version": version, "peak_rss": getattr(reply, "peak_rss", None),

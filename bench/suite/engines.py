@@ -111,19 +111,28 @@ def file_bytes(path: Path) -> int:
 
 
 def weight_ops(path: Path) -> tuple[int, int]:
-    """(weighted nodes whose weight comes through a DequantizeLinear, weighted nodes with a weight)."""
+    """(weighted nodes whose constant weight is stored or read through a DequantizeLinear, weighted
+    nodes with a constant weight). A DequantizeLinear of an activation (attention's Q.K MatMul in a
+    QDQ file) is not a weight."""
     model = onnx.load(str(path), load_external_data=False)
     producers = {out: node for node in model.graph.node for out in node.output}
     constants = {t.name for t in model.graph.initializer}
+    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+
+    def constant(name: str) -> bool:  # an initializer, or one through a Transpose/Reshape/Q
+        node = producers.get(name)
+        return name in constants or (node is not None and node.op_type in ("Transpose", "Reshape", "QuantizeLinear")
+                                     and constant(node.input[0]))
+
     quantized = total = 0
     for node in model.graph.node:
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
             continue
         producer = producers.get(node.input[1])
-        if producer is not None and producer.op_type == "DequantizeLinear":
-            quantized, total = quantized + 1, total + 1
-        elif node.input[1] in constants or (producer is not None and producer.op_type in ("Constant", "Transpose")):
+        through_dq = producer is not None and producer.op_type == "DequantizeLinear"
+        if constant(producer.input[0] if through_dq else node.input[1]):
             total += 1
+            quantized += through_dq
     return quantized, total
 
 
@@ -242,6 +251,7 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: f
                     "-o", target, "--force"]
             entry = ortprep(label, args, folder, timeout)
             record = {"kind": "ortprep", **command_record(entry, target)}
+            record["engine_used"] = (((entry.get("report") or {}).get("engine") or {}).get("used"))
             if record["written"]:
                 record.update(measure(case, target, source, reference, feeds, names))
             kept = ROOT / record["kept_failed"] if record.get("kept_failed") else None

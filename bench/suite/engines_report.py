@@ -47,7 +47,8 @@ def outcome(record: dict) -> str:
             record.get("error") or "")[:90].replace("|", "/")
     codes = ", ".join(record.get("error_codes") or [])
     if code == 0:
-        return "written" if record["written"] else "exit 0, nothing written"
+        used = f" by {record['engine_used']}" if record.get("engine_used") else ""
+        return f"written{used}" if record["written"] else "exit 0, nothing written"
     if code == 1:
         return f"refused ({codes})" if codes else "refused"
     return f"exit {code}" + (" (traceback)" if record.get("traceback") else "")
@@ -120,6 +121,44 @@ def summary_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def cell(record: dict) -> str:
+    """One row's result in a word or two: the agreement (bold where it holds the bar), or what happened."""
+    code = record.get("exit")
+    if isinstance(code, str):
+        return "not run" if code.startswith("not run") else code
+    if record["kind"] == "plain" and code != 0:
+        return "crash"
+
+    def share(judged: dict | None) -> str:
+        if not judged or not judged.get("runs"):
+            return "does not run"
+        pixels = judged.get("map_pixels")
+        text = f"{judged['agree'] / judged['samples'] * 100:.1f}%"
+        return text + (f" (pixels {pixels * 100:.1f}%)" if pixels else "")
+
+    if record["kind"] == "ortprep" and code == 1:
+        refused = (record.get("refused") or {}).get("judged")
+        return "refused" + (f" (its file: {share(refused)})" if refused else "")
+    if record["kind"] == "ortprep" and code != 0:
+        return f"exit {code}"
+    text = share(record.get("judged"))
+    return f"**{text}**" if holds(record) else text
+
+
+def side_by_side(rows: list[dict]) -> list[str]:
+    kinds: list[str] = []
+    for row in rows:
+        kinds += [k for k in row.get("rows", {}) if k not in kinds and not all(
+            str(r.get("rows", {}).get(k, {}).get("exit", "")).startswith("not run") for r in rows)]
+    lines = ["| model | judged by | " + " | ".join(label(k) for k in kinds) + " |",
+             "|---|---|" + "---|" * len(kinds)]
+    for row in rows:
+        bar = f"{row['decision']} >= {row['bar'] * 100:.0f}%" if row["decision"] else "every input at cosine 0.99"
+        lines.append(f"| {row['model']} | {bar} | "
+                     + " | ".join(cell(row["rows"][k]) if k in row["rows"] else "-" for k in kinds) + " |")
+    return lines
+
+
 def needless_table(rows: list[dict]) -> list[str]:
     lines = ["| model | row | rule that refused | refused file on the fresh inputs | class |", "|---|---|---|---|---|"]
     found = 0
@@ -166,6 +205,10 @@ def report(rows: list[dict], meta: dict) -> str:
     skipped = [row for row in rows if row.get("skipped")]
     run = [row for row in rows if not row.get("skipped")]
     out += ["## Summary (evaluation half)", "", *summary_table(run), ""]
+    out += ["## Side by side", "",
+            "The share of the fresh inputs on which the file keeps the float model's decision (for a model "
+            "without one, the share at cosine 0.99), bold where it holds the bar; for a refusal, its kept "
+            "file's share.", "", *side_by_side(run), ""]
     out += ["## Needless refusals", "",
             "Each ortprep refusal, its kept file (`--keep-failed`: NAME.failed.onnx) judged on the fresh inputs "
             "like a written one: \"needless\" where it holds the application's bar.", "", *needless_table(run), ""]

@@ -3,7 +3,7 @@ of the evaluation half, each engine called plain as a new user calls it, and ort
 `quantize --static --engine E` for E in ort, nncf, aimet, auto, every file judged on the same fresh inputs.
 
     .venv/bin/python -m bench.suite.engines [--only NAME ...] [-n 200] [--timeout 600]
-                                            [--no-ortprep] [--report-only]
+                                            [--no-ortprep | --no-plain] [--table PATH] [--report-only]
 
 Rows per model (the same float model and the same 24 calibration samples for every row):
 - plain engines (engines_plain.py): ORT quant_pre_process + quantize_static (QDQ defaults); NNCF
@@ -37,7 +37,9 @@ Fixed rules, set before any run:
   timeout (default 600 s) that ends its process group and is recorded as "timeout".
 
 Results: bench/out/engines/results.json (written after each model; --only keeps the others' rows)
-and bench/suite/results/engines.md (engines_report.py).
+and bench/suite/results/engines.md (engines_report.py). Once `--engine` is merged, ``--no-plain`` reruns
+the ortprep rows alone and keeps each model's plain rows from the last run (the same float model,
+calibration samples and fresh inputs: every seed is fixed), and the report's head says when those ran.
 """
 
 from __future__ import annotations
@@ -202,7 +204,9 @@ def source_model(case: JourneyCase, journey: Path) -> Path | None:
 
 
 def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: float, with_ortprep: bool,
-             has_engine: bool) -> dict:
+             has_engine: bool, kept_plain: dict | None = None) -> dict:
+    """One model's rows. ``kept_plain``: the plain rows of the last run, kept as they are (--no-plain:
+    the same float model, samples and seeds, so only the ortprep rows run again)."""
     started = time.perf_counter()
     row: dict = {"model": case.name, "half": case.half, "decision": case.decision, "note": case.note,
                  "bar": BARS[case.decision] if case.decision else COSINE_GATE, "tree": tree_state()}
@@ -212,8 +216,12 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: f
     if source is None:
         return {**row, "skipped": f"no float model in {journey}"}
     folder = out / case.name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    if kept_plain is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:  # the plain rows' files stay; the ortprep rows' are made again
+        for stale in folder.glob("ortprep_*"):
+            stale.unlink() if stale.is_file() else shutil.rmtree(stale, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
     row["float_model"] = str(source.relative_to(ROOT))
     calib_dir = folder / "calib"
     calib = write_samples(case, calib_dir, CALIB, seed=CALIB_SEED)
@@ -226,8 +234,8 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: f
     row["weight_ops"] = float_total
     log(f"  {case.name}: {row['float_model']}, {count} fresh inputs run, {float_total} weighted ops")
 
-    rows: dict[str, dict] = {}
-    for engine in PLAIN:
+    rows: dict[str, dict] = dict(kept_plain or {})
+    for engine in PLAIN if kept_plain is None else ():
         if engine == "nncf_transformer" and case.name not in TRANSFORMER_LIKE:
             continue
         target = folder / f"plain_{engine}.onnx"
@@ -308,6 +316,10 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=200, help="fresh inputs per model (default 200)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per engine call or command")
     parser.add_argument("--no-ortprep", action="store_true", help="the plain engines only")
+    parser.add_argument("--no-plain", action="store_true",
+                        help="the ortprep rows only; each model's plain rows are kept from the last run")
+    parser.add_argument("--table", type=Path, default=RESULTS,
+                        help=f"the report (default {RESULTS.relative_to(ROOT)})")
     parser.add_argument("--report-only", action="store_true", help="write the table from the last results.json")
     args = parser.parse_args()
     args.out, args.journey = args.out.resolve(), args.journey.resolve()
@@ -315,7 +327,7 @@ def main() -> int:
     if args.report_only:
         last = json.loads(saved.read_text())
         text = report(last["rows"], last["meta"])
-        RESULTS.write_text(text)
+        args.table.write_text(text)
         print(text)
         return 0
     known = {c.name: c for c in cases()}
@@ -330,22 +342,30 @@ def main() -> int:
             "versions": versions(), "tree_at_start": tree_state(), "fresh": args.n, "calib": CALIB,
             "timeout_s": args.timeout, "engine_option": has_engine, "ortprep": not args.no_ortprep}
     rows: dict[str, dict] = {}
-    if saved.exists() and args.only:
-        rows = {row["model"]: row for row in json.loads(saved.read_text()).get("rows", []) if row["model"] in known}
+    last = json.loads(saved.read_text()) if saved.exists() and (args.only or args.no_plain) else {}
+    if args.only:
+        rows = {row["model"]: row for row in last.get("rows", []) if row["model"] in known}
+    plain_from = {row["model"]: {k: r for k, r in row.get("rows", {}).items() if r.get("kind") == "plain"}
+                  for row in last.get("rows", []) if args.no_plain and row.get("rows")}
+    if args.no_plain:
+        meta["plain_rows_from"] = {k: (last.get("meta") or {}).get(k) for k in ("command", "date", "tree_at_start")}
     started = time.perf_counter()
     for case in cases():
         if args.only and case.name not in args.only:
             continue
         log(f"{case.name} ({case.half})")
+        if args.no_plain and case.name not in plain_from and case.name not in SKIPPED:
+            log(f"  {case.name}: no plain rows in {saved}; run without --no-plain first")
+            continue
         rows[case.name] = run_case(case, args.journey, args.out, args.n, args.timeout, not args.no_ortprep,
-                                   has_engine)
+                                   has_engine, plain_from.get(case.name) if args.no_plain else None)
         saved.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1, default=str))
     meta["seconds"] = round(time.perf_counter() - started, 1)
     meta["tree_at_end"] = tree_state()
     ordered = [rows[c.name] for c in cases() if c.name in rows]
     saved.write_text(json.dumps({"meta": meta, "rows": ordered}, indent=1, default=str))
     text = report(ordered, meta)
-    RESULTS.write_text(text)
+    args.table.write_text(text)
     print(text)
     return 0
 

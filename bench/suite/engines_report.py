@@ -172,6 +172,17 @@ def needless_table(rows: list[dict]) -> list[str]:
     return lines if found else ["(no refusal in this run)"]
 
 
+def plain_note(meta: dict) -> list[str]:
+    """Where the plain rows were kept from an earlier run (--no-plain): that run's command and date."""
+    kept = meta.get("plain_rows_from")
+    if not kept:
+        return []
+    head = (kept.get("tree_at_start") or {}).get("head")
+    return [f"The plain engines' rows are kept from an earlier run (`{kept.get('command')}`, {kept.get('date')}, "
+            f"commit {head}) on the same float models, calibration samples and fresh inputs; only the ortprep "
+            "rows ran in this one.", ""]
+
+
 def report(rows: list[dict], meta: dict) -> str:
     tree = meta.get("tree_at_start") or {}
     end = meta.get("tree_at_end") or {}
@@ -186,6 +197,7 @@ def report(rows: list[dict], meta: dict) -> str:
            + f"; {meta.get('seconds', 0):.0f} s in all.",
            f"Machine: {cpu}, {os.cpu_count()} cores shared with other work (run under `nice -n 10`), "
            f"{platform.system()} {platform.machine()}, Python {platform.python_version()}; {versions}.", "",
+           *plain_note(meta),
            f"Every row gets the same float model and the same {meta.get('calib')} calibration samples (seed 1); "
            f"each written file is run on the CPU EP on {meta.get('fresh')} fresh inputs (seed 51, none of them "
            "a calibration sample) and judged against the float model by bench/referee.py: the application's "

@@ -51,7 +51,9 @@ def outcome(record: dict) -> str:
         return f"written{used}" if record["written"] else "exit 0, nothing written"
     if code == 1:
         return f"refused ({codes})" if codes else "refused"
-    return f"exit {code}" + (" (traceback)" if record.get("traceback") else "")
+    lines = [line for line in (record.get("stderr_tail") or "").splitlines() if line.strip()]
+    said = (": " + lines[-1][:90].replace("|", "/")) if lines else ""
+    return f"exit {code}" + (" (traceback)" if record.get("traceback") else "") + said
 
 
 def verdict(record: dict) -> str:

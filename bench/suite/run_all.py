@@ -48,6 +48,8 @@ SCRIPTS = [
     ("bench.suite.remeasure", "remeasure.md", "## int8 files on 1,000 fresh inputs"),
     # after the yield run: it times the int8 files that run left
     ("bench.suite.int8_latency", "int8_latency.md", "## int8 against float, timed in pairs"),
+    # the engines plain and under ortprep's gate (issue 51); it writes its whole file itself
+    ("bench.suite.engines", "engines.md", "## Summary (evaluation half)"),
 ]
 MACHINE_START, MACHINE_END = "<!-- machine -->", "<!-- /machine -->"
 

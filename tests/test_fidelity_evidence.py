@@ -101,8 +101,9 @@ def test_a_real_miss_still_refuses_and_names_the_rule_and_the_metric():
     assert record["agreement"] == 1.0 and record["passed"] is False and not judged.passed
     assert record["confidence"]["agreement_upper"] < 0.9 and record["refused_by"][0] == "confidence at 0.8"
     text = decision_text(record)
-    assert ("[refused by the evidence rule: confidence at 0.8, expected confidence at 0.8 (confidence at 0.8 5 of 8 "
-            "on the samples (62.5%; at most 88.9% at 95% confidence)") in text
+    assert ("[refused by the evidence rule: confidence at 0.8 (confidence at 0.8 5 of 8 on the samples (62.5%; at "
+            "most 88.9% at 95% confidence), 85.8% expected on unseen inputs (from the margins of 8 float decisions: "
+            "at most 99.4% at 95% confidence), the gate asks 99%)") in text
     assert "--metric p=top1 judges the class alone" in text
     assert "assumed: top1 inferred from a [1, 4] output" in text
     assert "confirm or replace with --metric p=top1:0.8 or --metric p=top1]" in text

@@ -115,6 +115,9 @@ def _share_words(share: dict) -> str:
             f"{CONFIDENCE_WORDS} confidence)")
     if share.get("expected") is not None:
         text += f", {share['expected']:.1%} expected on unseen inputs"
+        if share.get("expected_upper") is not None and share["expected"] < share["required"]:
+            text += (f" (from the margins of {share['expected_units']} float decisions: at most "
+                     f"{share['expected_upper']:.1%} at {CONFIDENCE_WORDS} confidence)")
     return text + f", the gate asks {share['required']:.0%}"
 
 
@@ -129,6 +132,7 @@ def rule_words(decision: dict) -> str:
         return f" [refused by the exact rule of --metric {name}={label_of(decision)}: {refused}]" if refused else ""
     shares = [share for share in evidence_shares(decision) if share["upper"] < share["required"]
               or (share.get("expected") is not None and share["expected"] < share["required"])]
+    shares = shares or evidence_shares(decision)[:1]
     figures = "; ".join(_share_words(share) for share in shares)
     text = f" [refused by the evidence rule: {refused}" + (f" ({figures})" if figures else "")
     if decision.get("assumptions"):

@@ -96,7 +96,9 @@ def evidence_shares(record: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         expected = source.get("expected_agreement") if key == "agreement" else None
         found.append({"what": what, "share": source[key], "units": source.get(f"{key}_units"),
-                      "upper": source[f"{key}_upper"], "required": source[asked], "expected": expected})
+                      "upper": source[f"{key}_upper"], "required": source[asked], "expected": expected,
+                      "expected_upper": source.get("expected_agreement_upper") if key == "agreement" else None,
+                      "expected_units": source.get("expected_agreement_units") if key == "agreement" else None})
     return found
 
 
@@ -105,7 +107,8 @@ def held_on_evidence(record: dict[str, Any]) -> list[dict[str, Any]]:
     are no evidence of a miss: where the exact rule (--metric) would have refused."""
     if record.get("passed") is not True or record.get("rule") != RULE:
         return []
-    return [share for share in evidence_shares(record) if share["share"] < share["required"]]
+    return [share for share in evidence_shares(record) if share["share"] < share["required"]
+            or (share["expected"] is not None and share["expected"] < share["required"])]
 
 
 def named(record: dict[str, Any], name: str) -> dict[str, Any]:

@@ -1,8 +1,7 @@
 """``ctc[:BLANK]``: a CTC recogniser's per-position scores, read as its greedy decoder reads them:
 the argmax per position, repeats merged, the blank (index BLANK, default 0; negative counts from
 the end) dropped. The decoded strings must be equal, and, for probabilities, the lines' scores stay
-on the same side of each level (levels the user did not name: held by the evidence rule,
-evidence.py). Gated, it replaces its output's cosine floor (a repeat turning
+on the same side of each level. Gated, it replaces its output's cosine floor (a repeat turning
 blank at its run's edge changes nothing read but lowers the cosine). Never inferred:
 ``--metric OUTPUT=ctc``. Measurements: docs/decisions/fidelity-decisions.md ("CTC")."""
 
@@ -127,8 +126,7 @@ class Ctc(Kind):
             m = np.asarray(m)
             if np.ndim(m) >= 2 and np.shape(m)[-1] == np.shape(compared[0][0])[-1]:
                 pooled.append(np.asarray([v for v in line_scores(m, decision.blank) if v is not None]))
-        return {**held_at_levels(ours_a, theirs_a, np.concatenate(pooled), self.required,
-                                  evidence=True), "lines": int(ours_a.size)}
+        return {**held_at_levels(ours_a, theirs_a, np.concatenate(pooled), self.required), "lines": int(ours_a.size)}
 
     def judge(self, decision, reference, candidate, more=None) -> dict[str, Any]:
         """The decoded strings equal on the required share of the samples' sequences, as many to

@@ -104,11 +104,13 @@ def _erfinv(y: float) -> float:
 
 
 def hold(record: dict[str, Any], key: str, share: float | None, units: float | None, expected: float | None,
-         required: float, evidence: bool) -> bool:
+         required: float, evidence: bool, expected_units: float | None = None) -> bool:
     """One share held to ``required``: by the exact rule (the share and the expected agreement
     reach it) or, ``evidence``, by the evidence rule (the share's upper bound on ``units`` reaches
-    it; the expected agreement as before). Adds ``KEY_upper`` and ``KEY_units`` to ``record``
-    where the evidence rule judged."""
+    it; the expected agreement as before, or, where ``expected_units`` is given (a level assumed
+    among several), its own upper bound over the margins it was read from). Adds ``KEY_upper`` and
+    ``KEY_units`` (and ``expected_agreement_upper``/``_units``) to ``record`` where the evidence
+    rule judged."""
     if share is None:
         return False
     expected_holds = expected is None or expected >= required
@@ -116,4 +118,8 @@ def hold(record: dict[str, Any], key: str, share: float | None, units: float | N
         return share >= required and expected_holds
     record[f"{key}_units"] = int(round(units))
     record[f"{key}_upper"] = round(upper_bound(share, units), 6)
+    if expected is not None and expected_units:
+        record["expected_agreement_units"] = int(round(expected_units))
+        record["expected_agreement_upper"] = round(upper_bound(expected, expected_units), 6)
+        expected_holds = not missed(expected, expected_units, required)
     return not missed(share, units, required) and expected_holds

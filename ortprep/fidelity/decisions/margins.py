@@ -95,10 +95,12 @@ def held_at_levels(ours: np.ndarray, theirs: np.ndarray, everything: np.ndarray,
     per level, the share on the same side of it, and the share to expect from the float scores'
     distances to it (``everything``: ours and those of other samples) and the candidate's moves
     toward it; the worst level, with ``passed`` against ``required``. ``evidence``: the levels are
-    assumed, and a level's share refuses only on evidence (evidence.py): the worst level is then
-    the one whose upper bound or expected share is lowest."""
+    assumed (the worst of several guesses at the application's threshold), and a level refuses only
+    on evidence (evidence.py): its share's upper bound on the samples, or the expected share's over
+    the margins it was read from, misses ``required``; the worst level is the one whose bound is
+    lowest."""
     worst: dict[str, Any] | None = None
-    units = int(np.size(ours))
+    units, margin_units = int(np.size(ours)), int(np.size(everything))
     given = levels is not None
     for level in levels or MAP_LEVELS:
         above = ours > level
@@ -107,12 +109,13 @@ def held_at_levels(ours: np.ndarray, theirs: np.ndarray, everything: np.ndarray,
         errors = np.where(above, ours - theirs, theirs - ours)
         expected = 1.0 - flip_rate(np.abs(everything - level), errors)
         entry = {"level": level, "agreement": agreed, "expected_agreement": expected}
-        seen = upper_bound(agreed, units) if evidence else agreed
-        if worst is None or min(seen, expected) < worst[0]:
-            worst = (min(seen, expected), entry)
+        seen = (min(upper_bound(agreed, units), upper_bound(expected, margin_units)) if evidence
+                else min(agreed, expected))
+        if worst is None or seen < worst[0]:
+            worst = (seen, entry)
     chosen = worst[1]
     chosen["required"] = required
     chosen["level_assumed"] = not given
     chosen["passed"] = hold(chosen, "agreement", chosen["agreement"], units, chosen["expected_agreement"], required,
-                            evidence)
+                            evidence, margin_units)
     return chosen

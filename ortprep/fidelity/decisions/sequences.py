@@ -21,8 +21,9 @@ from ortprep.fidelity.decisions.evidence import by_evidence, hold
 # position, a 48-step sequence is whole on about 62% of inputs).
 REQUIRED_SEQUENCES = 0.95
 # A last axis of at least this many classes at each position is a vocabulary (a language model's:
-# 30522 for BERT, 32000-256000 for decoders); a frame tagger's or a token classifier's has tens.
-VOCABULARY = 1000
+# 256-384 for byte-level ones, 30522 for BERT, 32000-256000 for decoders); a frame tagger's or a token
+# classifier's labels number in the tens.
+VOCABULARY = 256
 _INTEGERS = (2, 3, 4, 5, 6, 7, 12, 13)  # onnx's integer element types: token ids
 
 
@@ -41,17 +42,13 @@ def reads_tokens(proto) -> bool:
 def vocabulary_logits(output: Output) -> bool:
     """Logits over a vocabulary at each position, [batch, positions, V] with V >= VOCABULARY, read
     by an application one position at a time (greedy or sampled decoding, a masked token's fill),
-    rather than a CTC head's string: batch-major (a CRNN's time-major [T, 1, C] is a CTC head's),
-    not named as CTC, and the model reads token ids or the output is raw logits named so (a CTC
-    recogniser reads an image and ends in a Softmax)."""
+    rather than a CTC head's string: the model reads token ids (a CTC head reads an image or a
+    sound), the output is batch-major (a CRNN's time-major [T, 1, C] is a CTC head's) and not
+    named as CTC. A language model fed embeddings instead of ids keeps the whole-sequence rule."""
     shape = output.shape
     if len(shape) != 3 or shape[-1] < VOCABULARY or (shape[1] == 1 and shape[0] > 1):
         return False
-    name = output.name.lower()
-    if "ctc" in name:
-        return False
-    raw = output.maker not in ("Softmax", "LogSoftmax") and not output.probability and "logit" in name
-    return reads_tokens(output.proto) or raw
+    return "ctc" not in output.name.lower() and reads_tokens(output.proto)
 
 
 def rows_are_positions(proto, name: str, rows: int) -> bool:

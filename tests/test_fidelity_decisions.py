@@ -358,38 +358,46 @@ def _page() -> np.ndarray:
 
 def test_a_map_whose_regions_move_fails_though_its_elements_agree():
     """rapidocr's detector in FP16 (bench/apps): the thresholded map's F1 0.9993, yet 9% of its
-    boxes moved by a pixel, and the recogniser read the moved crops otherwise (CER 1.26% against
-    the float pipeline). Here two of ten lines grow by one column: F1 0.9986, the regions' boxes
-    0.8 at every level, and the decision fails."""
+    boxes moved by a pixel. Here two of ten lines grow by one column: F1 0.9986. Inferred, a region
+    is kept where the other map's region covers its box at IoU >= 0.5 (issue 51: no engine keeps
+    boxes identical while the pixels agree at 99%): all ten lines are kept. Named exactly
+    (--metric OUTPUT=map:0.5:exact), the boxes must stay identical: 0.8, refused by that rule."""
     reference = _page()
     candidate = reference.copy()
     candidate[0, 0, 3:7, 80] = candidate[0, 0, 9:13, 80] = 0.95
     record = judge_decision(Decision("map", 0.5), [reference], [candidate])
-    assert record["agreement"] > 0.998 and record["expected_agreement"] > 0.98  # what the gate held before
+    assert record["agreement"] > 0.998 and record["expected_agreement"] > 0.98
+    assert record["region_agreement"] == 1.0 and record["region_match"] == "IoU >= 0.5" and record["passed"] is True
+    exact = parse_metric("map:0.5:exact")
+    assert exact.exact_boxes and exact.label() == "map:0.5:exact"
+    record = judge_decision(exact, [reference], [candidate])
     assert record["region_agreement"] == pytest.approx(0.8) and record["required_regions"] == 0.95
-    assert set(record["region_levels"].values()) == {0.8} and record["passed"] is False
+    assert record["region_levels"] == {"0.5": 0.8} and record["passed"] is False and record["rule"] == "exact"
     assert (record["regions_kept"], record["regions"]) == (8, 10)  # the float map's 10 lines, 8 boxes kept
-    assert judge_decision(Decision("map", 0.5), [reference], [reference + 0.01])["passed"] is True
-    # the refusal says what failed: the boxes, not the pixels' F1 (which passes)
-    from ortprep.fidelity.words import decision_text as _decision_text
-
-    text = _decision_text(record)
+    assert record["refused_by"] == ["regions"] and "assumptions" not in record
+    assert judge_decision(exact, [reference], [reference + 0.01])["passed"] is True
+    # the refusal says what failed: the boxes, not the pixels' F1 (which passes), and by which rule
+    text = _decision_text({**record, "name": "maps"})
     assert "keep their bounding box on only 80.0%, 8 of the float map's 10 boxes kept (the gate asks 95%" in text
     assert text.startswith("its map above 0.5")
+    assert "[refused by the exact rule of --metric maps=map:0.5:exact: regions]" in text
 
 
 def test_regions_are_judged_at_every_level_unless_the_threshold_is_given():
     """Where the application thresholds is its own (rapidocr at 0.3): a halo at 0.35 down the left
-    of three lines joins them into one region at 0.1-0.3 only (7 of 10 boxes kept, 8 regions).
-    Inferred, the worst level fails it; told map:0.5, ortprep judges 0.5 alone, where the boxes
-    are the same."""
+    of six lines joins them into one region at 0.1-0.3 only (4 of 10 boxes kept, 5 regions).
+    Inferred, the worst level fails it (4 of 7.5 regions is evidence, not one flip); told
+    map:0.5, ortprep judges 0.5 alone, where the boxes are the same."""
     reference = _page()
     candidate = reference.copy()
-    candidate[0, 0, 3:19, 7] = 0.35
+    candidate[0, 0, 3:37, 7] = 0.35
     inferred = judge_decision(Decision("map", 0.5), [reference], [candidate])
-    assert inferred["region_level"] in (0.1, 0.2, 0.3) and inferred["region_agreement"] == pytest.approx(14 / 18)
-    assert (inferred["regions_kept"], inferred["regions"]) == (7, 10)
+    assert inferred["region_level"] in (0.1, 0.2, 0.3) and inferred["region_agreement"] == pytest.approx(8 / 15)
+    assert (inferred["regions_kept"], inferred["regions"]) == (4, 10)
     assert inferred["region_levels"]["0.5"] == 1.0 and inferred["passed"] is False
+    assert inferred["rule"] == "evidence" and inferred["refused_by"] == ["regions"]
+    assert inferred["region_agreement_upper"] < 0.95
+    assert f"map:{inferred['region_level']:g}" in inferred["confirm_with"]
     told = judge_decision(parse_metric("map:0.5"), [reference], [candidate])
     assert told["region_levels"] == {"0.5": 1.0} and told["passed"] is True
     # a map without two spatial axes (a per-class or per-frame probability) has no regions
@@ -521,9 +529,12 @@ def test_region_boxes_are_judged_only_on_maps_laid_out_as_images():
     assert region_agreement(Decision("map", 0.5), [rows], [rows + 0.01]) is None
     image = np.zeros((1, 1, 16, 16), np.float32)
     image[0, 0, 4:8, 4:10] = 0.9
-    moved = np.roll(image, 1, axis=-1)
+    moved = np.roll(image, 1, axis=-1)  # IoU 20 / 28: kept, unless the boxes must stay identical
     judged = region_agreement(Decision("map", 0.5), [image], [moved])
-    assert judged is not None and judged["region_agreement"] == 0.0
+    assert judged is not None and judged["region_agreement"] == 1.0
+    assert region_agreement(Decision("map", 0.5, exact_boxes=True), [image], [moved])["region_agreement"] == 0.0
+    judged = region_agreement(Decision("map", 0.5), [image], [np.roll(image, 4, axis=-1)])  # IoU 8 / 40
+    assert judged["region_agreement"] == 0.0
 
 
 def _ctc_like(rng: np.random.Generator) -> onnx.ModelProto:
@@ -542,8 +553,9 @@ def _ctc_like(rng: np.random.Generator) -> onnx.ModelProto:
 def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     """compile --eval: one position of one sample in 24 flips between two near-tied classes
     (0.50/0.48): on that sample alone the string differs, but over the 24 the strings agree on
-    95.8% (the gate's bar 95%), so the sample holds, and its rule says why; two flipped samples
-    (91.7%) fail."""
+    95.8% (the gate's bar 95%), so the sample holds, and its rule says why. Two flipped samples
+    (91.7%) fail the exact rule of a named --metric; inferred, 2 of 24 are no evidence of a miss
+    (the evidence rule, issue 51), 5 of 24 are."""
     import onnxruntime as ort
 
     from ortprep.fidelity.ep_match import judge_ep_outputs
@@ -555,7 +567,7 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
     references = [{"probs": session.run(None, {"x": rng.standard_normal((1, 20, 8)).astype(np.float32) * 3})[0]}
                   for _ in range(24)]
 
-    def flipped(count: int) -> tuple[list[dict], list[dict]]:
+    def flipped(count: int, metrics: dict | None = None) -> tuple[list[dict], list[dict]]:
         refs = [{"probs": r["probs"].copy()} for r in references]
         candidates = [{"probs": r["probs"].copy()} for r in references]
         for sample in range(count):
@@ -573,15 +585,21 @@ def test_compile_eval_judges_decisions_over_all_samples_as_the_gate_does():
         for entry in judged:
             entry["passed"] = all(o["within_tolerance"] for o in entry["outputs"])
         assert [entry["passed"] for entry in judged[:count]] == [False] * count  # alone, each flipped sample fails
-        pooled = pool_decisions(proto, refs, candidates, judged)
+        pooled = pool_decisions(proto, refs, candidates, judged, metrics)
         return judged, [pooled]
 
     judged, (pooled,) = flipped(1)
     assert pooled["probs"]["kind"] == "argmax" and pooled["probs"]["sequence_agreement"] == pytest.approx(23 / 24)
     assert pooled["probs"]["passed"] is True and all(entry["passed"] for entry in judged)
     assert "the decision (argmax) over all 24 samples agrees" in judged[0]["outputs"][0]["tolerance_rule"]
-    judged, (pooled,) = flipped(2)
+    judged, (pooled,) = flipped(2, {"probs": "argmax"})
     assert pooled["probs"]["passed"] is False and [entry["passed"] for entry in judged[:3]] == [False, False, True]
+    assert pooled["probs"]["rule"] == "exact" and pooled["probs"]["refused_by"] == ["whole sequences"]
+    judged, (pooled,) = flipped(2)
+    assert pooled["probs"]["passed"] is True and pooled["probs"]["rule"] == "evidence"
+    judged, (pooled,) = flipped(5)
+    assert pooled["probs"]["passed"] is False and pooled["probs"]["sequence_agreement_upper"] < 0.95
+    assert pooled["probs"]["replace_with"] == ["--metric probs=argmax", "--metric probs=argmax:positions"]
 
 
 def test_compile_eval_reads_the_margins_of_the_samples_the_ep_did_not_run():

@@ -19,8 +19,10 @@ def test_every_kind_is_registered_once_in_the_metric_order():
     assert REQUIRED == {"top1": 0.99, "argmax": 0.99, "map": 0.98, "detect": 0.98, "ctc": 0.95, "dfl": 0.99}
 
 
-@pytest.mark.parametrize("text, label", [("top1", "top1"), ("argmax", "argmax"), ("map", "map:0.5"),
-                                         ("map:0.3", "map:0.3"), ("detect", "detect:0.25"), ("ctc", "ctc"),
+@pytest.mark.parametrize("text, label", [("top1", "top1"), ("top1:0.8", "top1:0.8"), ("argmax", "argmax"),
+                                         ("argmax:positions", "argmax:positions"), ("map", "map:0.5"),
+                                         ("map:0.3", "map:0.3"), ("map:0.3:exact", "map:0.3:exact"),
+                                         ("detect", "detect:0.25"), ("ctc", "ctc"),
                                          ("ctc:-1", "ctc:-1"), ("dfl", "dfl"), ("dfl:8", "dfl:8"),
                                          ("cosine", "cosine")])
 def test_each_form_parses_to_its_kind(text, label):
@@ -30,8 +32,12 @@ def test_each_form_parses_to_its_kind(text, label):
 
 
 def test_a_value_only_where_the_kind_takes_one():
-    for text in ("top1:2", "argmax:0.5", "cosine:1", "unknown"):
-        with pytest.raises(ValueError, match="is not a metric"):
+    for text in ("cosine:1", "unknown", "detect:0.2:exact"):
+        with pytest.raises(ValueError, match="is not a metric|between 0 and 1"):
+            parse_metric(text)
+    for text, words in (("top1:2", "lies between 0 and 1"), ("argmax:0.5", "only 'positions'"),
+                        ("map:0.3:boxes", "map:T:exact"), ("map:exact", "map:T:exact")):
+        with pytest.raises(ValueError, match=words):
             parse_metric(text)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ortprep.fidelity.compare import compare_arrays
-from ortprep.fidelity.decisions import dfl_hint, infer_decisions, judge_decision
+from ortprep.fidelity.decisions import dfl_hint, infer_decisions, judge_decision, named
 from ortprep.fidelity.graph import output_ranges
 from ortprep.fidelity.tolerances import (DECISION_COSINE, NORM_MIN_ELEMENTS, NORM_TOLERANCE, Tolerance,
                                          tolerance_for)
@@ -61,7 +61,7 @@ def judge_ep_outputs(proto, ep: str, reference: dict[str, np.ndarray], candidate
         record = judge_output(name, value, other, tolerance)
         decision = decisions.get(name)
         if decision is not None and decision.gated:
-            record["decision"] = judge_decision(decision, [value], [other])
+            record["decision"] = named(judge_decision(decision, [value], [other]), name)
             agreed = record["decision"]["agreement"]
             if record["decision"]["passed"] and _held_by_decision(record, decision):
                 record["within_tolerance"] = True
@@ -106,7 +106,7 @@ def pool_decisions(proto, references: list[dict], candidates: list[dict], judged
             [c[name] for c in candidates],
             [np.asarray(m[name]) for m in more or [] if name in m] if decision.reads_margins else None,
         )
-        pooled[name] = record
+        pooled[name] = record = named(record, name)
         if not record.get("passed"):
             continue
         for sample in judged:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ortprep.fidelity.compare import OutputDiff, compare_outputs, degenerate
-from ortprep.fidelity.decisions import infer_decisions, judge_decision
+from ortprep.fidelity.decisions import infer_decisions, judge_decision, named
 from ortprep.fidelity.graph import output_bounds
 from ortprep.fidelity.words import describe_decision
 
@@ -156,5 +156,5 @@ def judge_decisions(reference, candidate) -> list[dict]:
         if not pairs:
             continue
         record = judge_decision(decision, [r for r, _ in pairs], [c for _, c in pairs])
-        judged.append({"name": name, **record})
+        judged.append(named({"name": name, **record}, name))
     return judged

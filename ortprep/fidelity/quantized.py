@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 
 from ortprep.fidelity.compare import Degenerate, OutputDiff, compare_arrays, degenerate
-from ortprep.fidelity.decisions import Decision, judge_decision
+from ortprep.fidelity.decisions import Decision, judge_decision, named
 from ortprep.fidelity.evaluation import Judgement
 from ortprep.fidelity.tolerances import NORM_TOLERANCE
 
@@ -114,6 +114,8 @@ def judge_quantized(
             if decision is not None
             else None
         )
+        if judged_decision is not None:
+            judged_decision = named({"name": name, **judged_decision}, name)
         agreed = judged_decision["agreement"] if judged_decision else None
         tops = [agreed] if decision is not None and decision.kind in ("top1", "argmax") and agreed is not None else []
         worst_abs = max((d.max_abs_diff for d, _ in rows if d.max_abs_diff is not None), default=None)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortprep.fidelity.decisions import REQUIRED, REQUIRED_SEQUENCES, label_of
+from ortprep.fidelity.decisions import REQUIRED, REQUIRED_SEQUENCES, evidence_shares, held_on_evidence, label_of
+from ortprep.fidelity.decisions.evidence import CONFIDENCE
 from ortprep.fidelity.evaluation import Judgement
 from ortprep.fidelity.tolerances import NORM_TOLERANCE
+
+CONFIDENCE_WORDS = f"{CONFIDENCE:.0%}"
 
 
 def fmt_cosine(value: float | None, against: float | None = None) -> str:
@@ -22,7 +25,12 @@ def fmt_cosine(value: float | None, against: float | None = None) -> str:
 
 
 def describe_decision(record: dict) -> str:
-    """One judged decision in words: what it is, what the candidate kept, what the gate asks."""
+    """One judged decision in words: what it is, what the candidate kept, what the gate asks, and,
+    refused, by which rule and what --metric names instead (rule_words)."""
+    return _describe(record) + rule_words(record)
+
+
+def _describe(record: dict) -> str:
     kind = label_of(record)
     parts = []
     if record.get("agreement") is not None:
@@ -94,7 +102,65 @@ def describe_decision(record: dict) -> str:
 
 def decision_text(decision: dict) -> str:
     """One judged decision in words for quantize's findings: what the candidate keeps of what the
-    application reads, against the share the gate asks, and, where it falls short, by what."""
+    application reads, against the share the gate asks, and, where it falls short, by what and by
+    which rule (rule_words)."""
+    return _decision_text(decision) + rule_words(decision)
+
+
+def _share_words(share: dict) -> str:
+    """An evidence-judged share in words: its count, its upper bound, what is expected."""
+    units = share["units"]
+    kept = f"{round(share['share'] * units)} of {units}" if units else f"{share['share']:.1%}"
+    text = (f"{share['what']} {kept} on the samples ({share['share']:.1%}; at most {share['upper']:.1%} at "
+            f"{CONFIDENCE_WORDS} confidence)")
+    if share.get("expected") is not None:
+        text += f", {share['expected']:.1%} expected on unseen inputs"
+        if share.get("expected_upper") is not None and share["expected"] < share["required"]:
+            text += (f" (from the margins of {share['expected_units']} float decisions: at most "
+                     f"{share['expected_upper']:.1%} at {CONFIDENCE_WORDS} confidence)")
+    return text + f", the gate asks {share['required']:.0%}"
+
+
+def rule_words(decision: dict) -> str:
+    """What a refused decision was refused by, under which rule, what it assumed and the --metric
+    that confirms or replaces the assumption; empty where it passed or nothing was assumed."""
+    if decision.get("passed") is not False:
+        return ""
+    name = decision.get("name") or "OUTPUT"
+    refused = ", ".join(decision.get("refused_by") or [])
+    if decision.get("rule") != "evidence":
+        return f" [refused by the exact rule of --metric {name}={label_of(decision)}: {refused}]" if refused else ""
+    shares = [share for share in evidence_shares(decision) if share["upper"] < share["required"]
+              or (share.get("expected") is not None and share["expected"] < share["required"])]
+    shares = shares or evidence_shares(decision)[:1]
+    figures = "; ".join(_share_words(share) for share in shares)
+    text = f" [refused by the evidence rule: {refused}" + (f" ({figures})" if figures else "")
+    if decision.get("assumptions"):
+        text += "; assumed: " + "; ".join(decision["assumptions"])
+    if decision.get("confirm_with"):
+        text += "; confirm or replace with " + " or ".join(f"--metric {name}={value}"
+                                                          for value in decision["confirm_with"])
+    return text + "]"
+
+
+def assumption_words(decision: dict) -> str | None:
+    """A passing decision that rests on the evidence rule (a share below its bar on the samples, no
+    evidence of a miss) in words: its assumptions, its figures, the --metric that confirms or
+    replaces them; None where the exact rule would have passed it too."""
+    held = held_on_evidence(decision)
+    if not held:
+        return None
+    name = decision.get("name") or "OUTPUT"
+    text = (f"output '{name}' ({label_of(decision)}): assumed: " + "; ".join(decision.get("assumptions") or [])
+            + "; held on the evidence rule: " + "; ".join(_share_words(share) for share in held)
+            + ": the samples are no evidence that the bar is missed")
+    if decision.get("confirm_with"):
+        text += "; confirm or replace with " + " or ".join(f"--metric {name}={value}"
+                                                          for value in decision["confirm_with"])
+    return text
+
+
+def _decision_text(decision: dict) -> str:
     what = {
         "top1": "its top-1 class agrees with the float model's on",
         "argmax": "its argmax per position agrees on",
@@ -139,7 +205,8 @@ def decision_text(decision: dict) -> str:
                               "an application drops a line below a score of its own, rapidocr at 0.5"),
                       "top1": ("the top class's probability stays",
                                "an application that accepts a class above a threshold answers otherwise; "
-                               "--metric OUTPUT=top1 judges the class alone")})[decision["kind"]]
+                               f"--metric {decision.get('name') or 'OUTPUT'}=top1 judges the class alone")}
+                     )[decision["kind"]]
         return (text + f"; but {what} on the same side of {confidence['level']:g} on "
                 f"{confidence['agreement']:.1%} of these samples and about {confidence['expected_agreement']:.1%} to "
                 f"expect on unseen ones (the gate asks {confidence['required']:.0%}: {why})")
@@ -172,8 +239,12 @@ def decision_text(decision: dict) -> str:
         # the pixels agree, the regions an application boxes do not
         counted = (f", {decision['regions_kept']} of the float map's {decision['regions']} boxes kept"
                    if decision.get("regions") is not None else "")
-        return (text + f"; but its regions above {decision.get('region_level'):g} keep their bounding box on only "
-                f"{regions:.1%}{counted} (the gate asks {needed:.0%}: a box one pixel off is another crop)")
+        if decision.get("exact_boxes") or decision.get("region_match", "identical boxes") == "identical boxes":
+            return (text + f"; but its regions above {decision.get('region_level'):g} keep their bounding box on only "
+                    f"{regions:.1%}{counted} (the gate asks {needed:.0%}: a box one pixel off is another crop)")
+        return (text + f"; but its regions above {decision.get('region_level'):g} are kept (a region of the other "
+                f"map over the box at {decision['region_match']}) on only {regions:.1%}{counted} (the gate asks "
+                f"{needed:.0%}: a line split, merged or lost is another crop)")
     largest, limit = decision.get("largest_move_bins"), decision.get("limit_bins")
     if decision["kind"] == "dfl" and largest is not None and limit is not None and largest > limit:
         return text + f"; but a side moves {largest:.2f} bins, past the {limit:g} allowed (a whole bin is another box)"

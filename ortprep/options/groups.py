@@ -13,11 +13,14 @@ DEVICE_HELP = ("The device the QNN target is for: a SoC name (x-elite, 8-elite, 
                "--list-eps) or soc_model=N. Default: x-elite (Snapdragon X Elite), stated in the report.")
 
 # What --metric accepts, said once for the commands that hold a result to it (quantize says more).
-METRIC_KINDS = ("top1, argmax, map[:THRESHOLD], detect[:THRESHOLD] (a YOLO-style detector: class scores and "
+METRIC_KINDS = ("top1[:THRESHOLD], argmax[:positions], map[:THRESHOLD[:exact]], detect[:THRESHOLD] (a YOLO-style "
+                "detector: class scores and "
                 "boxes), ctc[:BLANK] (a CTC recogniser: its decoded strings, in place of the cosine), dfl[:BINS] "
                 "(a DFL box head: each side's decoded distance) or cosine (none)")
 METRIC_KINDS_DETAILED = (
-    "top1 (class scores), argmax (per-position, e.g. CTC), map[:THRESHOLD] (probability map, F1), "
+    "top1[:THRESHOLD] (class scores; with a threshold, the top class's probability held there too), "
+    "argmax[:positions] (per-position, e.g. CTC, and whole sequences; :positions, each position alone), "
+    "map[:THRESHOLD[:exact]] (probability map, F1, its regions matched at IoU 0.5; :exact, identical boxes), "
     "detect[:THRESHOLD] (a YOLO-style [1, 4 + C, N] detector: class scores at the threshold, default 0.25, and the "
     "kept boxes), ctc[:BLANK] (a CTC recogniser's greedy-decoded strings and line scores, blank 0 unless given; in "
     "place of the output's cosine), dfl[:BINS] (a DFL box head, [..., 4 x BINS]: each box side's expected distance, "

@@ -5,9 +5,11 @@ module per kind (classes, sequences, maps, detections, dfl, ctc, cosine), each d
 inferred, measured and what share it requires; registry.py dispatches. ``--metric OUTPUT=KIND``
 overrides the inference for one output."""
 
+from ortprep.fidelity.decisions.assumptions import evidence_shares, held_on_evidence, named
 from ortprep.fidelity.decisions.classes import CLASS_GAP, confidence_agreement
 from ortprep.fidelity.decisions.ctc import CTC_BLANK, CTC_REPLACES_COSINE, ctc_agreement, ctc_strings
 from ortprep.fidelity.decisions.decision import Decision, Kind
+from ortprep.fidelity.decisions.evidence import CONFIDENCE
 from ortprep.fidelity.decisions.detections import (DETECT_BOX_SLACK, DETECT_MIN_SCENES, DETECT_NMS_IOU,
                                                    DETECT_THRESHOLD, REQUIRED_SCENES, detections, detector_rows,
                                                    expected_scene_agreement, scene_margin)
@@ -21,11 +23,12 @@ from ortprep.fidelity.decisions.sequences import (REQUIRED_SEQUENCES, expected_s
 from ortprep.fidelity.decisions.shortfall import decision_shortfall, margin_shortfall, share_gaps, with_margin
 
 __all__ = [
-    "CLASS_GAP", "CTC_BLANK", "CTC_REPLACES_COSINE", "DETECT_BOX_SLACK", "DETECT_MIN_SCENES", "DETECT_NMS_IOU",
-    "DETECT_THRESHOLD", "DFL_LIMIT", "DFL_SLACK", "KINDS", "MAP_LEVELS", "MAP_THRESHOLD", "REQUIRED",
-    "REQUIRED_REGIONS", "REQUIRED_SCENES", "REQUIRED_SEQUENCES", "Decision", "Kind", "agreement",
+    "CLASS_GAP", "CONFIDENCE", "CTC_BLANK", "CTC_REPLACES_COSINE", "DETECT_BOX_SLACK", "DETECT_MIN_SCENES",
+    "DETECT_NMS_IOU", "DETECT_THRESHOLD", "DFL_LIMIT", "DFL_SLACK", "KINDS", "MAP_LEVELS", "MAP_THRESHOLD",
+    "REQUIRED", "REQUIRED_REGIONS", "REQUIRED_SCENES", "REQUIRED_SEQUENCES", "Decision", "Kind", "agreement",
     "confidence_agreement", "ctc_agreement", "ctc_strings", "decision_shortfall", "detections", "detector_rows",
-    "dfl_distances", "dfl_hint", "expected_agreement", "expected_scene_agreement", "expected_sequence_agreement",
-    "held_at_levels", "infer_decisions", "judge_decision", "label_of", "margin_shortfall", "parse_metric",
-    "region_agreement", "regions", "scene_margin", "sequence_agreement", "share_gaps", "with_margin",
+    "dfl_distances", "dfl_hint", "evidence_shares", "expected_agreement", "expected_scene_agreement",
+    "expected_sequence_agreement", "held_at_levels", "held_on_evidence", "infer_decisions", "judge_decision",
+    "label_of", "margin_shortfall", "named", "parse_metric", "region_agreement", "regions", "scene_margin",
+    "sequence_agreement", "share_gaps", "with_margin",
 ]

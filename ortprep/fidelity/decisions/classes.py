@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ortprep.fidelity.decisions.decision import Decision, Kind, Output, register
+from ortprep.fidelity.decisions.evidence import by_evidence
 from ortprep.fidelity.decisions.margins import as64, flip_rate, held_at_levels, pairs, thin
 
 REQUIRED_TOP1 = 0.99
@@ -141,9 +142,13 @@ def log_scores(rows: np.ndarray, step: float, other: np.ndarray | None = None) -
 
 def class_agreement(reference: list[np.ndarray], candidate: list) -> float | None:
     """The share of decided rows (or positions) whose argmax agrees, pooled over the samples."""
+    same, total = class_counts(reference, candidate)
+    return same / total if total else None
+
+
+def class_counts(reference: list[np.ndarray], candidate: list) -> tuple[int, int]:
+    """(the decided rows or positions whose argmax agrees, the decided rows), over the samples."""
     compared = pairs(reference, candidate)
-    if not compared:
-        return None
     same = total = 0
     for r, c in as64(compared):
         if r.ndim < 1 or r.shape[-1] < 2:
@@ -153,7 +158,7 @@ def class_agreement(reference: list[np.ndarray], candidate: list) -> float | Non
         a, b = np.argmax(rows[chosen], axis=-1), np.argmax(other[chosen], axis=-1)
         same += int(np.sum(a == b))
         total += a.size
-    return same / total if total else None
+    return same, total
 
 
 def expected_class_agreement(reference: list[np.ndarray], candidate: list, more: list[np.ndarray]) -> float | None:
@@ -212,10 +217,12 @@ def top_probabilities(compared: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np
 
 
 def confidence_agreement(reference: list[np.ndarray], candidate: list,
-                         more: list[np.ndarray] | None = None) -> dict[str, Any] | None:
+                         more: list[np.ndarray] | None = None, evidence: bool = False,
+                         levels: tuple[float, ...] | None = None) -> dict[str, Any] | None:
     """The top class's probability held at each of MAP_LEVELS (an application may accept a class
-    only above a threshold of its own), judged in probabilities as a map's elements are; the
-    worst level; None when no row decides."""
+    only above a threshold of its own; ``levels``: the one the user named), judged in probabilities
+    as a map's elements are; the worst level, by the evidence rule where ``evidence``; None when
+    no row decides."""
     ours, theirs = top_probabilities(pairs(reference, candidate))
     if ours.size == 0:
         return None
@@ -224,7 +231,7 @@ def confidence_agreement(reference: list[np.ndarray], candidate: list,
         m = np.asarray(m, np.float64)
         if m.ndim >= 1 and m.shape[-1] >= 2 and probability_rows([m]):
             pooled.append(top_probabilities([(m, m)])[0])
-    return held_at_levels(ours, theirs, np.concatenate(pooled), REQUIRED_TOP1)
+    return held_at_levels(ours, theirs, np.concatenate(pooled), REQUIRED_TOP1, evidence, levels)
 
 
 def class_gated(output: Output) -> tuple[bool, bool]:
@@ -236,27 +243,54 @@ def class_gated(output: Output) -> tuple[bool, bool]:
     return gated, probabilities
 
 
+def form_of(output: Output) -> str:
+    """An output's form in words, for the assumption a decision inferred from it states."""
+    made = f" made by {output.maker}" if output.maker else ""
+    values = ", probability rows" if probability_rows(output.values) else ""
+    return f"a {list(output.shape)} output{made}{values}"
+
+
 class Top1(Kind):
     name = "top1"
-    forms = ("top1",)
+    forms = ("top1", "top1:THRESHOLD")
     required = REQUIRED_TOP1
+    takes_value = True
+
+    def parse(self, value, text):
+        if not value:
+            return Decision("top1", None, "--metric")
+        try:
+            threshold = float(value)
+        except ValueError:
+            raise ValueError(f"{text!r}: the number after 'top1:' is the top class's probability an application "
+                             "accepts it at (between 0 and 1)") from None
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"{text!r}: a top1 threshold lies between 0 and 1")
+        return Decision("top1", threshold, "--metric", confident=True, threshold_given=True)
+
+    def label(self, decision):
+        return "top1" if decision.threshold is None else f"top1:{decision.threshold:g}"
 
     def infer(self, output: Output) -> Decision | None:
         shape = output.shape
         if len(shape) == 2 and shape[-1] >= 2 and output.maker != "Sigmoid":
             gated, probabilities = class_gated(output)
-            return Decision("top1", gated=gated, confident=probabilities)
+            return Decision("top1", gated=gated, confident=probabilities, because=form_of(output))
         return None
 
     def agreement(self, decision, reference, candidate):
         return class_agreement(reference, candidate)
+
+    def units(self, decision, reference, candidate):
+        return class_counts(reference, candidate)[1] or None
 
     def expected(self, decision, reference, candidate, more=None):
         return expected_class_agreement(reference, candidate, self.usable(reference, more))
 
     def also(self, decision, record, reference, candidate, more, passed):
         if decision.confident:
-            confidence = confidence_agreement(reference, candidate, more)
+            named = (decision.threshold,) if decision.threshold_given and decision.threshold is not None else None
+            confidence = confidence_agreement(reference, candidate, more, by_evidence(decision), named)
             if confidence is not None:
                 record["confidence"] = confidence
                 passed = passed and confidence["passed"]

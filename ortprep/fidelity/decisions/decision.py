@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ortprep.fidelity.decisions.evidence import EXACT, RULE, by_evidence, hold
 from ortprep.fidelity.decisions.margins import usable
 
 
@@ -25,6 +26,12 @@ class Decision:
     confident: bool = field(default=False, compare=False)
     blank: int = 0  # ctc: the blank's class index (negative: from the end)
     bins: int | None = None  # dfl: the bins per side (None: the axis of 4 x BINS values, divided by 4)
+    # inferred: what in the output's form chose the kind ("a [1, 4] output made by Softmax")
+    because: str = field(default="", compare=False)
+    # argmax: logits over a vocabulary at each position, judged per position (no whole-sequence rule)
+    per_position: bool = field(default=False, compare=False)
+    # map: --metric map:T:exact: regions kept only where their bounding box stays identical
+    exact_boxes: bool = field(default=False, compare=False)
 
     @property
     def reads_margins(self) -> bool:
@@ -48,6 +55,14 @@ class Decision:
             record["ranked"] = True
         if self.confident:
             record["confident"] = True
+        if self.per_position:
+            record["per_position"] = True
+        if self.exact_boxes:
+            record["exact_boxes"] = True
+        # an assumed decision (not named with --metric) refuses on evidence (evidence.py)
+        record["rule"] = RULE if by_evidence(self) else EXACT
+        if self.because:
+            record["inferred_from"] = self.because
         record.update(kind.extra_record(self))
         return record
 
@@ -97,6 +112,11 @@ class Kind:
     def agreement(self, decision: Decision, reference: list[np.ndarray], candidate: list) -> float | None:
         raise NotImplementedError
 
+    def units(self, decision: Decision, reference: list[np.ndarray], candidate: list) -> float | None:
+        """How many decisions (rows, positions, F1's elements) the agreement is a share of: what
+        the evidence rule's interval rests on. None: not counted (the exact rule then)."""
+        return None
+
     def expected(self, decision: Decision, reference: list[np.ndarray], candidate: list,
                  more: list[np.ndarray] | None = None) -> float | None:
         raise NotImplementedError
@@ -117,7 +137,8 @@ class Kind:
         kept = self.usable(reference, more)
         if kept:
             record["margin_samples"] = len(reference) + len(kept)
-        passed = agreed is not None and agreed >= self.required and (expected is None or expected >= self.required)
+        units = self.units(decision, reference, candidate) if by_evidence(decision) else None
+        passed = hold(record, "agreement", agreed, units, expected, self.required, by_evidence(decision))
         passed = self.also(decision, record, reference, candidate, more, passed)
         record["passed"] = passed if decision.gated else None
         return record

@@ -1,8 +1,10 @@
-"""``map[:T]``: a probability map made by a Sigmoid (or, with one channel, a Softmax), values in
-[0, 1]: the elements above T (0.5 by default) compared by F1; a map with two spatial axes also by
+"""``map[:T[:exact]]``: a probability map made by a Sigmoid (or, with one channel, a Softmax), values
+in [0, 1]: the elements above T (0.5 by default) compared by F1; a map with two spatial axes also by
 its connected regions' bounding boxes at each of MAP_LEVELS (or at T alone when given), since an
-application that boxes a map crops by those boxes; a [N, C] map from a Sigmoid is also *ranked*:
-each row's best class held as ``top1``. Measurements: docs/decisions/fidelity-decisions.md ("Maps")."""
+application that boxes a map crops by those boxes: a region is kept where a candidate's region
+covers its box at IoU >= REGION_IOU (``:exact``: where its box stays identical); a [N, C] map from a
+Sigmoid is also *ranked*: each row's best class held as ``top1``. Measurements:
+docs/decisions/fidelity-decisions.md ("Maps"), docs/decisions/gate-evidence.md (the IoU)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from ortprep.fidelity.decisions.classes import TOP1
+from ortprep.fidelity.decisions.classes import TOP1, form_of
 from ortprep.fidelity.decisions.decision import Decision, Kind, Output, register
+from ortprep.fidelity.decisions.evidence import by_evidence, hold, upper_bound
 from ortprep.fidelity.decisions.margins import MAP_LEVELS, as64, flip_rate, pairs
 
 MAP_THRESHOLD = 0.5
-# The share of a map's regions whose bounding box stays the same (a box one pixel off is another crop).
+# The share of a map's regions kept (matched by REGION_IOU, or with an identical box under ``:exact``).
 REQUIRED_REGIONS = 0.95
+# A region is kept where the candidate's region over its box reaches this IoU: a line split in two or
+# merged with its neighbour is lost, a box a pixel off (the detector's post-processing unclips it by
+# half its size again) is kept; the detection field's own match (AP50; detections.DETECT_MATCH_IOU).
+REGION_IOU = 0.5
 # A [N, C] Sigmoid map of at least this many classes is ranked as well as thresholded.
 RANKED_MIN_CLASSES = 2
 # At most this many 2-D planes (over the samples and the leading axes) are labelled per level.
@@ -71,16 +78,64 @@ def regions(mask: np.ndarray) -> np.ndarray:
     return boxes
 
 
+def box_iou(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """IoU of each of ``ours`` with each of ``theirs`` (pixel boxes [K, 4], last row and column
+    inclusive), as [K, M]."""
+    top = np.maximum(ours[:, None, 0], theirs[None, :, 0])
+    left = np.maximum(ours[:, None, 1], theirs[None, :, 1])
+    bottom = np.minimum(ours[:, None, 2], theirs[None, :, 2])
+    right = np.minimum(ours[:, None, 3], theirs[None, :, 3])
+    inter = np.clip(bottom - top + 1, 0, None) * np.clip(right - left + 1, 0, None)
+
+    def area(boxes):
+        return (boxes[:, 2] - boxes[:, 0] + 1) * (boxes[:, 3] - boxes[:, 1] + 1)
+
+    union = area(ours)[:, None] + area(theirs)[None, :] - inter
+    return inter / np.maximum(union, 1)
+
+
+def matched_regions(ours: np.ndarray, theirs: np.ndarray, exact: bool) -> int:
+    """How many of ``ours`` boxes a box of ``theirs`` keeps, one to one: identical (``exact``), or
+    at IoU >= REGION_IOU, the best overlaps matched first."""
+    if not len(ours) or not len(theirs):
+        return 0
+    if exact:
+        boxes_r, boxes_c = [tuple(b) for b in ours], [tuple(b) for b in theirs]
+        # a box held by several regions (rare: nested ones) counts as often as both maps hold it
+        return sum(min(boxes_r.count(box), boxes_c.count(box)) for box in set(boxes_r) & set(boxes_c))
+    same = 0
+    for start in range(0, len(ours), 512):  # in blocks: a noisy map at a low level has thousands of regions
+        block = box_iou(ours[start:start + 512], theirs)
+        rows, cols = np.nonzero(block >= REGION_IOU)
+        if not rows.size:
+            continue
+        order = np.argsort(-block[rows, cols], kind="stable")
+        used_r, used_c = set(), set()
+        for i in order:
+            r, c = int(rows[i]) + start, int(cols[i])
+            if r not in used_r and c not in used_c:
+                used_r.add(r)
+                used_c.add(c)
+        same += len(used_r)
+        theirs = np.delete(theirs, sorted(used_c), axis=0)  # each of theirs keeps one of ours
+        if not len(theirs):
+            break
+    return same
+
+
 def spatial(value: np.ndarray) -> bool:
     """A map laid out as images: [N, C, H, W] (or more leading axes) with H, W >= 2."""
     return value.ndim >= 4 and value.shape[-1] >= 2 and value.shape[-2] >= 2
 
 
-def region_agreement(decision: Decision, reference: list[np.ndarray], candidate: list) -> dict[str, Any] | None:
+def region_agreement(decision: Decision, reference: list[np.ndarray], candidate: list,
+                     evidence: bool = False) -> dict[str, Any] | None:
     """How far the candidate keeps the map's regions: per level (``map:T``: T alone; else each of
     MAP_LEVELS), the connected regions above it in each 2-D plane of every sample, matched by their
-    bounding boxes exactly: 2 * same / (the float map's regions + the candidate's). The worst level
-    counts. None where the map has no two spatial axes or nothing can be compared."""
+    bounding boxes at IoU >= REGION_IOU (``map:T:exact``: exactly): 2 * kept / (the float map's
+    regions + the candidate's). The worst level counts (by the evidence rule's upper bound where
+    the decision is assumed). None where the map has no two spatial axes or nothing can be
+    compared."""
     planes = [(r.reshape(-1, *r.shape[-2:]), c.reshape(-1, *c.shape[-2:]))
               for r, c in ((np.asarray(r), np.asarray(c)) for r, c in zip(reference, candidate) if c is not None)
               if r.shape == c.shape and spatial(r)]
@@ -96,24 +151,47 @@ def region_agreement(decision: Decision, reference: list[np.ndarray], candidate:
     for level in levels:
         same = total = floats = 0
         for r, c in compared:
-            boxes_r = [tuple(box) for box in regions(r > level)]
-            boxes_c = [tuple(box) for box in regions(c > level)]
-            kept = set(boxes_r) & set(boxes_c)
-            # a box held by several regions (rare: nested ones) counts as often as both maps hold it
-            same += sum(min(boxes_r.count(box), boxes_c.count(box)) for box in kept) if kept else 0
+            boxes_r, boxes_c = regions(r > level), regions(c > level)
+            same += matched_regions(boxes_r, boxes_c, decision.exact_boxes)
             total += len(boxes_r) + len(boxes_c)
             floats += len(boxes_r)
         shares[level] = 2 * same / total if total else 1.0
         counts[level] = total
         boxes[level] = (same, floats)
-    worst = min(levels, key=lambda level: (shares[level], -counts[level]))
+
+    def seen(level: float) -> float:  # what the rule reads of a level: its share, or its upper bound
+        return upper_bound(shares[level], counts[level] / 2) if evidence and counts[level] else shares[level]
+
+    worst = min(levels, key=lambda level: (seen(level), -counts[level]))
     return {"region_agreement": shares[worst], "region_level": worst,
             "region_levels": {f"{level:g}": round(share, 6) for level, share in shares.items()},
-            "required_regions": REQUIRED_REGIONS, "regions_kept": boxes[worst][0], "regions": boxes[worst][1]}
+            "required_regions": REQUIRED_REGIONS, "regions_kept": boxes[worst][0], "regions": boxes[worst][1],
+            "region_match": "identical boxes" if decision.exact_boxes else f"IoU >= {REGION_IOU:g}",
+            "region_units": counts[worst] / 2}
 
 
 def map_agreement(decision: Decision, reference: list[np.ndarray], candidate: list) -> float | None:
     """F1 of the elements above the threshold, pooled over the samples (1.0 when neither has any)."""
+    counted = map_counts(decision, reference, candidate)
+    if counted is None:
+        return None
+    tp, fp, fn = counted
+    if tp + fp + fn == 0:
+        return 1.0  # nothing above the threshold in either: the same (empty) decision
+    return 2 * tp / (2 * tp + fp + fn)
+
+
+def map_units(decision: Decision, reference: list[np.ndarray], candidate: list) -> float | None:
+    """F1's units: tp + (fp + fn) / 2, of which F1 is the share tp (None: nothing above the threshold)."""
+    counted = map_counts(decision, reference, candidate)
+    if counted is None or sum(counted) == 0:
+        return None
+    tp, fp, fn = counted
+    return tp + (fp + fn) / 2
+
+
+def map_counts(decision: Decision, reference: list[np.ndarray], candidate: list) -> tuple[int, int, int] | None:
+    """(true positives, false positives, false negatives) of the elements above the threshold."""
     compared = pairs(reference, candidate)
     if not compared:
         return None
@@ -124,9 +202,7 @@ def map_agreement(decision: Decision, reference: list[np.ndarray], candidate: li
         tp += int(np.sum(a & b))
         fp += int(np.sum(~a & b))
         fn += int(np.sum(a & ~b))
-    if tp + fp + fn == 0:
-        return 1.0  # nothing above the threshold in either: the same (empty) decision
-    return 2 * tp / (2 * tp + fp + fn)
+    return tp, fp, fn
 
 
 def expected_map_agreement(decision: Decision, reference: list[np.ndarray], candidate: list,
@@ -175,31 +251,39 @@ class Map(Kind):
     takes_value = True
 
     def parse(self, value, text):
-        return Decision(
-            "map", parse_threshold("map", value, text, MAP_THRESHOLD), "--metric", threshold_given=bool(value)
-        )
+        value, _, exact = value.partition(":")
+        if exact and exact != "exact" or value == "exact" and not exact:
+            raise ValueError(f"{text!r}: write map:T:exact for identical region boxes at the threshold T")
+        return Decision("map", parse_threshold("map", value, text, MAP_THRESHOLD), "--metric",
+                        threshold_given=bool(value), exact_boxes=bool(exact))
 
     def infer(self, output: Output) -> Decision | None:
         shape, maker = output.shape, output.maker
         if output.probability and (maker == "Sigmoid" or (maker == "Softmax" and len(shape) >= 3 and shape[1] == 1)):
-            return Decision("map", MAP_THRESHOLD,
+            return Decision("map", MAP_THRESHOLD, because=form_of(output),
                             ranked=maker == "Sigmoid" and len(shape) == 2 and shape[-1] >= RANKED_MIN_CLASSES)
         return None
 
     def label(self, decision):
-        return f"{decision.kind}:{decision.threshold:g}"
+        return f"{decision.kind}:{decision.threshold:g}" + (":exact" if decision.exact_boxes else "")
 
     def agreement(self, decision, reference, candidate):
         return map_agreement(decision, reference, candidate)
+
+    def units(self, decision, reference, candidate):
+        return map_units(decision, reference, candidate)
 
     def expected(self, decision, reference, candidate, more=None):
         return expected_map_agreement(decision, reference, candidate, self.usable(reference, more))
 
     def also(self, decision, record, reference, candidate, more, passed):
-        kept = region_agreement(decision, reference, candidate)
+        evidence = by_evidence(decision)
+        kept = region_agreement(decision, reference, candidate, evidence)
         if kept is not None:
+            units = kept.pop("region_units")
             record.update(kept)
-            passed = passed and kept["region_agreement"] >= REQUIRED_REGIONS
+            passed = passed and hold(record, "region_agreement", kept["region_agreement"], units, None,
+                                     REQUIRED_REGIONS, evidence)
         if decision.ranked:  # the rows' best-scored class, held as a top-1 decision is
             best = TOP1.judge(Decision("top1", chosen_by=decision.chosen_by), reference, candidate, more)
             # no row with a unique best score (every row a tie): nothing ranked to keep

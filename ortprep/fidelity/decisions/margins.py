@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ortprep.fidelity.decisions.evidence import hold, upper_bound
+
 # At most this many margins (and errors) enter an estimate (an even stride keeps its shape).
 _ESTIMATE_CAP = 200_000
 # The margin the near-boundary line of flip_rate reaches: the second smallest.
@@ -86,22 +88,34 @@ def flip_rate(margins: np.ndarray, errors: np.ndarray) -> float:
     return float(np.mean(np.where(errors > 0.0, cdf, 0.0)))
 
 
-def held_at_levels(ours: np.ndarray, theirs: np.ndarray, everything: np.ndarray, required: float) -> dict[str, Any]:
+def held_at_levels(ours: np.ndarray, theirs: np.ndarray, everything: np.ndarray, required: float,
+                   evidence: bool = False, levels: tuple[float, ...] | None = None) -> dict[str, Any]:
     """Scores in 0..1 (``ours`` the float model's, ``theirs`` the candidate's for the same rows)
-    held at each of MAP_LEVELS: per level, the share on the same side of it, and the share to
-    expect from the float scores' distances to it (``everything``: ours and those of other
-    samples) and the candidate's moves toward it; the worst level, with ``passed`` against
-    ``required``."""
+    held at each of ``levels`` (MAP_LEVELS where the application's own threshold is not known):
+    per level, the share on the same side of it, and the share to expect from the float scores'
+    distances to it (``everything``: ours and those of other samples) and the candidate's moves
+    toward it; the worst level, with ``passed`` against ``required``. ``evidence``: the levels are
+    assumed (the worst of several guesses at the application's threshold), and a level refuses only
+    on evidence (evidence.py): its share's upper bound on the samples, or the expected share's over
+    the margins it was read from, misses ``required``; the worst level is the one whose bound is
+    lowest."""
     worst: dict[str, Any] | None = None
-    for level in MAP_LEVELS:
+    units, margin_units = int(np.size(ours)), int(np.size(everything))
+    given = levels is not None
+    for level in levels or MAP_LEVELS:
         above = ours > level
         agreed = float(np.mean(above == (theirs > level)))
         # each error as a move toward the level, each margin the float value's distance from it
         errors = np.where(above, ours - theirs, theirs - ours)
         expected = 1.0 - flip_rate(np.abs(everything - level), errors)
         entry = {"level": level, "agreement": agreed, "expected_agreement": expected}
-        if worst is None or min(agreed, expected) < min(worst["agreement"], worst["expected_agreement"]):
-            worst = entry
-    worst["required"] = required
-    worst["passed"] = bool(worst["agreement"] >= required and worst["expected_agreement"] >= required)
-    return worst
+        seen = (min(upper_bound(agreed, units), upper_bound(expected, margin_units)) if evidence
+                else min(agreed, expected))
+        if worst is None or seen < worst[0]:
+            worst = (seen, entry)
+    chosen = worst[1]
+    chosen["required"] = required
+    chosen["level_assumed"] = not given
+    chosen["passed"] = hold(chosen, "agreement", chosen["agreement"], units, chosen["expected_agreement"], required,
+                            evidence, margin_units)
+    return chosen

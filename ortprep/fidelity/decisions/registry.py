@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ortprep.fidelity.decisions.assumptions import annotate
 from ortprep.fidelity.decisions.classes import FEATURE_MAKERS, TOP1, named_as_classes
 from ortprep.fidelity.decisions.cosine import COSINE
 from ortprep.fidelity.decisions.ctc import CTC
@@ -29,8 +30,10 @@ INFERENCE = (ARGMAX, TOP1, MAP)
 
 
 def parse_metric(text: str) -> Decision:
-    """``top1``, ``argmax``, ``map``, ``map:0.3``, ``detect``, ``detect:0.25``, ``ctc``, ``ctc:-1``,
-    ``dfl``, ``dfl:8`` or ``cosine`` (ValueError otherwise)."""
+    """``top1``, ``top1:0.8``, ``argmax``, ``argmax:positions``, ``map``, ``map:0.3``,
+    ``map:0.3:exact``, ``detect``, ``detect:0.25``, ``ctc``, ``ctc:-1``, ``dfl``, ``dfl:8`` or
+    ``cosine`` (ValueError otherwise). A decision named so keeps the exact rule; an inferred one
+    refuses on evidence (evidence.py)."""
     name, _, value = text.strip().lower().partition(":")
     kind = REGISTERED.get(name)
     if kind is None or (value and not kind.takes_value):
@@ -85,12 +88,15 @@ def judge_decision(decision: Decision, reference: list[np.ndarray], candidate: l
                    more: list[np.ndarray] | None = None) -> dict[str, Any]:
     """One output's decision held to the gate by its kind (see each kind's module): the agreement
     on the samples and the agreement to expect on unseen ones reach its required share, and what
-    else the kind holds. ``passed`` is None when the decision is not gated."""
-    return REGISTERED[decision.kind].judge(decision, reference, candidate, more)
+    else the kind holds; an assumed decision by the evidence rule (evidence.py). ``passed`` is None
+    when the decision is not gated; the record says what was assumed and what refused
+    (assumptions.py)."""
+    return annotate(REGISTERED[decision.kind].judge(decision, reference, candidate, more))
 
 
 def label_of(record: dict[str, Any]) -> str:
     """A judged decision's label (``map:0.5``, ``ctc:-1``, ...) from its record."""
     decision = Decision(record["kind"], record.get("threshold"), blank=record.get("blank") or 0,
-                        bins=record.get("bins"))
+                        bins=record.get("bins"), per_position=bool(record.get("per_position")),
+                        exact_boxes=bool(record.get("exact_boxes")))
     return REGISTERED[record["kind"]].label(decision)

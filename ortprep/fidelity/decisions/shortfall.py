@@ -15,25 +15,30 @@ def with_margin(required: float) -> float:
 def share_gaps(record: dict[str, Any], bar=lambda required: required) -> list[tuple[str, float, float]]:
     """(what, asked, measured) for each share the gate asks of a judged decision (``bar(required)``)
     and the share measured or expected: agreement, whole sequences, regions, whole scenes, the
-    ranking, the confidence."""
+    ranking, the confidence. A share the evidence rule judged (an assumed decision's: evidence.py)
+    is read by its upper bound, held to the gate's own bar: its interval already answers for the
+    few samples it rests on (docs/decisions/gate-evidence.md)."""
     gaps: list[tuple[str, float, float]] = []
 
-    def gap(required: float | None, *values: tuple[str, float | None]) -> None:
-        if required is not None:
-            gaps.extend((what, bar(required), value) for what, value in values if value is not None)
+    def gap(required: float | None, source: dict[str, Any], *values: tuple[str, str]) -> None:
+        if required is None:
+            return
+        for what, key in values:
+            upper = source.get(f"{key}_upper")
+            if upper is not None:
+                gaps.append((what, required, upper))
+            elif source.get(key) is not None:
+                gaps.append((what, bar(required), source[key]))
 
-    gap(record.get("required"), ("agreement", record.get("agreement")),
-        ("expected agreement", record.get("expected_agreement")))
-    gap(record.get("required_sequences"), ("whole sequences", record.get("sequence_agreement")),
-        ("expected whole sequences", record.get("expected_sequence_agreement")))
-    gap(record.get("required_regions"), ("regions", record.get("region_agreement")),
-        ("boxes", record.get("box_agreement")))
-    gap(record.get("required_scenes"), ("whole scenes", record.get("scene_agreement")),
-        ("expected whole scenes", record.get("expected_scene_agreement")))
+    gap(record.get("required"), record, ("agreement", "agreement"), ("expected agreement", "expected_agreement"))
+    gap(record.get("required_sequences"), record, ("whole sequences", "sequence_agreement"),
+        ("expected whole sequences", "expected_sequence_agreement"))
+    gap(record.get("required_regions"), record, ("regions", "region_agreement"), ("boxes", "box_agreement"))
+    gap(record.get("required_scenes"), record, ("whole scenes", "scene_agreement"),
+        ("expected whole scenes", "expected_scene_agreement"))
     for part in ("ranking", "confidence"):
         nested = record.get(part) or {}
-        gap(nested.get("required"), (part, nested.get("agreement")),
-            (f"expected {part}", nested.get("expected_agreement")))
+        gap(nested.get("required"), nested, (part, "agreement"), (f"expected {part}", "expected_agreement"))
     return gaps
 
 

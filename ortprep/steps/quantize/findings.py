@@ -23,7 +23,7 @@ from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.fidelity.evaluation import Evaluation
 from ortprep.fidelity.words import fmt_cosine
-from ortprep.steps.quantize.gate_findings import gate_finding, latency_finding, limited_finding
+from ortprep.steps.quantize.gate_findings import assumption_finding, gate_finding, latency_finding, limited_finding
 from ortprep.steps.quantize.diagnose import worst_nodes
 from ortprep.steps.quantize.ladder import auto_order
 from ortprep.steps.quantize.outcome import Outcome
@@ -184,6 +184,9 @@ def cost_findings(report: StepResult, attempt: Attempt, size_before: int) -> Non
     fewer = limited_finding(evaluation)
     if fewer is not None:
         report.add(fewer)
+    assumed = assumption_finding(evaluation)
+    if assumed is not None:
+        report.add(assumed)
     if target.clock is not None and target.clock.refused:
         clock = target.clock
         report.add(Finding.of(

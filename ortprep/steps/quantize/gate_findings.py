@@ -1,11 +1,36 @@
 """The findings of quantize's gate: QNT005 (the gate failed: where, by what, and what to do), QNT004
-(slower than the float model), QNT021 (the target EP judged fewer samples than offered)."""
+(slower than the float model), QNT021 (the target EP judged fewer samples than offered), QNT032 (it
+passed on an assumed decision that the samples alone leave below its bar: the evidence rule)."""
 
 from __future__ import annotations
 
 from ortprep.findings import Finding
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Evaluation, Judgement
-from ortprep.fidelity.words import fmt_cosine, selection_words, shortfall_text
+from ortprep.fidelity.words import assumption_words, fmt_cosine, selection_words, shortfall_text
+
+
+def assumption_finding(evaluation: Evaluation | None) -> Finding | None:
+    """QNT032 where the result passed and a decision nobody named (inferred from an output's form,
+    or a level assumed for it) holds only by the evidence rule: on the samples a share is below its
+    bar, but they are no evidence that it is missed (fidelity/decisions/evidence.py). Says what was
+    assumed, the figures, and the --metric that confirms or replaces the assumption."""
+    if evaluation is None or not evaluation.passed:
+        return None
+    sides = [("the CPU EP", evaluation.outputs)]
+    if evaluation.on_ep is not None:
+        sides.append((evaluation.on_ep.ep, evaluation.on_ep.outputs))
+    said: list[str] = []
+    for where, outputs in sides:
+        for output in outputs:
+            words = assumption_words({"name": output["name"], **(output.get("decision") or {"kind": "cosine"})})
+            if words is not None:
+                said.append(f"on {where}, {words}")
+    if not said:
+        return None
+    return Finding.of("QNT032", "written on evidence, with assumptions: " + "; ".join(said[:4])
+                      + (f"; {len(said) - 4} more" if len(said) > 4 else ""),
+                      fix="name the decision the application reads (--metric OUTPUT=KIND[:VALUE], as above): a named "
+                          "decision is held to its bar exactly; more held-back samples (--eval DATA) settle it too")
 
 
 def limited_finding(evaluation: Evaluation | None) -> Finding | None:

@@ -1,0 +1,144 @@
+"""quantize's engines (issue 51): ORT's quantizer and NNCF behind one interface, each judged by the
+same gate; --engine's refusals; a failing engine is a failed candidate; NNCF's telemetry stays off."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cli_helpers import invoke
+from conftest import SAMPLES
+from ortprep.runtime.requests.nncf_quantize import NncfQuantize
+from ortprep.steps.quantize import engines
+from ortprep.steps.quantize.engines.nncf import NncfEngine
+
+needs_nncf = pytest.mark.skipif(importlib.util.find_spec("nncf") is None, reason="nncf is not installed")
+
+
+def write_samples(folder: Path, name: str, shape: tuple, count: int, seed: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        np.savez(folder / f"sample{index:03d}.npz", **{name: rng.standard_normal(shape).astype(np.float32)})
+    return folder
+
+
+def quantize(*args) -> tuple[int, dict, str]:
+    result = invoke("quantize", *args, "--json")
+    return result.exit_code, (result.json() if result.stdout.strip() else {}), result.stderr
+
+
+def outlier_channel_mlp(width: int = 64, classes: int = 3, outlier: float = 100.0) -> onnx.ModelProto:
+    """Two dense layers whose first input has one channel 100x the others (its weights 100x smaller,
+    so it counts as much as each): one 8-bit range per tensor for that input leaves the small
+    channels a few levels. SmoothQuant (NNCF, transformer scheme) moves the outlier into the weights."""
+    rng = np.random.default_rng(3)
+    scale = np.ones((1, width), np.float32)
+    scale[0, 0] = outlier
+    w1 = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    w1[0, :] /= outlier
+    w2 = (rng.standard_normal((width, classes)) / np.sqrt(width)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "scale"], ["xs"], name="outlier_scale"),
+         helper.make_node("MatMul", ["xs", "W1"], ["h"], name="dense1"),
+         helper.make_node("Relu", ["h"], ["h_act"], name="relu1"),
+         helper.make_node("MatMul", ["h_act", "W2"], ["logits"], name="dense2")],
+        "outlier_channel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])],
+        [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(w1, "W1"),
+         numpy_helper.from_array(w2, "W2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("engine, model, name, shape", [
+    ("ort", "cnn.onnx", "image", (1, 3, 32, 32)),
+    pytest.param("nncf", "cnn.onnx", "image", (1, 3, 32, 32), marks=needs_nncf),
+    pytest.param("nncf", "transformer_block.onnx", "hidden", (2, 8, 64), marks=needs_nncf),
+])
+def test_engine_candidate_passes_the_gate_and_is_written(tmp_path, monkeypatch, engine, model, name, shape):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # NNCF's telemetry would write ~/intel
+    calib = write_samples(tmp_path / "calib", name, shape, 10)
+    code, record, _ = quantize(SAMPLES / model, "--static", "--calib", calib, "--engine", engine,
+                               "-o", tmp_path / "q.onnx")
+    assert code == 0, record["findings"]
+    assert record["verify"]["passed"] is True and Path(record["output"]).exists()
+    assert record["engine"]["asked"] == engine and record["engine"]["used"] == engine
+    candidate = record["engine"]["candidates"][0]
+    assert candidate["engine"] == engine and candidate["status"] == "judged" and candidate["passed"] is True
+    assert record["timing"]["engine_seconds"] > 0
+    assert "QuantizeLinear" in {n.op_type for n in onnx.load(record["output"]).graph.node}
+    if engine == "nncf":
+        assert candidate["detail"]["version"].startswith("3.")
+        # SmoothQuant only where the graph is MatMul layers without Conv
+        assert candidate["detail"]["model_type"] == ("transformer" if "transformer" in model else None)
+        assert not (tmp_path / "home" / "intel").exists()  # telemetry off: nothing under ~/intel
+
+
+@needs_nncf
+def test_nncf_refuses_16_bit_activations_in_one_line(tmp_path):
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 4)
+    out = tmp_path / "q.onnx"
+    code, _, stderr = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--engine", "nncf",
+                               "--activation-type", "uint16", "-o", out)
+    assert code == 2 and not out.exists()
+    assert "--engine nncf: 16-bit activations or weights: NNCF's ONNX backend writes 8-bit Q/DQ only" in stderr
+    assert "Traceback" not in stderr
+
+
+class RaisingQuantize(NncfQuantize):
+    """NNCF's request, raising where nncf.quantize would run: an engine that fails in the worker."""
+
+    def _quantize(self, nncf):
+        raise RuntimeError("engine exploded")
+
+
+class RaisingEngine(NncfEngine):
+    request_type = RaisingQuantize
+
+
+@needs_nncf
+def test_a_failing_engine_is_a_failed_candidate(tmp_path, monkeypatch):
+    model = tmp_path / "outlier.onnx"
+    onnx.save_model(outlier_channel_mlp(), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 64), 40)
+    monkeypatch.setitem(engines._ENGINES, "nncf", RaisingEngine())
+    code, record, stderr = quantize(model, "--static", "--calib", calib, "--engine", "auto", "-o", tmp_path / "q.onnx")
+    assert code == 1 and "Traceback" not in stderr  # ORT's candidate fails the gate; the step goes on to its verdict
+    fates = {c["engine"]: c for c in record["engine"]["candidates"]}
+    assert fates["ort"]["status"] == "judged" and fates["ort"]["passed"] is False and fates["ort"]["kept"]
+    assert fates["nncf"]["status"] == "failed"
+    assert fates["nncf"]["error"].startswith("nncf 3.") and "RuntimeError: engine exploded" in fates["nncf"]["error"]
+    assert record["engine"]["used"] == "ort"
+
+
+@needs_nncf
+def test_auto_keeps_the_best_engine_and_nncf_mends_an_outlier_channel(tmp_path, monkeypatch):
+    """ORT's per-tensor MinMax loses the small channels next to a 100x outlier (cosine about 0.79);
+    NNCF's SmoothQuant brings the cosine past 0.99 and top-1 to every held-back sample. Neither
+    passes the default gate (NNCF's output is scaled by about 0.85): auto keeps the better, NNCF's."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model = tmp_path / "outlier.onnx"
+    onnx.save_model(outlier_channel_mlp(), str(model))
+    calib = write_samples(tmp_path / "calib", "x", (1, 64), 40)
+    code, record, _ = quantize(model, "--static", "--calib", calib, "--engine", "auto", "-o", tmp_path / "q.onnx")
+    fates = {c["engine"]: c for c in record["engine"]["candidates"]}
+    assert fates["ort"]["cosine"] < 0.9 and fates["nncf"]["cosine"] > 0.99
+    assert fates["nncf"]["detail"]["model_type"] == "transformer" and fates["nncf"]["kept"]
+    assert record["engine"]["used"] == "nncf" and record["verify"]["top1_agreement"] == 1.0
+    assert set(fates) == {"ort", "nncf", "aimet"}
+    assert not (tmp_path / "home" / "intel").exists()
+
+
+def test_registry_names_a_missing_engine_as_not_available(monkeypatch):
+    monkeypatch.delitem(engines._ENGINES, "aimet", raising=False)
+    aimet = engines.engine("aimet")
+    if importlib.util.find_spec("ortprep.steps.quantize.engines.aimet") is None:
+        assert "no aimet engine" in aimet.available()
+    assert engines.engine("ort").available() is None and engines.chosen("auto") == ["ort", "nncf", "aimet"]
+    with pytest.raises(ValueError):
+        engines.engine("tflite")

@@ -18,6 +18,12 @@ from typing import Any
 from ortprep.runtime.protocol import Reply, Request, WorkerState
 
 
+# ortprep's --method -> NNCF's activation range estimator. minmax is the global min/max over the
+# samples, as ORT's MinMax; NNCF's own default averages each sample's extremes, which clips small
+# tensors (docs/decisions/engines-integration.md)
+RANGE_ESTIMATORS = {"minmax": "MINMAX", "percentile": "MEAN_QUANTILE", "entropy": "HISTOGRAM"}
+
+
 @dataclass
 class NncfQuantizeReply(Reply):
     engine_seconds: float = 0.0
@@ -51,7 +57,8 @@ def peak_rss() -> int | None:
 class NncfQuantize(Request):
     """``nncf.quantize`` of ``model`` into ``output``. ``options``: ``preset`` (performance or
     mixed), ``model_type`` (transformer or None: SmoothQuant runs for transformer),
-    ``fast_bias_correction``, ``per_channel`` (weights), ``smooth_quant_alpha`` (MatMuls),
+    ``fast_bias_correction``, ``per_channel`` (weights), ``smooth_quant_alpha`` (MatMuls), ``method``
+    (the activations' range estimator: RANGE_ESTIMATORS),
     ``ignored_names``/``ignored_types`` (kept float; names not in the graph are dropped and
     reported), ``external_data`` (the weights live beside ``model``)."""
 
@@ -113,6 +120,11 @@ class NncfQuantize(Request):
         advanced: dict[str, Any] = {
             "weights_quantization_params": QuantizationParameters(per_channel=bool(options.get("per_channel"))),
         }
+        estimator = RANGE_ESTIMATORS.get(options.get("method") or "")
+        if estimator is not None:
+            from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+            advanced["activations_range_estimator_params"] = getattr(RangeEstimatorParametersSet, estimator)
         alpha = options.get("smooth_quant_alpha")
         if transformer and alpha is not None:
             advanced["smooth_quant_alphas"] = AdvancedSmoothQuantParameters(matmul=float(alpha))
@@ -136,6 +148,7 @@ class NncfQuantize(Request):
         else:
             onnx.save_model(quantized, self.output)
         return {"preset": options.get("preset"), "model_type": options.get("model_type"),
+                "range_estimator": estimator,
                 "bias_correction": "fast" if options.get("fast_bias_correction", True) else "full",
                 "smooth_quant_alpha": alpha if transformer else None, "per_channel": bool(options.get("per_channel")),
                 "ignored_names": len(names), "ignored_types": types, "ignored_not_in_graph": missing[:16],

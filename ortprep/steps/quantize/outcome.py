@@ -81,9 +81,15 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})", baseline=True))
                  for label, path in sources]
     usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
+    engines: list[dict] | None = None
+    if not usable and options.engine_name() == "auto":
+        # ORT's quantizer failed on every source: the other engines on the first
+        label, path, failed = baselines[0]
+        rescued, engines = choose_engine(trials, path, label, failed, options)
+        usable = [(label, path, rescued)] if rescued.path is not None else []
     if not usable:
         return Outcome(None, None, [], failure=trials.failure, judged=trials.counts(), engine=trials.engine.name,
-                       engines=[engine_record(trials, t) for _, _, t in baselines],
+                       engines=engines or [engine_record(trials, t) for _, _, t in baselines],
                        engine_seconds=trials.engine_seconds)
     chosen = usable[0]
     if len(usable) > 1:
@@ -101,7 +107,10 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                 f"{fmt_cosine(without[2].cosine)} without): the model is quantized as given",
                 fix="nothing to do; --no-preprocess skips the comparison"))
     label, source, best = chosen
-    best, engines = choose_engine(trials, source, label, best, options)
+    if engines is None:
+        best, engines = choose_engine(trials, source, label, best, options)
+    if trials.engine.name == "nncf" and not best.passed and eval_feeds:
+        best = try_smooth_quant_alphas(trials, source, label, best, engines)
     search_record = None
     reasons: dict[str, str] = {}
     calibration: list[dict] = []
@@ -113,7 +122,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
 
     searching = short(best) and options.auto_exclude and bool(eval_feeds)
     if (not best.passed and options.auto_exclude and eval_feeds and options.mode == "static"
-            and settings["method"] == "minmax" and trials.engine.name == "ort"):
+            and settings["method"] == "minmax"):
         # the calibration method first, then the nodes
         baseline_cosine, first = best.cosine, best
         best, calibration, tried = try_calibration_methods(trials, source, best, aim)
@@ -197,6 +206,35 @@ def engine_record(trials: Trials, trial: Trial) -> dict:
     return {"engine": trials.engine.name, "status": "judged", "passed": trial.passed, "cosine": trial.cosine,
             "decision_shortfall": trial.shortfall, "judged_on": (trial.sides or {}).get("judged_on"),
             "seconds": run.seconds if run else None, "detail": detail}
+
+
+def try_smooth_quant_alphas(trials: Trials, source: Path, label: str, best: Trial, engines: list[dict]) -> Trial:
+    """NNCF's baseline failed on a graph it runs SmoothQuant on: each of SMOOTH_QUANT_ALPHAS (how much
+    of an activation's outlier range moves into the weights) quantizes again, judged by the gate;
+    the first that passes is kept, else the best (trials.improved), and the search goes on with
+    it. NNCF's own 0.95 suits LLM activations; on small dense models a lower one kept the weights'
+    per-channel grid (docs/decisions/engines-integration.md)."""
+    from ortprep.steps.quantize.engines.nncf import SMOOTH_QUANT_ALPHA, SMOOTH_QUANT_ALPHAS, model_type
+
+    if model_type(source) != "transformer":
+        return best
+    settings = trials.settings
+    kept = settings.get("smooth_quant_alpha", SMOOTH_QUANT_ALPHA)
+    tried = [{"alpha": kept, "cosine": best.cosine, "passed": best.passed}]
+    for alpha in SMOOTH_QUANT_ALPHAS:
+        if alpha == kept or best.passed:
+            continue
+        trials.settings = {**settings, "smooth_quant_alpha": alpha}
+        trial = trials.attempt(source, list(trials.fixed), f"baseline ({label}, nncf, SmoothQuant alpha {alpha})")
+        tried.append({"alpha": alpha, "cosine": trial.cosine, "passed": trial.passed, "error": trial.error})
+        if trial.path is not None and improved(trial, best):
+            best, settings = trial, trials.settings
+    trials.settings = settings
+    for record in engines:
+        if record["engine"] == "nncf":
+            record["smooth_quant_alphas"] = tried
+            record["smooth_quant_alpha"] = settings.get("smooth_quant_alpha", SMOOTH_QUANT_ALPHA)
+    return best
 
 
 def choose_engine(trials: Trials, source: Path, label: str, first: Trial, options: QuantizeOptions

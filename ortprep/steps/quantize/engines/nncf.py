@@ -20,8 +20,10 @@ from ortprep.steps.quantize.engines.base import EngineRun, Exclusion
 
 # an engine call's deadline when the caller names none
 TIMEOUT = 1800.0
-# SmoothQuant's migration strength on MatMuls (NNCF's own default; the study ran 0.5 too)
+# SmoothQuant's migration strength on MatMuls: NNCF's own default first; where its candidate fails
+# the gate, the others in turn (outcome.try_smooth_quant_alphas; docs/decisions/engines-integration.md)
 SMOOTH_QUANT_ALPHA = 0.95
+SMOOTH_QUANT_ALPHAS = (0.5, 0.25)
 
 
 def model_type(model: Path) -> str | None:
@@ -70,12 +72,12 @@ class NncfEngine:
                    "per_channel": bool(settings.get("per_channel")),
                    "smooth_quant_alpha": settings.get("smooth_quant_alpha", SMOOTH_QUANT_ALPHA),
                    "ignored_names": list(exclusion.nodes), "ignored_types": list(exclusion.op_types),
-                   "external_data": big}
+                   "external_data": big, "method": settings.get("method", "minmax")}
         request = self.request_type(workdir=str(workdir), model=str(Path(model).resolve()),
                                     output=str(Path(output).resolve()), calibration=calibration.to_json(),
                                     calibration_indices=list(indices), options=options)
         if progress is not None:
-            progress("nncf", 0, 1)
+            progress("quantizing with nncf", 0, 1)
         reply = call(request, python=None, timeout=timeout or TIMEOUT)
         version = getattr(reply, "version", None)
         label = f"nncf {version}" if version else "nncf"
@@ -91,7 +93,7 @@ class NncfEngine:
             return EngineRun(self.name, False, error=f"{label}: {reply.error_type or 'error'}: {reply.message}",
                              seconds=seconds, detail={**detail, "traceback": reply.traceback})
         if progress is not None:
-            progress("nncf", 1, 1)
+            progress("quantizing with nncf", 1, 1)
         return EngineRun(self.name, True, output, seconds=seconds, detail=detail)
 
 

@@ -165,3 +165,44 @@ def test_registry_names_a_missing_engine_as_not_available(monkeypatch):
     assert engines.engine("ort").available() is None and engines.chosen("auto") == ["ort", "nncf", "aimet"]
     with pytest.raises(ValueError):
         engines.engine("tflite")
+
+
+@pytest.mark.parametrize("mode, settings, wide, words", [
+    ("dynamic", {}, (), "NNCF quantizes statically"),
+    ("weight-only", {}, (), "MatMulNBits"),
+    ("static", {"format": "qoperator"}, (), "QDQ models only"),
+    ("static", {"format": "qdq", "activation_type": "uint16"}, (), "8-bit Q/DQ only"),
+    ("static", {"format": "qdq", "activation_type": "uint8", "weight_type": "int16"}, (), "8-bit Q/DQ only"),
+    ("static", {"format": "qdq", "activation_type": "uint8"}, ("h",), "8-bit Q/DQ only"),
+])
+def test_nncf_says_in_one_line_what_it_cannot_write(mode, settings, wide, words):
+    why = engines.engine("nncf").supports(mode, settings, engines.Exclusion(wide_tensors=wide))
+    assert words in why and "\n" not in why and why.endswith("--engine ort")
+    assert engines.engine("nncf").supports("static", {"format": "qdq", "activation_type": "uint8",
+                                                      "weight_type": "int8"}, engines.Exclusion()) is None
+
+
+class SleepingQuantize(NncfQuantize):
+    def _quantize(self, nncf):
+        import time
+
+        time.sleep(30)
+
+
+class SleepingEngine(NncfEngine):
+    request_type = SleepingQuantize
+
+
+@needs_nncf
+def test_an_engine_past_its_deadline_is_a_failed_run(tmp_path):
+    """A hang ends at the deadline: the worker is killed and the run fails in one line."""
+    from ortprep.runtime.calibration import discover
+    from ortprep.runtime.feeds import input_specs
+
+    model = SAMPLES / "cnn.onnx"
+    calibration = discover("random", input_specs(onnx.load(str(model))))
+    run = SleepingEngine().quantize(tmp_path, model, tmp_path / "q.onnx", "static",
+                                    {"format": "qdq", "activation_type": "uint8", "weight_type": "int8"},
+                                    calibration, [0, 1], engines.Exclusion(), False, timeout=3)
+    assert not run.ok and run.output is None and run.error == "nncf: did not finish within 3 s"
+    assert not (tmp_path / "q.onnx").exists()

@@ -49,9 +49,9 @@ class NncfEngine:
         if mode == "weight-only":
             return "NNCF's ONNX engine does not write MatMulNBits weight-only models; use --engine ort"
         if mode == "dynamic":
-            return "NNCF quantizes statically (calibrated activations) only; use --engine ort for --dynamic"
+            return "NNCF quantizes statically (calibrated activations) only, not --dynamic; use --engine ort"
         if settings.get("format") == "qoperator":
-            return "NNCF writes QDQ models only, not QOperator; use --format qdq or --engine ort"
+            return "NNCF writes QDQ models only, not QOperator (use --format qdq); or use --engine ort"
         wide = {"uint16", "int16"}
         if settings.get("activation_type") in wide or settings.get("weight_type") in wide or exclusion.wide_tensors:
             return "16-bit activations or weights: NNCF's ONNX backend writes 8-bit Q/DQ only; use --engine ort"

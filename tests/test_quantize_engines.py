@@ -189,20 +189,30 @@ class SleepingQuantize(NncfQuantize):
         time.sleep(30)
 
 
-class SleepingEngine(NncfEngine):
-    request_type = SleepingQuantize
+class DyingQuantize(NncfQuantize):
+    def _quantize(self, nncf):
+        import os
+
+        os._exit(3)
 
 
 @needs_nncf
-def test_an_engine_past_its_deadline_is_a_failed_run(tmp_path):
-    """A hang ends at the deadline: the worker is killed and the run fails in one line."""
+@pytest.mark.parametrize("request_type, error", [
+    (SleepingQuantize, "nncf: did not finish within 3 s"),
+    (DyingQuantize, "nncf: its process died"),
+])
+def test_an_engine_that_hangs_or_dies_is_a_failed_run(tmp_path, request_type, error):
+    """A hang ends at the deadline (the worker is killed), a dead worker is reported: the run fails
+    in one line and writes nothing."""
     from ortprep.runtime.calibration import discover
     from ortprep.runtime.feeds import input_specs
 
     model = SAMPLES / "cnn.onnx"
     calibration = discover("random", input_specs(onnx.load(str(model))))
-    run = SleepingEngine().quantize(tmp_path, model, tmp_path / "q.onnx", "static",
-                                    {"format": "qdq", "activation_type": "uint8", "weight_type": "int8"},
-                                    calibration, [0, 1], engines.Exclusion(), False, timeout=3)
-    assert not run.ok and run.output is None and run.error == "nncf: did not finish within 3 s"
+    engine = NncfEngine()
+    engine.request_type = request_type
+    run = engine.quantize(tmp_path, model, tmp_path / "q.onnx", "static",
+                          {"format": "qdq", "activation_type": "uint8", "weight_type": "int8"},
+                          calibration, [0, 1], engines.Exclusion(), False, timeout=3)
+    assert not run.ok and run.output is None and run.error.startswith(error) and "\n" not in run.error
     assert not (tmp_path / "q.onnx").exists()

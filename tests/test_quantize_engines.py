@@ -216,3 +216,13 @@ def test_an_engine_that_hangs_or_dies_is_a_failed_run(tmp_path, request_type, er
                           calibration, [0, 1], engines.Exclusion(), False, timeout=3)
     assert not run.ok and run.output is None and run.error.startswith(error) and "\n" not in run.error
     assert not (tmp_path / "q.onnx").exists()
+
+
+@pytest.mark.parametrize("ep", ["cpu", "cuda", "qnn", "openvino-cpu"])
+def test_auto_tries_16_bit_activations_on_every_ep(ep):
+    """--auto's ladder has A16W8 (or, for QNN's 16-bit preset, starts there) on each EP, the CPU EP included."""
+    from ortprep.options import QuantizeOptions
+    from ortprep.steps.quantize.ladder import auto_order
+
+    labels = [label for label, _ in auto_order(QuantizeOptions(mode="static", calib="random", ep=ep, auto=True))]
+    assert any(label.startswith("static uint16 activations, int8 weights") for label in labels), labels

@@ -43,8 +43,7 @@ def refuse_engine(options: QuantizeOptions, settings: dict) -> None:
         return
     why = engine_refusal(name, options.mode, settings)
     if why is not None:
-        raise UsageError(f"--engine {name}: {why}", hint="--engine ort runs every mode and precision; --engine auto "
-                                                         "tries each engine that can")
+        raise UsageError(f"--engine {name}: {why}", hint="or --engine auto, which tries each engine that can")
 
 
 def engine_refusal(name: str, mode: str, settings: dict) -> str | None:

@@ -98,8 +98,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                                           **changes)
             refusal = engine_refusal_for(attempt)
             if refusal is not None and number == 0:  # the precision asked for: refused as without --auto
-                raise UsageError(refusal, hint="--engine ort runs every mode and precision; --engine auto tries "
-                                               "each engine that can")
+                raise UsageError(refusal, hint="or --engine auto, which tries each engine that can")
             if refusal is not None:  # --engine NAME that cannot write this precision: the next one
                 tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
                               "latency_ratio": None, "judged_on": None, "codes": [], "error": refusal})

@@ -46,7 +46,7 @@ def engine(name: str) -> Engine:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-            _ENGINES[name] = Missing(name, f"this ortprep has no {name} engine (no module {module})")
+            _ENGINES[name] = Missing(name, f"this ortprep has no {name} engine (no module {module}); use --engine ort")
     return _ENGINES[name]
 
 

@@ -16,7 +16,7 @@ AIMET_PIP_ARGS ?=
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cpu,qnn,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[cpu,qnn,dev,nncf]'
 	# real models from PyPI wheels for the tests (tests/test_real_models.py): the wheel only, no dependencies
 	$(BIN)/python -m pip download --quiet --no-deps --dest .wheels rapidocr==3.10.0 faster-whisper==1.2.1 silero-vad==6.2.1
 	# a browser for tests/test_html_browser.py: the system's Chromium (Debian's package where we are root), else

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 from pathlib import Path
@@ -632,8 +633,11 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     assert record["auto"]["chosen"] == "static uint16 activations, int8 weights"
     assert record["preset"]["activation_type"] == "uint16" and record["verify"]["passed"] and out.exists()
     # judged on the held-back samples: each attempt's two baselines (pre-processed, as given), the
-    # static ones failing; A16W8 is chosen after them (y carries no decision: no decision margin)
-    assert record["verify"]["trials"] == {"judged": 4, "failed": 2} and record["verify"]["gate"]["selection"] is None
+    # static ones failing; A16W8 is chosen after them (y carries no decision: no decision margin).
+    # --auto's engine is auto: where nncf is installed, its candidate of the uint8 attempt fails too
+    nncf = importlib.util.find_spec("nncf") is not None
+    assert record["verify"]["trials"] == {"judged": 4 + nncf, "failed": 2 + nncf}
+    assert record["verify"]["gate"]["selection"] is None
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "--activation-type uint16" in note["fix"]
 

@@ -38,6 +38,7 @@ def _known_release(version: str | None, where: str) -> None:
 LEVELS = ("basic", "extended", "all")  # optimize
 MODES = ("static", "dynamic", "weight-only")  # quantize
 ROUNDINGS = ("auto", "nearest", "gptq")  # quantize --weight-only
+ENGINES = ("auto", "ort", "nncf", "aimet")  # quantize --engine (steps/quantize/engines/base.ENGINE_CHOICES)
 ACCURACY_LEVELS = ("auto", "0", "1", "2", "3", "4")  # quantize --weight-only: MatMulNBits' accuracy_level
 WEIGHT_ONLY_BITS = ("int4", "int8")
 DEFAULT_MIN_COSINE = 0.99  # quantize's accuracy gate
@@ -216,6 +217,13 @@ class QuantizeOptions(StepOptions):
     per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",
                                       Kind.TRISTATE, off_flag="--per-tensor")
     method: str = option("minmax", "Calibration method.", Kind.TEXT, choices=("minmax", "entropy", "percentile"))
+    engine: str | None = option(None, "Quantization engine: ort (ONNX Runtime's quantizer: every mode and precision), "
+                                "nncf (NNCF: bias correction, SmoothQuant on MatMul/Gemm models; static 8-bit QDQ "
+                                "only; pip install 'ortprep[nncf]'), aimet (AIMET-ONNX: cross-layer equalization, "
+                                "SeqMSE; ortprep[aimet]), or auto: each available engine that supports the settings, "
+                                "ort first, judged by the same gate; the first that passes is kept (else the best) and "
+                                "--auto-exclude searches on it. Default: ort; with --auto, auto.", Kind.TEXT,
+                                choices=ENGINES)
     weight_type: str | None = option(None, "Override the preset's weight type.", Kind.TEXT,
                                            choices=("int8", "uint8", "int16", "uint16"))
     activation_type: str | None = option(None, "Override the preset's activation type.", Kind.TEXT,
@@ -303,6 +311,10 @@ class QuantizeOptions(StepOptions):
                              hint="pass --calib DIR, calib = \"DIR\" in a config (or 'random' to accept random data)")
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
             raise UsageError(f"{where}: image_size needs two positive numbers", hint="e.g. --image-size 224,224")
+
+    def engine_name(self) -> str:
+        """The engine asked for: --engine, else auto with --auto and ort without."""
+        return self.engine or ("auto" if self.auto else "ort")
 
     def image(self):
         """The image-calibration settings (ImageOptions)."""

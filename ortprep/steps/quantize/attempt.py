@@ -13,6 +13,7 @@ from pathlib import Path
 
 import onnx
 
+from ortprep.errors import UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import QuantizeOptions
@@ -21,6 +22,7 @@ from ortprep.runtime.budget import EpClock
 from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
+from ortprep.steps.quantize.engines import Exclusion, engine
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import measure_on_target
 from ortprep.steps.quantize.findings import Attempt, cost_findings, quality_findings
@@ -33,6 +35,23 @@ from ortprep.transforms.qdq.facts import quantization_stats
 from ortprep.transforms.verify import model_bytes
 
 
+def refuse_engine(options: QuantizeOptions, settings: dict) -> None:
+    """The engine named with --engine (not auto) cannot run here, or cannot write what the settings
+    ask: one line, exit code 2 (usage), nothing written."""
+    name = options.engine_name()
+    if name == "auto":
+        return
+    why = engine_refusal(name, options.mode, settings)
+    if why is not None:
+        raise UsageError(f"--engine {name}: {why}", hint="or --engine auto, which tries each engine that can")
+
+
+def engine_refusal(name: str, mode: str, settings: dict) -> str | None:
+    """Why engine ``name`` cannot quantize with ``settings`` here (not installed, not supported), or None."""
+    chosen = engine(name)
+    return chosen.available() or chosen.supports(mode, settings, Exclusion())
+
+
 def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, force: bool = False,
                    progress: ProgressCallback | None = None, clock: EpClock | None = None,
                    spare_failing_baseline: bool = False, earlier: tuple[int, int] = (0, 0)) -> StepResult:
@@ -40,6 +59,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
     ``progress(stage, done, total)`` is called during calibration and evaluation. ``earlier``:
     (failed, judged) trials of --auto's earlier attempts (runner.Trials)."""
     settings = resolve_settings(options)
+    refuse_engine(options, settings)  # --engine nncf with 16-bit activations stops here, before any work
     report = StepResult(step="quantize", schema=SCHEMA)
     size_before = model_bytes(handle.path)
     if refused(handle, options, report):
@@ -75,8 +95,12 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                             "calibration": {"samples": len(calib_indices),
                                             "source": calibration.source if calibration else None,
                                             "kind": calibration.kind if calibration else None}})
+        report.data["engine"] = {"asked": options.engine_name(), "used": outcome.engine,
+                                 "candidates": outcome.engines}
+        report.data["timing"] = {"engine_seconds": round(outcome.engine_seconds, 3)}
         if outcome.trial is None:
-            report.add(Finding.of("QNT008", f"ONNX Runtime's quantizer failed on this model: {outcome.failure}",
+            quantizer = "ONNX Runtime's quantizer" if outcome.engine == "ort" else f"the {outcome.engine} engine"
+            report.add(Finding.of("QNT008", f"{quantizer} failed on this model: {outcome.failure}",
                                   fix="--exclude-op / --exclude-node for the op it names, --no-preprocess, or check "
                                       "the "
                                   "model first: ortprep check MODEL --ep cpu"))

@@ -45,7 +45,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ortprep.errors import OrtprepError
+from ortprep.errors import OrtprepError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
@@ -55,8 +55,9 @@ from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
 from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
-from ortprep.steps.quantize.attempt import quantize_model
+from ortprep.steps.quantize.attempt import engine_refusal, quantize_model
 from ortprep.steps.quantize.ladder import attempt_flags, auto_order, eval_sample_count
+from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.trials import margin_aim
 
 
@@ -93,7 +94,15 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             # after the first attempt the output is free (a result that passed is set aside) and the
             # failed file is this run's own, hence force
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
-                                          search_seconds=left, min_cosine=floor, **changes)
+                                          search_seconds=left, min_cosine=floor, engine=options.engine_name(),
+                                          **changes)
+            refusal = engine_refusal_for(attempt)
+            if refusal is not None and number == 0:  # the precision asked for: refused as without --auto
+                raise UsageError(refusal, hint="or --engine auto, which tries each engine that can")
+            if refusal is not None:  # --engine NAME that cannot write this precision: the next one
+                tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
+                              "latency_ratio": None, "judged_on": None, "codes": [], "error": refusal})
+                continue
             # an attempt that fails on the CPU EP while later ones remain leaves the EP's time to them
             spare = number + 1 < len(order)
             if best is not None:
@@ -174,6 +183,15 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     if kept:
         report.data["kept_failed"] = kept
     return report
+
+
+def engine_refusal_for(attempt: QuantizeOptions) -> str | None:
+    """Why the engine named with --engine (not auto) cannot quantize this attempt, or None."""
+    name = attempt.engine_name()
+    if name == "auto":
+        return None
+    why = engine_refusal(name, attempt.mode, resolve_settings(attempt))
+    return f"--engine {name}: {why}" if why else None
 
 
 def _ask_directly(flags: str) -> str:

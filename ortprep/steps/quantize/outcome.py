@@ -29,7 +29,8 @@ from ortprep.steps.quantize.remedies import (
 )
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.search import run_search
-from ortprep.steps.quantize.trials import Trial, margin_aim, reaches_margin
+from ortprep.steps.quantize.engines import AUTO_ORDER, Exclusion, engine
+from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial, improved, margin_aim, reaches_margin
 from ortprep.transforms.verify import model_bytes
 
 PREPROCESS_MARGIN = 1e-3  # cosine by which quantizing without pre-processing must win to be chosen
@@ -62,6 +63,10 @@ class Outcome:
     # trials judged on the held-back samples, and those that failed the gate there (--auto's earlier
     # attempts' included: runner.Trials)
     judged: dict = field(default_factory=lambda: {"judged": 0, "failed": 0})
+    engine: str = "ort"  # the engine of the result (and of the search)
+    # each engine --engine auto considered: tried, not available, not supported, failed or judged
+    engines: list[dict] = field(default_factory=list)
+    engine_seconds: float = 0.0  # every engine call of the step, together
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -76,8 +81,16 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     baselines = [(label, path, trials.attempt(path, list(trials.fixed), f"baseline ({label})", baseline=True))
                  for label, path in sources]
     usable = [(label, path, t) for label, path, t in baselines if t.path is not None]
+    engines: list[dict] | None = None
+    if not usable and options.engine_name() == "auto":
+        # ORT's quantizer failed on every source: the other engines on the first
+        label, path, failed = baselines[0]
+        rescued, engines = choose_engine(trials, path, label, failed, options)
+        usable = [(label, path, rescued)] if rescued.path is not None else []
     if not usable:
-        return Outcome(None, None, [], failure=trials.failure, judged=trials.counts())
+        return Outcome(None, None, [], failure=trials.failure, judged=trials.counts(), engine=trials.engine.name,
+                       engines=engines or [engine_record(trials, t) for _, _, t in baselines],
+                       engine_seconds=trials.engine_seconds)
     chosen = usable[0]
     if len(usable) > 1:
         with_pre, without = usable[0], usable[1]
@@ -94,6 +107,10 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                 f"{fmt_cosine(without[2].cosine)} without): the model is quantized as given",
                 fix="nothing to do; --no-preprocess skips the comparison"))
     label, source, best = chosen
+    if engines is None:
+        best, engines = choose_engine(trials, source, label, best, options)
+    if trials.engine.name == "nncf" and not best.passed and eval_feeds:
+        best = try_smooth_quant_alphas(trials, source, label, best, engines)
     search_record = None
     reasons: dict[str, str] = {}
     calibration: list[dict] = []
@@ -175,7 +192,93 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                    floored=trials.floored.get(best.path, []),
                    widened_activations=trials.widened_count.get(best.path, 0),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
-                   rounding=rounding, compute=compute)
+                   rounding=rounding, compute=compute, engine=trials.engine.name, engines=engines,
+                   engine_seconds=trials.engine_seconds)
+
+
+def engine_record(trials: Trials, trial: Trial) -> dict:
+    """One engine's baseline for the report: failed (its error) or judged (the gate's figures)."""
+    run = trials.engine_runs.get(trial.path) if trial.path is not None else trials.last_run
+    detail = {k: v for k, v in (run.detail if run else {}).items() if k != "traceback"}
+    if trial.path is None and trial.error != FLOAT_MODEL:
+        return {"engine": trials.engine.name, "status": "failed", "error": trial.error,
+                "seconds": run.seconds if run else None, "detail": detail}
+    return {"engine": trials.engine.name, "status": "judged", "passed": trial.passed, "cosine": trial.cosine,
+            "decision_shortfall": trial.shortfall, "judged_on": (trial.sides or {}).get("judged_on"),
+            "seconds": run.seconds if run else None, "detail": detail}
+
+
+def try_smooth_quant_alphas(trials: Trials, source: Path, label: str, best: Trial, engines: list[dict]) -> Trial:
+    """NNCF's baseline failed on a graph it runs SmoothQuant on: each of SMOOTH_QUANT_ALPHAS (how much
+    of an activation's outlier range moves into the weights) quantizes again, judged by the gate;
+    the first that passes is kept, else the best (trials.improved), and the search goes on with
+    it. NNCF's own 0.95 suits LLM activations; on small dense models a lower one kept the weights'
+    per-channel grid (docs/decisions/engines-integration.md)."""
+    from ortprep.steps.quantize.engines.nncf import SMOOTH_QUANT_ALPHA, SMOOTH_QUANT_ALPHAS, model_type
+
+    if model_type(source) != "transformer":
+        return best
+    settings = trials.settings
+    kept = settings.get("smooth_quant_alpha", SMOOTH_QUANT_ALPHA)
+    tried = [{"alpha": kept, "cosine": best.cosine, "passed": best.passed}]
+    for alpha in SMOOTH_QUANT_ALPHAS:
+        if alpha == kept or best.passed:
+            continue
+        trials.settings = {**settings, "smooth_quant_alpha": alpha}
+        trial = trials.attempt(source, list(trials.fixed), f"baseline ({label}, nncf, SmoothQuant alpha {alpha})")
+        tried.append({"alpha": alpha, "cosine": trial.cosine, "passed": trial.passed, "error": trial.error})
+        if trial.path is not None and improved(trial, best):
+            best, settings = trial, trials.settings
+    trials.settings = settings
+    for record in engines:
+        if record["engine"] == "nncf":
+            record["smooth_quant_alphas"] = tried
+            record["smooth_quant_alpha"] = settings.get("smooth_quant_alpha", SMOOTH_QUANT_ALPHA)
+    return best
+
+
+def choose_engine(trials: Trials, source: Path, label: str, first: Trial, options: QuantizeOptions
+                  ) -> tuple[Trial, list[dict]]:
+    """--engine auto: after ORT's baseline, each later engine of AUTO_ORDER that is available and
+    supports the settings quantizes the same source, judged by the same gate, until one passes;
+    the first that passes is kept, else the best (trials.improved), and the search goes on with its
+    engine. The record says what became of each engine. Another --engine: its baseline alone."""
+    records = [engine_record(trials, first)]
+    if options.engine_name() != "auto":
+        return first, records
+    best, best_engine = first, trials.engine
+    first_name = best_engine.name
+    exclusion = Exclusion(tuple(trials.fixed), tuple(options.exclude_ops))
+    spare = trials.spare_failing_baseline
+    for name in AUTO_ORDER:
+        if name == first_name:
+            continue
+        candidate = engine(name)
+        why = candidate.available()
+        if why is not None:
+            records.append({"engine": name, "status": "not available", "reason": why})
+            continue
+        why = candidate.supports(options.mode, trials.settings, exclusion)
+        if why is not None:
+            records.append({"engine": name, "status": "not supported", "reason": why})
+            continue
+        if best.passed:
+            records.append({"engine": name, "status": "not tried", "reason": f"{best_engine.name} passed the gate"})
+            continue
+        trials.engine = candidate
+        # an engine whose candidate fails on the CPU EP is not judged on the target EP
+        trials.spare_failing_baseline = True
+        try:
+            trial = trials.attempt(source, list(trials.fixed), f"baseline ({label}, {name})", baseline=True)
+        finally:
+            trials.spare_failing_baseline = spare
+        records.append(engine_record(trials, trial))
+        if trial.path is not None and improved(trial, best):
+            best, best_engine = trial, candidate
+    trials.engine = best_engine
+    for record in records:
+        record["kept"] = record["engine"] == best_engine.name
+    return best, records
 
 
 def weight_only_trials(trials: Trials, source: Path, best: Trial, options: QuantizeOptions, plan: DataPlan,

@@ -15,7 +15,8 @@ import onnx
 
 from ortprep.options import QuantizeOptions
 from ortprep.steps.base import ProgressCallback
-from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
+from ortprep.steps.quantize.calibrate import DataPlan
+from ortprep.steps.quantize.engines import Engine, EngineRun, Exclusion, engine
 from ortprep.steps.quantize.ep_gate import GateTarget
 from ortprep.steps.quantize.evaluate import LATENCY_RUNS, evaluate
 from ortprep.fidelity.evaluation import Evaluation, outputs_margin_gap
@@ -24,6 +25,11 @@ from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial
 from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings
 from ortprep.transforms.qdq.facts import quantization_stats
 from ortprep.transforms.verify import model_bytes
+
+# An engine call other than ORT's own quantizer gets twice --search-seconds, and at least this long:
+# a crash or a hang is then a failed candidate, not a step that never ends (ORT's keeps its own deadline)
+ENGINE_MIN_SECONDS = 120.0
+
 
 def margin_samples(plan: DataPlan) -> list:
     """The calibration samples (real data only: seeded noise says nothing of where real decisions
@@ -83,6 +89,11 @@ class Trials:
         # CPU EP passes it. A baseline that fails there cannot pass, and on a slow EP its run costs what
         # a later precision's trials need (docs/decisions/reduce-quantize-search.md).
         self.spare_failing_baseline = spare_failing_baseline
+        # the engine every trial quantizes with (outcome.choose_engine may change it after the baselines)
+        self.engine: Engine = engine("ort" if options.engine_name() == "auto" else options.engine_name())
+        self.engine_runs: dict[Path, EngineRun] = {}  # a trial's model -> its engine call
+        self.engine_seconds: float = 0.0  # every engine call of the step, together
+        self.last_run: EngineRun | None = None
 
     def counts(self) -> dict:
         """The trials judged on the held-back samples and those that failed there (verify.trials)."""
@@ -115,9 +126,13 @@ class Trials:
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()
         output = folder / "quantized.onnx"
-        settings = {**self.settings, "wide_tensors": wide} if wide else self.settings
-        ok, error = run_quantizer(self.workdir, source, output, self.options.mode, settings, self.plan.calibration,
-                                  self.plan.calib_indices, kept, self.options.exclude_ops, self.big, self.progress)
+        run = self.engine.quantize(self.workdir, source, output, self.options.mode, self.settings,
+                                   self.plan.calibration, self.plan.calib_indices,
+                                   Exclusion(tuple(kept), tuple(self.options.exclude_ops), tuple(wide)), self.big,
+                                   self.progress, timeout=max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds))
+        self.engine_seconds += run.seconds
+        self.engine_runs[output] = self.last_run = run
+        ok, error = run.ok, run.error or ""
         if not ok:
             self.failure = self.failure or error
             return Trial(label, list(kept), None, False, 0, None, error, off=off)

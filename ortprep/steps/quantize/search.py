@@ -22,6 +22,7 @@ from onnx import ModelProto
 
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
+from ortprep.steps.quantize.engines import Exclusion
 from ortprep.steps.quantize.ep_gate import first_divergence
 from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes
 from ortprep.steps.quantize.moves import keep_off_ep_move, late_move
@@ -135,7 +136,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                     fine_rank=lambda trial, kept: rank(trial, kept, floor=0.0),
                     clock=trials.target.clock if trials.target is not None else None,
                     attempt_wide=(lambda kept, wide, label: trials.attempt(source, kept, label, wide=wide))
-                    if wide_rung(options, trials.settings) else None)
+                    if wide_rung(options, trials.settings) and trials.engine.supports(
+                        options.mode, trials.settings, Exclusion(wide_tensors=("",))) is None else None)
     result = search.run(baseline)
     if not off_records and not search.ok(result.best):
         # nothing parted below DIVERGED before the search, and the search did not pass: the move

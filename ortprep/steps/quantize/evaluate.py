@@ -19,8 +19,10 @@ from ortprep.fidelity.ep_match import first_apart, judge_ep_samples
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Confirmation, Evaluation, Judgement
 from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
 from ortprep.fidelity.quantized import Degenerate, flat_outputs, judge_quantized
+from ortprep.runtime.budget import timed
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
+from ortprep.steps.quantize.ep_early import early_rule
 from ortprep.transforms.verify import run_model
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ LATENCY_RUNS = 10
 
 def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> RunOutcome:
     """Run ``model`` on ``feeds`` in a child process (untimed: paired_latency times)."""
-    return run_isolated(model, feeds)
+    with timed("cpu"):
+        return run_isolated(model, feeds)
 
 
 def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: dict[str, np.ndarray]) -> VerifyResult:
@@ -61,7 +64,8 @@ def margin_outputs(
         return []
     per_sample = sum(np.asarray(reference[0][name]).nbytes for name in names if name in reference[0])
     count = min(len(feeds), MARGIN_SAMPLES, max(1, MARGIN_BYTES // max(per_sample, 1)))
-    run = run_isolated(float_model, feeds[:count], outputs=names)
+    with timed("cpu"):
+        run = run_isolated(float_model, feeds[:count], outputs=names)
     if not run.ok:
         return []
     return [{name: sample[name] for name in names if name in sample} for sample in run.samples]
@@ -79,7 +83,8 @@ def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndar
 def timed_medians(models: list[Path], feed: dict[str, np.ndarray]) -> list[float] | None:
     """Each model's median time (ms) over 2 x LATENCY_RUNS runs, one run of each in turn in one
     worker (TimeModels); None where a run fails."""
-    times = time_isolated(models, feed, runs=2 * LATENCY_RUNS)
+    with timed("cpu"):
+        times = time_isolated(models, feed, runs=2 * LATENCY_RUNS)
     return None if times is None else [statistics.median(t) for t in times]
 
 
@@ -152,7 +157,13 @@ def evaluate(
     if target is not None and target.judged and not cpu.passed and not ep_after_cpu_fails:
         ep_skipped = "the CPU EP already fails the gate"
     elif target is not None and target.judged:
-        run = target.run(quant_model, feeds)
+        # the EP's first samples may decide its verdict (ep_early.py): the rest are then not run
+        early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,
+                           apart=lambda ep: ep_apart(quant_model, target.ep, candidate.samples[:len(ep)], ep, metrics,
+                                                     target.provider_options),
+                           tolerances=lambda ep: ep_tolerances(quant_model, target, candidate.samples[0], ep[0],
+                                                               metrics))
+        run = target.run(quant_model, feeds, early=early)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
             # (the first samples, where --ep-seconds left some out: run.limited)
@@ -299,6 +310,18 @@ def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: l
                                                             for s in on_ep[:count]],
                                  metrics, computes_tf32(ep, provider_options))
     return first_apart(judged, on_cpu, metrics)
+
+
+def ep_tolerances(model: Path, target: GateTarget, on_cpu: dict[str, np.ndarray], on_ep: dict[str, np.ndarray],
+                  metrics: dict[str, str] | None) -> dict[str, float]:
+    """Load's elementwise tolerance for each output of ``model`` on the target EP (judge_ep_outputs
+    on one sample), for the early rule's bound on the samples left."""
+    from ortprep.fidelity.ep_match import judge_ep_outputs
+
+    proto = onnx.load(str(model), load_external_data=False)
+    judged = judge_ep_outputs(proto, target.ep, on_cpu, {k: np.asarray(v) for k, v in on_ep.items()}, metrics,
+                              computes_tf32(target.ep, target.provider_options))
+    return {o["name"]: float(o["tolerance"]) for o in judged if o.get("tolerance") is not None}
 
 
 def measure_on_target(evaluation: Evaluation, target: GateTarget, float_model: Path, quant_model: Path,

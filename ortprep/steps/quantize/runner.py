@@ -14,6 +14,7 @@ from typing import Callable
 import onnx
 
 from ortprep.options import QuantizeOptions
+from ortprep.runtime.budget import timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan, run_quantizer
 from ortprep.steps.quantize.ep_gate import GateTarget
@@ -116,8 +117,10 @@ class Trials:
         folder.mkdir()
         output = folder / "quantized.onnx"
         settings = {**self.settings, "wide_tensors": wide} if wide else self.settings
-        ok, error = run_quantizer(self.workdir, source, output, self.options.mode, settings, self.plan.calibration,
-                                  self.plan.calib_indices, kept, self.options.exclude_ops, self.big, self.progress)
+        with timed("quantizer"):
+            ok, error = run_quantizer(self.workdir, source, output, self.options.mode, settings,
+                                      self.plan.calibration, self.plan.calib_indices, kept, self.options.exclude_ops,
+                                      self.big, self.progress)
         if not ok:
             self.failure = self.failure or error
             return Trial(label, list(kept), None, False, 0, None, error, off=off)
@@ -159,13 +162,14 @@ class Trials:
               baseline: bool = False) -> Trial:
         """Evaluate ``output`` (quantized from ``source``) on the held-back samples."""
         evaluation = None
+        if self.target is not None:
+            self.target.candidate = label  # the progress bar's name for the EP's runs
         if self.eval_feeds:
             if self.progress is not None:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or (
-                                      baseline and not self.spare_failing_baseline),
+                                  self.margin_feeds, ep_after_cpu_fails=False,
                                   latency_runs=LATENCY_RUNS if baseline else 0,
                                   confirm_feeds=self.margin_feeds)
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only

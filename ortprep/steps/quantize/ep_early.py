@@ -1,0 +1,153 @@
+"""The target EP's verdict decided on its first samples, where the rest cannot change it: a slow EP
+(QNN's HTP simulator: seconds a sample) then runs only those (docs/decisions/speed-ep-verdict.md).
+
+The CPU EP has judged the same quantized file on every sample before the EP runs it, so what the
+EP's run can still change is only how far the EP computes that file otherwise than the CPU EP.
+
+- **A clear miss** (exact): an output judged by its lowest cosine, below the bar by MISS_FACTOR
+  times the bar's distance from 1 on one of the first samples, fails on all of them (the lowest
+  cosine only falls as samples are added).
+- **A clear pass** (bounded): after at least PASS_MIN_SAMPLES samples, where the CPU EP passed
+  every sample and the EP's first samples pass (load's rule against the CPU EP's run included),
+  the largest the EP's run of the first samples departs from the CPU EP's run of the same file,
+  by angle, by norm and by relative L2 error, each times SAFETY, is taken as the bound on each
+  sample left; the pass is declared only where those bounds cannot move any sample left below the
+  cosine bar (angles add: the EP's angle to the float model is at most the CPU EP's plus the EP's
+  angle to the CPU EP's run), out of the norm's tolerance, past a top-1 decision's gap on the CPU
+  EP's run (elements that each move by at most e move the gap by at most 2e), or past load's
+  elementwise tolerance. Outputs judged otherwise (flat ones, a
+  decision other than top-1/argmax over the last axis, a confidence threshold) run every sample.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ortprep.fidelity.tolerances import NORM_TOLERANCE
+
+PASS_MIN_SAMPLES = 4  # the EP's first samples before a pass may be declared
+SAFETY = 4.0  # the bound on a sample left: this many times the largest relative error seen
+MISS_FACTOR = 2.0  # a clear miss: lowest cosine below 1 - MISS_FACTOR * (1 - bar)
+ARGMAX_KINDS = ("top1", "argmax")
+
+
+def _as64(value: Any) -> np.ndarray:
+    return np.asarray(value, dtype=np.float64)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float | None:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if not (math.isfinite(na) and math.isfinite(nb)) or na == 0.0 or nb == 0.0:
+        return None
+    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
+
+
+def _top_gap(value: np.ndarray) -> float:
+    """The smallest gap between the largest and second-largest entry over the last axis's rows."""
+    rows = value.reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
+    if rows.shape[-1] < 2:
+        return math.inf
+    top = np.sort(rows, axis=-1)[:, -2:]
+    return float(np.min(top[:, 1] - top[:, 0]))
+
+
+def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, flat: dict, decisions: dict,
+               cpu_passed: bool, apart: Callable[[list[dict]], Any] | None = None,
+               tolerances: Callable[[list[dict]], dict[str, float]] | None = None
+               ) -> Callable[[list[dict]], str | None]:
+    """The rule for one candidate: ``reference`` the float model's outputs on every sample (CPU EP),
+    ``on_cpu`` the candidate's on the CPU EP, ``cpu_passed`` the CPU EP's verdict on them all;
+    ``apart(ep_samples)`` load's rule against the CPU EP's run on the first samples (None: within
+    it); ``tolerances(ep_samples)``: load's elementwise tolerance per output. The returned function takes the
+    EP's outputs on the first samples and says "pass", "miss" or None (run on)."""
+    offered = len(reference)
+    bar_angle = math.acos(max(-1.0, min(1.0, min_cosine)))
+    miss_line = 1.0 - MISS_FACTOR * (1.0 - min_cosine)
+    cosine_judged = [name for name in (reference[0] if reference else {})
+                     if name not in flat and not (decisions.get(name) is not None and decisions[name].gated
+                                                  and decisions[name].replaces_cosine)]
+
+    def passable() -> bool:
+        if not cpu_passed or offered <= PASS_MIN_SAMPLES:
+            return False
+        for name in reference[0]:
+            if name in flat or _as64(reference[0][name]).dtype.kind != "f":
+                return False
+            decision = decisions.get(name)
+            if decision is not None and decision.gated and (decision.kind not in ARGMAX_KINDS
+                                                             or getattr(decision, "confident", False)):
+                return False
+        return True
+
+    can_pass = passable()
+
+    def decide(ep: list[dict]) -> str | None:
+        seen = len(ep)
+        if seen == 0 or seen >= offered:
+            return None
+        for sample, ref in zip(ep, reference):
+            for name in cosine_judged:
+                if name not in sample:
+                    return None  # an output missing: the judgement says so on every sample
+                cosine = _cosine(_as64(ref[name]), _as64(sample[name]))
+                if cosine is not None and cosine < miss_line:
+                    return "miss"
+        if not can_pass or seen < PASS_MIN_SAMPLES:
+            return None
+        for sample, ref, cpu in zip(ep, reference, on_cpu):  # the first samples pass, deciding as the CPU EP
+            for name in reference[0]:
+                cosine = _cosine(_as64(ref[name]), _as64(sample[name])) if name in sample else None
+                if cosine is None or cosine < min_cosine:
+                    return None
+                decision = decisions.get(name)
+                if decision is not None and decision.gated and not np.array_equal(
+                        np.argmax(_as64(sample[name]), axis=-1), np.argmax(_as64(cpu[name]), axis=-1)):
+                    return None
+        # the largest of each measure of the EP against the CPU EP's run seen so far: the angle, the
+        # norm's ratio, the largest elementwise difference against the largest value
+        angle = norm = error = 0.0
+        for sample, cpu in zip(ep, on_cpu):
+            for name, value in cpu.items():
+                if name not in sample:
+                    return None
+                a, b = _as64(value), _as64(sample[name])
+                if a.shape != b.shape or not np.all(np.isfinite(b)):
+                    return None
+                size, peak = float(np.linalg.norm(a)), float(np.max(np.abs(a)))
+                cosine = _cosine(a, b)
+                if size == 0.0 or peak == 0.0 or cosine is None:
+                    return None
+                angle = max(angle, math.acos(max(-1.0, min(1.0, cosine))))
+                norm = max(norm, abs(float(np.linalg.norm(b)) / size - 1.0))
+                error = max(error, float(np.max(np.abs(b - a))) / peak)
+        spread, bound = SAFETY * angle, SAFETY * error
+        limits = tolerances(ep) if tolerances is not None else {}
+        for name in reference[0]:
+            ref_energy = sum(float(np.sum(_as64(r[name]) ** 2)) for r in reference)
+            cpu_energy = sum(float(np.sum(_as64(c[name]) ** 2)) for c in on_cpu)
+            if ref_energy == 0.0:
+                return None
+            ratio = math.sqrt(cpu_energy / ref_energy)
+            if abs(ratio * (1.0 + SAFETY * norm) - 1.0) >= NORM_TOLERANCE or abs(
+                    ratio * (1.0 - SAFETY * norm) - 1.0) >= NORM_TOLERANCE:
+                return None
+            decision = decisions.get(name)
+            tolerance = limits.get(name)
+            for index in range(seen, offered):
+                ref, cpu = _as64(reference[index][name]), _as64(on_cpu[index][name])
+                cosine = _cosine(ref, cpu)
+                if cosine is None or math.acos(max(-1.0, min(1.0, cosine))) + spread >= bar_angle:
+                    return None
+                change = bound * float(np.max(np.abs(cpu)))  # the bound on any element's change
+                if decision is not None and decision.gated and 2.0 * change >= _top_gap(cpu):
+                    return None
+                if tolerance is not None and change >= tolerance:
+                    return None
+        if apart is not None and apart(ep) is not None:
+            return None
+        return "pass"
+
+    return decide

@@ -15,7 +15,9 @@ EP's run can still change is only how far the EP computes that file otherwise th
   cosine bar (angles add: the EP's angle to the float model is at most the CPU EP's plus the EP's
   angle to the CPU EP's run), out of the norm's tolerance, past a top-1 decision's gap on the CPU
   EP's run (elements that each move by at most e move the gap by at most 2e), or past load's
-  elementwise tolerance. Outputs judged otherwise (flat ones, a
+  elementwise tolerance; and a top-1 decision is judged as the gate judges it (its agreement and
+  the agreement to expect on unseen inputs) with the samples left at their worst within the bound
+  (every lead shrunk by 2e). Outputs judged otherwise (flat ones, a
   decision other than top-1/argmax over the last axis, a confidence threshold) run every sample.
 """
 
@@ -26,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ortprep.fidelity.decisions import judge_decision
 from ortprep.fidelity.tolerances import NORM_TOLERANCE
 
 PASS_MIN_SAMPLES = 4  # the EP's first samples before a pass may be declared
@@ -54,15 +57,28 @@ def _top_gap(value: np.ndarray) -> float:
     return float(np.min(top[:, 1] - top[:, 0]))
 
 
+def _shrunk(value: np.ndarray, change: float) -> np.ndarray:
+    """``value`` with every row's lead over the last axis shrunk by ``2 * change``: its top entry
+    lowered and every other raised by ``change`` (the worst a change of at most ``change`` an
+    element does to a top-1 decision)."""
+    rows = np.array(value, dtype=np.float64).reshape(-1, value.shape[-1])
+    lead = np.argmax(rows, axis=-1)
+    rows += change
+    rows[np.arange(rows.shape[0]), lead] -= 2.0 * change
+    return rows.reshape(value.shape)
+
+
 def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, flat: dict, decisions: dict,
                cpu_passed: bool, apart: Callable[[list[dict]], Any] | None = None,
+               more: list[dict] | None = None,
                tolerances: Callable[[list[dict]], dict[str, float]] | None = None
                ) -> Callable[[list[dict]], str | None]:
     """The rule for one candidate: ``reference`` the float model's outputs on every sample (CPU EP),
     ``on_cpu`` the candidate's on the CPU EP, ``cpu_passed`` the CPU EP's verdict on them all;
     ``apart(ep_samples)`` load's rule against the CPU EP's run on the first samples (None: within
     it); ``tolerances(ep_samples)``: load's elementwise tolerance per output. The returned function takes the
-    EP's outputs on the first samples and says "pass", "miss" or None (run on)."""
+    EP's outputs on the first samples and says "pass", "miss" or None (run on). ``more``: the float
+    model's outputs on other samples, whose margins join a decision's expected agreement."""
     offered = len(reference)
     bar_angle = math.acos(max(-1.0, min(1.0, min_cosine)))
     miss_line = 1.0 - MISS_FACTOR * (1.0 - min_cosine)
@@ -136,6 +152,7 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
                 return None
             decision = decisions.get(name)
             tolerance = limits.get(name)
+            projected = [_as64(sample[name]) for sample in ep]  # the EP's decision at its worst within the bound
             for index in range(seen, offered):
                 ref, cpu = _as64(reference[index][name]), _as64(on_cpu[index][name])
                 cosine = _cosine(ref, cpu)
@@ -146,6 +163,12 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
                     return None
                 if tolerance is not None and change >= tolerance:
                     return None
+                projected.append(_shrunk(cpu, change))
+            if decision is not None and decision.gated and not judge_decision(
+                    decision, [_as64(r[name]) for r in reference], projected,
+                    [_as64(m[name]) for m in more or [] if name in m] if decision.reads_margins else None
+            ).get("passed"):
+                return None  # the agreement to expect on unseen inputs could fall below its share
         if apart is not None and apart(ep) is not None:
             return None
         return "pass"

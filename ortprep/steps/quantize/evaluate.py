@@ -160,7 +160,7 @@ def evaluate(
         # the EP's first samples may decide its verdict (ep_early.py): the rest are then not run
         early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,
                            apart=lambda ep: ep_apart(quant_model, target.ep, candidate.samples[:len(ep)], ep, metrics,
-                                                     target.provider_options),
+                                                     target.provider_options), more=more,
                            tolerances=lambda ep: ep_tolerances(quant_model, target, candidate.samples[0], ep[0],
                                                                metrics))
         run = target.run(quant_model, feeds, early=early)
@@ -237,8 +237,9 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
             return
         held_on_ep = (str(quant_model), run.samples)
     count = min(len(samples), CONFIRM_EP_SAMPLES)
-    run = target.run(quant_model, samples[:count])
     held = held_on_ep[1]  # each side's first samples where --ep-seconds left some out
+    run = target.run(quant_model, samples[:count], early=_confirmation_rule(quant_model, target, cache, held, count,
+                                                                            evaluation.min_cosine or 0.99))
     confirmation.on_ep = (
         judge_quantized(
             target.ep,
@@ -268,6 +269,26 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
         )
         confirmation.on_ep.passed = confirmation.on_ep.apart is None
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
+
+
+def _confirmation_rule(quant_model: Path, target: GateTarget, cache: dict, held: list, count: int,
+                       min_cosine: float) -> Callable[[list], str | None] | None:
+    """The early rule (ep_early.py) for the EP's run of the calibration samples, judged together
+    with the held-back ones the EP ran, as :func:`confirm_on_target` judges them; None where the
+    CPU EP's run of this model on them is not at hand."""
+    on_cpu, calib_cpu = cache.get("held_back_cpu"), cache.get("confirmation_cpu")
+    reference, held_back = cache.get("confirmation"), cache.get("evaluation")
+    if (on_cpu is None or calib_cpu is None or on_cpu[0] != str(quant_model) or calib_cpu[0] != str(quant_model)
+            or reference is None or held_back is None):
+        return None
+    floats = held_back.samples[:len(held)] + reference.samples[:count]
+    cpus = on_cpu[1][:len(held)] + calib_cpu[1][:count]
+    metrics = cache.get("metrics")
+    rule = early_rule(floats, cpus, min_cosine, cache.get("flat", {}), cache.get("decisions", {}), True,
+                      apart=lambda ep: ep_apart(quant_model, target.ep, cpus[:len(ep)], ep, metrics,
+                                                target.provider_options),
+                      tolerances=lambda ep: ep_tolerances(quant_model, target, cpus[0], ep[0], metrics))
+    return lambda ep: rule(list(held) + list(ep))
 
 
 def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]], min_cosine: float,

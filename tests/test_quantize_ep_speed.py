@@ -175,6 +175,9 @@ def test_quantize_on_qnn_reports_its_time_and_stops_a_clear_pass_early(tmp_path)
     assert timing["ep_early"]["pass"] >= 1 and timing["ep_skipped_early"] >= 1
     assert PASS_MIN_SAMPLES <= record["verify"]["ep"]["spread"]["samples"] < 8
     assert timing["ep_runs"] == timing["ep_requests"]
+    # one baseline's 8 held-back samples and the result's 24 calibration samples were offered to the
+    # EP: the second source's baseline (as given) could not beat the first's and was not run there
+    assert timing["ep_runs"] + timing["ep_skipped_early"] + timing["ep_cached"] == 8 + 24
 
 
 @needs_qnn

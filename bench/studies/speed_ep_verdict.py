@@ -56,16 +56,56 @@ def mobilenet_v2(classes: int = 1000, width: float = 1.0, seed: int = 5) -> onnx
     return make(graph)
 
 
-def samples(count: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Image-like inputs: smooth fields plus noise, normalised as ImageNet's are."""
+def samples(count: int, seed: int = 0, classes: int = 10) -> dict[str, np.ndarray]:
+    """Image-like inputs of ``classes`` kinds: a smooth field per kind plus its own smooth
+    variation and noise, normalised as ImageNet's are."""
     rng = np.random.default_rng(seed)
-    coarse = rng.standard_normal((count, 3, 7, 7)).astype(np.float32)
+    kinds = np.random.default_rng(99).standard_normal((classes, 3, 7, 7)).astype(np.float32)
+    coarse = kinds[rng.integers(classes, size=count)] + 0.5 * rng.standard_normal((count, 3, 7, 7))
     smooth = coarse.repeat(32, axis=2).repeat(32, axis=3)
     return {"input": (smooth + 0.3 * rng.standard_normal((count, 3, 224, 224))).astype(np.float32)}
+
+
+def trained_head(model: onnx.ModelProto, classes: int = 10, scale: float = 8.0) -> onnx.ModelProto:
+    """The classifier with its last layer set as training would leave it on samples()'s kinds:
+    each kind's row the direction of its mean pooled feature (from the rest), the others small,
+    so that top-1 decisions have margins as a trained model's do."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(_vi("flat", TensorProto.FLOAT, [1, 1280]))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    features, labels = [], []
+    for kind in range(classes):
+        rng = np.random.default_rng(1000 + kind)
+        base = np.random.default_rng(99).standard_normal((classes, 3, 7, 7)).astype(np.float32)[kind]
+        for _ in range(4):
+            coarse = base + 0.5 * rng.standard_normal((3, 7, 7))
+            image = coarse.repeat(32, axis=1).repeat(32, axis=2) + 0.3 * rng.standard_normal((3, 224, 224))
+            features.append(session.run(["flat"], {"input": image[None].astype(np.float32)})[0][0])
+            labels.append(kind)
+    features, labels = np.asarray(features), np.asarray(labels)
+    centre = features.mean(axis=0)
+    weights = {t.name: t for t in model.graph.initializer}
+    fc = onnx.numpy_helper.to_array(weights["fc.w"]).copy()
+    bias = np.zeros(fc.shape[0], np.float32)
+    for kind in range(classes):
+        direction = features[labels == kind].mean(axis=0) - centre
+        fc[kind] = scale * direction / (np.linalg.norm(direction) ** 2 + 1e-12)
+        bias[kind] = -float(fc[kind] @ centre)
+    rest = (features - centre) @ fc[classes:].T  # the other classes' logits: spread 0.5, centred
+    fc[classes:] *= 0.5 / (rest.std() + 1e-12)
+    bias[classes:] = -(fc[classes:] @ centre)
+    weights["fc.w"].CopyFrom(onnx.numpy_helper.from_array(fc.astype(np.float32), "fc.w"))
+    weights["fc.b"].CopyFrom(onnx.numpy_helper.from_array(bias, "fc.b"))
+    return model
 
 
 if __name__ == "__main__":
     folder = Path(sys.argv[2])
     folder.mkdir(parents=True, exist_ok=True)
-    onnx.save(mobilenet_v2(), str(folder / "mobilenet_v2.onnx"))
+    model = mobilenet_v2()
+    onnx.save(model, str(folder / "mobilenet_v2.onnx"))
+    onnx.save(trained_head(model), str(folder / "mobilenet_v2_head.onnx"))
     np.savez(folder / "calib.npz", **samples(40))

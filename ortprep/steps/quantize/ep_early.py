@@ -14,10 +14,10 @@ EP's run can still change is only how far the EP computes that file otherwise th
   sample left; the pass is declared only where those bounds cannot move any sample left below the
   cosine bar (angles add: the EP's angle to the float model is at most the CPU EP's plus the EP's
   angle to the CPU EP's run), out of the norm's tolerance, past a top-1 decision's gap on the CPU
-  EP's run (elements that each move by at most e move the gap by at most 2e), or past load's
-  elementwise tolerance; and a top-1 decision is judged as the gate judges it (its agreement and
-  the agreement to expect on unseen inputs) with the samples left at their worst within the bound
-  (every lead shrunk by 2e). Outputs judged otherwise (flat ones, a
+  EP's run, or past load's elementwise tolerance; and a top-1 decision is judged as the gate
+  judges it (its agreement and the agreement to expect on unseen inputs) with the samples left at
+  their worst within the bound (every row's lead over its runner-up shrunk by SAFETY times the
+  largest change of a lead seen, against the output's largest value). Outputs judged otherwise (flat ones, a
   decision other than top-1/argmax over the last axis, a confidence threshold) run every sample.
 """
 
@@ -55,6 +55,16 @@ def _top_gap(value: np.ndarray) -> float:
         return math.inf
     top = np.sort(rows, axis=-1)[:, -2:]
     return float(np.min(top[:, 1] - top[:, 0]))
+
+
+def _leads(value: np.ndarray, by: np.ndarray) -> np.ndarray:
+    """Each row's (last axis) entry at ``by``'s top class less its largest other entry."""
+    rows = np.asarray(value, dtype=np.float64).reshape(-1, value.shape[-1])
+    top = np.argmax(np.asarray(by).reshape(-1, value.shape[-1]), axis=-1)
+    index = np.arange(rows.shape[0])
+    rest = rows.copy()
+    rest[index, top] = -np.inf
+    return rows[index, top] - np.max(rest, axis=-1)
 
 
 def _shrunk(value: np.ndarray, change: float) -> np.ndarray:
@@ -124,7 +134,7 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
                     return None
         # the largest of each measure of the EP against the CPU EP's run seen so far: the angle, the
         # norm's ratio, the largest elementwise difference against the largest value
-        angle = norm = error = 0.0
+        angle = norm = error = lead = 0.0
         for sample, cpu in zip(ep, on_cpu):
             for name, value in cpu.items():
                 if name not in sample:
@@ -139,6 +149,8 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
                 angle = max(angle, math.acos(max(-1.0, min(1.0, cosine))))
                 norm = max(norm, abs(float(np.linalg.norm(b)) / size - 1.0))
                 error = max(error, float(np.max(np.abs(b - a))) / peak)
+                if decisions.get(name) is not None and decisions[name].gated:
+                    lead = max(lead, float(np.max(np.abs(_leads(b, a) - _leads(a, a)))) / peak)
         spread, bound = SAFETY * angle, SAFETY * error
         limits = tolerances(ep) if tolerances is not None else {}
         for name in reference[0]:
@@ -158,12 +170,13 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
                 cosine = _cosine(ref, cpu)
                 if cosine is None or math.acos(max(-1.0, min(1.0, cosine))) + spread >= bar_angle:
                     return None
-                change = bound * float(np.max(np.abs(cpu)))  # the bound on any element's change
-                if decision is not None and decision.gated and 2.0 * change >= _top_gap(cpu):
+                peak = float(np.max(np.abs(cpu)))
+                if tolerance is not None and bound * peak >= tolerance:  # the bound on any element's change
                     return None
-                if tolerance is not None and change >= tolerance:
+                shrink = SAFETY * lead * peak  # the bound on how far the EP moves a row's lead
+                if decision is not None and decision.gated and shrink >= _top_gap(cpu):
                     return None
-                projected.append(_shrunk(cpu, change))
+                projected.append(_shrunk(cpu, shrink / 2.0))
             if decision is not None and decision.gated and not judge_decision(
                     decision, [_as64(r[name]) for r in reference], projected,
                     [_as64(m[name]) for m in more or [] if name in m] if decision.reads_margins else None

@@ -114,6 +114,7 @@ def evaluate(
     ep_after_cpu_fails: bool = True,
     latency_runs: int = LATENCY_RUNS,
     confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
+    ep_spared: Callable[[Judgement], str | None] | None = None,
 ) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
@@ -129,7 +130,9 @@ def evaluate(
     ``confirm_feeds``: reads the samples the model was calibrated on; where the held-back samples
     pass on every side judged, the same gate is held on these too, on the CPU EP (:func:`confirm`;
     the target EP's side waits for the result a search chooses: :func:`confirm_on_target`), and
-    failing there fails the evaluation."""
+    failing there fails the evaluation.
+    ``ep_spared(cpu)``: why the EP's run cannot change what the caller does with this candidate
+    (None: run it), said in ``ep_skipped``."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
@@ -154,8 +157,11 @@ def evaluate(
     cpu = judge_quantized("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
     on_ep = None
     ep_skipped = None
+    spared = ep_spared(cpu) if ep_spared is not None and target is not None and target.judged else None
     if target is not None and target.judged and not cpu.passed and not ep_after_cpu_fails:
         ep_skipped = "the CPU EP already fails the gate"
+    elif spared is not None:
+        ep_skipped = spared
     elif target is not None and target.judged:
         # the EP's first samples may decide its verdict (ep_early.py): the rest are then not run
         early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,

@@ -84,6 +84,19 @@ class Trials:
         # CPU EP passes it. A baseline that fails there cannot pass, and on a slow EP its run costs what
         # a later precision's trials need (docs/decisions/reduce-quantize-search.md).
         self.spare_failing_baseline = spare_failing_baseline
+        self.first_baseline: Evaluation | None = None  # the first source's baseline (_spared)
+
+    def _spared(self, cpu) -> str | None:
+        """A later source's baseline that cannot be chosen over the first one whatever the target EP
+        says (outcome.quantize_and_search: it must beat a passing first by PREPROCESS_MARGIN, and
+        the EP only lowers it) is not run there (docs/decisions/speed-ep-verdict.md)."""
+        from ortprep.steps.quantize.outcome import PREPROCESS_MARGIN
+
+        first = self.first_baseline
+        if (first is None or not first.passed or first.gate_cosine is None or cpu.cosine is None
+                or cpu.cosine > first.gate_cosine + PREPROCESS_MARGIN):
+            return None
+        return "not needed: the first source's baseline passes, and this one's cosine cannot beat it"
 
     def counts(self) -> dict:
         """The trials judged on the held-back samples and those that failed there (verify.trials)."""
@@ -171,7 +184,9 @@ class Trials:
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
                                   self.margin_feeds, ep_after_cpu_fails=False,
                                   latency_runs=LATENCY_RUNS if baseline else 0,
-                                  confirm_feeds=self.margin_feeds)
+                                  confirm_feeds=self.margin_feeds, ep_spared=self._spared if baseline else None)
+            if baseline and self.first_baseline is None:
+                self.first_baseline = evaluation
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             self.failed_before[output] = self.failed
             self.judged += 1

@@ -67,6 +67,9 @@ class GateTarget:
     clock: EpClock | None = None  # --ep-total-seconds: the step's time on the EP, all judgements together
     candidate: str | None = None  # what the EP runs now, as the progress bar names it ("A16W8 baseline")
     precision: str = ""  # the attempt's precision ("A16W8"), prefixed to ``candidate``
+    # False: run reads nothing from the step's cache (first_divergence's second pass on a simulator,
+    # whose runs of one file differ, asks for a run of its own)
+    cached: bool = True
 
     @property
     def judged(self) -> bool:
@@ -131,7 +134,7 @@ class GateTarget:
         key = self._model_key(model) if times is not None else None
         samples_keys = [(key, _feed_key(feed)) for feed in feeds] if key is not None else []
         cached: list[dict[str, np.ndarray]] = []
-        for sample_key in samples_keys:
+        for sample_key in samples_keys if self.cached else []:
             if sample_key not in times.outputs:
                 break
             cached.append(times.outputs[sample_key])
@@ -415,7 +418,11 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
             path = workdir / f"exposed{index}.onnx"
             onnx.save(proto, str(path))
             cpu = run_isolated(path, feeds, optimization="disable")
-            run = target.run(path, feeds)
+            target.cached = False  # a pass of its own: the simulator's runs of one file differ
+            try:
+                run = target.run(path, feeds)
+            finally:
+                target.cached = True
             path.unlink(missing_ok=True)
             if not cpu.ok or not run.ok or len(run.samples) != len(cpu.samples):
                 return answer()

@@ -6,8 +6,10 @@ EP's run can still change is only how far the EP computes that file otherwise th
 
 - **A clear miss** (exact): an output judged by its lowest cosine, below the bar by MISS_FACTOR
   times the bar's distance from 1 on one of the first samples, fails on all of them (the lowest
-  cosine only falls as samples are added).
-- **A clear pass** (bounded): after at least PASS_MIN_SAMPLES samples, where the CPU EP passed
+  cosine only falls as samples are added). Only where the caller asks (the confirmation, FP16's
+  probe): a search compares its trials' figures, which a stop would take from fewer samples.
+- **A clear pass** (bounded; against the caller's ``pass_bar``, the search's margin for quantize's
+  gate): after at least PASS_MIN_SAMPLES samples, where the CPU EP passed
   every sample and the EP's first samples pass (load's rule against the CPU EP's run included),
   the largest the EP's run of the first samples departs from the CPU EP's run of the same file,
   by angle, by norm and by relative L2 error, each times SAFETY, is taken as the bound on each
@@ -80,7 +82,7 @@ def _shrunk(value: np.ndarray, change: float) -> np.ndarray:
 
 def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, flat: dict, decisions: dict,
                cpu_passed: bool, apart: Callable[[list[dict]], Any] | None = None,
-               more: list[dict] | None = None,
+               more: list[dict] | None = None, misses: bool = True, pass_bar: float | None = None,
                tolerances: Callable[[list[dict]], dict[str, float]] | None = None
                ) -> Callable[[list[dict]], str | None]:
     """The rule for one candidate: ``reference`` the float model's outputs on every sample (CPU EP),
@@ -88,9 +90,12 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
     ``apart(ep_samples)`` load's rule against the CPU EP's run on the first samples (None: within
     it); ``tolerances(ep_samples)``: load's elementwise tolerance per output. The returned function takes the
     EP's outputs on the first samples and says "pass", "miss" or None (run on). ``more``: the float
-    model's outputs on other samples, whose margins join a decision's expected agreement."""
+    model's outputs on other samples, whose margins join a decision's expected agreement.
+    ``misses`` False: no stop on a clear miss (where the figures of every sample feed a search's
+    comparisons); ``pass_bar``: the cosine a clear pass must hold (default ``min_cosine``)."""
     offered = len(reference)
-    bar_angle = math.acos(max(-1.0, min(1.0, min_cosine)))
+    pass_bar = min_cosine if pass_bar is None else pass_bar
+    bar_angle = math.acos(max(-1.0, min(1.0, pass_bar)))
     miss_line = 1.0 - MISS_FACTOR * (1.0 - min_cosine)
     cosine_judged = [name for name in (reference[0] if reference else {})
                      if name not in flat and not (decisions.get(name) is not None and decisions[name].gated
@@ -114,7 +119,7 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
         seen = len(ep)
         if seen == 0 or seen >= offered:
             return None
-        for sample, ref in zip(ep, reference):
+        for sample, ref in zip(ep if misses else [], reference):
             for name in cosine_judged:
                 if name not in sample:
                     return None  # an output missing: the judgement says so on every sample
@@ -126,7 +131,7 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
         for sample, ref, cpu in zip(ep, reference, on_cpu):  # the first samples pass, deciding as the CPU EP
             for name in reference[0]:
                 cosine = _cosine(_as64(ref[name]), _as64(sample[name])) if name in sample else None
-                if cosine is None or cosine < min_cosine:
+                if cosine is None or cosine < pass_bar:
                     return None
                 decision = decisions.get(name)
                 if decision is not None and decision.gated and not np.array_equal(

@@ -23,6 +23,7 @@ from ortprep.runtime.budget import timed
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
 from ortprep.steps.quantize.ep_early import early_rule
+from ortprep.steps.quantize.trials import margin_aim
 from ortprep.transforms.verify import run_model
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def evaluate(
     latency_runs: int = LATENCY_RUNS,
     confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
     ep_spared: Callable[[Judgement], str | None] | None = None,
+    early_misses: bool = False,
 ) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
@@ -132,7 +134,9 @@ def evaluate(
     the target EP's side waits for the result a search chooses: :func:`confirm_on_target`), and
     failing there fails the evaluation.
     ``ep_spared(cpu)``: why the EP's run cannot change what the caller does with this candidate
-    (None: run it), said in ``ep_skipped``."""
+    (None: run it), said in ``ep_skipped``. The EP's run stops where its first samples pass
+    clearly (by the search's margin: ep_early.py), and with ``early_misses`` (nothing compares this
+    evaluation's figures with another's) where they miss clearly."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
@@ -167,6 +171,7 @@ def evaluate(
         early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,
                            apart=lambda ep: ep_apart(quant_model, target.ep, candidate.samples[:len(ep)], ep, metrics,
                                                      target.provider_options), more=more,
+                           misses=early_misses, pass_bar=margin_aim(min_cosine),
                            tolerances=lambda ep: ep_tolerances(quant_model, target, candidate.samples[0], ep[0],
                                                                metrics))
         run = target.run(quant_model, feeds, early=early)
@@ -291,6 +296,7 @@ def _confirmation_rule(quant_model: Path, target: GateTarget, cache: dict, held:
     cpus = on_cpu[1][:len(held)] + calib_cpu[1][:count]
     metrics = cache.get("metrics")
     rule = early_rule(floats, cpus, min_cosine, cache.get("flat", {}), cache.get("decisions", {}), True,
+                      pass_bar=margin_aim(min_cosine),
                       apart=lambda ep: ep_apart(quant_model, target.ep, cpus[:len(ep)], ep, metrics,
                                                 target.provider_options),
                       tolerances=lambda ep: ep_tolerances(quant_model, target, cpus[0], ep[0], metrics))

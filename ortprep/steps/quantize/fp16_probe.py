@@ -149,7 +149,8 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
         aim = margin_aim(options.min_cosine)
         # a conversion the CPU EP already fails is not run on the target EP (it cannot pass there)
         evaluation = evaluate(source, converted, feeds, aim, {}, output_bounds(handle.proto), target, metrics,
-                              lambda: margins, ep_after_cpu_fails=False, confirm_feeds=lambda: margins)
+                              lambda: margins, ep_after_cpu_fails=False, confirm_feeds=lambda: margins,
+                              early_misses=True)
         if progress is not None:
             progress("FP16", 2, 2)
         decided = [o["decision"] for o in evaluation.outputs if (o.get("decision") or {}).get("gated")]

@@ -12,10 +12,12 @@ quantize's search also stops where the EP's clock is spent.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 LEAST_SAMPLES = 2  # an EP judges at least this many samples, bound or not
@@ -191,3 +193,32 @@ def timed(what: str) -> Iterator[None]:
         return
     with times.timed(what):
         yield
+
+
+def model_key(model: Path, provider: str, provider_options: dict[str, str]) -> tuple | None:
+    """What an EP's outputs of ``model`` depend on: the file's content, its external data files'
+    sizes and times, the EP and its options (StepTimes' cache). None where it cannot be read."""
+    import onnx
+
+    try:
+        digest = hashlib.sha256(Path(model).read_bytes())
+        proto = onnx.load(str(model), load_external_data=False)
+        for location in sorted({entry.value for tensor in proto.graph.initializer
+                                for entry in tensor.external_data if entry.key == "location"}):
+            stat = (Path(model).parent / location).stat()
+            digest.update(f"{location}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    except Exception:  # noqa: BLE001 - not a model we can read: not cached
+        return None
+    return digest.hexdigest(), provider, tuple(sorted(provider_options.items()))
+
+
+def feed_key(feed: dict[str, Any]) -> str:
+    """One sample's content: its inputs' names, types, shapes and bytes."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for name in sorted(feed):
+        value = np.ascontiguousarray(feed[name])
+        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()

@@ -14,7 +14,6 @@ False judges on the CPU EP only (--gate-on-cpu).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,8 @@ from ortprep.findings import Finding, Severity
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.report import StepResult
-from ortprep.runtime.budget import LEAST_SAMPLES, EpClock, samples_within, step_times, timed
+from ortprep.runtime.budget import (LEAST_SAMPLES, EpClock, feed_key, model_key, samples_within, step_times,
+                                    timed)
 from ortprep.runtime.requests import RunOnEp
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, simulated, target_device
 from ortprep.runtime.worker import call, workers_scope
@@ -132,7 +132,7 @@ class GateTarget:
         (runtime.budget.timing_step) a (file, sample) the EP already ran is not run again."""
         times = step_times()
         key = self._model_key(model) if times is not None else None
-        samples_keys = [(key, _feed_key(feed)) for feed in feeds] if key is not None else []
+        samples_keys = [(key, feed_key(feed)) for feed in feeds] if key is not None else []
         cached: list[dict[str, np.ndarray]] = []
         for sample_key in samples_keys if self.cached else []:
             if sample_key not in times.outputs:
@@ -206,24 +206,7 @@ class GateTarget:
         return result
 
     def _model_key(self, model: Path) -> tuple | None:
-        """The model file's content (and its external data files' sizes and times) with the EP and
-        its options: what the EP's outputs of it depend on. None where the file cannot be read."""
-        try:
-            digest = hashlib.sha256(Path(model).read_bytes())
-        except OSError:
-            return None
-        import onnx
-
-        try:
-            proto = onnx.load(str(model), load_external_data=False)
-        except Exception:  # noqa: BLE001 - not a model we can read: not cached
-            return None
-        for location in sorted({entry.value for tensor in proto.graph.initializer for entry in tensor.external_data
-                                if entry.key == "location"}):
-            stat = (Path(model).parent / location).stat()
-            digest.update(f"{location}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-        return (digest.hexdigest(), self.runtime.spec.provider if self.runtime else self.ep,
-                tuple(sorted(self.provider_options.items())))
+        return model_key(model, self.runtime.spec.provider if self.runtime else self.ep, self.provider_options)
 
     def _run(self, model: Path, feeds: list[dict[str, np.ndarray]], keep: bool = False) -> EpRun:
         assert self.runtime is not None
@@ -244,16 +227,6 @@ class GateTarget:
             return EpRun(False, f"{stage} on {self.ep} failed: {reply.message}")
         return EpRun(True, samples=reply.samples, nodes_total=reply.nodes_total, nodes_on_ep=reply.nodes_on_ep,
                      run_seconds=reply.run_seconds / max(1, len(feeds)) if reply.run_seconds is not None else None)
-
-
-def _feed_key(feed: dict[str, np.ndarray]) -> str:
-    """One sample's content: its inputs' names, types, shapes and bytes."""
-    digest = hashlib.sha256()
-    for name in sorted(feed):
-        value = np.ascontiguousarray(feed[name])
-        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
-        digest.update(value.tobytes())
-    return digest.hexdigest()
 
 
 def gate_target(options: QuantizeOptions, report: StepResult, clock: EpClock | None = None) -> GateTarget:

@@ -29,10 +29,8 @@ from ortprep.steps.quantize.remedies import (
 )
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.search import run_search
-from ortprep.steps.quantize.trials import Trial, margin_aim, reaches_margin
+from ortprep.steps.quantize.trials import PREPROCESS_MARGIN, Trial, margin_aim, reaches_margin
 from ortprep.transforms.verify import model_bytes
-
-PREPROCESS_MARGIN = 1e-3  # cosine by which quantizing without pre-processing must win to be chosen
 
 
 @dataclass

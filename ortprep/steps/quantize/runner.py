@@ -21,7 +21,7 @@ from ortprep.steps.quantize.ep_gate import GateTarget
 from ortprep.steps.quantize.evaluate import LATENCY_RUNS, evaluate
 from ortprep.fidelity.evaluation import Evaluation, outputs_margin_gap
 from ortprep.steps.quantize.off_target import move_off_ep
-from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial
+from ortprep.steps.quantize.trials import FLOAT_MODEL, PREPROCESS_MARGIN, Trial
 from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings
 from ortprep.transforms.qdq.facts import quantization_stats
 from ortprep.transforms.verify import model_bytes
@@ -90,8 +90,6 @@ class Trials:
         """A later source's baseline that cannot be chosen over the first one whatever the target EP
         says (outcome.quantize_and_search: it must beat a passing first by PREPROCESS_MARGIN, and
         the EP only lowers it) is not run there (docs/decisions/speed-ep-verdict.md)."""
-        from ortprep.steps.quantize.outcome import PREPROCESS_MARGIN
-
         first = self.first_baseline
         if (first is None or not first.passed or first.gate_cosine is None or cpu.cosine is None
                 or cpu.cosine > first.gate_cosine + PREPROCESS_MARGIN):

@@ -70,9 +70,12 @@ def progress_bar(*, quiet: bool) -> Iterator[Callable[[str, int, int], None] | N
         tasks: dict[str, Any] = {}
 
         def callback(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+            # "EP qnn: A16W8 baseline, sample 3/8": one bar per stage (before the colon), its text
+            # saying what runs now
+            key = stage.split(":", 1)[0]
+            if key not in tasks:
+                tasks[key] = bar.add_task(stage, total=total)
+            bar.update(tasks[key], completed=done, total=total, description=stage)
 
         yield callback
 

@@ -12,9 +12,13 @@ quantize's search also stops where the EP's clock is spent.
 
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 LEAST_SAMPLES = 2  # an EP judges at least this many samples, bound or not
 
@@ -91,3 +95,130 @@ def limited_words(limited: dict, option: str = "--ep-seconds") -> str:
     """'3 of 8 samples (a run took 45.2 s on qnn here; --ep-seconds 180)': what a report says."""
     return (f"{limited['samples']} of {limited['offered']} samples (a run took {limited['seconds_per_run']:.1f} s on "
             f"{limited['ep']} here; {option} {limited['bound']:g})")
+
+
+# The target EP's outputs a step keeps for its later judgements, at most this many bytes
+# (docs/decisions/speed-ep-verdict.md): a QDQ candidate judged again (a confirmation, --auto's
+# attempts, a search trial whose file came out the same) is not run again on a slow EP.
+EP_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass
+class StepTimes:
+    """Where one quantize step's time goes (the report's ``timing``), and the target EP's outputs it
+    already has, by (model file content, EP options, sample content): one step runs each (file,
+    sample) on a slow EP at most once, whichever attempt or trial asks. ``progress``: the step's
+    progress callback (stage, done, total), for the EP's runs."""
+
+    progress: Callable[[str, int, int], None] | None = None
+    started: float = field(default_factory=time.monotonic)
+    seconds: dict[str, float] = field(default_factory=lambda: {"quantizer": 0.0, "cpu": 0.0, "ep": 0.0,
+                                                               "fp16_probe": 0.0})
+    ep_runs: int = 0  # samples run on the target EP
+    ep_calls: int = 0  # requests to the EP's worker (a session each, unless one was kept)
+    ep_cached: int = 0  # samples answered from what an earlier judgement ran
+    ep_skipped: int = 0  # samples not run: the first ones decided the EP's verdict (early)
+    early: dict[str, int] = field(default_factory=lambda: {"pass": 0, "miss": 0})
+    outputs: dict[tuple, dict] = field(default_factory=dict)
+    models: dict[tuple, dict] = field(default_factory=dict)  # model key -> placement, seconds a sample
+    held_bytes: int = 0
+
+    exclusive: float = 0.0  # the seconds of the outermost timed blocks (what ``other`` is not)
+    _depth: int = 0
+
+    @contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        started = time.monotonic()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            elapsed = time.monotonic() - started
+            self.seconds[what] = self.seconds.get(what, 0.0) + elapsed
+            if self._depth == 0:
+                self.exclusive += elapsed
+
+    def keep(self, key: tuple, sample: dict) -> None:
+        size = sum(getattr(v, "nbytes", 0) for v in sample.values())
+        if key not in self.outputs and self.held_bytes + size <= EP_CACHE_BYTES:
+            self.outputs[key] = sample
+            self.held_bytes += size
+
+    def record(self) -> dict[str, Any]:
+        """The report's ``timing``: seconds by kind (the EP's include its sessions; the FP16 probe's
+        include its own CPU and EP runs, counted there too), the EP's sample runs, and the rest
+        (preparation, the data, findings, latency) as ``other``."""
+        total = time.monotonic() - self.started
+        seconds = {k: round(v, 2) for k, v in self.seconds.items()}
+        return {"total_s": round(total, 2), "quantizer_s": seconds.get("quantizer", 0.0),
+                "cpu_eval_s": seconds.get("cpu", 0.0), "ep_s": seconds.get("ep", 0.0),
+                "fp16_probe_s": seconds.get("fp16_probe", 0.0),
+                "other_s": round(max(0.0, total - self.exclusive), 2),
+                "ep_runs": self.ep_runs, "ep_requests": self.ep_calls, "ep_cached": self.ep_cached,
+                "ep_skipped_early": self.ep_skipped, "ep_early": dict(self.early)}
+
+
+_CURRENT: ContextVar[StepTimes | None] = ContextVar("ortprep_step_times", default=None)
+
+
+def step_times() -> StepTimes | None:
+    """The running step's ledger (None outside one)."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def timing_step(progress: Callable[[str, int, int], None] | None = None) -> Iterator[StepTimes]:
+    """A step's ledger for the time inside; an enclosing one is reused (--auto's attempts, FP16's
+    probe share their step's)."""
+    current = _CURRENT.get()
+    if current is not None:
+        yield current
+        return
+    times = StepTimes(progress)
+    token = _CURRENT.set(times)
+    try:
+        yield times
+    finally:
+        _CURRENT.reset(token)
+
+
+@contextmanager
+def timed(what: str) -> Iterator[None]:
+    """Time the block as ``what`` in the running step's ledger (nothing outside a step). A block
+    inside another of another kind (an EP run inside the FP16 probe) counts in both."""
+    times = _CURRENT.get()
+    if times is None:
+        yield
+        return
+    with times.timed(what):
+        yield
+
+
+def model_key(model: Path, provider: str, provider_options: dict[str, str]) -> tuple | None:
+    """What an EP's outputs of ``model`` depend on: the file's content, its external data files'
+    sizes and times, the EP and its options (StepTimes' cache). None where it cannot be read."""
+    import onnx
+
+    try:
+        digest = hashlib.sha256(Path(model).read_bytes())
+        proto = onnx.load(str(model), load_external_data=False)
+        for location in sorted({entry.value for tensor in proto.graph.initializer
+                                for entry in tensor.external_data if entry.key == "location"}):
+            stat = (Path(model).parent / location).stat()
+            digest.update(f"{location}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    except Exception:  # noqa: BLE001 - not a model we can read: not cached
+        return None
+    return digest.hexdigest(), provider, tuple(sorted(provider_options.items()))
+
+
+def feed_key(feed: dict[str, Any]) -> str:
+    """One sample's content: its inputs' names, types, shapes and bytes."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for name in sorted(feed):
+        value = np.ascontiguousarray(feed[name])
+        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()

@@ -12,6 +12,8 @@ from typing import Any
 from ortprep.runtime.protocol import Reply, Request, WorkerState, clean_error
 from ortprep.runtime.requests.sessions import SessionSpec, assignment_of, build_session
 
+KEPT = "on_ep.kept"  # state.extras: the model whose session a RunOnEp kept for the next part
+
 
 @dataclass
 class RunOnEpReply(Reply):
@@ -38,6 +40,10 @@ class RunOnEp(Request):
     provider_options: dict[str, str] = field(default_factory=dict)
     plugin: dict[str, Any] | None = None
     latency_runs: int = 0  # time this many runs of the first sample after the outputs (a warm session)
+    # keep the session for the caller's next request on the same model (quantize's gate runs a slow
+    # EP's samples a few at a time, to stop once the first decide: docs/decisions/speed-ep-verdict.md);
+    # the next request on another model closes it
+    keep_session: bool = False
 
     def affinity(self):
         # as Placement's: QNN keeps the first session's soc_model for the whole process
@@ -49,6 +55,9 @@ class RunOnEp(Request):
         from ortprep.runtime.values import portable
 
         reply = RunOnEpReply(stage="import")
+        kept = state.extras.pop(KEPT, None)
+        if kept is not None and kept != self.model:
+            state.release(kept)
         try:
             state.ort  # noqa: B018 - the import is its own stage
             reply.stage = "session"
@@ -81,6 +90,9 @@ class RunOnEp(Request):
             reply.status, reply.message = "failed", clean_error(str(exc))[:1000] or type(exc).__name__
         finally:
             # Each model is run here once (a search trial, a compiled model's samples): its session
-            # is not kept (docs/decisions/docs-worker-session-memory.md).
-            state.release(self.model)
+            # is not kept (docs/decisions/docs-worker-session-memory.md), but for the caller's next part.
+            if self.keep_session and reply.ok:
+                state.extras[KEPT] = self.model
+            else:
+                state.release(self.model)
         return reply

@@ -22,6 +22,7 @@ from __future__ import annotations
 from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
+from ortprep.runtime.budget import timing_step
 from ortprep.steps.base import Step, StepContext, output_path
 from ortprep.steps.quantize.attempt import quantize_model
 from ortprep.steps.quantize.auto import quantize_auto
@@ -41,8 +42,17 @@ class QuantizeStep(Step):
     default_suffix = ".int8.onnx"
 
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
-        if self.options.auto:
-            return quantize_auto(model, output_path(self, model, ctx), self.options, force=ctx.force,
-                                 progress=ctx.progress)
-        return quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force,
-                              progress=ctx.progress)
+        # one ledger for the step: where its time goes (the report's "timing"), and the target EP's
+        # outputs each (file, sample) is run for once (runtime/budget.py StepTimes)
+        with timing_step(ctx.progress) as times:
+            if self.options.auto:
+                report = quantize_auto(model, output_path(self, model, ctx), self.options, force=ctx.force,
+                                       progress=ctx.progress)
+            else:
+                report = quantize_model(model, output_path(self, model, ctx), self.options, force=ctx.force,
+                                        progress=ctx.progress)
+        if isinstance(report.data, dict):
+            # the engines' own seconds (the attempt's record) beside the step's ledger
+            engine = (report.data.get("timing") or {}).get("engine_seconds", 0.0)
+            report.data["timing"] = {**times.record(), "engine_seconds": engine}
+        return report

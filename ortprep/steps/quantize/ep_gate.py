@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,10 +28,11 @@ from ortprep.findings import Finding, Severity
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.report import StepResult
-from ortprep.runtime.budget import EpClock, run_within
+from ortprep.runtime.budget import (LEAST_SAMPLES, EpClock, feed_key, model_key, samples_within, step_times,
+                                    timed)
 from ortprep.runtime.requests import RunOnEp
 from ortprep.runtime.targets import EpRuntime, ep_runtime, session_options, simulated, target_device
-from ortprep.runtime.worker import call
+from ortprep.runtime.worker import call, workers_scope
 
 EP_TIMEOUT = 1800.0  # one model on every held-back sample, on a simulator (QNN's HTP on x86) too
 
@@ -48,6 +49,8 @@ class EpRun:
     # where the time bound left samples out: {"samples", "offered", "seconds_per_run", "ep", "bound"}
     limited: dict[str, Any] | None = None
     run_seconds: float | None = None
+    # where the first samples decided the verdict (ep_early.py): {"verdict", "samples", "offered"}
+    early: dict[str, Any] | None = None
 
 
 @dataclass
@@ -62,6 +65,11 @@ class GateTarget:
     reason: str | None = None
     seconds: float | None = None  # --ep-seconds: the time one judgement may take on the EP (runtime/budget.py)
     clock: EpClock | None = None  # --ep-total-seconds: the step's time on the EP, all judgements together
+    candidate: str | None = None  # what the EP runs now, as the progress bar names it ("A16W8 baseline")
+    precision: str = ""  # the attempt's precision ("A16W8"), prefixed to ``candidate``
+    # False: run reads nothing from the step's cache (first_divergence's second pass on a simulator,
+    # whose runs of one file differ, asks for a run of its own)
+    cached: bool = True
 
     @property
     def judged(self) -> bool:
@@ -83,7 +91,8 @@ class GateTarget:
         assert self.runtime is not None
         request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=[feed],
                           provider_options=self.provider_options, plugin=self.runtime.plugin, latency_runs=runs)
-        reply = self._on_clock(lambda seconds: call(request, python=self.runtime.python, timeout=EP_TIMEOUT))
+        with timed("ep"):
+            reply = self._on_clock(lambda seconds: call(request, python=self.runtime.python, timeout=EP_TIMEOUT))
         return list(reply.latency_ms) if reply is not None and reply.ok else []
 
     def _on_clock(self, work):
@@ -113,24 +122,101 @@ class GateTarget:
                 "device": self.device.record() if self.device else None,
                 "time": self.clock.record("--ep-total-seconds") if self.clock is not None and runtime else None}
 
-    def run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
+    def run(self, model: Path, feeds: list[dict[str, np.ndarray]],
+            early: Callable[[list[dict[str, np.ndarray]]], str | None] | None = None) -> EpRun:
         """``model`` on the samples of ``feeds`` in the EP's session, on a worker of the EP's interpreter:
         every sample, or where one run is slow (a simulator), the first that fit in ``seconds``
-        (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples."""
-        outcome = self._on_clock(lambda seconds: run_within(lambda part: self._run(model, part), feeds, seconds,
-                                                            self.ep))
+        (runtime/budget.py; ``limited`` says so), a caller judging the matching first samples.
+        ``early(samples so far)``: "pass" or "miss" where the first samples decide the verdict
+        (ep_early.py; ``early`` on the result says so), None to run on. Within a step
+        (runtime.budget.timing_step) a (file, sample) the EP already ran is not run again."""
+        times = step_times()
+        key = self._model_key(model) if times is not None else None
+        samples_keys = [(key, feed_key(feed)) for feed in feeds] if key is not None else []
+        cached: list[dict[str, np.ndarray]] = []
+        for sample_key in samples_keys if self.cached else []:
+            if sample_key not in times.outputs:
+                break
+            cached.append(times.outputs[sample_key])
+        known = times.models.get(key) if key is not None else None
+        verdict = early(cached) if known is not None and early is not None and 0 < len(cached) < len(feeds) else None
+        if known is not None and (len(cached) == len(feeds) or verdict is not None):
+            times.ep_cached += len(cached)
+            run = EpRun(True, samples=cached, nodes_total=known["nodes_total"], nodes_on_ep=known["nodes_on_ep"],
+                        run_seconds=known["seconds"])
+            if verdict is not None:
+                times.ep_skipped += len(feeds) - len(cached)
+                times.early[verdict] = times.early.get(verdict, 0) + 1
+                run.early = {"verdict": verdict, "samples": len(cached), "offered": len(feeds)}
+            return run
+        with workers_scope(prestart=False):  # one worker (and its kept session) for every part, in a scope or not
+            outcome = self._on_clock(lambda seconds: self._run_parts(model, feeds, seconds,
+                                                                     cached if known else [], samples_keys, early))
         if outcome is None:
             return EpRun(False, f"not run on {self.ep}: the step's time there ({self.clock.total:g} s, "
                                 "--ep-total-seconds) was spent")
-        result, limited = outcome
-        result.limited = limited
+        return outcome
+
+    def _run_parts(self, model: Path, feeds: list[dict[str, np.ndarray]], seconds: float | None,
+                   cached: list[dict[str, np.ndarray]], keys: list[tuple], early) -> EpRun:
+        """The samples not yet run, one request each in a session the worker keeps between them (so
+        that ``early`` can stop the run and the progress bar can say which sample runs)."""
+        times = step_times()
+        samples = list(cached)
+        if times is not None:
+            times.ep_cached += len(cached)
+        known = times.models.get(keys[0][0]) if times is not None and keys else None
+        per_sample = known["seconds"] if known else None
+        count = len(feeds)
+        if per_sample is not None and seconds is not None and len(feeds) > LEAST_SAMPLES:
+            count = samples_within(per_sample, len(feeds), seconds)
+        nodes = (known["nodes_total"], known["nodes_on_ep"]) if known else (None, None)
+        result = EpRun(True)
+        while len(samples) < count:
+            index = len(samples)
+            verdict = early(samples) if early is not None and samples else None
+            if verdict is not None:
+                if times is not None:
+                    times.ep_skipped += count - index
+                    times.early[verdict] = times.early.get(verdict, 0) + 1
+                result.early = {"verdict": verdict, "samples": index, "offered": len(feeds)}
+                break
+            if times is not None and times.progress is not None:
+                what = " ".join(part for part in (self.precision, self.candidate or "candidate") if part)
+                times.progress(f"EP {self.ep}: {what}, sample {index + 1}/{count}", index, count)
+            reply = self._run(model, feeds[index:index + 1], keep=index + 1 < count)
+            if not reply.ok:
+                return reply
+            samples.extend(reply.samples)
+            if reply.nodes_total is not None:
+                nodes = (reply.nodes_total, reply.nodes_on_ep)
+            if per_sample is None:
+                per_sample = reply.run_seconds
+                if seconds is not None and len(feeds) > LEAST_SAMPLES:
+                    count = samples_within(per_sample, len(feeds), seconds)
+            if times is not None:
+                times.ep_runs += 1
+                times.keep(keys[index], reply.samples[0])
+                times.models.setdefault(keys[0][0], {"nodes_total": nodes[0], "nodes_on_ep": nodes[1],
+                                                     "seconds": per_sample})
+        result.samples, result.nodes_total, result.nodes_on_ep, result.run_seconds = samples, *nodes, per_sample
+        if count < len(feeds) and result.early is None:
+            result.limited = {"samples": count, "offered": len(feeds), "ep": self.ep,
+                              "seconds_per_run": round(per_sample or 0.0, 2), "bound": seconds}
         return result
 
-    def _run(self, model: Path, feeds: list[dict[str, np.ndarray]]) -> EpRun:
+    def _model_key(self, model: Path) -> tuple | None:
+        return model_key(model, self.runtime.spec.provider if self.runtime else self.ep, self.provider_options)
+
+    def _run(self, model: Path, feeds: list[dict[str, np.ndarray]], keep: bool = False) -> EpRun:
         assert self.runtime is not None
         request = RunOnEp(model=os.path.abspath(model), provider=self.runtime.spec.provider, feeds=feeds,
-                          provider_options=self.provider_options, plugin=self.runtime.plugin)
-        reply = call(request, python=self.runtime.python, timeout=EP_TIMEOUT)
+                          provider_options=self.provider_options, plugin=self.runtime.plugin, keep_session=keep)
+        times = step_times()
+        if times is not None:
+            times.ep_calls += 1
+        with timed("ep"):
+            reply = call(request, python=self.runtime.python, timeout=EP_TIMEOUT)
         if reply.status == "timeout":
             return EpRun(False, f"no answer from {self.ep} within {EP_TIMEOUT:.0f} s")
         if reply.status == "crashed":
@@ -159,7 +245,8 @@ def gate_target(options: QuantizeOptions, report: StepResult, clock: EpClock | N
     if runtime.available:
         return GateTarget(spec.name, runtime, session_options(runtime, options.provider_options, options.device),
                           device,
-                          seconds=options.ep_seconds, clock=clock or EpClock(options.ep_total_seconds))
+                          seconds=options.ep_seconds, clock=clock or EpClock(options.ep_total_seconds),
+                          precision=precision_label(options))
     where = f"the environment of {runtime.python}" if runtime.python else "this environment"
     why = runtime.probe.error or (f"{spec.provider} is neither built into ONNX Runtime {runtime.probe.version} nor "
                                   "offered "
@@ -178,6 +265,25 @@ def gate_target(options: QuantizeOptions, report: StepResult, clock: EpClock | N
         fix=f"to judge it on {spec.name}: {how}, then quantize again (--gate-on-ep makes a missing EP an error; "
             "--gate-on-cpu silences this)"))
     return GateTarget(spec.name, device=device, reason=reason)
+
+
+def precision_label(options: QuantizeOptions) -> str:
+    """"A16W8", "A8W8 per channel", "dynamic", "FP16": the precision an attempt asks for, as the
+    progress bar names it."""
+    from ortprep.steps.quantize.presets import resolve_settings
+
+    try:
+        settings = resolve_settings(options)
+    except Exception:  # noqa: BLE001 - a label only
+        return ""
+    if options.mode != "static":
+        return str(options.mode or "")
+    bits = {"uint16": 16, "int16": 16, "uint8": 8, "int8": 8, "int4": 4, "uint4": 4}
+    activation = bits.get(str(settings.get("activation_type")), "")
+    weight = bits.get(str(settings.get("weight_type")), "")
+    if not activation or not weight:
+        return "static"
+    return f"A{activation}W{weight}" + (" per channel" if settings.get("per_channel") else "")
 
 
 DIVERGED = 0.99  # a tensor whose cosine between the EP's and the CPU EP's run falls below this has parted
@@ -285,7 +391,11 @@ def first_divergence(target: GateTarget, model: Path, feeds: list[dict[str, np.n
             path = workdir / f"exposed{index}.onnx"
             onnx.save(proto, str(path))
             cpu = run_isolated(path, feeds, optimization="disable")
-            run = target.run(path, feeds)
+            target.cached = False  # a pass of its own: the simulator's runs of one file differ
+            try:
+                run = target.run(path, feeds)
+            finally:
+                target.cached = True
             path.unlink(missing_ok=True)
             if not cpu.ok or not run.ok or len(run.samples) != len(cpu.samples):
                 return answer()

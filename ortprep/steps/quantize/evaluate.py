@@ -19,8 +19,11 @@ from ortprep.fidelity.ep_match import first_apart, judge_ep_samples
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Confirmation, Evaluation, Judgement
 from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
 from ortprep.fidelity.quantized import Degenerate, flat_outputs, judge_quantized
+from ortprep.runtime.budget import timed
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
+from ortprep.steps.quantize.ep_early import early_rule
+from ortprep.steps.quantize.trials import margin_aim
 from ortprep.transforms.verify import run_model
 
 if TYPE_CHECKING:
@@ -31,7 +34,8 @@ LATENCY_RUNS = 10
 
 def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> RunOutcome:
     """Run ``model`` on ``feeds`` in a child process (untimed: paired_latency times)."""
-    return run_isolated(model, feeds)
+    with timed("cpu"):
+        return run_isolated(model, feeds)
 
 
 def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: dict[str, np.ndarray]) -> VerifyResult:
@@ -61,7 +65,8 @@ def margin_outputs(
         return []
     per_sample = sum(np.asarray(reference[0][name]).nbytes for name in names if name in reference[0])
     count = min(len(feeds), MARGIN_SAMPLES, max(1, MARGIN_BYTES // max(per_sample, 1)))
-    run = run_isolated(float_model, feeds[:count], outputs=names)
+    with timed("cpu"):
+        run = run_isolated(float_model, feeds[:count], outputs=names)
     if not run.ok:
         return []
     return [{name: sample[name] for name in names if name in sample} for sample in run.samples]
@@ -79,7 +84,8 @@ def paired_latency(float_model: Path, quant_model: Path, feed: dict[str, np.ndar
 def timed_medians(models: list[Path], feed: dict[str, np.ndarray]) -> list[float] | None:
     """Each model's median time (ms) over 2 x LATENCY_RUNS runs, one run of each in turn in one
     worker (TimeModels); None where a run fails."""
-    times = time_isolated(models, feed, runs=2 * LATENCY_RUNS)
+    with timed("cpu"):
+        times = time_isolated(models, feed, runs=2 * LATENCY_RUNS)
     return None if times is None else [statistics.median(t) for t in times]
 
 
@@ -109,6 +115,8 @@ def evaluate(
     ep_after_cpu_fails: bool = True,
     latency_runs: int = LATENCY_RUNS,
     confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
+    ep_spared: Callable[[Judgement], str | None] | None = None,
+    early_misses: bool = False,
 ) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
@@ -124,7 +132,11 @@ def evaluate(
     ``confirm_feeds``: reads the samples the model was calibrated on; where the held-back samples
     pass on every side judged, the same gate is held on these too, on the CPU EP (:func:`confirm`;
     the target EP's side waits for the result a search chooses: :func:`confirm_on_target`), and
-    failing there fails the evaluation."""
+    failing there fails the evaluation.
+    ``ep_spared(cpu)``: why the EP's run cannot change what the caller does with this candidate
+    (None: run it), said in ``ep_skipped``. The EP's run stops where its first samples pass
+    clearly (by the search's margin: ep_early.py), and with ``early_misses`` (nothing compares this
+    evaluation's figures with another's) where they miss clearly."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
@@ -149,10 +161,20 @@ def evaluate(
     cpu = judge_quantized("cpu", reference.samples, candidate.samples, min_cosine, flat, decisions, more)
     on_ep = None
     ep_skipped = None
+    spared = ep_spared(cpu) if ep_spared is not None and target is not None and target.judged else None
     if target is not None and target.judged and not cpu.passed and not ep_after_cpu_fails:
         ep_skipped = "the CPU EP already fails the gate"
+    elif spared is not None:
+        ep_skipped = spared
     elif target is not None and target.judged:
-        run = target.run(quant_model, feeds)
+        # the EP's first samples may decide its verdict (ep_early.py): the rest are then not run
+        early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,
+                           apart=lambda ep: ep_apart(quant_model, target.ep, candidate.samples[:len(ep)], ep, metrics,
+                                                     target.provider_options), more=more,
+                           misses=early_misses, pass_bar=margin_aim(min_cosine),
+                           tolerances=lambda ep: ep_tolerances(quant_model, target, candidate.samples[0], ep[0],
+                                                               metrics))
+        run = target.run(quant_model, feeds, early=early)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
         if run.ok:
             # (the first samples, where --ep-seconds left some out: run.limited)
@@ -226,8 +248,9 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
             return
         held_on_ep = (str(quant_model), run.samples)
     count = min(len(samples), CONFIRM_EP_SAMPLES)
-    run = target.run(quant_model, samples[:count])
     held = held_on_ep[1]  # each side's first samples where --ep-seconds left some out
+    run = target.run(quant_model, samples[:count], early=_confirmation_rule(quant_model, target, cache, held, count,
+                                                                            evaluation.min_cosine or 0.99))
     confirmation.on_ep = (
         judge_quantized(
             target.ep,
@@ -257,6 +280,27 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
         )
         confirmation.on_ep.passed = confirmation.on_ep.apart is None
     evaluation.passed = evaluation.passed and confirmation.on_ep.passed
+
+
+def _confirmation_rule(quant_model: Path, target: GateTarget, cache: dict, held: list, count: int,
+                       min_cosine: float) -> Callable[[list], str | None] | None:
+    """The early rule (ep_early.py) for the EP's run of the calibration samples, judged together
+    with the held-back ones the EP ran, as :func:`confirm_on_target` judges them; None where the
+    CPU EP's run of this model on them is not at hand."""
+    on_cpu, calib_cpu = cache.get("held_back_cpu"), cache.get("confirmation_cpu")
+    reference, held_back = cache.get("confirmation"), cache.get("evaluation")
+    if (on_cpu is None or calib_cpu is None or on_cpu[0] != str(quant_model) or calib_cpu[0] != str(quant_model)
+            or reference is None or held_back is None):
+        return None
+    floats = held_back.samples[:len(held)] + reference.samples[:count]
+    cpus = on_cpu[1][:len(held)] + calib_cpu[1][:count]
+    metrics = cache.get("metrics")
+    rule = early_rule(floats, cpus, min_cosine, cache.get("flat", {}), cache.get("decisions", {}), True,
+                      pass_bar=margin_aim(min_cosine),
+                      apart=lambda ep: ep_apart(quant_model, target.ep, cpus[:len(ep)], ep, metrics,
+                                                target.provider_options),
+                      tolerances=lambda ep: ep_tolerances(quant_model, target, cpus[0], ep[0], metrics))
+    return lambda ep: rule(list(held) + list(ep))
 
 
 def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[str, np.ndarray]]], min_cosine: float,
@@ -299,6 +343,18 @@ def ep_apart(model: Path, ep: str, on_cpu: list[dict[str, np.ndarray]], on_ep: l
                                                             for s in on_ep[:count]],
                                  metrics, computes_tf32(ep, provider_options))
     return first_apart(judged, on_cpu, metrics)
+
+
+def ep_tolerances(model: Path, target: GateTarget, on_cpu: dict[str, np.ndarray], on_ep: dict[str, np.ndarray],
+                  metrics: dict[str, str] | None) -> dict[str, float]:
+    """Load's elementwise tolerance for each output of ``model`` on the target EP (judge_ep_outputs
+    on one sample), for the early rule's bound on the samples left."""
+    from ortprep.fidelity.ep_match import judge_ep_outputs
+
+    proto = onnx.load(str(model), load_external_data=False)
+    judged = judge_ep_outputs(proto, target.ep, on_cpu, {k: np.asarray(v) for k, v in on_ep.items()}, metrics,
+                              computes_tf32(target.ep, target.provider_options))
+    return {o["name"]: float(o["tolerance"]) for o in judged if o.get("tolerance") is not None}
 
 
 def measure_on_target(evaluation: Evaluation, target: GateTarget, float_model: Path, quant_model: Path,

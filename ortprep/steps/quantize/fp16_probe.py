@@ -28,6 +28,7 @@ from ortprep.findings import Severity
 from ortprep.model import ModelHandle
 from ortprep.options import ConvertOptions, QuantizeOptions
 from ortprep.report import StepResult
+from ortprep.runtime.budget import timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
@@ -55,6 +56,11 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
     whatever goes wrong in it is its record's ``reason``, never the step's failure."""
     if handle.path is None or not options.verify:
         return None
+    with timed("fp16_probe"):
+        return _probe(handle, options, progress)
+
+
+def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None) -> dict[str, Any] | None:
     source = Path(handle.path)
     scratch = StepResult(step="quantize", schema="scratch")  # the data's findings are the attempts' already
     # calibration data splits as for a static attempt (a fifth held back, the rest's margins)
@@ -85,6 +91,7 @@ def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: Progre
                     "reason": "not measured: there are no real samples to judge it on (--calib DATA or --eval DATA)"}
         feeds, _ = evaluation_feeds(handle, plan, static, scratch)
         target = gate_target(static, scratch)  # the EP the attempts were judged on, where it runs here
+        target.precision, target.candidate = "", "FP16 probe"
     except OrtprepError:
         return None
     if not feeds:
@@ -140,8 +147,10 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
         if progress is not None:
             progress("FP16", 1, 2)
         aim = margin_aim(options.min_cosine)
+        # a conversion the CPU EP already fails is not run on the target EP (it cannot pass there)
         evaluation = evaluate(source, converted, feeds, aim, {}, output_bounds(handle.proto), target, metrics,
-                              lambda: margins, confirm_feeds=lambda: margins)
+                              lambda: margins, ep_after_cpu_fails=False, confirm_feeds=lambda: margins,
+                              early_misses=True)
         if progress is not None:
             progress("FP16", 2, 2)
         decided = [o["decision"] for o in evaluation.outputs if (o.get("decision") or {}).get("gated")]

@@ -30,10 +30,8 @@ from ortprep.steps.quantize.remedies import (
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.search import run_search
 from ortprep.steps.quantize.engines import AUTO_ORDER, Exclusion, engine
-from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial, improved, margin_aim, reaches_margin
+from ortprep.steps.quantize.trials import FLOAT_MODEL, PREPROCESS_MARGIN, Trial, improved, margin_aim, reaches_margin
 from ortprep.transforms.verify import model_bytes
-
-PREPROCESS_MARGIN = 1e-3  # cosine by which quantizing without pre-processing must win to be chosen
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Callable
 import onnx
 
 from ortprep.options import QuantizeOptions
+from ortprep.runtime.budget import timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.engines import Engine, EngineRun, Exclusion, engine
@@ -21,7 +22,7 @@ from ortprep.steps.quantize.ep_gate import GateTarget
 from ortprep.steps.quantize.evaluate import LATENCY_RUNS, evaluate
 from ortprep.fidelity.evaluation import Evaluation, outputs_margin_gap
 from ortprep.steps.quantize.off_target import move_off_ep
-from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial
+from ortprep.steps.quantize.trials import FLOAT_MODEL, PREPROCESS_MARGIN, Trial
 from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings
 from ortprep.transforms.qdq.facts import quantization_stats
 from ortprep.transforms.verify import model_bytes
@@ -94,6 +95,17 @@ class Trials:
         self.engine_runs: dict[Path, EngineRun] = {}  # a trial's model -> its engine call
         self.engine_seconds: float = 0.0  # every engine call of the step, together
         self.last_run: EngineRun | None = None
+        self.first_baseline: Evaluation | None = None  # the first source's baseline (_spared)
+
+    def _spared(self, cpu) -> str | None:
+        """A later source's baseline that cannot be chosen over the first one whatever the target EP
+        says (outcome.quantize_and_search: it must beat a passing first by PREPROCESS_MARGIN, and
+        the EP only lowers it) is not run there (docs/decisions/speed-ep-verdict.md)."""
+        first = self.first_baseline
+        if (first is None or not first.passed or first.gate_cosine is None or cpu.cosine is None
+                or cpu.cosine > first.gate_cosine + PREPROCESS_MARGIN):
+            return None
+        return "not needed: the first source's baseline passes, and this one's cosine cannot beat it"
 
     def counts(self) -> dict:
         """The trials judged on the held-back samples and those that failed there (verify.trials)."""
@@ -126,10 +138,11 @@ class Trials:
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()
         output = folder / "quantized.onnx"
-        run = self.engine.quantize(self.workdir, source, output, self.options.mode, self.settings,
-                                   self.plan.calibration, self.plan.calib_indices,
-                                   Exclusion(tuple(kept), tuple(self.options.exclude_ops), tuple(wide)), self.big,
-                                   self.progress, timeout=max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds))
+        with timed("quantizer"):
+            run = self.engine.quantize(self.workdir, source, output, self.options.mode, self.settings,
+                                       self.plan.calibration, self.plan.calib_indices,
+                                       Exclusion(tuple(kept), tuple(self.options.exclude_ops), tuple(wide)), self.big,
+                                       self.progress, timeout=max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds))
         self.engine_seconds += run.seconds
         self.engine_runs[output] = self.last_run = run
         ok, error = run.ok, run.error or ""
@@ -174,15 +187,18 @@ class Trials:
               baseline: bool = False) -> Trial:
         """Evaluate ``output`` (quantized from ``source``) on the held-back samples."""
         evaluation = None
+        if self.target is not None:
+            self.target.candidate = label  # the progress bar's name for the EP's runs
         if self.eval_feeds:
             if self.progress is not None:
                 self.progress("evaluating", 0, 1)
             evaluation = evaluate(source, output, self.eval_feeds, self.options.min_cosine,
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
-                                  self.margin_feeds, ep_after_cpu_fails=self.ep_in_loop or (
-                                      baseline and not self.spare_failing_baseline),
+                                  self.margin_feeds, ep_after_cpu_fails=False,
                                   latency_runs=LATENCY_RUNS if baseline else 0,
-                                  confirm_feeds=self.margin_feeds)
+                                  confirm_feeds=self.margin_feeds, ep_spared=self._spared if baseline else None)
+            if baseline and self.first_baseline is None:
+                self.first_baseline = evaluation
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only
             self.failed_before[output] = self.failed
             self.judged += 1

@@ -21,6 +21,8 @@ DECISION_IMPROVES = 2e-3
 
 
 # a trial's error where the nodes it kept float leave nothing quantized (Trials.attempt)
+PREPROCESS_MARGIN = 1e-3  # cosine by which quantizing without pre-processing must win to be chosen (outcome)
+
 FLOAT_MODEL = "nothing is quantized with these nodes kept float: this is the float model"
 
 

@@ -37,6 +37,6 @@ def base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, s
             "excluded_nodes": [], "kept_off_ep": [], "search": None,
         "gate_target": None,
         # the engine asked for and used, and each candidate engine's fate (outcome.choose_engine)
-        "engine": {"asked": options.engine_name(), "used": None, "candidates": []},
+        "engine": {"asked": options.engine_name(), "used": None, "candidates": [], "best": None},
         "timing": {"engine_seconds": 0.0},
     }

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ortprep.options import QuantizeOptions
-from ortprep.steps.quantize.engines import AUTO_ORDER, Exclusion, engine
+from ortprep.steps.quantize.engines import AUTO_ORDER, SPEED_ORDER, Exclusion, engine
 from ortprep.steps.quantize.evaluate import measure_on_target
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial, improved
@@ -91,7 +91,8 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
     fastest is kept (a later one only when FASTER_BY faster); where none passes, the best
     (trials.improved), and the search goes on with its engine. Once one passed, a later engine is
     tried only within --search-seconds. The record says what became of each engine, with its
-    latency ratio. Another --engine: its baseline alone."""
+    latency ratio. The engines are tried in AUTO_ORDER, and once one passed slowly in SPEED_ORDER
+    (docs/decisions/choose-engine-order.md). Another --engine: its baseline alone."""
     records = [engine_record(trials, first)]
     if options.engine_name() != "auto":
         return first, records
@@ -101,9 +102,11 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
     first_name = best_engine.name
     exclusion = Exclusion(tuple(trials.fixed), tuple(options.exclude_ops))
     spare = trials.spare_failing_baseline
-    for name in AUTO_ORDER:
-        if name == first_name:
-            continue
+    left = [name for name in AUTO_ORDER if name != first_name]
+    while left:
+        # the next engine: AUTO_ORDER's while none passed; once one passed slowly, SPEED_ORDER's
+        name = next(n for n in (SPEED_ORDER if best.passed else AUTO_ORDER) if n in left)
+        left.remove(name)
         candidate = engine(name)
         why = candidate.available()
         if why is not None:
@@ -197,7 +200,7 @@ def with_engines(fix: str | None, outcome_engines: list[dict], best: dict | None
         words = best_words(best)
     else:
         others = [name for name in AUTO_ORDER if name != asked]
-        words = f"--engine auto tries {', '.join(others)} too and keeps the best ({asked}: {best_words(best)})"
+        words = f"--engine auto tries {', '.join(others)} too and names the engine whose candidate measured best"
     return f"{fix}; {words}" if fix else words
 
 

@@ -305,3 +305,19 @@ def test_a_refusal_names_the_best_engines_candidate_and_keep_failed_keeps_it(tmp
     assert (f"{best['engine']}'s candidate measured best (lowest cosine {best['cosine']:.4f}" in refusal["fix"]
             and f"--engine {best['engine']} --keep-failed writes it as NAME.failed.onnx" in refusal["fix"])
     assert Path(record["kept_failed"]).exists()
+
+
+def test_the_refusal_words_name_the_best_engine_with_its_decisions_figures():
+    from ortprep.steps.quantize.choose import best_words, with_engines
+
+    best = {"engine": "nncf", "cosine": 0.99477, "latency_ratio": 1.42, "judged": ["ort", "nncf", "aimet"],
+            "decisions": [{"output": "probs", "kind": "ctc", "agreement": 0.875, "sequence_agreement": None}],
+            "writes_it": "--engine nncf --keep-failed"}
+    words = best_words(best)
+    assert words == ("of the engines judged (ort, nncf, aimet), nncf's candidate measured best (lowest cosine 0.9948; "
+                     "'probs' whole strings kept 87.5%; 1.42x the float model's latency): --engine nncf --keep-failed "
+                     "writes it as NAME.failed.onnx")
+    assert with_engines("--auto-exclude", best, "auto") == f"--auto-exclude; {words}"
+    assert with_engines("--auto-exclude", best, "ort").endswith("--engine auto tries nncf, aimet too and names the "
+                                                                     "engine whose candidate measured best")
+    assert with_engines("--auto-exclude", None, "auto") == "--auto-exclude"

@@ -175,13 +175,18 @@ def best_record(trials: Trials, best: Trial | None, engines: list[dict]) -> dict
             "writes_it": f"--engine {name} --keep-failed"}
 
 
+# a decision's agreement in words, by kind (the share the gate holds for it)
+KIND_WORDS = {"ctc": "whole strings kept", "top1": "top-1 kept", "argmax": "argmax kept per position"}
+
+
 def best_words(best: dict) -> str:
     """The kept engine's candidate in words, for the refusal's fix: the engines judged, its
     figures, and the options that write it."""
     figures = [f"lowest cosine {best['cosine']:.4f}" if best.get("cosine") is not None else "no cosine"]
     for decision in best.get("decisions") or []:
         share = decision["agreement"]
-        figures.append(f"'{decision['output']}' {decision['kind']} agreement {share:.1%}"
+        what = KIND_WORDS.get(decision["kind"], f"{decision['kind']} agreement")
+        figures.append(f"'{decision['output']}' {what} {share:.1%}"
                        + (f", whole sequences {decision['sequence_agreement']:.1%}"
                           if decision.get("sequence_agreement") is not None and decision["kind"] != "argmax" else ""))
     if best.get("latency_ratio") is not None:
@@ -191,7 +196,7 @@ def best_words(best: dict) -> str:
             + "; ".join(figures) + f"): {best['writes_it']} writes it as NAME.failed.onnx")
 
 
-def with_engines(fix: str | None, outcome_engines: list[dict], best: dict | None, asked: str) -> str | None:
+def with_engines(fix: str | None, best: dict | None, asked: str) -> str | None:
     """A refusal's fix with the engines' part: under --engine auto, the best engine's candidate and
     what writes it (best_words); under one engine, that --engine auto tries the others too."""
     if best is None:

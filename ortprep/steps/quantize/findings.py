@@ -127,8 +127,7 @@ def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
         refusal = gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
                                worst=names, writers=writers, others=others, searched=bool(outcome.search))
         # the best engine's candidate, its figures and what writes it (choose.with_engines)
-        report.add(replace(refusal, fix=with_engines(refusal.fix, outcome.engines, outcome.engine_best,
-                                                     options.engine_name())))
+        report.add(replace(refusal, fix=with_engines(refusal.fix, outcome.engine_best, options.engine_name())))
     int8_compute = int8_compute_matmuls(quantized) if options.mode == "static" and options.ep in (None, "cpu") else []
     if int8_compute:
         shown = ", ".join(int8_compute[:6]) + (", ..." if len(int8_compute) > 6 else "")

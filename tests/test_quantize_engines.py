@@ -226,3 +226,98 @@ def test_auto_tries_16_bit_activations_on_every_ep(ep):
 
     labels = [label for label, _ in auto_order(QuantizeOptions(mode="static", calib="random", ep=ep, auto=True))]
     assert any(label.startswith("static uint16 activations, int8 weights") for label in labels), labels
+
+
+needs_aimet = pytest.mark.skipif(engines.engine("aimet").available() is not None,
+                                 reason="AIMET-ONNX's environment is not here")
+
+
+@pytest.mark.parametrize("passed, ratio, best_passed, best_ratio, kept", [
+    (True, 0.5, True, 1.4, True),  # passes and runs clearly faster than the slow one that passed
+    (True, 1.3, True, 1.4, False),  # within FASTER_BY of it: the earlier one stays
+    (False, 0.3, True, 1.4, False),  # fails the gate: never kept over one that passed, however fast
+    (True, None, True, 1.4, False),  # not timed: no evidence it is faster
+])
+def test_auto_keeps_a_later_engine_only_where_it_passes_and_runs_faster(passed, ratio, best_passed, best_ratio,
+                                                                         kept):
+    from ortprep.steps.quantize.choose import faster, slow
+
+    assert slow(best_ratio) and not slow(0.99) and not slow(None)
+    assert (passed and faster(ratio, best_ratio)) is kept
+
+
+@needs_nncf
+@needs_aimet
+def test_auto_tries_every_engine_where_the_one_that_passed_is_slower_and_keeps_the_fastest(tmp_path, monkeypatch):
+    """cnn.onnx on the CPU EP: ORT's candidate passes. Where it runs slower than the float model (a
+    tiny CNN's Q/DQ pairs cost more than its int8 kernels save), NNCF and AIMET-ONNX quantize too
+    and the fastest that passed is kept; where it does not, neither is tried. Each judged engine's
+    record carries its latency ratio, and engine.best the kept one's."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 10)
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--engine", "auto",
+                               "-o", tmp_path / "q.onnx")
+    assert code == 0, record["findings"]
+    fates = {c["engine"]: c for c in record["engine"]["candidates"]}
+    ort = fates["ort"]
+    assert ort["passed"] is True and ort["timed_on"] == "cpu" and ort["latency_ratio"] > 0
+    best = record["engine"]["best"]
+    assert best["engine"] == record["engine"]["used"] and best["passed"] is True
+    assert best["writes_it"] == f"--engine {best['engine']} --keep-failed"
+    if ort["latency_ratio"] <= 1.0:
+        assert fates["nncf"]["status"] == fates["aimet"]["status"] == "not tried" and ort["kept"]
+        assert "ort passed the gate at" in fates["nncf"]["reason"]
+        assert [c["engine"] for c in record["engine"]["candidates"]] == ["ort", "nncf", "aimet"]  # AUTO_ORDER
+        return
+    judged = [c for c in record["engine"]["candidates"] if c["status"] == "judged"]
+    # none skipped: the slow pass went on, in SPEED_ORDER (AIMET-ONNX's files ran fastest on the development half)
+    assert [c["engine"] for c in judged] == ["ort", "aimet", "nncf"]
+    kept = next(c for c in judged if c["kept"])
+    assert kept["passed"] and kept["latency_ratio"] is not None
+    for other in judged:  # nothing that passed ran clearly faster than the kept one (choose.FASTER_BY)
+        if other is not kept and other["passed"]:
+            assert other["latency_ratio"] >= 0.9 * kept["latency_ratio"] or judged.index(other) > judged.index(kept)
+    if kept["latency_ratio"] > 1.0:  # still slower than float: QNT004 names each engine's ratio
+        slower = next(f for f in record["findings"] if f["code"] == "QNT004")
+        assert "the engines judged: ort (passed" in slower["message"]
+
+
+@needs_nncf
+def test_a_refusal_names_the_best_engines_candidate_and_keep_failed_keeps_it(tmp_path, monkeypatch):
+    """Held to a cosine no 8-bit candidate reaches, every engine's is refused: nothing is written at
+    -o, the refusal's fix names the engine whose candidate measured best with its figures and the
+    options that write it, engine.best gives them, and --keep-failed keeps that candidate."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 10)
+    out = tmp_path / "q.onnx"
+    code, record, stderr = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--engine", "auto",
+                                    "--metric", "logits=cosine", "--min-cosine", "0.9999999", "--keep-failed",
+                                    "-o", out)
+    assert code == 1 and not out.exists() and "Traceback" not in stderr
+    judged = [c for c in record["engine"]["candidates"] if c["status"] == "judged"]
+    assert len(judged) >= 2 and not any(c["passed"] for c in judged)
+    best = record["engine"]["best"]
+    kept = next(c for c in judged if c["kept"])
+    assert best["engine"] == kept["engine"] == record["engine"]["used"] and best["passed"] is False
+    assert best["cosine"] == pytest.approx(record["verify"]["cosine"])
+    assert best["judged"] == [c["engine"] for c in judged]
+    refusal = next(f for f in record["findings"] if f["code"] == "QNT005")
+    assert (f"{best['engine']}'s candidate measured best (lowest cosine {best['cosine']:.4f}" in refusal["fix"]
+            and f"--engine {best['engine']} --keep-failed writes it as NAME.failed.onnx" in refusal["fix"])
+    assert Path(record["kept_failed"]).exists()
+
+
+def test_the_refusal_words_name_the_best_engine_with_its_decisions_figures():
+    from ortprep.steps.quantize.choose import best_words, with_engines
+
+    best = {"engine": "nncf", "cosine": 0.99477, "latency_ratio": 1.42, "judged": ["ort", "nncf", "aimet"],
+            "decisions": [{"output": "probs", "kind": "ctc", "agreement": 0.875, "sequence_agreement": None}],
+            "writes_it": "--engine nncf --keep-failed"}
+    words = best_words(best)
+    assert words == ("of the engines judged (ort, nncf, aimet), nncf's candidate measured best (lowest cosine 0.9948; "
+                     "'probs' whole strings kept 87.5%; 1.42x the float model's latency): --engine nncf --keep-failed "
+                     "writes it as NAME.failed.onnx")
+    assert with_engines("--auto-exclude", best, "auto") == f"--auto-exclude; {words}"
+    assert with_engines("--auto-exclude", best, "ort").endswith("--engine auto tries nncf, aimet too and names the "
+                                                                     "engine whose candidate measured best")
+    assert with_engines("--auto-exclude", None, "auto") == "--auto-exclude"

@@ -96,7 +96,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                                             "source": calibration.source if calibration else None,
                                             "kind": calibration.kind if calibration else None}})
         report.data["engine"] = {"asked": options.engine_name(), "used": outcome.engine,
-                                 "candidates": outcome.engines}
+                                 "candidates": outcome.engines, "best": outcome.engine_best}
         report.data["timing"] = {"engine_seconds": round(outcome.engine_seconds, 3)}
         if outcome.trial is None:
             quantizer = "ONNX Runtime's quantizer" if outcome.engine == "ort" else f"the {outcome.engine} engine"

@@ -6,7 +6,7 @@ Their order is the report's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.fidelity.evaluation import Evaluation
 from ortprep.fidelity.words import fmt_cosine
 from ortprep.steps.quantize.gate_findings import assumption_finding, gate_finding, latency_finding, limited_finding
+from ortprep.steps.quantize.choose import speed_words, with_engines
 from ortprep.steps.quantize.diagnose import worst_nodes
 from ortprep.steps.quantize.ladder import auto_order
 from ortprep.steps.quantize.outcome import Outcome
@@ -123,8 +124,10 @@ def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
                 if plan.eval_set is not None and plan.eval_set.kind != "random" else None)
         others = [label + (f" (calibrated on {changes['calib']}, a share held back)" if changes.get("calib") else "")
                   for label, changes in auto_order(options, held)[1:]]
-        report.add(gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
-                                worst=names, writers=writers, others=others, searched=bool(outcome.search)))
+        refusal = gate_finding(evaluation, min_cosine=options.min_cosine, ep_text=target.describe(), stopped=stopped,
+                               worst=names, writers=writers, others=others, searched=bool(outcome.search))
+        # the best engine's candidate, its figures and what writes it (choose.with_engines)
+        report.add(replace(refusal, fix=with_engines(refusal.fix, outcome.engine_best, options.engine_name())))
     int8_compute = int8_compute_matmuls(quantized) if options.mode == "static" and options.ep in (None, "cpu") else []
     if int8_compute:
         shown = ", ".join(int8_compute[:6]) + (", ..." if len(int8_compute) > 6 else "")
@@ -179,8 +182,9 @@ def cost_findings(report: StepResult, attempt: Attempt, size_before: int) -> Non
     quantized, sources, evaluation, excluded = attempt.quantized, attempt.sources, outcome.evaluation, outcome.excluded
     result_path = outcome.trial.path
     slower = latency_finding(evaluation)
-    if slower is not None:
-        report.add(slower)
+    if slower is not None:  # with the engines' latency ratios, where --engine auto judged several (choose.speed_words)
+        speed = speed_words(outcome.engines)
+        report.add(replace(slower, message=f"{slower.message}; {speed}") if speed else slower)
     fewer = limited_finding(evaluation)
     if fewer is not None:
         report.add(fewer)

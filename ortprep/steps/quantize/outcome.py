@@ -29,8 +29,8 @@ from ortprep.steps.quantize.remedies import (
 )
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.search import run_search
-from ortprep.steps.quantize.engines import AUTO_ORDER, Exclusion, engine
-from ortprep.steps.quantize.trials import FLOAT_MODEL, PREPROCESS_MARGIN, Trial, improved, margin_aim, reaches_margin
+from ortprep.steps.quantize.choose import best_record, choose_engine, engine_record
+from ortprep.steps.quantize.trials import PREPROCESS_MARGIN, Trial, improved, margin_aim, reaches_margin
 from ortprep.transforms.verify import model_bytes
 
 
@@ -65,6 +65,8 @@ class Outcome:
     # each engine --engine auto considered: tried, not available, not supported, failed or judged
     engines: list[dict] = field(default_factory=list)
     engine_seconds: float = 0.0  # every engine call of the step, together
+    # the candidate kept, by engine, with its measured figures (choose.best_record): JSON engine.best
+    engine_best: dict | None = None
 
 
 def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options: QuantizeOptions, settings: dict,
@@ -191,19 +193,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                    widened_activations=trials.widened_count.get(best.path, 0),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
                    rounding=rounding, compute=compute, engine=trials.engine.name, engines=engines,
-                   engine_seconds=trials.engine_seconds)
-
-
-def engine_record(trials: Trials, trial: Trial) -> dict:
-    """One engine's baseline for the report: failed (its error) or judged (the gate's figures)."""
-    run = trials.engine_runs.get(trial.path) if trial.path is not None else trials.last_run
-    detail = {k: v for k, v in (run.detail if run else {}).items() if k != "traceback"}
-    if trial.path is None and trial.error != FLOAT_MODEL:
-        return {"engine": trials.engine.name, "status": "failed", "error": trial.error,
-                "seconds": run.seconds if run else None, "detail": detail}
-    return {"engine": trials.engine.name, "status": "judged", "passed": trial.passed, "cosine": trial.cosine,
-            "decision_shortfall": trial.shortfall, "judged_on": (trial.sides or {}).get("judged_on"),
-            "seconds": run.seconds if run else None, "detail": detail}
+                   engine_seconds=trials.engine_seconds, engine_best=best_record(trials, best, engines))
 
 
 def try_smooth_quant_alphas(trials: Trials, source: Path, label: str, best: Trial, engines: list[dict]) -> Trial:
@@ -233,50 +223,6 @@ def try_smooth_quant_alphas(trials: Trials, source: Path, label: str, best: Tria
             record["smooth_quant_alphas"] = tried
             record["smooth_quant_alpha"] = settings.get("smooth_quant_alpha", SMOOTH_QUANT_ALPHA)
     return best
-
-
-def choose_engine(trials: Trials, source: Path, label: str, first: Trial, options: QuantizeOptions
-                  ) -> tuple[Trial, list[dict]]:
-    """--engine auto: after ORT's baseline, each later engine of AUTO_ORDER that is available and
-    supports the settings quantizes the same source, judged by the same gate, until one passes;
-    the first that passes is kept, else the best (trials.improved), and the search goes on with its
-    engine. The record says what became of each engine. Another --engine: its baseline alone."""
-    records = [engine_record(trials, first)]
-    if options.engine_name() != "auto":
-        return first, records
-    best, best_engine = first, trials.engine
-    first_name = best_engine.name
-    exclusion = Exclusion(tuple(trials.fixed), tuple(options.exclude_ops))
-    spare = trials.spare_failing_baseline
-    for name in AUTO_ORDER:
-        if name == first_name:
-            continue
-        candidate = engine(name)
-        why = candidate.available()
-        if why is not None:
-            records.append({"engine": name, "status": "not available", "reason": why})
-            continue
-        why = candidate.supports(options.mode, trials.settings, exclusion)
-        if why is not None:
-            records.append({"engine": name, "status": "not supported", "reason": why})
-            continue
-        if best.passed:
-            records.append({"engine": name, "status": "not tried", "reason": f"{best_engine.name} passed the gate"})
-            continue
-        trials.engine = candidate
-        # an engine whose candidate fails on the CPU EP is not judged on the target EP
-        trials.spare_failing_baseline = True
-        try:
-            trial = trials.attempt(source, list(trials.fixed), f"baseline ({label}, {name})", baseline=True)
-        finally:
-            trials.spare_failing_baseline = spare
-        records.append(engine_record(trials, trial))
-        if trial.path is not None and improved(trial, best):
-            best, best_engine = trial, candidate
-    trials.engine = best_engine
-    for record in records:
-        record["kept"] = record["engine"] == best_engine.name
-    return best, records
 
 
 def weight_only_trials(trials: Trials, source: Path, best: Trial, options: QuantizeOptions, plan: DataPlan,

@@ -36,7 +36,7 @@ def base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, s
         "quantized_ops": 0, "quantized_weights": 0, "quantized_weight_share": None, "wide_activations": [],
             "excluded_nodes": [], "kept_off_ep": [], "search": None,
         "gate_target": None,
-        # the engine asked for and used, and each candidate engine's fate (outcome.choose_engine)
-        "engine": {"asked": options.engine_name(), "used": None, "candidates": []},
+        # the engine asked for and used, each candidate engine's fate and the one kept (choose.py)
+        "engine": {"asked": options.engine_name(), "used": None, "candidates": [], "best": None},
         "timing": {"engine_seconds": 0.0},
     }

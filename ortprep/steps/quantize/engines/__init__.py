@@ -1,7 +1,9 @@
 """The quantize engines, by name: :func:`engine` imports ``engines.<name>`` when first asked and
 returns its ``ENGINE``; a module that is not there is an engine that is not available (with why).
 :data:`AUTO_ORDER` is the order ``--engine auto`` tries them in: ORT's quantizer first (the fastest,
-and what ortprep always ran), then NNCF, then AIMET-ONNX."""
+and what ortprep always ran), then NNCF, then AIMET-ONNX, as measured on the development half of the
+journey's corpus (docs/decisions/choose-engine-order.md); :data:`SPEED_ORDER`, the order once a
+candidate passed but runs slower than the float model (choose.choose_engine)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from typing import Any
 from ortprep.steps.quantize.engines.base import ENGINE_CHOICES, ENGINE_NAMES, Engine, EngineRun, Exclusion
 
 AUTO_ORDER = ("ort", "nncf", "aimet")
+# where a candidate passed but runs slower than the float model, the others in this order: AIMET-ONNX's
+# files ran fastest, NNCF's slowest, on the development half (docs/decisions/choose-engine-order.md)
+SPEED_ORDER = ("ort", "aimet", "nncf")
 
 
 class Missing:
@@ -55,4 +60,5 @@ def chosen(name: str) -> list[str]:
     return list(AUTO_ORDER) if name == "auto" else [name]
 
 
-__all__ = ["AUTO_ORDER", "ENGINE_CHOICES", "ENGINE_NAMES", "Engine", "EngineRun", "Exclusion", "chosen", "engine"]
+__all__ = ["AUTO_ORDER", "ENGINE_CHOICES", "ENGINE_NAMES", "SPEED_ORDER", "Engine", "EngineRun", "Exclusion", "chosen",
+           "engine"]

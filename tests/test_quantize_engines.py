@@ -107,6 +107,20 @@ def test_nncf_refuses_16_bit_activations_in_one_line(tmp_path):
     assert "Traceback" not in stderr
 
 
+def test_an_engine_missing_here_exits_3_in_one_line(tmp_path, monkeypatch):
+    """An engine this machine lacks is the environment's shortfall (exit 3), not a usage error; with
+    --auto as without it, and nothing is written."""
+    monkeypatch.setenv("ORTPREP_AIMET_PYTHON", str(tmp_path / "no-such-python"))
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 4)
+    out = tmp_path / "q.onnx"
+    for extra in ((), ("--auto",)):
+        code, _, stderr = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--engine", "aimet",
+                                   *extra, "-o", out)
+        assert code == 3 and not out.exists(), stderr
+        assert "--engine aimet: ORTPREP_AIMET_PYTHON=" in stderr and "is not an interpreter" in stderr
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+
+
 class RaisingQuantize(NncfQuantize):
     """NNCF's request, raising where nncf.quantize would run: an engine that fails in the worker."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 
-from ortprep.errors import UsageError
+from ortprep.errors import EnvironmentMissingError, UsageError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import QuantizeOptions
@@ -36,14 +36,18 @@ from ortprep.transforms.verify import model_bytes
 
 
 def refuse_engine(options: QuantizeOptions, settings: dict) -> None:
-    """The engine named with --engine (not auto) cannot run here, or cannot write what the settings
-    ask: one line, exit code 2 (usage), nothing written."""
+    """The engine named with --engine (not auto) cannot run here (exit code 3, environment), or cannot
+    write what the settings ask (exit code 2, usage): one line, nothing written."""
     name = options.engine_name()
     if name == "auto":
         return
+    hint = "or --engine auto, which tries each engine that can"
+    missing = engine(name).available()
+    if missing is not None:
+        raise EnvironmentMissingError(f"--engine {name}: {missing}", hint=hint)
     why = engine_refusal(name, options.mode, settings)
     if why is not None:
-        raise UsageError(f"--engine {name}: {why}", hint="or --engine auto, which tries each engine that can")
+        raise UsageError(f"--engine {name}: {why}", hint=hint)
 
 
 def engine_refusal(name: str, mode: str, settings: dict) -> str | None:

@@ -45,7 +45,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ortprep.errors import OrtprepError, UsageError
+from ortprep.errors import OrtprepError
 from ortprep.findings import Finding, Severity
 from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
@@ -55,7 +55,7 @@ from ortprep.runtime.budget import EpClock
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
 from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
-from ortprep.steps.quantize.attempt import engine_refusal, quantize_model
+from ortprep.steps.quantize.attempt import engine_refusal, quantize_model, refuse_engine
 from ortprep.steps.quantize.ladder import attempt_flags, auto_order, eval_sample_count
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.trials import margin_aim
@@ -98,7 +98,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                                           **changes)
             refusal = engine_refusal_for(attempt)
             if refusal is not None and number == 0:  # the precision asked for: refused as without --auto
-                raise UsageError(refusal, hint="or --engine auto, which tries each engine that can")
+                refuse_engine(attempt, resolve_settings(attempt))
             if refusal is not None:  # --engine NAME that cannot write this precision: the next one
                 tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
                               "latency_ratio": None, "judged_on": None, "codes": [], "error": refusal})

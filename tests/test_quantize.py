@@ -13,23 +13,9 @@ import onnxruntime as ort
 import pytest
 
 import models
-from cli_helpers import invoke
+from cli_helpers import invoke, quantize, write_samples
 from conftest import SAMPLES
 from ortprep.steps.quantize import engines as quantize_engines
-
-
-def write_samples(folder: Path, name: str, shape: tuple, count: int, seed: int = 0) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        np.savez(folder / f"sample{index:03d}.npz", **{name: rng.standard_normal(shape).astype(np.float32)})
-    return folder
-
-
-def quantize(*args) -> tuple[int, dict, str]:
-    result = invoke("quantize", *args, "--json")
-    record = result.json() if result.stdout.strip() else {}
-    return result.exit_code, record, result.stderr
 
 
 def codes(record: dict) -> set[str]:

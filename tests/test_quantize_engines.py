@@ -11,26 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cli_helpers import invoke
+from cli_helpers import invoke, quantize, write_samples
 from conftest import SAMPLES
 from ortprep.runtime.requests.nncf_quantize import NncfQuantize
 from ortprep.steps.quantize import engines
 from ortprep.steps.quantize.engines.nncf import NncfEngine
 
 needs_nncf = pytest.mark.skipif(importlib.util.find_spec("nncf") is None, reason="nncf is not installed")
-
-
-def write_samples(folder: Path, name: str, shape: tuple, count: int, seed: int = 0) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        np.savez(folder / f"sample{index:03d}.npz", **{name: rng.standard_normal(shape).astype(np.float32)})
-    return folder
-
-
-def quantize(*args) -> tuple[int, dict, str]:
-    result = invoke("quantize", *args, "--json")
-    return result.exit_code, (result.json() if result.stdout.strip() else {}), result.stderr
 
 
 def outlier_channel_mlp(width: int = 64, classes: int = 8, outlier: float = 100.0) -> onnx.ModelProto:

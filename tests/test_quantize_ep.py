@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import models
-from cli_helpers import invoke
+from cli_helpers import invoke, quantize
 from conftest import ROOT, SAMPLES
 
 HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
@@ -27,11 +27,6 @@ needs_qnn = pytest.mark.skipif(
 )
 needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON.exists(),
                                     reason="no .venv-openvino with onnxruntime-openvino (make install creates it)")
-
-
-def quantize(*args) -> tuple[int, dict, str]:
-    result = invoke("quantize", *args, "--json")
-    return result.exit_code, (result.json() if result.stdout.strip() else {}), result.stderr
 
 
 def findings(record: dict, code: str) -> list[dict]:

@@ -117,7 +117,7 @@ CATALOGUE: dict[str, FindingKind] = {
         ),
         FindingKind("CNV018", "--rewrite-for left nodes the EP does not take as they were", Severity.WARNING),
         FindingKind(
-            "CNV019", "the real EP's session takes less of the rewritten model than of the original", Severity.WARNING
+            "CNV019", "the real EP's session leaves nodes a rewrite made on the CPU", Severity.WARNING
         ),
         FindingKind(
             "VFY001",

@@ -48,7 +48,8 @@ def real_placement(path: Path, spec: EpSpec, runtimes: dict[str, Any] | None = N
     else:
         partitions = sum(1 for ep, _ in subgraphs if ep == spec.provider)
     on_cpu = Counter(node.op_type for node, where in zip(graph.node, placed) if where == CPU)
+    cpu_nodes = sorted(label for label, where in zip(labels, placed) if where == CPU)
     return {"status": "created", "nodes": len(assignment),
             "nodes_on_ep": sum(1 for ep in assignment.values() if ep == spec.provider),
             "partitions": partitions, "copies": count_copies(graph, placed),
-            "cpu_ops": dict(sorted(on_cpu.items()))}
+            "cpu_ops": dict(sorted(on_cpu.items())), "cpu_nodes": cpu_nodes}

@@ -3,6 +3,7 @@ real session's where the EP runs here (the proof), with the findings they call f
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,19 @@ def rewrite_record(outcome: RewriteOutcome, original: Path | None, written: Path
     after = real_placement(written, spec)
     record["proof"] = {"status": "proven" if before["status"] == after["status"] == "created" else "failed",
                        "before": before, "after": after}
-    lost = after["status"] != "created" and before["status"] == "created"
-    if lost or (after["status"] == "created" == before["status"] and after["nodes_on_ep"] < before["nodes_on_ep"]):
-        what = (f"is not created ({after.get('message')})" if lost else
-                f"takes {after['nodes_on_ep']} node(s), the original's {before['nodes_on_ep']}")
+    if before["status"] == "created" and after["status"] != "created":
         report.add(Finding.of(
-            "CNV019", f"--rewrite-for {ep}: the real {ep} session of the rewritten model {what}", ep=ep,
+            "CNV019", f"--rewrite-for {ep}: the real {ep} session of the rewritten model is not created "
+            f"({after.get('message')}), the original's is", ep=ep,
             fix="keep the original; please report the model so the tables learn what the EP takes"))
+    elif after["status"] == "created":
+        prefixes = tuple(f"{item['node']}." for item in outcome.rewritten)
+        stayed = [name for name in after["cpu_nodes"] if name.startswith(prefixes)]
+        if stayed:
+            report.add(Finding.of(
+                "CNV019", f"--rewrite-for {ep}: the real {ep} session leaves {len(stayed)} node(s) the rewrite "
+                f"made on the CPU, though {ep}'s table takes their ops: {', '.join(stayed[:SHOWN])}"
+                + (", ..." if len(stayed) > SHOWN else ""), ep=ep,
+                fix=f"ortprep load {shlex.quote(str(written))} --ep {ep} shows why; please report the model so "
+                    "the tables learn it"))
     return record

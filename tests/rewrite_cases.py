@@ -79,6 +79,23 @@ def single(case: Case, shape: list[int] | None = None, elem_type: int = TensorPr
     return model
 
 
+def every_op(names: list[str], opset: int) -> onnx.ModelProto:
+    """One model with a branch per case (each reading ``x``, each its own output ``y_<case>``),
+    nodes named after the case: one session places them all."""
+    nodes, inits, outputs = [], [], []
+    for name in names:
+        case = CASES[name]
+        inits += [numpy_helper.from_array(value, f"{name}.{key}") for key, value in case.constants.items()]
+        nodes.append(helper.make_node(case.op, ["x", *(f"{name}.{key}" for key in case.constants)], [f"y_{name}"],
+                                      name=name, domain=case.domain, **case.attrs))
+        outputs.append(helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, case.out_shape or SHAPE))
+    graph = helper.make_graph(nodes, "every_op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_for(opset))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def inputs(case: Case, shape: list[int] | None = None, seed: int = 0) -> np.ndarray:
     """Seeded N(0, scale) values with EDGES at the front."""
     x = (np.random.default_rng(seed).standard_normal(shape or SHAPE) * case.scale).astype(np.float32)

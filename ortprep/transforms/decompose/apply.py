@@ -178,14 +178,15 @@ def _copy(node: NodeProto) -> NodeProto:
     return copy
 
 
-def apply_everywhere(proto: ModelProto, decomposition: Decomposition) -> list[str]:
-    """Decompose every main-graph node of ``decomposition``'s op whatever an EP takes (in place);
-    the names of the nodes rewritten. What the unit tests compare against the op itself."""
+def apply_everywhere(proto: ModelProto, decomposition: Decomposition, only: set[str] | None = None) -> list[str]:
+    """Decompose every main-graph node of ``decomposition``'s op (``only``: of these names) whatever
+    an EP takes (in place); the names of the nodes rewritten. What the tests compare and place."""
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     analysis = ModelAnalysis(ModelHandle(proto=proto, path=None), symbolic_infer=symbolic_infer)
     plan, names = {}, {}
     for info in analysis.graphs[0].nodes:
-        if info.op_type == decomposition.op and (info.node.domain or "") == decomposition.domain:
+        if (info.op_type == decomposition.op and (info.node.domain or "") == decomposition.domain
+                and (only is None or info.name in only)):
             plan[info.index], names[info.index] = [decomposition], info.name
     done, _ = _apply(proto, plan, names, _facts(analysis), _constants(proto), opset)
     drop_unread_initializers(proto)

@@ -51,6 +51,8 @@ CASES: dict[str, Case] = {
                              constants={"bias": RNG.standard_normal(4).astype(np.float32)}),
     "layernorm-reduce": Case("LayerNormalization", {"axis": -2, "epsilon": 1e-3},
                              {"scale": RNG.random([4, 4], np.float32), "bias": RNG.random([4, 4], np.float32)}),
+    "rmsnorm-reduce": Case("RMSNormalization", {"axis": -2, "epsilon": 1e-3}, {"scale": RNG.random([4, 4], np.float32)},
+                           opset=23),
     "groupnorm-reduce": Case("GroupNormalization", {"num_groups": 2, "epsilon": 1e-4},
                              {"scale": RNG.random(8, np.float32), "bias": RNG.random(8, np.float32)}, opset=21),
     "einsum-matmul": Case("Einsum", {"equation": "bhqd,bhkd->bhqk"},

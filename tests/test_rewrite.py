@@ -139,6 +139,26 @@ def test_mobilenet_v3_for_dml_npu_check_fix_rewrite_and_check_again(tmp_path):
     assert "not proven" in human
 
 
+def test_check_names_a_rewrite_only_where_one_applies(tmp_path):
+    """Det has no decomposition, and a GroupNormalization over unknown channels is a form none
+    handles: their EP001 fixes stay the general words; a GroupNormalization of known channels gets
+    the command."""
+    det = tmp_path / "det.onnx"
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Det", ["x"], ["y"], name="det")], "det",
+        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, [])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), det)
+    dynamic, static = tmp_path / "gn_dynamic.onnx", tmp_path / "gn.onnx"
+    onnx.save(single(CASES["groupnorm-reduce"], shape=[1, "C", 4, 4]), dynamic)
+    onnx.save(single(CASES["groupnorm-reduce"]), static)
+    for path, rewrite in ((det, False), (dynamic, False), (static, True)):
+        record = invoke("check", path, "--ep", "dml-npu", "--json").json()
+        fix = next(f["fix"] for f in record["findings"] if f["code"] == "EP001")
+        assert ("--rewrite-for dml-npu" in fix) is rewrite, (path, fix)
+        assert rewrite or fix.startswith("replace ")
+
+
 def test_a_node_no_decomposition_handles_is_left_and_said(tmp_path):
     """GroupNormalization (dml-npu has none) over a channel count the model does not fix: CNV018."""
     case = CASES["groupnorm-reduce"]

@@ -111,15 +111,10 @@ def rewrite_fix(finding: Finding, analysis: ModelAnalysis, model: str) -> Findin
     the model's opset: its fix is the convert command that applies it (transforms/decompose)."""
     if finding.code != "EP001" or not finding.ep or not finding.node:
         return finding
-    from ortprep.transforms.decompose.registry import choose
+    from ortprep.transforms.decompose.apply import decomposition_for
 
-    by_name = analysis.__dict__.setdefault(
-        "_rewrite_nodes", {n.name: n for n in analysis.graphs[0].nodes} if analysis.graphs else {})
-    info = by_name.get(finding.node)
-    opset = analysis.opsets.get("ai.onnx") or analysis.opsets.get("")
-    if info is None or opset is None:
-        return finding
-    chosen = choose(support_table(finding.ep), info.node.domain, info.op_type, opset)
+    opset = analysis.opsets.get("ai.onnx")
+    chosen = decomposition_for(analysis, finding.node, support_table(finding.ep), opset) if opset else None
     if chosen is None:
         return finding
     stem = model.removesuffix(".onnx")

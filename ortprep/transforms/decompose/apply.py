@@ -178,6 +178,23 @@ def _copy(node: NodeProto) -> NodeProto:
     return copy
 
 
+def decomposition_for(analysis: ModelAnalysis, node_name: str, table, opset: int) -> Decomposition | None:
+    """The decomposition --rewrite-for would apply to this main-graph node for ``table``'s EP (the
+    first whose ops the table takes and whose builder handles the node's form), or None: what
+    check's EP001 fix names. The builder runs on a scratch Emitter; the model is not changed."""
+    memo = analysis.__dict__.setdefault("_decompose_memo", {})
+    if "nodes" not in memo:
+        memo["nodes"] = {info.name: info for info in analysis.graphs[0].nodes} if analysis.graphs else {}
+        memo["facts"], memo["values"] = _facts(analysis), _constants(analysis.handle.proto)
+    info = memo["nodes"].get(node_name)
+    if info is None:
+        return None
+    for decomposition in candidates(table, info.node.domain, info.op_type, opset):
+        if decomposition.build(info.node, Emitter(info.node, info.name, opset, memo["facts"], memo["values"])):
+            return decomposition
+    return None
+
+
 def apply_everywhere(proto: ModelProto, decomposition: Decomposition, only: set[str] | None = None) -> list[str]:
     """Decompose every main-graph node of ``decomposition``'s op (``only``: of these names) whatever
     an EP takes (in place); the names of the nodes rewritten. What the tests compare and place."""

@@ -38,6 +38,25 @@ def _layer_norm(node: NodeProto, emit: Emitter) -> bool:
     return True
 
 
+def _rms_norm(node: NodeProto, emit: Emitter) -> bool:
+    """x / Sqrt(mean(x^2) + epsilon) * scale, over the axes from ``axis`` on."""
+    facts = emit.facts(node.input[0])
+    if facts.elem_type != TensorProto.FLOAT:
+        return False
+    axis = attr(node, "axis", -1)
+    if axis < 0:
+        axes = list(range(axis, 0))
+    elif facts.shape is not None:
+        axes = list(range(axis, len(facts.shape)))
+    else:
+        return False
+    x = node.input[0]
+    square_mean = emit.reduce_mean(emit.node("Mul", [x, x]), axes)
+    root = emit.node("Sqrt", [emit.node("Add", [square_mean, emit.const(attr(node, "epsilon", 1e-5))])])
+    emit.node("Mul", [emit.node("Div", [x, root]), node.input[1]], out=node.output[0])
+    return True
+
+
 def _group_norm(node: NodeProto, emit: Emitter) -> bool:
     """Reshape to (N, groups, -1), normalize over the last axis, reshape back, then the per-channel
     scale and bias (opset 18's per-group ones repeated over each group's channels)."""
@@ -74,6 +93,8 @@ def _group_norm(node: NodeProto, emit: Emitter) -> bool:
 NORMALIZATIONS = (
     Decomposition("layernorm-reduce", "LayerNormalization", NORM_OPS, (17, None), _layer_norm,
                   "(x - mean) / Sqrt(var + epsilon) * scale + bias, the means by ReduceMean"),
+    Decomposition("rmsnorm-reduce", "RMSNormalization", ("ReduceMean", "Mul", "Add", "Sqrt", "Div"), (23, None),
+                  _rms_norm, "x / Sqrt(mean(x^2) + epsilon) * scale, the mean by ReduceMean"),
     Decomposition("groupnorm-reduce", "GroupNormalization", ("Reshape", "Shape", *NORM_OPS), (18, None),
                   _group_norm, "Reshape to (N, groups, -1), normalize over it, Reshape back, * scale + bias"),
 )

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from cli_helpers import invoke
 from conftest import ROOT
-from rewrite_cases import CASES, every_op, ir_for
+from rewrite_cases import CASES, every_op, ir_for, single
 
 from ortprep.eps.registry import resolve_ep
 from ortprep.transforms.decompose import registry
@@ -133,3 +133,20 @@ def test_rewritten_nodes_the_real_session_leaves_on_the_cpu_are_named(tmp_path, 
     assert record["rewrite"]["predicted"]["after"]["ep001"] == 0  # the table's view
     finding = next(f for f in record["findings"] if f["code"] == "CNV019")
     assert finding["message"].endswith("middle.3.LayerNormalization")
+
+
+@needs_openvino
+def test_convert_proves_the_rewrite_on_openvino_through_its_runtime(tmp_path):
+    """OpenVINO's table has no GroupNormalization: convert --rewrite-for openvino-cpu --runtime
+    openvino-cpu=PYTHON proves the placement in that environment (ORT expands the function op for
+    the EP before, so both sides are on the EP: the proof shows the rewrite loses nothing)."""
+    path = tmp_path / "gn.onnx"
+    onnx.save(single(CASES["groupnorm-reduce"]), path)
+    result = invoke("convert", path, "--rewrite-for", "openvino", "--runtime", f"openvino-cpu={OPENVINO_PYTHON}",
+                    "-o", tmp_path / "gn.ov.onnx", "--json")
+    assert result.exit_code == 0, result.stdout
+    record = result.json()
+    assert record["rewrite"]["rewritten"][0]["rewrite"] == "groupnorm-reduce"
+    proof = record["rewrite"]["proof"]
+    assert proof["status"] == "proven" and proof["after"]["cpu_nodes"] == [] and proof["after"]["partitions"] == 1
+    assert not any(f["code"] == "CNV019" for f in record["findings"])

@@ -148,6 +148,9 @@ class ConvertOptions(VerifyOptions):
         None, "Decompose the ops this EP does not take into ops its table says it does (HardSwish as x * "
         "HardSigmoid(x), LayerNormalization as reductions, ...), verified; the placement before and after is reported.",
         Kind.EP, flags=("--rewrite-for",), metavar="EP")
+    runtimes: dict[str, Path] = runtimes_option("With --rewrite-for: prove the placement under another "
+                                                "environment's Python (its own ONNX Runtime flavour): EP=PYTHON "
+                                                "(repeatable).")
     repair: bool = option(False, "Repair defects converters write that are safe to repair (an opset imported twice); "
                           "every convert does this, --repair alone does nothing else.", Kind.FLAG)
     min_cosine: float = option(0.999, "FP16 gate: lowest cosine similarity per output.", Kind.FLOAT, minimum=-1.0)

@@ -122,7 +122,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
     if rewrite is not None:
-        report.data["rewrite"] = rewrite_record(rewrite, handle.path, written, report)
+        report.data["rewrite"] = rewrite_record(rewrite, handle.path, written, report, options.runtimes)
     if left:
         report.add(Finding.of(
             "CNV016", f"every input is static, but {len(left)} tensor(s) inside keep an unknown dimension (e.g. "

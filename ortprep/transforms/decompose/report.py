@@ -17,9 +17,10 @@ SHOWN = 5
 
 
 def rewrite_record(outcome: RewriteOutcome, original: Path | None, written: Path | None,
-                   report: StepResult) -> dict[str, Any]:
-    """The record, with ``proof``: the real sessions of ``original`` and ``written`` on the EP
-    (status ``proven``), or why there is none (``unavailable``, ``not run``)."""
+                   report: StepResult, runtimes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record, with ``proof``: the real sessions of ``original`` and ``written`` on the EP (in
+    the environment ``runtimes`` names for it, else this one; status ``proven``), or why there is
+    none (``unavailable``, ``not run``)."""
     record = outcome.record()
     ep = outcome.ep
     if outcome.left:
@@ -37,11 +38,11 @@ def rewrite_record(outcome: RewriteOutcome, original: Path | None, written: Path
                            else "the original is not a file"}
         return record
     spec = resolve_ep(ep)
-    before = real_placement(original, spec)
+    before = real_placement(original, spec, runtimes)
     if before["status"] == "unavailable":
         record["proof"] = before
         return record
-    after = real_placement(written, spec)
+    after = real_placement(written, spec, runtimes)
     record["proof"] = {"status": "proven" if before["status"] == after["status"] == "created" else "failed",
                        "before": before, "after": after}
     if before["status"] == "created" and after["status"] != "created":

@@ -163,7 +163,7 @@ def mend_finding(record: dict[str, Any] | None, nodes_on_ep: dict | None = None)
             f"judged{share}", ep=ep, severity=Severity.INFO,
             fix=f"nothing to do; ortprep load MODEL --ep {ep} shows what runs where")
     return Finding.of(
-        "QNT040", f"the session on {ep} fails on every candidate: {record.get('reason', 'not mended')}"
+        "QNT040", f"not mended: {record.get('reason', 'the session on ' + ep + ' fails')}"
         + (f" (culprits the reduction named: {shown})" if shown else ""), ep=ep, severity=Severity.WARNING,
         fix=f"ortprep check MODEL.qdq.onnx --ep {ep} --prove measures it alone; another --device or precision "
             "(--auto), or FP16")

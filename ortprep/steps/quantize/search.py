@@ -103,7 +103,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     baseline, mended, off_reasons = mend_session(trials, source, baseline, options)
     if mended is not None and not mended["mended"]:
         return baseline, {"aim": margin_aim(options.min_cosine), "trials": [], "rules": [], "ranked": [],
-                          "stopped": f"the session on {mended['ep']} fails: {mended.get('reason')} (search.mend)",
+                          "stopped": f"{mended.get('reason')} (search.mend)",
                           "off_ep": [], "off_ep_reasons": {}, "mend": mended}, {}
     if mended is not None:
         trials.off = list(baseline.off)  # every later trial keeps them off too

@@ -1,0 +1,100 @@
+"""quantize --auto-exclude mends a candidate whose session fails on the target EP (issue 52, item 2;
+ortprep/steps/quantize/mend.py), on the real QNN HTP simulator for the Snapdragon 888 (soc_model
+30): the reduction of check --prove names the culprits of the trial's own QDQ file, and the trial
+is quantized again with them kept off QNN; where nothing lets the session be created, the search
+ends naming them."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from cli_helpers import quantize
+from test_prove import DEVICE, Qnn, planted_chain
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None,
+                       reason="onnxruntime-qnn is not installed (make install adds it)"),
+    pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the QNN simulator is an x86 build"),
+]
+
+
+def se_gate_model(folder: Path) -> tuple[Path, Path]:
+    """Conv/Relu pairs with a squeeze-excite gate (GlobalAveragePool, HardSigmoid, Mul) half-way,
+    and calibration samples for it. Quantized with the gate's pool and HardSigmoid kept float
+    (--exclude-node), the QDQ model fails QNN's graph finalize on the 888
+    (QNN_COMMON_ERROR_MEM_ALLOC; measured, onnxruntime-qnn 2.7.0); quantized whole, it does not."""
+    model = planted_chain(folder / "se.onnx", pairs=6, plant={0.5: "hs"})
+    data = folder / "x"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(10):
+        np.savez(data / f"{index:02d}.npz", x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    return model, data
+
+
+def findings(record: dict, code: str) -> list[dict]:
+    return [f for f in record["findings"] if f["code"] == code]
+
+
+def test_a_qdq_session_that_fails_finalize_is_mended_and_written(tmp_path):
+    model, data = se_gate_model(tmp_path)
+    out = tmp_path / "se.qdq.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--device", DEVICE, "--calib", data,
+                               "--exclude-node", "culprit_hs", "--exclude-node", "se_pool", "--auto-exclude", "-o", out)
+    assert code == 0 and out.exists(), [f["message"] for f in record["findings"]]
+    mend = record["search"]["mend"]
+    assert mend["mended"] is True and mend["ep"] == "qnn" and len(mend["rounds"]) == 1
+    first = mend["rounds"][0]
+    assert first["trial"] == "baseline (preprocessed)" and "QNN_COMMON_ERROR_MEM_ALLOC" in first["message"]
+    # the reduction's own record: one 1-minimal set, the HardSigmoid on the [1, 8, 1, 1] gate
+    assert [group["nodes"] for group in first["culprit"]["culprits"]] == [["culprit_hs"]]
+    assert first["culprit"]["nodes"][0]["op_type"] == "HardSigmoid" and first["culprit"]["probes"] > 0
+    assert first["fix"]["kind"] == "graph" and first["fix"]["kept_off"] == ["culprit_hs"]
+    assert first["trial_after"]["passed"] is True and first["trial_after"]["error"] is None
+    assert mend["kept_off_ep"] == ["culprit_hs"] and mend["culprits"] == ["culprit_hs"]
+    # the report: kept off QNN and why, judged on both EPs, how much stays on QNN
+    assert [(e["name"], e["op_type"]) for e in record["kept_off_ep"]] == [("culprit_hs", "HardSigmoid")]
+    assert "QNN_COMMON_ERROR_MEM_ALLOC" in record["kept_off_ep"][0]["reason"]
+    ep = record["verify"]["ep"]
+    assert record["verify"]["passed"] is True and ep["passed"] is True and ep["error"] is None
+    assert 0 < ep["placement"]["nodes_on_ep"] < ep["placement"]["nodes_total"]
+    said = findings(record, "QNT040")
+    assert len(said) == 1 and said[0]["severity"] == "info" and "culprit_hs" in said[0]["message"]
+    assert f"{ep['placement']['nodes_on_ep']} of {ep['placement']['nodes_total']} nodes stay on qnn" in said[0][
+        "message"]
+    # the file written: the HardSigmoid in an If the CPU EP runs, and QNN's session for it is created
+    proto = onnx.load(str(out))
+    assert [node.name for node in proto.graph.node if node.op_type == "If"] == ["ortprep_off_ep_culprit_hs"]
+    created, message, assignment = Qnn().session(str(out))
+    assert created, message
+    assert sum(placed == "QNNExecutionProvider" for placed in assignment.values()) == ep["placement"]["nodes_on_ep"]
+
+
+def test_a_session_nothing_mends_ends_the_search_naming_its_culprits(tmp_path):
+    """16-bit weights in a Conv on the 888: QNN's layout transformer inserts an NHWC Conv it then
+    does not take, for every Conv. The reduction names each; kept off QNN, the EP would take no
+    node at all, which is no fix: refused (exit 1, nothing written), and the search runs no trial."""
+    model, data = se_gate_model(tmp_path)
+    out = tmp_path / "se.qdq.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--device", DEVICE, "--calib", data,
+                               "--activation-type", "uint16", "--weight-type", "int16", "--per-tensor",
+                               "--auto-exclude", "-o", out)
+    assert code == 1 and not out.exists() and record["output"] is None
+    mend = record["search"]["mend"]
+    assert mend["mended"] is False and mend["kept_off_ep"] == []
+    assert mend["culprits"] == [f"conv{index}" for index in range(6)]
+    assert "not selected by that EP" in mend["rounds"][0]["message"]
+    assert "the EP took no node at all" in mend["reason"]
+    # the baseline and the calibration method tried before the search; then the search stopped
+    assert record["search"]["stopped"].endswith("(search.mend)")
+    assert all(t["label"].startswith(("baseline", "calibration")) for t in record["search"]["trials"])
+    said = findings(record, "QNT040")
+    assert len(said) == 1 and said[0]["severity"] == "warning"
+    assert said[0]["message"].startswith("not mended: ") and "conv0, conv1" in said[0]["message"]
+    assert record["kept_off_ep"] == []

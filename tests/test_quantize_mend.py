@@ -98,3 +98,35 @@ def test_a_session_nothing_mends_ends_the_search_naming_its_culprits(tmp_path):
     assert len(said) == 1 and said[0]["severity"] == "warning"
     assert said[0]["message"].startswith("not mended: ") and "conv0, conv1" in said[0]["message"]
     assert record["kept_off_ep"] == []
+
+
+def test_region_sets_are_the_span_to_the_wrong_output_and_the_front_end():
+    """front_end.region_sets on a graph: input -> stft -> pow -> log -> head -> y, and a side branch
+    pow -> side -> z. The EP parts first at pow and last at log, and gets y wrong: the span is pow,
+    log, head (not side: it leads to z); the front end is stft, pow, log; then both together."""
+    from onnx import TensorProto, helper
+
+    from ortprep.steps.quantize.front_end import region_sets
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="stft"), helper.make_node("Relu", ["a"], ["b"], name="pow"),
+             helper.make_node("Relu", ["b"], ["c"], name="log"), helper.make_node("Relu", ["c"], ["y"], name="head"),
+             helper.make_node("Relu", ["b"], ["z"], name="side")]
+    value = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y", "z")]
+    graph = helper.make_graph(nodes, "g", value[:1], value[1:])
+    sets = region_sets(helper.make_model(graph), ["pow", "log"], ["y"])
+    assert [names for _, names in sets] == [["pow", "log", "head"], ["stft", "pow", "log"],
+                                            ["stft", "pow", "log", "head"]]
+    assert sets[0][0].startswith("the 3 node(s) from pow") and sets[1][0].startswith("the front end")
+    assert region_sets(helper.make_model(graph), ["unknown"], ["y"]) == []
+
+
+def test_auto_says_which_attempts_failed_on_the_session_and_their_culprits():
+    from ortprep.steps.quantize.mend import mend_summary, mend_words
+
+    record = {"ep": "qnn", "mended": False, "culprits": ["conv0", "conv1", "conv2", "conv3", "conv4"],
+              "kept_off_ep": [], "reason": "the EP took no node at all", "rounds": []}
+    summary = mend_summary(record)
+    assert summary == {"mended": False, "culprits": record["culprits"], "kept_off_ep": [],
+                       "reason": "the EP took no node at all"}
+    assert mend_words(summary) == "; its session fails on the EP, culprits conv0, conv1, conv2, conv3, ... not mended"
+    assert mend_words(mend_summary({**record, "mended": True})) == "" and mend_summary(None) is None

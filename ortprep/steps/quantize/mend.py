@@ -169,6 +169,24 @@ def mend_finding(record: dict[str, Any] | None, nodes_on_ep: dict | None = None)
             "(--auto), or FP16")
 
 
+def mend_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What --auto's list of attempts keeps of an attempt's mend: mended or not, the culprits, the
+    nodes kept off the EP."""
+    if not record:
+        return None
+    return {"mended": record["mended"], "culprits": record.get("culprits") or [],
+            "kept_off_ep": record.get("kept_off_ep") or [], "reason": record.get("reason")}
+
+
+def mend_words(summary: dict[str, Any] | None) -> str:
+    """QNT017's words for an attempt whose session failed on the EP and was not mended."""
+    if not summary or summary["mended"]:
+        return ""
+    culprits = summary["culprits"]
+    named = ", ".join(culprits[:4]) + (", ..." if len(culprits) > 4 else "")
+    return "; its session fails on the EP" + (f", culprits {named} not mended" if named else "")
+
+
 def _ep_error(trials: Trials, trial: Trial) -> bool:
     evaluation = trials.evaluations.get(trial.path) if trial.path is not None else None
     return evaluation is None or (evaluation.on_ep is not None and evaluation.on_ep.error is not None)

@@ -26,6 +26,7 @@ from ortprep.steps.quantize.engines import Exclusion
 from ortprep.steps.quantize.ep_gate import first_divergence
 from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes
 from ortprep.steps.quantize.mend import mend_session
+from ortprep.steps.quantize.front_end import region_move
 from ortprep.steps.quantize.moves import keep_off_ep_move, late_move
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.steps.quantize.runner import Trials
@@ -161,6 +162,14 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
             result.stopped += ("; then nodes kept off the EP "
                                + ("passed the gate" if search.ok(late) else "improved it")
                                + " (search.off_ep)")
+    if not search.ok(result.best):
+        # several ops of one region computed wrongly on the EP (an audio front end): the region itself
+        region, region_records, region_reasons = region_move(trials, source, result.best, options)
+        off_records = [*off_records, *region_records]
+        if region is not result.best:
+            result.best, off_reasons = region, {**off_reasons, **region_reasons}
+            result.stopped += ("; then a region kept off the EP " + ("passed the gate" if search.ok(region)
+                                                                     else "improved it") + " (search.front_end)")
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
               "ranked": result.ranked[:50], "stopped": result.stopped, "off_ep": off_records,

@@ -6,9 +6,9 @@ ops of one region wrongly (an audio front end: STFT as Conv, Pow, Log, a dB floo
 comes out near zero in every precision, FP16 included), no such set mends the output. This move
 keeps off the region itself, each set one trial judged like every other, on top of the best so far:
 
-1. the span: the node where the EP's run first parts from the CPU EP's, and every node after it
-   on the way to the outputs the EP gets wrong;
-2. the front end: every node from the graph inputs to the last node where the EP's run parts;
+1. the front end: the node where the EP's run first parts from the CPU EP's and every node before
+   it (an error that only a Log shows, of small values a Pow computed otherwise, starts there);
+2. the span: that node and every node after it on the way to the outputs the EP gets wrong;
 3. both together.
 
 A set over --max-float-share of the graph's nodes is not tried (the EP is meant to run most of
@@ -31,9 +31,8 @@ from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.trials import Trial, change, ep_only, improved, margin_aim, reaches_margin
 from ortprep.transforms.off_ep import OFF_EP_PREFIX, QDQ_OPS
 
-# Tensors where the EP's run parts, looked for (first_divergence's limit): the front end reaches
-# to the last of them.
-PARTED_LIMIT = 8
+# Tensors where the EP's run parts, looked for (first_divergence's limit); the first counts.
+PARTED_LIMIT = 2
 
 
 def region_sets(proto: onnx.ModelProto, parted: list[str], wrong_outputs: list[str]) -> list[tuple[str, list[str]]]:
@@ -73,18 +72,17 @@ def region_sets(proto: onnx.ModelProto, parted: list[str], wrong_outputs: list[s
             stack.extend(user.name for out in nodes[current].output for user in users.get(out, []))
         return seen
 
-    named = [n for n in parted if n in order]
+    named = [n for n in parted if n in order and n in {node.name for node in graph.node if computes(node)}]
     if not named:
         return []
     kept = {node.name for node in graph.node if computes(node)}
     span = after(named[0]) & before([], list(wrong_outputs)) & kept if wrong_outputs else set()
-    last = max(named, key=order.__getitem__)
-    last_node = next(node for node in graph.node if node.name == last)
-    front = before([last], list(_reads(last_node))) & kept
+    first = next(node for node in graph.node if node.name == named[0])
+    front = before([first.name], list(_reads(first))) & kept
     ranked = lambda names: sorted(names, key=order.__getitem__)  # noqa: E731 - graph order
-    sets = [(f"the {len(span)} node(s) from {named[0]}, where it first parts, to the outputs it gets wrong", span),
-            (f"the front end: the {len(front)} node(s) from the inputs to {last}, the last where it parts", front),
-            ("the span and the front end together", span | front)]
+    sets = [(f"the front end: the {len(front)} node(s) from the inputs to {first.name}, where it first parts", front),
+            (f"the {len(span)} node(s) from {first.name}, where it first parts, to the outputs it gets wrong", span),
+            ("the front end and the span together", span | front)]
     chosen: list[tuple[str, list[str]]] = []
     for label, names in sets:
         if names and all(set(names) != set(other) for _, other in chosen):

@@ -14,6 +14,9 @@ import numpy as np
 import onnx
 import pytest
 
+from onnx import TensorProto, helper, numpy_helper
+
+import models
 from cli_helpers import quantize
 from test_prove import DEVICE, Qnn, planted_chain
 
@@ -129,3 +132,92 @@ def test_auto_says_which_attempts_failed_on_the_session_and_their_culprits():
                        "reason": "the EP took no node at all"}
     assert mend_words(summary) == "; its session fails on the EP, culprits conv0, conv1, conv2, conv3, ... not mended"
     assert mend_words(mend_summary({**record, "mended": True})) == "" and mend_summary(None) is None
+
+
+def mel_keywords(folder: Path, samples: int = 2000) -> tuple[Path, Path]:
+    """A keyword classifier with its audio front end inside, as openwakeword's mel model writes
+    it: STFT as two strided Convs (Hann-windowed cosines and sines), Pow 2 each, their sum, mel
+    filters as a MatMul, a floor (Clip at 1e-10), Log, dB, and the top-80-dB floor (a Clip whose min
+    is computed); then three Conv/Relu blocks and a Gemm. Audio in int16's scale. On QNN's HTP
+    (soc_model 60) the front end comes out wrong in every precision: quantized, the logits' norm
+    ratio 0.34 (the float Log: 0 at its tensor); in FP16 too (measured, onnxruntime-qnn 2.7.0)."""
+    n_fft, hop, bins, mels = 400, 160, 64, 32
+    frames = 1 + (samples - n_fft) // hop
+    steps, rows = np.arange(n_fft), np.arange(bins)[:, None]
+    hann = 0.5 - 0.5 * np.cos(2 * np.pi * steps / n_fft)
+    filters = np.zeros((bins, mels), np.float32)
+    for band in range(mels):
+        low, high = int(band * bins / (mels + 1)), min(bins, int((band + 2) * bins / (mels + 1)) + 1)
+        filters[low:high, band] = np.hanning(high - low + 2)[1:-1]
+    rng = np.random.default_rng(2)
+    inits = {"cos": (np.cos(2 * np.pi * rows * steps / n_fft) * hann)[:, None, :],
+             "sin": (-np.sin(2 * np.pi * rows * steps / n_fft) * hann)[:, None, :], "filters": filters,
+             "axis": np.array([1], np.int64), "two": np.array(2.0), "amin": np.array(1e-10), "top_db": np.array(80.0),
+             "db": np.array(10 / np.log(10)), "mean": np.array(-40.0), "scale": np.array(1 / 20.0),
+             "head_w": rng.standard_normal((10, 16)) * 0.5, "head_b": np.zeros(10)}
+    nodes = [helper.make_node("Unsqueeze", ["audio", "axis"], ["a3"], name="unsqueeze"),
+             helper.make_node("Conv", ["a3", "cos"], ["re"], strides=[hop], name="stft_real"),
+             helper.make_node("Conv", ["a3", "sin"], ["im"], strides=[hop], name="stft_imag"),
+             helper.make_node("Pow", ["re", "two"], ["re2"], name="pow_real"),
+             helper.make_node("Pow", ["im", "two"], ["im2"], name="pow_imag"),
+             helper.make_node("Add", ["re2", "im2"], ["power"], name="power"),
+             helper.make_node("Transpose", ["power"], ["frames"], perm=[0, 2, 1], name="transpose"),
+             helper.make_node("MatMul", ["frames", "filters"], ["mel"], name="mel"),
+             helper.make_node("Clip", ["mel", "amin", ""], ["floored"], name="amin_clip"),
+             helper.make_node("Log", ["floored"], ["ln"], name="log"),
+             helper.make_node("Mul", ["ln", "db"], ["decibels"], name="to_db"),
+             helper.make_node("ReduceMax", ["decibels"], ["peak"], keepdims=0, name="peak"),
+             helper.make_node("Sub", ["peak", "top_db"], ["floor"], name="floor"),
+             helper.make_node("Clip", ["decibels", "floor", ""], ["spec"], name="top_db_clip"),
+             helper.make_node("Unsqueeze", ["spec", "axis"], ["s4"], name="image"),
+             helper.make_node("Sub", ["s4", "mean"], ["centred"], name="centre"),
+             helper.make_node("Mul", ["centred", "scale"], ["x0"], name="normalise")]
+    current, width = "x0", 1
+    for index, channels in enumerate((8, 16, 16)):
+        inits[f"w{index}"] = rng.standard_normal((channels, width, 3, 3)) * np.sqrt(2 / (width * 9))
+        nodes += [helper.make_node("Conv", [current, f"w{index}"], [f"c{index}"], pads=[1, 1, 1, 1],
+                                   strides=[1 if index == 0 else 2] * 2, name=f"conv{index}"),
+                  helper.make_node("Relu", [f"c{index}"], [f"x{index + 1}"], name=f"relu{index}")]
+        current, width = f"x{index + 1}", channels
+    nodes += [helper.make_node("GlobalAveragePool", [current], ["pooled"], name="pool"),
+              helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+              helper.make_node("Gemm", ["flat", "head_w", "head_b"], ["logits"], transB=1, name="head")]
+    tensors = [numpy_helper.from_array(value if value.dtype == np.int64 else value.astype(np.float32), name)
+               for name, value in inits.items()]
+    graph = helper.make_graph(nodes, "mel_keywords", [helper.make_tensor_value_info("audio", TensorProto.FLOAT,
+                                                                                    [1, samples])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], tensors)
+    path = folder / "mel_keywords.onnx"
+    onnx.save_model(models.make(graph, ir_version=9), str(path))
+    data = folder / "audio"
+    data.mkdir()
+    rng = np.random.default_rng(1)
+    time = np.arange(samples) / 16000
+    for index in range(16):  # voiced, with harmonics, a gliding pitch and noise, at int16's scale
+        pitch = rng.uniform(90, 220) * (1 + 0.2 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * time))
+        phase = 2 * np.pi * np.cumsum(pitch) / 16000
+        voiced = sum(np.sin(k * phase) / k for k in range(1, 6)) * 0.3 + rng.normal(0, 0.01, samples)
+        np.savez(data / f"{index:02d}.npz", audio=(voiced * 32767 * rng.uniform(0.2, 1.0)).astype(np.float32)[None])
+    return path, data
+
+
+def test_a_front_end_qnn_computes_wrongly_runs_on_the_cpu_and_the_rest_on_qnn(tmp_path):
+    """The search keeps the front end off QNN (front_end.region_move) where keeping its Log off
+    (moves) does not mend the logits: written, exit 0, the classifier on QNN."""
+    model, data = mel_keywords(tmp_path)
+    out = tmp_path / "kw.qdq.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "--auto-exclude",
+                               "--max-exclude-rounds", "2", "-o", out)
+    assert code == 0 and out.exists(), [f["message"] for f in record["findings"]]
+    front = [m for m in record["search"]["off_ep"] if m["label"].startswith("the front end")]
+    assert len(front) == 1 and front[0]["kept"] is True and front[0]["passed"] is True, record["search"]["off_ep"]
+    assert record["search"]["stopped"].endswith("then a region kept off the EP passed the gate (search.front_end)")
+    off = {entry["name"] for entry in record["kept_off_ep"]}
+    assert {"stft_real", "stft_imag", "pow_real", "pow_imag", "mel", "log"} <= off
+    assert not off & {"conv0", "conv1", "conv2", "head"}  # the classifier stays on QNN
+    ep = record["verify"]["ep"]
+    assert ep["passed"] is True and abs(ep["norm_ratio"] - 1) < 0.02 and ep["cosine"] > 0.999
+    placed = ep["placement"]
+    said = [f for f in findings(record, "QNT022")][0]["message"]
+    assert f"{placed['nodes_on_ep']} of {placed['nodes_total']} nodes stay on qnn" in said
+    assert "the front end" in said or any("the front end" in e["reason"] for e in record["kept_off_ep"])

@@ -173,6 +173,8 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT031", "weight-only: float32 compute kept over the CPU EP's int8 compute", Severity.INFO),
         FindingKind("QNT032", "passed on an assumed decision the samples leave below its bar (no evidence of a miss)",
                     Severity.INFO),
+        FindingKind("QNT040", "the target EP's session failed on a candidate: its culprits kept off the EP, or named",
+                    Severity.WARNING),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

@@ -26,6 +26,7 @@ from ortprep.steps.quantize.engines import Exclusion, engine
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import measure_on_target
 from ortprep.steps.quantize.findings import Attempt, cost_findings, quality_findings
+from ortprep.steps.quantize.mend import mend_finding
 from ortprep.steps.quantize.outcome import quantize_and_search, settings_after
 from ortprep.steps.quantize.prepare import prepare, refused
 from ortprep.steps.quantize.presets import resolve_settings
@@ -116,6 +117,10 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         attempt = Attempt(options, settings, plan, target, outcome, quantized, Path(float_path), eval_feeds, workdir,
                           sources)
         quality_findings(report, attempt, stats)
+        mended = mend_finding((outcome.search or {}).get("mend"), evaluation.on_ep.placement
+                              if evaluation is not None and evaluation.on_ep is not None else None)
+        if mended is not None:  # a session the EP could not build, mended or named (mend.py)
+            report.add(mended)
         if evaluation is not None and evaluation.passed:
             measure_on_target(evaluation, target, Path(float_path), result_path, eval_feeds)
         cost_findings(report, attempt, size_before)

@@ -57,6 +57,7 @@ from ortprep.steps.quantize.evaluate import target_latency_ratio
 from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
 from ortprep.steps.quantize.attempt import engine_refusal, quantize_model, refuse_engine
 from ortprep.steps.quantize.ladder import attempt_flags, auto_order, eval_sample_count
+from ortprep.steps.quantize.mend import mend_summary, mend_words
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.trials import margin_aim
 
@@ -131,6 +132,9 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                      "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
                      "judged_on": verify.get("judged_on"),
                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
+            mend = mend_summary((report.data.get("search") or {}).get("mend"))
+            if mend is not None:  # its session failed on the EP: mended, or the culprits named (mend.py)
+                entry["mend"] = mend
             tried.append(entry)
             # a later result replaces the one written only when both were timed in the same place
             if passed and (best is None or (entry["timed_on"] == best[0]["timed_on"]
@@ -178,8 +182,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             "", "FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "
                 "nodes that add the error in float")
         report.add(Finding.of("QNT017", "--auto: no precision passed the gate: " + "; ".join(
-            f"{t['label']} ({', '.join(t['codes']) or 'failed'})" for t in tried) + (f"; {said}" if said else ""),
-                              fix=fix))
+            f"{t['label']} ({', '.join(t['codes']) or 'failed'}{mend_words(t.get('mend'))})" for t in tried)
+                              + (f"; {said}" if said else ""), fix=fix))
     if kept:
         report.data["kept_failed"] = kept
     return report

@@ -154,10 +154,13 @@ def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
                               fix="see excluded_nodes and search"))
     if outcome.off_ep and target is not None:
         first = outcome.off_ep[0]
+        placed = (evaluation.on_ep.placement if evaluation is not None and evaluation.on_ep is not None else None) or {}
+        stays = (f"; {placed['nodes_on_ep']} of {placed['nodes_total']} nodes stay on {target.ep}"
+                 if placed.get("nodes_total") else "")  # how much the EP still runs (issue 52)
         report.add(Finding.of(
             "QNT022", f"{len(outcome.off_ep)} node(s) kept off {target.ep}, in If nodes that ORT runs on the CPU EP ("
             + ", ".join(e["name"] for e in outcome.off_ep[:8]) + ("..." if len(outcome.off_ep) > 8 else "")
-            + f"): {first['reason']}", ep=target.ep,
+            + f"): {first['reason']}{stays}", ep=target.ep,
             fix=f"nothing to do: the application creates its {target.ep} session as before; "
                 f"ortprep load MODEL --ep {target.ep} shows what runs where"))
     seeded = any(f.code == "QNT011" for f in report.findings) or (

@@ -25,6 +25,8 @@ from ortprep.prove.reduction import Budget
 from ortprep.steps.quantize.engines import Exclusion
 from ortprep.steps.quantize.ep_gate import first_divergence
 from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes
+from ortprep.steps.quantize.mend import mend_session
+from ortprep.steps.quantize.front_end import region_move
 from ortprep.steps.quantize.moves import keep_off_ep_move, late_move
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.steps.quantize.runner import Trials
@@ -97,14 +99,24 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     first_rules = []
     off_records: list[dict] = []
     off_reasons: dict[str, str] = {}
+    # a session the target EP cannot build: its culprits kept off it first (mend.py); where nothing
+    # mends it, no float set can, and the search ends with the reduction's result
+    baseline, mended, off_reasons = mend_session(trials, source, baseline, options)
+    if mended is not None and not mended["mended"]:
+        return baseline, {"aim": margin_aim(options.min_cosine), "trials": [], "rules": [], "ranked": [],
+                          "stopped": f"{mended.get('reason')} (search.mend)",
+                          "off_ep": [], "off_ep_reasons": {}, "mend": mended}, {}
+    if mended is not None:
+        trials.off = list(baseline.off)  # every later trial keeps them off too
     evaluation = trials.evaluations.get(baseline.path) if baseline.path is not None else None
     if evaluation is not None and evaluation.ep_only and evaluation.on_ep.error is None and trials.target is not None:
         # the EP alone gets some outputs wrong: the nodes where its run first parts from the CPU EP's,
         # kept off the EP first (off_target.py: kept float, the EP would still compute them), then kept float
         parted = first_divergence(trials.target, baseline.path, trials.eval_feeds[:2], trials.workdir)
         budget = Budget(seconds=options.search_seconds, started=trials.started)
-        moved, off_records, off_reasons = keep_off_ep_move(trials, source, baseline, parted,
-                                                            margin_aim(options.min_cosine), budget)
+        moved, off_records, moved_reasons = keep_off_ep_move(trials, source, baseline, parted,
+                                                              margin_aim(options.min_cosine), budget)
+        off_reasons = {**off_reasons, **moved_reasons}
         if moved is not baseline:
             trials.off = list(moved.off)  # every later trial keeps them off too
             baseline = moved
@@ -143,14 +155,24 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         # nothing parted below DIVERGED before the search, and the search did not pass: the move
         # again from its result, where the EP's run is farthest from the CPU EP's or, where no
         # exposed tensor is apart, from the node that writes what it gets wrong
-        late, off_records, off_reasons = late_move(trials, source, result.best, options)
+        late, off_records, late_reasons = late_move(trials, source, result.best, options)
+        off_reasons = {**off_reasons, **late_reasons}
         if late is not result.best:
             result.best = late
             result.stopped += ("; then nodes kept off the EP "
                                + ("passed the gate" if search.ok(late) else "improved it")
                                + " (search.off_ep)")
+    if not search.ok(result.best):
+        # several ops of one region computed wrongly on the EP (an audio front end): the region itself
+        region, region_records, region_reasons = region_move(trials, source, result.best, options)
+        off_records = [*off_records, *region_records]
+        if region is not result.best:
+            result.best, off_reasons = region, {**off_reasons, **region_reasons}
+            result.stopped += ("; then a region kept off the EP " + ("passed the gate" if search.ok(region)
+                                                                     else "improved it") + " (search.front_end)")
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
               "ranked": result.ranked[:50], "stopped": result.stopped, "off_ep": off_records,
-              "off_ep_reasons": {name: off_reasons.get(name, "kept off the EP") for name in result.best.off}}
+              "off_ep_reasons": {name: off_reasons.get(name, "kept off the EP") for name in result.best.off},
+              "mend": mended}
     return result.best, record, result.reasons

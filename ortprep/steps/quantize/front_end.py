@@ -1,0 +1,148 @@
+"""Keeping a whole subgraph off the target EP where it computes it wrongly (``quantize
+--auto-exclude``, after the moves of :mod:`.moves`).
+
+The moves keep off one node and the nodes alike to it; where the EP computes several different
+ops of one region wrongly (an audio front end: STFT as Conv, Pow, Log, a dB floor: QNN's HTP
+comes out near zero in every precision, FP16 included), no such set mends the output. This move
+keeps off the region itself, each set one trial judged like every other, on top of the best so far:
+
+1. the front end: the node where the EP's run first parts from the CPU EP's and every node before
+   it (an error that only a Log shows, of small values a Pow computed otherwise, starts there);
+2. the span: that node and every node after it on the way to the outputs the EP gets wrong;
+3. both together.
+
+A set over --max-float-share of the graph's nodes is not tried (the EP is meant to run most of
+the model), nor one after which the EP's session holds fewer nodes than the set accounts for
+(moves.placement_lost). Measurement: docs/decisions/mend52-failing-sessions.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from ortprep.options import QuantizeOptions
+from ortprep.prove.reduction import Budget
+from ortprep.steps.quantize.ep_gate import first_divergence
+from ortprep.steps.quantize.moves import placement_lost
+from ortprep.steps.quantize.off_target import movable
+from ortprep.steps.quantize.runner import Trials
+from ortprep.steps.quantize.trials import Trial, change, ep_only, improved, margin_aim, reaches_margin
+from ortprep.transforms.off_ep import OFF_EP_PREFIX, QDQ_OPS
+
+# Tensors where the EP's run parts, looked for (first_divergence's limit); the first counts.
+PARTED_LIMIT = 2
+
+
+def region_sets(proto: onnx.ModelProto, parted: list[str], wrong_outputs: list[str]) -> list[tuple[str, list[str]]]:
+    """(label, compute node names) of the move's sets in the QDQ graph ``proto``: ``parted``, the
+    nodes where the EP's run parts, in graph order; ``wrong_outputs``, the graph outputs it gets
+    wrong. Q/DQ nodes and the If nodes of earlier moves are not named (a node kept off takes its
+    Q/DQ nodes along)."""
+    graph = proto.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    users: dict[str, list] = {}
+    for node in graph.node:
+        for name in _reads(node):
+            users.setdefault(name, []).append(node)
+    order = {node.name: index for index, node in enumerate(graph.node)}
+
+    def computes(node) -> bool:
+        return node.op_type not in QDQ_OPS and not node.name.startswith(OFF_EP_PREFIX)
+
+    def before(names: list[str], values: list[str]) -> set[str]:
+        seen, stack = set(names), [v for v in values]
+        while stack:
+            node = producer.get(stack.pop())
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            stack.extend(_reads(node))
+        return seen
+
+    def after(name: str) -> set[str]:
+        nodes = {node.name: node for node in graph.node}
+        seen, stack = set(), [name]
+        while stack:
+            current = stack.pop()
+            if current in seen or current not in nodes:
+                continue
+            seen.add(current)
+            stack.extend(user.name for out in nodes[current].output for user in users.get(out, []))
+        return seen
+
+    named = [n for n in parted if n in order and n in {node.name for node in graph.node if computes(node)}]
+    if not named:
+        return []
+    kept = {node.name for node in graph.node if computes(node)}
+    span = after(named[0]) & before([], list(wrong_outputs)) & kept if wrong_outputs else set()
+    first = next(node for node in graph.node if node.name == named[0])
+    front = before([first.name], list(_reads(first))) & kept
+    ranked = lambda names: sorted(names, key=order.__getitem__)  # noqa: E731 - graph order
+    sets = [(f"the front end: the {len(front)} node(s) from the inputs to {first.name}, where it first parts", front),
+            (f"the {len(span)} node(s) from {first.name}, where it first parts, to the outputs it gets wrong", span),
+            ("the front end and the span together", span | front)]
+    chosen: list[tuple[str, list[str]]] = []
+    for label, names in sets:
+        if names and all(set(names) != set(other) for _, other in chosen):
+            chosen.append((label, ranked(names)))
+    return chosen
+
+
+def _reads(node) -> list[str]:
+    """The values ``node`` reads, its subgraphs' outer values included (an If of an earlier move)."""
+    names = [name for name in node.input if name]
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            inner = {out for n in attribute.g.node for out in n.output} | {t.name for t in attribute.g.initializer}
+            names += [name for n in attribute.g.node for name in n.input if name and name not in inner]
+    return names
+
+
+def region_move(trials: Trials, source: Path, best: Trial, options: QuantizeOptions
+                ) -> tuple[Trial, list[dict], dict[str, str]]:
+    """The sets of :func:`region_sets` kept off the EP from ``best`` (the search's result, failing
+    on the EP alone), each one trial, taken where it improved on the best; until one reaches the
+    search's aim. Bound by --search-seconds and --ep-total-seconds. Returns the best trial, a record
+    per set, and why each node of it was kept off."""
+    evaluation = trials.evaluations.get(best.path) if best.path is not None else None
+    target = trials.target
+    if (evaluation is None or target is None or evaluation.on_ep is None or evaluation.on_ep.error is not None
+            or not ep_only(best)):
+        return best, [], {}
+    proto = onnx.load(str(best.path), load_external_data=False)
+    budget = Budget(seconds=options.search_seconds, started=trials.started)
+    if not movable(proto) or budget.out_of_time() or (target.clock is not None and target.clock.exhausted):
+        return best, [], {}
+    parted = first_divergence(target, best.path, trials.eval_feeds[:2], trials.workdir, limit=PARTED_LIMIT,
+                              nearest=True)
+    names = [entry["node"] for entry in parted if entry.get("node")]
+    total = sum(1 for node in proto.graph.node if node.op_type not in QDQ_OPS)
+    limit = max(1, int(options.max_float_share * total))
+    aim = margin_aim(options.min_cosine)
+    start, records, reasons = best, [], {}
+    for label, nodes in region_sets(proto, names, evaluation.on_ep.wrong_outputs()):
+        off = list(dict.fromkeys([*best.off, *nodes]))
+        if set(off) == set(best.off):
+            continue
+        if len(off) - len(start.off) > limit:
+            records.append({"label": label, "nodes": len(nodes), "skipped": f"more than --max-float-share "
+                            f"({options.max_float_share:g}) of the graph's {total} nodes"})
+            continue
+        if budget.out_of_time() or (target.clock is not None and target.clock.exhausted):
+            records.append({"label": label, "nodes": len(nodes), "skipped": "the time bound"})
+            break
+        outcome = trials.attempt(source, list(best.kept), f"off {target.ep}: {label}", off=off)
+        lost = placement_lost(trials, start, outcome, len(off) - len(start.off))
+        helped = not lost and improved(outcome, best)
+        records.append({"label": label, "nodes": len(off) - len(best.off), "cosine_before": best.cosine,
+                        "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error,
+                        "kept": helped, **({"placement_lost": lost} if lost else {})})
+        if helped:
+            why = f"a region {target.ep} computes otherwise than the CPU EP: {label}; judged {change(best, outcome)}"
+            reasons.update({name: why for name in nodes if name not in best.off})
+            best = outcome
+        if reaches_margin(best, aim):
+            break
+    return best, records, reasons

@@ -34,7 +34,7 @@ install:
 test:
 	$(BIN)/ruff check --quiet ortprep tests bench tools sample_models
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 samples:
 	$(BIN)/python sample_models/build.py

@@ -195,3 +195,45 @@ def test_candidates_the_cpu_ep_fails_never_reach_the_ep_auto_and_fp16_included(t
     assert probe["measured"] and probe["judged_on"] == ["cpu"] and probe["gate_passed"] is False
     timing = record["timing"]
     assert timing["ep_runs"] == 0 and timing["ep_s"] == 0 and timing["fp16_probe_s"] > 0
+
+
+# --- the step's own bound (--step-seconds) ----------------------------------------------------------
+
+def test_the_step_bound_stops_ep_judgements_that_its_time_left_cannot_hold():
+    from ortprep.runtime.budget import STEP_RESERVE, EpClock, hold_step, step_left, step_spent, timing_step
+
+    clock = EpClock(None)
+    assert clock.starts() and step_left() is None  # outside a step: no bound
+    with timing_step(seconds=STEP_RESERVE + 100.0) as times:
+        assert 99.0 < step_left() <= 100.0 and clock.left() == pytest.approx(step_left(), abs=0.5)
+        assert EpClock(30.0).left() == pytest.approx(30.0)  # --ep-total-seconds, where it is the smaller
+        times.sample_seconds = 40.0  # two samples (LEAST_SAMPLES) fit in what is left
+        assert clock.starts() and not clock.exhausted
+        times.sample_seconds = 60.0  # they do not: refused, by the step's bound
+        assert not clock.starts() and (clock.refused, clock.stopped_by) == (1, "--step-seconds")
+        assert clock.spent_words("qnn") == f"the step's own time ({STEP_RESERVE + 100.0:g} s, --step-seconds)"
+        hold_step(100.0)  # --auto keeps FP16's probe its time: nothing is left to the attempts
+        assert clock.exhausted and step_spent("a later engine") and times.stopped == ["a later engine"]
+        hold_step(0.0)
+        assert not step_spent("FP16's probe")
+    assert times.record()["step_stopped"] == ["a later engine"]
+
+
+@needs_qnn
+def test_a_step_whose_own_time_is_spent_ends_with_a_refusal_that_says_so(tmp_path):
+    """--step-seconds at its reserve: no judgement fits on the simulator, so no --auto precision can
+    pass there, FP16's probe is not measured, and the step ends at once with that verdict."""
+    from ortprep.runtime.budget import STEP_RESERVE
+
+    model, data = tiny_classifier(tmp_path)
+    result = invoke("quantize", model, "--static", "--ep", "qnn", "--calib", data, "--auto", "--step-seconds",
+                    str(STEP_RESERVE + 1), "-o", tmp_path / "q.onnx", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and record["output"] is None and not (tmp_path / "q.onnx").exists()
+    timing = record["timing"]
+    assert timing["ep_runs"] == 0 and timing["step_seconds"] == STEP_RESERVE + 1
+    assert "FP16's probe" in timing["step_stopped"] and not record["auto"]["fp16"]["measured"]
+    time = record["gate_target"]["time"]
+    assert time["refused"] >= 1 and time["stopped_by"] == "--step-seconds"
+    messages = [f["message"] for f in record["findings"] if f["code"] == "QNT023"]
+    assert messages and "--step-seconds" in messages[0]

@@ -194,11 +194,11 @@ def cost_findings(report: StepResult, attempt: Attempt, size_before: int) -> Non
     if target.clock is not None and target.clock.refused:
         clock = target.clock
         report.add(Finding.of(
-            "QNT023", f"the step's time on {target.ep} ({clock.total:g} s, --ep-total-seconds) was spent after "
+            "QNT023", f"{clock.spent_words(target.ep)} was spent after "
             f"{clock.runs} judgement(s) there; {clock.refused} later one(s) did not run, and a trial not judged on "
             f"{target.ep} cannot pass the gate", ep=target.ep,
-            fix="a larger --ep-total-seconds, or fewer judgements: --ep-seconds (each one's bound), fewer "
-                "samples (--samples), or --gate-on-cpu to judge on the CPU EP only"))
+            fix=f"a larger {clock.stopped_by or '--ep-total-seconds'}, or fewer judgements: --ep-seconds (each one's "
+                "bound), fewer samples (--samples), or --gate-on-cpu to judge on the CPU EP only"))
     size_after = model_bytes(result_path)
     if size_after >= size_before:
         if settings["preset"] != "cpu" and options.mode == "static":

@@ -14,7 +14,7 @@ from typing import Callable
 import onnx
 
 from ortprep.options import QuantizeOptions
-from ortprep.runtime.budget import timed
+from ortprep.runtime.budget import step_left, timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.engines import Engine, EngineRun, Exclusion, engine
@@ -30,6 +30,7 @@ from ortprep.transforms.verify import model_bytes
 # An engine call other than ORT's own quantizer gets twice --search-seconds, and at least this long:
 # a crash or a hang is then a failed candidate, not a step that never ends (ORT's keeps its own deadline)
 ENGINE_MIN_SECONDS = 120.0
+ENGINE_LEAST_SECONDS = 30.0  # what the step's own bound leaves an engine call at least
 
 
 def margin_samples(plan: DataPlan) -> list:
@@ -138,11 +139,15 @@ class Trials:
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()
         output = folder / "quantized.onnx"
+        timeout = max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds)
+        left = step_left()  # and within the step's own bound (--step-seconds; ORT's quantizer keeps its own)
+        if left is not None:
+            timeout = min(timeout, max(ENGINE_LEAST_SECONDS, left))
         with timed("quantizer"):
             run = self.engine.quantize(self.workdir, source, output, self.options.mode, self.settings,
                                        self.plan.calibration, self.plan.calib_indices,
                                        Exclusion(tuple(kept), tuple(self.options.exclude_ops), tuple(wide)), self.big,
-                                       self.progress, timeout=max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds))
+                                       self.progress, timeout=timeout)
         self.engine_seconds += run.seconds
         self.engine_runs[output] = self.last_run = run
         ok, error = run.ok, run.error or ""

@@ -350,7 +350,7 @@ class Search(FloatEnd):
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
         if self.clock is not None and self.clock.exhausted:
-            return (f"the step's time on the target EP ({self.clock.total:g} s, --ep-total-seconds) was spent: no "
+            return (f"{self.clock.spent_words('the target EP')} was spent: no "
                     "later trial could be judged there")
         if self.out_of_time():
             if self.budget.seconds is not None and self.budget.seconds <= 0:

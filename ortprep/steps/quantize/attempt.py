@@ -114,7 +114,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         quantized = onnx.load(str(result_path))
         stats = quantization_stats(quantized)
         attempt = Attempt(options, settings, plan, target, outcome, quantized, Path(float_path), eval_feeds, workdir,
-                          sources)
+                          sources, diagnose=not spare_failing_baseline)
         quality_findings(report, attempt, stats)
         if evaluation is not None and evaluation.passed:
             measure_on_target(evaluation, target, Path(float_path), result_path, eval_feeds)

@@ -199,7 +199,11 @@ def evaluate(
         confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
                                reference.samples, candidate.samples)
     float_ms = quant_ms = None
-    if latency_runs and feeds:
+    passed = cpu.passed and (on_ep is None or on_ep.passed) and (confirmation is None or confirmation.passed)
+    # a candidate a target EP judged and refused is not timed on this CPU: nothing chooses by it there
+    # (the result an attempt ends with is timed after its search: measure_latency)
+    timed_here = passed or target is None or not target.judged
+    if latency_runs and feeds and timed_here:
         # both in turns, in the same minute (the reference run above is not timed)
         paired = paired_latency(float_model, quant_model, feeds[0])
         if paired is not None:
@@ -211,7 +215,7 @@ def evaluate(
         latency_ratio=round(quant_ms / float_ms, 3) if float_ms and quant_ms else None,
         float_latency_ms=float_ms,
         quant_latency_ms=quant_ms,
-        passed=cpu.passed and (on_ep is None or on_ep.passed) and (confirmation is None or confirmation.passed),
+        passed=passed,
         outputs=cpu.outputs,
         spread=cpu.spread,
         degenerate=[(name, found.what) for name, found in flat.items()],

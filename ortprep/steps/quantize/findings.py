@@ -47,6 +47,9 @@ class Attempt:
     eval_feeds: list
     workdir: Path
     sources: list[tuple[str, Path]]
+    # False: --auto has later precisions to try, and this attempt's report is not the one shown where
+    # it fails: the EP's diagnosis (parted_at) is not run for it
+    diagnose: bool = True
 
 
 def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
@@ -112,7 +115,7 @@ def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
         names = ", ".join(f"{n} ({op}, cosine {c:.4f})" for n, op, c in worst) or "none found"
         stopped = f"; the search stopped: {outcome.search['stopped']}" if outcome.search else ""
         writers = writers_text(quantized, evaluation, target) if evaluation.ep_only else ""
-        parted = parted_at(evaluation, target, result_path, eval_feeds, workdir)
+        parted = parted_at(evaluation, target, result_path, eval_feeds, workdir) if attempt.diagnose else []
         report.data["ep_divergence"] = parted
         if parted:
             first = parted[0]
@@ -224,7 +227,10 @@ def parted_at(evaluation: Evaluation, target: GateTarget, model: Path, feeds: li
     if not evaluation.ep_only and (on_ep.cosine is None or evaluation.cosine is None
                                    or on_ep.cosine >= evaluation.cosine - 0.01):
         return []  # the CPU EP is as wrong: quantization's error, not the EP's
-    return first_divergence(target, model, feeds[:2], workdir)
+    # on the held-back sample the EP did worst on (each exposed model is a whole run on a simulator)
+    cosines = on_ep.sample_cosines or []
+    worst = cosines.index(min(cosines)) if cosines and len(cosines) <= len(feeds) else 0
+    return first_divergence(target, model, [feeds[worst]], workdir)
 
 
 def writers_text(quantized: ModelProto, evaluation: Evaluation, target: GateTarget) -> str:

@@ -156,6 +156,47 @@ def test_a_clear_miss_stops_at_the_first_sample_that_shows_it():
     assert decide([{"logits": below.reshape(1, 10)}]) is None
 
 
+def test_a_miss_at_the_bar_is_one_where_asked_and_the_worst_samples_run_first():
+    reference = _logits(8, gap=3.0)
+    first = reference[0]["logits"].ravel()
+    below = (first + 0.2 * np.abs(first).max() * np.eye(1, 10, 9).ravel()).astype(np.float32)
+    assert 0.98 < float(first @ below / np.linalg.norm(first) / np.linalg.norm(below)) < 0.99
+    exact = early_rule(reference, reference, 0.99, {}, TOP1, cpu_passed=True, miss_line=0.99)
+    assert exact([{"logits": below.reshape(1, 10)}]) == "miss"  # below the bar on one sample: the gate fails
+    assert exact(reference[:1]) is None
+    from ortprep.runtime.budget import timing_step
+    from ortprep.steps.quantize.ep_early import note_ep_cosines, worst_first
+
+    samples = feeds(4)
+    assert worst_first(samples) == [0, 1, 2, 3]
+    with timing_step():
+        assert worst_first(samples) == [0, 1, 2, 3]  # nothing run on the EP yet
+        note_ep_cosines(samples[1:3], [0.999, 0.95])  # (samples 1 and 2)
+        note_ep_cosines(samples[1:2], [0.9999])  # a later file did better there: the worst stays
+        assert worst_first(samples) == [2, 1, 0, 3]
+
+
+@needs_qnn
+def test_a_verdict_that_counts_alone_stops_on_the_ep_at_its_first_sample_below_the_bar(tmp_path):
+    """A gate nothing reaches (cosine 1.0): the EP's run stops at the first sample with
+    misses_at_bar (a baseline no search follows), where it ran every sample before."""
+    from ortprep.runtime.budget import timing_step
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    model, data = tiny_classifier(tmp_path, count=8)
+    invoke("quantize", model, "--static", "--calib", data, "--keep-failed", "-o", tmp_path / "q.onnx")
+    quantized = tmp_path / "q.onnx" if (tmp_path / "q.onnx").exists() else tmp_path / "q.failed.onnx"
+    target, samples = qnn_target(data), feeds(6)
+    runs = []
+    for at_bar in (False, True):
+        with timing_step() as times:
+            judged = evaluate(model, quantized, samples, 1.0, target=target, ep_after_cpu_fails=True,
+                              latency_runs=0, misses_at_bar=at_bar)
+        assert judged.on_ep is not None and judged.on_ep.passed is False and not judged.passed
+        runs.append((times.ep_runs, times.early["miss"], judged.on_ep.spread["samples"]))
+    assert runs == [(6, 0, 6), (1, 1, 1)]
+
+
 # --- end to end -------------------------------------------------------------------------------------
 
 @needs_qnn
@@ -211,7 +252,7 @@ def test_the_step_bound_stops_ep_judgements_that_its_time_left_cannot_hold():
         assert clock.starts() and not clock.exhausted
         times.sample_seconds = 60.0  # they do not: refused, by the step's bound
         assert not clock.starts() and (clock.refused, clock.stopped_by) == (1, "--step-seconds")
-        assert clock.spent_words("qnn") == f"the step's own time ({STEP_RESERVE + 100.0:g} s, --step-seconds)"
+        assert clock.spent_words("on qnn") == f"the step's own time ({STEP_RESERVE + 100.0:g} s, --step-seconds)"
         hold_step(100.0)  # --auto keeps FP16's probe its time: nothing is left to the attempts
         assert clock.exhausted and step_spent("a later engine") and times.stopped == ["a later engine"]
         hold_step(0.0)

@@ -111,21 +111,28 @@ def trained_head(model: onnx.ModelProto, classes: int = 10, scale: float = 8.0) 
 
 
 def one_pass(model: Path, calib: Path, count: int = 8) -> float:
-    """Seconds of one simulator pass of ``model`` over ``count`` samples of ``calib``."""
+    """Seconds of one simulator pass of ``model`` over ``count`` samples of ``calib``: a QNN session
+    (the HTP simulator, soc_model 60, as ortprep's default device) built and run on each sample, as
+    quantize's gate runs a file on its worker."""
     import time
 
-    from ortprep.options import QuantizeOptions
-    from ortprep.report import StepResult
-    from ortprep.steps.quantize.ep_gate import gate_target
+    import onnxruntime as ort
+    import onnxruntime_qnn
 
-    target = gate_target(QuantizeOptions(mode="static", ep="qnn", calib=calib),
-                         StepResult(step="quantize", schema="scratch"))
-    target.seconds, target.clock = None, None  # every sample, whatever one takes
+    provider = "QNNExecutionProvider"
     with np.load(calib) as data:
         feeds = [{name: data[name][i:i + 1] for name in data.files} for i in range(count)]
     started = time.monotonic()
-    run = target.run(model, feeds)
-    assert run.ok and len(run.samples) == count, run.message
+    try:
+        ort.register_execution_provider_library(provider, onnxruntime_qnn.get_library_path())
+    except Exception:  # noqa: BLE001 - registered already in this process
+        pass
+    options = ort.SessionOptions()
+    options.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == provider],
+                                     {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": "60"})
+    session = ort.InferenceSession(str(model), sess_options=options)
+    for feed in feeds:
+        session.run(None, feed)
     return time.monotonic() - started
 
 

@@ -71,15 +71,16 @@ class EpClock:
             return False
         return True
 
-    def spent_words(self, ep: str) -> str:
-        """'the step's time on qnn (900 s, --ep-total-seconds)' or 'the step's own time (870 s,
-        --step-seconds)': the bound that stopped the EP's judgements, as a message names it."""
+    def spent_words(self, where: str) -> str:
+        """'the step's time on qnn (900 s, --ep-total-seconds)' (``where``: "on qnn") or 'the step's
+        own time (840 s, --step-seconds)': the bound that stopped the EP's judgements, as a message
+        names it."""
         times = step_times()
         own = self.own_left()
         by_step = self.stopped_by == "--step-seconds" if self.stopped_by else own is None or own > 0.0
         if by_step and times is not None and times.bound is not None:
             return f"the step's own time ({times.bound:g} s, --step-seconds)"
-        return f"the step's time on {ep} ({self.total:g} s, --ep-total-seconds)"
+        return f"the step's time {where} ({self.total:g} s, --ep-total-seconds)"
 
     def timed(self, work: Callable[[], Any]) -> Any:
         started = time.monotonic()
@@ -170,6 +171,7 @@ class StepTimes:
     hold: float = 0.0  # seconds of the bound kept back for later work (--auto's FP16 probe)
     sample_seconds: float = 0.0  # the longest one sample took on the EP (what a judgement's least samples cost)
     stopped: list[str] = field(default_factory=list)  # what the step's bound left undone, in words
+    ep_worst: dict[str, float] = field(default_factory=dict)  # sample -> lowest cosine any file had on the EP
 
     exclusive: float = 0.0  # the seconds of the outermost timed blocks (what ``other`` is not)
     _depth: int = 0

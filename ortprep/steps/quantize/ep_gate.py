@@ -152,7 +152,7 @@ class GateTarget:
             outcome = self._on_clock(lambda seconds: self._run_parts(model, feeds, seconds,
                                                                      cached if known else [], samples_keys, early))
         if outcome is None:
-            return EpRun(False, f"not run on {self.ep}: {self.clock.spent_words(self.ep)} was spent")
+            return EpRun(False, f"not run on {self.ep}: {self.clock.spent_words('there')} was spent")
         return outcome
 
     def _run_parts(self, model: Path, feeds: list[dict[str, np.ndarray]], seconds: float | None,

@@ -22,7 +22,7 @@ from ortprep.fidelity.quantized import Degenerate, flat_outputs, judge_quantized
 from ortprep.runtime.budget import timed
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
-from ortprep.steps.quantize.ep_early import early_rule
+from ortprep.steps.quantize.ep_early import early_rule, note_ep_cosines, worst_first
 from ortprep.steps.quantize.trials import margin_aim
 from ortprep.transforms.verify import run_model
 
@@ -117,6 +117,7 @@ def evaluate(
     confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
     ep_spared: Callable[[Judgement], str | None] | None = None,
     early_misses: bool = False,
+    misses_at_bar: bool = False,
 ) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
@@ -136,7 +137,9 @@ def evaluate(
     ``ep_spared(cpu)``: why the EP's run cannot change what the caller does with this candidate
     (None: run it), said in ``ep_skipped``. The EP's run stops where its first samples pass
     clearly (by the search's margin: ep_early.py), and with ``early_misses`` (nothing compares this
-    evaluation's figures with another's) where they miss clearly."""
+    evaluation's figures with another's) where they miss clearly; with ``misses_at_bar`` (nothing
+    but its verdict counts: a baseline no search follows) where one sample misses the bar, the
+    samples the EP did worst on in this step run first (ep_early.worst_first)."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
         cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
@@ -168,30 +171,34 @@ def evaluate(
         ep_skipped = spared
     elif target is not None and target.judged:
         # the EP's first samples may decide its verdict (ep_early.py): the rest are then not run
-        early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,
-                           apart=lambda ep: ep_apart(quant_model, target.ep, candidate.samples[:len(ep)], ep, metrics,
+        order = worst_first(feeds) if misses_at_bar else list(range(len(feeds)))
+        refs, cands = [reference.samples[i] for i in order], [candidate.samples[i] for i in order]
+        early = early_rule(refs, cands, min_cosine, flat, decisions, cpu.passed,
+                           apart=lambda ep: ep_apart(quant_model, target.ep, cands[:len(ep)], ep, metrics,
                                                      target.provider_options), more=more,
-                           misses=early_misses, pass_bar=margin_aim(min_cosine),
-                           tolerances=lambda ep: ep_tolerances(quant_model, target, candidate.samples[0], ep[0],
-                                                               metrics))
-        run = target.run(quant_model, feeds, early=early)
+                           misses=early_misses or misses_at_bar, pass_bar=margin_aim(min_cosine),
+                           miss_line=min_cosine if misses_at_bar else None,
+                           tolerances=lambda ep: ep_tolerances(quant_model, target, cands[0], ep[0], metrics))
+        run = target.run(quant_model, [feeds[i] for i in order], early=early)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
+        in_order = run.ok and len(run.samples) == len(feeds)
+        if in_order:  # every sample ran: back in the samples' own order
+            run.samples = [run.samples[order.index(i)] for i in range(len(feeds))]
+            refs, cands = reference.samples, candidate.samples
         if run.ok:
             # (the first samples, where --ep-seconds left some out: run.limited)
-            on_ep = judge_quantized(
-                target.ep, reference.samples[: len(run.samples)], run.samples, min_cosine, flat, decisions, more
-            )
+            on_ep = judge_quantized(target.ep, refs[: len(run.samples)], run.samples, min_cosine, flat, decisions, more)
+            note_ep_cosines([feeds[i] for i in (range(len(feeds)) if in_order else order)], on_ep.sample_cosines)
             on_ep.placement = placement
             on_ep.limited = run.limited
             # apart is said wherever both runs are there, so that null means "within load's rule" (an
             # EP whose output is all zeros failed the gate, and apart was null as if it agreed); it
             # decides the EP's side only where both sides pass the gate
-            on_ep.apart = ep_apart(
-                quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options
-            )
+            on_ep.apart = ep_apart(quant_model, target.ep, cands, run.samples, metrics, target.provider_options)
             if on_ep.passed and cpu.passed:
                 on_ep.passed = on_ep.apart is None
-            cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
+            # for confirm_on_target (the latest trial's only; the held-back samples' first ones)
+            cache["ep_held_back"] = (str(quant_model), run.samples) if in_order or order == sorted(order) else None
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
     confirmation = None

@@ -201,7 +201,10 @@ class Trials:
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
                                   self.margin_feeds, ep_after_cpu_fails=False,
                                   latency_runs=LATENCY_RUNS if baseline else 0,
-                                  confirm_feeds=self.margin_feeds, ep_spared=self._spared if baseline else None)
+                                  confirm_feeds=self.margin_feeds, ep_spared=self._spared if baseline else None,
+                                  # a baseline no search follows: only its verdict counts, and one sample
+                                  # below the bar on the EP settles it (docs/decisions/speed-ep-verdict.md)
+                                  misses_at_bar=baseline and not self.options.auto_exclude)
             if baseline and self.first_baseline is None:
                 self.first_baseline = evaluation
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only

@@ -350,7 +350,7 @@ class Search(FloatEnd):
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
         if self.clock is not None and self.clock.exhausted:
-            return (f"{self.clock.spent_words('the target EP')} was spent: no "
+            return (f"{self.clock.spent_words('on the target EP')} was spent: no "
                     "later trial could be judged there")
         if step_spent("the search's later trials"):
             return "the step's own time (--step-seconds) was spent: no later trial could run"

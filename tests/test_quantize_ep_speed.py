@@ -274,6 +274,10 @@ def test_a_step_whose_own_time_is_spent_ends_with_a_refusal_that_says_so(tmp_pat
     timing = record["timing"]
     assert timing["ep_runs"] == 0 and timing["step_seconds"] == STEP_RESERVE + 1
     assert "FP16's probe" in timing["step_stopped"] and not record["auto"]["fp16"]["measured"]
+    # the precisions after the first are not tried, and the first one's second source is not quantized
+    tried = record["auto"]["tried"]
+    assert len(tried) >= 2 and all(t["error"].startswith("not tried: the step's own time") for t in tried[1:])
+    assert "later trials and baselines" in timing["step_stopped"]
     time = record["gate_target"]["time"]
     assert time["refused"] >= 1 and time["stopped_by"] == "--step-seconds"
     messages = [f["message"] for f in record["findings"] if f["code"] == "QNT023"]

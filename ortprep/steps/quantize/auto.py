@@ -51,7 +51,7 @@ from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.report import StepResult
-from ortprep.runtime.budget import EpClock, hold_step, step_left
+from ortprep.runtime.budget import EpClock, hold_step, step_left, step_spent
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
 from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16, probe_hold
@@ -98,6 +98,11 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, engine=options.engine_name(),
                                           **changes)
+            if number > 0 and step_spent(f"--auto's {label}"):  # what is left of --step-seconds is FP16's probe's
+                tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
+                              "latency_ratio": None, "judged_on": None, "codes": [],
+                              "error": "not tried: the step's own time (--step-seconds) was spent"})
+                continue
             refusal = engine_refusal_for(attempt)
             if refusal is not None and number == 0:  # the precision asked for: refused as without --auto
                 refuse_engine(attempt, resolve_settings(attempt))

@@ -14,7 +14,7 @@ from typing import Callable
 import onnx
 
 from ortprep.options import QuantizeOptions
-from ortprep.runtime.budget import step_left, timed
+from ortprep.runtime.budget import step_left, step_spent, timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.engines import Engine, EngineRun, Exclusion, engine
@@ -31,6 +31,7 @@ from ortprep.transforms.verify import model_bytes
 # a crash or a hang is then a failed candidate, not a step that never ends (ORT's keeps its own deadline)
 ENGINE_MIN_SECONDS = 120.0
 ENGINE_LEAST_SECONDS = 30.0  # what the step's own bound leaves an engine call at least
+STEP_SPENT = "not run: the step's own time (--step-seconds) was spent"  # a trial's error
 
 
 def margin_samples(plan: DataPlan) -> list:
@@ -135,6 +136,11 @@ class Trials:
     def _attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str],
                  baseline: bool) -> Trial:
         off = list(self.off if off is None else off)
+        if self.count > 0 and step_spent("later trials and baselines"):
+            # the attempt's first trial always runs (its verdict is the attempt's); no later one starts
+            # once --step-seconds is spent: a trial not judged cannot pass, and its time is the verdict's
+            self.count += 1
+            return Trial(label, list(kept), None, False, 0, None, STEP_SPENT, off=off)
         self.count += 1
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()

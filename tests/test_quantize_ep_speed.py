@@ -282,3 +282,25 @@ def test_a_step_whose_own_time_is_spent_ends_with_a_refusal_that_says_so(tmp_pat
     assert time["refused"] >= 1 and time["stopped_by"] == "--step-seconds"
     messages = [f["message"] for f in record["findings"] if f["code"] == "QNT023"]
     assert messages and "--step-seconds" in messages[0]
+
+
+def test_the_float_models_run_is_made_once_a_step_for_its_content(tmp_path):
+    """--auto's attempts prepare the same float model anew, at paths of their own: its outputs on
+    the same samples are run once in the step."""
+    from ortprep.runtime.budget import timing_step
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    model, data = tiny_classifier(tmp_path, count=8)
+    invoke("quantize", model, "--static", "--calib", data, "--keep-failed", "-o", tmp_path / "q.onnx")
+    quantized = tmp_path / "q.onnx" if (tmp_path / "q.onnx").exists() else tmp_path / "q.failed.onnx"
+    copy = tmp_path / "again" / "m.onnx"
+    copy.parent.mkdir()
+    shutil.copy(model, copy)
+    samples = feeds(4)
+    with timing_step() as times:
+        first = evaluate(model, quantized, samples, 0.9, {}, latency_runs=0)
+        second = evaluate(copy, quantized, samples, 0.9, {}, latency_runs=0)
+        assert len(times.float_runs) == 1
+        evaluate(copy, quantized, samples[:3], 0.9, {}, latency_runs=0)  # other samples: run
+        assert len(times.float_runs) == 2
+    assert first.cosine == second.cosine and first.passed == second.passed

@@ -172,6 +172,8 @@ class StepTimes:
     sample_seconds: float = 0.0  # the longest one sample took on the EP (what a judgement's least samples cost)
     stopped: list[str] = field(default_factory=list)  # what the step's bound left undone, in words
     ep_worst: dict[str, float] = field(default_factory=dict)  # sample -> lowest cosine any file had on the EP
+    float_runs: dict[tuple, Any] = field(default_factory=dict)  # (file, samples, outputs) -> the float model's run
+    float_bytes: int = 0
 
     exclusive: float = 0.0  # the seconds of the outermost timed blocks (what ``other`` is not)
     _depth: int = 0
@@ -295,6 +297,26 @@ def model_key(model: Path, provider: str, provider_options: dict[str, str]) -> t
     except Exception:  # noqa: BLE001 - not a model we can read: not cached
         return None
     return digest.hexdigest(), provider, tuple(sorted(provider_options.items()))
+
+
+def float_run(model: Path, feeds: list[dict[str, Any]], outputs: list[str] | None, run: Callable[[], Any]) -> Any:
+    """``run()`` (a float model's RunOutcome on ``feeds``), or within a step the one an earlier call
+    with the same file content, samples and outputs got (at most EP_CACHE_BYTES of outputs kept):
+    the float model's outputs do not change between --auto's attempts, nor between its sources'
+    identical files."""
+    times = _CURRENT.get()
+    model_part = model_key(model, "cpu", {}) if times is not None else None
+    if model_part is None:
+        return run()
+    key = (model_part, tuple(feed_key(feed) for feed in feeds), tuple(outputs or ()))
+    if key in times.float_runs:
+        return times.float_runs[key]
+    outcome = run()
+    size = sum(getattr(v, "nbytes", 0) for sample in (outcome.samples if outcome.ok else []) for v in sample.values())
+    if outcome.ok and times.float_bytes + size <= EP_CACHE_BYTES:
+        times.float_runs[key] = outcome
+        times.float_bytes += size
+    return outcome
 
 
 def feed_key(feed: dict[str, Any]) -> str:

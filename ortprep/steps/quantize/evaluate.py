@@ -19,7 +19,7 @@ from ortprep.fidelity.ep_match import first_apart, judge_ep_samples
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Confirmation, Evaluation, Judgement
 from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
 from ortprep.fidelity.quantized import Degenerate, flat_outputs, judge_quantized
-from ortprep.runtime.budget import timed
+from ortprep.runtime.budget import float_run, timed
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
 from ortprep.steps.quantize.ep_early import early_rule, note_ep_cosines, worst_first
@@ -36,6 +36,13 @@ def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.nda
     """Run ``model`` on ``feeds`` in a child process (untimed: paired_latency times)."""
     with timed("cpu"):
         return run_isolated(model, feeds)
+
+
+def _float_run(model: Path, feeds: list[dict[str, np.ndarray]], outputs: list[str] | None = None) -> RunOutcome:
+    """The float model's run on ``feeds`` on the CPU EP, once per step for a file's content
+    (budget.float_run: --auto's attempts prepare the same source anew each)."""
+    with timed("cpu"):
+        return float_run(model, feeds, outputs, lambda: run_isolated(model, feeds, outputs=outputs))
 
 
 def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: dict[str, np.ndarray]) -> VerifyResult:
@@ -65,8 +72,7 @@ def margin_outputs(
         return []
     per_sample = sum(np.asarray(reference[0][name]).nbytes for name in names if name in reference[0])
     count = min(len(feeds), MARGIN_SAMPLES, max(1, MARGIN_BYTES // max(per_sample, 1)))
-    with timed("cpu"):
-        run = run_isolated(float_model, feeds[:count], outputs=names)
+    run = _float_run(float_model, feeds[:count], outputs=names)
     if not run.ok:
         return []
     return [{name: sample[name] for name in names if name in sample} for sample in run.samples]
@@ -142,7 +148,7 @@ def evaluate(
     samples the EP did worst on in this step run first (ep_early.worst_first)."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
-        cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
+        cache["evaluation"] = _float_run(float_model, feeds)  # timed with the candidate (paired_latency)
     reference = cache["evaluation"]
     candidate = _run_model(quant_model, feeds)  # timed below, in turns with the float model
     record = target.record() if target is not None else None
@@ -326,7 +332,7 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
     if not samples:
         return None
     if "confirmation" not in cache:
-        cache["confirmation"] = _run_model(float_model, samples)
+        cache["confirmation"] = _float_run(float_model, samples)
     reference = cache["confirmation"]
     if not reference.ok:
         return None

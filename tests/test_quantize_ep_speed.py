@@ -257,7 +257,9 @@ def test_the_step_bound_stops_ep_judgements_that_its_time_left_cannot_hold():
         assert clock.exhausted and step_spent("a later engine") and times.stopped == ["a later engine"]
         hold_step(0.0)
         assert not step_spent("FP16's probe")
-    assert times.record()["step_stopped"] == ["a later engine"]
+        times.trial_seconds = 150.0  # a trial as long as the longest so far would not fit
+        assert step_spent("the search's later trials", trial=True) and not step_spent("FP16's probe")
+    assert times.record()["step_stopped"] == ["a later engine", "the search's later trials"]
 
 
 @needs_qnn

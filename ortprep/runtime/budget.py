@@ -170,6 +170,7 @@ class StepTimes:
     bound: float | None = None  # the step's own bound in seconds (--step-seconds; None: none)
     hold: float = 0.0  # seconds of the bound kept back for later work (--auto's FP16 probe)
     sample_seconds: float = 0.0  # the longest one sample took on the EP (what a judgement's least samples cost)
+    trial_seconds: float = 0.0  # the longest one trial took (its quantizer and CPU EP runs): what the next costs
     stopped: list[str] = field(default_factory=list)  # what the step's bound left undone, in words
     ep_worst: dict[str, float] = field(default_factory=dict)  # sample -> lowest cosine any file had on the EP
     float_runs: dict[tuple, Any] = field(default_factory=dict)  # (file, samples, outputs) -> the float model's run
@@ -192,10 +193,12 @@ class StepTimes:
                 self.exclusive += elapsed
 
     def left(self) -> float | None:
-        """Seconds of the step's bound left for new work: its STEP_RESERVE and ``hold`` kept back."""
+        """Seconds of the step's bound left for new work: its STEP_RESERVE and ``hold`` kept back
+        (a hold with the CPU side of a trial added: FP16's probe converts and runs its file too)."""
         if self.bound is None:
             return None
-        return max(0.0, self.bound - (time.monotonic() - self.started) - STEP_RESERVE - self.hold)
+        hold = self.hold + self.trial_seconds if self.hold else 0.0
+        return max(0.0, self.bound - (time.monotonic() - self.started) - STEP_RESERVE - hold)
 
     def keep(self, key: tuple, sample: dict) -> None:
         size = sum(getattr(v, "nbytes", 0) for v in sample.values())
@@ -233,13 +236,14 @@ def step_left() -> float | None:
     return None if times is None else times.left()
 
 
-def step_spent(what: str) -> bool:
-    """Whether the running step's own bound is spent for new work; if so, ``what`` (in words) is
-    recorded as left undone (the report's ``timing.step_stopped``)."""
-    left = step_left()
-    if left is None or left > 0.0:
-        return False
+def step_spent(what: str, trial: bool = False) -> bool:
+    """Whether the running step's own bound is spent for new work (``trial``: it would not hold one
+    more trial as long as the longest so far, StepTimes.trial_seconds); if so, ``what`` (in words)
+    is recorded as left undone (the report's ``timing.step_stopped``)."""
     times = _CURRENT.get()
+    left = step_left()
+    if left is None or left > (times.trial_seconds if trial else 0.0):
+        return False
     if what not in times.stopped:
         times.stopped.append(what)
     return True

@@ -98,7 +98,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, engine=options.engine_name(),
                                           **changes)
-            if number > 0 and step_spent(f"--auto's {label}"):  # what is left of --step-seconds is FP16's probe's
+            # what is left of --step-seconds is FP16's probe's once it would not hold another trial
+            if number > 0 and step_spent(f"--auto's {label}", trial=True):
                 tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
                               "latency_ratio": None, "judged_on": None, "codes": [],
                               "error": "not tried: the step's own time (--step-seconds) was spent"})

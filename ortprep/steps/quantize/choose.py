@@ -121,7 +121,7 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
             records.append({"engine": name, "status": "not tried", "reason": f"{best_engine.name} passed the gate"
                             + (f" at {best_ratio:.2f}x the float model's latency" if best_ratio is not None else "")})
             continue
-        if step_spent(f"--engine auto's {name}"):
+        if step_spent(f"--engine auto's {name}", trial=True):
             records.append({"engine": name, "status": "not tried",
                             "reason": "the step's own time (--step-seconds) was spent"})
             continue

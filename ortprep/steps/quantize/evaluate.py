@@ -195,8 +195,7 @@ def evaluate(
             # (the first samples, where --ep-seconds left some out: run.limited)
             on_ep = judge_quantized(target.ep, refs[: len(run.samples)], run.samples, min_cosine, flat, decisions, more)
             note_ep_cosines([feeds[i] for i in (range(len(feeds)) if in_order else order)], on_ep.sample_cosines)
-            on_ep.placement = placement
-            on_ep.limited = run.limited
+            on_ep.placement, on_ep.limited, on_ep.early = placement, run.limited, run.early
             # apart is said wherever both runs are there, so that null means "within load's rule" (an
             # EP whose output is all zeros failed the gate, and apart was null as if it agreed); it
             # decides the EP's side only where both sides pass the gate

@@ -14,7 +14,7 @@ from typing import Callable
 import onnx
 
 from ortprep.options import QuantizeOptions
-from ortprep.runtime.budget import step_left, step_spent, timed
+from ortprep.runtime.budget import step_left, step_spent, step_times, timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.engines import Engine, EngineRun, Exclusion, engine
@@ -135,8 +135,18 @@ class Trials:
 
     def _attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str],
                  baseline: bool) -> Trial:
+        started = time.monotonic()
+        try:
+            return self._quantize_and_judge(source, kept, label, off, wide, baseline)
+        finally:
+            times = step_times()
+            if times is not None:  # the next trial's cost, for --step-seconds (budget.step_spent)
+                times.trial_seconds = max(times.trial_seconds, time.monotonic() - started)
+
+    def _quantize_and_judge(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str],
+                            baseline: bool) -> Trial:
         off = list(self.off if off is None else off)
-        if self.count > 0 and step_spent("later trials and baselines"):
+        if self.count > 0 and step_spent("later trials and baselines", trial=True):
             # the attempt's first trial always runs (its verdict is the attempt's); no later one starts
             # once --step-seconds is spent: a trial not judged cannot pass, and its time is the verdict's
             self.count += 1

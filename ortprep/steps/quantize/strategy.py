@@ -345,14 +345,14 @@ class Search(FloatEnd):
         """The search's seconds are spent, or the step's time on the target EP (EpClock)."""
         if self.clock is not None and self.clock.exhausted:
             return True
-        return self.budget.out_of_time() or step_spent("the search's later trials")
+        return self.budget.out_of_time() or step_spent("the search's later trials", trial=True)
 
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
         if self.clock is not None and self.clock.exhausted:
             return (f"{self.clock.spent_words('on the target EP')} was spent: no "
                     "later trial could be judged there")
-        if step_spent("the search's later trials"):
+        if step_spent("the search's later trials", trial=True):
             return "the step's own time (--step-seconds) was spent: no later trial could run"
         if self.out_of_time():
             if self.budget.seconds is not None and self.budget.seconds <= 0:

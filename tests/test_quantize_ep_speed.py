@@ -241,7 +241,8 @@ def test_candidates_the_cpu_ep_fails_never_reach_the_ep_auto_and_fp16_included(t
 # --- the step's own bound (--step-seconds) ----------------------------------------------------------
 
 def test_the_step_bound_stops_ep_judgements_that_its_time_left_cannot_hold():
-    from ortprep.runtime.budget import STEP_RESERVE, EpClock, hold_step, step_left, step_spent, timing_step
+    from ortprep.runtime.budget import (STEP_RESERVE, EpClock, hold_step, step_left, step_spent, timing_step,
+                                        without_hold)
 
     clock = EpClock(None)
     assert clock.starts() and step_left() is None  # outside a step: no bound
@@ -255,6 +256,9 @@ def test_the_step_bound_stops_ep_judgements_that_its_time_left_cannot_hold():
         assert clock.spent_words("on qnn") == f"the step's own time ({STEP_RESERVE + 100.0:g} s, --step-seconds)"
         hold_step(100.0)  # --auto keeps FP16's probe its time: nothing is left to the attempts
         assert clock.exhausted and step_spent("a later engine") and times.stopped == ["a later engine"]
+        with without_hold():  # but a confirmation of a candidate that passed its held-back samples may use it
+            assert not clock.exhausted
+        assert clock.exhausted
         hold_step(0.0)
         assert not step_spent("FP16's probe")
         times.trial_seconds = 150.0  # a trial as long as the longest so far would not fit

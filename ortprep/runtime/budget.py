@@ -258,6 +258,20 @@ def hold_step(seconds: float) -> None:
 
 
 @contextmanager
+def without_hold() -> Iterator[None]:
+    """The block may use the time held back for later work (hold_step): the confirmation of a
+    candidate that passed its held-back samples on the EP, which FP16's probe is only there to
+    replace where it fails."""
+    times = _CURRENT.get()
+    held = times.hold if times is not None else 0.0
+    hold_step(0.0)
+    try:
+        yield
+    finally:
+        hold_step(held)
+
+
+@contextmanager
 def timing_step(progress: Callable[[str, int, int], None] | None = None,
                 seconds: float | None = None) -> Iterator[StepTimes]:
     """A step's ledger for the time inside; an enclosing one is reused (--auto's attempts, FP16's

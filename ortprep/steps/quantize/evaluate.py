@@ -19,7 +19,7 @@ from ortprep.fidelity.ep_match import first_apart, judge_ep_samples
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Confirmation, Evaluation, Judgement
 from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
 from ortprep.fidelity.quantized import Degenerate, flat_outputs, judge_quantized
-from ortprep.runtime.budget import float_run, timed
+from ortprep.runtime.budget import float_run, timed, without_hold
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
 from ortprep.steps.quantize.ep_early import early_rule, note_ep_cosines, worst_first
@@ -265,8 +265,9 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
         held_on_ep = (str(quant_model), run.samples)
     count = min(len(samples), CONFIRM_EP_SAMPLES)
     held = held_on_ep[1]  # each side's first samples where --ep-seconds left some out
-    run = target.run(quant_model, samples[:count], early=_confirmation_rule(quant_model, target, cache, held, count,
-                                                                            evaluation.min_cosine or 0.99))
+    with without_hold():  # it passed the held-back samples everywhere: FP16's probe's time is its (--step-seconds)
+        run = target.run(quant_model, samples[:count], early=_confirmation_rule(quant_model, target, cache, held,
+                                                                                count, evaluation.min_cosine or 0.99))
     confirmation.on_ep = (
         judge_quantized(
             target.ep,

@@ -86,7 +86,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
         for number, (label, changes) in enumerate(order):
             # --search-seconds bounds the whole step: a later precision's search gets what is left
             # (and --step-seconds all of it)
-            left = min(search.seconds_left(), step_left() or float("inf"))
+            left, step = search.seconds_left(), step_left()
+            left = step if left is None else left if step is None else min(left, step)
             # a later precision is held to the margin the search aims for: the first of several that
             # passes on the same held-back samples is more often a lucky one (docs/decisions/
             # reduce-quantize-measurements.md)

@@ -110,7 +110,11 @@ def test_the_gate_fails_on_qnn_where_the_cpu_ep_passes(tmp_path):
     assert ep["ep"] == "qnn" and ep["package"].startswith("onnxruntime-qnn 2.")
     assert ep["device"]["name"] == "x-elite" and ep["device"]["chosen_by"] == "default"
     assert ep["provider_options"]["soc_model"] == "60"
-    assert 0.80 < ep["cosine"] < 0.90 and 0.88 < ep["norm_ratio"] < 0.96  # measured: 0.8532, 0.9209
+    # its verdict alone counts (no search follows): settled on the first sample below the bar, whose
+    # figures these are (measured on all ten: 0.8532, 0.9209)
+    assert ep["early"] == {"verdict": "miss", "samples": 1, "offered": ep["early"]["offered"]}
+    assert ep["spread"]["samples"] == 1 < ep["early"]["offered"]
+    assert 0.80 < ep["cosine"] < 0.90 and 0.85 < ep["norm_ratio"] < 0.96
     assert ep["outputs"][0]["name"] == "logmel" and ep["outputs"][0]["passed"] is False
     assert ep["placement"]["nodes_on_ep"] >= ep["placement"]["nodes_total"] - 2  # all but the input Q / output DQ
     assert verify["gate"]["failed_on"] == ["qnn"] and verify["gate"]["cosine"] == ep["cosine"]

@@ -156,6 +156,47 @@ def test_a_clear_miss_stops_at_the_first_sample_that_shows_it():
     assert decide([{"logits": below.reshape(1, 10)}]) is None
 
 
+def test_a_miss_at_the_bar_is_one_where_asked_and_the_worst_samples_run_first():
+    reference = _logits(8, gap=3.0)
+    first = reference[0]["logits"].ravel()
+    below = (first + 0.2 * np.abs(first).max() * np.eye(1, 10, 9).ravel()).astype(np.float32)
+    assert 0.98 < float(first @ below / np.linalg.norm(first) / np.linalg.norm(below)) < 0.99
+    exact = early_rule(reference, reference, 0.99, {}, TOP1, cpu_passed=True, miss_line=0.99)
+    assert exact([{"logits": below.reshape(1, 10)}]) == "miss"  # below the bar on one sample: the gate fails
+    assert exact(reference[:1]) is None
+    from ortprep.runtime.budget import timing_step
+    from ortprep.steps.quantize.ep_early import note_ep_cosines, worst_first
+
+    samples = feeds(4)
+    assert worst_first(samples) == [0, 1, 2, 3]
+    with timing_step():
+        assert worst_first(samples) == [0, 1, 2, 3]  # nothing run on the EP yet
+        note_ep_cosines(samples[1:3], [0.999, 0.95])  # (samples 1 and 2)
+        note_ep_cosines(samples[1:2], [0.9999])  # a later file did better there: the worst stays
+        assert worst_first(samples) == [2, 1, 0, 3]
+
+
+@needs_qnn
+def test_a_verdict_that_counts_alone_stops_on_the_ep_at_its_first_sample_below_the_bar(tmp_path):
+    """A gate nothing reaches (cosine 1.0): the EP's run stops at the first sample with
+    misses_at_bar (a baseline no search follows), where it ran every sample before."""
+    from ortprep.runtime.budget import timing_step
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    model, data = tiny_classifier(tmp_path, count=8)
+    invoke("quantize", model, "--static", "--calib", data, "--keep-failed", "-o", tmp_path / "q.onnx")
+    quantized = tmp_path / "q.onnx" if (tmp_path / "q.onnx").exists() else tmp_path / "q.failed.onnx"
+    target, samples = qnn_target(data), feeds(6)
+    runs = []
+    for at_bar in (False, True):
+        with timing_step() as times:
+            judged = evaluate(model, quantized, samples, 1.0, target=target, ep_after_cpu_fails=True,
+                              latency_runs=0, misses_at_bar=at_bar)
+        assert judged.on_ep is not None and judged.on_ep.passed is False and not judged.passed
+        runs.append((times.ep_runs, times.early["miss"], judged.on_ep.spread["samples"]))
+    assert runs == [(6, 0, 6), (1, 1, 1)]
+
+
 # --- end to end -------------------------------------------------------------------------------------
 
 @needs_qnn
@@ -195,3 +236,77 @@ def test_candidates_the_cpu_ep_fails_never_reach_the_ep_auto_and_fp16_included(t
     assert probe["measured"] and probe["judged_on"] == ["cpu"] and probe["gate_passed"] is False
     timing = record["timing"]
     assert timing["ep_runs"] == 0 and timing["ep_s"] == 0 and timing["fp16_probe_s"] > 0
+
+
+# --- the step's own bound (--step-seconds) ----------------------------------------------------------
+
+def test_the_step_bound_stops_ep_judgements_that_its_time_left_cannot_hold():
+    from ortprep.runtime.budget import (STEP_RESERVE, EpClock, hold_step, step_left, step_spent, timing_step,
+                                        without_hold)
+
+    clock = EpClock(None)
+    assert clock.starts() and step_left() is None  # outside a step: no bound
+    with timing_step(seconds=STEP_RESERVE + 100.0) as times:
+        assert 99.0 < step_left() <= 100.0 and clock.left() == pytest.approx(step_left(), abs=0.5)
+        assert EpClock(30.0).left() == pytest.approx(30.0)  # --ep-total-seconds, where it is the smaller
+        times.sample_seconds = 40.0  # two samples (LEAST_SAMPLES) fit in what is left
+        assert clock.starts() and not clock.exhausted
+        times.sample_seconds = 60.0  # they do not: refused, by the step's bound
+        assert not clock.starts() and (clock.refused, clock.stopped_by) == (1, "--step-seconds")
+        assert clock.spent_words("on qnn") == f"the step's own time ({STEP_RESERVE + 100.0:g} s, --step-seconds)"
+        hold_step(100.0)  # --auto keeps FP16's probe its time: nothing is left to the attempts
+        assert clock.exhausted and step_spent("a later engine") and times.stopped == ["a later engine"]
+        with without_hold():  # but a confirmation of a candidate that passed its held-back samples may use it
+            assert not clock.exhausted
+        assert clock.exhausted
+        hold_step(0.0)
+        assert not step_spent("FP16's probe")
+        times.trial_seconds = 150.0  # a trial as long as the longest so far would not fit
+        assert step_spent("the search's later trials", trial=True) and not step_spent("FP16's probe")
+    assert times.record()["step_stopped"] == ["a later engine", "the search's later trials"]
+
+
+@needs_qnn
+def test_a_step_whose_own_time_is_spent_ends_with_a_refusal_that_says_so(tmp_path):
+    """--step-seconds at its reserve: no judgement fits on the simulator, so no --auto precision can
+    pass there, FP16's probe is not measured, and the step ends at once with that verdict."""
+    from ortprep.runtime.budget import STEP_RESERVE
+
+    model, data = tiny_classifier(tmp_path)
+    result = invoke("quantize", model, "--static", "--ep", "qnn", "--calib", data, "--auto", "--step-seconds",
+                    str(STEP_RESERVE + 1), "-o", tmp_path / "q.onnx", "--json")
+    record = result.json()
+    assert result.exit_code == 1 and record["output"] is None and not (tmp_path / "q.onnx").exists()
+    timing = record["timing"]
+    assert timing["ep_runs"] == 0 and timing["step_seconds"] == STEP_RESERVE + 1
+    assert "FP16's probe" in timing["step_stopped"] and not record["auto"]["fp16"]["measured"]
+    # the precisions after the first are not tried, and the first one's second source is not quantized
+    tried = record["auto"]["tried"]
+    assert len(tried) >= 2 and all(t["error"].startswith("not tried: the step's own time") for t in tried[1:])
+    assert "later trials and baselines" in timing["step_stopped"]
+    time = record["gate_target"]["time"]
+    assert time["refused"] >= 1 and time["stopped_by"] == "--step-seconds"
+    messages = [f["message"] for f in record["findings"] if f["code"] == "QNT023"]
+    assert messages and "--step-seconds" in messages[0]
+
+
+def test_the_float_models_run_is_made_once_a_step_for_its_content(tmp_path):
+    """--auto's attempts prepare the same float model anew, at paths of their own: its outputs on
+    the same samples are run once in the step."""
+    from ortprep.runtime.budget import timing_step
+    from ortprep.steps.quantize.evaluate import evaluate
+
+    model, data = tiny_classifier(tmp_path, count=8)
+    invoke("quantize", model, "--static", "--calib", data, "--keep-failed", "-o", tmp_path / "q.onnx")
+    quantized = tmp_path / "q.onnx" if (tmp_path / "q.onnx").exists() else tmp_path / "q.failed.onnx"
+    copy = tmp_path / "again" / "m.onnx"
+    copy.parent.mkdir()
+    shutil.copy(model, copy)
+    samples = feeds(4)
+    with timing_step() as times:
+        first = evaluate(model, quantized, samples, 0.9, {}, latency_runs=0)
+        second = evaluate(copy, quantized, samples, 0.9, {}, latency_runs=0)
+        assert len(times.float_runs) == 1
+        evaluate(copy, quantized, samples[:3], 0.9, {}, latency_runs=0)  # other samples: run
+        assert len(times.float_runs) == 2
+    assert first.cosine == second.cosine and first.passed == second.passed

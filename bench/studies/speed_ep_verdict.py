@@ -2,6 +2,14 @@
 model against one HTP-simulator pass over its evaluation samples (docs/decisions/speed-ep-verdict.md).
 
     PYTHONPATH=. .venv/bin/python -m bench.studies.speed_ep_verdict build OUT_DIR
+    PYTHONPATH=. .venv/bin/python -m bench.studies.speed_ep_verdict pass MODEL.onnx OUT_DIR/calib.npz
+    PYTHONPATH=. .venv/bin/python -m bench.studies.speed_ep_verdict ratio REPORT.json PASS_SECONDS
+
+``pass``: one simulator pass (GateTarget.run, one session, nothing cached) over 8 of the samples,
+the evaluation half's count, of MODEL (the A16W16 file: ``quantize M --static --ep qnn
+--activation-type uint16 --weight-type int16 --gate-on-cpu --calib OUT_DIR/calib.npz
+--keep-failed``); ``ratio``: a quantize report's (total - the quantizer's and engines' seconds) over
+that pass, with its timing ledger.
 """
 
 from __future__ import annotations
@@ -102,7 +110,47 @@ def trained_head(model: onnx.ModelProto, classes: int = 10, scale: float = 8.0) 
     return model
 
 
+def one_pass(model: Path, calib: Path, count: int = 8) -> float:
+    """Seconds of one simulator pass of ``model`` over ``count`` samples of ``calib``: a QNN session
+    (the HTP simulator, soc_model 60, as ortprep's default device) built and run on each sample, as
+    quantize's gate runs a file on its worker."""
+    import time
+
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    provider = "QNNExecutionProvider"
+    with np.load(calib) as data:
+        feeds = [{name: data[name][i:i + 1] for name in data.files} for i in range(count)]
+    started = time.monotonic()
+    try:
+        ort.register_execution_provider_library(provider, onnxruntime_qnn.get_library_path())
+    except Exception:  # noqa: BLE001 - registered already in this process
+        pass
+    options = ort.SessionOptions()
+    options.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == provider],
+                                     {"backend_path": onnxruntime_qnn.get_qnn_htp_path(), "soc_model": "60"})
+    session = ort.InferenceSession(str(model), sess_options=options)
+    for feed in feeds:
+        session.run(None, feed)
+    return time.monotonic() - started
+
+
+def ratio(report: Path, seconds: float) -> dict:
+    import json
+
+    timing = json.loads(report.read_text())["timing"]
+    rest = timing["total_s"] - timing["quantizer_s"]
+    return {"pass_s": round(seconds, 1), "ratio": round(rest / seconds, 2), **timing}
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "pass":
+        print(f"pass: {one_pass(Path(sys.argv[2]), Path(sys.argv[3])):.1f} s")
+        sys.exit()
+    if sys.argv[1] == "ratio":
+        print(ratio(Path(sys.argv[2]), float(sys.argv[3])))
+        sys.exit()
     folder = Path(sys.argv[2])
     folder.mkdir(parents=True, exist_ok=True)
     model = mobilenet_v2()

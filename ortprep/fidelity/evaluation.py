@@ -43,6 +43,9 @@ class Judgement:
     limited: dict | None = (
         None  # the EP's side: the samples it judged within --ep-seconds, of those offered (budget.py)
     )
+    # the EP's side: where its first samples decided the verdict ({"verdict", "samples", "offered"},
+    # steps/quantize/ep_early.py): its figures are those samples'
+    early: dict | None = None
 
     def failing(self) -> list[dict]:
         """The outputs that fail the gate on this side."""
@@ -91,6 +94,7 @@ class Judgement:
             "placement": self.placement,
             "apart": self.apart,
             "limited": self.limited,
+            "early": self.early,
         }
 
 

@@ -52,6 +52,9 @@ EP_SECONDS_HELP = ("Seconds the target EP may take to judge the samples of one r
 # The time all of a quantize step's judgements may take on the target EP together (runtime/budget.py,
 # EpClock): every attempt of --auto, each with its baseline, calibration samples, search and trials.
 EP_TOTAL_SECONDS = 900.0
+# quantize's own bound: the step ends within it, its EP judgements and search trials included
+# (runtime/budget.py StepTimes; docs/decisions/speed-ep-verdict.md)
+STEP_SECONDS = 840.0
 SHAPES_HELP = "Shape of a symbolic input: NAME=DIMS (repeatable)."  # load, package
 RUNTIMES_RUN_HELP = ("Run an EP under another environment's Python (its own ONNX Runtime flavour): EP=PYTHON "
                      "(repeatable), e.g. openvino-cpu=.venv-openvino/bin/python.")  # load, package
@@ -262,6 +265,10 @@ class QuantizeOptions(StepOptions):
                                      "judgement of every attempt --auto makes): once spent, no later trial runs there, "
                                      "so none can pass the gate on it; --auto's FP16 probe still gets one judgement.",
                                      Kind.FLOAT, minimum=1.0)
+    step_seconds: float = option(STEP_SECONDS, "Seconds the whole step may take: no judgement on the target EP, "
+                                 "search trial or further engine starts once what is left would not hold it, and the "
+                                 "step ends with the verdict it has (a candidate not judged on the EP cannot pass).",
+                                 Kind.FLOAT, minimum=1.0)
     max_float_share: float = option(0.5, "--auto-exclude keeps at most this share of the quantizable weights in float: "
                                     "its search ends at a pass or at this cap (1: at the float model); the report "
                                     "gives the share left quantized.", Kind.FLOAT, minimum=0.0)

@@ -44,7 +44,7 @@ class QuantizeStep(Step):
     def run(self, model: ModelHandle | None, ctx: StepContext) -> StepResult:
         # one ledger for the step: where its time goes (the report's "timing"), and the target EP's
         # outputs each (file, sample) is run for once (runtime/budget.py StepTimes)
-        with timing_step(ctx.progress) as times:
+        with timing_step(ctx.progress, seconds=self.options.step_seconds) as times:
             if self.options.auto:
                 report = quantize_auto(model, output_path(self, model, ctx), self.options, force=ctx.force,
                                        progress=ctx.progress)

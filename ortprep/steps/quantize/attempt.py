@@ -115,7 +115,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         quantized = onnx.load(str(result_path))
         stats = quantization_stats(quantized)
         attempt = Attempt(options, settings, plan, target, outcome, quantized, Path(float_path), eval_feeds, workdir,
-                          sources)
+                          sources, diagnose=not spare_failing_baseline)
         quality_findings(report, attempt, stats)
         mended = mend_finding((outcome.search or {}).get("mend"), evaluation.on_ep.placement
                               if evaluation is not None and evaluation.on_ep is not None else None)

@@ -51,10 +51,10 @@ from ortprep.model import ModelHandle
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.report import StepResult
-from ortprep.runtime.budget import EpClock
+from ortprep.runtime.budget import EpClock, hold_step, step_left, step_spent
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.evaluate import target_latency_ratio
-from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16
+from ortprep.steps.quantize.fp16_probe import fp16_words, measure_fp16, probe_hold
 from ortprep.steps.quantize.attempt import engine_refusal, quantize_model, refuse_engine
 from ortprep.steps.quantize.ladder import attempt_flags, auto_order, eval_sample_count
 from ortprep.steps.quantize.mend import mend_summary, mend_words
@@ -82,10 +82,13 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     # kept is chosen after them, and holds the decision margin (runner.Trials.held_to_margin) as it
     # holds the cosine's (floor, below)
     earlier = (0, 0)
+    hold_step(probe_hold(options))  # the attempts leave FP16's probe its time of --step-seconds
     try:
         for number, (label, changes) in enumerate(order):
             # --search-seconds bounds the whole step: a later precision's search gets what is left
-            left = search.seconds_left()
+            # (and --step-seconds all of it)
+            left, step = search.seconds_left(), step_left()
+            left = step if left is None else left if step is None else min(left, step)
             # a later precision is held to the margin the search aims for: the first of several that
             # passes on the same held-back samples is more often a lucky one (docs/decisions/
             # reduce-quantize-measurements.md)
@@ -97,6 +100,12 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             attempt = dataclasses.replace(options, auto=False, keep_failed=options.keep_failed,
                                           search_seconds=left, min_cosine=floor, engine=options.engine_name(),
                                           **changes)
+            # what is left of --step-seconds is FP16's probe's once it would not hold another trial
+            if number > 0 and step_spent(f"--auto's {label}", trial=True):
+                tried.append({"label": label, "flags": attempt_flags(changes), "passed": False, "cosine": None,
+                              "latency_ratio": None, "judged_on": None, "codes": [],
+                              "error": "not tried: the step's own time (--step-seconds) was spent"})
+                continue
             refusal = engine_refusal_for(attempt)
             if refusal is not None and number == 0:  # the precision asked for: refused as without --auto
                 refuse_engine(attempt, resolve_settings(attempt))
@@ -152,6 +161,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                     f.code in ("QNT002", "QNT010") for f in report.findings):
                 break  # nothing to quantize at all: no other precision changes that
     finally:
+        hold_step(0.0)
         if aside.exists() and not dest.exists():
             os.replace(aside, dest)
         aside.unlink(missing_ok=True)

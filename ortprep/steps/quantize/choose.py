@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ortprep.options import QuantizeOptions
+from ortprep.runtime.budget import step_spent
 from ortprep.steps.quantize.engines import AUTO_ORDER, SPEED_ORDER, Exclusion, engine
 from ortprep.steps.quantize.evaluate import measure_on_target
 from ortprep.steps.quantize.runner import Trials
@@ -119,6 +120,10 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
         if best.passed and not (timed and slow(best_ratio)):
             records.append({"engine": name, "status": "not tried", "reason": f"{best_engine.name} passed the gate"
                             + (f" at {best_ratio:.2f}x the float model's latency" if best_ratio is not None else "")})
+            continue
+        if step_spent(f"--engine auto's {name}", trial=True):
+            records.append({"engine": name, "status": "not tried",
+                            "reason": "the step's own time (--step-seconds) was spent"})
             continue
         if best.passed and time.monotonic() - trials.started > options.search_seconds:
             records.append({"engine": name, "status": "not tried",

@@ -37,6 +37,9 @@ PASS_MIN_SAMPLES = 4  # the EP's first samples before a pass may be declared
 SAFETY = 4.0  # the bound on a sample left: this many times the largest relative error seen
 MISS_FACTOR = 2.0  # a clear miss: lowest cosine below 1 - MISS_FACTOR * (1 - bar)
 ARGMAX_KINDS = ("top1", "argmax")
+# a miss at the bar (miss_line) stands this far below it: this module's cosine and the gate's are
+# computed apart, and may differ in their last digits
+MISS_ROUNDING = 1e-6
 
 
 def _as64(value: Any) -> np.ndarray:
@@ -83,7 +86,7 @@ def _shrunk(value: np.ndarray, change: float) -> np.ndarray:
 def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, flat: dict, decisions: dict,
                cpu_passed: bool, apart: Callable[[list[dict]], Any] | None = None,
                more: list[dict] | None = None, misses: bool = True, pass_bar: float | None = None,
-               tolerances: Callable[[list[dict]], dict[str, float]] | None = None
+               tolerances: Callable[[list[dict]], dict[str, float]] | None = None, miss_line: float | None = None
                ) -> Callable[[list[dict]], str | None]:
     """The rule for one candidate: ``reference`` the float model's outputs on every sample (CPU EP),
     ``on_cpu`` the candidate's on the CPU EP, ``cpu_passed`` the CPU EP's verdict on them all;
@@ -92,11 +95,13 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
     EP's outputs on the first samples and says "pass", "miss" or None (run on). ``more``: the float
     model's outputs on other samples, whose margins join a decision's expected agreement.
     ``misses`` False: no stop on a clear miss (where the figures of every sample feed a search's
-    comparisons); ``pass_bar``: the cosine a clear pass must hold (default ``min_cosine``)."""
+    comparisons); ``pass_bar``: the cosine a clear pass must hold (default ``min_cosine``);
+    ``miss_line``: the cosine below which one sample is a miss (default: a clear miss,
+    1 - MISS_FACTOR * (1 - min_cosine); ``min_cosine`` itself is exact for the verdict too)."""
     offered = len(reference)
     pass_bar = min_cosine if pass_bar is None else pass_bar
     bar_angle = math.acos(max(-1.0, min(1.0, pass_bar)))
-    miss_line = 1.0 - MISS_FACTOR * (1.0 - min_cosine)
+    miss_line = 1.0 - MISS_FACTOR * (1.0 - min_cosine) if miss_line is None else miss_line - MISS_ROUNDING
     cosine_judged = [name for name in (reference[0] if reference else {})
                      if name not in flat and not (decisions.get(name) is not None and decisions[name].gated
                                                   and decisions[name].replaces_cosine)]
@@ -192,3 +197,29 @@ def early_rule(reference: list[dict], on_cpu: list[dict], min_cosine: float, fla
         return "pass"
 
     return decide
+
+
+def worst_first(feeds: list[dict]) -> list[int]:
+    """The order to run ``feeds`` on the EP in: the samples it did worst on in this step first (the
+    lowest cosine any file had on them there, budget.StepTimes.ep_worst), then the rest as given.
+    A sample an earlier file missed the bar on is the likeliest to show a later file's miss at once."""
+    from ortprep.runtime.budget import feed_key, step_times
+
+    times = step_times()
+    if times is None or not times.ep_worst:
+        return list(range(len(feeds)))
+    seen = [times.ep_worst.get(feed_key(feed)) for feed in feeds]
+    return sorted(range(len(feeds)), key=lambda i: (seen[i] is None, seen[i] if seen[i] is not None else 0.0, i))
+
+
+def note_ep_cosines(feeds: list[dict], cosines: list[float]) -> None:
+    """Each sample's lowest output cosine on the EP (``cosines``, in the order of ``feeds``), kept in
+    the step's ledger for worst_first."""
+    from ortprep.runtime.budget import feed_key, step_times
+
+    times = step_times()
+    if times is None:
+        return
+    for feed, cosine in zip(feeds, cosines):
+        key = feed_key(feed)
+        times.ep_worst[key] = min(cosine, times.ep_worst.get(key, cosine))

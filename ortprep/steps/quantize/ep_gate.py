@@ -101,8 +101,7 @@ class GateTarget:
         clock = self.clock
         if clock is None:
             return work(self.seconds)
-        if clock.exhausted:
-            clock.refused += 1
+        if not clock.starts():  # spent, or the step's own bound leaves no room for one (budget.EpClock)
             return None
         return clock.timed(lambda: work(clock.bound(self.seconds)))
 
@@ -153,8 +152,7 @@ class GateTarget:
             outcome = self._on_clock(lambda seconds: self._run_parts(model, feeds, seconds,
                                                                      cached if known else [], samples_keys, early))
         if outcome is None:
-            return EpRun(False, f"not run on {self.ep}: the step's time there ({self.clock.total:g} s, "
-                                "--ep-total-seconds) was spent")
+            return EpRun(False, f"not run on {self.ep}: {self.clock.spent_words('there')} was spent")
         return outcome
 
     def _run_parts(self, model: Path, feeds: list[dict[str, np.ndarray]], seconds: float | None,
@@ -196,6 +194,7 @@ class GateTarget:
                     count = samples_within(per_sample, len(feeds), seconds)
             if times is not None:
                 times.ep_runs += 1
+                times.sample_seconds = max(times.sample_seconds, reply.run_seconds or 0.0)
                 times.keep(keys[index], reply.samples[0])
                 times.models.setdefault(keys[0][0], {"nodes_total": nodes[0], "nodes_on_ep": nodes[1],
                                                      "seconds": per_sample})

@@ -19,10 +19,10 @@ from ortprep.fidelity.ep_match import first_apart, judge_ep_samples
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Confirmation, Evaluation, Judgement
 from ortprep.fidelity.gate import EXACT_GATE, VerifyResult, judge_run
 from ortprep.fidelity.quantized import Degenerate, flat_outputs, judge_quantized
-from ortprep.runtime.budget import timed
+from ortprep.runtime.budget import float_run, timed, without_hold
 from ortprep.runtime.isolated import RunOutcome, run_isolated, time_isolated
 from ortprep.runtime.tolerance import computes_tf32
-from ortprep.steps.quantize.ep_early import early_rule
+from ortprep.steps.quantize.ep_early import early_rule, note_ep_cosines, worst_first
 from ortprep.steps.quantize.trials import margin_aim
 from ortprep.transforms.verify import run_model
 
@@ -36,6 +36,13 @@ def _run_model(model: Path, feeds: dict[str, np.ndarray] | list[dict[str, np.nda
     """Run ``model`` on ``feeds`` in a child process (untimed: paired_latency times)."""
     with timed("cpu"):
         return run_isolated(model, feeds)
+
+
+def _float_run(model: Path, feeds: list[dict[str, np.ndarray]], outputs: list[str] | None = None) -> RunOutcome:
+    """The float model's run on ``feeds`` on the CPU EP, once per step for a file's content
+    (budget.float_run: --auto's attempts prepare the same source anew each)."""
+    with timed("cpu"):
+        return float_run(model, feeds, outputs, lambda: run_isolated(model, feeds, outputs=outputs))
 
 
 def opset_upgrade_verified(original: ModelProto, upgraded: ModelProto, feeds: dict[str, np.ndarray]) -> VerifyResult:
@@ -65,8 +72,7 @@ def margin_outputs(
         return []
     per_sample = sum(np.asarray(reference[0][name]).nbytes for name in names if name in reference[0])
     count = min(len(feeds), MARGIN_SAMPLES, max(1, MARGIN_BYTES // max(per_sample, 1)))
-    with timed("cpu"):
-        run = run_isolated(float_model, feeds[:count], outputs=names)
+    run = _float_run(float_model, feeds[:count], outputs=names)
     if not run.ok:
         return []
     return [{name: sample[name] for name in names if name in sample} for sample in run.samples]
@@ -117,6 +123,7 @@ def evaluate(
     confirm_feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None,
     ep_spared: Callable[[Judgement], str | None] | None = None,
     early_misses: bool = False,
+    misses_at_bar: bool = False,
 ) -> Evaluation:
     """Run both models on ``feeds`` on the CPU EP and compare; where ``target`` judges on its EP,
     run the quantized model there too and compare its outputs with the float model's on the CPU
@@ -136,10 +143,12 @@ def evaluate(
     ``ep_spared(cpu)``: why the EP's run cannot change what the caller does with this candidate
     (None: run it), said in ``ep_skipped``. The EP's run stops where its first samples pass
     clearly (by the search's margin: ep_early.py), and with ``early_misses`` (nothing compares this
-    evaluation's figures with another's) where they miss clearly."""
+    evaluation's figures with another's) where they miss clearly; with ``misses_at_bar`` (nothing
+    but its verdict counts: a baseline no search follows) where one sample misses the bar, the
+    samples the EP did worst on in this step run first (ep_early.worst_first)."""
     cache = {} if cache is None else cache
     if "evaluation" not in cache:
-        cache["evaluation"] = _run_model(float_model, feeds)  # timed with the candidate (paired_latency)
+        cache["evaluation"] = _float_run(float_model, feeds)  # timed with the candidate (paired_latency)
     reference = cache["evaluation"]
     candidate = _run_model(quant_model, feeds)  # timed below, in turns with the float model
     record = target.record() if target is not None else None
@@ -168,30 +177,33 @@ def evaluate(
         ep_skipped = spared
     elif target is not None and target.judged:
         # the EP's first samples may decide its verdict (ep_early.py): the rest are then not run
-        early = early_rule(reference.samples, candidate.samples, min_cosine, flat, decisions, cpu.passed,
-                           apart=lambda ep: ep_apart(quant_model, target.ep, candidate.samples[:len(ep)], ep, metrics,
+        order = worst_first(feeds) if misses_at_bar else list(range(len(feeds)))
+        refs, cands = [reference.samples[i] for i in order], [candidate.samples[i] for i in order]
+        early = early_rule(refs, cands, min_cosine, flat, decisions, cpu.passed,
+                           apart=lambda ep: ep_apart(quant_model, target.ep, cands[:len(ep)], ep, metrics,
                                                      target.provider_options), more=more,
-                           misses=early_misses, pass_bar=margin_aim(min_cosine),
-                           tolerances=lambda ep: ep_tolerances(quant_model, target, candidate.samples[0], ep[0],
-                                                               metrics))
-        run = target.run(quant_model, feeds, early=early)
+                           misses=early_misses or misses_at_bar, pass_bar=margin_aim(min_cosine),
+                           miss_line=min_cosine if misses_at_bar else None,
+                           tolerances=lambda ep: ep_tolerances(quant_model, target, cands[0], ep[0], metrics))
+        run = target.run(quant_model, [feeds[i] for i in order], early=early)
         placement = {"nodes_total": run.nodes_total, "nodes_on_ep": run.nodes_on_ep} if run.nodes_total else None
+        in_order = run.ok and len(run.samples) == len(feeds)
+        if in_order:  # every sample ran: back in the samples' own order
+            run.samples = [run.samples[order.index(i)] for i in range(len(feeds))]
+            refs, cands = reference.samples, candidate.samples
         if run.ok:
             # (the first samples, where --ep-seconds left some out: run.limited)
-            on_ep = judge_quantized(
-                target.ep, reference.samples[: len(run.samples)], run.samples, min_cosine, flat, decisions, more
-            )
-            on_ep.placement = placement
-            on_ep.limited = run.limited
+            on_ep = judge_quantized(target.ep, refs[: len(run.samples)], run.samples, min_cosine, flat, decisions, more)
+            note_ep_cosines([feeds[i] for i in (range(len(feeds)) if in_order else order)], on_ep.sample_cosines)
+            on_ep.placement, on_ep.limited, on_ep.early = placement, run.limited, run.early
             # apart is said wherever both runs are there, so that null means "within load's rule" (an
             # EP whose output is all zeros failed the gate, and apart was null as if it agreed); it
             # decides the EP's side only where both sides pass the gate
-            on_ep.apart = ep_apart(
-                quant_model, target.ep, candidate.samples, run.samples, metrics, target.provider_options
-            )
+            on_ep.apart = ep_apart(quant_model, target.ep, cands, run.samples, metrics, target.provider_options)
             if on_ep.passed and cpu.passed:
                 on_ep.passed = on_ep.apart is None
-            cache["ep_held_back"] = (str(quant_model), run.samples)  # for confirm_on_target (the latest trial's only)
+            # for confirm_on_target (the latest trial's only; the held-back samples' first ones)
+            cache["ep_held_back"] = (str(quant_model), run.samples) if in_order or order == sorted(order) else None
         else:
             on_ep = Judgement(target.ep, None, None, None, None, False, error=run.message, placement=placement)
     confirmation = None
@@ -199,7 +211,11 @@ def evaluate(
         confirmation = confirm(float_model, quant_model, confirm_feeds, min_cosine, cache, flat, decisions,
                                reference.samples, candidate.samples)
     float_ms = quant_ms = None
-    if latency_runs and feeds:
+    passed = cpu.passed and (on_ep is None or on_ep.passed) and (confirmation is None or confirmation.passed)
+    # a candidate a target EP judged and refused is not timed on this CPU: nothing chooses by it there
+    # (the result an attempt ends with is timed after its search: measure_latency)
+    timed_here = passed or target is None or not target.judged
+    if latency_runs and feeds and timed_here:
         # both in turns, in the same minute (the reference run above is not timed)
         paired = paired_latency(float_model, quant_model, feeds[0])
         if paired is not None:
@@ -211,7 +227,7 @@ def evaluate(
         latency_ratio=round(quant_ms / float_ms, 3) if float_ms and quant_ms else None,
         float_latency_ms=float_ms,
         quant_latency_ms=quant_ms,
-        passed=cpu.passed and (on_ep is None or on_ep.passed) and (confirmation is None or confirmation.passed),
+        passed=passed,
         outputs=cpu.outputs,
         spread=cpu.spread,
         degenerate=[(name, found.what) for name, found in flat.items()],
@@ -249,8 +265,9 @@ def confirm_on_target(evaluation: Evaluation, quant_model: Path,
         held_on_ep = (str(quant_model), run.samples)
     count = min(len(samples), CONFIRM_EP_SAMPLES)
     held = held_on_ep[1]  # each side's first samples where --ep-seconds left some out
-    run = target.run(quant_model, samples[:count], early=_confirmation_rule(quant_model, target, cache, held, count,
-                                                                            evaluation.min_cosine or 0.99))
+    with without_hold():  # it passed the held-back samples everywhere: FP16's probe's time is its (--step-seconds)
+        run = target.run(quant_model, samples[:count], early=_confirmation_rule(quant_model, target, cache, held,
+                                                                                count, evaluation.min_cosine or 0.99))
     confirmation.on_ep = (
         judge_quantized(
             target.ep,
@@ -315,7 +332,7 @@ def confirm(float_model: Path, quant_model: Path, feeds: Callable[[], list[dict[
     if not samples:
         return None
     if "confirmation" not in cache:
-        cache["confirmation"] = _run_model(float_model, samples)
+        cache["confirmation"] = _float_run(float_model, samples)
     reference = cache["confirmation"]
     if not reference.ok:
         return None

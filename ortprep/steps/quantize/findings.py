@@ -20,6 +20,7 @@ from ortprep.options import QuantizeOptions
 from ortprep.report import StepResult
 from ortprep.fidelity.tolerances import FLOAT16_COMPUTE
 from ortprep.steps.quantize.calibrate import DataPlan
+from ortprep.steps.quantize.ep_early import worst_first
 from ortprep.steps.quantize.ep_gate import GateTarget, first_divergence
 from ortprep.fidelity.evaluation import Evaluation
 from ortprep.fidelity.words import fmt_cosine
@@ -47,6 +48,9 @@ class Attempt:
     eval_feeds: list
     workdir: Path
     sources: list[tuple[str, Path]]
+    # False: --auto has later precisions to try, and this attempt's report is not the one shown where
+    # it fails: its diagnoses (the nodes that add the error, where the EP parts) are not run for it
+    diagnose: bool = True
 
 
 def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
@@ -108,11 +112,11 @@ def quality_findings(report: StepResult, attempt: Attempt, stats: dict) -> None:
     if evaluation is not None and not evaluation.passed:
         # the CPU side's error is traced to its nodes; the EP's alone, to what writes the outputs it gets wrong
         worst = (worst_nodes(Path(float_path), result_path, eval_feeds[0], {e["name"] for e in excluded})
-                 if evaluation.error is None and not evaluation.cpu_verdict else [])
+                 if evaluation.error is None and not evaluation.cpu_verdict and attempt.diagnose else [])
         names = ", ".join(f"{n} ({op}, cosine {c:.4f})" for n, op, c in worst) or "none found"
         stopped = f"; the search stopped: {outcome.search['stopped']}" if outcome.search else ""
         writers = writers_text(quantized, evaluation, target) if evaluation.ep_only else ""
-        parted = parted_at(evaluation, target, result_path, eval_feeds, workdir)
+        parted = parted_at(evaluation, target, result_path, eval_feeds, workdir) if attempt.diagnose else []
         report.data["ep_divergence"] = parted
         if parted:
             first = parted[0]
@@ -197,11 +201,11 @@ def cost_findings(report: StepResult, attempt: Attempt, size_before: int) -> Non
     if target.clock is not None and target.clock.refused:
         clock = target.clock
         report.add(Finding.of(
-            "QNT023", f"the step's time on {target.ep} ({clock.total:g} s, --ep-total-seconds) was spent after "
+            "QNT023", f"{clock.spent_words(f'on {target.ep}')} was spent after "
             f"{clock.runs} judgement(s) there; {clock.refused} later one(s) did not run, and a trial not judged on "
             f"{target.ep} cannot pass the gate", ep=target.ep,
-            fix="a larger --ep-total-seconds, or fewer judgements: --ep-seconds (each one's bound), fewer "
-                "samples (--samples), or --gate-on-cpu to judge on the CPU EP only"))
+            fix=f"a larger {clock.stopped_by or '--ep-total-seconds'}, or fewer judgements: --ep-seconds (each one's "
+                "bound), fewer samples (--samples), or --gate-on-cpu to judge on the CPU EP only"))
     size_after = model_bytes(result_path)
     if size_after >= size_before:
         if settings["preset"] != "cpu" and options.mode == "static":
@@ -238,7 +242,11 @@ def parted_at(evaluation: Evaluation, target: GateTarget, model: Path, feeds: li
     if not evaluation.ep_only and (on_ep.cosine is None or evaluation.cosine is None
                                    or on_ep.cosine >= evaluation.cosine - 0.01):
         return []  # the CPU EP is as wrong: quantization's error, not the EP's
-    return first_divergence(target, model, feeds[:2], workdir)
+    # on the held-back sample the EP did worst on (each exposed model is a whole run on a simulator)
+    cosines = on_ep.sample_cosines or []
+    # (where the EP's run stopped early, the sample it did worst on in the step: ep_early.worst_first)
+    worst = cosines.index(min(cosines)) if cosines and len(cosines) == len(feeds) else worst_first(feeds)[0]
+    return first_divergence(target, model, [feeds[worst]], workdir)
 
 
 def writers_text(quantized: ModelProto, evaluation: Evaluation, target: GateTarget) -> str:

@@ -30,7 +30,7 @@ from ortprep.findings import Severity
 from ortprep.model import ModelHandle
 from ortprep.options import ConvertOptions, QuantizeOptions
 from ortprep.report import StepResult
-from ortprep.runtime.budget import timed
+from ortprep.runtime.budget import step_spent, timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
@@ -50,6 +50,15 @@ VERIFICATION_FAILED = "CNV006"
 # FP16 is not measured for a model above this size (its conversion and runs would add minutes to a
 # refusal); QNT017 then names the command that measures it.
 PROBE_MAX_BYTES = 1 << 30
+# The seconds of the step's own bound (--step-seconds) --auto's attempts leave to this probe where it
+# judges on a target EP: its judgement there is bound by --ep-seconds, and by this where that is larger
+PROBE_HOLD = 150.0
+
+
+def probe_hold(options: QuantizeOptions) -> float:
+    """What --auto's attempts keep back of the step's own bound for this probe (budget.hold_step)."""
+    on_target = options.ep not in (None, "cpu") and options.verify and options.on_ep is not False
+    return min(options.ep_seconds, PROBE_HOLD) if on_target else 0.0
 
 
 def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None = None
@@ -82,6 +91,10 @@ def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCall
     # modes, a model with enough float weights for int8 to shrink it), FP16 is held to that too
     needs_smaller = ((settings["preset"] == "cpu" or options.mode != "static")
                      and float_weight_bytes(onnx.load(str(source), load_external_data=False)) >= SMALL_WEIGHTS)
+    if step_spent("FP16's probe"):
+        return {"passed": False, "command": command, "converted": False, "measured": False,
+                "reason": "not measured: the step's own time (--step-seconds) was spent; the command converts and "
+                          "verifies it"}
     if model_bytes(source) > PROBE_MAX_BYTES:
         return {"passed": False, "command": command, "converted": False, "measured": False,
                 "reason": f"not measured: the model is over {PROBE_MAX_BYTES >> 30} GiB; the command converts and "
@@ -157,6 +170,11 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                               early_misses=True)
         if progress is not None:
             progress("FP16", 2, 2)
+        refused = target.clock is not None and target.clock.stopped_by is not None
+        if refused and evaluation.on_ep is not None and evaluation.on_ep.error is not None:
+            # its judgement on the EP did not run (the step's time): no verdict on FP16 there
+            return {"passed": False, "command": command, "converted": True, "measured": False,
+                    "reason": f"not measured on {target.ep}: {evaluation.on_ep.error}"}
         decided = [o["decision"] for o in evaluation.outputs if (o.get("decision") or {}).get("gated")]
         size_ratio = round(model_bytes(converted) / max(1, model_bytes(source)), 4)
         smaller = size_ratio < 1.0 or not needs_smaller

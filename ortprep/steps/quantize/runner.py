@@ -14,7 +14,7 @@ from typing import Callable
 import onnx
 
 from ortprep.options import QuantizeOptions
-from ortprep.runtime.budget import timed
+from ortprep.runtime.budget import step_left, step_spent, step_times, timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.steps.quantize.calibrate import DataPlan
 from ortprep.steps.quantize.engines import Engine, EngineRun, Exclusion, engine
@@ -30,6 +30,8 @@ from ortprep.transforms.verify import model_bytes
 # An engine call other than ORT's own quantizer gets twice --search-seconds, and at least this long:
 # a crash or a hang is then a failed candidate, not a step that never ends (ORT's keeps its own deadline)
 ENGINE_MIN_SECONDS = 120.0
+ENGINE_LEAST_SECONDS = 30.0  # what the step's own bound leaves an engine call at least
+STEP_SPENT = "not run: the step's own time (--step-seconds) was spent"  # a trial's error
 
 
 def margin_samples(plan: DataPlan) -> list:
@@ -133,16 +135,35 @@ class Trials:
 
     def _attempt(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str],
                  baseline: bool) -> Trial:
+        started = time.monotonic()
+        try:
+            return self._quantize_and_judge(source, kept, label, off, wide, baseline)
+        finally:
+            times = step_times()
+            if times is not None:  # the next trial's cost, for --step-seconds (budget.step_spent)
+                times.trial_seconds = max(times.trial_seconds, time.monotonic() - started)
+
+    def _quantize_and_judge(self, source: Path, kept: list[str], label: str, off: list[str] | None, wide: list[str],
+                            baseline: bool) -> Trial:
         off = list(self.off if off is None else off)
+        if self.count > 0 and step_spent("later trials and baselines", trial=True):
+            # the attempt's first trial always runs (its verdict is the attempt's); no later one starts
+            # once --step-seconds is spent: a trial not judged cannot pass, and its time is the verdict's
+            self.count += 1
+            return Trial(label, list(kept), None, False, 0, None, STEP_SPENT, off=off)
         self.count += 1
         folder = self.workdir / f"trial{self.count}"
         folder.mkdir()
         output = folder / "quantized.onnx"
+        timeout = max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds)
+        left = step_left()  # and within the step's own bound (--step-seconds; ORT's quantizer keeps its own)
+        if left is not None:
+            timeout = min(timeout, max(ENGINE_LEAST_SECONDS, left))
         with timed("quantizer"):
             run = self.engine.quantize(self.workdir, source, output, self.options.mode, self.settings,
                                        self.plan.calibration, self.plan.calib_indices,
                                        Exclusion(tuple(kept), tuple(self.options.exclude_ops), tuple(wide)), self.big,
-                                       self.progress, timeout=max(ENGINE_MIN_SECONDS, 2 * self.options.search_seconds))
+                                       self.progress, timeout=timeout)
         self.engine_seconds += run.seconds
         self.engine_runs[output] = self.last_run = run
         ok, error = run.ok, run.error or ""
@@ -196,7 +217,10 @@ class Trials:
                                   self.caches.setdefault(source, {}), self.bounds, self.target, self.options.metrics,
                                   self.margin_feeds, ep_after_cpu_fails=False,
                                   latency_runs=LATENCY_RUNS if baseline else 0,
-                                  confirm_feeds=self.margin_feeds, ep_spared=self._spared if baseline else None)
+                                  confirm_feeds=self.margin_feeds, ep_spared=self._spared if baseline else None,
+                                  # a baseline no search follows: only its verdict counts, and one sample
+                                  # below the bar on the EP settles it (docs/decisions/speed-ep-verdict.md)
+                                  misses_at_bar=baseline and not self.options.auto_exclude)
             if baseline and self.first_baseline is None:
                 self.first_baseline = evaluation
             self.ep_in_loop = self.ep_in_loop or evaluation.ep_only

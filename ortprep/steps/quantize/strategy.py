@@ -19,7 +19,7 @@ import onnx
 
 from ortprep.model import iter_graphs
 from ortprep.prove.reduction import Budget, first_true
-from ortprep.runtime.budget import EpClock
+from ortprep.runtime.budget import EpClock, step_spent
 from ortprep.steps.quantize.float_end import FloatEnd
 from ortprep.steps.quantize.trials import SearchResult, Trial, change, ep_only, improved, reaches_margin
 
@@ -345,13 +345,15 @@ class Search(FloatEnd):
         """The search's seconds are spent, or the step's time on the target EP (EpClock)."""
         if self.clock is not None and self.clock.exhausted:
             return True
-        return self.budget.out_of_time()
+        return self.budget.out_of_time() or step_spent("the search's later trials", trial=True)
 
     def limit_reached(self) -> str:
         """Why no further trial ran: the time bound or the trial limit."""
         if self.clock is not None and self.clock.exhausted:
-            return (f"the step's time on the target EP ({self.clock.total:g} s, --ep-total-seconds) was spent: no "
+            return (f"{self.clock.spent_words('on the target EP')} was spent: no "
                     "later trial could be judged there")
+        if step_spent("the search's later trials", trial=True):
+            return "the step's own time (--step-seconds) was spent: no later trial could run"
         if self.out_of_time():
             if self.budget.seconds is not None and self.budget.seconds <= 0:
                 # --auto: --search-seconds bounds the whole step, and the earlier precisions' searches used it

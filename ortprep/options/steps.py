@@ -374,7 +374,7 @@ class DoctorOptions(StepOptions):
     """Options of ``doctor`` (config keys = field names)."""
 
     scan: Path | None = option(None, "Read the Python and requirements files under PATH for ORT pitfalls (never runs "
-                               "them).", Kind.PATH)
+                               "them).", Kind.PATH, metavar="DIR")
     runtimes: dict[str, Path] = runtimes_option("Also ask another environment's ONNX Runtime about an EP: EP=PYTHON "
                                                 "(repeatable).")
 

@@ -86,6 +86,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind(
             "QNN008", "a BatchNormalization quantized on its own, which QNN's HTP computes wrongly", Severity.WARNING
         ),
+        FindingKind("QNN009", "a lone Q/DQ node that QNN gives back to the CPU EP", Severity.INFO),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)

@@ -181,10 +181,12 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
         FindingKind("LOD009", "inputs were guessed and none of the guesses ran", Severity.WARNING),
         FindingKind("LOD010", "outputs that differed match with TF32 off: the difference is TF32's", Severity.INFO),
+        FindingKind("LOD011", "the EP asked for runs none of the model, or less than --min-share", Severity.ERROR),
         # PRV: proven verdicts (check --prove): the real session's word
         FindingKind("PRV001", "the real session placed nodes otherwise than check predicted", Severity.WARNING),
         FindingKind("PRV002", "the real session is not created on the EP", Severity.ERROR),
         FindingKind("PRV003", "the EP does not run here: the verdict stays a prediction", Severity.INFO),
+        FindingKind("PRV004", "the EP runs none of the model, or less than --min-share", Severity.ERROR),
         # CMP: compile (EPContext models)
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
@@ -203,6 +205,7 @@ CATALOGUE: dict[str, FindingKind] = {
             "before compiling",
             Severity.INFO,
         ),
+        FindingKind("CMP007", "the EP compiles none of the model, or less than --min-share", Severity.ERROR),
         # PKG: model packages (package, load --package)
         FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
         FindingKind(

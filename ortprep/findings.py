@@ -170,6 +170,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("QNT031", "weight-only: float32 compute kept over the CPU EP's int8 compute", Severity.INFO),
         FindingKind("QNT032", "passed on an assumed decision the samples leave below its bar (no evidence of a miss)",
                     Severity.INFO),
+        FindingKind("QNT033", "judged only on inputs ortprep made up, unasked: not quantized", Severity.ERROR),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),

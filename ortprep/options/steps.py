@@ -215,7 +215,8 @@ class QuantizeOptions(StepOptions):
                                            "'random'.")
     eval: str | Path | None = data_option("Evaluation data (same forms as calib); default: every fifth calibration "
                                           "sample, held back (--weight-only: every second, where it may round on "
-                                          "them; dynamic: all of them).")
+                                          "them; dynamic: all of them). Without either, quantize refuses (QNT033); "
+                                          "'random' judges on seeded random inputs instead, as asked.")
     ep: str = option("cpu", "Target EP: sets the preset (format, types, per-channel).", Kind.EP)
     format: str | None = option(None, "Override the preset's format.", Kind.TEXT, choices=("qdq", "qoperator"))
     per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",

@@ -556,10 +556,10 @@ def test_a_refusal_writes_nothing_and_keep_failed_writes_a_name_of_its_own(tmp_p
     path = tmp_path / "relu.onnx"
     onnx.save(models.relu(), str(path))
     out = tmp_path / "q.onnx"
-    refused = invoke("quantize", path, "--dynamic", "-o", out, "--json")
+    refused = invoke("quantize", path, "--dynamic", "--eval", "random", "-o", out, "--json")
     assert refused.exit_code == 1 and any(f["code"] == "QNT002" for f in refused.json()["findings"])
     assert not out.exists() and refused.json()["output"] is None and refused.json()["kept_failed"] is None
-    kept = invoke("quantize", path, "--dynamic", "-o", out, "--keep-failed", "--json")
+    kept = invoke("quantize", path, "--dynamic", "--eval", "random", "-o", out, "--keep-failed", "--json")
     assert kept.exit_code == 1 and not out.exists()
     assert kept.json()["kept_failed"] == str(tmp_path / "q.failed.onnx") and (tmp_path / "q.failed.onnx").exists()
 

@@ -254,16 +254,18 @@ class RepoConfig:
                       key=lambda pair: (relative_to(pair[0].path, self.path.parent), pair[1].name))
 
 
-def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
+def parse_repository(raw: dict[str, Any], text: ConfigText, *, targets_only: bool = False) -> RepoConfig:
     """Validate a repository config before any work: unknown keys, wrong types, globs that match
-    nothing, unknown EPs and finding codes each stop here with the file, line and key."""
+    nothing, unknown EPs and finding codes each stop here with the file, line and key.
+    ``targets_only``: the reader uses the [targets] alone (package), so a config without
+    [[models]] or [[steps]] is complete for it; what it does hold is still validated."""
     base = text.path.parent.resolve()
     for key in raw:
         if key not in REPO_KEYS:
             raise text.error("unknown key", "", key,
                              hint=f"valid keys: {', '.join(REPO_KEYS)} (or model = for one model)")
     models = _list_of_tables(raw, "models", text)
-    if not models:
+    if not models and not targets_only:
         raise text.error("no models", "models", hint='add [[models]] with path = "models/*.onnx"')
     entries: list[ModelEntry] = []
     for index, table in enumerate(models):
@@ -337,7 +339,7 @@ def parse_repository(raw: dict[str, Any], text: ConfigText) -> RepoConfig:
         targets.append(Target(name, ep, (base / runtime).resolve() if runtime else None,
                               {k: v for k, v in table.items() if k in GATES}, bool(table.get("prove", False)), device))
     steps = _list_of_tables(raw, "steps", text)
-    if not steps:
+    if not steps and not targets_only:
         raise text.error("no steps", "steps", hint='add [[steps]] with run = "check"')
     # Every step for every model table and every target, before anything runs: a bad option that
     # only shows with the third target's EP (or one model table's shapes) stops here, exit 2.

@@ -86,6 +86,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind(
             "QNN008", "a BatchNormalization quantized on its own, which QNN's HTP computes wrongly", Severity.WARNING
         ),
+        FindingKind("QNN009", "a lone Q/DQ node that QNN gives back to the CPU EP", Severity.INFO),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)
@@ -175,6 +176,7 @@ CATALOGUE: dict[str, FindingKind] = {
                     Severity.INFO),
         FindingKind("QNT040", "the target EP's session failed on a candidate: its culprits kept off the EP, or named",
                     Severity.WARNING),
+        FindingKind("QNT033", "judged only on inputs ortprep made up, unasked: not quantized", Severity.ERROR),
         # LOD: the runtime's word (load)
         FindingKind("LOD001", "ORT placed a node differently from check's prediction", Severity.WARNING),
         FindingKind("LOD002", "the EP is not available in this ONNX Runtime", Severity.ERROR),
@@ -186,10 +188,12 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD008", "the EP rejected a node (its own log names the reason)", Severity.WARNING),
         FindingKind("LOD009", "inputs were guessed and none of the guesses ran", Severity.WARNING),
         FindingKind("LOD010", "outputs that differed match with TF32 off: the difference is TF32's", Severity.INFO),
+        FindingKind("LOD011", "the EP asked for runs none of the model, or less than --min-share", Severity.ERROR),
         # PRV: proven verdicts (check --prove): the real session's word
         FindingKind("PRV001", "the real session placed nodes otherwise than check predicted", Severity.WARNING),
         FindingKind("PRV002", "the real session is not created on the EP", Severity.ERROR),
         FindingKind("PRV003", "the EP does not run here: the verdict stays a prediction", Severity.INFO),
+        FindingKind("PRV004", "the EP runs none of the model, or less than --min-share", Severity.ERROR),
         # CMP: compile (EPContext models)
         FindingKind("CMP001", "compiling, reloading or running the EPContext model failed", Severity.ERROR),
         FindingKind("CMP002", "the compiled model's outputs differ from the source model's", Severity.ERROR),
@@ -208,6 +212,7 @@ CATALOGUE: dict[str, FindingKind] = {
             "before compiling",
             Severity.INFO,
         ),
+        FindingKind("CMP007", "the EP compiles none of the model, or less than --min-share", Severity.ERROR),
         # PKG: model packages (package, load --package)
         FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
         FindingKind(

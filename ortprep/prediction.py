@@ -18,6 +18,8 @@ from ortprep.eps.partition import CPU, FOLDED, cpu_islands, partition_graph
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EpSpec
 from ortprep.eps.rules import (
+    QNN_SESSIONS,
+    qnn_lone_qdq,
     NodeVerdict,
     combination_findings,
     evaluate_node,
@@ -243,6 +245,15 @@ def _assign(analysis: ModelAnalysis, target: tuple[EpSpec, ...],
             moved, found = _move_cpu_preferred(analysis, assignment, chosen, spec)
             by_choice.update(moved)
             findings.extend(found)
+        if spec.name == "qnn":
+            for index in qnn_lone_qdq(analysis, assignment, chosen):
+                assignment[index] = CPU
+                node = nodes[index]
+                findings.append(Finding.of(
+                    "QNN009", f"{spec.name}: node '{node.name}' ({node.op_type}) would be a partition of its own, one "
+                    "Q/DQ node, which QNN gives back to the CPU EP", node=node.name, op_type=node.op_type,
+                    ep=spec.name, source=QNN_SESSIONS,
+                    fix="nothing to change for it alone: it follows the nodes around it (see the other findings)"))
     return assignment, findings, by_choice
 
 

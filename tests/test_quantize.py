@@ -396,14 +396,17 @@ def test_layer_norm_rule_is_kept_when_it_helps(tmp_path):
 
 
 def test_dynamic_without_data_is_evaluated_with_a_warning(tmp_path):
-    code, record, _ = quantize(SAMPLES / "transformer_block.onnx", "--dynamic", "-o", tmp_path / "q.onnx")
+    # seeded inputs judge only where asked for (--eval random): without it, QNT033 (tests/test_made_up_inputs.py)
+    code, record, _ = quantize(SAMPLES / "transformer_block.onnx", "--dynamic", "--eval", "random", "-o",
+                               tmp_path / "q.onnx")
     assert code == 0
     assert record["verify"]["cosine"] is not None and record["evaluation_samples"] == 8
     # the dims were tried on the float model as load and convert try them (runtime/feeds.choose_feeds)
     assert record["evaluation_inputs"] == "random (8 seeded samples; hidden=1x16x64, dims guessed from the dims' names)"
     finding = next(f for f in record["findings"] if f["code"] == "QNT011")
     assert finding["severity"] == "warning"
-    result = invoke("quantize", SAMPLES / "transformer_block.onnx", "--dynamic", "-o", tmp_path / "q2.onnx",
+    result = invoke("quantize", SAMPLES / "transformer_block.onnx", "--dynamic", "--eval", "random", "-o",
+                    tmp_path / "q2.onnx",
                     "--fail-on", "warning", "--json")
     assert result.exit_code == 1
 
@@ -553,10 +556,10 @@ def test_a_refusal_writes_nothing_and_keep_failed_writes_a_name_of_its_own(tmp_p
     path = tmp_path / "relu.onnx"
     onnx.save(models.relu(), str(path))
     out = tmp_path / "q.onnx"
-    refused = invoke("quantize", path, "--dynamic", "-o", out, "--json")
+    refused = invoke("quantize", path, "--dynamic", "--eval", "random", "-o", out, "--json")
     assert refused.exit_code == 1 and any(f["code"] == "QNT002" for f in refused.json()["findings"])
     assert not out.exists() and refused.json()["output"] is None and refused.json()["kept_failed"] is None
-    kept = invoke("quantize", path, "--dynamic", "-o", out, "--keep-failed", "--json")
+    kept = invoke("quantize", path, "--dynamic", "--eval", "random", "-o", out, "--keep-failed", "--json")
     assert kept.exit_code == 1 and not out.exists()
     assert kept.json()["kept_failed"] == str(tmp_path / "q.failed.onnx") and (tmp_path / "q.failed.onnx").exists()
 
@@ -780,7 +783,8 @@ def test_a_refusal_names_what_auto_would_try_here(tmp_path):
         in fix
     )
     # without real samples there is nothing to calibrate on: FP16 is what is left
-    seeded = invoke("quantize", model, "--dynamic", "-o", tmp_path / "d.onnx", "--min-cosine", "0.999999", "--json")
+    seeded = invoke("quantize", model, "--dynamic", "--eval", "random", "-o", tmp_path / "d.onnx", "--min-cosine",
+                    "0.999999", "--json")
     fix = next(f for f in seeded.json()["findings"] if f["code"] == "QNT005")["fix"]
     assert seeded.exit_code == 1 and "no other precision here" in fix and "convert MODEL --fp16" in fix
 
@@ -1147,7 +1151,8 @@ def test_weight_only_refusals(tmp_path):
     # TensorRT's table has no MatMulNBits: said before any work (the MatMuls would run on the CPU EP)
     code, record, _ = quantize(model, "--weight-only", "int4", "--ep", "tensorrt", "-o", tmp_path / "t.onnx")
     assert [f["severity"] for f in record["findings"] if f["code"] == "QNT018"] == ["warning"]
-    code, record, _ = quantize(model, "--weight-only", "int4", "--ep", "cuda", "-o", tmp_path / "g.onnx")
+    code, record, _ = quantize(model, "--weight-only", "int4", "--ep", "cuda", "--eval", "random", "-o",
+                               tmp_path / "g.onnx")
     assert "QNT018" not in codes(record)
     # CUDA does not read accuracy_level: the attribute is left out, as ORT's quantizer leaves it
     assert record["weight_only"]["accuracy_level"] == 0
@@ -1158,7 +1163,8 @@ def test_decisions_on_seeded_inputs_are_not_vouched_for(tmp_path):
     """bench/apps: a captcha OCR's dynamic int8 passed on seeded inputs (cosine 0.9992) and changed
     17% of the application's strings. Without data, an output that carries a decision is not
     written (QNT019); with a few real samples the same command is judged on them."""
-    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "-o", tmp_path / "q.onnx", "--keep-failed")
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--dynamic", "--eval", "random", "-o", tmp_path / "q.onnx",
+                               "--keep-failed")
     finding = next(f for f in record["findings"] if f["code"] == "QNT019")
     assert code == 1 and finding["severity"] == "error" and "'logits' (top1)" in finding["message"]
     assert "--eval DATA" in finding["fix"] and record["output"] is None and not (tmp_path / "q.onnx").exists()

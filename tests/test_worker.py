@@ -226,6 +226,7 @@ def test_pipeline_convert_quantize_load_builds_each_models_session_once(tmp_path
         [[steps]]
         run = "quantize"
         mode = "dynamic"
+        eval = "random"  # no data: seeded inputs, asked for (else QNT033)
         metrics = { logits = "cosine" }  # no data: a decision cannot be judged on seeded inputs (QNT019)
 
         [[steps]]

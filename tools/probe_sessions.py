@@ -227,6 +227,67 @@ def reducemean_to_scalar() -> onnx.ModelProto:
                   [_init("w", _weights())])
 
 
+def _qdq(source: str, out: str, scale: str = "s", zero: str = "z", name: str = "") -> list:
+    """A QuantizeLinear/DequantizeLinear pair on ``source`` (uint8 activations), as ORT's QDQ format writes it."""
+    return [helper.make_node("QuantizeLinear", [source, scale, zero], [f"{out}_q"], name=f"{name or out}_q"),
+            helper.make_node("DequantizeLinear", [f"{out}_q", scale, zero], [out], name=f"{name or out}_dq")]
+
+
+def _qdq_inits(seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [_init("s", np.float32(0.05)), _init("z", np.uint8(128)), _init("ws", np.float32(0.01)),
+            _init("wz", np.uint8(128)), _init("wq", rng.integers(100, 156, size=(C, C, 3, 3)).astype(np.uint8))]
+
+
+def qdq_control_flow(kind: str) -> onnx.ModelProto:
+    """A QDQ model (uint8 activations and weights) with control flow between two quantized Convs:
+    ``if`` an If on the input's mean (Relu, or Sigmoid*x, reading the Conv's dequantized output from
+    the outer scope), ``loop`` a Loop of 3 trips over an Add of a constant, ``if_loop`` both in turn,
+    ``loop_if`` the Loop first (the If's branches then read the Loop's dequantized output),
+    ``loop_first`` the Loop on the input itself, then the If and one Conv, ``loop_only`` the Loop
+    alone between the input's and the output's Q/DQ pairs; Q/DQ pairs around each, as
+    a quantizer leaves a float If or Loop."""
+    nodes = _qdq("x", "xd") + [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="w_dq")]
+    if kind == "loop_only":
+        nodes = _qdq("x", "xd") + [helper.make_node("Loop", ["trips", "go", "xd"], ["l"], body=_loop_body(False),
+                                                    name="loop")] + _qdq("l", "y")
+        return _model(nodes, [_image()], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, H, H])],
+                      _qdq_inits(4)[:2] + [_init("trips", np.int64(3)), _init("go", np.bool_(True)),
+                                           _init("one", np.float32(1))])
+    if kind == "loop_first":
+        current = "xd"
+        kind = "loop_if"
+    else:
+        nodes += [helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1], name="conv0")]
+        nodes += _qdq("c", "cd")
+        current = "cd"
+    inits = _qdq_inits(4) + [_init("zero", np.float32(0)), _init("trips", np.int64(3)), _init("go", np.bool_(True)),
+                             _init("one", np.float32(1))]
+    if kind == "loop_if":
+        nodes += [helper.make_node("Loop", ["trips", "go", current], ["l"], body=_loop_body(False), name="loop")]
+        nodes += _qdq("l", "ld")
+        current = "ld"
+    if kind in ("if", "if_loop", "loop_if"):
+        then_g = helper.make_graph([helper.make_node("Relu", [current], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, C, H, H])])
+        else_g = helper.make_graph(
+            [helper.make_node("Sigmoid", [current], ["g"]), helper.make_node("Mul", [current, "g"], ["e"])], "else",
+            [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, C, H, H])])
+        nodes += [helper.make_node("ReduceMean", ["xd"], ["m"], keepdims=0, name="mean"),
+                  helper.make_node("Greater", ["m", "zero"], ["cond"], name="greater"),
+                  helper.make_node("If", ["cond"], ["b"], then_branch=then_g, else_branch=else_g, name="branch")]
+        nodes += _qdq("b", "bd")
+        current = "bd"
+    if kind in ("loop", "if_loop"):
+        body = _loop_body(False)
+        nodes += [helper.make_node("Loop", ["trips", "go", current], ["l"], body=body, name="loop")]
+        nodes += _qdq("l", "ld")
+        current = "ld"
+    nodes += [helper.make_node("Conv", [current, "wd"], ["c1"], pads=[1, 1, 1, 1], name="conv1")]
+    nodes += _qdq("c1", "y")
+    return _model(nodes, [_image()], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, H, H])], inits)
+
+
 CASES = {
     "loop_then_relu": loop_then_relu,
     "if_reads_graph_input": if_reads_graph_input,
@@ -239,6 +300,12 @@ CASES = {
     "qdq_static_batch": lambda: qdq_convs(1),
     "qdq_dynamic_batch": lambda: qdq_convs("batch"),
     "int64_elementwise": int64_elementwise,
+    "qdq_if": lambda: qdq_control_flow("if"),
+    "qdq_loop": lambda: qdq_control_flow("loop"),
+    "qdq_if_loop": lambda: qdq_control_flow("if_loop"),
+    "qdq_loop_if": lambda: qdq_control_flow("loop_if"),
+    "qdq_loop_first": lambda: qdq_control_flow("loop_first"),
+    "qdq_loop_only": lambda: qdq_control_flow("loop_only"),
 }
 
 

@@ -167,6 +167,7 @@ def pipeline_rows() -> list[tuple]:
         [[steps]]
         run = "quantize"
         mode = "dynamic"
+        eval = "random"
         [[steps]]
         run = "load"
         eps = ["cpu"]

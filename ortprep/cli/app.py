@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ortprep.cli.boundary import Terminated
+from ortprep.cli.words import WordsGroup
 from ortprep.version import __version__
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=WordsGroup,
 )
 
 

@@ -17,11 +17,11 @@ from typing import Any, Optional
 import typer
 
 from ortprep.cli.boundary import error_boundary
-from ortprep.cli.options import FailOn
+from ortprep.cli.options import FAIL_ON_METAVAR, FailOn
 from ortprep.cli.output import check_report_paths, execute
 from ortprep.options import Kind, cli_flags, default_of, off_flag, spec_of
 
-METAVARS = {Kind.INT: "N", Kind.FLOAT: "X", Kind.PATH: "PATH", Kind.DATA: "DATA", Kind.EP: "EP", Kind.TEXT: "TEXT",
+METAVARS = {Kind.INT: "N", Kind.FLOAT: "X", Kind.PATH: "FILE", Kind.DATA: "DATA", Kind.EP: "EP", Kind.TEXT: "TEXT",
             Kind.NAMES: "NAME", Kind.FLOATS: "X,Y,..."}
 
 
@@ -77,31 +77,33 @@ def _common_parameters(name: str, writes_model: bool, needs_model: bool,
     kw = inspect.Parameter.KEYWORD_ONLY
     params = []
     if needs_model:
-        default = typer.Argument(None if optional_model else ..., help="The ONNX model file.", show_default=False)
+        default = typer.Argument(None if optional_model else ..., help="The ONNX model file.", show_default=False,
+                                 metavar="MODEL")
         params.append(inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         annotation=Optional[Path] if optional_model else Path, default=default))
     if writes_model:
         params.append(inspect.Parameter("output", kw, annotation=Optional[Path], default=typer.Option(
             None, "-o", "--output", help="Output model (default: beside the input, with a suffix).",
-                  show_default=False)))
+                  show_default=False, metavar="FILE")))
         params.append(inspect.Parameter("force", kw, annotation=bool, default=typer.Option(
             False, "--force", help="Allow the output to overwrite the input model.")))
     params += [
         inspect.Parameter("json_output", kw, annotation=bool, default=typer.Option(
             False, "--json", help="Print the report as JSON (the only thing on stdout).")),
         inspect.Parameter("report", kw, annotation=Optional[Path], default=typer.Option(
-            None, "--report", help="Also write the JSON report to this file (atomically).", show_default=False)),
+            None, "--report", help="Also write the JSON report to this file (atomically).", show_default=False,
+            metavar="FILE")),
         inspect.Parameter("junit", kw, annotation=Optional[Path], default=typer.Option(
-            None, "--junit", help="Also write a JUnit XML report here.", show_default=False)),
+            None, "--junit", help="Also write a JUnit XML report here.", show_default=False, metavar="FILE")),
         inspect.Parameter("markdown", kw, annotation=Optional[Path], default=typer.Option(
             None, "--markdown", help="Also write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).",
-                  show_default=False)),
+                  show_default=False, metavar="FILE")),
         inspect.Parameter("fail_on", kw, annotation=FailOn, default=typer.Option(
             FailOn.error, "--fail-on", help="Exit 1 when a finding is at or above this severity.",
-                          case_sensitive=False)),
+                          case_sensitive=False, metavar=FAIL_ON_METAVAR)),
         inspect.Parameter("emit_config", kw, annotation=Optional[Path], default=typer.Option(
             None, "--emit-config", help="Write the ortprep.toml equivalent to this command line to FILE and exit "
-            "(ortprep run FILE then does the same).", show_default=False)),
+            "(ortprep run FILE then does the same).", show_default=False, metavar="FILE")),
     ]
     return params
 

@@ -21,8 +21,12 @@ class FailOn(str, Enum):
         return None if self is FailOn.never else Severity.parse(self.value)
 
 
+# what --fail-on takes, shown as the option's value in --help (not Typer's <choice>)
+FAIL_ON_METAVAR = "|".join(level.value for level in FailOn)
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON (the only thing on stdout).")]
 ReportOpt = Annotated[
     Path | None,
-    typer.Option("--report", help="Also write the JSON report to this file (atomically).", show_default=False),
+    typer.Option("--report", help="Also write the JSON report to this file (atomically).", show_default=False,
+                 metavar="FILE"),
 ]

@@ -14,23 +14,28 @@ from ortprep.cli.options import JsonOpt, ReportOpt
 
 
 def _package(
-    model: Annotated[Path, typer.Argument(help="The ONNX model file (float).", show_default=False)],
+    model: Annotated[Path, typer.Argument(help="The ONNX model file (float).", show_default=False,
+                                                metavar="MODEL")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The package folder to write (must not exist, unless "
-                                         "--force).", show_default=False)],
+                                         "--force).", show_default=False, metavar="DIR")],
     targets: Annotated[list[str] | None, typer.Option(
         "--target", help="A target EP, optionally named: EP or NAME=EP (repeatable), e.g. cpu, cuda, qnn.",
-        show_default=False)] = None,
+        show_default=False, metavar="EP")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Take the targets from this ortprep.toml's [targets] "
-                                                "(their ep, device and runtime).", show_default=False)] = None,
+                                                "(their ep, device and runtime).", show_default=False,
+                                                metavar="CONFIG")] = None,
     inputs: Annotated[Path | None, typer.Option("--inputs", help="Verify and load on these inputs (.npz, one array "
-                                                "per input).", show_default=False)] = None,
+                                                "per input).", show_default=False,
+                                                metavar="FILE")] = None,
     min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Quantized targets' accuracy gate (see "
-                                                     "quantize --min-cosine).", show_default=False)] = None,
+                                                     "quantize --min-cosine).", show_default=False,
+                                                     metavar="X")] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help="Also compile an EPContext variant for QNN "
                                            "targets (where QNN runs here).")] = True,
     name: Annotated[str | None, typer.Option("--name", help="Package name (default: the model's).",
-                                             show_default=False)] = None,
-    version: Annotated[str | None, typer.Option("--version", help="Package version.", show_default=False)] = None,
+                                             show_default=False, metavar="NAME")] = None,
+    version: Annotated[str | None, typer.Option("--version", help="Package version.", show_default=False,
+                                                metavar="VERSION")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing package at -o.")] = False,
     json_output: JsonOpt = False,
     report: ReportOpt = None,
@@ -88,7 +93,8 @@ package_command = error_boundary(package_command)
 PACKAGE_PARAMETER = inspect.Parameter(
     "package", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
         None, "--package", help="Load a model package instead of a model: for each EP here, the variant ONNX Runtime "
-        "picks, run on that EP against the package's float variant.", show_default=False))
+        "picks, run on that EP against the package's float variant.", show_default=False,
+        metavar="DIR"))
 
 
 def load_package_hook(kwargs: dict[str, Any]) -> bool:

@@ -13,26 +13,28 @@ from ortprep.cli.boundary import error_boundary
 from ortprep.cli.options import JsonOpt, ReportOpt
 
 JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.",
-                                               show_default=False)]
+                                               show_default=False, metavar="FILE")]
 MarkdownOpt = Annotated[Path | None, typer.Option(
     "--markdown", help="Also write a Markdown summary here (appended to $GITHUB_STEP_SUMMARY when that is set).",
-    show_default=False)]
+    show_default=False, metavar="FILE")]
 HtmlOpt = Annotated[Path | None, typer.Option("--html", help="Also write one self-contained HTML page per model here.",
-                                              show_default=False)]
+                                              show_default=False, metavar="DIR")]
 
 
 @error_boundary
 def run_command(
     config: Annotated[Path, typer.Argument(help="ortprep.toml, a pyproject.toml with [tool.ortprep], or their folder.",
-                                           show_default=False)] = Path("."),
-    jobs: Annotated[int, typer.Option("-j", "--jobs", help="Models run in parallel (worker processes).", min=1)] = 1,
+                                           show_default=False, metavar="CONFIG")] = Path("."),
+    jobs: Annotated[int, typer.Option("-j", "--jobs", help="Models run in parallel (worker processes).", min=1,
+                                      metavar="N")] = 1,
     shard: Annotated[str | None, typer.Option("--shard",
                                               help="Run only shard K of N of the model x target pairs (K/N).",
-                                              show_default=False)] = None,
+                                              show_default=False, metavar="K/N")] = None,
     baseline: Annotated[Path | None, typer.Option("--baseline", help="Fail on regressions against this stored report.",
-                                                  show_default=False)] = None,
+                                                  show_default=False, metavar="FILE")] = None,
     tolerance: Annotated[float, typer.Option("--tolerance",
-                                             help="Accuracy regressions smaller than this are ignored.")] = 0.001,
+                                             help="Accuracy regressions smaller than this are ignored.",
+                                             metavar="X")] = 0.001,
     json_output: JsonOpt = False,
     report: ReportOpt = None,
     junit: JunitOpt = None,
@@ -110,7 +112,7 @@ def finish(document: dict[str, Any], *, json_output: bool, report: Path | None, 
 
 @error_boundary
 def init_command(
-    folder: Annotated[Path, typer.Argument(help="The repository to scan for .onnx files.")] = Path("."),
+    folder: Annotated[Path, typer.Argument(help="The repository to scan for .onnx files.", metavar="DIR")] = Path("."),
     force: Annotated[bool, typer.Option("--force", help="Replace an existing ortprep.toml.")] = False,
 ) -> None:
     """Write a starter ortprep.toml for the models found, with targets this machine can run."""
@@ -128,8 +130,8 @@ def init_command(
 
 @error_boundary
 def diff_command(
-    old: Annotated[Path, typer.Argument(help="The earlier report (ortprep run --report).")],
-    new: Annotated[Path, typer.Argument(help="The later report.")],
+    old: Annotated[Path, typer.Argument(help="The earlier report (ortprep run --report).", metavar="OLD")],
+    new: Annotated[Path, typer.Argument(help="The later report.", metavar="NEW")],
     json_output: JsonOpt = False,
 ) -> None:
     """Which nodes moved between the EP and the CPU, and why; and every regression. Exit 1 on regressions."""
@@ -144,7 +146,8 @@ def diff_command(
 
 @error_boundary
 def merge_command(
-    reports: Annotated[list[Path], typer.Argument(help="The shards' reports (ortprep run --shard K/N --report FILE).")],
+    reports: Annotated[list[Path], typer.Argument(help="The shards' reports (ortprep run --shard K/N --report FILE).",
+                                                       metavar="REPORT...")],
     json_output: JsonOpt = False,
     report: ReportOpt = None,
     junit: JunitOpt = None,
@@ -161,8 +164,10 @@ def merge_command(
 
 @error_boundary
 def hook_command(
-    files: Annotated[list[Path], typer.Argument(help="Changed .onnx files (pre-commit passes them).")],
-    config: Annotated[Path, typer.Option("--config", help="The repository's config (or its folder).")] = Path("."),
+    files: Annotated[list[Path], typer.Argument(help="Changed .onnx files (pre-commit passes them).",
+                                                     metavar="MODEL...")],
+    config: Annotated[Path, typer.Option("--config", help="The repository's config (or its folder).",
+                                                metavar="CONFIG")] = Path("."),
 ) -> None:
     """For pre-commit: run the repository's config on the changed models only; exit 1 when one fails."""
     from ortprep.config import load_repository

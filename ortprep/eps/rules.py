@@ -184,7 +184,9 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
     hold only nodes QNN takes (Relu, Sigmoid/Mul, Conv, Softmax, Tanh measured; with or without
     initializers of their own, reading a graph input or an inner value) goes to QNN whole, with
     its branches; an If whose branches hold a node it does not take, or a recurrent op, stays on
-    the CPU EP with them. No Loop or Scan is taken (four models), nor anything in its body."""
+    the CPU EP with them, and so does one whose branches read a value of the outer scope that a
+    node off QNN makes (qdq_loop_if: the dequantized output of a Loop). No Loop or Scan is taken
+    (four models), nor anything in its body."""
     nodes = analysis.all_nodes()
     by_scope = {graph.scope: graph_id for graph_id, graph in enumerate(analysis.graphs)}
     starts, position = [], 0
@@ -206,6 +208,8 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
                     found.extend(inner(child, child_node))
         return found
 
+    producers = {out: i for i, node in enumerate(nodes[:len(analysis.graphs[0].nodes)]) for out in node.node.output
+                 if out}
     decided: set[int] = set()
     for index, node in enumerate(nodes):
         if not node.has_subgraphs or index in decided:
@@ -219,7 +223,9 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
             # branches); a tensor of the If without a static shape still keeps it off (QNN002).
             own = verdicts[index]
             shared = _shared_branch_names(node.node)
-            if not blockers and own.code != "QNN002" and not shared:
+            outside = [name for name in _outer_reads(node.node)
+                       if name in producers and not result[producers[name]].level.runs_on_ep]
+            if not blockers and own.code != "QNN002" and not shared and not outside:
                 taken = NodeVerdict(SupportLevel.SUPPORTED, "QNN takes the If with its branches", QNN_SESSIONS)
                 result[index] = taken
                 for i in members:
@@ -230,6 +236,9 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
                    else f"its two branches make a tensor of the same name ('{shared[0]}'), which QNN does not rename "
                         "(\"If branches share internal tensor name\"; measured with onnxruntime-qnn 2.7.0: the If "
                         "nodes of convert --keep-off-ep)" if shared
+                   else f"its branches read '{outside[0]}', which '{nodes[producers[outside[0]]].name}' makes off QNN "
+                        "(\"If implicit input is produced outside the QNN partition\"; measured: case qdq_loop_if)"
+                   if outside
                    else f"QNN does not take the If itself ({own.reason})")
         else:
             why = f"QNN takes no {node.op_type}, nor the nodes of its body"
@@ -239,6 +248,42 @@ def qnn_control_flow(analysis, verdicts: list[NodeVerdict]) -> list[NodeVerdict]
                                     QNN_SESSIONS, "EP001")
         decided.update(members)
     return result
+
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def qnn_lone_qdq(analysis, assignment: list[int], chosen: int) -> list[int]:
+    """The nodes of the main graph that QNN would take as a partition of their own made of one
+    QuantizeLinear or DequantizeLinear: QNN gives such a partition back to the CPU EP (measured:
+    cases qdq_loop_only, qdq_loop, qdq_if of QNN_SESSIONS: the lone DQ of a graph input before a
+    Loop, a weight's DQ duplicated for the Conv after a Loop). ``assignment`` as prediction's
+    (``chosen``: QNN's index in the target)."""
+    from collections import Counter
+
+    from ortprep.eps.partition import partition_graph
+
+    graph = analysis.graphs[0]
+    part = assignment[:len(graph.nodes)]
+    if chosen not in part:
+        return []
+    partition_of = partition_graph(graph.graph, part).partition_of
+    sizes = Counter(p for i, p in enumerate(partition_of) if p >= 0 and part[i] == chosen)
+    return [i for i, p in enumerate(partition_of)
+            if p >= 0 and part[i] == chosen and sizes[p] == 1 and graph.nodes[i].op_type in QDQ_OPS]
+
+
+def _outer_reads(node) -> list[str]:
+    """The values of the outer scope that an If's branches read (its implicit inputs), in order."""
+    reads: list[str] = []
+    for attribute in node.attribute:
+        if attribute.name not in ("then_branch", "else_branch") or not attribute.HasField("g"):
+            continue
+        own = {init.name for init in attribute.g.initializer} | {value.name for value in attribute.g.input}
+        for inner in attribute.g.node:
+            reads += [name for name in inner.input if name and name not in own and name not in reads]
+            own.update(out for out in inner.output if out)
+    return reads
 
 
 def _shared_branch_names(node) -> list[str]:

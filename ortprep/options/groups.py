@@ -56,6 +56,21 @@ def data_option(help: str) -> Any:
     return option(None, help, Kind.DATA, metavar="DATA")
 
 
+def min_share_option(purpose: str) -> Any:
+    """--min-share SHARE: the least share of the model's nodes the EP must run (0 < SHARE <= 1;
+    checked with :func:`check_share`). Without it, an EP asked for that runs none fails alone."""
+    return option(None, f"Fail (exit 1) when the EP runs less than this share of the model's nodes, {purpose}, "
+                  "e.g. 0.9; without it, only an EP that runs none of the model fails.", Kind.FLOAT, minimum=0.0,
+                  metavar="SHARE")
+
+
+def check_share(share: float | None, where: str) -> None:
+    """--min-share is a share of the nodes: above 0, at most 1."""
+    if share is not None and not 0 < share <= 1:
+        raise UsageError(f"{where}: --min-share {share:g} is not a share of the nodes",
+                         hint="give a number above 0 and at most 1, e.g. --min-share 0.9")
+
+
 def shapes_option(help: str) -> Any:
     """--shape NAME=DIMS: the feed shape of a symbolic input."""
     return option({}, help, Kind.SHAPES, flags=("--shape", "--shapes"), metavar="NAME=DIMS")

@@ -14,9 +14,11 @@ from ortprep.options.fields import Kind, StepOptions, option
 from ortprep.options.groups import (
     METRIC_KINDS_DETAILED,
     check_device,
+    check_share,
     data_option,
     device_option,
     metrics_option,
+    min_share_option,
     provider_options_option,
     runtimes_option,
     shapes_option,
@@ -111,10 +113,12 @@ class CheckOptions(StepOptions):
                                              Kind.FLOAT,
                             minimum=0.1)
     device: str | None = device_option()
+    min_share: float | None = min_share_option("in the real session with --prove (else as the tables predict)")
 
     def validate(self, where: str) -> None:
         _known_release(self.ort_version, where)
         check_device(self.device, self.eps, self.provider_options, where)
+        check_share(self.min_share, where)
         if not self.eps:
             raise UsageError(f"{where}: no EP given", hint='name a target: --ep dml, or eps = ["dml"] in a config; '
                              "ortprep check --list-eps lists them")
@@ -221,7 +225,8 @@ class QuantizeOptions(StepOptions):
                                            "'random'.")
     eval: str | Path | None = data_option("Evaluation data (same forms as calib); default: every fifth calibration "
                                           "sample, held back (--weight-only: every second, where it may round on "
-                                          "them; dynamic: all of them).")
+                                          "them; dynamic: all of them). Without either, quantize refuses (QNT033); "
+                                          "'random' judges on seeded random inputs instead, as asked.")
     ep: str = option("cpu", "Target EP: sets the preset (format, types, per-channel).", Kind.EP)
     format: str | None = option(None, "Override the preset's format.", Kind.TEXT, choices=("qdq", "qoperator"))
     per_channel: bool | None = option(None, "Override the preset's weight granularity (per channel or per tensor).",
@@ -372,9 +377,11 @@ class LoadOptions(StepOptions):
                                  Kind.FLAG)
     device: str | None = device_option()
     metrics: dict[str, str] = metrics_option("where an output beyond the elementwise tolerance may still hold")
+    min_share: float | None = min_share_option("in its session (each EP named with --ep)")
 
     def validate(self, where: str) -> None:
         check_device(self.device, self.eps, self.provider_options, where)
+        check_share(self.min_share, where)
         if self.reference is not None and not Path(self.reference).is_file():
             raise UsageError(f"{where}: reference model not found: {self.reference}",
                              hint="pass the float model's path")
@@ -388,7 +395,7 @@ class DoctorOptions(StepOptions):
     """Options of ``doctor`` (config keys = field names)."""
 
     scan: Path | None = option(None, "Read the Python and requirements files under PATH for ORT pitfalls (never runs "
-                               "them).", Kind.PATH)
+                               "them).", Kind.PATH, metavar="DIR")
     runtimes: dict[str, Path] = runtimes_option("Also ask another environment's ONNX Runtime about an EP: EP=PYTHON "
                                                 "(repeatable).")
 
@@ -427,8 +434,11 @@ class CompileOptions(StepOptions):
                                           "beyond the tolerance fails the compile.")
     metrics: dict[str, str] = metrics_option("where an output beyond the elementwise tolerance may still hold")
 
+    min_share: float | None = min_share_option("compiled into its EPContext nodes")
+
     def validate(self, where: str) -> None:
         check_device(self.device, [self.ep], self.provider_options, where)
+        check_share(self.min_share, where)
         if self.ep not in COMPILE_EPS:
             raise UsageError(f"{where}: ortprep compiles EPContext models for {', '.join(COMPILE_EPS)}, not {self.ep}",
                              hint="choose --ep qnn or --ep openvino-cpu")

@@ -53,7 +53,9 @@ def targets_from(given: list[str], *, config: Path | None = None, device: str | 
         raw, text = read_raw(config)
         if not is_repo_config(raw):
             raise UsageError(f"{config} has no [targets]", hint="use a repository config, or pass --target EP")
-        targets += [PackageTarget(t.name, t.ep, t.device, t.runtime) for t in parse_repository(raw, text).targets]
+        # package uses the [targets] alone: a config without [[models]] or [[steps]] is complete for it
+        read = parse_repository(raw, text, targets_only=True)
+        targets += [PackageTarget(t.name, t.ep, t.device, t.runtime) for t in read.targets]
     for text in given:
         label, _, ep = text.partition("=")
         targets.append(PackageTarget(label.strip(), (ep or label).strip()))

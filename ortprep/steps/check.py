@@ -157,6 +157,26 @@ def list_eps() -> dict[str, Any]:
     return {"schema": EPS_SCHEMA, "eps": entries}
 
 
+def share_gate(result: StepResult, options: CheckOptions, model: str) -> None:
+    """PRV004 where a target's EP runs none of the model in the real session (--prove), or less
+    than --min-share: of the real session's nodes where it was proven, else of the tables'
+    prediction. A session that is not created is PRV002 already."""
+    from ortprep.prove.share import share_fix, share_shortfall
+
+    for record in result.data["results"]:
+        label, proof = record["ep"], record.get("proof") or {}
+        if proof.get("status") == "created":
+            short = share_shortfall(label, proof["nodes_on_ep"], proof["nodes_total"], proof["fallback_nodes"],
+                                    options.min_share, where="the real session")
+        elif options.min_share is not None and proof.get("status") in (None, "unavailable", "not proven"):
+            short = share_shortfall(label, record["supported_nodes"], record["nodes"], record["fallback_nodes"],
+                                    options.min_share, where="check's prediction from its tables")
+        else:
+            continue
+        if short is not None and label != "cpu":
+            result.add(Finding.of("PRV004", short, ep=label, target=label, fix=share_fix(label, model)))
+
+
 class CheckStep(Step):
     name = "check"
     Options = CheckOptions
@@ -173,6 +193,7 @@ class CheckStep(Step):
 
             prove_targets(analysis, result, self.options, ctx.progress,
                           ep_nodes=lambda record: predicted_ep_nodes(analysis, record))
+        share_gate(result, self.options, str(model.path) if model.path else "MODEL")
         if self.options.html is not None or self.options.graph:
             # What the placement page draws, as data: the renderer reads the report, not the model.
             result.data["graph"] = graph_view(model.graph)

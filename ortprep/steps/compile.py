@@ -20,6 +20,7 @@ from ortprep.findings import Finding
 from ortprep.graphops import body_weights, feed_body_weights, localize_body_initializers, small_body_reads
 from ortprep.model import ModelHandle, failed_path
 from ortprep.options import CompileOptions
+from ortprep.prove.share import share_fix, share_shortfall
 from ortprep.report import StepResult
 from ortprep.runtime.budget import limited_words, run_within
 from ortprep.runtime.feeds import choose_feeds, input_specs
@@ -199,6 +200,11 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             report.add(Finding.of("CMP003", f"{spec.name}: {data['other_nodes']} node(s) stay outside the EPContext "
                                   "node(s) and run on the CPU EP", ep=spec.name,
                                   fix=f"ortprep load MODEL --ep {spec.name} names them and why"))
+        short = _share_shortfall(handle, compiled if compiled.exists() else None, spec.name, status, options)
+        if short is not None:
+            passed = False
+            report.add(Finding.of("CMP007", short, ep=spec.name,
+                                  fix=share_fix(spec.name, shlex.quote(str(handle.path)))))
         if status.get("ok") and passed:
             os.replace(compiled, dest)
             data["output"] = str(dest)
@@ -211,6 +217,22 @@ def compile_model(handle: ModelHandle, dest: Path, options: CompileOptions, *, f
             report.artifacts.append(str(kept))
     report.data = data
     return report
+
+
+def _share_shortfall(handle: ModelHandle, compiled: Path | None, ep: str, status: dict[str, Any],
+                     options: CompileOptions) -> str | None:
+    """CMP007's words where the EP compiles none of the model (ORT: "Unable to compile any nodes") or,
+    with --min-share, less than that share of its main graph's nodes: those the compiled model keeps
+    outside its EPContext nodes run on the CPU EP."""
+    total = len(handle.graph.node)
+    if not status.get("ok") and "Unable to compile any nodes" in (status.get("error") or ""):
+        return share_shortfall(ep, 0, total, [], options.min_share, where="its compiled model")
+    if compiled is None or options.min_share is None or not status.get("ok"):
+        return None
+    outside = [node.name or node.op_type for node in onnx.load(str(compiled), load_external_data=False).graph.node
+               if node.op_type != "EPContext"]
+    return share_shortfall(ep, max(total - len(outside), 0), total, outside, options.min_share,
+                           where="its compiled model")
 
 
 EVAL_SAMPLES = 32  # compile --eval: samples judged at most

@@ -43,6 +43,7 @@ from ortprep.runtime.tolerance import computes_tf32
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
 from ortprep.prove.proof import compare_prediction
+from ortprep.prove.share import share_fix, share_shortfall
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +352,15 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
                               fix="ortprep doctor checks the CUDA/cuDNN/TensorRT libraries" if silent
                               else f"ortprep check MODEL --ep {name} lists what to change",
                               severity=Severity.ERROR if options.no_fallback else Severity.WARNING))
+    if assignment and provider != "CPUExecutionProvider":
+        record["node_share"] = round(len(on_ep) / len(assignment), 4)
+        # an EP asked for by name that runs none of the model (or less than --min-share) fails: the
+        # session runs anyway, on the CPU EP, which is the silent fallback an application meets
+        asked = name in {resolve_ep(label).name for label in options.eps}
+        short = share_shortfall(name, len(on_ep), len(assignment), fallback, options.min_share) \
+            if asked or options.min_share is not None else None
+        if short is not None:
+            report.add(Finding.of("LOD011", short, ep=name, fix=share_fix(name)))
     ep_vs_cpu = _pair(reference, status["outputs"]) if match is not None else None
     if ep_vs_cpu is not None:
         record["norm_ratio"] = ep_vs_cpu["norm_ratio"]

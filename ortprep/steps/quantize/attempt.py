@@ -21,7 +21,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.budget import EpClock
 from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.base import ProgressCallback
-from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
+from ortprep.steps.quantize.calibrate import evaluation_data, evaluation_feeds, made_up_refusal, plan_data
 from ortprep.steps.quantize.engines import Exclusion, engine
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import measure_on_target
@@ -71,6 +71,9 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
         report.data = base_record(handle, options, settings, size_before)
         return report
     plan = plan_data(handle, options, settings, report)
+    if made_up_refusal(plan, options, report):  # judged on made-up inputs, unasked: QNT033, nothing written
+        report.data = base_record(handle, options, settings, size_before)
+        return report
     target = gate_target(options, report, clock)  # before any work: --gate-on-ep without the EP stops here
     calibration, calib_indices = plan.calibration, plan.calib_indices
     handle.load_weights()
@@ -97,6 +100,7 @@ def quantize_model(handle: ModelHandle, dest: Path, options: QuantizeOptions, *,
                             "folded_batch_norms": prepared.folded_norms,
                             "gate_target": target.record(),
                             "evaluation_inputs": eval_source,
+                            "evaluation_data": evaluation_data(plan, options),
                             "calibration": {"samples": len(calib_indices),
                                             "source": calibration.source if calibration else None,
                                             "kind": calibration.kind if calibration else None}})

@@ -158,8 +158,8 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                                          and not _external(dest)):
                 break  # a pass (and, on the CPU EP, not slower than float, or nothing left to try)
             if not passed and report.data.get("quantized_ops", 0) == 0 and number == 0 and any(
-                    f.code in ("QNT002", "QNT010") for f in report.findings):
-                break  # nothing to quantize at all: no other precision changes that
+                    f.code in ("QNT002", "QNT010", "QNT033") for f in report.findings):
+                break  # nothing to quantize at all, or no data to judge on: no other precision changes that
     finally:
         hold_step(0.0)
         if aside.exists() and not dest.exists():

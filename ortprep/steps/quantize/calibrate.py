@@ -83,7 +83,9 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
             )
     image = options.image()
     calibration = discover(str(options.calib), specs, image=image) if options.calib else None
-    evaluation_set = discover(str(options.eval), specs, image=image) if options.eval else None
+    # --eval random asks for seeded inputs of the model's own shapes (evaluation_feeds makes them)
+    evaluation_set = discover(str(options.eval), specs, image=image) \
+        if options.eval and str(options.eval) != "random" else None
     if calibration is not None and calibration.kind == "random":
         used_for = "calibration" if options.mode == "static" else "the evaluation"
         report.add(Finding.of("QNT001", f"{used_for} used random data: the result says little about real inputs",
@@ -111,6 +113,38 @@ def plan_data(handle: ModelHandle, options: QuantizeOptions, settings: dict[str,
     if evaluation_set is not None:
         return DataPlan(calibration, calib_indices, evaluation_set, list(range(evaluation_set.count)))
     return DataPlan(calibration, calib_indices, calibration, eval_indices)
+
+
+def made_up_refusal(plan: DataPlan, options: QuantizeOptions, report: StepResult) -> bool:
+    """Whether the result would be judged only on inputs ortprep made up, unasked (no --eval or
+    --calib samples to judge on, and no --eval random / --calib random): then QNT033 (error) and
+    nothing is quantized or written. An int8 model's error depends on the ranges its activations
+    take on real inputs; a verdict on seeded noise is no verification of it (FP16's conversion keeps
+    its seeded verification). ``plan``: plan_data's."""
+    if not options.verify or str(options.eval) == "random":
+        return False
+    if plan.eval_set is not None and plan.eval_indices:
+        return False  # samples given, or made-up ones asked for with --calib random
+    given = plan.calibration is not None and plan.calibration.kind != "random"
+    report.add(Finding.of(
+        "QNT033", "the quantized model would be judged only on inputs ortprep made up ("
+        + (f"the {plan.calibration.count} --calib sample(s) all calibrate, and none is left to judge on"
+           if given else "no --eval or --calib data was given")
+        + "): a verdict on seeded random inputs says nothing of the inputs the application feeds, so nothing "
+        "was quantized or written",
+        fix="pass real samples: --eval DIR (a folder of .npz/.npy or images, one per input set) or --calib DIR; "
+            "--eval random judges on seeded random inputs anyway, and the report then says so (evaluation_data)"))
+    return True
+
+
+def evaluation_data(plan: DataPlan, options: QuantizeOptions) -> str | None:
+    """What the verdict was judged on, for the report: "samples" (the user's), "random" (seeded
+    inputs ortprep made up, asked for with --eval random or --calib random), or None (not judged)."""
+    if not options.verify:
+        return None
+    if plan.eval_set is not None and plan.eval_indices and plan.eval_set.kind != "random":
+        return "samples"
+    return "random"
 
 
 def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptions, report: StepResult
@@ -142,7 +176,7 @@ def evaluation_feeds(handle: ModelHandle, plan: DataPlan, options: QuantizeOptio
     feeds = [random_feeds(specs, seed=seed, shapes=shapes) for seed in range(RANDOM_EVAL_SAMPLES)]
     report.add(Finding.of(
         "QNT011", f"no evaluation data: the quantized model was evaluated on {RANDOM_EVAL_SAMPLES} seeded random "
-        "inputs, which prove little about real inputs", severity=None,
+        "inputs (--eval random), which prove little about real inputs", severity=None,
         fix="pass real samples with --eval DATA (or --calib DATA); --fail-on warning makes this fail CI"))
     if "guessed from " not in choice.how:
         return feeds, f"random ({RANDOM_EVAL_SAMPLES} seeded samples)"

@@ -286,7 +286,8 @@ def _apply(model: ModelProto, kind: str, rng: random.Random, model_name: str) ->
         if constants:
             _mutate_attribute(rng.choice(constants), "attribute_value", rng)
         else:  # add one whose value is damaged, feeding nothing
-            value = helper.make_tensor("c", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0], raw=True)
+            value = onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(
+                helper.make_tensor("c", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])), "c")
             value.raw_data = value.raw_data[: rng.choice([3, 5, 15])]
             model.graph.node.insert(0, helper.make_node("Constant", [], ["fuzz_const"], value=value))
     else:

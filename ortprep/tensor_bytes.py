@@ -2,7 +2,8 @@
 too short, not data that is too long, nor external-data entries that disagree with the shape; a
 step that decodes such a tensor (numpy's frombuffer, a reshape) then fails deep inside. The model
 gate (``ModelHandle.open``) asks ``tensor_defect`` of every stored tensor and refuses the file in
-one line. Sizes come from dims, types and metadata: external data is never read here.
+one line. Sizes come from dims, types and metadata: external data is never read here
+(docs/decisions/docs-tensor-bytes-gate.md).
 """
 
 from __future__ import annotations

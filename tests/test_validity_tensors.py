@@ -161,6 +161,8 @@ def test_every_command_refuses_a_malformed_tensor_in_one_line(tmp_path, where):
         assert ("initializer 'b'" if where != "constant" else "tensor attribute 'bias_const.value'") in line
         assert "re-export the model" in line
         assert not out.exists()
+    record = invoke("check", path, "--ep", "cpu", "--json").json()  # --json still prints one record
+    assert record["exit_code"] == 2 and "is malformed" in record["findings"][0]["message"]
     assert path.read_bytes() == before
 
 

@@ -38,6 +38,9 @@ COMMANDS = {
     "load": ["load", "{model}", "--ep", "cpu", "--runs", "1", "--timeout", "20", "--json"],
     "quantize": ["quantize", "{model}", "--dynamic", "-o", "{out}", "--json"],
     "qstatic": ["quantize", "{model}", "--static", "--calib", "random", "--samples", "12", "-o", "{out}", "--json"],
+    # not in the default list (make fuzz's history compares like with like): --commands simplify,optimize
+    "simplify": ["simplify", "{model}", "-o", "{out}", "--json"],
+    "optimize": ["optimize", "{model}", "-o", "{out}", "--json"],
 }
 
 

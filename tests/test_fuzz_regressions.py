@@ -38,3 +38,25 @@ def test_case_730_static_quantize_of_an_opset6_model(tmp_path):
     assert result.exit_code in (0, 1, 2, 3) and "internal error" not in result.stderr, result.stderr
     messages = [f["message"] for f in result.json().get("findings", [])]
     assert not any("upgraded to 13 and verified" in m for m in messages), messages
+
+
+def test_cases_454_664_a_custom_node_named_like_gemm_is_no_crash(tmp_path):
+    """custom_op.onnx, field cases 454 and 664 (op_type): the custom node renamed Gemm, one input.
+    onnxsim and onnxoptimizer match Gemm by name alone and read its missing second input: simplify
+    died with SIGSEGV. Now both are skipped with the reason, and simplify ends normally."""
+    import onnx
+
+    from ortprep.transforms.simplify import standard_name_clash
+
+    kind, data = mutate_fields((SAMPLES / "custom_op.onnx").read_bytes(), 664)
+    assert kind == "op_type"
+    proto = onnx.load_from_string(data)
+    assert "named like ONNX's Gemm but has 1 inputs (Gemm takes 2-3)" in standard_name_clash(proto)
+    model = tmp_path / "case664.onnx"
+    model.write_bytes(data)
+    result = invoke("simplify", model, "-o", tmp_path / "o.onnx", "--json")
+    assert result.exit_code in (0, 1), result.stderr
+    skipped = [f["message"] for f in result.json()["findings"] if f["code"] == "SIM001"]
+    assert skipped and all("named like ONNX's Gemm" in m for m in skipped), skipped
+    for path in sorted(SAMPLES.glob("*.onnx")):  # the control: no sample model is taken for a clash
+        assert standard_name_clash(onnx.load(str(path), load_external_data=False)) is None, path

@@ -42,8 +42,9 @@ samples:
 bench:
 	$(BIN)/python -m bench.suite.run_all
 
+# protobuf-field mutations (2,000 cases); the byte flips of before: tools/fuzz.py --mode bytes
 fuzz:
-	$(BIN)/python tools/fuzz.py --cases 2000
+	nice -n 5 $(BIN)/python tools/fuzz.py --mode fields --cases 2000
 
 clean:
 	rm -rf $(VENV) $(OPENVINO_VENV) $(AIMET_VENV) build *.egg-info

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from ortprep.errors import ModelReadError, OutputPathError, UnsafeExternalDataError
+from ortprep.tensor_bytes import element_bits, tensor_defect
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,6 @@ PROTO_LIMIT_BYTES = 2**31 - 1
 AUTO_EXTERNAL_THRESHOLD = int(1.8 * 2**30)
 # Tensors smaller than this stay inside the .onnx file when saving external data.
 EXTERNAL_SIZE_THRESHOLD = 1024
-
-_SUB_BYTE_BITS = {
-    getattr(TensorProto, name): bits
-    for name, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
-    if hasattr(TensorProto, name)
-}
-
 
 def normalize_domain(domain: str) -> str:
     """The default ONNX domain is written as "" in models; reports call it "ai.onnx"."""
@@ -67,18 +61,6 @@ def dtype_name(elem_type: int) -> str:
         return f"unknown({elem_type})"
 
 
-def element_bits(elem_type: int) -> int:
-    """Storage bits of one element; 0 for strings and unknown types."""
-    if elem_type in _SUB_BYTE_BITS:
-        return _SUB_BYTE_BITS[elem_type]
-    if elem_type in (TensorProto.STRING, TensorProto.UNDEFINED):
-        return 0
-    try:
-        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize * 8
-    except (KeyError, ValueError, TypeError):
-        return 0
-
-
 def tensor_elements(tensor: TensorProto) -> int:
     return math.prod(tensor.dims)
 
@@ -95,7 +77,7 @@ def tensor_nbytes(tensor: TensorProto) -> int:
     """Bytes of a tensor's data, computed from its metadata; reads no weight bytes."""
     if is_external(tensor):
         length = external_entries(tensor).get("length")
-        if length is not None and length.isdigit():
+        if length is not None and length.isascii() and length.isdigit():
             return int(length)
     if tensor.data_type == TensorProto.STRING:
         return sum(len(s) for s in tensor.string_data)
@@ -255,9 +237,21 @@ def _resolve_external(folder: Path, owner: str, tensor: TensorProto,
         if resolved is not None:
             resolved[location] = target
     offset_text = entries.get("offset", "0") or "0"
-    offset = int(offset_text) if offset_text.isdigit() else 0
+    offset = int(offset_text) if offset_text.isascii() and offset_text.isdigit() else 0
     length = tensor_nbytes(tensor)
     return location, target, offset, length
+
+
+def require_sound_tensors(proto: ModelProto, path: Path) -> None:
+    """Refuse a model whose stored tensors (initializers, sparse initializers and tensor
+    attributes such as Constant values, in every subgraph) hold data that does not fit their shape
+    and type: one line naming the tensor, before any step decodes it (ModelReadError, exit 2)."""
+    for owner, tensor, is_initializer in iter_tensors(proto.graph):
+        defect = tensor_defect(tensor)
+        if defect:
+            what = f"initializer '{owner}'" if is_initializer else f"tensor attribute '{owner}'"
+            raise ModelReadError(f"{path}: {what} is malformed: {defect}",
+                                 hint="the file is corrupt or was written by a faulty exporter; re-export the model")
 
 
 def scan_external_data(proto: ModelProto, folder: Path) -> list[ExternalDataFile]:
@@ -428,6 +422,7 @@ class ModelHandle:
         path = Path(os.path.abspath(path))
         proto = parse_model(_read_model_bytes(path), path)
         _require_text(proto, path)
+        require_sound_tensors(proto, path)
         external = scan_external_data(proto, path.parent)
         handle = cls(proto=proto, path=path, weights_loaded=not external, external_files=external)
         if load_weights:

@@ -8,6 +8,7 @@ import pytest
 from cli_helpers import invoke
 from conftest import SAMPLES
 from tools.fuzz_cases import MUTATIONS, mutate
+from tools.fuzz_fields import FIELD_MUTATIONS, mutate_fields
 
 SEEDS = ["cnn.onnx", "transformer_block.onnx", "control_flow.onnx", "conv1d_audio.onnx", "custom_op.onnx"]
 # Cases that once failed (seed, case number, command): kept as regression tests.
@@ -25,8 +26,8 @@ COMMANDS = {
 }
 
 
-def _run(tmp_path, seed: str, case: int, command: str):
-    kind, data = mutate((SAMPLES / seed).read_bytes(), case)
+def _run(tmp_path, seed: str, case: int, command: str, mutator=mutate):
+    kind, data = mutator((SAMPLES / seed).read_bytes(), case)
     model = tmp_path / f"case{case}.onnx"
     model.write_bytes(data)
     before = model.read_bytes()
@@ -84,6 +85,22 @@ def test_regressions(tmp_path, seed, case, command):
 def test_bounded_fuzz(tmp_path, command):
     kinds = {_run(tmp_path, SEEDS[case % len(SEEDS)], case, command) for case in range(3 * len(MUTATIONS))}
     assert kinds == set(MUTATIONS)  # every mutation was tried
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert"])
+def test_bounded_field_fuzz(tmp_path, command):
+    """Protobuf-field mutations (tools/fuzz_fields.py), each kind once per command; `make fuzz` runs 2,000."""
+    kinds = {_run(tmp_path, SEEDS[case % len(SEEDS)], case, command, mutate_fields).split("+")[0]
+             for case in range(len(FIELD_MUTATIONS))}
+    assert kinds == set(FIELD_MUTATIONS)
+
+
+def test_field_mutations_replay_and_change_the_model():
+    seeds = [(SAMPLES / name).read_bytes() for name in SEEDS]
+    assert mutate_fields(seeds[2], 7) == mutate_fields(seeds[2], 7)
+    changed = {mutate_fields(seed, case)[0].split("+")[0] for case in range(3 * len(FIELD_MUTATIONS))
+               for seed in seeds if mutate_fields(seed, case)[1] != seed}
+    assert changed == set(FIELD_MUTATIONS)
 
 
 def _invalid(kind: str):

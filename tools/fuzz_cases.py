@@ -1,6 +1,7 @@
-"""Mutated models for robustness runs: byte flips and protobuf-field mutations of a seed model.
+"""Mutated models for robustness runs (`tools/fuzz.py --mode bytes`): byte flips, truncation and a
+few structural mutations of a seed model; the protobuf-field mutations are tools/fuzz_fields.py.
 
-Used by tests/test_fuzz.py (a bounded run in make test) and tools/fuzz.py (make fuzz); a test
+Used by tests/test_fuzz.py (a bounded run in make test) and tools/fuzz.py; a test
 fixture, so it lives in tools/, not in the installed package. Each
 case is deterministic from (seed model, case number), so a failing case can be replayed.
 """

@@ -107,7 +107,11 @@ def expect(outcome, proto, metrics: dict[str, str] | None = None, seeded: bool =
 
 
 def judge_run(reference, candidate, gate: Gate) -> VerifyResult:
-    """``candidate``'s run against ``reference``'s (set up by :func:`expect`), by ``gate``."""
+    """``candidate``'s run against ``reference``'s (set up by :func:`expect`), by ``gate``. A
+    reference that did not run passes nothing: with no outputs to compare, every check would hold."""
+    if not reference.ok:
+        return VerifyResult(loads=candidate.ok, passed=False, status=reference.status,
+                            error=f"the original model does not run, so nothing was compared: {reference.message}")
     if not candidate.ok:
         return VerifyResult(
             loads=candidate.stage == "run", passed=False, status=candidate.status, error=candidate.message

@@ -46,7 +46,7 @@ def legal_settings(proto: ModelProto, settings: dict, feeds: dict[str, np.ndarra
         if check.passed:
             report.add(Finding.of("QNT012",
                                   f"per-channel QDQ needs opset 13 (DequantizeLinear's axis); the model's opset "
-                                  f"{opset} was upgraded to 13 and verified (max abs diff {check.max_abs_diff:.3g})",
+                                  f"{opset} was upgraded to 13 and verified (max abs diff {_diff(check.max_abs_diff)})",
                                   fix="nothing to do; --per-tensor keeps the opset"))
             return upgraded, settings
     report.add(Finding.of("QNT012",
@@ -54,6 +54,10 @@ def legal_settings(proto: ModelProto, settings: dict, feeds: dict[str, np.ndarra
                           "could not be upgraded with verification: weights are quantized per tensor",
                           fix="upgrade it yourself (ortprep convert --opset 13) to get per-channel weights"))
     return proto, {**settings, "per_channel": False}
+
+
+def _diff(value: float | None) -> str:
+    return "not numeric" if value is None else f"{value:.3g}"
 
 
 # Ops of ORT's quantizer registries that only move or select data: a model of these alone has

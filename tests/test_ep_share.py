@@ -4,22 +4,17 @@ tools/probe_sessions.py: qdq_loop_only (QNN takes none of it) and qdq_if (QNN ta
 
 from __future__ import annotations
 
-import importlib.util
-import platform
 import sys
 from pathlib import Path
 
 import onnx
-import pytest
 
 from cli_helpers import invoke
+from ep_marks import needs_qnn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import probe_sessions  # noqa: E402
-
-HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None and platform.machine() in ("x86_64", "AMD64")
-needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn (x86 simulator) is not installed")
 
 
 def _case(tmp_path: Path, name: str) -> Path:

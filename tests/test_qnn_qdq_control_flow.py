@@ -5,8 +5,6 @@ CPU EP, and a partition of one lone Q/DQ node is given back to the CPU EP (QNN00
 
 from __future__ import annotations
 
-import importlib.util
-import platform
 import sys
 from pathlib import Path
 
@@ -14,13 +12,12 @@ import onnx
 import pytest
 
 from cli_helpers import invoke
+from ep_marks import needs_qnn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import probe_sessions  # noqa: E402
 
-HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None and platform.machine() in ("x86_64", "AMD64")
-needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn (x86 simulator) is not installed")
 QDQ_CASES = ["qdq_if", "qdq_loop", "qdq_if_loop", "qdq_loop_if", "qdq_loop_first", "qdq_loop_only"]
 
 

@@ -5,9 +5,7 @@ without them these tests skip with the reason."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import platform
 import shutil
 from pathlib import Path
 
@@ -18,14 +16,10 @@ import onnx
 
 import models
 from cli_helpers import invoke
+from ep_marks import OPENVINO_PYTHON, needs_qnn, needs_openvino, on_x86
 from conftest import ROOT, SAMPLES
 
-HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
-OPENVINO_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
-needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn is not installed (make install adds it)")
-needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON.exists(),
-                                    reason="no .venv-openvino with onnxruntime-openvino (make install creates it)")
-pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the simulators are x86 builds")
+pytestmark = on_x86
 
 
 @pytest.fixture(scope="module")

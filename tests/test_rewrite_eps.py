@@ -7,8 +7,6 @@ the EP these tests skip with the reason."""
 
 from __future__ import annotations
 
-import importlib.util
-import platform
 
 import numpy as np
 import onnx
@@ -16,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from cli_helpers import invoke
-from conftest import ROOT
+from ep_marks import OPENVINO_PYTHON, needs_qnn, needs_openvino, on_x86
 from rewrite_cases import CASES, every_op, ir_for, single
 
 from ortprep.eps.registry import resolve_ep
@@ -25,12 +23,7 @@ from ortprep.transforms.decompose.apply import apply_everywhere
 from ortprep.transforms.decompose.base import Decomposition
 from ortprep.transforms.decompose.placement import real_placement
 
-HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
-OPENVINO_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
-needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn is not installed (make install adds it)")
-needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON.exists(),
-                                    reason="no .venv-openvino with onnxruntime-openvino (make install creates it)")
-pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the simulators are x86 builds")
+pytestmark = on_x86
 
 BY_NAME = {d.name: d for d in registry.REGISTRY}
 STANDARD = sorted(name for name, case in CASES.items() if not case.domain)

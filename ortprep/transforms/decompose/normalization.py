@@ -19,16 +19,25 @@ def _normalize(x: str, axes: list[int], epsilon: float, emit: Emitter) -> str:
     return emit.node("Div", [centred, deviation])
 
 
-def _layer_norm(node: NodeProto, emit: Emitter) -> bool:
+def _trailing_axes(node: NodeProto, emit: Emitter) -> list[int] | None:
+    """The axes from the node's ``axis`` to the last, for a float32 input; None where the input is
+    another type or a positive axis meets an unknown rank (left as it is)."""
     facts = emit.facts(node.input[0])
-    if facts.elem_type != TensorProto.FLOAT or any(name for name in node.output[1:]):
-        return False  # float32 only; Mean / InvStdDev outputs read by something: left as it is
+    if facts.elem_type != TensorProto.FLOAT:
+        return None
     axis = attr(node, "axis", -1)
     if axis < 0:
-        axes = list(range(axis, 0))
-    elif facts.shape is not None:
-        axes = list(range(axis, len(facts.shape)))
-    else:
+        return list(range(axis, 0))
+    if facts.shape is not None:
+        return list(range(axis, len(facts.shape)))
+    return None
+
+
+def _layer_norm(node: NodeProto, emit: Emitter) -> bool:
+    if any(name for name in node.output[1:]):
+        return False  # Mean / InvStdDev outputs read by something: left as it is
+    axes = _trailing_axes(node, emit)
+    if axes is None:
         return False
     normalized = _normalize(node.input[0], axes, attr(node, "epsilon", 1e-5), emit)
     has_bias = len(node.input) > 2 and node.input[2]
@@ -40,15 +49,8 @@ def _layer_norm(node: NodeProto, emit: Emitter) -> bool:
 
 def _rms_norm(node: NodeProto, emit: Emitter) -> bool:
     """x / Sqrt(mean(x^2) + epsilon) * scale, over the axes from ``axis`` on."""
-    facts = emit.facts(node.input[0])
-    if facts.elem_type != TensorProto.FLOAT:
-        return False
-    axis = attr(node, "axis", -1)
-    if axis < 0:
-        axes = list(range(axis, 0))
-    elif facts.shape is not None:
-        axes = list(range(axis, len(facts.shape)))
-    else:
+    axes = _trailing_axes(node, emit)
+    if axes is None:
         return False
     x = node.input[0]
     square_mean = emit.reduce_mean(emit.node("Mul", [x, x]), axes)

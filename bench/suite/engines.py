@@ -248,6 +248,8 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: f
     if with_ortprep:
         metric_args = [a for name, kind in case.metrics.items() for a in ("--metric", f"{name}={kind}")]
         runs = [(f"ortprep_{e}", ["--engine", e]) for e in ORTPREP_ENGINES] if has_engine else []
+        if has_engine:  # what a user reaching for the best result types: engine auto and the precision search
+            runs.append(("ortprep_auto_search", ["--auto"]))
         if not has_engine:
             for engine in ORTPREP_ENGINES:
                 rows[f"ortprep_{engine}"] = {"kind": "ortprep", "exit": "not run: --engine not merged",

@@ -11,6 +11,7 @@ from bench.suite.engines_plain import LABELS
 
 ORTPREP_LABELS = {"ortprep_ort": "ortprep --engine ort", "ortprep_nncf": "ortprep --engine nncf",
                   "ortprep_aimet": "ortprep --engine aimet", "ortprep_auto": "ortprep --engine auto",
+                  "ortprep_auto_search": "ortprep --auto (engine auto, precisions searched)",
                   "ortprep_today": "ortprep (no --engine: today's ORT engine)"}
 
 

@@ -198,11 +198,12 @@ class DyingQuantize(NncfQuantize):
 
 
 @needs_nncf
-@pytest.mark.parametrize("request_type, error", [
-    (SleepingQuantize, "nncf: did not finish within 3 s"),
-    (DyingQuantize, "nncf: its process died"),
+@pytest.mark.parametrize("request_type, error, timeout", [
+    (SleepingQuantize, "nncf: did not finish within 3 s", 3),
+    # the worker imports nncf before it dies: on a loaded machine that alone can pass 3 s
+    (DyingQuantize, "nncf: its process died", 120),
 ])
-def test_an_engine_that_hangs_or_dies_is_a_failed_run(tmp_path, request_type, error):
+def test_an_engine_that_hangs_or_dies_is_a_failed_run(tmp_path, request_type, error, timeout):
     """A hang ends at the deadline (the worker is killed), a dead worker is reported: the run fails
     in one line and writes nothing."""
     from ortprep.runtime.calibration import discover
@@ -214,7 +215,7 @@ def test_an_engine_that_hangs_or_dies_is_a_failed_run(tmp_path, request_type, er
     engine.request_type = request_type
     run = engine.quantize(tmp_path, model, tmp_path / "q.onnx", "static",
                           {"format": "qdq", "activation_type": "uint8", "weight_type": "int8"},
-                          calibration, [0, 1], engines.Exclusion(), False, timeout=3)
+                          calibration, [0, 1], engines.Exclusion(), False, timeout=timeout)
     assert not run.ok and run.output is None and run.error.startswith(error) and "\n" not in run.error
     assert not (tmp_path / "q.onnx").exists()
 

@@ -181,9 +181,16 @@ def plain_note(meta: dict) -> list[str]:
     if not kept:
         return []
     head = (kept.get("tree_at_start") or {}).get("head")
-    return [f"The plain engines' rows are kept from an earlier run (`{kept.get('command')}`, {kept.get('date')}, "
-            f"commit {head}) on the same float models, calibration samples and fresh inputs; only the ortprep "
-            "rows ran in this one.", ""]
+    lines = [f"The plain engines' rows are kept from an earlier run (`{kept.get('command')}`, {kept.get('date')}, "
+             f"commit {head}) on the same float models, calibration samples and fresh inputs; only the ortprep "
+             "rows ran in this one.", ""]
+    other = meta.get("other_rows_from")
+    if other and meta.get("rows_run"):
+        ran = ", ".join(f"`{label(key)}`" for key in meta["rows_run"])
+        lines[-2] = lines[-2].replace("only the ortprep rows ran in this one.", f"only {ran} ran in this one.")
+        lines += [f"The other ortprep rows are kept from `{other.get('command')}` ({other.get('date')}, commit "
+                  f"{(other.get('tree_at_start') or {}).get('head')}).", ""]
+    return lines
 
 
 def report(rows: list[dict], meta: dict) -> str:

@@ -1,9 +1,12 @@
 """The field's quantizers beside ortprep's gate, side by side in one run (issue 51, point 4): per model
 of the evaluation half, each engine called plain as a new user calls it, and ortprep's
-`quantize --static --engine E` for E in ort, nncf, aimet, auto, every file judged on the same fresh inputs.
+`quantize --static --engine E` for E in ort, nncf, aimet, auto, and `quantize --static --auto` (engine
+auto and auto.py's precisions: what a user reaching for the best result types), every file judged on
+the same fresh inputs.
 
     .venv/bin/python -m bench.suite.engines [--only NAME ...] [-n 200] [--timeout 600]
-                                            [--no-ortprep | --no-plain] [--table PATH] [--report-only]
+                                            [--no-ortprep | --no-plain [--rows ROW ...]] [--table PATH]
+                                            [--report-only]
 
 Rows per model (the same float model and the same 24 calibration samples for every row):
 - plain engines (engines_plain.py): ORT quant_pre_process + quantize_static (QDQ defaults); NNCF
@@ -11,9 +14,10 @@ Rows per model (the same float model and the same 24 calibration samples for eve
   transformer-like below; AIMET-ONNX's QuantizationSimModel with its defaults, compute_encodings,
   to_onnx_qdq, with and without cross-layer equalization first;
 - ortprep: ``quantize FLOAT --static --calib CALIB --engine E --keep-failed [--metric ...] -o OUT --force
-  --json`` with the case's --metric as the journey passes it. Where this tree's quantize has no
-  --engine, those rows say "not run: --engine not merged", and the row "ortprep (no --engine)" runs
-  the same command without it (today's engine, ORT's).
+  --json`` with the case's --metric as the journey passes it, and the same with ``--auto`` in place of
+  ``--engine E`` (row auto_search; under --auto, --keep-failed keeps the last precision's refused
+  file). Where this tree's quantize has no --engine, those rows say "not run: --engine not merged",
+  and the row "ortprep (no --engine)" runs the same command without it (today's engine, ORT's).
 
 Fixed rules, set before any run:
 - Models: the evaluation half of journey_corpus (half_of), less dddd_ocr_old (ships already

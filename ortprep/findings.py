@@ -115,6 +115,10 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind(
             "CNV017", "FP16 verified on inputs ortprep made: the real input range is unknown", Severity.WARNING
         ),
+        FindingKind("CNV018", "--rewrite-for left nodes the EP does not take as they were", Severity.WARNING),
+        FindingKind(
+            "CNV019", "the real EP's session leaves nodes a rewrite made on the CPU", Severity.WARNING
+        ),
         FindingKind(
             "VFY001",
             "an output is constant or near zero on the inputs used; judged by absolute error",

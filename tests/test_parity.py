@@ -220,8 +220,9 @@ def test_trt_alias_is_tensorrt_everywhere(tmp_path):
     result = invoke("run", config, "--json")
     report = result.json()["steps"][0]["report"]
     assert report["preset"]["ep"] == "tensorrt"
-    # the small sample does not shrink for a GPU preset (QNT003): a refusal, whatever fail_on says
-    assert result.exit_code == 1 and [f["code"] for f in report["findings"] if f["severity"] == "error"] == ["QNT003"]
+    # the small sample does not shrink (QNT003): too few weights for int8 to pay, so said and written
+    assert result.exit_code == 0, result.stdout
+    assert [f["severity"] for f in report["findings"] if f["code"] == "QNT003"] == ["warning"]
 
 
 # ---------------------------------------------------------------- one report, every renderer

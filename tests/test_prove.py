@@ -493,9 +493,9 @@ def _bias_between_identities(folder: Path) -> Path:
         "y=cosine",
         "--keep-failed",
     )
-    # refused on size alone for the CPU (QNT003: a tiny model); the QDQ file it kept is what this needs
-    assert done.exit_code == 1 and "QNT003" in done.stdout, done.stdout[-800:]
-    return folder / "q.failed.onnx"
+    # a tiny model: not smaller (QNT003, a warning), written all the same; the QDQ file is what this needs
+    assert done.exit_code == 0 and "QNT003" in done.stdout, done.stdout[-800:]
+    return quantized
 
 
 def test_convert_keep_off_ep_never_writes_what_a_default_session_cannot_create(tmp_path):

@@ -144,6 +144,13 @@ class ConvertOptions(VerifyOptions):
         (), "Run this node on the CPU EP, whatever EP takes the rest (repeatable): it moves into an If whose two "
         "branches are the node, which no EP takes; check --prove prints the nodes that make a session fail.",
         Kind.NAMES, flags=("--keep-off-ep",), metavar="NODE")
+    rewrite_for: str | None = option(
+        None, "Decompose the ops this EP does not take into ops its table says it does (HardSwish as x * "
+        "HardSigmoid(x), LayerNormalization as reductions, ...), verified; the placement before and after is reported.",
+        Kind.EP, flags=("--rewrite-for",), metavar="EP")
+    runtimes: dict[str, Path] = runtimes_option("With --rewrite-for: prove the placement under another "
+                                                "environment's Python (its own ONNX Runtime flavour): EP=PYTHON "
+                                                "(repeatable).")
     repair: bool = option(False, "Repair defects converters write that are safe to repair (an opset imported twice); "
                           "every convert does this, --repair alone does nothing else.", Kind.FLAG)
     min_cosine: float = option(0.999, "FP16 gate: lowest cosine similarity per output.", Kind.FLOAT, minimum=-1.0)
@@ -151,14 +158,14 @@ class ConvertOptions(VerifyOptions):
 
     def any_transform(self) -> bool:
         return bool(self.fp16 or self.opset or self.ir_version or self.fix_shapes or self.fix_dims
-                    or self.conv1d_to_conv2d or self.keep_off_ep or self.repair)
+                    or self.conv1d_to_conv2d or self.keep_off_ep or self.rewrite_for or self.repair)
 
     def validate(self, where: str) -> None:
         if not self.any_transform():
             raise UsageError(f"{where}: nothing to do",
                              hint="give at least one of fp16, opset, ir_version, fix_shapes, fix_dims, "
-                                  "conv1d_to_conv2d, keep_off_ep, repair (--fp16, --opset, --ir-version, --fix-shape, "
-                                  "--fix-dim, --conv1d-to-conv2d, --keep-off-ep, --repair)")
+                                  "conv1d_to_conv2d, keep_off_ep, rewrite_for, repair (--fp16, --opset, --ir-version, "
+                                  "--fix-shape, --fix-dim, --conv1d-to-conv2d, --keep-off-ep, --rewrite-for, --repair)")
 
 
 @dataclass

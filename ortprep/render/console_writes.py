@@ -23,6 +23,8 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
         f"nodes {record['nodes_before']} -> {record['nodes_after'] if record['nodes_after'] is not None else '-'}; "
         f"size {human_bytes(record['size_before'])} -> {human_bytes(record['size_after'])}"
     )
+    if record.get("rewrite"):
+        render_rewrite(record["rewrite"], console)
     verify = record["verify"]
     if verify["passed"] is None:
         console.print("verification: not run")
@@ -47,6 +49,28 @@ def render_transform(record: dict[str, Any], console: Console) -> None:
         if len(kept) > 40:
             console.print(f"... and {len(kept) - 40} more (see --json)")
     render_causes(record["findings"], console)
+
+
+def _placement_line(figures: dict[str, Any]) -> str:
+    return (f"{figures['nodes_on_ep']}/{figures['nodes']} nodes on the EP, {figures['partitions']} partition(s), "
+            f"{figures['copies']} copies")
+
+
+def render_rewrite(rewrite: dict[str, Any], console: Console) -> None:
+    """--rewrite-for: check's placement before -> after, and the real session's where the EP ran here."""
+    ep = escape(rewrite["ep"])
+    before, after = rewrite["predicted"]["before"], rewrite["predicted"]["after"]
+    console.print(f"  {ep} (check's tables): {_placement_line(before)}, EP001 x{before['ep001']} -> "
+                  f"{_placement_line(after)}, EP001 x{after['ep001']}", highlight=False)
+    proof = rewrite.get("proof") or {}
+    if proof.get("status") in ("proven", "failed"):
+        sides = []
+        for side in (proof["before"], proof["after"]):
+            sides.append(_placement_line(side) if side["status"] == "created"
+                         else f"no session ({escape(str(side.get('message')))})")
+        console.print(f"  {ep} (real session here): {sides[0]} -> {sides[1]}", highlight=False)
+    elif proof:
+        console.print(f"  {ep} (real session): not proven: {escape(str(proof.get('message')))}", highlight=False)
 
 
 def render_quantize(record: dict[str, Any], console: Console) -> None:

@@ -59,7 +59,7 @@ def _check_model(handle: ModelHandle, resolved: list[tuple[EpSpec, ...]], ort_ve
                 record["fused_nodes"] = record["supported_nodes"] - len(outside)
             results.append(record)
             for finding in findings:
-                report.add(_pasteable(finding, shown, static_fix))
+                report.add(_pasteable(rewrite_fix(finding, analysis, shown), shown, static_fix))
     report.data = {"model": str(handle.path) if handle.path else None, "results": results}
     return report
 
@@ -104,6 +104,24 @@ def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
     stem = model.removesuffix(".onnx")
     told = f"{', '.join(placeholders)}: your size{'s' if len(placeholders) > 1 else ''}; " if placeholders else ""
     return f"ortprep convert {model} {' '.join(parts)} -o {stem}.static.onnx ({told}pick the sizes you deploy with)"
+
+
+def rewrite_fix(finding: Finding, analysis: ModelAnalysis, model: str) -> Finding:
+    """An EP001 whose node (of the main graph) has a decomposition into ops the EP's table takes at
+    the model's opset: its fix is the convert command that applies it (transforms/decompose)."""
+    if finding.code != "EP001" or not finding.ep or not finding.node:
+        return finding
+    from ortprep.transforms.decompose.apply import decomposition_for
+
+    opset = analysis.opsets.get("ai.onnx")
+    chosen = decomposition_for(analysis, finding.node, support_table(finding.ep), opset) if opset else None
+    if chosen is None:
+        return finding
+    stem = model.removesuffix(".onnx")
+    return dataclasses.replace(finding, fix=(
+        f"ortprep convert {model} --rewrite-for {finding.ep} -o {stem}.{finding.ep}.onnx rewrites it as "
+        f"{chosen.summary} ({', '.join(chosen.produces)}: ops {finding.ep} takes), verified; or accept the CPU "
+        "fallback"))
 
 
 def _pasteable(finding: Finding, model: str, static_fix: str | None) -> Finding:

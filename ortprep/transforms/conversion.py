@@ -33,6 +33,7 @@ from ortprep.transforms.common import (
 )
 from ortprep.transforms.fp16_search import convert_to_fp16, fp32_op_types, keeps_io_types
 from ortprep.transforms.off_ep import CutError, keep_off_ep
+from ortprep.transforms.decompose.report import rewrite_record
 from ortprep.runtime.isolated import run_isolated
 from ortprep.transforms.verify import Intermediates, cast_feeds, model_bytes, node_count, run_model
 
@@ -65,6 +66,7 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         or options.fix_shapes
         or options.conv1d_to_conv2d
         or options.keep_off_ep
+        or options.rewrite_for
     )
     activations = None
     if options.verify and options.fp16 and not rewrites_graph:
@@ -79,6 +81,13 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
             else None
         )
     proto, applied = _rewrite(handle.proto, options)
+    rewrite = None
+    if options.rewrite_for:  # after the graph rewrites (an opset the decompositions need), before FP16
+        from ortprep.eps.registry import resolve_ep
+        from ortprep.transforms.decompose.apply import rewrite_for_ep
+
+        proto, rewrite = rewrite_for_ep(proto, resolve_ep(options.rewrite_for))
+        applied.append({"transform": "rewrite_for", "detail": rewrite.detail()})
     left = rewrites.dynamic_tensors(proto) if options.fix_dims or options.fix_shapes else []
 
     verify_result: VerifyResult | None = None
@@ -112,6 +121,8 @@ def convert_model(handle: ModelHandle, dest: Path, options: ConvertOptions, *, f
         failure_fix=fix,
         extra={"kept_fp32_nodes": [k.to_record() for k in kept]},
     )
+    if rewrite is not None:
+        report.data["rewrite"] = rewrite_record(rewrite, handle.path, written, report, options.runtimes)
     if left:
         report.add(Finding.of(
             "CNV016", f"every input is static, but {len(left)} tensor(s) inside keep an unknown dimension (e.g. "

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from ortprep.errors import OrtprepError
 from ortprep.findings import Severity
 from ortprep.model import ModelHandle
@@ -34,6 +36,7 @@ from ortprep.fidelity.graph import output_bounds
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import evaluate
+from ortprep.steps.quantize.findings import SMALL_WEIGHTS, float_weight_bytes
 from ortprep.fidelity.words import failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.runner import margin_samples
@@ -76,8 +79,9 @@ def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCall
                           for part in ("--metric", shlex.quote(f"{name}={kind}"))),
                         "--keep-io-types", "-o", shlex.quote(str(target_file))])
     # where quantize refuses a result for not being smaller (the CPU preset, dynamic and weight-only
-    # modes), FP16 is held to that too
-    needs_smaller = settings["preset"] == "cpu" or options.mode != "static"
+    # modes, a model with enough float weights for int8 to shrink it), FP16 is held to that too
+    needs_smaller = ((settings["preset"] == "cpu" or options.mode != "static")
+                     and float_weight_bytes(onnx.load(str(source), load_external_data=False)) >= SMALL_WEIGHTS)
     if model_bytes(source) > PROBE_MAX_BYTES:
         return {"passed": False, "command": command, "converted": False, "measured": False,
                 "reason": f"not measured: the model is over {PROBE_MAX_BYTES >> 30} GiB; the command converts and "

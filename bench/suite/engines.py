@@ -374,6 +374,12 @@ def main() -> int:
             # the rows kept: where the last run kept them from an earlier one, that one
             meta["other_rows_from"] = (last.get("meta") or {}).get("other_rows_from") or {
                 k: (last.get("meta") or {}).get(k) for k in ("command", "date", "tree_at_start")}
+    # each run that made some of these rows: its command, date, commit, models and ortprep rows
+    meta["runs"] = [*((last.get("meta") or {}).get("runs") or []),
+                    {"command": meta["command"], "date": now, "head": meta["tree_at_start"]["head"],
+                     "models": list(args.only or [c.name for c in cases()]),
+                     "rows": only_rows or ([] if args.no_ortprep else [f"ortprep_{e}" for e in ORTPREP_ENGINES]
+                                           + ["ortprep_auto_search"])}]
     started = time.perf_counter()
     for case in cases():
         if args.only and case.name not in args.only:

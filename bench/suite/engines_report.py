@@ -184,6 +184,13 @@ def plain_note(meta: dict) -> list[str]:
     lines = [f"The plain engines' rows are kept from an earlier run (`{kept.get('command')}`, {kept.get('date')}, "
              f"commit {head}) on the same float models, calibration samples and fresh inputs; only the ortprep "
              "rows ran in this one.", ""]
+    runs = meta.get("runs") or []
+    if len(runs) > 1:  # rows made by several runs (--only, --rows): which run made which
+        lines += ["Runs that made the ortprep rows here, the last one's rows winning:", ""]
+        lines += [f"- `{run['command']}`, {run['date']}, commit {run['head']}: "
+                  + ", ".join(label(r) for r in run["rows"]) + " for " + ", ".join(run["models"])
+                  for run in runs]
+        lines.append("")
     other = meta.get("other_rows_from")
     if other and meta.get("rows_run"):
         ran = ", ".join(f"`{label(key)}`" for key in meta["rows_run"])

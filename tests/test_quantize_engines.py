@@ -323,3 +323,28 @@ def test_the_refusal_words_name_the_best_engine_with_its_decisions_figures():
     assert with_engines("--auto-exclude", best, "ort").endswith("--engine auto tries nncf, aimet too and names the "
                                                                      "engine whose candidate measured best")
     assert with_engines("--auto-exclude", None, "auto") == "--auto-exclude"
+
+
+def test_auto_does_not_stop_at_an_engine_whose_pass_the_margin_will_refuse():
+    """Held to the decision margin (an --auto precision after the first, once other trials failed on
+    the same held-back samples), a candidate that passes the gate but falls short of the margin is
+    refused in the end: a later engine's candidate that holds the margin is kept over it, and a
+    failing one never is (magika's A16W8 under --auto: ORT's and AIMET-ONNX's both passed the gate)."""
+    from types import SimpleNamespace
+
+    from ortprep.steps.quantize.choose import holds, replaces
+    from ortprep.steps.quantize.trials import Trial
+
+    def trial(name: str, passed: bool, gap: float | None, cosine: float = 0.9999) -> Trial:
+        return Trial(name, [], cosine, passed, 100, path=Path(name), margin_gap=gap)
+
+    short, holding, failing = trial("short", True, 0.002), trial("holding", True, 0.0), trial("failing", False, 0.01,
+                                                                                                0.99999)
+    held = SimpleNamespace(held_to_margin=lambda t: True)
+    free = SimpleNamespace(held_to_margin=lambda t: False)
+    assert not holds(held, short) and holds(free, short) and holds(held, holding) and not holds(held, failing)
+    # held to the margin: the one that holds replaces the short pass, even slower; a failing one does not
+    assert replaces(held, holding, 1.5, short, 1.0)
+    assert not replaces(held, failing, 0.5, short, 1.0)
+    # not held (the first precision, nothing failed before): the short pass holds, and only a faster one replaces it
+    assert not replaces(free, holding, 1.5, short, 1.0) and replaces(free, holding, 0.5, short, 1.0)

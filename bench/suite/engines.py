@@ -1,9 +1,12 @@
 """The field's quantizers beside ortprep's gate, side by side in one run (issue 51, point 4): per model
 of the evaluation half, each engine called plain as a new user calls it, and ortprep's
-`quantize --static --engine E` for E in ort, nncf, aimet, auto, every file judged on the same fresh inputs.
+`quantize --static --engine E` for E in ort, nncf, aimet, auto, and `quantize --static --auto` (engine
+auto and auto.py's precisions: what a user reaching for the best result types), every file judged on
+the same fresh inputs.
 
     .venv/bin/python -m bench.suite.engines [--only NAME ...] [-n 200] [--timeout 600]
-                                            [--no-ortprep | --no-plain] [--table PATH] [--report-only]
+                                            [--no-ortprep | --no-plain [--rows ROW ...]] [--table PATH]
+                                            [--report-only]
 
 Rows per model (the same float model and the same 24 calibration samples for every row):
 - plain engines (engines_plain.py): ORT quant_pre_process + quantize_static (QDQ defaults); NNCF
@@ -11,9 +14,10 @@ Rows per model (the same float model and the same 24 calibration samples for eve
   transformer-like below; AIMET-ONNX's QuantizationSimModel with its defaults, compute_encodings,
   to_onnx_qdq, with and without cross-layer equalization first;
 - ortprep: ``quantize FLOAT --static --calib CALIB --engine E --keep-failed [--metric ...] -o OUT --force
-  --json`` with the case's --metric as the journey passes it. Where this tree's quantize has no
-  --engine, those rows say "not run: --engine not merged", and the row "ortprep (no --engine)" runs
-  the same command without it (today's engine, ORT's).
+  --json`` with the case's --metric as the journey passes it, and the same with ``--auto`` in place of
+  ``--engine E`` (row auto_search; under --auto, --keep-failed keeps the last precision's refused
+  file). Where this tree's quantize has no --engine, those rows say "not run: --engine not merged",
+  and the row "ortprep (no --engine)" runs the same command without it (today's engine, ORT's).
 
 Fixed rules, set before any run:
 - Models: the evaluation half of journey_corpus (half_of), less dddd_ocr_old (ships already
@@ -204,9 +208,10 @@ def source_model(case: JourneyCase, journey: Path) -> Path | None:
 
 
 def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: float, with_ortprep: bool,
-             has_engine: bool, kept_plain: dict | None = None) -> dict:
-    """One model's rows. ``kept_plain``: the plain rows of the last run, kept as they are (--no-plain:
-    the same float model, samples and seeds, so only the ortprep rows run again)."""
+             has_engine: bool, kept_plain: dict | None = None, only_rows: list[str] | None = None) -> dict:
+    """One model's rows. ``kept_plain``: the rows of the last run kept as they are (--no-plain: the
+    plain ones; with --rows, the ortprep rows not named too: the same float model, samples and
+    seeds, so only the rows named run again). ``only_rows``: the ortprep rows to run (labels)."""
     started = time.perf_counter()
     row: dict = {"model": case.name, "half": case.half, "decision": case.decision, "note": case.note,
                  "bar": BARS[case.decision] if case.decision else COSINE_GATE, "tree": tree_state()}
@@ -220,6 +225,8 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: f
         shutil.rmtree(folder, ignore_errors=True)
     else:  # the plain rows' files stay; the ortprep rows' are made again
         for stale in folder.glob("ortprep_*"):
+            if only_rows is not None and stale.name.split(".")[0] not in only_rows:
+                continue
             stale.unlink() if stale.is_file() else shutil.rmtree(stale, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     row["float_model"] = str(source.relative_to(ROOT))
@@ -248,12 +255,16 @@ def run_case(case: JourneyCase, journey: Path, out: Path, count: int, timeout: f
     if with_ortprep:
         metric_args = [a for name, kind in case.metrics.items() for a in ("--metric", f"{name}={kind}")]
         runs = [(f"ortprep_{e}", ["--engine", e]) for e in ORTPREP_ENGINES] if has_engine else []
+        if has_engine:  # what a user reaching for the best result types: engine auto and the precision search
+            runs.append(("ortprep_auto_search", ["--auto"]))
         if not has_engine:
             for engine in ORTPREP_ENGINES:
                 rows[f"ortprep_{engine}"] = {"kind": "ortprep", "exit": "not run: --engine not merged",
                                              "written": False}
             runs.append(("ortprep_today", []))
         for label, extra in runs:
+            if only_rows is not None and label not in only_rows:
+                continue
             target = folder / f"{label}.onnx"
             args = ["quantize", source, "--static", "--calib", calib_dir, *extra, "--keep-failed", *metric_args,
                     "-o", target, "--force"]
@@ -318,6 +329,9 @@ def main() -> int:
     parser.add_argument("--no-ortprep", action="store_true", help="the plain engines only")
     parser.add_argument("--no-plain", action="store_true",
                         help="the ortprep rows only; each model's plain rows are kept from the last run")
+    parser.add_argument("--rows", nargs="*", choices=[*ORTPREP_ENGINES, "auto_search"],
+                        help="with --no-plain: these ortprep rows only (--engine E, or auto_search for --auto); "
+                             "the others are kept from the last run")
     parser.add_argument("--table", type=Path, default=RESULTS,
                         help=f"the report (default {RESULTS.relative_to(ROOT)})")
     parser.add_argument("--report-only", action="store_true", help="write the table from the last results.json")
@@ -345,10 +359,27 @@ def main() -> int:
     last = json.loads(saved.read_text()) if saved.exists() and (args.only or args.no_plain) else {}
     if args.only:
         rows = {row["model"]: row for row in last.get("rows", []) if row["model"] in known}
-    plain_from = {row["model"]: {k: r for k, r in row.get("rows", {}).items() if r.get("kind") == "plain"}
+    if args.rows and not args.no_plain:
+        parser.error("--rows needs --no-plain")
+    only_rows = [f"ortprep_{r}" for r in args.rows] if args.rows else None
+    plain_from = {row["model"]: {k: r for k, r in row.get("rows", {}).items()
+                                 if r.get("kind") == "plain" or (only_rows is not None and k not in only_rows)}
                   for row in last.get("rows", []) if args.no_plain and row.get("rows")}
     if args.no_plain:
-        meta["plain_rows_from"] = {k: (last.get("meta") or {}).get(k) for k in ("command", "date", "tree_at_start")}
+        # the run the plain rows came from: the last one's own source where it kept them too
+        meta["plain_rows_from"] = (last.get("meta") or {}).get("plain_rows_from") or {
+            k: (last.get("meta") or {}).get(k) for k in ("command", "date", "tree_at_start")}
+        if only_rows is not None:
+            meta["rows_run"] = only_rows
+            # the rows kept: where the last run kept them from an earlier one, that one
+            meta["other_rows_from"] = (last.get("meta") or {}).get("other_rows_from") or {
+                k: (last.get("meta") or {}).get(k) for k in ("command", "date", "tree_at_start")}
+    # each run that made some of these rows: its command, date, commit, models and ortprep rows
+    meta["runs"] = [*((last.get("meta") or {}).get("runs") or []),
+                    {"command": meta["command"], "date": now, "head": meta["tree_at_start"]["head"],
+                     "models": list(args.only or [c.name for c in cases()]),
+                     "rows": only_rows or ([] if args.no_ortprep else [f"ortprep_{e}" for e in ORTPREP_ENGINES]
+                                           + ["ortprep_auto_search"])}]
     started = time.perf_counter()
     for case in cases():
         if args.only and case.name not in args.only:
@@ -358,7 +389,7 @@ def main() -> int:
             log(f"  {case.name}: no plain rows in {saved}; run without --no-plain first")
             continue
         rows[case.name] = run_case(case, args.journey, args.out, args.n, args.timeout, not args.no_ortprep,
-                                   has_engine, plain_from.get(case.name) if args.no_plain else None)
+                                   has_engine, plain_from.get(case.name) if args.no_plain else None, only_rows)
         saved.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1, default=str))
     meta["seconds"] = round(time.perf_counter() - started, 1)
     meta["tree_at_end"] = tree_state()

@@ -11,6 +11,7 @@ from bench.suite.engines_plain import LABELS
 
 ORTPREP_LABELS = {"ortprep_ort": "ortprep --engine ort", "ortprep_nncf": "ortprep --engine nncf",
                   "ortprep_aimet": "ortprep --engine aimet", "ortprep_auto": "ortprep --engine auto",
+                  "ortprep_auto_search": "ortprep --auto (engine auto, precisions searched)",
                   "ortprep_today": "ortprep (no --engine: today's ORT engine)"}
 
 
@@ -180,9 +181,23 @@ def plain_note(meta: dict) -> list[str]:
     if not kept:
         return []
     head = (kept.get("tree_at_start") or {}).get("head")
-    return [f"The plain engines' rows are kept from an earlier run (`{kept.get('command')}`, {kept.get('date')}, "
-            f"commit {head}) on the same float models, calibration samples and fresh inputs; only the ortprep "
-            "rows ran in this one.", ""]
+    lines = [f"The plain engines' rows are kept from an earlier run (`{kept.get('command')}`, {kept.get('date')}, "
+             f"commit {head}) on the same float models, calibration samples and fresh inputs; only the ortprep "
+             "rows ran in this one.", ""]
+    runs = meta.get("runs") or []
+    if len(runs) > 1:  # rows made by several runs (--only, --rows): which run made which
+        lines += ["Runs that made the ortprep rows here, the last one's rows winning:", ""]
+        lines += [f"- `{run['command']}`, {run['date']}, commit {run['head']}: "
+                  + ", ".join(label(r) for r in run["rows"]) + " for " + ", ".join(run["models"])
+                  for run in runs]
+        lines.append("")
+    other = meta.get("other_rows_from")
+    if other and meta.get("rows_run"):
+        ran = ", ".join(f"`{label(key)}`" for key in meta["rows_run"])
+        lines[-2] = lines[-2].replace("only the ortprep rows ran in this one.", f"only {ran} ran in this one.")
+        lines += [f"The other ortprep rows are kept from `{other.get('command')}` ({other.get('date')}, commit "
+                  f"{(other.get('tree_at_start') or {}).get('head')}).", ""]
+    return lines
 
 
 def report(rows: list[dict], meta: dict) -> str:

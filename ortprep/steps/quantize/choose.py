@@ -17,7 +17,7 @@ from ortprep.runtime.budget import step_spent
 from ortprep.steps.quantize.engines import AUTO_ORDER, SPEED_ORDER, Exclusion, engine
 from ortprep.steps.quantize.evaluate import measure_on_target
 from ortprep.steps.quantize.runner import Trials
-from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial, improved
+from ortprep.steps.quantize.trials import FLOAT_MODEL, Trial, improved, reaches_margin
 
 # A later engine that passed replaces an earlier one that passed only when it measured this much
 # faster (as --auto's precisions: a few timed runs differ by some percent from one process to the next)
@@ -54,6 +54,24 @@ def faster(ratio: float | None, than: float | None) -> bool:
     return ratio is not None and (than is None or ratio < FASTER_BY * than)
 
 
+def holds(trials: Trials, trial: Trial) -> bool:
+    """Whether ``trial`` passes as it will be judged once kept: the gate, and where it is chosen
+    after other trials failed on the same held-back samples (an --auto precision after the first,
+    or a later engine), the decision margin too (outcome's hold_to_margin refuses it short of that).
+    A candidate that passes the gate but not the margin is refused in the end: it neither ends the
+    engines' turn nor wins over one that holds (docs/decisions/acc-engine-settings.md)."""
+    return trial.passed and not (trials.held_to_margin(trial) and not reaches_margin(trial, None))
+
+
+def replaces(trials: Trials, trial: Trial, ratio: float | None, best: Trial, best_ratio: float | None) -> bool:
+    """Whether a later engine's ``trial`` is kept over ``best``: where ``best`` holds, only a trial
+    that holds and runs FASTER_BY faster; else one that holds, or (neither holding) one that
+    measured better (trials.improved), never a failing one over one that passed the gate."""
+    if holds(trials, best):
+        return holds(trials, trial) and faster(ratio, best_ratio)
+    return holds(trials, trial) or ((trial.passed or not best.passed) and improved(trial, best))
+
+
 def decision_agreements(trials: Trials, trial: Trial) -> list[dict]:
     """Each gated output's decision figures on the held-back samples (CPU EP): its kind, the share
     of samples (or positions) that keep the float model's decision, whole sequences where judged."""
@@ -87,9 +105,10 @@ def engine_record(trials: Trials, trial: Trial) -> dict:
 def choose_engine(trials: Trials, source: Path, label: str, first: Trial, options: QuantizeOptions
                   ) -> tuple[Trial, list[dict]]:
     """--engine auto: after ORT's baseline, each later engine of AUTO_ORDER that is available and
-    supports the settings quantizes the same source, judged by the same gate, until one passes and,
-    where speed counts (speed_counts), runs no slower than the float model. Of those that pass the
-    fastest is kept (a later one only when FASTER_BY faster); where none passes, the best
+    supports the settings quantizes the same source, judged by the same gate, until one passes (with
+    the decision margin where it will be held to it: holds) and, where speed counts (speed_counts),
+    runs no slower than the float model. Of those that hold the fastest is kept (a later one only
+    when FASTER_BY faster); where none holds, the best
     (trials.improved), and the search goes on with its engine. Once one passed, a later engine is
     tried only within --search-seconds. The record says what became of each engine, with its
     latency ratio. The engines are tried in AUTO_ORDER, and once one passed slowly in SPEED_ORDER
@@ -106,7 +125,7 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
     left = [name for name in AUTO_ORDER if name != first_name]
     while left:
         # the next engine: AUTO_ORDER's while none passed; once one passed slowly, SPEED_ORDER's
-        name = next(n for n in (SPEED_ORDER if best.passed else AUTO_ORDER) if n in left)
+        name = next(n for n in (SPEED_ORDER if holds(trials, best) else AUTO_ORDER) if n in left)
         left.remove(name)
         candidate = engine(name)
         why = candidate.available()
@@ -117,7 +136,7 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
         if why is not None:
             records.append({"engine": name, "status": "not supported", "reason": why})
             continue
-        if best.passed and not (timed and slow(best_ratio)):
+        if holds(trials, best) and not (timed and slow(best_ratio)):
             records.append({"engine": name, "status": "not tried", "reason": f"{best_engine.name} passed the gate"
                             + (f" at {best_ratio:.2f}x the float model's latency" if best_ratio is not None else "")})
             continue
@@ -125,7 +144,7 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
             records.append({"engine": name, "status": "not tried",
                             "reason": "the step's own time (--step-seconds) was spent"})
             continue
-        if best.passed and time.monotonic() - trials.started > options.search_seconds:
+        if holds(trials, best) and time.monotonic() - trials.started > options.search_seconds:
             records.append({"engine": name, "status": "not tried",
                             "reason": f"{best_engine.name} passed the gate at {best_ratio:.2f}x the float model's "
                                       f"latency, and --search-seconds ({options.search_seconds:g} s) was spent"})
@@ -141,10 +160,7 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
         records.append(engine_record(trials, trial))
         if trial.path is None:
             continue
-        if best.passed:  # a later one that passed replaces it only where it runs faster
-            if trial.passed and faster(ratio, best_ratio):
-                best, best_engine, best_ratio = trial, candidate, ratio
-        elif improved(trial, best):
+        if replaces(trials, trial, ratio, best, best_ratio):
             best, best_engine, best_ratio = trial, candidate, ratio
     trials.engine = best_engine
     for record in records:

@@ -15,7 +15,6 @@ import pytest
 import models
 from cli_helpers import invoke, quantize, write_samples
 from conftest import SAMPLES
-from ortprep.steps.quantize import engines as quantize_engines
 
 
 def codes(record: dict) -> set[str]:
@@ -628,8 +627,9 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     nncf = importlib.util.find_spec("nncf") is not None
     # where A16W8 passed slower than float, --engine auto judges AIMET-ONNX's A16W8 too (choose.choose_engine),
     # and --auto dynamic int8 (it fails)
-    slow = tried[1]["latency_ratio"] > 1.0
-    aimet = slow and quantize_engines.engine("aimet").available() is None
+    # (which engine auto times for itself: read from its record, since two timings on a loaded machine
+    # may disagree on "slower")
+    aimet = any(c["engine"] == "aimet" and c["status"] == "judged" for c in record["engine"]["candidates"])
     later = len(tried) == 3
     aimet_failed = any(c["engine"] == "aimet" and c.get("passed") is False for c in record["engine"]["candidates"])
     assert record["verify"]["trials"] == {"judged": 4 + nncf + aimet + later,

@@ -53,3 +53,16 @@ def test_weight_only_without_data_is_refused_and_real_samples_are_named(tmp_path
     data = write_samples(tmp_path / "data", "x", (1, 64), 4)
     code, record, _ = quantize(model, "--dynamic", "--eval", data, "-o", tmp_path / "d.onnx")
     assert code == 0 and record["evaluation_data"] == "samples", record["findings"]
+
+
+def test_auto_goes_on_to_a_dynamic_attempt_where_one_real_sample_leaves_none_held_back(tmp_path):
+    """--auto with one real --calib sample: the static attempts have none to hold back (QNT033), but
+    the sample is real, so the dynamic attempt judges on it and writes; only made-up or absent data
+    stops --auto at its first attempt."""
+    from conftest import SAMPLES
+
+    calib = write_samples(tmp_path / "calib", "image", (1, 3, 32, 32), 1)
+    code, record, _ = quantize(SAMPLES / "cnn.onnx", "--static", "--calib", calib, "--auto", "-o", tmp_path / "q.onnx")
+    tried = record["auto"]["tried"]
+    assert "QNT033" in tried[0]["codes"] and tried[-1]["label"].startswith("dynamic"), tried
+    assert code == 0 and record["evaluation_data"] == "samples" and (tmp_path / "q.onnx").exists()

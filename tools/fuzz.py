@@ -36,7 +36,8 @@ COMMANDS = {
     # propagation, ORT's symbolic inference and the folding of shape computations
     "fixshape": ["convert", "{model}", "--fix-shape", "{shape}", "-o", "{out}", "--json"],
     "load": ["load", "{model}", "--ep", "cpu", "--runs", "1", "--timeout", "20", "--json"],
-    "quantize": ["quantize", "{model}", "--dynamic", "-o", "{out}", "--json"],
+    # made-up inputs asked for (--eval random): without them the step refuses before any work (QNT033)
+    "quantize": ["quantize", "{model}", "--dynamic", "--eval", "random", "-o", "{out}", "--json"],
     "qstatic": ["quantize", "{model}", "--static", "--calib", "random", "--samples", "12", "-o", "{out}", "--json"],
     # not in the default list (make fuzz's history compares like with like): --commands simplify,optimize
     "simplify": ["simplify", "{model}", "-o", "{out}", "--json"],

@@ -434,11 +434,8 @@ class CompileOptions(StepOptions):
                                           "beyond the tolerance fails the compile.")
     metrics: dict[str, str] = metrics_option("where an output beyond the elementwise tolerance may still hold")
 
-    min_share: float | None = min_share_option("compiled into its EPContext nodes")
-
     def validate(self, where: str) -> None:
         check_device(self.device, [self.ep], self.provider_options, where)
-        check_share(self.min_share, where)
         if self.ep not in COMPILE_EPS:
             raise UsageError(f"{where}: ortprep compiles EPContext models for {', '.join(COMPILE_EPS)}, not {self.ep}",
                              hint="choose --ep qnn or --ep openvino-cpu")

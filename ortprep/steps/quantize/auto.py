@@ -157,9 +157,12 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             if best is not None and not (timed_here and _slow(best[0]["latency_ratio"]) and number + 1 < len(order)
                                          and not _external(dest)):
                 break  # a pass (and, on the CPU EP, not slower than float, or nothing left to try)
+            no_samples = str(options.calib or "random") == "random"
             if not passed and report.data.get("quantized_ops", 0) == 0 and number == 0 and any(
-                    f.code in ("QNT002", "QNT010", "QNT033") for f in report.findings):
-                break  # nothing to quantize at all, or no data to judge on: no other precision changes that
+                    f.code in ("QNT002", "QNT010") or (f.code == "QNT033" and no_samples) for f in report.findings):
+                # nothing to quantize at all, or no data to judge on: no other precision changes that
+                # (real --calib samples too few to hold any back leave a dynamic attempt to judge on them)
+                break
     finally:
         hold_step(0.0)
         if aside.exists() and not dest.exists():

@@ -189,7 +189,9 @@ def mend_words(summary: dict[str, Any] | None) -> str:
 
 def _ep_error(trials: Trials, trial: Trial) -> bool:
     evaluation = trials.evaluations.get(trial.path) if trial.path is not None else None
-    return evaluation is None or (evaluation.on_ep is not None and evaluation.on_ep.error is not None)
+    # not judged on the EP at all (a candidate the CPU EP fails never reaches it) is not a session
+    # shown to build there: not mended
+    return evaluation is None or evaluation.on_ep is None or evaluation.on_ep.error is not None
 
 
 def _on_clock(clock, work):

@@ -5,8 +5,6 @@ reaches the EP, and the report says where the time went."""
 
 from __future__ import annotations
 
-import importlib.util
-import platform
 import shutil
 from pathlib import Path
 
@@ -18,10 +16,8 @@ import models
 from cli_helpers import invoke
 from ortprep.fidelity.decisions.decision import Decision
 from ortprep.steps.quantize.ep_early import PASS_MIN_SAMPLES, early_rule
+from ep_marks import needs_qnn
 
-needs_qnn = pytest.mark.skipif(
-    not (importlib.util.find_spec("onnxruntime_qnn") is not None and platform.machine() in ("x86_64", "AMD64")),
-    reason="onnxruntime-qnn (the x86 HTP simulator) is not installed (make install adds it)")
 
 
 def tiny_classifier(folder: Path, count: int = 40) -> tuple[Path, Path]:

@@ -6,25 +6,19 @@ ends naming them."""
 
 from __future__ import annotations
 
-import importlib.util
-import platform
 from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 
 from onnx import TensorProto, helper, numpy_helper
 
 import models
 from cli_helpers import quantize
+from ep_marks import needs_qnn
 from test_prove import DEVICE, Qnn, planted_chain
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None,
-                       reason="onnxruntime-qnn is not installed (make install adds it)"),
-    pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the QNN simulator is an x86 build"),
-]
+pytestmark = needs_qnn
 
 
 def se_gate_model(folder: Path) -> tuple[Path, Path]:

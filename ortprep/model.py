@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from ortprep.errors import ModelReadError, OutputPathError, UnsafeExternalDataError
-from ortprep.tensor_bytes import element_bits, tensor_defect
+from ortprep.tensor_bytes import dtype_name, element_bits, tensor_defect  # noqa: F401 - dtype_name re-exported
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,6 @@ def text_of(value: str | bytes) -> str:
     as bytes (a damaged file, a producer that wrote Latin-1), and refuses those bytes when they
     are assigned to another message: undecodable bytes become U+FFFD."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-def dtype_name(elem_type: int) -> str:
-    """ONNX element type code -> lower-case ONNX name ("float", "float16", "int64")."""
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"unknown({elem_type})"
 
 
 def tensor_elements(tensor: TensorProto) -> int:

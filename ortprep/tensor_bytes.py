@@ -50,7 +50,8 @@ def element_bits(elem_type: int) -> int:
         return 0
 
 
-def type_label(elem_type: int) -> str:
+def dtype_name(elem_type: int) -> str:
+    """ONNX element type code -> lower-case ONNX name ("float", "float16", "int64")."""
     try:
         return TensorProto.DataType.Name(elem_type).lower()
     except ValueError:
@@ -83,7 +84,7 @@ def tensor_defect(tensor: TensorProto) -> str | None:
     elements = math.prod(tensor.dims) if len(tensor.dims) else 1
     if elements > _MAX_ELEMENTS:
         return f"its shape {list(tensor.dims)} has more elements than any stored tensor can"
-    shape = f"shape {list(tensor.dims)} and type {type_label(elem_type)}"
+    shape = f"shape {list(tensor.dims)} and type {dtype_name(elem_type)}"
     bits = element_bits(elem_type)
     needed = (elements * bits + 7) // 8
     if tensor.data_location == TensorProto.EXTERNAL:
@@ -99,7 +100,7 @@ def tensor_defect(tensor: TensorProto) -> str | None:
     held = len(getattr(tensor, field))
     others = [name for name in _TYPED_FIELDS if name != field and len(getattr(tensor, name))]
     if others and not held:
-        return f"its data is in {others[0]}, which does not hold type {type_label(elem_type)} (expected in {field})"
+        return f"its data is in {others[0]}, which does not hold type {dtype_name(elem_type)} (expected in {field})"
     if held != entries and not (held == 0 and elements == 0):
         if held == 0:
             return f"it holds no data, its {shape} need {entries} values"

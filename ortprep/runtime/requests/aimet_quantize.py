@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortprep.runtime.protocol import Reply, Request, WorkerState
+from ortprep.runtime.requests.failure import record_failure
 
 # ortprep's quant types -> AIMET's (signedness is the export's business: force_activation_as)
 BITS = {"int8": "int8", "uint8": "int8", "int16": "int16", "uint16": "int16"}
@@ -69,7 +70,6 @@ class AimetQuantize(Request):
         return "aimet"
 
     def handle(self, state: WorkerState) -> AimetQuantizeReply:
-        import traceback
 
         reply = AimetQuantizeReply(status="failed", stage="aimet")
         state.sessions.clear()
@@ -88,9 +88,7 @@ class AimetQuantize(Request):
             reply.applied = self._quantize()
             reply.status = "ok"
         except Exception as exc:  # noqa: BLE001 - reported to the parent as data
-            reply.message = " ".join(str(exc).split())[:500] or type(exc).__name__
-            reply.error_type = type(exc).__name__
-            reply.traceback = traceback.format_exc()[-3000:]
+            record_failure(reply, exc, message_chars=500, traceback_chars=3000)
         finally:
             os.chdir(previous)
             reply.engine_seconds = time.perf_counter() - started

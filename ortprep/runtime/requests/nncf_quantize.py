@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortprep.runtime.protocol import Reply, Request, WorkerState
+from ortprep.runtime.requests.failure import record_failure
 
 
 # ortprep's --method -> NNCF's activation range estimator. minmax is the global min/max over the
@@ -76,7 +77,6 @@ class NncfQuantize(Request):
         return "nncf"
 
     def handle(self, state: WorkerState) -> NncfQuantizeReply:
-        import traceback
 
         reply = NncfQuantizeReply(status="failed", stage="nncf")
         previous = os.getcwd()
@@ -89,9 +89,7 @@ class NncfQuantize(Request):
             reply.engine_seconds = round(time.monotonic() - started, 3)
             reply.status = "ok"
         except Exception as exc:  # noqa: BLE001 - reported to the parent as data
-            reply.message = " ".join(str(exc).split())[:500] or type(exc).__name__
-            reply.error_type = type(exc).__name__
-            reply.traceback = traceback.format_exc()[-2000:]
+            record_failure(reply, exc, message_chars=500)
         finally:
             os.chdir(previous)
             reply.peak_rss = peak_rss()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortprep.runtime.protocol import Reply, Request, WorkerState
+from ortprep.runtime.requests.failure import record_failure
 from ortprep.runtime.requests.sessions import (
     captured_stderr,
 )
@@ -137,7 +138,6 @@ class Quantize(Request):
 
     def handle(self, state: WorkerState) -> QuantizeReply:
         import logging
-        import traceback
 
         reply = QuantizeReply(status="failed", stage="quantize")
         # The sessions this worker keeps (up to MAX_SESSIONS, each with its arena at the size of its
@@ -152,9 +152,7 @@ class Quantize(Request):
                 self._quantize()
                 reply.status = "ok"
             except Exception as exc:  # noqa: BLE001 - reported to the parent as data
-                reply.message = " ".join(str(exc).split()) or type(exc).__name__
-                reply.error_type = type(exc).__name__
-                reply.traceback = traceback.format_exc()[-2000:]
+                record_failure(reply, exc)
             finally:
                 os.chdir(previous)
         reply.stderr = log[0]

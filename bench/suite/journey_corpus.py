@@ -47,6 +47,7 @@ from bench.suite.journey_models import (
     lstm_keywords,
     recommender,
     unet_small,
+    wakeword_pipeline,
 )
 
 Inputs = Callable[[np.random.Generator, int], dict[str, np.ndarray]]
@@ -98,6 +99,11 @@ def log_bands(audio: np.ndarray, frames: int = 48, bands: int = 40, hop: int = 1
     energy = np.stack([chunk.sum(axis=1) for chunk in np.array_split(power[:, 1:], bands, axis=1)], axis=1)
     logs = np.log(energy + 1e-6)
     return ((logs - logs.mean()) / (logs.std() + 1e-6)).astype(np.float32)
+
+
+def _wakeword_audio(rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
+    """0.79 s of speech-like audio at int16 scale: the 76 mel frames the embedding reads."""
+    return {"input": (realistic.audio(rng, bench_corpus.WAKEWORD_WINDOW) * 32767)[None].astype(np.float32)}
 
 
 def _features(rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
@@ -178,6 +184,8 @@ def build(case: JourneyCase, folder: Path, models: Path) -> Path:
         return bench_corpus.build(name, folder)
     if name == "recommender":
         return recommender(folder)
+    if name == "wakeword_pipeline":
+        return wakeword_pipeline(models, folder)
     path = folder / f"{name}.onnx"
     model = BUILDERS[name]()
     if name in BALANCED:
@@ -318,6 +326,33 @@ CORPUS: list[JourneyCase] = [
         True,
         "Silero VAD v6 (faster-whisper 1.2.1), LSTM state in and out; speech-like audio",
         decision="speech",
+    ),
+    JourneyCase(
+        "wakeword_mel",
+        "wheel:wakeword_mel.onnx",
+        _from_corpus("wakeword_mel"),
+        {"input": (1, bench_corpus.WAKEWORD_CHUNK)},
+        True,
+        "openWakeWord 0.4.0 mel front end (STFT as Conv, Pow, Log); one streaming step (110 ms) of speech-like "
+        "audio at int16 scale",
+    ),
+    JourneyCase(
+        "wakeword_embedding",
+        "wheel:wakeword_embedding.onnx",
+        _from_corpus("wakeword_embedding"),
+        {"input_1": (1, 76, 32, 1)},
+        True,
+        "openWakeWord 0.4.0 speech embedding (Google's speech_embedding: Conv, LeakyReLU, Max, MaxPool); "
+        "76 mel frames from its front end",
+    ),
+    JourneyCase(
+        "wakeword_pipeline",
+        "build:wakeword_pipeline",
+        _wakeword_audio,
+        {"input": (1, bench_corpus.WAKEWORD_WINDOW)},
+        True,
+        "openWakeWord 0.4.0's mel front end and speech embedding as one model (onnx.compose; x / 10 + 2 "
+        "between them, as openWakeWord applies it); 0.79 s of speech-like audio at int16 scale",
     ),
     # the sample models and tests/models.py's ViT-style encoder, through bench_corpus.build
     JourneyCase(

@@ -589,3 +589,35 @@ def convnext_tiny(classes: int = 10, dim: int = 32, blocks: int = 2) -> onnx.Mod
     graph = helper.make_graph(nodes, "convnext_tiny", [_vi("image", TensorProto.FLOAT, [1, 3, 64, 64])],
                               [_vi("logits", TensorProto.FLOAT, [1, classes])], w.tensors)
     return make(graph)
+
+
+def wakeword_pipeline(models: Path, folder: Path) -> Path:
+    """openWakeWord's front end and speech embedding as one model, as a deployment that hands the
+    NPU a single file would ship them: raw audio [1, 12640] (int16 scale) -> the mel model ->
+    x / 10 + 2 (what openWakeWord applies between them) -> [1, 76, 32, 1] -> the embedding
+    [1, 1, 1, 96]. Both from the openwakeword 0.4.0 wheel (``models``: bench_corpus.fetch's
+    folder); the glue is onnx.compose's. Written to ``folder``; returns its path."""
+    from onnx import compose
+
+    mel = onnx.load(str(models / "wakeword_mel.onnx"))
+    embedding = onnx.load(str(models / "wakeword_embedding.onnx"))
+    scale = helper.make_graph(
+        [helper.make_node("Mul", ["mel", "tenth"], ["scaled"], name="mel_tenth"),
+         helper.make_node("Add", ["scaled", "two"], ["shifted"], name="mel_plus_two"),
+         helper.make_node("Reshape", ["shifted", "frames_shape"], ["frames"], name="mel_frames")],
+        "mel_to_embedding",
+        [_vi("mel", TensorProto.FLOAT, [1, 1, 76, 32])],
+        [_vi("frames", TensorProto.FLOAT, [1, 76, 32, 1])],
+        [numpy_helper.from_array(np.array(0.1, np.float32), "tenth"),
+         numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+         numpy_helper.from_array(np.array([1, 76, 32, 1], np.int64), "frames_shape")],
+    )
+    glue = helper.make_model(scale, opset_imports=[helper.make_opsetid("", 13)], ir_version=mel.ir_version)
+    front = compose.merge_models(mel, glue, io_map=[("output", "mel")], prefix2="glue/")
+    whole = compose.merge_models(front, embedding, io_map=[("glue/frames", "input_1")], prefix2="embedding/")
+    whole.graph.name = "wakeword_pipeline"
+    path = folder / "wakeword_pipeline.onnx"
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.checker.check_model(whole, full_check=True)
+    onnx.save_model(whole, str(path))
+    return path

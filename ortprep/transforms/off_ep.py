@@ -305,7 +305,7 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
     for unit in dict.fromkeys(cut.unit_of[by_name[name]] for name in node_names if by_name[name] in cut.unit_of):
         members = set(cut.units[unit])
         groups.append(members | _exclusive_constant_work(cut, members))
-    groups = _merge_adjacent(cut, groups)
+    groups = _merge_adjacent(cut, _absorb_sandwiched(cut, groups))
     used = {name for node in cut.nodes for name in list(node.input) + list(node.output)} | set(cut.initializers) | {
         v.name for v in proto.graph.input}
     new_nodes: list = []
@@ -356,6 +356,38 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
     localize_body_initializers(proto.graph)
     topological_sort(proto.graph)
     return proto, moved
+
+
+def _absorb_sandwiched(cut: GraphCut, groups: list[set[int]]) -> list[set[int]]:
+    """Q/DQ nodes that only moved nodes read, and that read only what moved nodes make, graph inputs
+    or constants, join a group they touch. A DequantizeLinear shared by two moved Convs belongs to
+    neither's unit: left between them it made two Ifs with the EP's node between. A QuantizeLinear
+    of a graph input that only moved nodes read, left outside, QNN refuses (it takes no Q of a
+    graph input). Either way QNN's capability became invalid and ORT ran every node on the CPU EP
+    (measured: docs/decisions/reduce-off-ep-rewrite.md)."""
+    merged = [set(group) for group in groups]
+    inputs = {value.name for value in cut.proto.graph.input} - set(cut.initializers)
+    changed = True
+    while changed:
+        changed = False
+        moved = set().union(*merged) if merged else set()
+        for index, node in enumerate(cut.nodes):
+            if index in moved or node.op_type not in QDQ_OPS:
+                continue
+            sources = [cut.producer[name] for name in cut.reads[index] if name in cut.producer]
+            users = [user for name in node.output if name for user in cut.consumers.get(name, [])]
+            reads_input = any(name in inputs for name in cut.reads[index])
+            if (not users or not all(user in moved for user in users)
+                    or not all(i in moved or i in cut.free for i in sources)
+                    or not (reads_input or any(i in moved for i in sources))
+                    or any(name in cut.graph_outputs for name in node.output if name)):
+                continue
+            touched = set(sources) | set(users)
+            home = next(group for group in merged if group & touched)
+            home.add(index)
+            changed = True
+            break
+    return merged
 
 
 def _merge_adjacent(cut: GraphCut, groups: list[set[int]]) -> list[set[int]]:

@@ -23,7 +23,8 @@ Per model (bench/suite/journey_corpus.py: the corpus, its halves and which model
 6. `compile QDQ --ep qnn -o CTX --inputs SAMPLE.npz --eval CALIB` (every calibration sample judged too).
 
 The QNN device: ortprep's default (`--device` is not passed; ortprep states the device it used in
-each report, and this script's own QNN sessions use the same soc_model). Where `check --help`
+each report, and this script's own QNN sessions use the same soc_model); `--device NAME` passes
+ortprep's `--device` to check, quantize, load and compile (a deployment to that SoC). Where `check --help`
 has no `--device`, `--provider-option qnn:soc_model=60` is passed to check, load and compile.
 
 Then this script builds the sessions a user's application would (fallback allowed, default
@@ -240,6 +241,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
             "-o",
             qdq,
             "--force",
+            *device,
             *metric_args,
         )
         if fixed != source:
@@ -477,6 +479,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="model names (the others' records of the last run are kept)")
     parser.add_argument("--half", choices=["dev", "eval", "all"], default="all")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per step and per session")
+    parser.add_argument("--device", help="the QNN device every step targets (ortprep's --device: 888, 8gen3, ...); "
+                        "default: ortprep's own")
     args = parser.parse_args()
     known = {case.name for case in CORPUS}
     unknown = set(args.only or []) - known
@@ -484,8 +488,9 @@ def main() -> int:
         parser.error(f"unknown model(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     args.out.mkdir(parents=True, exist_ok=True)
     bench_corpus.fetch(args.out)
-    device = device_options()
-    meta = {"versions": versions(), "device": "ortprep's default (--device not passed)" if not device else
+    device = ["--device", args.device] if args.device else device_options()
+    meta = {"versions": versions(), "device": f"--device {args.device}" if args.device else
+            "ortprep's default (--device not passed)" if not device else
             "--provider-option qnn:soc_model=60 (this ortprep has no --device)", "timeout_s": args.timeout,
             "tree_at_start": tree_state()}
     saved = args.out / "results.json"

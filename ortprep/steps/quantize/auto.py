@@ -140,6 +140,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
             entry = {"label": label, "flags": attempt_flags(changes), "passed": passed, "cosine": verify.get("cosine"),
                      "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
                      "judged_on": verify.get("judged_on"),
+                     "failed_on": (verify.get("gate") or {}).get("failed_on") if not passed else None,
                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
             mend = mend_summary((report.data.get("search") or {}).get("mend"))
             if mend is not None:  # its session failed on the EP: mended, or the culprits named (mend.py)
@@ -194,12 +195,27 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
         said, fix = fp16_words(probe) if probe is not None else (
             "", "FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "
                 "nodes that add the error in float")
+        fix = cpu_deployment_words(tried, probe, options.ep) or fix
         report.add(Finding.of("QNT017", "--auto: no precision passed the gate: " + "; ".join(
             f"{t['label']} ({', '.join(t['codes']) or 'failed'}{mend_words(t.get('mend'))})" for t in tried)
                               + (f"; {said}" if said else ""), fix=fix))
     if kept:
         report.data["kept_failed"] = kept
     return report
+
+
+def cpu_deployment_words(tried: list[dict], probe: dict | None, ep: str | None) -> str | None:
+    """QNT017's fix where the EP computes the model otherwise in every precision: each attempt passed
+    on the CPU EP and failed on the EP alone, and FP16 did too (an audio front end on QNN's HTP:
+    docs/decisions/mend52-failing-sessions.md). What passes is the CPU EP; None otherwise."""
+    if not ep or not tried or probe is None or not probe.get("ep_only"):
+        return None
+    if not all(t.get("failed_on") == [ep] for t in tried):
+        return None
+    return (f"{ep} computes this model otherwise than the CPU EP in every precision tried, FP16 included, and the "
+            f"CPU EP passes each: deploy it on the CPU EP (the float model, or int8 judged there: ortprep quantize "
+            f"MODEL --static --gate-on-cpu); where it is part of a larger model, keep that part off {ep} "
+            "(search.off_ep names the sets tried, --max-float-share bounds them)")
 
 
 def engine_refusal_for(attempt: QuantizeOptions) -> str | None:

@@ -89,3 +89,61 @@ def test_qnn_takes_the_rest_of_a_region_kept_off_around_a_shared_dq(tmp_path):
     codes = {f["code"] for f in loaded.json()["findings"]}
     assert "LOD011" not in codes, loaded.stdout[-1500:]  # before: QNN ran none of the model
     assert loaded.exit_code == 0, loaded.stdout[-1500:]
+
+
+def _reader_model(from_input: bool) -> onnx.ModelProto:
+    """A DQ 'f_DQ' read by Conv 'conv2' and by Mul 'mul1', and mul1 also reads, through a Relu left
+    on the EP, what conv2 makes. ``from_input``: f_DQ's Q reads the graph input; else a Relu
+    'front' comes first."""
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(128, np.uint8), "z"),
+             numpy_helper.from_array(np.full((CHANNELS, CHANNELS, 1, 1), 130, np.uint8), "w_q")]
+    nodes = []
+
+    def qdq(source: str, name: str) -> str:
+        nodes.extend([helper.make_node("QuantizeLinear", [source, "s", "z"], [f"{name}_q"], name=f"{name}_Q"),
+                      helper.make_node("DequantizeLinear", [f"{name}_q", "s", "z"], [name], name=f"{name}_DQ")])
+        return name
+
+    if from_input:
+        shared = qdq("x", "f")
+    else:
+        nodes.append(helper.make_node("Relu", [qdq("x", "xa")], ["front_out"], name="front"))
+        shared = qdq("front_out", "f")
+    nodes += [helper.make_node("DequantizeLinear", ["w_q", "s", "z"], ["w"], name="w_DQ"),
+              helper.make_node("Conv", [shared, "w"], ["c2"], name="conv2")]
+    nodes.append(helper.make_node("Relu", [qdq("c2", "c2a")], ["r"], name="relu"))
+    nodes.append(helper.make_node("Mul", [shared, qdq("r", "ra")], ["m"], name="mul1"))
+    nodes.append(helper.make_node("Identity", [qdq("m", "ma")], ["y"], name="out"))
+    shape = [1, CHANNELS, SIZE, SIZE]
+    graph = helper.make_graph(nodes, "readers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_an_absorbed_dq_never_makes_an_if_wait_on_its_own_output():
+    """f_DQ joins the group of the node it reads (front's), never mul1's: in mul1's If it would
+    feed conv2's, which feeds mul1's through the Relu left on the EP (a cycle ORT refuses; the first
+    version of the absorption did that for one order of the names). A graph input's Q and the
+    shared DQ after it move together, into the reader group no other reaches (conv2's)."""
+    import onnxruntime
+
+    from ortprep.model import ModelHandle
+    from ortprep.transforms.off_ep import keep_off_ep
+
+    for names in (["front", "conv2", "mul1"], ["mul1", "front", "conv2"]):
+        proto, _ = keep_off_ep(ModelHandle(proto=_reader_model(False)), names)
+        onnx.checker.check_model(proto, full_check=True)
+        onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        main = {node.name for node in proto.graph.node}
+        assert "relu" in main and not {"f_DQ", "xa_Q"} & main, names
+    proto, _ = keep_off_ep(ModelHandle(proto=_reader_model(True)), ["mul1", "conv2"])
+    onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    main = {node.name for node in proto.graph.node}
+    assert not {"f_Q", "f_DQ"} & main  # before: both stayed out, each waiting on the other
+    conv_if = next(node for node in proto.graph.node if node.name == "ortprep_off_ep_conv2")
+    inside = {inner.name for attribute in conv_if.attribute if attribute.name == "then_branch"
+              for inner in attribute.g.node}
+    assert {"f_Q", "f_DQ", "conv2"} <= inside

@@ -220,21 +220,3 @@ def test_a_front_end_qnn_computes_wrongly_runs_on_the_cpu_and_the_rest_on_qnn(tm
     said = [f for f in findings(record, "QNT022")][0]["message"]
     assert f"{placed['nodes_on_ep']} of {placed['nodes_total']} nodes stay on qnn" in said
     assert "the front end" in said or any("the front end" in e["reason"] for e in record["kept_off_ep"])
-
-
-def test_auto_names_the_cpu_ep_where_the_ep_computes_every_precision_otherwise():
-    """QNT017's fix where each attempt passed on the CPU EP and failed on the EP alone, and FP16 did
-    too (openWakeWord's mel front end on QNN: A16W8, A16W8 per channel and A16W16 pass on the CPU
-    EP at cosine 1.0000, QNN 0.98 at best; FP16 on QNN -0.13): the CPU EP is the deployment. Where
-    the CPU EP failed one attempt too, or FP16 failed there, it is not said."""
-    from ortprep.steps.quantize.auto import cpu_deployment_words
-
-    tried = [{"label": label, "failed_on": ["qnn"]} for label in ("A16W8", "A16W8 per channel", "A16W16")]
-    said = cpu_deployment_words(tried, {"passed": False, "ep_only": True}, "qnn")
-    assert said is not None and said.startswith("qnn computes this model otherwise than the CPU EP in every precision")
-    assert "--gate-on-cpu" in said and "search.off_ep" in said
-    assert cpu_deployment_words([*tried[:2], {"label": "A16W16", "failed_on": ["cpu", "qnn"]}],
-                                {"passed": False, "ep_only": True}, "qnn") is None
-    assert cpu_deployment_words(tried, {"passed": False, "ep_only": False}, "qnn") is None
-    assert cpu_deployment_words(tried, None, "qnn") is None
-    assert cpu_deployment_words(tried, {"ep_only": True}, None) is None

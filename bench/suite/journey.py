@@ -24,7 +24,8 @@ Per model (bench/suite/journey_corpus.py: the corpus, its halves and which model
 
 The QNN device: ortprep's default (`--device` is not passed; ortprep states the device it used in
 each report, and this script's own QNN sessions use the same soc_model); `--device NAME` passes
-ortprep's `--device` to check, quantize, load and compile (a deployment to that SoC). Where `check --help`
+ortprep's `--device` to check, quantize, load and compile (a deployment to that SoC; the FP16 step's
+`convert` has none: it verifies on the CPU EP, and load judges its file on the device). Where `check --help`
 has no `--device`, `--provider-option qnn:soc_model=60` is passed to check, load and compile.
 
 Then this script builds the sessions a user's application would (fallback allowed, default

@@ -360,34 +360,84 @@ def keep_off_ep(handle: ModelHandle, node_names: Sequence[str]):
 
 def _absorb_sandwiched(cut: GraphCut, groups: list[set[int]]) -> list[set[int]]:
     """Q/DQ nodes that only moved nodes read, and that read only what moved nodes make, graph inputs
-    or constants, join a group they touch. A DequantizeLinear shared by two moved Convs belongs to
-    neither's unit: left between them it made two Ifs with the EP's node between. A QuantizeLinear
-    of a graph input that only moved nodes read, left outside, QNN refuses (it takes no Q of a
-    graph input). Either way QNN's capability became invalid and ORT ran every node on the CPU EP
-    (measured: docs/decisions/reduce-off-ep-rewrite.md)."""
+    or constants, join the groups. A DequantizeLinear shared by two moved Convs belongs to neither's
+    unit: left between them it made two Ifs with the EP's node between. A QuantizeLinear of a graph
+    input that only moved nodes read, left outside, QNN refuses (it takes no Q of a graph input).
+    Either way QNN's capability became invalid and ORT ran every node on the CPU EP (measured:
+    docs/decisions/reduce-off-ep-rewrite.md).
+
+    A node joins the group of the moved node it reads (the edges stay those of the graph, so no
+    group comes to wait on itself); one that reads a graph input joins a group of its readers that
+    no other of them reaches, or stays out."""
     merged = [set(group) for group in groups]
+    moved = set().union(*merged) if merged else set()
     inputs = {value.name for value in cut.proto.graph.input} - set(cut.initializers)
+
+    def users(index: int) -> list[int]:
+        return [user for name in cut.nodes[index].output if name for user in cut.consumers.get(name, [])]
+
+    def sources(index: int) -> list[int]:
+        return [cut.producer[name] for name in cut.reads[index] if name in cut.producer]
+
+    # the largest set whose every node is read only inside (moved or in the set) and reads only from
+    # inside, constants or graph inputs: a graph input's Q and the shared DQ after it go together
+    absorbed = {index for index, node in enumerate(cut.nodes) if index not in moved and index not in cut.free
+                and node.op_type in QDQ_OPS and not any(name in cut.graph_outputs for name in node.output if name)}
     changed = True
     while changed:
         changed = False
-        moved = set().union(*merged) if merged else set()
-        for index, node in enumerate(cut.nodes):
-            if index in moved or node.op_type not in QDQ_OPS:
-                continue
-            sources = [cut.producer[name] for name in cut.reads[index] if name in cut.producer]
-            users = [user for name in node.output if name for user in cut.consumers.get(name, [])]
-            reads_input = any(name in inputs for name in cut.reads[index])
-            if (not users or not all(user in moved for user in users)
-                    or not all(i in moved or i in cut.free for i in sources)
-                    or not (reads_input or any(i in moved for i in sources))
-                    or any(name in cut.graph_outputs for name in node.output if name)):
-                continue
-            touched = set(sources) | set(users)
-            home = next(group for group in merged if group & touched)
-            home.add(index)
-            changed = True
-            break
+        for index in sorted(absorbed):
+            inside = moved | absorbed
+            read_by, reads = users(index), sources(index)
+            if (not read_by or not all(user in inside for user in read_by)
+                    or not all(source in inside or source in cut.free for source in reads)
+                    or not (any(source in inside for source in reads)
+                            or any(name in inputs for name in cut.reads[index]))):
+                absorbed.discard(index)
+                changed = True
+    home: dict[int, int] = {index: number for number, group in enumerate(merged) for index in group}
+    for index in sorted(absorbed, key=lambda i: _depth(cut, i, absorbed)):
+        if index in home:
+            continue
+        fed = [home[source] for source in sources(index) if source in home]
+        if fed:
+            home[index] = fed[0]
+            continue
+        # reads a graph input: the reader groups of it and of the absorbed nodes after it
+        chain = _absorbed_after(cut, index, absorbed, users)
+        readers = sorted({home[user] for member in chain for user in users(member) if user in home})
+        first = next((g for g in readers if not any(
+            _feeds(cut, merged[h], merged[g]) or _path_outside(cut, merged[h], merged[g]) for h in readers if h != g)),
+            None)
+        for member in chain:
+            if first is not None:
+                home[member] = first
+    for index, number in home.items():
+        merged[number].add(index)
     return merged
+
+
+def _depth(cut: GraphCut, index: int, absorbed: set[int]) -> int:
+    """How many absorbed nodes come before ``index`` on its way back to a moved node or an input."""
+    depth, current = 0, index
+    while True:
+        before = [cut.producer[name] for name in cut.reads[current] if name in cut.producer
+                  and cut.producer[name] in absorbed]
+        if not before:
+            return depth
+        depth, current = depth + 1, before[0]
+
+
+def _absorbed_after(cut: GraphCut, index: int, absorbed: set[int], users) -> list[int]:
+    """``index`` and the absorbed nodes that read it, transitively."""
+    chain, stack = [], [index]
+    while stack:
+        current = stack.pop()
+        if current in chain:
+            continue
+        chain.append(current)
+        stack.extend(user for user in users(current) if user in absorbed)
+    return chain
 
 
 def _merge_adjacent(cut: GraphCut, groups: list[set[int]]) -> list[set[int]]:

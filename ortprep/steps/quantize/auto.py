@@ -141,6 +141,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                      "latency_ratio": ratio, "timed_on": (verify.get("ep_latency") or {}).get("ep", "cpu"),
                      "judged_on": verify.get("judged_on"),
                      "failed_on": (verify.get("gate") or {}).get("failed_on") if not passed else None,
+                     "ep_error": (verify.get("ep") or {}).get("error") is not None,
                      "codes": sorted({f.code for f in report.findings if f.severity >= Severity.ERROR})}
             mend = mend_summary((report.data.get("search") or {}).get("mend"))
             if mend is not None:  # its session failed on the EP: mended, or the culprits named (mend.py)
@@ -208,9 +209,10 @@ def cpu_deployment_words(tried: list[dict], probe: dict | None, ep: str | None) 
     """QNT017's fix where the EP computes the model otherwise in every precision: each attempt passed
     on the CPU EP and failed on the EP alone, and FP16 did too (an audio front end on QNN's HTP:
     docs/decisions/mend52-failing-sessions.md). What passes is the CPU EP; None otherwise."""
-    if not ep or not tried or probe is None or not probe.get("ep_only"):
+    if not ep or not tried or probe is None or not probe.get("ep_only") or probe.get("ep_error"):
         return None
-    if not all(t.get("failed_on") == [ep] for t in tried):
+    # computed otherwise: each ran on the EP (a session that failed there is not that: QNT040's case)
+    if not all(t.get("failed_on") == [ep] and not t.get("ep_error") and not t.get("mend") for t in tried):
         return None
     return (f"{ep} computes this model otherwise than the CPU EP in every precision tried, FP16 included, and the "
             f"CPU EP passes each: deploy it on the CPU EP (the float model, or int8 judged there: ortprep quantize "

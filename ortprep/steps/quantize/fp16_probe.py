@@ -182,6 +182,7 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                 "gate_passed": bool(evaluation.passed), "smaller": size_ratio < 1.0, "cosine": evaluation.gate_cosine,
                 "min_cosine": aim, "size_ratio": size_ratio, "latency_ratio": evaluation.latency_ratio,
                 "judged_on": evaluation.judged_on, "ep_only": evaluation.ep_only,
+                "ep_error": evaluation.on_ep is not None and evaluation.on_ep.error is not None,
                 # where the target EP judged: how much of the FP16 model it took (the rest ran on the CPU EP)
                 "placement": evaluation.on_ep.placement if evaluation.on_ep is not None else None,
                 "decision_failed": any(d.get("passed") is False for d in decided),

@@ -244,10 +244,18 @@ def _int16_scale(audio: np.ndarray) -> np.ndarray:
     return (audio * 32767).astype(np.float32)
 
 
+_FETCHED: list[Path] = []  # the models folders fetch filled in this run
+
+
 @functools.cache
 def _wakeword_mel():
+    """openWakeWord's float mel model on the CPU EP: from this run's fetch where it ran, else fetched
+    into bench/out (a case's inputs are also made without a run's --out)."""
     import onnxruntime as ort
 
+    fetched = [folder / "wakeword_mel.onnx" for folder in _FETCHED if (folder / "wakeword_mel.onnx").exists()]
+    if fetched:
+        return ort.InferenceSession(str(fetched[-1]), providers=["CPUExecutionProvider"])
     (path,) = models_from_wheels(OUT / "wheels", {"openwakeword==0.4.0": {
         "openwakeword/resources/models/melspectrogram.onnx": "wakeword_mel.onnx"}}, OUT / "corpus_models")
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -283,6 +291,7 @@ def build(name: str, folder: Path) -> Path:
 
 def fetch(out: Path) -> None:
     models_from_wheels(out / "wheels", WHEELS, out / "models")
+    _FETCHED.append(out / "models")
 
 
 def write_samples(case: Case, folder: Path, count: int, seed: int) -> list[dict]:

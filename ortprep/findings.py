@@ -213,6 +213,8 @@ CATALOGUE: dict[str, FindingKind] = {
             Severity.INFO,
         ),
         FindingKind("CMP007", "the EP compiles none of the model, or less than --min-share", Severity.ERROR),
+        FindingKind("CMP008", "ORT's compile API wrote a context that computes otherwise; the one a session writes "
+                    "with ep.context_enable matches and was written", Severity.INFO),
         # PKG: model packages (package, load --package)
         FindingKind("PKG001", "a target's variant failed its gate: the package is not written", Severity.ERROR),
         FindingKind(

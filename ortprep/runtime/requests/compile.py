@@ -36,6 +36,9 @@ class Compile(Request):
     feeds: dict[str, Any]
     provider_options: dict[str, str] = field(default_factory=dict)
     plugin: dict[str, Any] | None = None
+    # "api": ORT's compile API (ModelCompiler); "session": a session created with ep.context_enable,
+    # which writes the context as it loads (docs/decisions/docs-compile-context-route.md)
+    route: str = "api"
 
     def affinity(self):
         if self.provider != "QNNExecutionProvider":
@@ -61,9 +64,16 @@ class Compile(Request):
         try:
             ort = state.ort
             reply.stage = "compile"
-            compiler = ort.ModelCompiler(self._options(state), self.model, embed_compiled_data_into_model=True,
-                                         flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
-            compiler.compile_to_file(self.output)
+            if self.route == "session":
+                writer = self._options(state)
+                for key, value in (("ep.context_enable", "1"), ("ep.context_file_path", self.output),
+                                   ("ep.context_embed_mode", "1")):
+                    writer.add_session_config_entry(key, value)
+                ort.InferenceSession(self.model, sess_options=writer)
+            else:
+                compiler = ort.ModelCompiler(self._options(state), self.model, embed_compiled_data_into_model=True,
+                                             flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
+                compiler.compile_to_file(self.output)
             reply.stage = "reload"
             state.count_session(self.output)
             compiled = ort.InferenceSession(self.output, sess_options=self._options(state), enable_fallback=0)

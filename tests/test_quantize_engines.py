@@ -348,3 +348,28 @@ def test_auto_does_not_stop_at_an_engine_whose_pass_the_margin_will_refuse():
     assert not replaces(held, failing, 0.5, short, 1.0)
     # not held (the first precision, nothing failed before): the short pass holds, and only a faster one replaces it
     assert not replaces(free, holding, 1.5, short, 1.0) and replaces(free, holding, 0.5, short, 1.0)
+
+
+def test_a_candidate_the_target_ep_did_not_judge_is_never_kept_over_one_it_did():
+    """ocr_det, --ep qnn under --auto (session 35): ORT's A16W16 candidate passed on both EPs but short
+    of the margin; AIMET-ONNX's passed the CPU EP (cosine 0.999998), its QNN run was spared (it could
+    not beat the first baseline by the preprocessing margin), and it was kept and written: load then
+    found QNN moving the map. A candidate without the target EP's judgement replaces nothing where
+    that EP judges; where no target EP judges, the CPU EP's judgement is the one there is."""
+    from types import SimpleNamespace
+
+    from ortprep.steps.quantize.choose import judged_where_it_runs, replaces
+    from ortprep.steps.quantize.trials import Trial
+
+    def trial(name: str, ep: dict | None, gap: float = 0.0) -> Trial:
+        return Trial(name, [], 0.9999, True, 100, path=Path(name), margin_gap=gap,
+                     sides={"judged_on": ["cpu", "qnn"] if ep else ["cpu"], "cpu": {"passed": True}, "ep": ep})
+
+    short = trial("ort", {"passed": True}, gap=0.002)
+    unjudged, judged = trial("aimet", None), trial("aimet", {"passed": True})
+    on_qnn = SimpleNamespace(held_to_margin=lambda t: True, target=SimpleNamespace(judged=True))
+    cpu_only = SimpleNamespace(held_to_margin=lambda t: True, target=None)
+    assert not judged_where_it_runs(on_qnn, unjudged) and judged_where_it_runs(on_qnn, judged)
+    assert not replaces(on_qnn, unjudged, None, short, None)  # before: kept, never run on QNN
+    assert replaces(on_qnn, judged, None, short, None)
+    assert replaces(cpu_only, unjudged, None, short, None)

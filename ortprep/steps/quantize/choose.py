@@ -63,10 +63,21 @@ def holds(trials: Trials, trial: Trial) -> bool:
     return trial.passed and not (trials.held_to_margin(trial) and not reaches_margin(trial, None))
 
 
+def judged_where_it_runs(trials: Trials, trial: Trial) -> bool:
+    """Whether ``trial`` was judged on the target EP where that EP judges here: a candidate the CPU
+    EP alone judged cannot be written for it (ocr_det's AIMET-ONNX candidate, kept over ORT's without
+    a QNN run, failed load on QNN: docs/decisions/choose-engine-order.md)."""
+    target = getattr(trials, "target", None)
+    return target is None or not target.judged or bool((trial.sides or {}).get("ep"))
+
+
 def replaces(trials: Trials, trial: Trial, ratio: float | None, best: Trial, best_ratio: float | None) -> bool:
     """Whether a later engine's ``trial`` is kept over ``best``: where ``best`` holds, only a trial
     that holds and runs FASTER_BY faster; else one that holds, or (neither holding) one that
-    measured better (trials.improved), never a failing one over one that passed the gate."""
+    measured better (trials.improved), never a failing one over one that passed the gate, and
+    never one the target EP did not judge (judged_where_it_runs)."""
+    if not judged_where_it_runs(trials, trial):
+        return False
     if holds(trials, best):
         return holds(trials, trial) and faster(ratio, best_ratio)
     return holds(trials, trial) or ((trial.passed or not best.passed) and improved(trial, best))
@@ -150,12 +161,13 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
                                       f"latency, and --search-seconds ({options.search_seconds:g} s) was spent"})
             continue
         trials.engine = candidate
-        # an engine whose candidate fails on the CPU EP is not judged on the target EP
-        trials.spare_failing_baseline = True
+        # an engine whose candidate fails on the CPU EP is not judged on the target EP; one that passes
+        # there is, whatever the first baseline measured (it may be kept over it: replaces)
+        trials.spare_failing_baseline, trials.spare_later_sources = True, False
         try:
             trial = trials.attempt(source, list(trials.fixed), f"baseline ({label}, {name})", baseline=True)
         finally:
-            trials.spare_failing_baseline = spare
+            trials.spare_failing_baseline, trials.spare_later_sources = spare, True
         ratio = _timed(trials, trial, timed)
         records.append(engine_record(trials, trial))
         if trial.path is None:

@@ -98,14 +98,15 @@ class Trials:
         self.engine_seconds: float = 0.0  # every engine call of the step, together
         self.last_run: EngineRun | None = None
         self.first_baseline: Evaluation | None = None  # the first source's baseline (_spared)
+        self.spare_later_sources = True  # False while an engine's candidate is judged (choose.py)
 
     def _spared(self, cpu) -> str | None:
         """A later source's baseline that cannot be chosen over the first one whatever the target EP
         says (outcome.quantize_and_search: it must beat a passing first by PREPROCESS_MARGIN, and
         the EP only lowers it) is not run there (docs/decisions/speed-ep-verdict.md)."""
         first = self.first_baseline
-        if (first is None or not first.passed or first.gate_cosine is None or cpu.cosine is None
-                or cpu.cosine > first.gate_cosine + PREPROCESS_MARGIN):
+        if (not self.spare_later_sources or first is None or not first.passed or first.gate_cosine is None
+                or cpu.cosine is None or cpu.cosine > first.gate_cosine + PREPROCESS_MARGIN):
             return None
         return "not needed: the first source's baseline passes, and this one's cosine cannot beat it"
 

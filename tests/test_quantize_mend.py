@@ -132,7 +132,7 @@ def test_auto_says_which_attempts_failed_on_the_session_and_their_culprits():
     assert mend_words(mend_summary({**record, "mended": True})) == "" and mend_summary(None) is None
 
 
-def mel_keywords(folder: Path, samples: int = 2000) -> tuple[Path, Path]:
+def mel_keywords(folder: Path, samples: int = 2000, batch_norm: bool = False) -> tuple[Path, Path]:
     """A keyword classifier with its audio front end inside, as openwakeword's mel model writes
     it: STFT as two strided Convs (Hann-windowed cosines and sines), Pow 2 each, their sum, mel
     filters as a MatMul, a floor (Clip at 1e-10), Log, dB, and the top-80-dB floor (a Clip whose min
@@ -178,6 +178,12 @@ def mel_keywords(folder: Path, samples: int = 2000) -> tuple[Path, Path]:
                                    strides=[1 if index == 0 else 2] * 2, name=f"conv{index}"),
                   helper.make_node("Relu", [f"c{index}"], [f"x{index + 1}"], name=f"relu{index}")]
         current, width = f"x{index + 1}", channels
+        if batch_norm and index == 0:  # after the Relu, as openWakeWord's embedding has it: not folded
+            inits.update({"bn_scale": np.geomspace(0.01, 5.0, channels), "bn_bias": rng.normal(0, 0.3, channels),
+                          "bn_mean": rng.uniform(0.1, 1.0, channels), "bn_var": np.geomspace(10.0, 1e-4, channels)})
+            nodes.append(helper.make_node("BatchNormalization", [current, "bn_scale", "bn_bias", "bn_mean", "bn_var"],
+                                          ["normed"], name="bn0"))
+            current = "normed"
     nodes += [helper.make_node("GlobalAveragePool", [current], ["pooled"], name="pool"),
               helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
               helper.make_node("Gemm", ["flat", "head_w", "head_b"], ["logits"], transB=1, name="head")]
@@ -220,3 +226,22 @@ def test_a_front_end_qnn_computes_wrongly_runs_on_the_cpu_and_the_rest_on_qnn(tm
     said = [f for f in findings(record, "QNT022")][0]["message"]
     assert f"{placed['nodes_on_ep']} of {placed['nodes_total']} nodes stay on qnn" in said
     assert "the front end" in said or any("the front end" in e["reason"] for e in record["kept_off_ep"])
+
+
+def test_a_region_restart_that_does_not_improve_is_not_taken(tmp_path):
+    """front_end.region_restart: after the region move, the front end kept off with nothing else
+    float is tried afresh, and the EP's moves from there. Here (a BatchNormalization after the first
+    Relu, its channels' scales 0.01 to 5 and variances 10 to 1e-4) the search's float nodes are
+    what QNN needs past the front end: the restart measures far worse and the region move's result
+    stays the one reported."""
+    model, data = mel_keywords(tmp_path, batch_norm=True)
+    out = tmp_path / "kw.qdq.onnx"
+    code, record, _ = quantize(model, "--static", "--ep", "qnn", "--calib", data, "--auto-exclude",
+                               "--max-exclude-rounds", "2", "-o", out)
+    moves = record["search"]["off_ep"]
+    restarts = [m for m in moves if m.get("restart") and m["label"].endswith("the rest quantized afresh")]
+    assert restarts and restarts[0]["kept"] is False and restarts[0]["cosine_after"] < 0.5, moves
+    region = [m for m in moves if m["label"].startswith("the front end") and not m.get("restart")]
+    assert region[0]["kept"] is True
+    assert record["verify"]["cosine"] > 0.999  # the region move's result, not the restart's 0.16
+    assert "the rest quantized afresh" not in " ".join(e["reason"] for e in record["kept_off_ep"])

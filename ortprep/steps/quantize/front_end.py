@@ -9,7 +9,10 @@ keeps off the region itself, each set one trial judged like every other, on top 
 1. the front end: the node where the EP's run first parts from the CPU EP's and every node before
    it (an error that only a Log shows, of small values a Pow computed otherwise, starts there);
 2. the span: that node and every node after it on the way to the outputs the EP gets wrong;
-3. both together.
+3. both together;
+4. where none reaches the aim, the front end again with nothing else float (the float nodes the
+   search chose for the front end's error stay float on the EP past it), then the EP's own moves
+   from there, the region growing to where the EP parts past it (region_restart).
 
 A set over --max-float-share of the graph's nodes is not tried (the EP is meant to run most of
 the model), nor one after which the EP's session holds fewer nodes than the set accounts for
@@ -25,7 +28,7 @@ import onnx
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
 from ortprep.steps.quantize.ep_gate import first_divergence
-from ortprep.steps.quantize.moves import placement_lost
+from ortprep.steps.quantize.moves import keep_off_ep_move, placement_lost
 from ortprep.steps.quantize.off_target import movable
 from ortprep.steps.quantize.runner import Trials
 from ortprep.steps.quantize.trials import Trial, change, ep_only, improved, margin_aim, reaches_margin
@@ -33,6 +36,10 @@ from ortprep.transforms.off_ep import OFF_EP_PREFIX, QDQ_OPS
 
 # Tensors where the EP's run parts, looked for (first_divergence's limit); the first counts.
 PARTED_LIMIT = 2
+# Region sets restarted from (region_restart), in the order tried, where none reached the aim.
+RESTARTS = 1
+# Times a restarted region grows to where the EP parts past it (region_restart).
+GROWTHS = 2
 
 
 def region_sets(proto: onnx.ModelProto, parted: list[str], wrong_outputs: list[str]) -> list[tuple[str, list[str]]]:
@@ -122,6 +129,7 @@ def region_move(trials: Trials, source: Path, best: Trial, options: QuantizeOpti
     limit = max(1, int(options.max_float_share * total))
     aim = margin_aim(options.min_cosine)
     start, records, reasons = best, [], {}
+    admissible: list[tuple[str, list[str]]] = []  # sets whose trial ran with the EP's placement kept
     for label, nodes in region_sets(proto, names, evaluation.on_ep.wrong_outputs()):
         off = list(dict.fromkeys([*best.off, *nodes]))
         if set(off) == set(best.off):
@@ -136,6 +144,8 @@ def region_move(trials: Trials, source: Path, best: Trial, options: QuantizeOpti
         outcome = trials.attempt(source, list(best.kept), f"off {target.ep}: {label}", off=off)
         lost = placement_lost(trials, start, outcome, len(off) - len(start.off))
         helped = not lost and improved(outcome, best)
+        if not lost and outcome.path is not None:
+            admissible.append((label, nodes))
         records.append({"label": label, "nodes": len(off) - len(best.off), "cosine_before": best.cosine,
                         "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error,
                         "kept": helped, **({"placement_lost": lost} if lost else {})})
@@ -145,4 +155,58 @@ def region_move(trials: Trials, source: Path, best: Trial, options: QuantizeOpti
             best = outcome
         if reaches_margin(best, aim):
             break
+    for label, nodes in admissible[:RESTARTS]:
+        if reaches_margin(best, aim) or budget.out_of_time() or (target.clock is not None and target.clock.exhausted):
+            break
+        best, more, why = region_restart(trials, source, best, label, nodes, aim, budget)
+        records += more
+        reasons.update(why)
     return best, records, reasons
+
+
+def region_restart(trials: Trials, source: Path, best: Trial, label: str, nodes: list[str], aim: float,
+                   budget: Budget) -> tuple[Trial, list[dict], dict[str, str]]:
+    """The region ``nodes`` kept off the EP (and float) with nothing else kept float, then the EP's
+    own moves (moves.keep_off_ep_move) from there. The search's float nodes were chosen for the
+    error the region made; past the region they stay float on the EP, which computes them in its own
+    float precision, and the region's error hid where the EP parts next. Where it parts again past
+    the region, the region grows to the last node found parting (GROWTHS times at most, within
+    --max-float-share) and the restart runs again. The best result is taken where it improved on
+    ``best`` (openWakeWord's mel front end and embedding as one model:
+    docs/decisions/mend52-failing-sessions.md)."""
+    target = trials.target
+    total = sum(1 for node in onnx.load(str(best.path), load_external_data=False).graph.node
+                if node.op_type not in QDQ_OPS and not node.name.startswith(OFF_EP_PREFIX))
+    limit = max(1, int(trials.options.max_float_share * total))
+    records: list[dict] = []
+    found, found_reasons, region = best, {}, list(nodes)
+    for grown in range(GROWTHS + 1):
+        what = label if not grown else f"{label}, grown to {len(region)} node(s) where {target.ep} parts past it"
+        off = list(dict.fromkeys([*trials.off, *region]))
+        kept = list(dict.fromkeys([*trials.fixed, *region]))
+        fresh = trials.attempt(source, kept, f"off {target.ep}: {what}; the rest quantized afresh", off=off)
+        entry = {"label": f"{what}; the rest quantized afresh", "nodes": len(region), "restart": True,
+                 "cosine_before": best.cosine, "cosine_after": fresh.cosine, "passed": fresh.passed,
+                 "error": fresh.error, "kept": False}
+        records.append(entry)
+        result, reasons = fresh, {}
+        parted: list[dict] = []
+        if fresh.path is not None and ep_only(fresh) and not budget.out_of_time():
+            parted = first_divergence(target, fresh.path, trials.eval_feeds[:2], trials.workdir)
+            result, moved, reasons = keep_off_ep_move(trials, source, fresh, parted, aim, budget,
+                                                      starts=len(parted))
+            records += [{**record, "restart": True} for record in moved]
+        if improved(result, found):
+            entry["kept"] = True  # this restart, or the moves from it, improved on what came before
+            why = (f"a region {target.ep} computes otherwise than the CPU EP, kept off with the rest quantized "
+                   f"afresh: {what}; judged {change(best, result)}")
+            found, found_reasons = result, {**{name: why for name in region}, **reasons}
+        if reaches_margin(found, aim) or not parted or fresh.path is None or budget.out_of_time():
+            break
+        proto = onnx.load(str(fresh.path), load_external_data=False)
+        sets = region_sets(proto, [parted[-1]["node"]], [])
+        wider = list(dict.fromkeys([*region, *(sets[0][1] if sets else [])]))
+        if len(wider) == len(region) or len(wider) > limit:
+            break
+        region = wider
+    return found, records, found_reasons

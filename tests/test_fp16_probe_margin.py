@@ -1,0 +1,55 @@
+"""fp16_probe.held_to_margin: FP16 named after --auto's attempts failed is held to the margin
+where the application's answers are (its decisions' shares, and the cosine of an output no
+decision reads), not to a cosine aim on an output whose decision holds with the margin
+(docs/decisions/gate-fp16-probe-margin.md). Evaluations are read duck-typed, as quantize's gate
+writes them."""
+
+from types import SimpleNamespace
+
+from ortprep.steps.quantize.fp16_probe import held_to_margin
+
+AIM = 0.995  # margin_aim(0.99)
+
+
+def judged(outputs, ep_outputs=None):
+    on_ep = SimpleNamespace(ep="qnn", outputs=ep_outputs, sample_cosines=[0.99] * 8) if ep_outputs else None
+    return SimpleNamespace(passed=True, error=None, outputs=outputs, sample_cosines=[0.99] * 8, on_ep=on_ep,
+                           selection=None)
+
+
+def output(name, cosine, decision=None):
+    return {"name": name, "cosine": cosine, "judged_by": "cosine", "decision": decision}
+
+
+def score_map(agreement, expected):
+    return {"kind": "map", "passed": True, "required": 0.98, "agreement": agreement, "expected_agreement": expected}
+
+
+def test_an_output_whose_decision_holds_with_the_margin_is_not_held_to_the_cosine_aim():
+    # the layout detector's FP16 on QNN (journey layout_cdla, session 35): every map and box decision
+    # kept, one score map at cosine 0.9943 where the aim is 0.995
+    evaluation = judged([output("scores", 0.9990, score_map(1.0, 1.0))],
+                        [output("scores", 0.9943, score_map(1.0, 0.9952))])
+    assert held_to_margin(evaluation, AIM, 4) is None and evaluation.passed is True
+
+
+def test_an_output_no_decision_reads_is_held_to_the_cosine_aim():
+    evaluation = judged([output("scores", 0.9990, score_map(1.0, 1.0)), output("embedding", 0.9960)],
+                        [output("scores", 0.9990, score_map(1.0, 1.0)), output("embedding", 0.9943)])
+    words = held_to_margin(evaluation, AIM, 4)
+    assert evaluation.passed is False
+    assert words.startswith("on qnn: cosine 0.9943 on output 'embedding', which no decision reads")
+
+
+def test_a_decision_short_of_its_margin_fails_though_it_passes_the_gate():
+    # 98.5% expected: the gate's 98% holds, the margin's 99% (half-way to 1) does not
+    evaluation = judged([output("scores", 0.9999, score_map(1.0, 0.985))])
+    words = held_to_margin(evaluation, AIM, 4)
+    assert evaluation.passed is False and evaluation.selection["asked"] == 0.99
+    assert "expected agreement 98.5%" in words and "chosen among 4 trials" in words
+
+
+def test_a_failed_evaluation_is_left_as_it_is():
+    evaluation = judged([output("embedding", 0.90)])
+    evaluation.passed = False
+    assert held_to_margin(evaluation, AIM, 4) is None and evaluation.passed is False

@@ -178,8 +178,12 @@ def region_restart(trials: Trials, source: Path, best: Trial, label: str, nodes:
     total = sum(1 for node in onnx.load(str(best.path), load_external_data=False).graph.node
                 if node.op_type not in QDQ_OPS and not node.name.startswith(OFF_EP_PREFIX))
     limit = max(1, int(trials.options.max_float_share * total))
+    float_graph = onnx.load(str(source), load_external_data=False).graph
     records: list[dict] = []
-    found, found_reasons, region = best, {}, list(nodes)
+    # the region as the float graph has it: a node the quantizer fused away (a Relu into its Conv's
+    # output) is named in no QDQ graph, and left out it would sit on the EP between two Ifs
+    closed = upstream(float_graph, nodes)
+    found, found_reasons, region = best, {}, closed if len(closed) <= limit else list(nodes)
     for grown in range(GROWTHS + 1):
         what = label if not grown else f"{label}, grown to {len(region)} node(s) where {target.ep} parts past it"
         off = list(dict.fromkeys([*trials.off, *region]))
@@ -203,10 +207,23 @@ def region_restart(trials: Trials, source: Path, best: Trial, label: str, nodes:
             found, found_reasons = result, {**{name: why for name in region}, **reasons}
         if reaches_margin(found, aim) or not parted or fresh.path is None or budget.out_of_time():
             break
-        proto = onnx.load(str(fresh.path), load_external_data=False)
-        sets = region_sets(proto, [parted[-1]["node"]], [])
-        wider = list(dict.fromkeys([*region, *(sets[0][1] if sets else [])]))
+        wider = upstream(float_graph, [*region, parted[-1]["node"]])
         if len(wider) == len(region) or len(wider) > limit:
             break
         region = wider
     return found, records, found_reasons
+
+
+def upstream(graph: onnx.GraphProto, names: list[str]) -> list[str]:
+    """``names`` and every compute node of the float ``graph`` they read from, in graph order
+    (Constant nodes left out: they move with their readers)."""
+    producer = {out: node for node in graph.node for out in node.output if out}
+    seen: set[str] = set()
+    stack = [node for node in graph.node if node.name in set(names)]
+    while stack:
+        node = stack.pop()
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        stack.extend(producer[name] for name in _reads(node) if name in producer)
+    return [node.name for node in graph.node if node.name in seen and node.op_type != "Constant"]

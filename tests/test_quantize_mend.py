@@ -120,6 +120,26 @@ def test_region_sets_are_the_span_to_the_wrong_output_and_the_front_end():
     assert region_sets(helper.make_model(graph), ["unknown"], ["y"]) == []
 
 
+def test_a_restarted_region_is_closed_upstream_in_the_float_graph():
+    """front_end.upstream: a region named from a QDQ graph misses a node the quantizer fused away
+    (a Relu into its Conv); read from the float graph, the region takes every compute node its nodes
+    read from (not side, which nothing in it reads; no Constant node), so nothing of it is left on
+    the EP between two Ifs."""
+    from onnx import TensorProto, helper
+
+    from ortprep.steps.quantize.front_end import upstream
+
+    nodes = [helper.make_node("Constant", [], ["k"], name="k", value_float=2.0),
+             helper.make_node("Mul", ["x", "k"], ["a"], name="conv"), helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Relu", ["b"], ["c"], name="bn"), helper.make_node("Relu", ["c"], ["y"], name="head"),
+             helper.make_node("Relu", ["x"], ["z"], name="side")]
+    value = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y", "z")]
+    graph = helper.make_graph(nodes, "g", value[:1], value[1:])
+    assert upstream(graph, ["conv", "bn"]) == ["conv", "relu", "bn"]
+    assert upstream(graph, ["head"]) == ["conv", "relu", "bn", "head"]
+    assert upstream(graph, ["unknown"]) == []
+
+
 def test_auto_says_which_attempts_failed_on_the_session_and_their_culprits():
     from ortprep.steps.quantize.mend import mend_summary, mend_words
 

@@ -191,7 +191,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
                               fix=_ask_directly(chosen["flags"])))
     elif chosen is None and (len(tried) > 1 or _gate_failed(tried)):
         # FP16, measured by the same gate, so that the refusal says whether it would do (fp16_probe)
-        probe = measure_fp16(handle, options, progress, attempts=len(tried)) if _gate_failed(tried) else None
+        probe = measure_fp16(handle, options, progress) if _gate_failed(tried) else None
         report.data["auto"]["fp16"] = probe
         said, fix = fp16_words(probe) if probe is not None else (
             "", "FP16 keeps float arithmetic: ortprep convert MODEL --fp16 (verified); or --auto-exclude to keep the "

@@ -37,8 +37,7 @@ from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import evaluate
 from ortprep.steps.quantize.findings import SMALL_WEIGHTS, float_weight_bytes
-from ortprep.fidelity.evaluation import hold_to_margin
-from ortprep.fidelity.words import failing_words, fmt_cosine, selection_words
+from ortprep.fidelity.words import failing_words, fmt_cosine
 from ortprep.steps.quantize.presets import resolve_settings
 from ortprep.steps.quantize.runner import margin_samples
 from ortprep.steps.quantize.trials import margin_aim
@@ -62,19 +61,18 @@ def probe_hold(options: QuantizeOptions) -> float:
     return min(options.ep_seconds, PROBE_HOLD) if on_target else 0.0
 
 
-def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None = None,
-                 attempts: int = 1) -> dict[str, Any] | None:
+def measure_fp16(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None = None
+                 ) -> dict[str, Any] | None:
     """FP16's verdict by quantize's gate (see the module's docstring); None when there is nothing
     to judge it on (no model file, --no-verify, data that cannot be read). A probe is advisory:
     whatever goes wrong in it is its record's ``reason``, never the step's failure."""
     if handle.path is None or not options.verify:
         return None
     with timed("fp16_probe"):
-        return _probe(handle, options, progress, attempts)
+        return _probe(handle, options, progress)
 
 
-def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None,
-           attempts: int) -> dict[str, Any] | None:
+def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCallback | None) -> dict[str, Any] | None:
     source = Path(handle.path)
     scratch = StepResult(step="quantize", schema="scratch")  # the data's findings are the attempts' already
     # calibration data splits as for a static attempt (a fifth held back, the rest's margins)
@@ -121,7 +119,7 @@ def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCall
     if plan.eval_set.kind == "npz-files" and plan.eval_indices:
         sample_file = Path(plan.eval_set.files[plan.eval_indices[0]])
     try:
-        return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command, attempts,
+        return _measure(source, handle, options, feeds, margin_samples(plan), target, ep, metrics, command,
                         needs_smaller,
                         progress, sample_file)
     except Exception as error:  # noqa: BLE001 - advisory: its failure is reported, the refusal stands
@@ -131,7 +129,7 @@ def _probe(handle: ModelHandle, options: QuantizeOptions, progress: ProgressCall
 
 def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds: list, margins: list, target,
              ep: str | None,
-             metrics: dict[str, str], command: str, attempts: int, needs_smaller: bool, progress: ProgressCallback | None,
+             metrics: dict[str, str], command: str, needs_smaller: bool, progress: ProgressCallback | None,
              sample_file: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ortprep-fp16-probe-") as tmp:
         converted = Path(tmp) / "fp16.onnx"
@@ -170,7 +168,7 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
         evaluation = evaluate(source, converted, feeds, options.min_cosine, {}, output_bounds(handle.proto), target,
                               metrics, lambda: margins, ep_after_cpu_fails=False, confirm_feeds=lambda: margins,
                               early_misses=True)
-        why = held_to_margin(evaluation, aim, attempts)
+        why = held_to_margin(evaluation, aim)
         if progress is not None:
             progress("FP16", 2, 2)
         refused = target.clock is not None and target.clock.stopped_by is not None
@@ -194,14 +192,13 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                 "why": why or failing_words(evaluation, options.min_cosine)}
 
 
-def held_to_margin(evaluation, aim: float, attempts: int) -> str | None:
-    """FP16 named after the quantized attempts failed on the same held-back samples is chosen by
-    them, and is held to the margin (the winner's curse: docs/decisions/gate-evidence.md) where the
-    application's answers are: each gated decision's shares (hold_to_margin), and the cosine of an
-    output no gated decision reads (``aim``). An output whose decision holds with the margin is not
-    also held to the cosine's margin, only to --min-cosine: a cosine aim on top of the decision
-    is a threshold the application never named (docs/decisions/gate-fp16-probe-margin.md). Sets
-    ``evaluation.passed``; returns what fell short, or None."""
+def held_to_margin(evaluation, aim: float) -> str | None:
+    """FP16 named after the quantized attempts failed on the same held-back samples is held to the
+    cosine aim of --auto's later attempts (``aim``, half-way from --min-cosine to 1) on an output no
+    gated decision reads. An output a gated decision reads is held to its decision, as every
+    attempt's, and to --min-cosine: a cosine aim on top of a decision that holds is a threshold the
+    application never named (docs/decisions/gate-fp16-probe-margin.md). Sets ``evaluation.passed``;
+    returns what fell short, or None."""
     if not evaluation.passed:
         return None
     sides = [("the CPU EP", evaluation.outputs)]
@@ -214,11 +211,7 @@ def held_to_margin(evaluation, aim: float, attempts: int) -> str | None:
             if not decided and output.get("judged_by") == "cosine" and cosine is not None and cosine < aim:
                 evaluation.passed = False
                 return (f"on {where}: cosine {fmt_cosine(cosine)} on output '{output['name']}', which no decision "
-                        f"reads (the margin asks {aim:g} of a precision named after others failed)")
-    selection = hold_to_margin(evaluation, attempts)
-    if selection is not None and not selection["passed"]:
-        where = evaluation.on_ep.ep if selection["side"] != "cpu" and evaluation.on_ep is not None else "cpu"
-        return selection_words(selection, where)
+                        f"reads (the gate asks {aim:g} of a precision named after others failed)")
     return None
 
 

@@ -11,10 +11,11 @@ from ortprep.steps.quantize.fp16_probe import held_to_margin
 AIM = 0.995  # margin_aim(0.99)
 
 
-def judged(outputs, ep_outputs=None):
-    on_ep = SimpleNamespace(ep="qnn", outputs=ep_outputs, sample_cosines=[0.99] * 8) if ep_outputs else None
-    return SimpleNamespace(passed=True, error=None, outputs=outputs, sample_cosines=[0.99] * 8, on_ep=on_ep,
-                           selection=None)
+def judged(outputs, ep_outputs=None, calibration=None):
+    on_ep = SimpleNamespace(ep="qnn", outputs=ep_outputs, passed=True) if ep_outputs else None
+    confirmation = (SimpleNamespace(cpu=SimpleNamespace(ep="cpu", outputs=calibration, passed=True), on_ep=None)
+                    if calibration else None)
+    return SimpleNamespace(passed=True, cpu_passed=None, outputs=outputs, on_ep=on_ep, confirmation=confirmation)
 
 
 def output(name, cosine, decision=None):
@@ -39,6 +40,15 @@ def test_an_output_no_decision_reads_is_held_to_the_cosine_aim():
     words = held_to_margin(evaluation, AIM)
     assert evaluation.passed is False
     assert words.startswith("on qnn: cosine 0.9943 on output 'embedding', which no decision reads")
+    # the EP's side alone falls short: the CPU EP's verdict stays a pass (QNT017 reads ep_only)
+    assert evaluation.cpu_passed is True and evaluation.on_ep.passed is False
+
+
+def test_the_calibration_samples_are_held_to_the_cosine_aim_too():
+    evaluation = judged([output("embedding", 0.9990)], calibration=[output("embedding", 0.9930)])
+    words = held_to_margin(evaluation, AIM)
+    assert evaluation.passed is False and evaluation.confirmation.cpu.passed is False
+    assert words.startswith("with the samples it was calibrated on, on the CPU EP: cosine 0.9930")
 
 
 def test_a_failed_evaluation_is_left_as_it_is():

@@ -195,24 +195,44 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
 def held_to_margin(evaluation, aim: float) -> str | None:
     """FP16 named after the quantized attempts failed on the same held-back samples is held to the
     cosine aim of --auto's later attempts (``aim``, half-way from --min-cosine to 1) on an output no
-    gated decision reads. An output a gated decision reads is held to its decision, as every
-    attempt's, and to --min-cosine: a cosine aim on top of a decision that holds is a threshold the
-    application never named (docs/decisions/gate-fp16-probe-margin.md). Sets ``evaluation.passed``;
-    returns what fell short, or None."""
+    gated decision reads, on every side judged (the calibration samples' too). An output a gated
+    decision reads is held to its decision, as every attempt's, and to --min-cosine: a cosine aim
+    on top of a decision that holds is a threshold the application never named
+    (docs/decisions/gate-fp16-probe-margin.md). Marks the sides that fall short (``failed_on``,
+    ``ep_only`` read them) and ``evaluation.passed``; returns what fell short first, or None."""
     if not evaluation.passed:
         return None
-    sides = [("the CPU EP", evaluation.outputs)]
-    if evaluation.on_ep is not None:
-        sides.append((evaluation.on_ep.ep, evaluation.on_ep.outputs))
-    for where, outputs in sides:
+
+    def short(outputs) -> dict | None:
         for output in outputs:
             decided = (output.get("decision") or {}).get("passed") is not None
             cosine = output.get("cosine")
             if not decided and output.get("judged_by") == "cosine" and cosine is not None and cosine < aim:
-                evaluation.passed = False
-                return (f"on {where}: cosine {fmt_cosine(cosine)} on output '{output['name']}', which no decision "
-                        f"reads (the gate asks {aim:g} of a precision named after others failed)")
-    return None
+                return output
+        return None
+
+    def words(where: str, output: dict) -> str:
+        return (f"{where}: cosine {fmt_cosine(output['cosine'])} on output '{output['name']}', which no decision "
+                f"reads (the gate asks {aim:g} of a precision named after others failed)")
+
+    said: list[str] = []
+    cpu_miss = short(evaluation.outputs)
+    if cpu_miss is not None:
+        said.append(words("on the CPU EP", cpu_miss))
+    if evaluation.on_ep is not None and (miss := short(evaluation.on_ep.outputs)) is not None:
+        evaluation.on_ep.passed = False
+        said.append(words(f"on {evaluation.on_ep.ep}", miss))
+    confirmation = evaluation.confirmation
+    for side in (confirmation.cpu, confirmation.on_ep) if confirmation is not None else ():
+        if side is not None and (miss := short(side.outputs)) is not None:
+            side.passed = False
+            where = "the CPU EP" if side.ep == "cpu" else side.ep
+            said.append(words(f"with the samples it was calibrated on, on {where}", miss))
+    if not said:
+        return None
+    evaluation.cpu_passed = cpu_miss is None
+    evaluation.passed = False
+    return said[0]
 
 
 def _convert(source: Path, dest: Path, options: ConvertOptions) -> StepResult:

@@ -144,7 +144,9 @@ def region_move(trials: Trials, source: Path, best: Trial, options: QuantizeOpti
         outcome = trials.attempt(source, list(best.kept), f"off {target.ep}: {label}", off=off)
         lost = placement_lost(trials, start, outcome, len(off) - len(start.off))
         helped = not lost and improved(outcome, best)
-        if not lost and outcome.path is not None:
+        placed = trials.evaluations.get(outcome.path) if outcome.path is not None else None
+        if (not lost and outcome.error is None and placed is not None and placed.on_ep is not None
+                and placed.on_ep.placement):
             admissible.append((label, nodes))
         records.append({"label": label, "nodes": len(off) - len(best.off), "cosine_before": best.cosine,
                         "cosine_after": outcome.cosine, "passed": outcome.passed, "error": outcome.error,
@@ -158,54 +160,83 @@ def region_move(trials: Trials, source: Path, best: Trial, options: QuantizeOpti
     for label, nodes in admissible[:RESTARTS]:
         if reaches_margin(best, aim) or budget.out_of_time() or (target.clock is not None and target.clock.exhausted):
             break
-        best, more, why = region_restart(trials, source, best, label, nodes, aim, budget)
+        restarted, more, why = region_restart(trials, source, start, best, label, nodes, aim, budget)
+        if restarted is not best:
+            for record in records:  # the region move's sets it replaces
+                if record.get("kept"):
+                    record["superseded"] = True
+            best = restarted
         records += more
         reasons.update(why)
     return best, records, reasons
 
 
-def region_restart(trials: Trials, source: Path, best: Trial, label: str, nodes: list[str], aim: float,
-                   budget: Budget) -> tuple[Trial, list[dict], dict[str, str]]:
+def region_restart(trials: Trials, source: Path, start: Trial, best: Trial, label: str, nodes: list[str],
+                   aim: float, budget: Budget) -> tuple[Trial, list[dict], dict[str, str]]:
     """The region ``nodes`` kept off the EP (and float) with nothing else kept float, then the EP's
     own moves (moves.keep_off_ep_move) from there. The search's float nodes were chosen for the
     error the region made; past the region they stay float on the EP, which computes them in its own
     float precision, and the region's error hid where the EP parts next. Where it parts again past
     the region, the region grows to the last node found parting (GROWTHS times at most, within
-    --max-float-share) and the restart runs again. The best result is taken where it improved on
-    ``best`` (openWakeWord's mel front end and embedding as one model:
-    docs/decisions/mend52-failing-sessions.md)."""
+    --max-float-share) and the restart runs again. Regions are read from the float graph (their
+    upstream closure); one over the share is not restarted. A trial after which the EP's session
+    holds fewer nodes than the region accounts for (moves.placement_lost, against ``start``, the
+    search's result) is never taken. The best result is taken where it improved on ``best``
+    (openWakeWord's mel front end and embedding as one model: docs/decisions/mend52-failing-sessions.md).
+    Records of a growth superseded by a later one say so."""
     target = trials.target
-    total = sum(1 for node in onnx.load(str(best.path), load_external_data=False).graph.node
-                if node.op_type not in QDQ_OPS and not node.name.startswith(OFF_EP_PREFIX))
-    limit = max(1, int(trials.options.max_float_share * total))
     float_graph = onnx.load(str(source), load_external_data=False).graph
-    records: list[dict] = []
+    total = sum(1 for node in float_graph.node if node.op_type != "Constant")
+    limit = max(1, int(trials.options.max_float_share * total))
+
+    def stopped() -> bool:
+        return budget.out_of_time() or (target.clock is not None and target.clock.exhausted)
+
     # the region as the float graph has it: a node the quantizer fused away (a Relu into its Conv's
     # output) is named in no QDQ graph, and left out it would sit on the EP between two Ifs
-    closed = upstream(float_graph, nodes)
-    found, found_reasons, region = best, {}, closed if len(closed) <= limit else list(nodes)
+    region = upstream(float_graph, nodes)
+    if len(region) > limit:
+        return best, [{"label": f"{label}; the rest quantized afresh", "nodes": len(region), "restart": True,
+                       "skipped": f"more than --max-float-share ({trials.options.max_float_share:g}) of the "
+                                  f"graph's {total} nodes with the nodes it reads from"}], {}
+    records: list[dict] = []
+    found, found_reasons, taken = best, {}, None  # taken: the records of the growth found
     for grown in range(GROWTHS + 1):
+        if stopped():
+            break
         what = label if not grown else f"{label}, grown to {len(region)} node(s) where {target.ep} parts past it"
         off = list(dict.fromkeys([*trials.off, *region]))
         kept = list(dict.fromkeys([*trials.fixed, *region]))
         fresh = trials.attempt(source, kept, f"off {target.ep}: {what}; the rest quantized afresh", off=off)
+        lost = placement_lost(trials, start, fresh, len(set(off) - set(start.off)))
         entry = {"label": f"{what}; the rest quantized afresh", "nodes": len(region), "restart": True,
                  "cosine_before": best.cosine, "cosine_after": fresh.cosine, "passed": fresh.passed,
-                 "error": fresh.error, "kept": False}
-        records.append(entry)
-        result, reasons = fresh, {}
-        parted: list[dict] = []
-        if fresh.path is not None and ep_only(fresh) and not budget.out_of_time():
+                 "error": fresh.error, "kept": False, **({"placement_lost": lost} if lost else {})}
+        these = [entry]
+        if lost or fresh.path is None:
+            records += these
+            break
+        result, reasons, parted = fresh, {}, []
+        if ep_only(fresh) and not stopped():
             parted = first_divergence(target, fresh.path, trials.eval_feeds[:2], trials.workdir)
             result, moved, reasons = keep_off_ep_move(trials, source, fresh, parted, aim, budget,
                                                       starts=len(parted))
-            records += [{**record, "restart": True} for record in moved]
+            these += [{**record, "restart": True} for record in moved]
+        records += these
         if improved(result, found):
             entry["kept"] = True  # this restart, or the moves from it, improved on what came before
+            if taken is not None:
+                for record in taken:
+                    if record.get("kept"):
+                        record["superseded"] = True
             why = (f"a region {target.ep} computes otherwise than the CPU EP, kept off with the rest quantized "
                    f"afresh: {what}; judged {change(best, result)}")
-            found, found_reasons = result, {**{name: why for name in region}, **reasons}
-        if reaches_margin(found, aim) or not parted or fresh.path is None or budget.out_of_time():
+            found, found_reasons, taken = result, {**{name: why for name in region}, **reasons}, these
+        else:
+            for record in these[1:]:  # moves from a restart not taken
+                if record.get("kept"):
+                    record["superseded"] = True
+        if reaches_margin(found, aim) or not parted:
             break
         wider = upstream(float_graph, [*region, parted[-1]["node"]])
         if len(wider) == len(region) or len(wider) > limit:

@@ -130,7 +130,8 @@ def test_a_restarted_region_is_closed_upstream_in_the_float_graph():
     from ortprep.steps.quantize.front_end import upstream
 
     nodes = [helper.make_node("Constant", [], ["k"], name="k", value_float=2.0),
-             helper.make_node("Mul", ["x", "k"], ["a"], name="conv"), helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Mul", ["x", "k"], ["a"], name="conv"),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
              helper.make_node("Relu", ["b"], ["c"], name="bn"), helper.make_node("Relu", ["c"], ["y"], name="head"),
              helper.make_node("Relu", ["x"], ["z"], name="side")]
     value = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y", "z")]

@@ -1,4 +1,4 @@
-"""fp16_probe.held_to_margin: FP16 named after --auto's attempts failed is held to the cosine aim
+"""fp16_probe.held_to_aim: FP16 named after --auto's attempts failed is held to the cosine aim
 on an output no decision reads; an output whose gated decision holds is held to that decision and
 to --min-cosine, not to a cosine aim nobody named
 (docs/decisions/gate-fp16-probe-margin.md). Evaluations are read duck-typed, as quantize's gate
@@ -6,7 +6,7 @@ writes them."""
 
 from types import SimpleNamespace
 
-from ortprep.steps.quantize.fp16_probe import held_to_margin
+from ortprep.steps.quantize.fp16_probe import held_to_aim
 
 AIM = 0.995  # margin_aim(0.99)
 
@@ -31,13 +31,13 @@ def test_an_output_whose_decision_holds_with_the_margin_is_not_held_to_the_cosin
     # kept, one score map at cosine 0.9943 where the aim is 0.995
     evaluation = judged([output("scores", 0.9990, score_map(1.0, 1.0))],
                         [output("scores", 0.9943, score_map(1.0, 0.9952))])
-    assert held_to_margin(evaluation, AIM) is None and evaluation.passed is True
+    assert held_to_aim(evaluation, AIM) is None and evaluation.passed is True
 
 
 def test_an_output_no_decision_reads_is_held_to_the_cosine_aim():
     evaluation = judged([output("scores", 0.9990, score_map(1.0, 1.0)), output("embedding", 0.9960)],
                         [output("scores", 0.9990, score_map(1.0, 1.0)), output("embedding", 0.9943)])
-    words = held_to_margin(evaluation, AIM)
+    words = held_to_aim(evaluation, AIM)
     assert evaluation.passed is False
     assert words.startswith("on qnn: cosine 0.9943 on output 'embedding', which no decision reads")
     # the EP's side alone falls short: the CPU EP's verdict stays a pass (QNT017 reads ep_only)
@@ -46,7 +46,7 @@ def test_an_output_no_decision_reads_is_held_to_the_cosine_aim():
 
 def test_the_calibration_samples_are_held_to_the_cosine_aim_too():
     evaluation = judged([output("embedding", 0.9990)], calibration=[output("embedding", 0.9930)])
-    words = held_to_margin(evaluation, AIM)
+    words = held_to_aim(evaluation, AIM)
     assert evaluation.passed is False and evaluation.confirmation.cpu.passed is False
     assert words.startswith("with the samples it was calibrated on, on the CPU EP: cosine 0.9930")
 
@@ -54,4 +54,4 @@ def test_the_calibration_samples_are_held_to_the_cosine_aim_too():
 def test_a_failed_evaluation_is_left_as_it_is():
     evaluation = judged([output("embedding", 0.90)])
     evaluation.passed = False
-    assert held_to_margin(evaluation, AIM) is None and evaluation.passed is False
+    assert held_to_aim(evaluation, AIM) is None and evaluation.passed is False

@@ -168,7 +168,7 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
         evaluation = evaluate(source, converted, feeds, options.min_cosine, {}, output_bounds(handle.proto), target,
                               metrics, lambda: margins, ep_after_cpu_fails=False, confirm_feeds=lambda: margins,
                               early_misses=True)
-        why = held_to_margin(evaluation, aim)
+        why = held_to_aim(evaluation, aim)
         if progress is not None:
             progress("FP16", 2, 2)
         refused = target.clock is not None and target.clock.stopped_by is not None
@@ -192,7 +192,7 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                 "why": why or failing_words(evaluation, options.min_cosine)}
 
 
-def held_to_margin(evaluation, aim: float) -> str | None:
+def held_to_aim(evaluation, aim: float) -> str | None:
     """FP16 named after the quantized attempts failed on the same held-back samples is held to the
     cosine aim of --auto's later attempts (``aim``, half-way from --min-cosine to 1) on an output no
     gated decision reads, on every side judged (the calibration samples' too). An output a gated

@@ -250,7 +250,8 @@ def upstream(graph: onnx.GraphProto, names: list[str]) -> list[str]:
     (Constant nodes left out: they move with their readers)."""
     producer = {out: node for node in graph.node for out in node.output if out}
     seen: set[str] = set()
-    stack = [node for node in graph.node if node.name in set(names)]
+    wanted = set(names)
+    stack = [node for node in graph.node if node.name in wanted]
     while stack:
         node = stack.pop()
         if node.name in seen:

@@ -340,8 +340,8 @@ def test_auto_does_not_stop_at_an_engine_whose_pass_the_margin_will_refuse():
 
     short, holding, failing = trial("short", True, 0.002), trial("holding", True, 0.0), trial("failing", False, 0.01,
                                                                                                 0.99999)
-    held = SimpleNamespace(held_to_aim=lambda t: True)
-    free = SimpleNamespace(held_to_aim=lambda t: False)
+    held = SimpleNamespace(held_to_margin=lambda t: True)
+    free = SimpleNamespace(held_to_margin=lambda t: False)
     assert not holds(held, short) and holds(free, short) and holds(held, holding) and not holds(held, failing)
     # held to the margin: the one that holds replaces the short pass, even slower; a failing one does not
     assert replaces(held, holding, 1.5, short, 1.0)
@@ -367,8 +367,8 @@ def test_a_candidate_the_target_ep_did_not_judge_is_never_kept_over_one_it_did()
 
     short = trial("ort", {"passed": True}, gap=0.002)
     unjudged, judged = trial("aimet", None), trial("aimet", {"passed": True})
-    on_qnn = SimpleNamespace(held_to_aim=lambda t: True, target=SimpleNamespace(judged=True))
-    cpu_only = SimpleNamespace(held_to_aim=lambda t: True, target=None)
+    on_qnn = SimpleNamespace(held_to_margin=lambda t: True, target=SimpleNamespace(judged=True))
+    cpu_only = SimpleNamespace(held_to_margin=lambda t: True, target=None)
     assert not judged_where_it_runs(on_qnn, unjudged) and judged_where_it_runs(on_qnn, judged)
     assert not replaces(on_qnn, unjudged, None, short, None)  # before: kept, never run on QNN
     assert replaces(on_qnn, judged, None, short, None)

@@ -79,7 +79,7 @@ def quantize_auto(handle: ModelHandle, dest: Path, options: QuantizeOptions, *, 
     search = Budget(seconds=options.search_seconds)  # --search-seconds bounds the whole step
     clock = EpClock(options.ep_total_seconds)  # the target EP's time, over every attempt (--ep-total-seconds)
     # trials judged and failed on the held-back samples by the attempts so far: a later precision
-    # kept is chosen after them, and holds the decision margin (runner.Trials.held_to_aim) as it
+    # kept is chosen after them, and holds the decision margin (runner.Trials.held_to_margin) as it
     # holds the cosine's (floor, below)
     earlier = (0, 0)
     hold_step(probe_hold(options))  # the attempts leave FP16's probe its time of --step-seconds

@@ -60,7 +60,7 @@ def holds(trials: Trials, trial: Trial) -> bool:
     or a later engine), the decision margin too (outcome's hold_to_margin refuses it short of that).
     A candidate that passes the gate but not the margin is refused in the end: it neither ends the
     engines' turn nor wins over one that holds (docs/decisions/acc-engine-settings.md)."""
-    return trial.passed and not (trials.held_to_aim(trial) and not reaches_margin(trial, None))
+    return trial.passed and not (trials.held_to_margin(trial) and not reaches_margin(trial, None))
 
 
 def judged_where_it_runs(trials: Trials, trial: Trial) -> bool:

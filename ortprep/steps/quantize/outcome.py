@@ -118,7 +118,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
 
     def short(trial: Trial) -> bool:
         """Fails the gate, or was chosen by the held-back samples and holds short of the decision margin."""
-        return not trial.passed or (trials.held_to_aim(trial) and not reaches_margin(trial, None))
+        return not trial.passed or (trials.held_to_margin(trial) and not reaches_margin(trial, None))
 
     searching = short(best) and options.auto_exclude and bool(eval_feeds)
     if (not best.passed and options.auto_exclude and eval_feeds and options.mode == "static"
@@ -174,7 +174,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             if moved is not best:
                 best, chosen = moved, trials.evaluations[moved.path]
         best = replace(best, passed=best.passed and chosen.passed)
-    if chosen is not None and best.path is not None and trials.held_to_aim(best) and chosen.passed:
+    if chosen is not None and best.path is not None and trials.held_to_margin(best) and chosen.passed:
         # kept after another trial failed on the same held-back samples: chosen by them, so held to
         # the decision margin (evaluate.hold_to_margin)
         selection = hold_to_margin(chosen, trials.judged)

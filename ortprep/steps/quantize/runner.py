@@ -59,14 +59,14 @@ class Trials:
                  big: bool, bounds: dict, progress: ProgressCallback | None, target: GateTarget | None = None,
                  spare_failing_baseline: bool = False, earlier: tuple[int, int] = (0, 0)) -> None:
         """``earlier``: (failed, judged) trials of --auto's earlier attempts on the same held-back
-        samples (a later precision kept is chosen after them: held_to_aim)."""
+        samples (a later precision kept is chosen after them: held_to_margin)."""
         self.workdir, self.options, self.settings, self.plan = workdir, options, settings, plan
         self.target = target  # where the gate is judged besides the CPU EP
         self.eval_feeds, self.big, self.bounds, self.progress = eval_feeds, big, bounds, progress
         self.count = 0
         # trials judged on the held-back samples, and of those the ones that failed the gate there (an
         # evaluation that errored is not a verdict on them); a result kept after one failed was
-        # chosen by those samples (held_to_aim)
+        # chosen by those samples (held_to_margin)
         self.failed, self.judged = earlier
         self.failed_before: dict[Path, int] = {}  # a trial's model -> the trials that failed before it was judged
         self.fixed: list[str] = list(options.exclude_nodes)  # kept float in every trial
@@ -114,7 +114,7 @@ class Trials:
         """The trials judged on the held-back samples and those that failed there (verify.trials)."""
         return {"judged": self.judged, "failed": self.failed}
 
-    def held_to_aim(self, trial: Trial) -> bool:
+    def held_to_margin(self, trial: Trial) -> bool:
         """Whether ``trial``, kept, was chosen by the held-back samples: judged after another trial
         failed there (this step's, or an earlier --auto attempt's). Such a result holds the decision
         margin (evaluate.hold_to_margin); one whose baseline passes was not chosen, and is not."""

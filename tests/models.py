@@ -780,3 +780,41 @@ def saved_with_samples(model: onnx.ModelProto, path: Path, samples: list[dict[st
     for index, sample in enumerate(samples):
         np.savez(calib / f"{index:03d}.npz", **sample)
     return path, calib
+
+
+def variance_written_out(width: int = 32, rows: int = 64) -> onnx.ModelProto:
+    """A normalisation written out as a framework exports a LayerNorm: var = E[x^2] - E[x]^2, then
+    (x - E[x]) / sqrt(var + eps), then a readout MatMul. Its inputs sit at an offset of about 10 with
+    a spread of 0.3 (write with ``variance_inputs``): E[x^2] and E[x]^2 are both near 100 and their
+    difference near 0.09, so 8-bit steps of either (about 0.4) swamp the variance, while each
+    tensor's own rounding error is a fraction of a percent of its values."""
+    rng = np.random.default_rng(8)
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], name="mean"),
+            helper.make_node("Mul", ["mean", "mean"], ["mean_sq"], name="mean_square"),
+            helper.make_node("Mul", ["x", "x"], ["x_sq"], name="square"),
+            helper.make_node("ReduceMean", ["x_sq"], ["ex2"], axes=[-1], name="mean_of_squares"),
+            helper.make_node("Sub", ["ex2", "mean_sq"], ["var"], name="variance"),
+            helper.make_node("Relu", ["var"], ["var_pos"], name="clamp"),
+            helper.make_node("Add", ["var_pos", "eps"], ["var_eps"], name="add_eps"),
+            helper.make_node("Sqrt", ["var_eps"], ["std"], name="std"),
+            helper.make_node("Sub", ["x", "mean"], ["centred"], name="centre"),
+            helper.make_node("Div", ["centred", "std"], ["normed"], name="normalise"),
+            helper.make_node("MatMul", ["normed", "W"], ["y"], name="readout"),
+        ],
+        "variance_written_out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, 8])],
+        [
+            numpy_helper.from_array(np.array(1e-3, np.float32), "eps"),
+            numpy_helper.from_array((rng.standard_normal((width, 8)) * 0.3).astype(np.float32), "W"),
+        ],
+    )
+    return make(graph, opset=13)
+
+
+def variance_inputs(rng: np.random.Generator, count: int, width: int = 32, rows: int = 64) -> list[np.ndarray]:
+    """Inputs for ``variance_written_out``: rows at an offset of 9-11 with a spread of 0.3."""
+    return [(rng.uniform(9, 11, (1, rows, 1)) + 0.3 * rng.standard_normal((1, rows, width))).astype(np.float32)
+            for _ in range(count)]

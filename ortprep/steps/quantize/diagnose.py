@@ -132,6 +132,32 @@ def _noise(data: np.ndarray, quantization: tuple) -> float | None:
     return rms / typical if typical > 0 else (0.0 if rms == 0 else float("inf"))
 
 
+def activation_encodings(quant: onnx.ModelProto, produced: set[str]
+                         ) -> dict[str, tuple[np.ndarray, np.ndarray | None, int]]:
+    """tensor -> (scale, zero point, bits) of every activation ``quant`` quantizes per tensor, named as
+    the float model names it (``produced``: the float model's tensors)."""
+    inits = {t.name: t for t in quant.graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in quant.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    wanted = {}
+    for node in quant.graph.node:
+        if node.op_type != "QuantizeLinear" or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        scale = onnx.numpy_helper.to_array(inits[node.input[1]])
+        has_zero = len(node.input) > 2 and node.input[2] in inits
+        zero = onnx.numpy_helper.to_array(inits[node.input[2]]) if has_zero else None
+        tensor = node.input[0]
+        if tensor not in produced:
+            # a graph output: the quantizer renames what writes it, and the DQ after the Q writes the name
+            tensor = next((r.output[0] for r in readers.get(node.output[0], []) if r.op_type == "DequantizeLinear"
+                           and r.output[0] in produced), tensor)
+        if scale.size == 1:
+            wanted[tensor] = (scale, zero, zero.dtype.itemsize * 8 if zero is not None else 8)
+    return wanted
+
+
 def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]],
                  cache: dict[str, RunOutcome] | None = None) -> list[tuple[str, float]]:
     """(tensor, noise) for every activation the quantized model quantizes, worst first.
@@ -143,30 +169,11 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
     channels set leaves the other channels at the mercy of one step, and scores high even
     though cosine over the whole tensor stays near 1."""
     quant = onnx.load(str(quant_model), load_external_data=False)
-    inits = {t.name: t for t in quant.graph.initializer}
-    wanted: dict[str, tuple[np.ndarray | None, np.ndarray | None, int]] = {}
     float_proto = onnx.load(str(float_model), load_external_data=False)
     produced = {o for n in float_proto.graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
+    wanted: dict[str, tuple[np.ndarray | None, np.ndarray | None, int]] = dict(activation_encodings(quant, produced))
     for node in quant.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    for node in quant.graph.node:
-        if node.op_type == "QuantizeLinear" and len(node.input) >= 2 and node.input[1] in inits:
-            scale = onnx.numpy_helper.to_array(inits[node.input[1]])
-            zero = (
-                onnx.numpy_helper.to_array(inits[node.input[2]])
-                if len(node.input) > 2 and node.input[2] in inits
-                else None
-            )
-            tensor = node.input[0]
-            if tensor not in produced:
-                # a graph output: the quantizer renames what writes it, and the DQ after the Q writes the name
-                tensor = next((r.output[0] for r in readers.get(node.output[0], []) if r.op_type == "DequantizeLinear"
-                               and r.output[0] in produced), tensor)
-            if scale.size == 1:
-                wanted[tensor] = (scale, zero, zero.dtype.itemsize * 8 if zero is not None else 8)
-        elif node.op_type == "DynamicQuantizeLinear":
+        if node.op_type == "DynamicQuantizeLinear":
             wanted[node.input[0]] = (None, None, 8)
     names = [n for n in wanted if n in produced or n in {v.name for v in float_proto.graph.input}]
     cache = {} if cache is None else cache

@@ -17,8 +17,10 @@ class FloatEnd:
     """The rung and the float end of :class:`~ortprep.steps.quantize.strategy.Search`."""
 
     def widen(self, result: SearchResult) -> SearchResult:
-        """The 16-bit rung, before the float end: the tensors still quantized, ranked by their noise
-        in the best trial (fine_rank), the worst 1, 2, 4, ... given 16-bit activations (weights stay
+        """The 16-bit rung, before the float end: the tensors still quantized, ranked by how much each
+        alone moves the outputs (sensitivity; its own noise, fine_rank, orders those it did not reach:
+        an error that grows downstream, as in a variance written E[x^2] - E[x]^2, is small where it
+        starts), the worst 1, 2, 4, ... given 16-bit activations (weights stay
         as asked) until a trial passes, then bisected between the last that failed and it for the
         fewest that pass. Doubling rather than bisecting from "all 16-bit": that end need not pass
         (ORT's CPU EP fuses a MatMul of a 16-bit input and an 8-bit weight into int8 compute:
@@ -30,9 +32,14 @@ class FloatEnd:
         if self.attempt_wide is None or best.path is None or ep_only(best):
             return result
         kept = list(best.kept)
-        tensors = list(dict.fromkeys(label for label, _, _ in self._units(best, kept, self.fine_rank or self.rank)))
+        noisy = [label for label, _, _ in self._units(best, kept, self.fine_rank or self.rank)]
+        moved = self._units(best, kept, self.sensitivity) if self.sensitivity else []
+        self.sensitive = [(label, score) for label, _, score in moved]
+        moving = [label for label, _, _ in moved]
+        tensors = list(dict.fromkeys(moving + noisy))
         if not tensors:
             return result
+        by = " by the outputs' change" if moving else ""
         before = result.stopped
         steps = int(np.ceil(np.log2(len(tensors)))) + 1
         phase = self.budget.phase(2 * steps)
@@ -40,7 +47,7 @@ class FloatEnd:
         def judge(count: int) -> Trial | None:
             if self.out_of_time() or phase.out_of_probes():
                 return None
-            label = f"16-bit activations: the worst {count} of {len(tensors)} ranked tensor(s)"
+            label = f"16-bit activations: the worst {count} of {len(tensors)} ranked tensor(s){by}"
             return self._probe(result, phase, lambda: self.attempt_wide(kept, tensors[:count], label))
 
         chosen = closest = None

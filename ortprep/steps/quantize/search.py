@@ -30,6 +30,7 @@ from ortprep.steps.quantize.front_end import region_move
 from ortprep.steps.quantize.moves import keep_off_ep_move, late_move
 from ortprep.steps.quantize.presets import quantizer_op_types
 from ortprep.steps.quantize.runner import Trials
+from ortprep.steps.quantize.sensitivity import tensor_sensitivity
 from ortprep.steps.quantize.strategy import NOISE_FLOOR, Search
 from ortprep.steps.quantize.trials import Trial, margin_aim
 from ortprep.transforms.qdq.facts import output_writers
@@ -40,6 +41,8 @@ from ortprep.transforms.verify import model_bytes
 # activations only where asked for (its preset is 16-bit); mixed widths were not measured there
 # (docs/decisions/reduce-quantize-search.md).
 MIXED_WIDTH_EPS = (None, "cpu")
+# the share of --search-seconds the 16-bit rung's ranking by the outputs' change may take
+SENSITIVITY_SHARE = 0.25
 
 
 def wide_rung(options: QuantizeOptions, settings: dict) -> bool:
@@ -93,6 +96,17 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), score)
                 for tensor, score in noise if score > floor]
 
+    def sensitivity(trial: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
+        """The quantized tensors by how much each alone moves the outputs (sensitivity.py), on the
+        samples rank reads; those it did not reach in its time are left to rank's order."""
+        if trial.path is None:
+            return []
+        feeds, worst, _ = focus(trial)
+        picked = [feeds[worst]] + [f for i, f in enumerate(feeds[:2]) if i != worst][:1]
+        moved = tensor_sensitivity(source, trial.path, picked, seconds=SENSITIVITY_SHARE * options.search_seconds)
+        return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), change)
+                for tensor, change in moved if change > 0]
+
     ops = set(trials.settings["op_types"] or quantizer_op_types(options.mode, trials.settings["format"]))
     # the share is of the nodes the quantizer would quantize
     quantizable = {node.name for node in proto.graph.node if node.op_type in ops}
@@ -104,6 +118,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
     baseline, mended, off_reasons = mend_session(trials, source, baseline, options)
     if mended is not None and not mended["mended"]:
         return baseline, {"aim": margin_aim(options.min_cosine), "trials": [], "rules": [], "ranked": [],
+                          "sensitivity": [],
                           "stopped": f"{mended.get('reason')} (search.mend)",
                           "off_ep": [], "off_ep_reasons": {}, "mend": mended}, {}
     if mended is not None:
@@ -149,7 +164,8 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                     clock=trials.target.clock if trials.target is not None else None,
                     attempt_wide=(lambda kept, wide, label: trials.attempt(source, kept, label, wide=wide))
                     if wide_rung(options, trials.settings) and trials.engine.supports(
-                        options.mode, trials.settings, Exclusion(wide_tensors=("",))) is None else None)
+                        options.mode, trials.settings, Exclusion(wide_tensors=("",))) is None else None,
+                    sensitivity=sensitivity)
     result = search.run(baseline)
     if not off_records and not search.ok(result.best):
         # nothing parted below DIVERGED before the search, and the search did not pass: the move
@@ -172,7 +188,10 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                                                                      else "improved it") + " (search.front_end)")
     size_before = max(model_bytes(source), 1)
     record = {"aim": search.aim, "trials": [t.to_record(size_before) for t in result.trials], "rules": result.rules,
-              "ranked": result.ranked[:50], "stopped": result.stopped, "off_ep": off_records,
+              "ranked": result.ranked[:50],
+              "sensitivity": [{"tensor": tensor, "change": round(change, 6)}
+                              for tensor, change in search.sensitive[:20]],
+              "stopped": result.stopped, "off_ep": off_records,
               "off_ep_reasons": {name: off_reasons.get(name, "kept off the EP") for name in result.best.off},
               "mend": mended}
     return result.best, record, result.reasons

@@ -782,12 +782,13 @@ def saved_with_samples(model: onnx.ModelProto, path: Path, samples: list[dict[st
     return path, calib
 
 
-def variance_written_out(width: int = 32, rows: int = 64) -> onnx.ModelProto:
+def variance_written_out(width: int = 32, rows: int = 64, clamp: bool = True) -> onnx.ModelProto:
     """A normalisation written out as a framework exports a LayerNorm: var = E[x^2] - E[x]^2, then
     (x - E[x]) / sqrt(var + eps), then a readout MatMul. Its inputs sit at an offset of about 10 with
     a spread of 0.3 (write with ``variance_inputs``): E[x^2] and E[x]^2 are both near 100 and their
     difference near 0.09, so 8-bit steps of either (about 0.4) swamp the variance, while each
-    tensor's own rounding error is a fraction of a percent of its values."""
+    tensor's own rounding error is a fraction of a percent of its values. ``clamp=False``: no Relu
+    before the square root, as most exports write it (a variance rounded below zero gives NaN)."""
     rng = np.random.default_rng(8)
     graph = helper.make_graph(
         [
@@ -796,7 +797,7 @@ def variance_written_out(width: int = 32, rows: int = 64) -> onnx.ModelProto:
             helper.make_node("Mul", ["x", "x"], ["x_sq"], name="square"),
             helper.make_node("ReduceMean", ["x_sq"], ["ex2"], axes=[-1], name="mean_of_squares"),
             helper.make_node("Sub", ["ex2", "mean_sq"], ["var"], name="variance"),
-            helper.make_node("Relu", ["var"], ["var_pos"], name="clamp"),
+            helper.make_node("Relu" if clamp else "Identity", ["var"], ["var_pos"], name="clamp"),
             helper.make_node("Add", ["var_pos", "eps"], ["var_eps"], name="add_eps"),
             helper.make_node("Sqrt", ["var_eps"], ["std"], name="std"),
             helper.make_node("Sub", ["x", "mean"], ["centred"], name="centre"),

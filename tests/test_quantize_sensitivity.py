@@ -13,7 +13,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 import models
 from cli_helpers import quantize
 from ortprep.steps.quantize.diagnose import tensor_noise
-from ortprep.steps.quantize.sensitivity import gated_model, tensor_sensitivity
+from ortprep.steps.quantize.sensitivity import NONFINITE_CHANGE, _change, gated_model, tensor_sensitivity
 
 
 class _Reader(CalibrationDataReader):
@@ -24,10 +24,10 @@ class _Reader(CalibrationDataReader):
         return next(self.rows, None)
 
 
-def _variance_pair(folder: Path) -> tuple[Path, Path, list[dict]]:
+def _variance_pair(folder: Path, clamp: bool = True) -> tuple[Path, Path, list[dict]]:
     """The written-out variance model, ORT's static QDQ of it (uint8 activations), two unseen feeds."""
     float_path, quant_path = folder / "float.onnx", folder / "quant.onnx"
-    onnx.save(models.variance_written_out(), str(float_path))
+    onnx.save(models.variance_written_out(clamp=clamp), str(float_path))
     inputs = models.variance_inputs(np.random.default_rng(0), 10)
     quantize_static(str(float_path), str(quant_path), _Reader(inputs[:8]), quant_format=QuantFormat.QDQ,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
@@ -45,6 +45,17 @@ def test_sensitivity_finds_the_cancellation_the_noise_ranking_misses(tmp_path):
     noisy = [name for name, _ in tensor_noise(float_path, quant_path, feeds)]
     assert noisy[:2] == ["y", "normed"] and not {"mean", "mean_sq", "x_sq"} & set(noisy[:3])
     assert not list(tmp_path.glob("*.gated.onnx"))  # its working model is removed
+
+
+def test_outputs_turned_nan_count_as_the_largest_change(tmp_path):
+    """Without the clamp, a variance rounded below zero makes NaN where the float model has numbers:
+    such a tensor ranks first (NONFINITE_CHANGE), not last for want of finite elements to compare."""
+    assert _change({"y": np.ones(4, np.float32)}, {"y": np.full(4, np.nan, np.float32)}) == NONFINITE_CHANGE
+    assert _change({"y": np.ones(4, np.float32)}, {"y": np.ones(4, np.float32)}) == 0.0
+    float_path, quant_path, feeds = _variance_pair(tmp_path, clamp=False)
+    moved = tensor_sensitivity(float_path, quant_path, feeds, seconds=60)
+    assert {name for name, _ in moved[:3]} == {"mean", "mean_sq", "x_sq"}
+    assert moved[0][1] == NONFINITE_CHANGE
 
 
 def test_gated_model_switches_one_quantization_at_a_time(tmp_path):

@@ -143,7 +143,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
     if calibration:
         size = max(model_bytes(source), 1)
         search_record = search_record or {"aim": None, "trials": [best.to_record(size)], "rules": [],
-                                          "ranked": [], "stopped": "the gate passed"}
+                                          "ranked": [], "sensitivity": [], "stopped": "the gate passed"}
         search_record["calibration"] = calibration
         # the baseline and each calibration trial, then the search's own (its first is the best of those)
         search_record["trials"] = [t.to_record(size) for t in [first, *tried]] + search_record["trials"][1:]
@@ -163,7 +163,8 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
             if moves:
                 size = max(model_bytes(source), 1)
                 search_record = search_record or {"aim": None, "trials": [best.to_record(size)], "rules": [],
-                                                  "ranked": [], "stopped": "the gate passed on the held-back samples"}
+                                                  "ranked": [], "sensitivity": [],
+                                                  "stopped": "the gate passed on the held-back samples"}
                 search_record["off_ep"] = [*search_record.get("off_ep", []), *moves]
                 search_record["off_ep_reasons"] = {**search_record.get("off_ep_reasons", {}), **why_moved}
                 if moved is best:

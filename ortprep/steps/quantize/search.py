@@ -15,6 +15,8 @@ side's per-tensor quantization noise.
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
 import onnx
@@ -22,6 +24,7 @@ from onnx import ModelProto
 
 from ortprep.options import QuantizeOptions
 from ortprep.prove.reduction import Budget
+from ortprep.runtime.budget import step_left
 from ortprep.steps.quantize.engines import Exclusion
 from ortprep.steps.quantize.ep_gate import first_divergence
 from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes
@@ -103,9 +106,18 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
             return []
         feeds, worst, _ = focus(trial)
         picked = [feeds[worst]] + [f for i, f in enumerate(feeds[:2]) if i != worst][:1]
-        moved = tensor_sensitivity(source, trial.path, picked, seconds=SENSITIVITY_SHARE * options.search_seconds)
+        # within its share of --search-seconds, of what the search has left, and of the step's bound
+        seconds = min(SENSITIVITY_SHARE * options.search_seconds,
+                      options.search_seconds - (time.monotonic() - trials.started), step_left() or math.inf)
+        if seconds <= 0:
+            return []
+        noisy = [tensor for tensor, _, _ in rank(trial, kept, floor=0.0)]  # run first: a bound cuts the rest
+        moved = tensor_sensitivity(source, trial.path, picked, seconds=seconds, first=noisy)
+        # a change under 1 - --min-cosine leads nothing (a relative change of 0.01 costs the cosine
+        # about 0.00005): the noise order places those tensors
+        floor = 1.0 - options.min_cosine
         return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), change)
-                for tensor, change in moved if change > 0]
+                for tensor, change in moved if change > floor]
 
     ops = set(trials.settings["op_types"] or quantizer_op_types(options.mode, trials.settings["format"]))
     # the share is of the nodes the quantizer would quantize

@@ -24,8 +24,13 @@ from ortprep.runtime.isolated import run_isolated
 from ortprep.steps.quantize.diagnose import activation_encodings
 
 GATE = "ortprep_gate_"
-# runs sent to the worker at once: the outputs of a chunk come back together
+# runs sent to the worker at once, at most: the outputs of a chunk come back together, so a chunk
+# also holds at most CHUNK_BYTES of them
 CHUNK_RUNS = 8
+CHUNK_BYTES = 256 * 2**20
+# the change of a run whose outputs turned NaN or infinite where the float model's are finite (a
+# variance quantized below zero, then its square root): above any finite change
+NONFINITE_CHANGE = 1e6
 
 
 def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
@@ -98,6 +103,8 @@ def _change(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> f
         if moved is None or value.dtype.kind != "f":
             continue
         a, b = value.astype(np.float64).ravel(), moved.astype(np.float64).ravel()
+        if np.any(np.isfinite(a) & ~np.isfinite(b)):
+            return NONFINITE_CHANGE
         finite = np.isfinite(a) & np.isfinite(b)
         norm = float(np.linalg.norm(a[finite]))
         worst = max(worst, float(np.linalg.norm(a[finite] - b[finite])) / norm if norm > 0 else 0.0)
@@ -105,11 +112,13 @@ def _change(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> f
 
 
 def tensor_sensitivity(float_model: Path, quant_model: Path, feeds: list[dict[str, np.ndarray]],
-                       seconds: float) -> list[tuple[str, float]]:
+                       seconds: float, first: list[str] | None = None) -> list[tuple[str, float]]:
     """(tensor, change) for the activations ``quant_model`` quantizes, the largest change of the
-    outputs first: each tensor quantized alone in the float model, on ``feeds``. Stops starting
-    runs after ``seconds``: tensors not reached are left out (the caller orders them otherwise).
-    Empty where the gated model cannot run."""
+    outputs first: each tensor quantized alone in the float model, on ``feeds``. The tensors named
+    in ``first`` (the noise ranking's order) are run first, the others in graph order. No run
+    starts after ``seconds``, and none may run past them: tensors not reached are left out (the
+    caller orders them otherwise). Empty where the gated model cannot be written or run."""
+    started = time.monotonic()
     float_proto = onnx.load(str(float_model), load_external_data=False)
     produced = {o for n in float_proto.graph.node for o in n.output}
     encodings = activation_encodings(onnx.load(str(quant_model), load_external_data=False), produced)
@@ -117,26 +126,36 @@ def tensor_sensitivity(float_model: Path, quant_model: Path, feeds: list[dict[st
     if not order or not feeds:
         return []
     path = float_model.parent / (float_model.stem + ".gated.onnx")  # beside it: external data resolves
-    onnx.save_model(proto, str(path))
-    del proto, float_proto
+    position = {name: index for index, name in enumerate(order)}
+    runs_order = [position[n] for n in dict.fromkeys(first or []) if n in position]
+    runs_order += [i for i in range(len(order)) if i not in set(runs_order)]
     off = {f"{GATE}{i}": np.array(False) for i in range(len(order))}
-    started = time.perf_counter()
+
+    def left() -> float:
+        return seconds - (time.monotonic() - started)
+
+    changes: dict[int, float] = {}
     try:
-        base = run_isolated(path, [{**feed, **off} for feed in feeds])
+        onnx.save_model(proto, str(path))
+        del proto, float_proto
+        base = run_isolated(path, [{**feed, **off} for feed in feeds], timeout=max(left(), 1.0))
         if not base.ok:
             return []
-        runs = [(index, sample) for index in range(len(order)) for sample in range(len(feeds))]
-        changes: dict[int, float] = {}
-        for first in range(0, len(runs), CHUNK_RUNS):
-            if time.perf_counter() - started > seconds:
+        per_run = sum(np.asarray(v).nbytes for v in base.samples[0].values()) if base.samples else 0
+        chunk_runs = max(1, min(CHUNK_RUNS, CHUNK_BYTES // max(per_run, 1)))
+        runs = [(index, sample) for index in runs_order for sample in range(len(feeds))]
+        for start in range(0, len(runs), chunk_runs):
+            if left() <= 0:
                 break
-            chunk = runs[first:first + CHUNK_RUNS]
+            chunk = runs[start:start + chunk_runs]
             batch = [{**feeds[sample], **off, f"{GATE}{index}": np.array(True)} for index, sample in chunk]
-            outcome = run_isolated(path, batch)
+            outcome = run_isolated(path, batch, timeout=max(left(), 1.0))
             if not outcome.ok:
-                return []
+                break  # what was measured stands; the rest is left to the caller's order
             for (index, sample), outputs in zip(chunk, outcome.samples):
                 changes[index] = max(changes.get(index, 0.0), _change(base.samples[sample], outputs))
+    except (OSError, ValueError):  # the copy could not be written (disk, protobuf's 2 GB)
+        return []
     finally:
         path.unlink(missing_ok=True)
     ranked = [(order[index], change) for index, change in changes.items()]

@@ -97,3 +97,37 @@ def test_rung_gives_16_bits_to_the_tensor_that_moves_the_outputs(tmp_path):
     assert wide[0]["passed"] and record["verify"]["cosine"] > 0.998
     assert record["search"]["sensitivity"][0]["tensor"] == "x_sq" and record["search"]["sensitivity"][0]["change"] > 1
     assert record["quantized_weight_share"] == 1.0
+
+
+def _two_relus(opset: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """x -> Relu -> h -> Relu -> y at ``opset``, and the same graph with h quantized (uint8)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph(nodes, inits):
+        return helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+
+    plain = [helper.make_node("Relu", ["x"], ["h"], name="a"), helper.make_node("Relu", ["h"], ["y"], name="b")]
+    quantized = [plain[0], helper.make_node("QuantizeLinear", ["h", "s", "z"], ["hq"], name="q"),
+                 helper.make_node("DequantizeLinear", ["hq", "s", "z"], ["hd"], name="dq"),
+                 helper.make_node("Relu", ["hd"], ["y"], name="b")]
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.uint8), "z")]
+    return (models.make(graph(plain, []), opset=opset),
+            models.make(graph(quantized, inits), opset=max(opset, 10)))
+
+
+def test_sensitivity_falls_back_where_the_gated_model_cannot_run(tmp_path):
+    """At opset 10 there is no Round: the gated model's session fails and the ranking is empty (the
+    rung then keeps the noise order), nothing raised and no copy left behind. At opset 13 the same
+    pair is measured; with no time at all nothing is run."""
+    feeds = [{"x": np.linspace(-1, 3, 8, dtype=np.float32)[None]}]
+    for opset, expected in ((10, 0), (13, 1)):
+        float_proto, quant_proto = _two_relus(opset)
+        float_path, quant_path = tmp_path / f"f{opset}.onnx", tmp_path / f"q{opset}.onnx"
+        onnx.save(float_proto, str(float_path))
+        onnx.save(quant_proto, str(quant_path))
+        moved = tensor_sensitivity(float_path, quant_path, feeds, seconds=60)
+        assert len(moved) == expected and (not moved or moved[0][0] == "h")
+        assert not list(tmp_path.glob("*.gated.onnx"))
+    assert tensor_sensitivity(float_path, quant_path, feeds, seconds=0) == []

@@ -119,6 +119,8 @@ def tensor_sensitivity(float_model: Path, quant_model: Path, feeds: list[dict[st
     starts after ``seconds``, and none may run past them: tensors not reached are left out (the
     caller orders them otherwise). Empty where the gated model cannot be written or run."""
     started = time.monotonic()
+    if seconds <= 0:
+        return []
     float_proto = onnx.load(str(float_model), load_external_data=False)
     produced = {o for n in float_proto.graph.node for o in n.output}
     encodings = activation_encodings(onnx.load(str(quant_model), load_external_data=False), produced)

@@ -33,7 +33,9 @@ class FloatEnd:
             return result
         kept = list(best.kept)
         noisy = [label for label, _, _ in self._units(best, kept, self.fine_rank or self.rank)]
-        moved = self._units(best, kept, self.sensitivity) if self.sensitivity else []
+        # the noisiest are measured first: where its time runs out, they are the ones it reached
+        moved = self._units(best, kept, lambda trial, nodes: self.sensitivity(trial, nodes, noisy)
+                            ) if self.sensitivity else []
         self.sensitive = [(label, score) for label, _, score in moved]
         moving = [label for label, _, _ in moved]
         tensors = list(dict.fromkeys(moving + noisy))

@@ -99,9 +99,10 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
         return [(tensor, ([producers[tensor]] if tensor in producers else []) + consumers.get(tensor, []), score)
                 for tensor, score in noise if score > floor]
 
-    def sensitivity(trial: Trial, kept: list[str]) -> list[tuple[str, list[str], float]]:
+    def sensitivity(trial: Trial, kept: list[str], first: list[str]) -> list[tuple[str, list[str], float]]:
         """The quantized tensors by how much each alone moves the outputs (sensitivity.py), on the
-        samples rank reads; those it did not reach in its time are left to rank's order."""
+        samples rank reads, ``first`` (the rung's noise order) measured first; those it did not
+        reach in its time are left to that order."""
         if trial.path is None:
             return []
         feeds, worst, _ = focus(trial)
@@ -111,8 +112,7 @@ def run_search(trials: Trials, source: Path, baseline: Trial, options: QuantizeO
                       options.search_seconds - (time.monotonic() - trials.started), step_left() or math.inf)
         if seconds <= 0:
             return []
-        noisy = [tensor for tensor, _, _ in rank(trial, kept, floor=0.0)]  # run first: a bound cuts the rest
-        moved = tensor_sensitivity(source, trial.path, picked, seconds=seconds, first=noisy)
+        moved = tensor_sensitivity(source, trial.path, picked, seconds=seconds, first=first)
         # a change under 1 - --min-cosine leads nothing (a relative change of 0.01 costs the cosine
         # about 0.00005): the noise order places those tensors
         floor = 1.0 - options.min_cosine

@@ -78,12 +78,14 @@ class Search(FloatEnd):
                  fine_rank: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]] | None = None,
                  clock: EpClock | None = None,
                  attempt_wide: Callable[[list[str], list[str], str], Trial] | None = None,
-                 sensitivity: Callable[[Trial, list[str]], list[tuple[str, list[str], float]]] | None = None) -> None:
+                 sensitivity: Callable[[Trial, list[str], list[str]], list[tuple[str, list[str], float]]] | None = None
+                 ) -> None:
         # attempt_wide(kept, tensors, label): a trial whose ``tensors`` get 16-bit activations (the
         # 16-bit rung, where the activations are 8-bit and the EP runs mixed widths); None: no such rung
         self.attempt_wide = attempt_wide
-        # sensitivity(trial, kept): as rank, ordered by how much each tensor's quantization alone
-        # moves the outputs (the rung's order; rank's noise orders the tensors it did not reach)
+        # sensitivity(trial, kept, first): as rank, ordered by how much each tensor's quantization
+        # alone moves the outputs, the tensors ``first`` names measured first (the rung's order; the
+        # noise orders the tensors it did not reach)
         self.sensitivity = sensitivity
         self.sensitive: list[tuple[str, float]] = []  # the rung's ranking by it, for the report
         # the step's time on the target EP (--ep-total-seconds): once spent, no trial can pass there

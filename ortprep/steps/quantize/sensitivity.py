@@ -130,7 +130,8 @@ def tensor_sensitivity(float_model: Path, quant_model: Path, feeds: list[dict[st
     path = float_model.parent / (float_model.stem + ".gated.onnx")  # beside it: external data resolves
     position = {name: index for index, name in enumerate(order)}
     runs_order = [position[n] for n in dict.fromkeys(first or []) if n in position]
-    runs_order += [i for i in range(len(order)) if i not in set(runs_order)]
+    named = set(runs_order)
+    runs_order += [i for i in range(len(order)) if i not in named]
     off = {f"{GATE}{i}": np.array(False) for i in range(len(order))}
 
     def left() -> float:

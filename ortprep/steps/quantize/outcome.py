@@ -51,6 +51,8 @@ class Outcome:
     # weights whose scales were raised for QNN (qdq.encodings.floor_weight_scales)
     floored: list[dict] = field(default_factory=list)
     fp16_matmuls: list[str] = field(default_factory=list)  # MatMuls of two 16-bit activations computed in FP16 (QNN)
+    # activation encodings cut to their readers' knees (qdq.saturation.cut_to_readers)
+    cut: list[str] = field(default_factory=list)
     # nodes kept off the target EP (off_target.py): name, op_type, reason
     off_ep: list[dict] = field(default_factory=list)
     wide: list[str] = field(default_factory=list)  # activations the search gave 16 bits (Search.widen)
@@ -192,6 +194,7 @@ def quantize_and_search(workdir: Path, sources: list[tuple[str, Path]], options:
                    method=trials.settings["method"], widened=trials.widened.get(best.path, []),
                    floored=trials.floored.get(best.path, []),
                    widened_activations=trials.widened_count.get(best.path, 0),
+                   cut=trials.cut.get(best.path, []),
                    off_ep=off_ep, fp16_matmuls=trials.fp16_matmuls.get(best.path, []), wide=list(best.wide),
                    rounding=rounding, compute=compute, engine=trials.engine.name, engines=engines,
                    engine_seconds=trials.engine_seconds, engine_best=best_record(trials, best, engines))

@@ -30,7 +30,7 @@ def base_record(handle: ModelHandle, options: QuantizeOptions, settings: dict, s
         "preprocess": "not run", "size_before": size_before, "size_after": None, "size_ratio": None,
         "calibration": {"samples": 0, "source": None, "kind": None}, "evaluation_samples": 0,
         "evaluation_inputs": None, "evaluation_data": None,
-        "output_headroom": None, "raised_weight_scales": None, "fp16_matmuls": None,
+        "output_headroom": None, "raised_weight_scales": None, "reader_ranges": None, "fp16_matmuls": None,
             "folded_biases": None, "folded_batch_norms": None, "ep_divergence": None,
         "verify": {"cosine": None, "spread": None, "max_abs_diff": None, "top1_agreement": None, "latency_ratio": None,
                    "passed": None},

@@ -24,6 +24,7 @@ from ortprep.fidelity.evaluation import Evaluation, outputs_margin_gap
 from ortprep.steps.quantize.off_target import move_off_ep
 from ortprep.steps.quantize.trials import FLOAT_MODEL, PREPROCESS_MARGIN, Trial
 from ortprep.transforms.qdq.encodings import floor_weight_scales, fp16_activation_matmuls, widen_activation_encodings
+from ortprep.transforms.qdq.saturation import cut_to_readers
 from ortprep.transforms.qdq.facts import quantization_stats
 from ortprep.transforms.verify import model_bytes
 
@@ -78,6 +79,8 @@ class Trials:
         self.widened: dict[Path, list[str]] = {}
         self.widened_count: dict[Path, int] = {}  # a trial's model -> how many activations' 16-bit encodings were
         self.floored: dict[Path, list[dict]] = {}  # a trial's model -> weights whose scales were raised for QNN's HTP
+        # a trial's model -> activations whose encodings were cut to their readers' knees (qdq.saturation)
+        self.cut: dict[Path, list[str]] = {}
         self.fp16_matmuls: dict[Path, list[str]] = {}  # a trial's model -> MatMuls of two 16-bit activations, in FP16
         self._margin_feeds: list | None = None
         self.started = time.monotonic()  # the search's time bound counts from here (the step's first trial)
@@ -177,6 +180,11 @@ class Trials:
             tensors, outputs = widen_activation_encodings(output, float_model=source)
             self.widened[output] = outputs
             self.widened_count[output] = len(tensors)
+        if self.options.mode == "static":
+            # after the widening (which would spend steps past a HardSwish's -3 again), before the
+            # floor (which reads the output scales this narrows)
+            symmetric = bool((self.settings.get("extra_options") or {}).get("ActivationSymmetric"))
+            self.cut[output] = cut_to_readers(output, symmetric=symmetric)
         if self.options.mode == "static" and self.settings.get("preset") == "qnn":
             # after the widening: it changes the output scales the multipliers divide by (eps.htp.HTP_MIN_MULTIPLIER)
             self.floored[output] = floor_weight_scales(output)
@@ -200,6 +208,7 @@ class Trials:
         it, so its external data resolves); ``judge`` evaluates it as a trial."""
         output = base.path.with_name(base.path.stem + f".variant{self.count}.onnx")
         self.count += 1
+        self.cut[output] = self.cut.get(base.path, [])  # a copy of its encodings
         graph = onnx.load(str(base.path), load_external_data=False)
         edit(graph)
         onnx.save(graph, str(output))

@@ -129,3 +129,80 @@ def test_quantize_reports_the_cut(tmp_path):
     assert record["reader_ranges"] == {"activations": 1, "tensors": ["c1"]}
     low, _, _ = _encoding(record["output"], "c1")
     assert -3.2 < low <= -3
+
+
+def _hand_qdq(path, reader: str, low: float, high: float, zero_type=TensorProto.UINT8, before: str | None = None):
+    """x -> [before] -> Q/DQ over [low, high] -> READER -> y, the encoding written by hand."""
+    info = np.iinfo(helper.tensor_dtype_to_np_dtype(zero_type))
+    scale = (high - low) / (int(info.max) - int(info.min))
+    point = int(round(info.min - low / scale))
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), "s"),
+             helper.make_tensor("z", zero_type, [], [point]),
+             numpy_helper.from_array(np.array(-1.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = ([helper.make_node(before, ["x"], ["t"], name="before")] if before else
+             [helper.make_node("Identity", ["x"], ["t"], name="before")])
+    nodes += [helper.make_node("QuantizeLinear", ["t", "s", "z"], ["tq"], name="q"),
+              helper.make_node("DequantizeLinear", ["tq", "s", "z"], ["td"], name="dq")]
+    hard_sigmoid = helper.make_node("HardSigmoid", ["td"], ["y"], name="r", alpha=0.2, beta=0.5)
+    clip = helper.make_node("Clip", ["td", "lo", "hi"], ["y"], name="r")
+    nodes.append(hard_sigmoid if reader == "HardSigmoid" else clip)
+    graph = helper.make_graph(nodes, "hand", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [9])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    return path
+
+
+@pytest.mark.parametrize("reader, saturated", [("HardSigmoid", {0: 0.0, 7: 1.0, 8: 1.0}),
+                                               ("Clip", {0: -1.0, 1: -1.0, 8: 6.0})])
+def test_both_knees_still_read_as_the_knee(tmp_path, reader, saturated):
+    """A reader flat past a finite upper knee too (HardSigmoid, Clip): after the cut, the values
+    past either knee give the reader's saturated output exactly, and the values between are
+    closer to the float reader's (a finer step)."""
+    plain = _hand_qdq(tmp_path / "plain.onnx", reader, -10.0, 12.0)
+    cut = tmp_path / "cut.onnx"
+    shutil.copy(plain, cut)
+    assert cut_to_readers(cut) == ["t"]
+    x = np.array([-9.0, -3.0, -1.0, -0.37, 0.0, 1.3, 2.2, 2.5, 9.0], np.float32)
+
+    def run(path):
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+
+    ideal = np.clip(0.2 * x + 0.5, 0, 1) if reader == "HardSigmoid" else np.clip(x, -1, 6)
+    got = run(cut)
+    for index, value in saturated.items():
+        assert got[index] == value, (index, got[index])
+    inside = [i for i in range(len(x)) if i not in saturated]
+    assert np.max(np.abs(got[inside] - ideal[inside])) < np.max(np.abs(run(plain)[inside] - ideal[inside]))
+
+
+def test_symmetric_and_fixed_encodings_are_not_cut(tmp_path):
+    """An encoding written symmetric (zero point at the grid's middle) stays symmetric, whatever
+    the preset says; a Tanh output's encoding (QNN fixes it) stays as the EP imposes it."""
+    symmetric = _hand_qdq(tmp_path / "sym.onnx", "Clip", -12.0, 12.0, TensorProto.INT8)
+    before = symmetric.read_bytes()
+    assert cut_to_readers(symmetric) == [] and symmetric.read_bytes() == before
+    tanh = _hand_qdq(tmp_path / "tanh.onnx", "HardSigmoid", -1.0, 0.99, TensorProto.UINT16, before="Tanh")
+    assert cut_to_readers(tanh) == []
+    moved = _hand_qdq(tmp_path / "relu.onnx", "HardSigmoid", -1.0, 0.99, TensorProto.UINT16, before="Relu")
+    assert cut_to_readers(moved) == []  # [-1, 0.99] lies inside HardSigmoid's knees: nothing to gain
+
+
+def test_diagnostics_measure_a_cut_tensor_within_its_readers_range(tmp_path):
+    """The search's noise ranking and error-start ranking compare a tensor's values as its readers
+    tell them apart: the cut tensor, clipped below -3 on purpose, is less noisy than before the
+    cut, not the noisiest of the model."""
+    from ortprep.steps.quantize.diagnose import tensor_noise, worst_nodes
+
+    model = _model(tmp_path / "hs.onnx")
+    plain = tmp_path / "plain.onnx"
+    quantize_static(str(model), str(plain), _Reader(_samples(16, 1)), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    cut = tmp_path / "cut.onnx"
+    shutil.copy(plain, cut)
+    assert cut_to_readers(cut) == ["c1"]
+    feeds = _samples(4, 3)
+    noise_before, noise_after = dict(tensor_noise(model, plain, feeds)), dict(tensor_noise(model, cut, feeds))
+    assert noise_after["c1"] < noise_before["c1"]
+    blamed = {name: cosine for name, _, cosine in worst_nodes(model, cut, feeds[0], set(), limit=None)}
+    assert blamed.get("conv1", 1.0) > 0.99  # the Conv whose output was cut is not where the error starts

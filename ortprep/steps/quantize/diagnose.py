@@ -13,6 +13,7 @@ from ortprep.fidelity.compare import compare_arrays
 from ortprep.runtime.isolated import RunOutcome, run_isolated
 from ortprep.steps.quantize.calibrate import exposure_chunks
 from ortprep.transforms.qdq.facts import QUANT_OPS, with_outputs
+from ortprep.transforms.qdq.saturation import reader_bounds
 from ortprep.transforms.verify import float_intermediates
 
 
@@ -38,7 +39,8 @@ def worst_nodes(
     its output is worse than what it reads (its inputs traced back through Q/DQ pairs to the
     tensors they quantize): the error starts there. The quantizer may fold nodes (a Relu into
     the preceding MatMul's Q/DQ range), so blame goes to the node that produces the tensor in
-    the quantized model."""
+    the quantized model. A tensor whose readers are flat past known bounds (qdq.saturation) is
+    compared within them: values its readers do not tell apart are no error."""
     float_proto = onnx.load(str(float_model), load_external_data=False)
     quant_proto = onnx.load(str(quant_model), load_external_data=False)
     names = float_intermediates(float_proto)
@@ -52,6 +54,7 @@ def worst_nodes(
     # Compare what consumers read: the dequantized value where the tensor is quantized (a Relu
     # folded into a Q/DQ range only shows there).
     seen = {name: dequantized.get(name, name) for name in names}
+    bounds = reader_bounds(quant_proto)
     cache = {} if cache is None else cache
     chunks = exposure_chunks(float_model, names, [feeds])  # groups of at most EXPOSED_BYTES
     quality: dict[str, float] = {}
@@ -69,6 +72,8 @@ def worst_nodes(
         for name, value in reference.outputs.items():
             other = candidate.outputs.get(seen.get(name, name))
             if name not in quality and other is not None and value.dtype.kind == "f":
+                if name in bounds:
+                    value = np.clip(value, *bounds[name]).astype(value.dtype)
                 diff = compare_arrays(name, value, other.astype(value.dtype))
                 quality[name] = diff.cosine if diff.cosine is not None else 0.0
         del reference, candidate
@@ -108,10 +113,13 @@ def worst_nodes(
     return [(name, op, cosine) for _, name, op, cosine in (ranked if limit is None else ranked[:limit])]
 
 
-def _noise(data: np.ndarray, quantization: tuple) -> float | None:
+def _noise(data: np.ndarray, quantization: tuple, bounds: tuple[float, float] | None = None) -> float | None:
     """One tensor's quantization noise (RMS error over the median magnitude); None when it holds
-    no finite value."""
+    no finite value. ``bounds``: the range its readers tell apart (qdq.saturation.reader_bounds),
+    where its values are measured."""
     data = data[np.isfinite(data)]
+    if bounds is not None:
+        data = np.clip(data, *bounds)
     if data.size == 0:
         return None
     scale, zero, bits = quantization
@@ -176,6 +184,7 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
         if node.op_type == "DynamicQuantizeLinear":
             wanted[node.input[0]] = (None, None, 8)
     names = [n for n in wanted if n in produced or n in {v.name for v in float_proto.graph.input}]
+    bounds = reader_bounds(quant)
     cache = {} if cache is None else cache
     noise = []
     chunks = exposure_chunks(float_model, names, feeds)
@@ -196,7 +205,8 @@ def tensor_noise(float_model: Path, quant_model: Path, feeds: list[dict[str, np.
                     values.setdefault(name, []).append(np.asarray(value).ravel())  # float64 one tensor at a time
         del reference
         noise += [
-            (name, _noise(np.concatenate(parts).astype(np.float64), wanted[name])) for name, parts in values.items()
+            (name, _noise(np.concatenate(parts).astype(np.float64), wanted[name], bounds.get(name)))
+            for name, parts in values.items()
         ]
     noise = [(name, value) for name, value in noise if value is not None]
     noise.sort(key=lambda item: -item[1])

@@ -208,7 +208,6 @@ class Trials:
         it, so its external data resolves); ``judge`` evaluates it as a trial."""
         output = base.path.with_name(base.path.stem + f".variant{self.count}.onnx")
         self.count += 1
-        self.cut[output] = self.cut.get(base.path, [])  # a copy of its encodings
         graph = onnx.load(str(base.path), load_external_data=False)
         edit(graph)
         onnx.save(graph, str(output))

@@ -5,24 +5,33 @@ and Clip are flat past their bounds: an encoding that spends grid steps on value
 maps to one output spends them on nothing. ORT's quantizer folds a Relu or Clip that follows a
 Conv into the Conv's output range; it keeps a HardSwish's input on its calibrated range (a
 PP-LCNet's Conv outputs reach -29 where HardSwish reads nothing below -3). Cutting the range to the
-readers' knees gives the same outputs at every value and a finer step: exact, no calibration run.
-Measurements: docs/decisions/acc-reader-ranges.md.
+readers' knees (both ends kept on the grid past them) gives the readers the same outputs at every
+value they distinguish, at a finer step; no calibration run. :func:`reader_bounds` also tells the
+search's diagnostics which values of a tensor its readers tell apart. Measurements:
+docs/decisions/acc-reader-ranges.md.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
+from ortprep.graphops import node_dependencies
+from ortprep.transforms.qdq.encodings import BOUNDED_OUTPUT_OPS
+
 # zero point types whose encodings this edits (activations; a per-tensor scale)
 _ZERO_TYPES = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8,
                TensorProto.UINT16: np.uint16, TensorProto.INT16: np.int16}
 # a cut that narrows the range by less than this share is left alone (nothing to gain)
 MIN_GAIN = 0.01
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+# ops that move values without computing new ones: looked through for the op that computes a tensor
+_MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:
@@ -60,35 +69,85 @@ def knees(node: onnx.NodeProto, inits: dict) -> tuple[float, float] | None:
     return None
 
 
-def _through_qdq(name: str, producers: dict) -> onnx.NodeProto | None:
-    """The node that computes ``name``, looking back through QuantizeLinear/DequantizeLinear."""
-    node = producers.get(name)
-    for _ in range(8):
-        if node is None or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            return node
-        node = producers.get(node.input[0])
-    return None
+@dataclass
+class _Facts:
+    """What the passes read of a graph: initializers, who reads each name (a node that captures it
+    in a subgraph counts as a reader), who writes it, the graph outputs."""
+
+    inits: dict
+    readers: dict = field(default_factory=dict)
+    producers: dict = field(default_factory=dict)
+    outputs: set = field(default_factory=set)
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto) -> _Facts:
+        facts = cls({t.name: t for t in graph.initializer}, outputs={v.name for v in graph.output})
+        for node in graph.node:
+            for name in node_dependencies(node):
+                facts.readers.setdefault(name, []).append(node)
+            for name in node.output:
+                facts.producers[name] = node
+        return facts
+
+    def through(self, name: str, moves: bool = False) -> onnx.NodeProto | None:
+        """The node that computes ``name``, looking back through Q/DQ (and value moves)."""
+        node = self.producers.get(name)
+        for _ in range(32):
+            if node is None or not (node.op_type in _QDQ or moves and node.op_type in _MOVES):
+                return node
+            node = self.producers.get(node.input[0])
+        return None
 
 
-def _written_out_hard_swish(node: onnx.NodeProto, read: set[str], producers: dict, inits: dict
-                            ) -> tuple[float, float] | None:
+def _written_out_hard_swish(node: onnx.NodeProto, read: set[str], facts: _Facts) -> tuple[float, float] | None:
     """A Mul of the tensor and its own HardSigmoid (HardSwish written out, as ORT's pre-processing
     leaves it): 0 wherever the HardSigmoid is, so flat below its lower knee; None otherwise.
     ``read``: the names under which the tensor reaches its readers."""
     if node.op_type != "Mul" or len(node.input) != 2 or sum(name in read for name in node.input) != 1:
         return None
     other = node.input[1] if node.input[0] in read else node.input[0]
-    gate = _through_qdq(other, producers)
+    gate = facts.through(other)
     if gate is None or gate.op_type != "HardSigmoid" or gate.input[0] not in read:
         return None
-    bounds = knees(gate, inits)
+    bounds = knees(gate, facts.inits)
     return (bounds[0], math.inf) if bounds is not None else None
 
 
-def _cut(step: float, point: int, dtype, low: float, high: float) -> tuple[float, int] | None:
-    """The encoding (step, zero point) whose range is the old one cut to [low, high], its lower
-    end at or below ``low`` (so a value at the knee still reads as the knee) and 0 on the grid;
-    None where the cut gains less than MIN_GAIN."""
+def _bounds_of(quantizer: onnx.NodeProto, facts: _Facts) -> tuple[float, float] | None:
+    """The range the readers of ``quantizer``'s pair tell apart, or None where any reader (or a
+    graph output, or a subgraph) takes every value."""
+    dequantizers = facts.readers.get(quantizer.output[0], [])
+    if not dequantizers or quantizer.output[0] in facts.outputs or any(
+            d.op_type != "DequantizeLinear" or d.input[0] != quantizer.output[0] or d.output[0] in facts.outputs
+            for d in dequantizers):
+        return None
+    read = {d.output[0] for d in dequantizers}
+    users = [u for d in dequantizers for u in facts.readers.get(d.output[0], [])]
+    bounds = [_written_out_hard_swish(u, read, facts) or knees(u, facts.inits) for u in users]
+    if not users or any(b is None for b in bounds):
+        return None
+    low, high = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    return (low, high) if math.isfinite(low) or math.isfinite(high) else None
+
+
+def reader_bounds(proto: onnx.ModelProto) -> dict[str, tuple[float, float]]:
+    """tensor (the input of its QuantizeLinear) -> the range its readers tell apart, for every
+    activation whose dequantized readers are all flat past known bounds (:func:`knees`; a Mul by
+    its own HardSigmoid): the values a comparison of that tensor should hold the encoding to."""
+    facts = _Facts.of(proto.graph)
+    found = {}
+    for node in proto.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input and node.input[0] not in facts.inits:
+            bounds = _bounds_of(node, facts)
+            if bounds is not None:
+                found[node.input[0]] = bounds
+    return found
+
+
+def _cut(step: float, point: int, dtype, low: float, high: float) -> tuple[np.float32, int] | None:
+    """The encoding (step, zero point) whose range is the old one cut to [low, high], each end at
+    or past its bound (a value at a knee still reads as the knee) and 0 on the grid; None where the
+    cut gains less than MIN_GAIN."""
     info = np.iinfo(dtype)
     old_low, old_high = (info.min - point) * step, (info.max - point) * step
     new_low, new_high = max(old_low, low), min(old_high, high)
@@ -97,60 +156,57 @@ def _cut(step: float, point: int, dtype, low: float, high: float) -> tuple[float
     new_low, new_high = min(new_low, 0.0), max(new_high, 0.0)  # 0 stays on the grid
     new_step = (new_high - new_low) / (info.max - info.min)
     new_point = int(np.clip(math.ceil(info.min - new_low / new_step - 1e-9), info.min, info.max))
-    return new_step, new_point
+    if new_point < info.max:  # the zero point rounded up lowered the top end: widen the step to cover it
+        new_step = max(new_step, new_high / (info.max - new_point))
+    # stored in float32: rounded up, so that both ends stay at or past their bounds
+    return np.nextafter(np.float32(new_step), np.float32(np.inf)), new_point
+
+
+def _symmetric(point: int, dtype) -> bool:
+    """A zero point at the grid's middle: an encoding written symmetric (CUDA's, TensorRT's presets,
+    NNCF's performance preset), which the cut would make asymmetric."""
+    info = np.iinfo(dtype)
+    return point == (0 if info.min < 0 else (info.max + 1) // 2)
 
 
 def cut_to_readers(path: Path, symmetric: bool = False) -> list[str]:
-    """Cut, in place, each activation encoding whose every reader (past its DequantizeLinear) is
-    flat beyond known bounds (:func:`knees`: HardSwish, HardSigmoid, Relu, Clip; a Mul by the
-    tensor's own HardSigmoid, HardSwish written out) to the widest of their ranges. Left as they
-    are: symmetric encodings (``symmetric``: the preset asks zero points at 0), per-channel ones, a
-    scale or zero point another pair or op shares, a tensor a graph output or any other op reads
-    through the pair. Returns the tensors cut (the inputs of their QuantizeLinear nodes). No reader
-    is a weighted op, so no bias's scale changes."""
+    """Cut, in place, each activation encoding of :func:`reader_bounds` to its readers' range.
+    Left as they are: every encoding where the preset asks symmetric ones (``symmetric``) and each
+    symmetric one, per-channel ones, a scale or zero point another pair or op shares, the fixed
+    encodings of bounded ops' outputs (Sigmoid, Tanh, Softmax, HardSigmoid: QNN imposes them).
+    Returns the tensors cut. No reader is a weighted op, so no bias's scale changes."""
     if symmetric:
         return []
     proto = onnx.load(str(path), load_external_data=False)
-    graph = proto.graph
-    inits = {t.name: t for t in graph.initializer}
-    outputs = {v.name for v in graph.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    producers = {out: node for node in graph.node for out in node.output}
+    facts = _Facts.of(proto.graph)
     cut = []
-    for node in graph.node:
-        if node.op_type != "QuantizeLinear" or len(node.input) < 3 or node.input[0] in inits:
+    for node in proto.graph.node:
+        if node.op_type != "QuantizeLinear" or len(node.input) < 3 or node.input[0] in facts.inits:
             continue
         scale_name, zero_name = node.input[1], node.input[2]
-        if scale_name not in inits or zero_name not in inits or node.output[0] in outputs:
+        scale_t, zero_t = facts.inits.get(scale_name), facts.inits.get(zero_name)
+        if scale_t is None or zero_t is None or zero_t.data_type not in _ZERO_TYPES \
+                or scale_t.data_type != TensorProto.FLOAT \
+                or any(t.data_location == TensorProto.EXTERNAL for t in (zero_t, scale_t)):
             continue
-        zero_t, scale_t = inits[zero_name], inits[scale_name]
-        if zero_t.data_type not in _ZERO_TYPES or scale_t.data_type != TensorProto.FLOAT or any(
-                t.data_location == TensorProto.EXTERNAL for t in (zero_t, scale_t)):
+        bounds = _bounds_of(node, facts)
+        if bounds is None:
             continue
-        dequantizers = readers.get(node.output[0], [])
-        if not dequantizers or any(d.op_type != "DequantizeLinear" or list(d.input[1:3]) != [scale_name, zero_name]
-                                   for d in dequantizers):
+        dequantizers = facts.readers[node.output[0]]
+        if any(list(d.input[1:3]) != [scale_name, zero_name] for d in dequantizers):
             continue
         pair = {id(node), *(id(d) for d in dequantizers)}
-        if any(id(r) not in pair for name in (scale_name, zero_name) for r in readers.get(name, [])):
+        if any(id(r) not in pair for name in (scale_name, zero_name) for r in facts.readers.get(name, [])):
             continue  # shared: another pair (or op) would move with it
-        users = [u for d in dequantizers for u in readers.get(d.output[0], [])]
-        if not users or any(d.output[0] in outputs for d in dequantizers):
-            continue
-        read = {d.output[0] for d in dequantizers}
-        bounds = [_written_out_hard_swish(u, read, producers, inits) or knees(u, inits) for u in users]
-        if any(b is None for b in bounds):
-            continue
-        scale = onnx.numpy_helper.to_array(scale_t)
-        zero = onnx.numpy_helper.to_array(zero_t)
-        if scale.size != 1 or zero.size != 1 or not float(scale.ravel()[0]) > 0:
-            continue
+        maker = facts.through(node.input[0], moves=True)
+        if maker is not None and maker.op_type in BOUNDED_OUTPUT_OPS:
+            continue  # its encoding is fixed by the EP (presets' fixed_output_encodings)
+        scale, zero = onnx.numpy_helper.to_array(scale_t), onnx.numpy_helper.to_array(zero_t)
         dtype = _ZERO_TYPES[zero_t.data_type]
-        edited = _cut(float(scale.ravel()[0]), int(zero.ravel()[0]), dtype,
-                      min(b[0] for b in bounds), max(b[1] for b in bounds))
+        if scale.size != 1 or zero.size != 1 or not float(scale.ravel()[0]) > 0 \
+                or _symmetric(int(zero.ravel()[0]), dtype):
+            continue
+        edited = _cut(float(scale.ravel()[0]), int(zero.ravel()[0]), dtype, *bounds)
         if edited is None:
             continue
         step, point = edited

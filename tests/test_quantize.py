@@ -630,10 +630,15 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     # (which engine auto times for itself: read from its record, since two timings on a loaded machine
     # may disagree on "slower")
     aimet = any(c["engine"] == "aimet" and c["status"] == "judged" for c in record["engine"]["candidates"])
-    later = len(tried) == 3
     aimet_failed = any(c["engine"] == "aimet" and c.get("passed") is False for c in record["engine"]["candidates"])
-    assert record["verify"]["trials"] == {"judged": 4 + nncf + aimet + later,
-                                          "failed": 2 + nncf + later + aimet_failed}
+    # the uint8 attempt's candidates all fail, AIMET-ONNX's too where its environment is here; the
+    # record kept is A16W8's, so a later dynamic attempt's trials are not in it (this count used to
+    # add that attempt, which matched only while AIMET's uint8 candidate stood in for it)
+    from ortprep.steps.quantize.engines.aimet import AimetEngine
+
+    aimet_uint8 = AimetEngine().available() is None
+    assert record["verify"]["trials"] == {"judged": 4 + nncf + aimet_uint8 + aimet,
+                                          "failed": 2 + nncf + aimet_uint8 + aimet_failed}
     assert record["verify"]["gate"]["selection"] is None
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "--activation-type uint16" in note["fix"]

@@ -27,7 +27,7 @@ BOUNDED_OUTPUT_OPS = ("Sigmoid", "Tanh", "Softmax", "LogSoftmax", "HardSigmoid")
 OUTPUT_HEADROOM_16 = 2.0  # 16-bit activation encodings are widened this much (1 bit of 16)
 # Ops that move values without computing new ones: a QDQ model's tensors through them share one
 # encoding (the EP requires it: QNN's Transpose, Reshape); looked through for the op that computes one.
-_MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+VALUE_MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 def _widened(step: float, point: float, dtype, factor: float) -> tuple[float, int]:
@@ -94,7 +94,7 @@ def widen_activation_encodings(path: Path, factor: float = OUTPUT_HEADROOM_16, f
         seen = 0
         while name in producers and seen < 32:
             node = producers[name]
-            if node.op_type not in qdq and node.op_type not in _MOVES:
+            if node.op_type not in qdq and node.op_type not in VALUE_MOVES:
                 return node
             name, seen = node.input[0], seen + 1
         return None

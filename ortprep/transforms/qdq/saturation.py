@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto
 
 from ortprep.graphops import node_dependencies
-from ortprep.transforms.qdq.encodings import BOUNDED_OUTPUT_OPS
+from ortprep.transforms.qdq.encodings import BOUNDED_OUTPUT_OPS, VALUE_MOVES
 
 # zero point types whose encodings this edits (activations; a per-tensor scale)
 _ZERO_TYPES = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8,
@@ -30,8 +30,6 @@ _ZERO_TYPES = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8,
 # a cut that narrows the range by less than this share is left alone (nothing to gain)
 MIN_GAIN = 0.01
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
-# ops that move values without computing new ones: looked through for the op that computes a tensor
-_MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:
@@ -93,7 +91,7 @@ class _Facts:
         """The node that computes ``name``, looking back through Q/DQ (and value moves)."""
         node = self.producers.get(name)
         for _ in range(32):
-            if node is None or not (node.op_type in _QDQ or moves and node.op_type in _MOVES):
+            if node is None or not (node.op_type in _QDQ or moves and node.op_type in VALUE_MOVES):
                 return node
             node = self.producers.get(node.input[0])
         return None

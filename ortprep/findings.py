@@ -87,6 +87,9 @@ CATALOGUE: dict[str, FindingKind] = {
             "QNN008", "a BatchNormalization quantized on its own, which QNN's HTP computes wrongly", Severity.WARNING
         ),
         FindingKind("QNN009", "a lone Q/DQ node that QNN gives back to the CPU EP", Severity.INFO),
+        FindingKind(
+            "QNN010", "a Clip with bounds computed at run time, which QNN gives back to the CPU EP", Severity.WARNING
+        ),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)
@@ -120,6 +123,7 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind(
             "CNV019", "the real EP's session leaves nodes a rewrite made on the CPU", Severity.WARNING
         ),
+        FindingKind("CNV020", "an input scaled down before FP16, so its activations fit", Severity.INFO),
         FindingKind(
             "VFY001",
             "an output is constant or near zero on the inputs used; judged by absolute error",

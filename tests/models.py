@@ -819,3 +819,44 @@ def variance_inputs(rng: np.random.Generator, count: int, width: int = 32, rows:
     """Inputs for ``variance_written_out``: rows at an offset of 9-11 with a spread of 0.3."""
     return [(rng.uniform(9, 11, (1, rows, 1)) + 0.3 * rng.standard_normal((1, rows, width))).astype(np.float32)
             for _ in range(count)]
+
+
+def power_spectrum_db(frames: int = 16) -> onnx.ModelProto:
+    """An STFT-like front end in dB, as openWakeWord's mel model: two strided Convs (cosine and
+    sine kernels), each squared, summed, a positive filter bank, a Clip floor, Log, dB. Fed audio
+    in int16's scale, its power reaches ~1e11, beyond FP16's 65504."""
+    taps, bins, bands, hop = 32, 9, 4, 16
+    t = np.arange(taps)
+    window = np.hanning(taps)
+    real = np.stack([window * np.cos(2 * np.pi * k * t / taps) for k in range(bins)])[:, None, :].astype(np.float32)
+    imag = np.stack([-window * np.sin(2 * np.pi * k * t / taps) for k in range(bins)])[:, None, :].astype(np.float32)
+    bank = np.abs(np.random.default_rng(4).normal(size=(bins, bands))).astype(np.float32)
+    samples = taps + hop * (frames - 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Unsqueeze", ["audio", "one"], ["a3"], name="channel"),
+            helper.make_node("Conv", ["a3", "w_real"], ["re"], strides=[hop], name="stft_real"),
+            helper.make_node("Conv", ["a3", "w_imag"], ["im"], strides=[hop], name="stft_imag"),
+            helper.make_node("Pow", ["re", "two"], ["re2"], name="re_squared"),
+            helper.make_node("Pow", ["im", "two"], ["im2"], name="im_squared"),
+            helper.make_node("Add", ["re2", "im2"], ["power"], name="power"),
+            helper.make_node("Transpose", ["power"], ["power_t"], perm=[0, 2, 1], name="frames_first"),
+            helper.make_node("MatMul", ["power_t", "bank"], ["mel"], name="filter_bank"),
+            helper.make_node("Clip", ["mel", "floor"], ["mel_floor"], name="floor"),
+            helper.make_node("Log", ["mel_floor"], ["ln"], name="log"),
+            helper.make_node("Mul", ["ln", "db"], ["out"], name="to_db"),
+        ],
+        "power_spectrum_db",
+        [_vi("audio", TensorProto.FLOAT, [1, samples])],
+        [_vi("out", TensorProto.FLOAT, [1, frames, bands])],
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(real, "w_real"),
+            numpy_helper.from_array(imag, "w_imag"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+            numpy_helper.from_array(bank, "bank"),
+            numpy_helper.from_array(np.array(1e-10, np.float32), "floor"),
+            numpy_helper.from_array(np.array(10 / np.log(10), np.float32), "db"),
+        ],
+    )
+    return _model17(graph)

@@ -128,11 +128,20 @@ def test_lstm_then_matmul_gemm_on_cuda(tmp_path):
 
 
 def test_overflowing_activations_stay_fp32(tmp_path):
-    record = fp16(tmp_path, models.fp16_overflowing_activations())
+    record = fp16(tmp_path, models.fp16_overflowing_activations(), rescale=False)
     assert_verified(record, tmp_path)
     assert {"square", "sum", "norm"} <= kept(record)
     assert "scale_up" not in kept(record)
     assert "CNV003" in codes(record)
+
+
+def test_overflowing_activations_whose_scale_cancels_are_rescaled(tmp_path):
+    """The same L2 normalisation by default: its input scaled down (the division cancels the
+    scale), nothing kept in FP32 for range (test_rescale.py has the mechanism)."""
+    record = fp16(tmp_path, models.fp16_overflowing_activations())
+    assert_verified(record, tmp_path)
+    assert not {"square", "sum", "norm"} & kept(record)
+    assert "CNV020" in codes(record) and "CNV003" not in codes(record)
 
 
 @pytest.mark.parametrize("budget", [None, 64])
@@ -148,7 +157,7 @@ def test_overflowing_activations_are_found_a_group_of_tensors_at_a_time(tmp_path
     runs = []
     real = verify.Intermediates._run
     monkeypatch.setattr(verify.Intermediates, "_run", lambda self, names: runs.append(list(names)) or real(self, names))
-    record = fp16(tmp_path, models.fp16_overflowing_activations())
+    record = fp16(tmp_path, models.fp16_overflowing_activations(), rescale=False)
     assert_verified(record, tmp_path)
     assert {"square", "sum", "norm"} <= kept(record) and "scale_up" not in kept(record)
     assert "CNV003" in codes(record)

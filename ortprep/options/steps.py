@@ -139,6 +139,10 @@ class ConvertOptions(VerifyOptions):
                                         flags=("--block-op", "--block-ops"), metavar="OP")
     block_nodes: tuple[str, ...] = option((), "Node name to keep in FP32 (repeatable).", Kind.NAMES,
                                           flags=("--block-node", "--block-nodes"), metavar="NODE")
+    rescale: bool = option(True, "FP16: where activations overflow FP16 on the inputs, scale the input feeding them "
+                           "down by a power of two and take the scale out where a Log absorbs it (verified), "
+                           "instead of keeping those nodes in FP32, which an EP computing in FP16 does not "
+                           "(QNN's HTP, DirectML NPUs).", Kind.FLAG)
     opset: int | None = option(None, "Convert to this opset (onnx version converter).", Kind.INT, minimum=1)
     ir_version: int | None = option(None, "Stamp this (older) ONNX IR version, for a runtime that refuses newer ones; "
                                     "verified like every transform.", Kind.INT, minimum=3)

@@ -17,6 +17,7 @@ from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms.fp16 import KeepReason
 from ortprep.transforms.verify import Intermediates, node_count, run_model, run_with_intermediates
+from ortprep.transforms.rescale import apply_rescale, plan_rescale
 
 log = logging.getLogger(__name__)
 # The tensor gate tightens 10x per round where only a decision fails, at most this many times.
@@ -309,6 +310,36 @@ def prefold(proto: ModelProto, feeds, reference, report: StepResult) -> ModelPro
     return original if folded else proto
 
 
+def rescale_inputs(proto: ModelProto, activations: Intermediates, feeds, reference, report: StepResult) -> ModelProto:
+    """``proto`` with each input whose activations overflow FP16 scaled down where the scale can
+    be taken out again (transforms/rescale.py), verified against ``reference`` in FP32; ``proto``
+    itself where nothing overflows, nothing can be rescaled, or the rescaled model differs."""
+    peaks = activations.peaks()
+    if not peaks:
+        return proto
+    plans = plan_rescale(proto, peaks, fp16_step.ACTIVATION_LIMIT)
+    if not plans:
+        return proto
+    candidate = proto
+    for plan in plans:
+        candidate = apply_rescale(candidate, plan)
+    check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
+    if not check.passed:
+        return proto
+    for plan in plans:
+        before = max(peaks.get(name, 0.0) for name in plan.degrees)
+        after = max(peaks.get(name, 0.0) * 2.0 ** (-plan.octaves * degree) for name, degree in plan.degrees.items())
+        report.add(Finding.of(
+            "CNV020",
+            f"input '{plan.source}' scaled by 2^-{plan.octaves} before FP16: the activations it leads to reached "
+            f"{before:.3g} (FP16 holds 65504), now {after:.3g}; the scale is taken out at "
+            f"{', '.join(plan.absorbed_at) or 'no node (it cancels)'}; verified against the original in FP32: max "
+            f"abs diff {check.max_abs_diff:.3g}",
+            fix="nothing to do; --no-rescale keeps those nodes in FP32 instead (an EP computing in FP16 overflows "
+                "there)"))
+    return candidate
+
+
 def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference, report: StepResult, activations=None):
     """FP16 with the range scans first (constants, activations), the EP's FP32-only ops kept, and
     the mixed-precision search; returns (converted model, verification, kept nodes).
@@ -332,6 +363,12 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
         fp16_step.fold_batchnorms(proto, overflow_names)
         remaining = fp16_step.scan_constants(proto).overflow
         activations = None  # the graph changed in place: its intermediates are read again
+    if reference is not None and getattr(options, "rescale", True):
+        if activations is None:
+            activations = Intermediates(proto, feeds)
+        rescaled = rescale_inputs(proto, activations, feeds, reference, report)
+        if rescaled is not proto:
+            proto, activations = rescaled, None
     run = Fp16Search(proto, options, feeds, reference, report)
     for name, peak in scan.overflow:
         handled = (

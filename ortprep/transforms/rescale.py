@@ -1,0 +1,277 @@
+"""Scale an input down by a power of two where the values it leads to overflow FP16, and take the
+scale out again where an op absorbs it.
+
+Audio in int16's scale makes an STFT's power reach 1e12; FP16 holds 65504. Keeping those nodes in
+FP32 works on an EP with FP32 kernels, not on one that computes float in FP16 (QNN's HTP, DirectML
+NPUs). Most such chains are homogeneous: Conv, MatMul, Pow, Add, Clip with constant bounds, pooling
+and layout ops scale their output by s^d when their input scales by s. A Log then turns the scale
+into an offset (log(s^d x) = log x + d log s), which one Add removes. So ``Mul(input, 2^-k)`` at the
+input and that Add after each Log give the same outputs in FP32 (powers of two scale exactly) with
+every activation on the way k*d octaves smaller. Where the chain meets an op that is not homogeneous
+(Exp, Sigmoid, Softmax, an Add of an unscaled tensor) or a graph output still scaled, that input is
+not rescaled. Decision and measurement: docs/decisions/fp16-rescale.md."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+# Ops whose float output scales as their (first) float input: layout, pooling, order and sign.
+SAME = frozenset({
+    "Identity", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Slice", "Gather", "Split",
+    "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Relu", "LeakyRelu", "Abs", "Neg", "MaxPool",
+    "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+    "Cast", "Dropout", "Resize",
+})
+# Ops whose operands must share one scale (constants are scaled to it).
+ALIKE = frozenset({"Add", "Sub", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
+# Ops that multiply their operands' scales (with the operand's sign for Div's divisor).
+PRODUCT = frozenset({"Mul", "MatMul", "Conv", "ConvTranspose", "Gemm", "Div"})
+# Ops whose output no longer depends on a positive scale of their input (indices, shapes, signs).
+SCALE_FREE = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "Sign"})
+_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+# Headroom under FP16's largest value, 8 octaves: a tensor of degree 2 still fits when the input is
+# 16 times louder than any measured.
+AIM = 65504.0 / 256
+# 2^-24 is FP16's smallest subnormal: a larger k leaves the scale itself unrepresentable.
+MAX_OCTAVES = 24
+
+
+@dataclass
+class Plan:
+    """What rescaling one input means: its octaves ``k`` (scale 2^-k), each tracked tensor's
+    degree d (it scales by 2^(-k*d)), the constants to scale ((node index, input index) -> degree)
+    and the Logs to compensate (node index -> degree)."""
+
+    source: str
+    octaves: int = 0
+    degrees: dict[str, float] = field(default_factory=dict)
+    constants: dict[tuple[int, int], float] = field(default_factory=dict)
+    logs: dict[int, float] = field(default_factory=dict)
+    absorbed_at: list[str] = field(default_factory=list)
+
+
+class _NotHomogeneous(Exception):
+    pass
+
+
+def _constants(proto: ModelProto) -> dict[str, np.ndarray]:
+    found = {init.name: init for init in proto.graph.initializer}
+    values: dict[str, np.ndarray] = {}
+    for name, init in found.items():
+        values[name] = numpy_helper.to_array(init)
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def _subgraph_reads(proto: ModelProto) -> set[str]:
+    """Names read inside If/Loop/Scan bodies (a scaled tensor read there is not followed)."""
+    reads: set[str] = set()
+
+    def walk(graph) -> None:
+        for node in graph.node:
+            reads.update(node.input)
+            for attribute in node.attribute:
+                for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    walk(body)
+
+    for node in proto.graph.node:
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                walk(body)
+    return reads
+
+
+def trace(proto: ModelProto, source: str) -> Plan | None:
+    """The degrees of every tensor ``source`` scales (in node order; ONNX graphs are sorted), or
+    None where the chain reaches an op that does not carry a scale through, a subgraph, or a graph
+    output still scaled."""
+    plan = Plan(source, degrees={source: 1.0})
+    constants = _constants(proto)
+    inner = _subgraph_reads(proto)
+    try:
+        for index, node in enumerate(proto.graph.node):
+            scaled = [(slot, plan.degrees[name]) for slot, name in enumerate(node.input) if name in plan.degrees]
+            if not scaled:
+                continue
+            degree = _degree(node, index, scaled, constants, plan)
+            if degree is None:
+                continue  # scale-free outputs: nothing to follow
+            for output in node.output[:1] if node.op_type not in ("Split",) else node.output:
+                if output and degree != 0.0:
+                    plan.degrees[output] = degree
+        if inner & set(plan.degrees):
+            return None
+        if {output.name for output in proto.graph.output} & set(plan.degrees):
+            return None
+    except _NotHomogeneous:
+        return None
+    return plan
+
+
+def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[str, np.ndarray],
+            plan: Plan) -> float | None:
+    """The degree of ``node``'s output given its scaled inputs ``scaled`` [(slot, degree)];
+    records constants to scale and Logs to compensate in ``plan``. None: the output is scale-free."""
+    op = node.op_type
+    slots = dict(scaled)
+    if op in SCALE_FREE:
+        return None
+    if op in SAME:
+        if set(slots) != {0}:
+            raise _NotHomogeneous(op)  # a scaled shape, index or pads: not a value to scale
+        if op == "Cast" and not any(a.name == "to" and a.i in _FLOATS for a in node.attribute):
+            raise _NotHomogeneous(op)  # to an integer: rounding is not homogeneous
+        if op == "Resize" and any(a.name == "mode" and a.s == b"cubic" for a in node.attribute):
+            raise _NotHomogeneous(op)  # cubic overshoot is still linear; kept out to stay simple
+        return slots[0]
+    if op == "Pow":
+        exponent = constants.get(node.input[1]) if len(node.input) > 1 else None
+        if 1 in slots or exponent is None or exponent.size != 1:
+            raise _NotHomogeneous(op)
+        return slots[0] * float(exponent.reshape(()))
+    if op == "Sqrt":
+        return slots[0] / 2
+    if op == "Reciprocal":
+        return -slots[0]
+    if op == "Log":
+        plan.logs[index] = slots[0]
+        plan.absorbed_at.append(node.name or f"Log #{index}")
+        return 0.0
+    if op == "Clip":
+        if any(a.name in ("min", "max") for a in node.attribute):
+            raise _NotHomogeneous(op)  # opset < 11 bounds as attributes
+        for slot in (1, 2):
+            if slot in slots:
+                raise _NotHomogeneous(op)
+            if len(node.input) > slot and node.input[slot]:
+                if node.input[slot] not in constants:
+                    raise _NotHomogeneous(op)
+                plan.constants[(index, slot)] = slots[0]
+        return slots[0]
+    if op in PRODUCT:
+        if op == "Gemm" or (op in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.input[2]):
+            if 2 in slots:
+                raise _NotHomogeneous(op)
+        total = sum(-d if (op == "Div" and slot == 1) else d for slot, d in slots.items() if slot < 2)
+        if op in ("Gemm", "Conv", "ConvTranspose") and len(node.input) > 2 and node.input[2] and total:
+            if node.input[2] not in constants:
+                raise _NotHomogeneous(op)
+            plan.constants[(index, 2)] = total
+        return total
+    if op in ALIKE:
+        data = range(1, len(node.input)) if op == "Where" else range(len(node.input))
+        if op == "Where" and 0 in slots:
+            raise _NotHomogeneous(op)
+        degrees = {slots[slot] for slot in data if slot in slots}
+        if len(degrees) != 1:
+            raise _NotHomogeneous(op)
+        (degree,) = degrees
+        for slot in data:
+            if slot in slots or not node.input[slot]:
+                continue
+            if node.input[slot] not in constants:
+                raise _NotHomogeneous(op)  # an unscaled tensor added to a scaled one
+            plan.constants[(index, slot)] = degree
+        return degree
+    raise _NotHomogeneous(op)
+
+
+def choose_octaves(plan: Plan, peaks: dict[str, float], aim: float = AIM) -> int | None:
+    """The fewest octaves k that bring every tracked tensor's measured peak under ``aim``; None
+    where no k does (a tensor of negative degree grows as the others shrink) or k > MAX_OCTAVES."""
+    low, high = 0.0, math.inf  # k must lie in [low, high]
+    for name, degree in plan.degrees.items():
+        peak = peaks.get(name, 0.0)
+        if peak <= 0.0 or not math.isfinite(peak):
+            continue
+        need = math.log2(peak / aim) / degree  # peak * 2^(-k*d) <= aim
+        if degree > 0:
+            low = max(low, need)
+        else:
+            high = min(high, need)
+    octaves = max(0, math.ceil(low - 1e-9))
+    if octaves > high or octaves > MAX_OCTAVES:
+        return None
+    return octaves
+
+
+def plan_rescale(proto: ModelProto, peaks: dict[str, float], limit: float) -> list[Plan]:
+    """For each float graph input whose chain reaches a tensor over ``limit`` (measured ``peaks``)
+    and carries a scale through to the outputs: the plan with its octaves."""
+    plans = []
+    for graph_input in proto.graph.input:
+        if graph_input.type.tensor_type.elem_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+            continue
+        plan = trace(proto, graph_input.name)
+        if plan is None or not any(peaks.get(name, 0.0) > limit for name in plan.degrees):
+            continue
+        octaves = choose_octaves(plan, peaks)
+        if not octaves:
+            continue
+        plan.octaves = octaves
+        plans.append(plan)
+    return plans
+
+
+def apply_rescale(proto: ModelProto, plan: Plan) -> ModelProto:
+    """A copy of ``proto`` with ``plan`` applied: Mul(source, 2^-k) feeding its readers, scaled
+    copies of the constants, an Add after each Log."""
+    out = ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    constants = _constants(out)
+    scale = 2.0 ** -plan.octaves
+    taken = {name for node in graph.node for name in list(node.input) + list(node.output)}
+    taken |= {init.name for init in graph.initializer} | {i.name for i in graph.input}
+
+    def fresh(base: str) -> str:
+        name, count = base, 0
+        while name in taken:
+            count += 1
+            name = f"{base}_{count}"
+        taken.add(name)
+        return name
+
+    swapped = set()
+    for (index, slot), degree in plan.constants.items():
+        node = graph.node[index]
+        swapped.add(node.input[slot])
+        value = constants[node.input[slot]]
+        scaled = (value.astype(np.float64) * scale ** degree).astype(value.dtype)
+        name = fresh(f"{node.input[slot]}_x2^{-plan.octaves * degree:g}")
+        graph.initializer.append(numpy_helper.from_array(scaled, name))
+        node.input[slot] = name
+    new_nodes = []
+    for index, node in enumerate(graph.node):
+        new_nodes.append(node)
+        if index in plan.logs:
+            raw = fresh(f"{node.output[0]}_rescaled")
+            offset = fresh(f"{node.output[0]}_offset")
+            graph.initializer.append(numpy_helper.from_array(
+                np.array(plan.logs[index] * plan.octaves * math.log(2.0), np.float32), offset))
+            final = node.output[0]
+            node.output[0] = raw
+            unscale = helper.make_node("Add", [raw, offset], [final], name=fresh(f"{node.name or 'Log'}_unscale"))
+            new_nodes.append(unscale)
+    scaled_input = fresh(f"{plan.source}_x2^-{plan.octaves}")
+    factor = fresh(f"{plan.source}_scale")
+    for node in new_nodes:
+        for slot, name in enumerate(node.input):
+            if name == plan.source:
+                node.input[slot] = scaled_input
+    graph.initializer.append(numpy_helper.from_array(np.array(scale, np.float32), factor))
+    entry = helper.make_node("Mul", [plan.source, factor], [scaled_input], name=fresh(f"{plan.source}_rescale"))
+    del graph.node[:]
+    graph.node.extend([entry, *new_nodes])
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    replaced = swapped - read  # the constants only the scaled copies replace
+    kept = [init for init in graph.initializer if init.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return out

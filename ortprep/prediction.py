@@ -42,6 +42,8 @@ FIXES = {
     "EP002": "convert the model to an opset {ep} registers: ortprep convert MODEL --opset N",
     "EP003": "cast to a type {ep} takes (ortprep convert --fp16 where float16 is supported), or accept the fallback",
     "EP005": "register the custom-op library that implements {op}, or replace it with standard ONNX ops",
+    "QNN010": "compute the {op}'s bounds from constants (a Max or Min against a computed floor runs on {ep}), or "
+              "accept one CPU node and its two copies",
 }
 
 

@@ -31,6 +31,7 @@ class Case:
 
 RNG = np.random.default_rng(7)
 CASES: dict[str, Case] = {
+    "clip-max-min": Case("Clip", constants={"low": np.array(-1.5, np.float32), "high": np.array(2.0, np.float32)}),
     "hardsigmoid-clip": Case("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
     "hardswish-hardsigmoid": Case("HardSwish"),
     "hardswish-clip": Case("HardSwish"),

@@ -106,10 +106,15 @@ def static_shape_fix(analysis: ModelAnalysis, model: str) -> str | None:
     return f"ortprep convert {model} {' '.join(parts)} -o {stem}.static.onnx ({told}pick the sizes you deploy with)"
 
 
+# Fallbacks a decomposition may get past: an op the EP's table lacks (EP001), a Clip QNN takes
+# only with constant bounds (QNN010).
+REWRITE_CODES = ("EP001", "QNN010")
+
+
 def rewrite_fix(finding: Finding, analysis: ModelAnalysis, model: str) -> Finding:
-    """An EP001 whose node (of the main graph) has a decomposition into ops the EP's table takes at
+    """An EP001 (or QNN010) whose node (of the main graph) has a decomposition into ops the EP's table takes at
     the model's opset: its fix is the convert command that applies it (transforms/decompose)."""
-    if finding.code != "EP001" or not finding.ep or not finding.node:
+    if finding.code not in REWRITE_CODES or not finding.ep or not finding.node:
         return finding
     from ortprep.transforms.decompose.apply import decomposition_for
 

@@ -113,7 +113,25 @@ def _swish(node: NodeProto, emit: Emitter) -> bool:
     return True
 
 
+def _clip_by_max_min(node: NodeProto, emit: Emitter) -> bool:
+    """Clip(x, low, high) as Min(Max(x, low), high), for an EP that takes Clip only with constant
+    bounds (QNN: its 80-dB floor, a ReduceMax less 80, leaves openWakeWord's mel front end's Clip
+    on the CPU EP) but Max and Min of two tensors."""
+    low = node.input[1] if len(node.input) > 1 and node.input[1] else None
+    high = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if low is None and high is None:
+        return False  # no bounds: nothing a Max or Min would do
+    if high is None:
+        emit.node("Max", [node.input[0], low], out=node.output[0])
+    elif low is None:
+        emit.node("Min", [node.input[0], high], out=node.output[0])
+    else:
+        emit.node("Min", [emit.node("Max", [node.input[0], low]), high], out=node.output[0])
+    return True
+
+
 ACTIVATIONS = (
+    Decomposition("clip-max-min", "Clip", ("Max", "Min"), (11, None), _clip_by_max_min, "Min(Max(x, low), high)"),
     Decomposition("hardsigmoid-clip", "HardSigmoid", ("Mul", "Add", "Clip"), (11, None), _hard_sigmoid,
                   "Clip(alpha * x + beta, 0, 1)"),
     Decomposition("hardswish-hardsigmoid", "HardSwish", ("HardSigmoid", "Mul"), (14, None),

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import models
 import ortprep
 from ep_marks import needs_qnn
-from ortprep.transforms.rescale import AIM, apply_rescale, plan_rescale, trace
+from ortprep.transforms.rescale import AIM, FP16_MIN_NORMAL, apply_rescale, plan_rescale, rescaled, trace
 from ortprep.transforms.verify import Intermediates
 
 
@@ -52,7 +52,9 @@ def test_the_power_spectrum_is_scaled_and_the_log_takes_the_scale_out():
         np.testing.assert_allclose(cpu(rescaled, feed), cpu(model, feed), rtol=1e-6, atol=0)  # float32 rounding
     after = Intermediates(rescaled, feed).peaks()
     assert max(value for name, value in after.items() if name != "audio") <= AIM * 4
-    assert "floor" not in {init.name for init in rescaled.graph.initializer}  # replaced by its scaled copy
+    # the floor before the Log moved past it as its log (scaled, 1e-10 would fall below FP16)
+    assert plan.floors and "floor" not in {init.name for init in rescaled.graph.initializer}
+    assert [n.op_type for n in rescaled.graph.node][-4:-1] == ["Log", "Add", "Clip"]
     assert [n.name for n in model.graph.node] == [n.name for n in models.power_spectrum_db().graph.node]
 
 
@@ -154,3 +156,73 @@ def test_check_says_qnn_gives_a_clip_with_run_time_bounds_back(tmp_path):
     (found,) = findings(clip_model(True))
     assert found["node"] == "floor"
     assert findings(clip_model(False)) == []
+    fed = onnx.load(str(clip_model(False)))  # the bound an initializer a caller may feed: not constant
+    fed.graph.input.append(helper.make_tensor_value_info("fixed", TensorProto.FLOAT, []))
+    onnx.save(fed, str(tmp_path / "fed.onnx"))
+    (found,) = findings(tmp_path / "fed.onnx")
+    assert found["node"] == "floor"
+
+
+def test_the_fp16_file_keeps_silence_and_quiet_input(tmp_path):
+    """Digital silence reaches the floor: scaled by 2^-2k it would be zero in FP16 (+18 dB where
+    the original says -100 dB; found by review); moved past the Log it is log(1e-10)."""
+    _convert(tmp_path, "fp16.onnx")
+    model, loud = spectrum_and_feed()
+    written = onnx.load(str(tmp_path / "fp16.onnx"))
+    for gain in (0.0, 1e-5, 1e-3, 1.0):
+        feed = {"audio": (loud["audio"] * gain).astype(np.float32)}
+        assert np.abs(cpu(written, feed) - cpu(model, feed)).max() < 0.25, gain  # dB
+
+
+def test_two_inputs_are_each_rescaled_on_the_graph_the_other_left():
+    """The second plan's node indices move when the first adds its Mul and Adds: each is traced
+    again (found by review: the wrong constant was scaled, or an IndexError)."""
+    nodes, inputs, inits = [], [], []
+    for i in (1, 2):
+        nodes += [helper.make_node("Mul", [f"x{i}", f"big{i}"], [f"a{i}"]),
+                  helper.make_node("Pow", [f"a{i}", "two"], [f"p{i}"]),
+                  helper.make_node("Relu", [f"p{i}"], [f"r{i}"]),
+                  helper.make_node("Add", [f"r{i}", "eps"], [f"e{i}"]),
+                  helper.make_node("Log", [f"e{i}"], [f"y{i}"])]
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, 8]))
+        inits.append(numpy_helper.from_array(np.array(1e4 * i, np.float32), f"big{i}"))
+    inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+              numpy_helper.from_array(np.array(1e5, np.float32), "eps")]  # scaled at degree 2 in both
+    graph = helper.make_graph(nodes, "two", inputs, [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 8])
+                                                     for i in (1, 2)], inits)
+    model = models.make(graph)
+    rng = np.random.default_rng(0)
+    feed = {f"x{i}": rng.uniform(0.5, 2, (1, 8)).astype(np.float32) for i in (1, 2)}
+    plans = plan_rescale(model, Intermediates(model, feed).peaks(), 65504 / 2)
+    assert [p.source for p in plans] == ["x1", "x2"]
+    both = rescaled(model, plans)
+    onnx.checker.check_model(both, full_check=True)
+    session = ort.InferenceSession(both.SerializeToString(), providers=["CPUExecutionProvider"])
+    original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, want in zip(session.run(None, feed), original.run(None, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_scaled_constant_stays_within_fp16_and_a_fed_initializer_is_no_constant():
+    """An epsilon added at degree 2 bounds the octaves (found by review: scaled past FP16's range it
+    became zero); an initializer listed as a graph input may be fed, so nothing is scaled from it."""
+    def chain(eps: float, fed: bool) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("Mul", ["x", "big"], ["a"]), helper.make_node("Pow", ["a", "two"], ["p"]),
+             helper.make_node("Add", ["p", "eps"], ["e"]), helper.make_node("Log", ["e"], ["y"])],
+            "eps", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])]
+            + ([helper.make_tensor_value_info("eps", TensorProto.FLOAT, [])] if fed else []),
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+            [numpy_helper.from_array(np.array(1e4, np.float32), "big"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(eps, np.float32), "eps")])
+        return models.make(graph)
+
+    feed = {"x": np.random.default_rng(0).uniform(0.5, 2, (1, 8)).astype(np.float32)}
+    model = chain(1e3, fed=False)
+    (plan,) = plan_rescale(model, Intermediates(model, feed).peaks(), 65504 / 2)
+    assert 1e3 * 2.0 ** (-2 * plan.octaves) >= FP16_MIN_NORMAL
+    tiny = chain(1e-6, fed=False)  # no octave count both fits the squares and keeps 1e-6 * 2^-2k in FP16
+    assert plan_rescale(tiny, Intermediates(tiny, feed).peaks(), 65504 / 2) == []
+    fed = chain(1.0, fed=True)
+    assert trace(fed, "x") is None

@@ -163,7 +163,9 @@ def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], grap
             or not all(v.static or v.is_initializer for v in inputs)):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN needs a static shape on every tensor "
                            "(QNN: \"Cannot get shape\")", QNN_MEASURED, "QNN002")
-    if node.op_type == "Clip" and any(v is not None and not v.is_initializer for v in node.inputs[1:3]):
+    if node.op_type == "Clip" and any(
+            (v is not None and not v.is_initializer) or name in graph_inputs  # an initializer a caller may feed
+            for v, name in zip(node.inputs[1:3], node.node.input[1:3]) if name):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN takes Clip only with constant bounds (QNN: \"QNN "
                            "doesn't support dynamic min/max\"; openWakeWord's mel front end, whose 80-dB floor "
                            "is its ReduceMax less 80)", QNN_CLIP_MEASURED, "QNN010")

@@ -17,7 +17,7 @@ from ortprep.options import ConvertOptions
 from ortprep.transforms import fp16 as fp16_step
 from ortprep.transforms.fp16 import KeepReason
 from ortprep.transforms.verify import Intermediates, node_count, run_model, run_with_intermediates
-from ortprep.transforms.rescale import apply_rescale, plan_rescale
+from ortprep.transforms.rescale import plan_rescale, rescaled
 
 log = logging.getLogger(__name__)
 # The tensor gate tightens 10x per round where only a decision fails, at most this many times.
@@ -320,10 +320,12 @@ def rescale_inputs(proto: ModelProto, activations: Intermediates, feeds, referen
     plans = plan_rescale(proto, peaks, fp16_step.ACTIVATION_LIMIT)
     if not plans:
         return proto
-    candidate = proto
-    for plan in plans:
-        candidate = apply_rescale(candidate, plan)
-    check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
+    try:
+        candidate = rescaled(proto, plans)
+        check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
+    except Exception as error:  # noqa: BLE001 - a rescale that cannot be built leaves FP32 keeps as before
+        log.info("rescale not applied: %s", error)
+        return proto
     if not check.passed:
         return proto
     for plan in plans:

@@ -7,7 +7,9 @@ NPUs). Most such chains are homogeneous: Conv, MatMul, Pow, Add, Clip with const
 and layout ops scale their output by s^d when their input scales by s. A Log then turns the scale
 into an offset (log(s^d x) = log x + d log s), which one Add removes. So ``Mul(input, 2^-k)`` at the
 input and that Add after each Log give the same outputs in FP32 (powers of two scale exactly) with
-every activation on the way k*d octaves smaller. Where the chain meets an op that is not homogeneous
+every activation on the way k*d octaves smaller. A floor clipped just before a Log (1e-10, the log of
+silence) moves past it, as its log: scaled, it would fall below what FP16 holds. Constants that are
+scaled must stay within FP16's normal range. Where the chain meets an op that is not homogeneous
 (Exp, Sigmoid, Softmax, an Add of an unscaled tensor) or a graph output still scaled, that input is
 not rescaled. Decision and measurement: docs/decisions/fp16-rescale.md."""
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from ortprep.model import iter_graphs
 
 # Ops whose float output scales as their (first) float input: layout, pooling, order and sign.
 SAME = frozenset({
@@ -32,12 +36,14 @@ ALIKE = frozenset({"Add", "Sub", "Max", "Min", "Sum", "Mean", "Concat", "Where"}
 PRODUCT = frozenset({"Mul", "MatMul", "Conv", "ConvTranspose", "Gemm", "Div"})
 # Ops whose output no longer depends on a positive scale of their input (indices, shapes, signs).
 SCALE_FREE = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "Sign"})
-_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
 # Headroom under FP16's largest value, 8 octaves: a tensor of degree 2 still fits when the input is
 # 16 times louder than any measured.
 AIM = 65504.0 / 256
 # 2^-24 is FP16's smallest subnormal: a larger k leaves the scale itself unrepresentable.
 MAX_OCTAVES = 24
+FP16_MAX = 65504.0
+# A scaled constant keeps FP16's full precision down to its smallest normal value.
+FP16_MIN_NORMAL = 2.0 ** -14
 
 
 @dataclass
@@ -52,6 +58,8 @@ class Plan:
     constants: dict[tuple[int, int], float] = field(default_factory=dict)
     logs: dict[int, float] = field(default_factory=dict)
     absorbed_at: list[str] = field(default_factory=list)
+    floors: dict[int, int] = field(default_factory=dict)  # Clip node index -> the index of the Log it feeds
+    values: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # the constants' values
 
 
 class _NotHomogeneous(Exception):
@@ -59,10 +67,13 @@ class _NotHomogeneous(Exception):
 
 
 def _constants(proto: ModelProto) -> dict[str, np.ndarray]:
-    found = {init.name: init for init in proto.graph.initializer}
+    """The main graph's constant values: initializers (not those a caller may feed, listed as
+    inputs) and Constant nodes' ``value``."""
+    fed = {value.name for value in proto.graph.input}
     values: dict[str, np.ndarray] = {}
-    for name, init in found.items():
-        values[name] = numpy_helper.to_array(init)
+    for init in proto.graph.initializer:
+        if init.name not in fed:
+            values[init.name] = numpy_helper.to_array(init)
     for node in proto.graph.node:
         if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
             values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
@@ -94,10 +105,17 @@ def trace(proto: ModelProto, source: str) -> Plan | None:
     plan = Plan(source, degrees={source: 1.0})
     constants = _constants(proto)
     inner = _subgraph_reads(proto)
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(proto.graph.node):
+        for name in node.input:
+            readers.setdefault(name, []).append(index)
     try:
         for index, node in enumerate(proto.graph.node):
             scaled = [(slot, plan.degrees[name]) for slot, name in enumerate(node.input) if name in plan.degrees]
             if not scaled:
+                continue
+            if node.op_type == "Clip" and _floor_before_log(proto, node, index, readers, constants, plan):
+                plan.degrees[node.output[0]] = dict(scaled)[0]
                 continue
             degree = _degree(node, index, scaled, constants, plan)
             if degree is None:
@@ -114,6 +132,26 @@ def trace(proto: ModelProto, source: str) -> Plan | None:
     return plan
 
 
+def _floor_before_log(proto: ModelProto, node, index: int, readers: dict[str, list[int]],
+                      constants: dict[str, np.ndarray], plan: Plan) -> bool:
+    """A Clip with constant bounds (the lower one positive) whose only reader is a Log: recorded
+    in ``plan.floors``, to move past the Log as the log of its bounds (Log is monotonic)."""
+    if any(a.name in ("min", "max") for a in node.attribute) or node.output[0] in {o.name for o in proto.graph.output}:
+        return False
+    reading = readers.get(node.output[0], [])
+    if len(reading) != 1 or proto.graph.node[reading[0]].op_type != "Log":
+        return False
+    bounds = [node.input[slot] if len(node.input) > slot and node.input[slot] else None for slot in (1, 2)]
+    if any(b is not None and (b not in constants or constants[b].size != 1) for b in bounds) or node.input[0] in bounds:
+        return False
+    low = float(constants[bounds[0]].reshape(())) if bounds[0] else None
+    high = float(constants[bounds[1]].reshape(())) if bounds[1] else None
+    if (low is not None and not low > 0) or (high is not None and not high > 0):
+        return False
+    plan.floors[index] = reading[0]
+    return True
+
+
 def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[str, np.ndarray],
             plan: Plan) -> float | None:
     """The degree of ``node``'s output given its scaled inputs ``scaled`` [(slot, degree)];
@@ -125,10 +163,13 @@ def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[s
     if op in SAME:
         if set(slots) != {0}:
             raise _NotHomogeneous(op)  # a scaled shape, index or pads: not a value to scale
-        if op == "Cast" and not any(a.name == "to" and a.i in _FLOATS for a in node.attribute):
-            raise _NotHomogeneous(op)  # to an integer: rounding is not homogeneous
+        if op == "Cast" and not any(a.name == "to" and a.i == TensorProto.FLOAT for a in node.attribute):
+            raise _NotHomogeneous(op)  # to an integer (rounding), or another float type (the offsets are float32)
         if op == "Resize" and any(a.name == "mode" and a.s == b"cubic" for a in node.attribute):
             raise _NotHomogeneous(op)  # cubic overshoot is still linear; kept out to stay simple
+        if op == "Resize" and any(a.name == "coordinate_transformation_mode" and a.s == b"tf_crop_and_resize"
+                                  for a in node.attribute):
+            raise _NotHomogeneous(op)  # outside the roi it writes extrapolation_value, unscaled
         return slots[0]
     if op == "Pow":
         exponent = constants.get(node.input[1]) if len(node.input) > 1 else None
@@ -153,6 +194,7 @@ def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[s
                 if node.input[slot] not in constants:
                     raise _NotHomogeneous(op)
                 plan.constants[(index, slot)] = slots[0]
+                plan.values[(index, slot)] = constants[node.input[slot]]
         return slots[0]
     if op in PRODUCT:
         if op == "Gemm" or (op in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.input[2]):
@@ -163,6 +205,7 @@ def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[s
             if node.input[2] not in constants:
                 raise _NotHomogeneous(op)
             plan.constants[(index, 2)] = total
+            plan.values[(index, 2)] = constants[node.input[2]]
         return total
     if op in ALIKE:
         data = range(1, len(node.input)) if op == "Where" else range(len(node.input))
@@ -178,6 +221,7 @@ def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[s
             if node.input[slot] not in constants:
                 raise _NotHomogeneous(op)  # an unscaled tensor added to a scaled one
             plan.constants[(index, slot)] = degree
+            plan.values[(index, slot)] = constants[node.input[slot]]
         return degree
     raise _NotHomogeneous(op)
 
@@ -195,10 +239,31 @@ def choose_octaves(plan: Plan, peaks: dict[str, float], aim: float = AIM) -> int
             low = max(low, need)
         else:
             high = min(high, need)
+    for key, degree in plan.constants.items():  # scaled constants stay within FP16's normal range
+        magnitudes = np.abs(np.asarray(plan.values[key], np.float64))
+        magnitudes = magnitudes[np.isfinite(magnitudes) & (magnitudes > 0)]
+        if magnitudes.size == 0 or degree == 0:
+            continue
+        if degree > 0:  # the smallest shrinks: min * 2^(-k*d) >= FP16_MIN_NORMAL
+            high = min(high, math.log2(float(magnitudes.min()) / FP16_MIN_NORMAL) / degree)
+        else:  # the largest grows: max * 2^(k*|d|) <= aim
+            high = min(high, math.log2(aim / float(magnitudes.max())) / -degree)
     octaves = max(0, math.ceil(low - 1e-9))
     if octaves > high or octaves > MAX_OCTAVES:
         return None
     return octaves
+
+
+def rescaled(proto: ModelProto, plans: list[Plan]) -> ModelProto:
+    """``proto`` with every plan applied, each traced again on the graph the one before wrote
+    (their node indices move); a plan whose input no longer traces is left out."""
+    for plan in plans:
+        again = trace(proto, plan.source)
+        if again is None:
+            continue
+        again.octaves = plan.octaves
+        proto = apply_rescale(proto, again)
+    return proto
 
 
 def plan_rescale(proto: ModelProto, peaks: dict[str, float], limit: float) -> list[Plan]:
@@ -206,8 +271,10 @@ def plan_rescale(proto: ModelProto, peaks: dict[str, float], limit: float) -> li
     and carries a scale through to the outputs: the plan with its octaves."""
     plans = []
     for graph_input in proto.graph.input:
-        if graph_input.type.tensor_type.elem_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+        if graph_input.type.tensor_type.elem_type != TensorProto.FLOAT:
             continue
+        if peaks.get(graph_input.name, 0.0) > FP16_MAX:
+            continue  # FP16 cannot hold the input itself: its Cast overflows before any scale
         plan = trace(proto, graph_input.name)
         if plan is None or not any(peaks.get(name, 0.0) > limit for name in plan.degrees):
             continue
@@ -221,21 +288,29 @@ def plan_rescale(proto: ModelProto, peaks: dict[str, float], limit: float) -> li
 
 def apply_rescale(proto: ModelProto, plan: Plan) -> ModelProto:
     """A copy of ``proto`` with ``plan`` applied: Mul(source, 2^-k) feeding its readers, scaled
-    copies of the constants, an Add after each Log."""
+    copies of the constants, an Add after each Log, each floor moved past its Log."""
     out = ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
     constants = _constants(out)
     scale = 2.0 ** -plan.octaves
-    taken = {name for node in graph.node for name in list(node.input) + list(node.output)}
-    taken |= {init.name for init in graph.initializer} | {i.name for i in graph.input}
+    taken, node_names = set(), set()
+    for _, each in iter_graphs(graph):  # names anywhere: a body may define what the main graph adds
+        taken |= {name for node in each.node for name in list(node.input) + list(node.output)}
+        taken |= {init.name for init in each.initializer} | {v.name for v in each.input} | {v.name for v in each.output}
+        node_names |= {node.name for node in each.node}
 
-    def fresh(base: str) -> str:
+    def fresh(base: str, names: set[str] = taken) -> str:
         name, count = base, 0
-        while name in taken:
+        while name in names:
             count += 1
             name = f"{base}_{count}"
-        taken.add(name)
+        names.add(name)
+        return name
+
+    def constant(value: np.ndarray, base: str) -> str:
+        name = fresh(base)
+        graph.initializer.append(numpy_helper.from_array(value, name))
         return name
 
     swapped = set()
@@ -244,34 +319,48 @@ def apply_rescale(proto: ModelProto, plan: Plan) -> ModelProto:
         swapped.add(node.input[slot])
         value = constants[node.input[slot]]
         scaled = (value.astype(np.float64) * scale ** degree).astype(value.dtype)
-        name = fresh(f"{node.input[slot]}_x2^{-plan.octaves * degree:g}")
-        graph.initializer.append(numpy_helper.from_array(scaled, name))
-        node.input[slot] = name
+        node.input[slot] = constant(scaled, f"{node.input[slot]}_x2^{-plan.octaves * degree:g}")
+    floors = {log: graph.node[clip] for clip, log in plan.floors.items()}
     new_nodes = []
     for index, node in enumerate(graph.node):
+        if index in plan.floors:
+            continue  # moved past its Log, below
+        if index in floors:  # the Log reads what its floor read
+            node.input[0] = floors[index].input[0]
         new_nodes.append(node)
-        if index in plan.logs:
-            raw = fresh(f"{node.output[0]}_rescaled")
-            offset = fresh(f"{node.output[0]}_offset")
-            graph.initializer.append(numpy_helper.from_array(
-                np.array(plan.logs[index] * plan.octaves * math.log(2.0), np.float32), offset))
-            final = node.output[0]
-            node.output[0] = raw
-            unscale = helper.make_node("Add", [raw, offset], [final], name=fresh(f"{node.name or 'Log'}_unscale"))
-            new_nodes.append(unscale)
+        if index not in plan.logs:
+            continue
+        final = node.output[0]
+        raw = node.output[0] = fresh(f"{final}_rescaled")
+        offset = constant(np.array(plan.logs[index] * plan.octaves * math.log(2.0), np.float32), f"{final}_offset")
+        unscale = fresh(f"{node.name or 'Log'}_unscale", node_names)
+        if index not in floors:
+            new_nodes.append(helper.make_node("Add", [raw, offset], [final], name=unscale))
+            continue
+        unscaled = fresh(f"{final}_unscaled")
+        new_nodes.append(helper.make_node("Add", [raw, offset], [unscaled], name=unscale))
+        clip = floors[index]
+        bounds = []
+        for slot in (1, 2):
+            bound = clip.input[slot] if len(clip.input) > slot and clip.input[slot] else None
+            bounds.append(constant(np.log(constants[bound].astype(np.float32)), f"{bound}_log") if bound else "")
+        while bounds and not bounds[-1]:
+            bounds.pop()
+        new_nodes.append(helper.make_node("Clip", [unscaled, *bounds], [final],
+                                          name=fresh(f"{clip.name or 'Clip'}_after_log", node_names)))
     scaled_input = fresh(f"{plan.source}_x2^-{plan.octaves}")
-    factor = fresh(f"{plan.source}_scale")
+    factor = constant(np.array(scale, np.float32), f"{plan.source}_scale")
     for node in new_nodes:
         for slot, name in enumerate(node.input):
             if name == plan.source:
                 node.input[slot] = scaled_input
-    graph.initializer.append(numpy_helper.from_array(np.array(scale, np.float32), factor))
-    entry = helper.make_node("Mul", [plan.source, factor], [scaled_input], name=fresh(f"{plan.source}_rescale"))
+    entry = helper.make_node("Mul", [plan.source, factor], [scaled_input],
+                             name=fresh(f"{plan.source}_rescale", node_names))
     del graph.node[:]
     graph.node.extend([entry, *new_nodes])
-    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    replaced = swapped - read  # the constants only the scaled copies replace
-    kept = [init for init in graph.initializer if init.name not in replaced]
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output} | _subgraph_reads(out)
+    gone = (swapped | {floors[i].input[slot] for i in floors for slot in (1, 2) if len(floors[i].input) > slot}) - read
+    kept = [init for init in graph.initializer if init.name not in gone]  # only what the rescale replaced
     del graph.initializer[:]
     graph.initializer.extend(kept)
     return out

@@ -193,8 +193,9 @@ def analysis_matches(table: SupportTable, analysis: ModelAnalysis) -> list:
 
 def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> list[NodeVerdict]:
     graph = analysis.handle.graph
-    graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output})
     nodes = analysis.all_nodes()
+    folded = {name for index in folded_nodes(analysis) for name in nodes[index].node.output if name}
+    graph_io = ({v.name for v in graph.input}, {v.name for v in graph.output}, folded)
     verdicts = []
     shared: dict[int, NodeVerdict] = {}  # by the match's id: a verdict no rule adjusts is the match's
     for node, found in zip(nodes, analysis_matches(table, analysis)):

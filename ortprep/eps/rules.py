@@ -150,7 +150,8 @@ QNN_CLIP_MEASURED = ("measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, 
                      "2026-12-07: ortprep load of openWakeWord 0.4.0's mel front end in FP16 (its Clip_28)")
 
 
-def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str]) -> NodeVerdict:
+def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str],
+              folded: frozenset[str] | set[str] = frozenset()) -> NodeVerdict:
     """What the real QNN EP rejects although its op table lists the op (see docs/eps.md)."""
     if node.graph_id > 0:
         return verdict  # a node of an If's branch goes where its If goes: see qnn_control_flow
@@ -163,8 +164,10 @@ def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], grap
             or not all(v.static or v.is_initializer for v in inputs)):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN needs a static shape on every tensor "
                            "(QNN: \"Cannot get shape\")", QNN_MEASURED, "QNN002")
+    # a bound ORT folds to a constant before partitioning (an Identity or Cast of one) is constant;
+    # an initializer a caller may feed (listed as a graph input) is not
     if node.op_type == "Clip" and any(
-            (v is not None and not v.is_initializer) or name in graph_inputs  # an initializer a caller may feed
+            (v is not None and not v.is_initializer and name not in folded) or name in graph_inputs
             for v, name in zip(node.inputs[1:3], node.node.input[1:3]) if name):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN takes Clip only with constant bounds (QNN: \"QNN "
                            "doesn't support dynamic min/max\"; openWakeWord's mel front end, whose 80-dB floor "
@@ -338,9 +341,9 @@ def ep_context_source(node: NodeInfo) -> str | None:
 
 
 def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Match,
-                  graph_io: tuple[set[str], set[str]] = (set(), set())) -> NodeVerdict:
+                  graph_io: tuple = (set(), set())) -> NodeVerdict:
     """A table match, adjusted by the EP's node rules. ``graph_io``: the main graph's input and
-    output names."""
+    output names, and (optionally) the outputs ORT's constant folding computes away."""
     source = ep_context_source(node)
     if source is not None:
         # ORT's EPs read the attribute without regard to case, QNN's as 'qnn' or 'QNNExecutionProvider'

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from ortprep.graphops import fresh_name
 from ortprep.model import iter_graphs
 
 # Ops whose float output scales as their (first) float input: layout, pooling, order and sign.
@@ -301,12 +302,7 @@ def apply_rescale(proto: ModelProto, plan: Plan) -> ModelProto:
         node_names |= {node.name for node in each.node}
 
     def fresh(base: str, names: set[str] = taken) -> str:
-        name, count = base, 0
-        while name in names:
-            count += 1
-            name = f"{base}_{count}"
-        names.add(name)
-        return name
+        return fresh_name(base, names)
 
     def constant(value: np.ndarray, base: str) -> str:
         name = fresh(base)

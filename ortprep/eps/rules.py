@@ -146,8 +146,7 @@ def _dml_node(spec: EpSpec, table: SupportTable, node: NodeInfo, verdict: NodeVe
 # --------------------------------------------------------------------------- QNN (measured)
 
 QNN_MEASURED = "measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP backend (x86 simulator), 2026-11-22"
-QNN_CLIP_MEASURED = ("measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP backend (x86 simulator), "
-                     "2026-12-07: ortprep load of openWakeWord 0.4.0's mel front end in FP16 (its Clip_28)")
+QNN_CLIP_MEASURED = QNN_MEASURED.replace("2026-11-22", "2026-12-07 (openWakeWord 0.4.0's mel front end)")
 
 
 def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str],
@@ -164,14 +163,12 @@ def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], grap
             or not all(v.static or v.is_initializer for v in inputs)):
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN needs a static shape on every tensor "
                            "(QNN: \"Cannot get shape\")", QNN_MEASURED, "QNN002")
-    # a bound ORT folds to a constant before partitioning (an Identity or Cast of one) is constant;
-    # an initializer a caller may feed (listed as a graph input) is not
+    # a bound ORT folds before partitioning is constant; an initializer listed as an input is not
     if node.op_type == "Clip" and any(
             (v is not None and not v.is_initializer and name not in folded) or name in graph_inputs
             for v, name in zip(node.inputs[1:3], node.node.input[1:3]) if name):
-        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN takes Clip only with constant bounds (QNN: \"QNN "
-                           "doesn't support dynamic min/max\"; openWakeWord's mel front end, whose 80-dB floor "
-                           "is its ReduceMax less 80)", QNN_CLIP_MEASURED, "QNN010")
+        return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "QNN takes Clip only with constant bounds (QNN: \"QNN doesn't "
+                           "support dynamic min/max\")", QNN_CLIP_MEASURED, "QNN010")
     if node.op_type == "QuantizeLinear" and node.node.input[0] in graph_inputs:
         return NodeVerdict(SupportLevel.UNSUPPORTED_OP, "the QuantizeLinear of a graph input stays on the CPU "
                            "unless the QNN option offload_graph_io_quantization is 1", QNN_MEASURED, "QNN003",

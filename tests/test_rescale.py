@@ -200,7 +200,8 @@ def test_two_inputs_are_each_rescaled_on_the_graph_the_other_left():
     feed = {f"x{i}": rng.uniform(0.5, 2, (1, 8)).astype(np.float32) for i in (1, 2)}
     plans = plan_rescale(model, Intermediates(model, feed).peaks(), 65504 / 2)
     assert [p.source for p in plans] == ["x1", "x2"]
-    both = rescaled(model, plans)
+    both, applied = rescaled(model, plans)
+    assert applied == plans
     onnx.checker.check_model(both, full_check=True)
     session = ort.InferenceSession(both.SerializeToString(), providers=["CPUExecutionProvider"])
     original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

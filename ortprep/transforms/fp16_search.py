@@ -321,12 +321,12 @@ def rescale_inputs(proto: ModelProto, activations: Intermediates, feeds, referen
     if not plans:
         return proto
     try:
-        candidate = rescaled(proto, plans)
+        candidate, plans = rescaled(proto, plans)
         check = judge_run(reference, run_model(candidate, feeds), EXACT_GATE)
     except Exception as error:  # noqa: BLE001 - a rescale that cannot be built leaves FP32 keeps as before
         log.info("rescale not applied: %s", error)
         return proto
-    if not check.passed:
+    if not plans or not check.passed:
         return proto
     for plan in plans:
         before = max(peaks.get(name, 0.0) for name in plan.degrees)
@@ -368,9 +368,9 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
     if reference is not None and getattr(options, "rescale", True):
         if activations is None:
             activations = Intermediates(proto, feeds)
-        rescaled = rescale_inputs(proto, activations, feeds, reference, report)
-        if rescaled is not proto:
-            proto, activations = rescaled, None
+        scaled = rescale_inputs(proto, activations, feeds, reference, report)
+        if scaled is not proto:
+            proto, activations = scaled, None
     run = Fp16Search(proto, options, feeds, reference, report)
     for name, peak in scan.overflow:
         handled = (

@@ -255,16 +255,18 @@ def choose_octaves(plan: Plan, peaks: dict[str, float], aim: float = AIM) -> int
     return octaves
 
 
-def rescaled(proto: ModelProto, plans: list[Plan]) -> ModelProto:
+def rescaled(proto: ModelProto, plans: list[Plan]) -> tuple[ModelProto, list[Plan]]:
     """``proto`` with every plan applied, each traced again on the graph the one before wrote
-    (their node indices move); a plan whose input no longer traces is left out."""
+    (their node indices move), and the plans applied; one whose input no longer traces is left out."""
+    applied = []
     for plan in plans:
         again = trace(proto, plan.source)
         if again is None:
             continue
         again.octaves = plan.octaves
         proto = apply_rescale(proto, again)
-    return proto
+        applied.append(plan)
+    return proto, applied
 
 
 def plan_rescale(proto: ModelProto, peaks: dict[str, float], limit: float) -> list[Plan]:

@@ -365,7 +365,7 @@ def convert_to_fp16(proto: ModelProto, options: ConvertOptions, feeds, reference
         fp16_step.fold_batchnorms(proto, overflow_names)
         remaining = fp16_step.scan_constants(proto).overflow
         activations = None  # the graph changed in place: its intermediates are read again
-    if reference is not None and getattr(options, "rescale", True):
+    if reference is not None and options.rescale:
         if activations is None:
             activations = Intermediates(proto, feeds)
         scaled = rescale_inputs(proto, activations, feeds, reference, report)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from ortprep.graphops import fresh_name
-from ortprep.model import iter_graphs
+from ortprep.graphops import fresh_name, node_dependencies, outer_scope_names
+from ortprep.model import iter_graphs, subgraphs_of
 
 # Ops whose float output scales as their (first) float input: layout, pooling, order and sign.
 SAME = frozenset({
@@ -82,21 +82,8 @@ def _constants(proto: ModelProto) -> dict[str, np.ndarray]:
 
 
 def _subgraph_reads(proto: ModelProto) -> set[str]:
-    """Names read inside If/Loop/Scan bodies (a scaled tensor read there is not followed)."""
-    reads: set[str] = set()
-
-    def walk(graph) -> None:
-        for node in graph.node:
-            reads.update(node.input)
-            for attribute in node.attribute:
-                for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                    walk(body)
-
-    for node in proto.graph.node:
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                walk(body)
-    return reads
+    """Main-graph names read inside If/Loop/Scan bodies (a scaled tensor read there is not followed)."""
+    return {name for node in proto.graph.node for _, body in subgraphs_of(node) for name in outer_scope_names(body)}
 
 
 def trace(proto: ModelProto, source: str) -> Plan | None:
@@ -356,7 +343,7 @@ def apply_rescale(proto: ModelProto, plan: Plan) -> ModelProto:
                              name=fresh(f"{plan.source}_rescale", node_names))
     del graph.node[:]
     graph.node.extend([entry, *new_nodes])
-    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output} | _subgraph_reads(out)
+    read = {name for node in graph.node for name in node_dependencies(node)} | {o.name for o in graph.output}
     gone = (swapped | {floors[i].input[slot] for i in floors for slot in (1, 2) if len(floors[i].input) > slot}) - read
     kept = [init for init in graph.initializer if init.name not in gone]  # only what the rescale replaced
     del graph.initializer[:]

@@ -193,6 +193,10 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind("LOD009", "inputs were guessed and none of the guesses ran", Severity.WARNING),
         FindingKind("LOD010", "outputs that differed match with TF32 off: the difference is TF32's", Severity.INFO),
         FindingKind("LOD011", "the EP asked for runs none of the model, or less than --min-share", Severity.ERROR),
+        FindingKind("LOD012", "outputs that differed match with an ORT graph optimization left out: it changes what "
+                    "the EP computes", Severity.INFO),
+        FindingKind("LOD013", "a name --disable-optimizer gives is not one of ORT's basic-level optimizers ortprep "
+                    "knows (ORT ignores a name it does not know)", Severity.WARNING),
         # PRV: proven verdicts (check --prove): the real session's word
         FindingKind("PRV001", "the real session placed nodes otherwise than check predicted", Severity.WARNING),
         FindingKind("PRV002", "the real session is not created on the EP", Severity.ERROR),

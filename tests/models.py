@@ -860,3 +860,29 @@ def power_spectrum_db(frames: int = 16) -> onnx.ModelProto:
         ],
     )
     return _model17(graph)
+
+
+def conv_bn_beyond_fp16(channels: int = 8, size: int = 16) -> tuple[onnx.ModelProto, np.ndarray]:
+    """A float Conv then a BatchNormalization of tiny variance (scale ~95), with its input: each
+    alone stays within FP16, but ORT's ConvBNFusion folds the scale into weights of 500-1000,
+    past FP16's 65504. QNN's HTP computes a float model in FP16: with the fold its output
+    saturates; without it (optimizations off, or ConvBNFusion left out) it matches the CPU EP."""
+    rng = np.random.default_rng(0)
+    weights = rng.uniform(500.0, 1000.0, (channels, channels, 3, 3)).astype(np.float32)
+    zeros, ones = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], epsilon=1e-5,
+                             name="bn"),
+        ],
+        "conv_bn_beyond_fp16",
+        [_vi("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [_vi("y", TensorProto.FLOAT, [1, channels, size, size])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(ones, "gamma"),
+         numpy_helper.from_array(zeros, "beta"), numpy_helper.from_array(zeros, "mean"),
+         numpy_helper.from_array(np.full(channels, 1e-4, np.float32), "var")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = (rng.uniform(0.5, 1.0, (1, channels, size, size)) * 1e-3).astype(np.float32)
+    return model, x

@@ -357,6 +357,10 @@ class ImageOptions:
     scale: float = 1.0 / 255.0
 
 
+# The levels `load --optimization` takes: ORT's default (every level) and each level by name.
+OPTIMIZATION_LEVELS = ("default", "extended", "basic", "off")
+
+
 @dataclass
 class LoadOptions(StepOptions):
     """Options of ``load`` (config keys = field names)."""
@@ -382,6 +386,13 @@ class LoadOptions(StepOptions):
     device: str | None = device_option()
     metrics: dict[str, str] = metrics_option("where an output beyond the elementwise tolerance may still hold")
     min_share: float | None = min_share_option("in its session (each EP named with --ep)")
+    optimization: str = option("default", "ORT's graph optimization level of each EP's session (default, extended, "
+                               "basic or off), as the application "
+                               "sets it (the CPU EP's reference run keeps ORT's default).", Kind.TEXT,
+                               choices=OPTIMIZATION_LEVELS, metavar="LEVEL")
+    disabled_optimizers: tuple[str, ...] = option((), "Leave this ORT graph optimizer out of each EP's session, by "
+                                                  "ORT's name, as the application does (repeatable).", Kind.NAMES,
+                                                  flags=("--disable-optimizer",), metavar="NAME")
 
     def validate(self, where: str) -> None:
         check_device(self.device, self.eps, self.provider_options, where)

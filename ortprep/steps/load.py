@@ -42,6 +42,7 @@ from ortprep.fidelity.tolerances import NORM_TOLERANCE, TF32_COMPUTE
 from ortprep.runtime.tolerance import computes_tf32
 from ortprep.runtime.worker import workers_scope
 from ortprep.steps.base import Step, StepContext
+from ortprep.prove import optimizers
 from ortprep.prove.proof import compare_prediction
 from ortprep.prove.share import share_fix, share_shortfall
 
@@ -52,15 +53,23 @@ SCHEMA = "ortprep.load/2"
 
 
 def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path,
-           label_unnamed: bool = False, label: str | None = None) -> dict[str, Any]:
+           label_unnamed: bool = False, label: str | None = None, optimization: str | None = None,
+           disabled: tuple[str, ...] | None = None) -> dict[str, Any]:
     """One EP in a worker process (a Placement request); returns its answer as a dict, with the
     outputs (or a crash/timeout). ``label_unnamed``: the model has unnamed nodes (SessionSpec);
-    ``label``: the run's folder under ``workdir`` (default: the EP's name)."""
+    ``label``: the run's folder under ``workdir`` (default: the EP's name); ``optimization`` and
+    ``disabled``: the session's level and the ORT optimizers it leaves out (default: the options',
+    for every EP but the CPU EP, whose run is the reference)."""
     from ortprep.runtime.requests import Placement
     from ortprep.runtime.worker import call
 
     folder = workdir / (label or target.spec.name)
     folder.mkdir()
+    reference = target.spec.provider == "CPUExecutionProvider"
+    if optimization is None:
+        optimization = "default" if reference else options.optimization
+    if disabled is None:
+        disabled = () if reference else tuple(options.disabled_optimizers)
     request = Placement(
         model=os.path.abspath(model),
         provider=target.spec.provider,
@@ -72,6 +81,8 @@ def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options
         profile=options.profile,
         workdir=str(folder),
         levels=["default", "off"] if options.placement_off else ["default"],
+        optimization=optimization,
+        disabled_optimizers=list(disabled),
         verbose_record=target.spec.provider == "QNNExecutionProvider",
         label_unnamed=label_unnamed,
     )
@@ -162,6 +173,11 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                           runs=lambda feeds: run_isolated(handle.path, feeds, timeout=options.timeout))
     feeds, guess_failed = choice.feeds, choice.runs is False
     report = StepResult(step="load", schema=SCHEMA)
+    for unknown in [n for n in options.disabled_optimizers if n not in optimizers.BASIC_OPTIMIZERS]:
+        report.add(Finding.of("LOD013", f"--disable-optimizer {unknown}: not one of ORT's basic-level optimizers "
+                              "ortprep knows; ORT ignores a name it does not know, so the session may be ORT's "
+                              "default", fix="spell it as ORT names it (ConvAddFusion, GeluFusion, ConstantFolding, "
+                              "...: docs/cli.md lists them)"))
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
         workdir = Path(tmp)
@@ -215,6 +231,9 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
                              guessed_inputs=_shapes_of(feeds) if guess_failed else None)
             if record.get("outputs_match") is False and computes_tf32(name, record.get("provider_options")):
                 record["tf32_off"] = _without_tf32(handle, target, feeds, options, workdir, unnamed, reference, report)
+            elif record.get("outputs_match") is False and _optimizations_asked(options):
+                record["ort_optimizations"] = _without_optimizations(handle, target, feeds, options, workdir, unnamed,
+                                                                     reference, record, report)
             if float_outputs is not None and raw[name].get("ok"):
                 record["three_way"] = three_way(float_outputs, reference, raw[name]["outputs"])
             results.append(record)
@@ -253,6 +272,41 @@ def _without_tf32(handle: ModelHandle, target: EpRuntime, feeds: dict[str, np.nd
     return record
 
 
+def _optimizations_asked(options: LoadOptions) -> bool:
+    """Whether the EP sessions ran at ORT's defaults, so that leaving optimizations out is a question
+    worth asking (a session the user shaped already answers its own)."""
+    return options.optimization == "default" and not options.disabled_optimizers
+
+
+def _without_optimizations(handle: ModelHandle, target: EpRuntime, feeds: dict[str, np.ndarray],
+                           options: LoadOptions, workdir: Path, unnamed: bool, reference: dict[str, np.ndarray],
+                           record: dict[str, Any], report: StepResult) -> dict[str, Any]:
+    """An EP whose outputs differ from the CPU EP's at ORT's default optimization level: the same
+    session with the optimizations off, then without the basic level's optimizers in halves
+    (prove/optimizers.py), each judged by load's rule. What matches is printed (LOD012)."""
+    name = target.spec.name
+    once = replace(options, runs=1, placement_off=False, profile=False)
+    provider_options = record.get("provider_options")
+
+    def judge(level: str, disabled: tuple[str, ...]) -> tuple[bool | None, float | None]:
+        label = f"{name}-optimizations-{next(count)}"
+        again = run_ep(handle.path, target, feeds, once, workdir, unnamed, label=label, optimization=level,
+                       disabled=disabled)
+        assignment = (again.get("placement", {}).get("default") or {}).get("assignment") or {}
+        if not again.get("ok") or not any(ep == target.spec.provider for ep in assignment.values()):
+            return None, None  # a failed session, or one the EP took nothing of, tells nothing about the EP
+        match, max_abs, _ = _compare(reference, again["outputs"], handle.proto, name, options.metrics,
+                                     provider_options)
+        return match, max_abs
+
+    count = iter(range(1, optimizers.MAX_SESSIONS + 1))
+    result = optimizers.find_optimizers(judge)
+    words = optimizers.described(name, result, record.get("max_abs_diff"))
+    if words is not None:
+        report.add(Finding.of("LOD012", words[0], ep=name, fix=words[1]))
+    return result
+
+
 def _shapes_of(feeds: dict[str, np.ndarray]) -> dict[str, list[int]]:
     return {name: list(value.shape) for name, value in feeds.items()}
 
@@ -266,6 +320,9 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     if device is not None:
         record["device"] = device.record()
     record["provider_options"] = session_options(target, options.provider_options, options.device)
+    if not _optimizations_asked(options):  # the session the user described, not ORT's default
+        record["ort_session"] = {"optimization": options.optimization,
+                                 "disabled_optimizers": list(options.disabled_optimizers)}
     if status.get("status") in ("crashed", "timeout"):
         record.update(status=status["status"], message=status["message"])
         report.add(Finding.of("LOD003", f"{name}: {status['message']}", ep=name,

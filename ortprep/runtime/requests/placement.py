@@ -56,6 +56,10 @@ class Placement(Request):
     profile: bool = False
     workdir: str | None = None  # where the profiler writes
     levels: list[str] = field(default_factory=lambda: ["default"])
+    # the level and the ORT optimizers left out of the sessions that run (a load that asks why the EP
+    # computes otherwise: prove/optimizers.py); the "off" placement stays off
+    optimization: str = "default"
+    disabled_optimizers: list[str] = field(default_factory=list)
     verbose_record: bool = False
     label_unnamed: bool = False  # SessionSpec.label_unnamed: the model has unnamed nodes
     test_hook: str = field(default_factory=lambda: _hook("ORTPREP_TEST_LOAD_HOOK"))
@@ -75,6 +79,8 @@ class Placement(Request):
             device_metadata=tuple(sorted((plugin.get("device_metadata") or {}).items())),
             custom_op_library=self.custom_op_library,
             label_unnamed=self.label_unnamed,
+            optimization=self.optimization,
+            disabled_optimizers=tuple(self.disabled_optimizers),
         )
         return SessionSpec(**{**base.__dict__, **changes})
 

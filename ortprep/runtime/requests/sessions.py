@@ -31,6 +31,9 @@ class SessionSpec:
     with_cpu: bool = True  # add the CPU EP after ``provider``
     strict: bool = False  # session.disable_cpu_ep_fallback
     optimization: str = "default"
+    # ORT graph optimizers (rewrite rules or transformers) this session leaves out, by ORT's names;
+    # ORT ignores a name it does not know
+    disabled_optimizers: tuple[str, ...] = ()
     plugin_library: str | None = None  # a plugin EP: added through its devices
     device_metadata: tuple[tuple[str, str], ...] = ()
     custom_op_library: str | None = None
@@ -53,6 +56,7 @@ class SessionSpec:
             self.with_cpu,
             self.strict,
             self.optimization,
+            self.disabled_optimizers,
             self.plugin_library,
             self.device_metadata,
             self.custom_op_library,
@@ -223,6 +227,8 @@ def build_session(state: WorkerState, spec: SessionSpec, exact: bool = False) ->
     state.count_session(spec.model)
     # on an EP, ORT's Python fallback is off from the start: a failed creation is not silently a CPU session
     fallback = {"enable_fallback": 0} if spec.provider != "CPUExecutionProvider" else {}
+    if spec.disabled_optimizers:
+        fallback["disabled_optimizers"] = list(spec.disabled_optimizers)
     if spec.plugin_library:
         session = ort.InferenceSession(source, sess_options=options, **fallback)
     else:

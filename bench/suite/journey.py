@@ -19,7 +19,10 @@ Per model (bench/suite/journey_corpus.py: the corpus, its halves and which model
    model below: the QDQ model, or that FP16 one);
 4. `check QDQ --ep qnn --prove`, and `check FIXED --ep openvino-cpu --prove` (when FIXED is
    not the model as shipped);
-5. `load QDQ --ep qnn --reference FIXED --inputs SAMPLE.npz`;
+5. `load QDQ --ep qnn --reference FIXED --inputs SAMPLE.npz`; where it fails and names ORT
+   optimizers a session without which matches (LOD012, session 40 on), the same load with
+   `--disable-optimizer NAME ...` (a user creates the application's session so, and confirms it), and
+   this script's own QNN session of the deployed model leaves them out too;
 6. `compile QDQ --ep qnn -o CTX --inputs SAMPLE.npz --eval CALIB` (every calibration sample judged too).
 
 The QNN device: ortprep's default (`--device` is not passed; ortprep states the device it used in
@@ -92,7 +95,8 @@ try:
         devices = [d for d in ort.get_ep_devices() if d.ep_name == provider]
         options.add_provider_for_devices(devices, {"backend_path": onnxruntime_qnn.get_qnn_htp_path(),
                                                    "soc_model": request["soc_model"]})
-        session = ort.InferenceSession(request["model"], sess_options=options, enable_fallback=0)
+        session = ort.InferenceSession(request["model"], sess_options=options, enable_fallback=0,
+                                       disabled_optimizers=request.get("disabled") or None)
     elif request["ep"] == "openvino-cpu":
         session = ort.InferenceSession(request["model"], options,
                                        providers=[(provider, {"device_type": "CPU"}), "CPUExecutionProvider"],
@@ -129,12 +133,14 @@ print(json.dumps(reply))
 """
 
 
-def session(model: Path, ep: str, samples: list[Path], save: Path, timeout: float, soc_model: str) -> dict:
+def session(model: Path, ep: str, samples: list[Path], save: Path, timeout: float, soc_model: str,
+            disabled: list[str] | None = None) -> dict:
     """A user's session of ``model`` on ``ep`` in a child (OpenVINO under .venv-openvino), run on
-    ``samples``: created, placement, outputs (read back with outputs_of)."""
+    ``samples``: created, placement, outputs (read back with outputs_of). ``disabled``: ORT optimizers
+    the application leaves out (QNN only: the session load named)."""
     python = OPENVINO if ep == "openvino-cpu" else Path(sys.executable)
     request = json.dumps({"model": str(model), "ep": ep, "samples": [str(p) for p in samples], "save": str(save),
-                          "soc_model": soc_model})
+                          "soc_model": soc_model, "disabled": disabled or []})
     log = save.with_suffix(".log")
     code, seconds, _ = launch([python, "-c", SESSION, request], log, save.with_suffix(".stderr"), timeout)
     reply: dict = {"seconds": round(seconds, 1)}
@@ -256,6 +262,12 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     if deployed is not None:
         step("check_qdq_qnn", "check", deployed, "--ep", "qnn", "--prove", *device)
         step("load", "load", deployed, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device, *metric_args)
+        named_session = session_named(steps.get("load"))
+        if named_session:
+            # load named the ORT optimizers without which QNN matches: a user leaves them out of the
+            # application's session, and load judges that session
+            step("load_session", "load", deployed, "--ep", "qnn", "--reference", fixed, "--inputs", sample, *device,
+                 *metric_args, *[a for name in named_session for a in ("--disable-optimizer", name)])
         step("compile", "compile", deployed, "--ep", "qnn", "-o", ctx, "--inputs", sample, "--eval", folder / "calib",
              "--force", *device, *metric_args)
 
@@ -266,8 +278,10 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
     saved = folder / "sessions"
     saved.mkdir(exist_ok=True)
 
-    def own(label: str, model: Path, ep: str, samples: list[Path]) -> None:
-        sessions[label] = session(model, ep, samples, saved / f"{label}.npz", timeout, soc_model)
+    named_session = session_named(steps.get("load")) if steps.get("load_session", {}).get("exit") == 0 else None
+
+    def own(label: str, model: Path, ep: str, samples: list[Path], disabled: list[str] | None = None) -> None:
+        sessions[label] = session(model, ep, samples, saved / f"{label}.npz", timeout, soc_model, disabled)
         print(f"  {case.name} session {label}: {session_verdict(sessions[label])} in {sessions[label]['seconds']} s",
               file=sys.stderr, flush=True)
 
@@ -279,7 +293,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
         own("ov_fixed", fixed, "openvino-cpu", independent[:1])
     if deployed is not None:  # (labelled "qdq" whichever precision it is: "deployed" in the row says)
         own("cpu_qdq", deployed, "cpu", independent)  # to tell quantization's share of an error from the EP's
-        own("qnn_qdq", deployed, "qnn", independent)
+        own("qnn_qdq", deployed, "qnn", independent, named_session)  # the application's session
     if ctx.exists():
         own("qnn_ctx", ctx, "qnn", independent)
     bench_seconds = time.perf_counter() - bench_started
@@ -352,6 +366,7 @@ def run_case(case: JourneyCase, out: Path, models: Path, timeout: float, device:
         "model": case.name, "half": case.half, "npu_material": case.npu_material, "not_material": case.not_material,
         "note": case.note, "decision_kind": case.decision, "source": shown(source),
         "deployed": None if deployed is None else "qdq" if deployed == qdq else "fp16",
+        "session_setting": {"disabled_optimizers": named_session} if named_session else None,
         "static": {k: list(v) for k, v in case.static.items()},
         "steps": steps, "sessions": sessions, "verdicts": verdicts, "measures": measures,
         "load": {"status": load_result.get("status"), "three_way": load_result.get("three_way"),
@@ -391,6 +406,16 @@ def confirm_wrong_passes(case, folder: Path, deployed: Path | None, row: dict) -
             "bar": result["bar"], "ep": "qnn", "confirmed": bool(result["below_bar"])}
 
 
+def session_named(entry: dict | None) -> list[str] | None:
+    """The ORT optimizers a failing load measured the EP to match without (LOD012 with
+    ``ort_optimizations.optimizers``), where it named them; else None."""
+    report = (entry or {}).get("report") or {}
+    if entry is None or entry["exit"] != 1 or not any(f["code"] == "LOD012" for f in report.get("findings", [])):
+        return None
+    names = ((report.get("results") or [{}])[0].get("ort_optimizations") or {}).get("optimizers")
+    return list(names) if names and len(names) <= 3 else None
+
+
 def fp16_named(entry: dict | None) -> list[str] | None:
     """The arguments of the command a refusing quantize printed for FP16 (``auto.fp16``), where it
     measured that FP16 passes its gate; without its ``-o`` (this script names the file)."""
@@ -418,6 +443,9 @@ def outcome(case: JourneyCase, row: dict) -> dict:
             continue
         if name == "quantize" and via and entry["exit"] == 1:
             continue  # its refusal named the precision the journey went on with
+        if name == "load" and entry["exit"] == 1 and steps.get("load_session", {}).get("exit") == 0:
+            via = "+".join(filter(None, [via, "session setting"]))
+            continue  # it named the session setting the application goes on with, and load passed that session
         if entry["exit"] == "timeout":
             return {"complete": False, "stopped_at": name, "why": "timed out"}
         if entry["traceback"] or entry["exit"] not in (0, 1):
@@ -445,7 +473,7 @@ def wrong_passes(row: dict) -> list[str]:
         reasons = wrong(measures["qnn_qdq"]["measure"], measures["qnn_qdq"]["decision"])
         fp16 = row.get("deployed") == "fp16"
         # in FP16, quantize's probe judged it on QNN (and refused the rest): its claim, and load's
-        passed = (["quantize's FP16 probe"] if fp16 else []) + [s for s in ("quantize", "load")
+        passed = (["quantize's FP16 probe"] if fp16 else []) + [s for s in ("quantize", "load", "load_session")
                                                                if steps.get(s, {}).get("exit") == 0]
         if reasons and passed:
             found.append(f"{' and '.join(passed)}: {'FP16' if fp16 else 'QDQ'} on QNN vs float on the CPU, "

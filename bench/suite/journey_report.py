@@ -7,7 +7,8 @@ from __future__ import annotations
 from bench.referee import wrong
 from bench.suite.journey_corpus import CORPUS
 
-STEPS = ["check_qnn", "check_ov", "convert", "quantize", "fp16", "check_qdq_qnn", "check_ov_fixed", "load", "compile"]
+STEPS = ["check_qnn", "check_ov", "convert", "quantize", "fp16", "check_qdq_qnn", "check_ov_fixed", "load",
+         "load_session", "compile"]
 STEP_TITLES = {
     "check_qnn": "check qnn",
     "check_ov": "check ov",
@@ -17,9 +18,11 @@ STEP_TITLES = {
     "check_qdq_qnn": "check deployed qnn",
     "check_ov_fixed": "check ov fixed",
     "load": "load",
+    "load_session": "load, the session load named",
     "compile": "compile",
 }
-ARTIFACT_STEPS = ["convert", "quantize", "fp16", "load", "compile"]  # the steps that make or pass the deployed model
+# the steps that make or pass the deployed model
+ARTIFACT_STEPS = ["convert", "quantize", "fp16", "load", "load_session", "compile"]
 CONFIRM_SAMPLES = 400  # fresh inputs that confirm or clear a wrong pass the 8 unseen samples flag
 
 
@@ -143,7 +146,9 @@ def tables_for(rows: list[dict]) -> list[str]:
     ]
     for row in rows:
         result = row["outcome"]
-        journey = (("complete" + (" (in FP16, named by quantize)" if result.get("via") == "fp16" else ""))
+        via = result.get("via") or ""
+        journey = (("complete" + (" (in FP16, named by quantize)" if "fp16" in via else "")
+                    + (" (with the session setting load named)" if "session setting" in via else ""))
                    if not result["stopped_at"] else f"complete ({result['stopped_at']}: expected refusal)") \
             if result["complete"] else f"stopped at {result['stopped_at']}"
         lines.append(f"| {row['model']} | {'yes' if row['npu_material'] else 'no'} | "
@@ -207,12 +212,14 @@ def summary(rows: list[dict]) -> dict:
     wrong_verdicts = [(m, label, rec) for m, label, rec in compared if rec["proven"] != rec["session"]]
     table_agree = [(m, label, rec) for m, label, rec in compared if rec["predicted"] == rec["session"]]
     complete_material = [r for r in material if r["outcome"]["complete"]]
-    quantized_material = [r for r in complete_material if r["outcome"].get("via") != "fp16"]
+    quantized_material = [r for r in complete_material if "fp16" not in (r["outcome"].get("via") or "")]
+    at_defaults = [r for r in complete_material if "session setting" not in (r["outcome"].get("via") or "")]
     flagged_material = [r for r in material if r["wrong_passes"]]
     wrong_material = [r for r in material if confirmed_wrong(r)]
     return {
         "models": len(rows), "npu_material": len(material),
         "complete_material": len(complete_material), "complete_quantized_material": len(quantized_material),
+        "complete_material_defaults": len(at_defaults),
         "complete_all": sum(r["outcome"]["complete"] for r in rows),
         "verdicts_compared": len(compared), "wrong_verdicts": len(wrong_verdicts),
         "table_agreement": len(table_agree), "wrong_passes": sum(bool(r["wrong_passes"]) for r in rows),
@@ -235,6 +242,10 @@ def summary_table(groups: list[tuple[str, list[dict]]]) -> list[str]:
         (
             "of which with a quantized model (the others in FP16, as quantize named it)",
             lambda s: frac(s.get("complete_quantized_material", s["complete_material"]), s["npu_material"]),
+        ),
+        (
+            "of which at ORT's default session (the others with the session setting load named: LOD012)",
+            lambda s: frac(s.get("complete_material_defaults", s["complete_material"]), s["npu_material"]),
         ),
         ("journeys complete, every model", lambda s: frac(s["complete_all"], s["models"])),
         (

@@ -90,6 +90,8 @@ CATALOGUE: dict[str, FindingKind] = {
         FindingKind(
             "QNN010", "a Clip with bounds computed at run time, which QNN gives back to the CPU EP", Severity.WARNING
         ),
+        FindingKind("QNN011", "a shape QNN's EP builds as a Gelu whose constants are not a GELU's: QNN computes a GELU "
+                    "there, not the model", Severity.WARNING),
         FindingKind("TRT001", "opset outside what the TensorRT parser documents", Severity.WARNING),
         FindingKind("CMB001", "EPs that cannot share one session", Severity.ERROR),
         # CNV: transforms (convert, simplify, optimize)

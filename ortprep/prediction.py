@@ -15,6 +15,7 @@ from ortprep.analysis import ModelAnalysis, NodeInfo, node_macs
 from ortprep.eps.devices import Device, has_devices, resolve_device
 from ortprep.eps.cpu_preferred import PREFERRING_EPS, cpu_preferred, elements
 from ortprep.eps.partition import CPU, FOLDED, cpu_islands, partition_graph
+from ortprep.eps.qnn_fusions import qnn_fused
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EpSpec
 from ortprep.eps.rules import (
@@ -206,6 +207,8 @@ def _verdicts(spec: EpSpec, table: SupportTable, analysis: ModelAnalysis) -> lis
         if verdict is None:
             verdict = shared[id(found)] = evaluate_node(spec, table, node, found, graph_io)
         verdicts.append(verdict)
+    if spec.name == "qnn":
+        verdicts = qnn_fused(analysis, verdicts, graph_io)
     if spec.name == "qnn" and len(analysis.graphs) > 1:
         verdicts = qnn_control_flow(analysis, verdicts)
     return verdicts

@@ -886,3 +886,38 @@ def conv_bn_beyond_fp16(channels: int = 8, size: int = 16) -> tuple[onnx.ModelPr
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = (rng.uniform(0.5, 1.0, (1, channels, size, size)) * 1e-3).astype(np.float32)
     return model, x
+
+
+def erf_gelu(half_first: bool = True, divisor: float = float(np.sqrt(2.0)), dtype=np.float32,
+             erf_alone: bool = False) -> onnx.ModelProto:
+    """A MatMul then GELU written out as PyTorch exports it: x * 0.5 * (1 + Erf(x / divisor)), the
+    Mul by 0.5 made from x first (``half_first``) or applied last; ``erf_alone``: MatMul, Erf only."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    rng = np.random.default_rng(2)
+    if erf_alone:
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
+             helper.make_node("Erf", ["h"], ["y"], name="gelu/erf")], "erf_alone",
+            [_vi("x", elem, [1, 8, 16])], [_vi("y", elem, [1, 8, 16])],
+            [numpy_helper.from_array(rng.normal(size=(16, 16)).astype(dtype), "w")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    if half_first:
+        tail = [helper.make_node("Mul", ["h", "half"], ["h_half"], name="gelu/half"),
+                helper.make_node("Mul", ["h_half", "e1"], ["y"], name="gelu/mul")]
+    else:
+        tail = [helper.make_node("Mul", ["h", "e1"], ["h_e1"], name="gelu/mul"),
+                helper.make_node("Mul", ["h_e1", "half"], ["y"], name="gelu/half")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
+         helper.make_node("Div", ["h", "root2"], ["d"], name="gelu/div"),
+         helper.make_node("Erf", ["d"], ["e"], name="gelu/erf"),
+         helper.make_node("Add", ["e", "one"], ["e1"], name="gelu/add"), *tail],
+        "erf_gelu",
+        [_vi("x", elem, [1, 8, 16])],
+        [_vi("y", elem, [1, 8, 16])],
+        [numpy_helper.from_array(rng.normal(size=(16, 16)).astype(dtype), "w"),
+         numpy_helper.from_array(np.array(divisor, dtype), "root2"),
+         numpy_helper.from_array(np.array(1.0, dtype), "one"),
+         numpy_helper.from_array(np.array(0.5, dtype), "half")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

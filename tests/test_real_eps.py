@@ -965,8 +965,8 @@ def test_the_answer_line_is_the_real_sessions_where_it_is_proven(tmp_path, monke
 
     from ortprep.eps import rules
 
-    table_rule = rules._qnn_node
-    monkeypatch.setattr(rules, "_qnn_node", lambda node, verdict, *io: (
+    table_rule = rules.qnn_node
+    monkeypatch.setattr(rules, "qnn_node", lambda node, verdict, *io: (
         verdict if table_rule(node, verdict, *io).code == "QNN010" else table_rule(node, verdict, *io)))
 
     graph = helper.make_graph(

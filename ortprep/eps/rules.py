@@ -149,7 +149,7 @@ QNN_MEASURED = "measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP ba
 QNN_CLIP_MEASURED = QNN_MEASURED.replace("2026-11-22", "2026-12-07 (openWakeWord 0.4.0's mel front end)")
 
 
-def _qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str],
+def qnn_node(node: NodeInfo, verdict: NodeVerdict, graph_inputs: set[str], graph_outputs: set[str],
               folded: frozenset[str] | set[str] = frozenset()) -> NodeVerdict:
     """What the real QNN EP rejects although its op table lists the op (see docs/eps.md)."""
     if node.graph_id > 0:
@@ -368,7 +368,7 @@ def evaluate_node(spec: EpSpec, table: SupportTable, node: NodeInfo, found: Matc
             )
         )
     if spec.name == "qnn" and found.level.runs_on_ep:
-        verdict = _qnn_node(node, verdict, *graph_io)
+        verdict = qnn_node(node, verdict, *graph_io)
     if spec.name in DML_EPS and found.level.runs_on_ep and found.entry is not None and found.entry.dml:
         verdict.dml = found.entry.dml
         verdict = _dml_node(spec, table, node, verdict)

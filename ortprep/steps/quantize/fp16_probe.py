@@ -33,6 +33,7 @@ from ortprep.report import StepResult
 from ortprep.runtime.budget import step_spent, timed
 from ortprep.steps.base import ProgressCallback
 from ortprep.fidelity.graph import output_bounds
+from ortprep.steps.quantize import fp16_off_ep
 from ortprep.steps.quantize.calibrate import evaluation_feeds, plan_data
 from ortprep.steps.quantize.ep_gate import gate_target
 from ortprep.steps.quantize.evaluate import evaluate
@@ -164,11 +165,29 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
         if progress is not None:
             progress("FP16", 1, 2)
         aim = margin_aim(options.min_cosine)
-        # a conversion the CPU EP already fails is not run on the target EP (it cannot pass there)
-        evaluation = evaluate(source, converted, feeds, options.min_cosine, {}, output_bounds(handle.proto), target,
+
+        def judge(path: Path):
+            # a conversion the CPU EP already fails is not run on the target EP (it cannot pass there)
+            judged = evaluate(source, path, feeds, options.min_cosine, {}, output_bounds(handle.proto), target,
                               metrics, lambda: margins, ep_after_cpu_fails=False, confirm_feeds=lambda: margins,
                               early_misses=True)
-        why = held_to_aim(evaluation, aim)
+            return judged, held_to_aim(judged, aim)
+
+        evaluation, why = judge(converted)
+        kept_off: dict[str, Any] | None = None
+        if not evaluation.passed and evaluation.ep_only and options.auto_exclude:
+            # the EP alone computes FP16 otherwise: one op's nodes kept off it (fp16_off_ep.py)
+            used = sample_file if sample_file is not None and " --inputs " in command else None
+            base = ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True, inputs=used)
+            mended, names, tried = fp16_off_ep.mend(
+                source, Path(tmp), base, lambda src, dest, opts: _convert(src, dest, opts).output,
+                lambda path: judge(path)[0])
+            kept_off = {"op": tried[-1]["op"] if mended is not None else None, "nodes": names[:64],
+                        "count": len(names), "tried": tried}
+            if mended is not None:
+                evaluation, why = mended, None
+                converted = Path(tmp) / f"fp16-off-{len(tried) - 1}.onnx"
+                command = fp16_off_ep.keep_off_command(command, names)
         if progress is not None:
             progress("FP16", 2, 2)
         refused = target.clock is not None and target.clock.stopped_by is not None
@@ -188,7 +207,7 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
                 "placement": evaluation.on_ep.placement if evaluation.on_ep is not None else None,
                 "decision_failed": any(d.get("passed") is False for d in decided),
                 "decisions": [{k: d.get(k) for k in ("kind", "agreement", "expected_agreement", "required", "passed")}
-                              for d in decided], "error": evaluation.error,
+                              for d in decided], "error": evaluation.error, "kept_off_ep": kept_off,
                 "why": why or failing_words(evaluation, options.min_cosine)}
 
 
@@ -249,7 +268,10 @@ def fp16_words(probe: dict[str, Any]) -> tuple[str, str]:
                               for d in probe["decisions"] if d.get("agreement") is not None
                               and d.get("expected_agreement") is not None)
         placed = probe.get("placement") or {}
+        off = probe.get("kept_off_ep") or {}
         parts = [f"lowest cosine {fmt_cosine(probe['cosine'])}", decisions, f"{probe['size_ratio']:.2f}x the size",
+                 f"with its {off['count']} {off['op']} node(s) kept off {probe['judged_on'][-1]} (the EP computes them "
+                 "otherwise: the FP16 file alone failed there)" if off.get("op") else "",
                  f"{placed['nodes_on_ep']} of {placed['nodes_total']} nodes on {probe['judged_on'][-1]}"
                  if placed.get("nodes_total") and len(probe.get("judged_on") or []) > 1 else "",
                  f"{probe['latency_ratio']:.2f}x the float model's time on the CPU EP here"

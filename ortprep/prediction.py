@@ -18,16 +18,9 @@ from ortprep.eps.partition import CPU, FOLDED, cpu_islands, partition_graph
 from ortprep.eps.qnn_fusions import qnn_fused
 from ortprep.runtime.compat import runtime_findings
 from ortprep.eps.registry import EpSpec
-from ortprep.eps.rules import (
-    QNN_SESSIONS,
-    qnn_lone_qdq,
-    NodeVerdict,
-    combination_findings,
-    evaluate_node,
-    model_findings,
-    reads_the_node,
-    qnn_control_flow,
-)
+from ortprep.eps.qnn_rules import QNN_SESSIONS, qnn_control_flow, qnn_lone_qdq
+from ortprep.eps.rules import combination_findings, evaluate_node, model_findings, reads_the_node
+from ortprep.eps.verdict import NodeVerdict
 from ortprep.eps.tables import SupportLevel, SupportTable, match
 from ortprep.runtime.kernels import support_table
 from ortprep.findings import Finding, Severity

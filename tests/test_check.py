@@ -189,7 +189,7 @@ def test_verdicts_shared_between_nodes_are_each_nodes_own(sample):
         alone = [evaluate_node(spec, table, node, found, graph_io)
                  for node, found in zip(analysis.all_nodes(), analysis_matches(table, analysis))]
         if spec.name == "qnn" and len(analysis.graphs) > 1:
-            from ortprep.eps.rules import qnn_control_flow
+            from ortprep.eps.qnn_rules import qnn_control_flow
 
             alone = qnn_control_flow(analysis, alone)
         assert _verdicts(spec, table, analysis) == alone, spec.name

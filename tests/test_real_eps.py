@@ -963,10 +963,10 @@ def test_the_answer_line_is_the_real_sessions_where_it_is_proven(tmp_path, monke
     session's (they said "yes: every node runs on qnn" next to the proven 'partial')."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortprep.eps import rules
+    from ortprep.eps import qnn_rules
 
-    table_rule = rules.qnn_node
-    monkeypatch.setattr(rules, "qnn_node", lambda node, verdict, *io: (
+    table_rule = qnn_rules.qnn_node
+    monkeypatch.setattr(qnn_rules, "qnn_node", lambda node, verdict, *io: (
         verdict if table_rule(node, verdict, *io).code == "QNN010" else table_rule(node, verdict, *io)))
 
     graph = helper.make_graph(

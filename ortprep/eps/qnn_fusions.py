@@ -18,7 +18,8 @@ import numpy as np
 from onnx import numpy_helper
 
 from ortprep.analysis import ModelAnalysis
-from ortprep.eps.rules import NodeVerdict, qnn_node
+from ortprep.eps.qnn_rules import qnn_node
+from ortprep.eps.verdict import NodeVerdict
 from ortprep.eps.tables import SupportLevel
 from ortprep.findings import Finding
 

@@ -862,36 +862,40 @@ def power_spectrum_db(frames: int = 16) -> onnx.ModelProto:
     return _model17(graph)
 
 
-def conv_bn_beyond_fp16(channels: int = 8, size: int = 16) -> tuple[onnx.ModelProto, np.ndarray]:
-    """A float Conv then a BatchNormalization of tiny variance (scale ~95), with its input: each
-    alone stays within FP16, but ORT's ConvBNFusion folds the scale into weights of 500-1000,
-    past FP16's 65504. QNN's HTP computes a float model in FP16: with the fold its output
-    saturates; without it (optimizations off, or ConvBNFusion left out) it matches the CPU EP."""
+def conv_bn_beyond_fp16(channels: int = 8, size: int = 16, matmul: bool = False
+                        ) -> tuple[onnx.ModelProto, np.ndarray]:
+    """A float Conv (``matmul``: a MatMul of a [4, C] input) then a BatchNormalization of tiny
+    variance (scale ~95), with its input: each alone stays within FP16, but ORT's ConvBNFusion
+    (MatMul_BatchNormalization_Fusion) folds the scale into weights of 500-1000, past FP16's 65504.
+    QNN's HTP computes a float model in FP16: with the fold its output saturates; without it
+    (optimizations off, or the fusion left out) it matches the CPU EP."""
     rng = np.random.default_rng(0)
-    weights = rng.uniform(500.0, 1000.0, (channels, channels, 3, 3)).astype(np.float32)
+    shape = [4, channels] if matmul else [1, channels, size, size]
+    weights = rng.uniform(500.0, 1000.0, (channels, channels) if matmul else (channels, channels, 3, 3))
     zeros, ones = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+    first = (helper.make_node("MatMul", ["x", "w"], ["c"], name="matmul") if matmul
+             else helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"))
     graph = helper.make_graph(
-        [
-            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-            helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], epsilon=1e-5,
-                             name="bn"),
-        ],
+        [first,
+         helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], epsilon=1e-5,
+                          name="bn")],
         "conv_bn_beyond_fp16",
-        [_vi("x", TensorProto.FLOAT, [1, channels, size, size])],
-        [_vi("y", TensorProto.FLOAT, [1, channels, size, size])],
-        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(ones, "gamma"),
+        [_vi("x", TensorProto.FLOAT, shape)],
+        [_vi("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(weights.astype(np.float32), "w"), numpy_helper.from_array(ones, "gamma"),
          numpy_helper.from_array(zeros, "beta"), numpy_helper.from_array(zeros, "mean"),
          numpy_helper.from_array(np.full(channels, 1e-4, np.float32), "var")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    x = (rng.uniform(0.5, 1.0, (1, channels, size, size)) * 1e-3).astype(np.float32)
+    x = (rng.uniform(0.5, 1.0, shape) * 1e-3).astype(np.float32)
     return model, x
 
 
-def erf_gelu(half_first: bool = True, divisor: float = float(np.sqrt(2.0)), dtype=np.float32,
-             erf_alone: bool = False) -> onnx.ModelProto:
-    """A MatMul then GELU written out as PyTorch exports it: x * 0.5 * (1 + Erf(x / divisor)), the
-    Mul by 0.5 made from x first (``half_first``) or applied last; ``erf_alone``: MatMul, Erf only."""
+def erf_gelu(order: str = "half_first", divisor: float = float(np.sqrt(2.0)), dtype=np.float32,
+             erf_alone: bool = False, scale: float | None = None) -> onnx.ModelProto:
+    """A MatMul then GELU written out as PyTorch exports it: x * 0.5 * (1 + Erf(x / divisor)) (or
+    Erf(x * scale)); ``order``: "half_first" ((x * 0.5) * (1 + erf)), "half_last" (x * (1 + erf) *
+    0.5) or "root_last" ((1 + erf) * 0.5 * x); ``erf_alone``: MatMul, Erf only."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     rng = np.random.default_rng(2)
     if erf_alone:
@@ -901,22 +905,23 @@ def erf_gelu(half_first: bool = True, divisor: float = float(np.sqrt(2.0)), dtyp
             [_vi("x", elem, [1, 8, 16])], [_vi("y", elem, [1, 8, 16])],
             [numpy_helper.from_array(rng.normal(size=(16, 16)).astype(dtype), "w")])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    if half_first:
-        tail = [helper.make_node("Mul", ["h", "half"], ["h_half"], name="gelu/half"),
-                helper.make_node("Mul", ["h_half", "e1"], ["y"], name="gelu/mul")]
-    else:
-        tail = [helper.make_node("Mul", ["h", "e1"], ["h_e1"], name="gelu/mul"),
-                helper.make_node("Mul", ["h_e1", "half"], ["y"], name="gelu/half")]
+    tail = {"half_first": [helper.make_node("Mul", ["h", "half"], ["h_half"], name="gelu/half"),
+                           helper.make_node("Mul", ["h_half", "e1"], ["y"], name="gelu/mul")],
+            "half_last": [helper.make_node("Mul", ["h", "e1"], ["h_e1"], name="gelu/mul"),
+                          helper.make_node("Mul", ["h_e1", "half"], ["y"], name="gelu/half")],
+            "root_last": [helper.make_node("Mul", ["e1", "half"], ["e_half"], name="gelu/half"),
+                          helper.make_node("Mul", ["e_half", "h"], ["y"], name="gelu/mul")]}[order]
+    first = (helper.make_node("Div", ["h", "root2"], ["d"], name="gelu/div") if scale is None
+             else helper.make_node("Mul", ["h", "root2"], ["d"], name="gelu/scale"))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
-         helper.make_node("Div", ["h", "root2"], ["d"], name="gelu/div"),
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"), first,
          helper.make_node("Erf", ["d"], ["e"], name="gelu/erf"),
          helper.make_node("Add", ["e", "one"], ["e1"], name="gelu/add"), *tail],
         "erf_gelu",
         [_vi("x", elem, [1, 8, 16])],
         [_vi("y", elem, [1, 8, 16])],
         [numpy_helper.from_array(rng.normal(size=(16, 16)).astype(dtype), "w"),
-         numpy_helper.from_array(np.array(divisor, dtype), "root2"),
+         numpy_helper.from_array(np.array(divisor if scale is None else scale, dtype), "root2"),
          numpy_helper.from_array(np.array(1.0, dtype), "one"),
          numpy_helper.from_array(np.array(0.5, dtype), "half")],
     )

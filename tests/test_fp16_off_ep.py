@@ -29,10 +29,10 @@ def test_an_op_with_an_unnamed_node_is_not_a_set():
 
 
 def test_the_command_keeps_the_nodes_off_before_its_output():
-    command = "ortprep convert m.onnx --fp16 --ep qnn --keep-io-types -o 'out dir/m.fp16.onnx'"
+    command = "ortprep convert 'run -o 2/m.onnx' --fp16 --ep qnn --keep-io-types -o 'run -o 2/m.fp16.onnx'"
     assert keep_off_command(command, ["a b", "c"]) == (
-        "ortprep convert m.onnx --fp16 --ep qnn --keep-io-types --keep-off-ep 'a b' --keep-off-ep c "
-        "-o 'out dir/m.fp16.onnx'")
+        "ortprep convert 'run -o 2/m.onnx' --fp16 --ep qnn --keep-io-types --keep-off-ep 'a b' --keep-off-ep c "
+        "-o 'run -o 2/m.fp16.onnx'")
 
 
 @on_x86

@@ -84,18 +84,29 @@ def test_the_named_fix_is_runnable_words():
     assert fix.endswith("ortprep load MODEL --ep qnn --disable-optimizer ConvBNFusion judges that session")
 
 
-def test_the_list_has_no_repeats():
+def test_the_list_has_no_repeats_and_ort_s_own_names():
     assert len(set(BASIC_OPTIMIZERS)) == len(BASIC_OPTIMIZERS) == 30
+    # the rules' names, where they are not their classes' (onnxruntime's optimizer headers)
+    assert {"EliminateUnsqueeze", "Pad_Fusion", "MatMul_BatchNormalization_Fusion"} <= set(BASIC_OPTIMIZERS)
+    assert not {"UnsqueezeElimination", "PadFusion", "MatmulBNFusion"} & set(BASIC_OPTIMIZERS)
+
+
+def test_the_search_stops_at_its_seconds():
+    judge, asked = culprit_judge("ConvAddFusion")
+    result = find_optimizers(judge, seconds=0.0)
+    assert asked == [("off", ())]  # the first session always runs; no later one starts
+    assert result["off_matches"] is True and result["optimizers"] is None and result["stopped"]
     assert optimizers.NAMED_AT_MOST < len(BASIC_OPTIMIZERS)
 
 
-@pytest.fixture
-def folded(tmp_path):
-    model, x = models.conv_bn_beyond_fp16()
+@pytest.fixture(params=[False, True], ids=["conv", "matmul"])
+def folded(tmp_path, request):
+    model, x = models.conv_bn_beyond_fp16(matmul=request.param)
     path = tmp_path / "conv_bn.onnx"
     onnx.save(model, str(path))
     np.savez(tmp_path / "x.npz", x=x)
-    return path, tmp_path / "x.npz"
+    # the fusion that folds it, as ORT names it (not always its class's name)
+    return path, tmp_path / "x.npz", "MatMul_BatchNormalization_Fusion" if request.param else "ConvBNFusion"
 
 
 def _load(*args) -> tuple[int, dict]:
@@ -105,8 +116,8 @@ def _load(*args) -> tuple[int, dict]:
 
 @on_x86
 @needs_qnn
-def test_qnn_names_conv_bn_fusion_and_judges_the_session_without_it(folded):
-    path, inputs = folded
+def test_qnn_names_the_bn_fusion_and_judges_the_session_without_it(folded):
+    path, inputs, fusion = folded
     before = path.read_bytes()
     code, report = _load(path, "--ep", "qnn", "--inputs", inputs)
     assert code == 1
@@ -114,18 +125,19 @@ def test_qnn_names_conv_bn_fusion_and_judges_the_session_without_it(folded):
     assert "LOD006" in codes and "LOD012" in codes
     record = report["results"][0]
     searched = record["ort_optimizations"]
-    assert searched["off_matches"] is True and searched["optimizers"] == ["ConvBNFusion"]
+    assert searched["off_matches"] is True and searched["optimizers"] == [fusion]
     assert len(searched["trials"]) <= MAX_SESSIONS
     told = next(f for f in report["findings"] if f["code"] == "LOD012")
-    assert "ConvBNFusion" in told["message"] and "--disable-optimizer ConvBNFusion" in told["fix"]
+    assert fusion in told["message"] and f"--disable-optimizer {fusion}" in told["fix"]
     assert path.read_bytes() == before
 
     # the session the fix describes: load judges it, and it holds
-    code, report = _load(path, "--ep", "qnn", "--inputs", inputs, "--disable-optimizer", "ConvBNFusion")
+    code, report = _load(path, "--ep", "qnn", "--inputs", inputs, "--disable-optimizer", fusion)
     assert code == 0, report["findings"]
+    assert not [f for f in report["findings"] if f["code"] == "LOD013"]  # a name ORT knows
     record = report["results"][0]
     assert record["outputs_match"] is True
-    assert record["ort_session"] == {"optimization": "default", "disabled_optimizers": ["ConvBNFusion"]}
+    assert record["ort_session"] == {"optimization": "default", "disabled_optimizers": [fusion]}
     assert "ort_optimizations" not in record  # a session the user shaped is not searched again
 
     code, report = _load(path, "--ep", "qnn", "--inputs", inputs, "--optimization", "off")
@@ -135,7 +147,7 @@ def test_qnn_names_conv_bn_fusion_and_judges_the_session_without_it(folded):
 @on_x86
 @needs_qnn
 def test_a_name_ort_would_ignore_is_said(folded):
-    path, inputs = folded
+    path, inputs, _ = folded
     code, report = _load(path, "--ep", "qnn", "--inputs", inputs, "--disable-optimizer", "ConvBnFusion")
     assert code == 1  # ORT ignored the misspelt name: the fold stayed, and so did the difference
     told = [f for f in report["findings"] if f["code"] == "LOD013"]

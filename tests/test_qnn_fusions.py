@@ -27,10 +27,10 @@ def _erf_findings(report: dict) -> list[dict]:
     return [f for f in report["findings"] if f.get("op_type") == "Erf"]
 
 
-@pytest.mark.parametrize("half_first", [True, False])
+@pytest.mark.parametrize("order", ["half_first", "half_last", "root_last"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_the_erf_of_a_gelu_is_predicted_on_qnn(tmp_path, half_first, dtype):
-    report = _check(tmp_path, models.erf_gelu(half_first, dtype=dtype))
+def test_the_erf_of_a_gelu_is_predicted_on_qnn(tmp_path, order, dtype):
+    report = _check(tmp_path, models.erf_gelu(order, dtype=dtype))
     assert report["results"][0]["verdict"] == "full"
     assert _erf_findings(report) == []
 
@@ -44,7 +44,9 @@ def test_an_erf_outside_the_shape_stays_on_the_cpu(tmp_path):
 @on_x86
 @needs_qnn
 @pytest.mark.parametrize("kwargs, verdict",
-                         [({}, "full"), ({"divisor": 10.0}, "full"), ({"erf_alone": True}, "partial")])
+                         [({}, "full"), ({"divisor": 10.0}, "full"), ({"erf_alone": True}, "partial"),
+                          ({"order": "root_last"}, "full"), ({"scale": float(1 / np.sqrt(2.0))}, "full"),
+                          ({"scale": 0.5, "order": "half_last"}, "full")])
 def test_the_real_session_agrees(tmp_path, kwargs, verdict):
     report = _check(tmp_path, models.erf_gelu(**kwargs), "--prove")
     result = report["results"][0]
@@ -86,3 +88,20 @@ def test_a_dynamic_shape_still_refuses_it(tmp_path):
     report = _check(tmp_path, model)
     assert report["results"][0]["verdict"] == "none"
     assert [f["code"] for f in report["findings"] if f.get("node") == "gelu/erf"] == ["QNN002"]
+
+
+def test_a_constant_node_is_read_and_an_unnamed_node_has_its_label(tmp_path):
+    from onnx import helper
+
+    model = models.erf_gelu()
+    kept = [t for t in model.graph.initializer if t.name != "root2"]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["root2"], value_float=float(np.sqrt(2.0))))
+    assert not [f for f in _check(tmp_path, model)["findings"] if f["code"] == "QNN011"]  # a GELU: nothing said
+    model = models.erf_gelu(scale=0.5)  # x * 0.5 inside the Erf: not a GELU
+    for node in model.graph.node:
+        node.name = ""
+    told = [f for f in _check(tmp_path, model)["findings"] if f["code"] == "QNN011"]
+    assert len(told) == 1 and "builds Mul#1, Erf#2, Add#3, Mul#4, Mul#5 as one Gelu" in told[0]["message"]
+    assert "the scale is 0.5, not 0.707107" in told[0]["message"]

@@ -4,8 +4,8 @@ x * 0.5 * (1 + Erf(x / sqrt(2))), as PyTorch exports it, which QNN's EP builds a
 (onnxruntime's qnn_node_group/gelu_fusion.cc).
 
 Measured (docs/decisions/docs-qnn-gelu-fusion.md): an Erf alone stays on the CPU EP; in the
-pattern's shape (Erf of a Div of x, then Add, then a Mul by x and a Mul, either order) QNN takes
-it in float32 and float16, in a QDQ model (Q/DQ pairs between) it does not. onnxruntime-qnn 2.7.0
+pattern's shapes (gelu_shape) QNN takes it in float32 and float16, in a QDQ model (Q/DQ pairs
+between) it does not. onnxruntime-qnn 2.7.0
 fuses the shape without reading its constants: a Div by 10, or an Add of a tensor, is computed as
 a GELU all the same, wrong by up to 25 on an output of scale 11. Such a shape is QNN011.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.qnn_rules import qnn_node
@@ -26,8 +26,10 @@ from ortprep.findings import Finding
 GELU_SOURCE = ("measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP simulator, 2026-12-07: an Erf alone "
                "stays on the CPU EP, in a GELU's shape QNN's EP takes it as one Gelu "
                "(onnxruntime's core/providers/qnn/builder/qnn_node_group/gelu_fusion.cc)")
-# A GELU's constants, and how far QNN's own fusion lets each be (gelu_fusion.cc): x / sqrt(2), + 1, * 0.5.
-GELU_CONSTANTS = {"divisor": (math.sqrt(2.0), 1e-3), "addend": (1.0, 1e-2), "half": (0.5, 1e-3)}
+# A GELU's constants, and how far QNN's own fusion lets each be (gelu_fusion.cc): x / sqrt(2) (or
+# x * 1/sqrt(2)), + 1, * 0.5.
+GELU_CONSTANTS = {"divisor": (math.sqrt(2.0), 1e-3), "scale": (1.0 / math.sqrt(2.0), 1e-3), "addend": (1.0, 1e-2),
+                  "half": (0.5, 1e-3)}
 
 
 class _Graph:
@@ -45,14 +47,20 @@ class _Graph:
                     self.consumers.setdefault(name, []).append(node)
 
     def values(self, name: str) -> np.ndarray | None:
+        """A float constant's values: an initializer, or a Constant node's ``value`` or
+        ``value_float(s)``; None for anything else."""
         tensor = self.initializers.get(name)
-        if tensor is None:
+        if tensor is not None:
+            value = numpy_helper.to_array(tensor)
+        else:
             node = self.producer.get(name)
-            tensor = next((a.t for a in node.attribute if a.name == "value"), None) \
-                if node is not None and node.op_type == "Constant" else None
-        if tensor is None:
-            return None
-        value = numpy_helper.to_array(tensor)
+            if node is None or node.op_type != "Constant" or not node.attribute:
+                return None
+            attribute = node.attribute[0]
+            if attribute.name not in ("value", "value_float", "value_floats"):
+                return None
+            found = helper.get_attribute_value(attribute)
+            value = numpy_helper.to_array(found) if attribute.name == "value" else np.asarray(found, np.float32)
         return np.asarray(value, np.float64) if value.dtype.kind == "f" and value.size else None
 
     def child(self, node):
@@ -66,39 +74,46 @@ class _Graph:
         return others[0] if len(others) == 1 else None
 
 
-def gelu_shape(graph: _Graph, erf) -> dict[str, str | None] | None:
-    """Where ``erf`` sits in the shape QNN's EP fuses into a Gelu: the tensors standing where a
-    GELU has its constants (``divisor``, ``addend``, ``half``) and the pattern's node names; None
-    where it does not."""
-    div = graph.producer.get(erf.input[0])
-    if div is None or div.op_type != "Div" or len(div.input) < 2:
+def gelu_shape(graph: _Graph, erf) -> dict | None:
+    """Where ``erf`` sits in a shape QNN's EP fuses into a Gelu: the tensors standing where a GELU
+    has its constants (``divisor`` or ``scale``, ``addend``, ``half``) and the pattern's nodes; None
+    where it does not. The shapes measured fused on onnxruntime-qnn 2.7.0: Erf(x / sqrt 2) or
+    Erf(x * 1/sqrt 2), + 1, then (x * 0.5) * that, x * that * 0.5, or that * 0.5 * x."""
+    first = graph.producer.get(erf.input[0])
+    if first is None or first.op_type not in ("Div", "Mul") or len(first.input) < 2:
         return None
-    root = div.input[0]
+    root = first.input[0]
+    if first.op_type == "Mul" and graph.values(root) is not None:  # the constant first: c * x
+        root = first.input[1]
     add = graph.child(erf)
     if add is None or add.op_type != "Add":
         return None
     mul = graph.child(add)
     if mul is None or mul.op_type != "Mul":
         return None
-    found = {"divisor": div.input[1], "addend": graph.other(add, erf.output[0])}
+    found = {"divisor" if first.op_type == "Div" else "scale": graph.other(first, root),
+             "addend": graph.other(add, erf.output[0])}
     for name in mul.input[:2]:  # root * 0.5 made first, times (1 + erf)
         half = graph.producer.get(name)
         if half is not None and half.op_type == "Mul" and root in half.input[:2]:
-            return {**found, "half": graph.other(half, root), "nodes": [div.name, erf.name, add.name, half.name,
-                                                                        mul.name]}
-    if root not in mul.input[:2]:
+            return {**found, "half": graph.other(half, root), "nodes": [first, erf, add, half, mul]}
+    if root in mul.input[:2]:  # root * (1 + erf), times 0.5
+        last = graph.child(mul)
+        if last is None or last.op_type != "Mul":
+            return None
+        return {**found, "half": graph.other(last, mul.output[0]), "nodes": [first, erf, add, mul, last]}
+    last = graph.child(mul)  # (1 + erf) * 0.5, times root
+    if last is None or last.op_type != "Mul" or root not in last.input[:2]:
         return None
-    last = graph.child(mul)  # root * (1 + erf), times 0.5
-    if last is None or last.op_type != "Mul":
-        return None
-    return {**found, "half": graph.other(last, mul.output[0]), "nodes": [div.name, erf.name, add.name, mul.name,
-                                                                         last.name]}
+    return {**found, "half": graph.other(mul, add.output[0]), "nodes": [first, erf, add, mul, last]}
 
 
 def not_gelu(graph: _Graph, shape: dict) -> list[str]:
     """The places where the shape's inputs are not a GELU's constants, in words."""
     wrong = []
     for place, (value, tolerance) in GELU_CONSTANTS.items():
+        if place not in shape:
+            continue
         values = graph.values(shape[place]) if shape[place] else None
         if values is None:
             wrong.append(f"the {place} is '{shape[place]}', not a constant")
@@ -118,6 +133,7 @@ def qnn_fused(analysis: ModelAnalysis, verdicts: list[NodeVerdict], graph_io: tu
     if not erfs:
         return verdicts
     graph = _Graph(analysis)
+    labels = {id(node.node): node.name for node in nodes if node.graph_id == 0}  # OP#INDEX where unnamed
     changed = list(verdicts)
     for position in erfs:
         node = nodes[position]
@@ -132,7 +148,8 @@ def qnn_fused(analysis: ModelAnalysis, verdicts: list[NodeVerdict], graph_io: tu
         wrong = not_gelu(graph, shape)
         if wrong:
             verdict.extra.append(Finding.of(
-                "QNN011", f"node '{node.name}' (Erf) on qnn: QNN's EP builds {', '.join(shape['nodes'])} as one Gelu "
+                "QNN011", f"node '{node.name}' (Erf) on qnn: QNN's EP builds "
+                f"{', '.join(labels.get(id(n), n.op_type) for n in shape['nodes'])} as one Gelu "
                 f"without reading its constants, and this is not a GELU ({'; '.join(wrong)}): QNN computes a GELU "
                 "here, not the model", node=node.name, op_type="Erf", ep="qnn", source=GELU_SOURCE,
                 fix=f"keep the Erf off QNN, which then computes the rest as written (ortprep convert MODEL "

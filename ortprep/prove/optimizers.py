@@ -12,18 +12,21 @@ matched; the search never guesses.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 # ORT's basic-level (level 1) rewrite rules, then its level-1 transformers, by the names
-# SessionOptions' disabled optimizers take: onnxruntime/core/optimizer/graph_transformer_utils.cc
-# (GenerateRewriteRules and GenerateTransformers, TransformerLevel::Level1), read 2026-12-07
-# at ORT's main branch. A name an older ORT lacks is ignored by it, which the search allows for.
+# SessionOptions' disabled optimizers take (each rule's or transformer's own name, which is not
+# always its class's: UnsqueezeElimination is "EliminateUnsqueeze", PadFusion "Pad_Fusion"):
+# onnxruntime/core/optimizer/graph_transformer_utils.cc (GenerateRewriteRules and
+# GenerateTransformers, TransformerLevel::Level1) and each one's header, read 2026-12-07 at ORT's
+# main branch. A name an older ORT lacks is ignored by it, which the search allows for.
 BASIC_OPTIMIZERS: tuple[str, ...] = (
-    "EliminateIdentity", "EliminateSlice", "UnsqueezeElimination", "EliminateDropout", "ExpandElimination",
+    "EliminateIdentity", "EliminateSlice", "EliminateUnsqueeze", "EliminateDropout", "ExpandElimination",
     "CastElimination", "PreShapeNodeElimination", "NoopElimination", "DivMulFusion", "FuseReluClip",
     "GemmSumFusion", "GemmTransposeFusion", "NotWhereFusion", "ConvAddFusion", "ConvMulFusion", "ConvBNFusion",
-    "PadFusion", "MatmulBNFusion", "LabelEncoderFusion",
+    "Pad_Fusion", "MatMul_BatchNormalization_Fusion", "LabelEncoderFusion",
     "DoubleQDQPairsRemover", "ConstantSharing", "CommonSubexpressionElimination", "ConstantFolding",
     "MatMulAddFusion", "ReshapeFusion", "GeluFusion", "LayerNormFusion", "QDQPropagationTransformer",
     "WeightBiasQuantization", "TransposeOptimizer",
@@ -31,6 +34,9 @@ BASIC_OPTIMIZERS: tuple[str, ...] = (
 # EP sessions the search may build (the session with optimizations off included): a halving over
 # BASIC_OPTIMIZERS (30 names) needs at most 2 per halving, 5 halvings, after those two.
 MAX_SESSIONS = 12
+# No session of the search starts after this many seconds (the first, with the optimizations off,
+# always runs): on a simulator a large model's session takes a minute.
+MAX_SECONDS = 300.0
 # A fix names at most this many optimizers; a larger set measured to match is reported as "off".
 NAMED_AT_MOST = 3
 
@@ -39,12 +45,17 @@ NAMED_AT_MOST = 3
 Judge = Callable[[str, tuple[str, ...]], tuple[bool | None, float | None]]
 
 
-def find_optimizers(judge: Judge, limit: int = MAX_SESSIONS) -> dict[str, Any]:
-    """What makes the EP's outputs match, measured by ``judge`` in at most ``limit`` sessions:
-    ``off_matches`` (the optimizations off), ``optimizers`` (the smallest set of basic-level
-    optimizers measured to match when left out alone, at the default level; None where none was),
-    ``trials`` (each session: level, disabled, matched, max_abs_diff)."""
+def find_optimizers(judge: Judge, limit: int = MAX_SESSIONS, seconds: float = MAX_SECONDS) -> dict[str, Any]:
+    """What makes the EP's outputs match, measured by ``judge`` in at most ``limit`` sessions and,
+    after the first, none started past ``seconds``: ``off_matches`` (the optimizations off),
+    ``optimizers`` (the smallest set of basic-level optimizers measured to match when left out
+    alone, at the default level; None where none was), ``trials`` (each session: level, disabled,
+    matched, max_abs_diff), ``stopped`` (why the halving stopped early, or None)."""
     trials: list[dict[str, Any]] = []
+    started = time.monotonic()
+
+    def room() -> bool:
+        return len(trials) < limit and time.monotonic() - started < seconds
 
     def attempt(level: str, disabled: list[str]) -> bool:
         matched, worst = judge(level, tuple(disabled))
@@ -52,21 +63,28 @@ def find_optimizers(judge: Judge, limit: int = MAX_SESSIONS) -> dict[str, Any]:
                        "max_abs_diff": None if worst is None else float(worst)})
         return matched is True
 
-    result: dict[str, Any] = {"off_matches": attempt("off", []), "optimizers": None, "trials": trials}
-    if not result["off_matches"] or len(trials) >= limit:
+    result: dict[str, Any] = {"off_matches": attempt("off", []), "optimizers": None, "trials": trials,
+                              "stopped": None}
+    if not result["off_matches"]:
+        return result
+    if not room():
+        result["stopped"] = "the bound (sessions or seconds) was reached"
         return result
     candidates = list(BASIC_OPTIMIZERS)
     if not attempt("default", candidates):
         return result  # beyond the basic level's optimizers, or several levels together
     result["optimizers"] = candidates
-    while len(candidates) > 1 and len(trials) < limit:
+    while len(candidates) > 1:
+        if not room():
+            result["stopped"] = "the bound (sessions or seconds) was reached"
+            break
         half, rest = candidates[: len(candidates) // 2], candidates[len(candidates) // 2:]
         if attempt("default", half):
             candidates = half
-        elif len(trials) < limit and attempt("default", rest):
+        elif room() and attempt("default", rest):
             candidates = rest
         else:
-            break  # neither half alone: the smallest set measured stays the answer
+            break  # neither half alone (or no room left): the smallest set measured stays the answer
         result["optimizers"] = candidates
     return result
 

@@ -174,10 +174,11 @@ def _load_on_eps(handle: ModelHandle, options: LoadOptions) -> StepResult:
     feeds, guess_failed = choice.feeds, choice.runs is False
     report = StepResult(step="load", schema=SCHEMA)
     for unknown in [n for n in options.disabled_optimizers if n not in optimizers.BASIC_OPTIMIZERS]:
-        report.add(Finding.of("LOD013", f"--disable-optimizer {unknown}: not one of ORT's basic-level optimizers "
-                              "ortprep knows; ORT ignores a name it does not know, so the session may be ORT's "
-                              "default", fix="spell it as ORT names it (ConvAddFusion, GeluFusion, ConstantFolding, "
-                              "...: docs/cli.md lists them)"))
+        report.add(Finding.of("LOD013", f"--disable-optimizer {unknown}: not one of the basic level's optimizer names "
+                              "ortprep knows; ORT ignores a name it does not know (no error), so where it does not "
+                              "know this one the session is ORT's default", fix="spell it as ORT names it "
+                              "(ConvAddFusion, GeluFusion, ConstantFolding, EliminateUnsqueeze, ...: "
+                              "prove/optimizers.py lists the basic level's)"))
     results = []
     with tempfile.TemporaryDirectory(prefix="ortprep-load-") as tmp:
         workdir = Path(tmp)
@@ -320,7 +321,8 @@ def _result(analysis: ModelAnalysis, target: EpRuntime, status: dict, reference,
     if device is not None:
         record["device"] = device.record()
     record["provider_options"] = session_options(target, options.provider_options, options.device)
-    if not _optimizations_asked(options):  # the session the user described, not ORT's default
+    if not _optimizations_asked(options) and provider != "CPUExecutionProvider":
+        # the session the user described, not ORT's default (the CPU EP's run is the reference, at ORT's default)
         record["ort_session"] = {"optimization": options.optimization,
                                  "disabled_optimizers": list(options.disabled_optimizers)}
     if status.get("status") in ("crashed", "timeout"):

@@ -51,9 +51,11 @@ def op_sets(proto: onnx.ModelProto) -> list[tuple[str, list[str]]]:
 
 
 def keep_off_command(command: str, names: list[str]) -> str:
-    """The probe's convert command with each of ``names`` kept off the EP (before its ``-o``)."""
-    head, _, tail = command.rpartition(" -o ")
-    return head + "".join(f" --keep-off-ep {shlex.quote(name)}" for name in names) + " -o " + tail
+    """The probe's convert command with each of ``names`` kept off the EP (before its ``-o``),
+    read and written as shell words (a path may hold " -o ")."""
+    words = shlex.split(command)
+    at = len(words) - 1 - words[::-1].index("-o")
+    return shlex.join(words[:at] + [w for name in names for w in ("--keep-off-ep", name)] + words[at:])
 
 
 def mend(source: Path, scratch: Path, base: ConvertOptions, convert: Callable[[Path, Path, ConvertOptions], Any],

@@ -81,10 +81,13 @@ def find_optimizers(judge: Judge, limit: int = MAX_SESSIONS, seconds: float = MA
         half, rest = candidates[: len(candidates) // 2], candidates[len(candidates) // 2:]
         if attempt("default", half):
             candidates = half
-        elif room() and attempt("default", rest):
+        elif not room():
+            result["stopped"] = "the bound (sessions or seconds) was reached"
+            break
+        elif attempt("default", rest):
             candidates = rest
         else:
-            break  # neither half alone (or no room left): the smallest set measured stays the answer
+            break  # neither half alone: the smallest set measured stays the answer
         result["optimizers"] = candidates
     return result
 

@@ -1,7 +1,7 @@
 """FP16 with one op kept off the target EP, where quantize's FP16 probe passes on the CPU EP and
 fails on the EP alone (``quantize --auto --auto-exclude``): the EP computes some op of the float
-model otherwise (QNN's HTP: a SiLU's Sigmoid on a map's edge tiles, QNT022), and no precision
-mends that; keeping the op's nodes on the CPU EP does.
+model otherwise (QNN's HTP: ddddocr's 11 Sigmoids in FP16, for a cause not found), and no
+precision mends that; keeping the op's nodes on the CPU EP does.
 
 Each op type of the model in turn, all its nodes kept off the EP (in If nodes the CPU EP runs,
 as ``convert --keep-off-ep``), converted as the printed command converts it and judged by the
@@ -59,10 +59,11 @@ def keep_off_command(command: str, names: list[str]) -> str:
 
 
 def mend(source: Path, scratch: Path, base: ConvertOptions, convert: Callable[[Path, Path, ConvertOptions], Any],
-         judge: Callable[[Path], Any]) -> tuple[Any, list[str], list[dict[str, Any]]]:
+         judge: Callable[[Path], Any]) -> tuple[Any, list[str], list[dict[str, Any]], Path | None]:
     """Try each op set of ``source`` (the float model) kept off the EP: ``convert(source, dest,
     options)`` writes the FP16 file as the command does (None where it refuses), ``judge(path)`` its
-    evaluation by the probe's gate. Returns (the passing evaluation or None, its nodes, every try)."""
+    evaluation by the probe's gate. Returns (the passing evaluation or None, its nodes, every try,
+    the file judged to pass or None)."""
     tried: list[dict[str, Any]] = []
     for index, (op, names) in enumerate(op_sets(onnx.load(str(source), load_external_data=False))):
         if step_spent("FP16 kept off the EP"):
@@ -78,5 +79,5 @@ def mend(source: Path, scratch: Path, base: ConvertOptions, convert: Callable[[P
                  "failed_on": evaluation.failed_on}
         tried.append(entry)
         if evaluation.passed:
-            return evaluation, names, tried
-    return None, [], tried
+            return evaluation, names, tried, dest
+    return None, [], tried, None

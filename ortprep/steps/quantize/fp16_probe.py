@@ -179,14 +179,13 @@ def _measure(source: Path, handle: ModelHandle, options: QuantizeOptions, feeds:
             # the EP alone computes FP16 otherwise: one op's nodes kept off it (fp16_off_ep.py)
             used = sample_file if sample_file is not None and " --inputs " in command else None
             base = ConvertOptions(fp16=True, ep=ep, metrics=metrics, keep_io_types=True, inputs=used)
-            mended, names, tried = fp16_off_ep.mend(
+            mended, names, tried, written = fp16_off_ep.mend(
                 source, Path(tmp), base, lambda src, dest, opts: _convert(src, dest, opts).output,
                 lambda path: judge(path)[0])
             kept_off = {"op": tried[-1]["op"] if mended is not None else None, "nodes": names[:64],
                         "count": len(names), "tried": tried}
-            if mended is not None:
-                evaluation, why = mended, None
-                converted = Path(tmp) / f"fp16-off-{len(tried) - 1}.onnx"
+            if mended is not None and written is not None:
+                evaluation, why, converted = mended, None, written
                 command = fp16_off_ep.keep_off_command(command, names)
         if progress is not None:
             progress("FP16", 2, 2)

@@ -54,12 +54,13 @@ SCHEMA = "ortprep.load/2"
 
 def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options: LoadOptions, workdir: Path,
            label_unnamed: bool = False, label: str | None = None, optimization: str | None = None,
-           disabled: tuple[str, ...] | None = None) -> dict[str, Any]:
+           disabled: tuple[str, ...] | None = None, strict: bool = True) -> dict[str, Any]:
     """One EP in a worker process (a Placement request); returns its answer as a dict, with the
     outputs (or a crash/timeout). ``label_unnamed``: the model has unnamed nodes (SessionSpec);
     ``label``: the run's folder under ``workdir`` (default: the EP's name); ``optimization`` and
     ``disabled``: the session's level and the ORT optimizers it leaves out (default: the options',
-    for every EP but the CPU EP, whose run is the reference)."""
+    for every EP but the CPU EP, whose run is the reference); ``strict``: also the session with CPU
+    fallback disabled."""
     from ortprep.runtime.requests import Placement
     from ortprep.runtime.worker import call
 
@@ -83,6 +84,7 @@ def run_ep(model: Path, target: EpRuntime, feeds: dict[str, np.ndarray], options
         levels=["default", "off"] if options.placement_off else ["default"],
         optimization=optimization,
         disabled_optimizers=list(disabled),
+        strict_session=strict,
         verbose_record=target.spec.provider == "QNNExecutionProvider",
         label_unnamed=label_unnamed,
     )
@@ -292,7 +294,7 @@ def _without_optimizations(handle: ModelHandle, target: EpRuntime, feeds: dict[s
     def judge(level: str, disabled: tuple[str, ...]) -> tuple[bool | None, float | None]:
         label = f"{name}-optimizations-{next(count)}"
         again = run_ep(handle.path, target, feeds, once, workdir, unnamed, label=label, optimization=level,
-                       disabled=disabled)
+                       disabled=disabled, strict=False)  # the user's session alone: its outputs are asked
         assignment = (again.get("placement", {}).get("default") or {}).get("assignment") or {}
         if not again.get("ok") or not any(ep == target.spec.provider for ep in assignment.values()):
             return None, None  # a failed session, or one the EP took nothing of, tells nothing about the EP

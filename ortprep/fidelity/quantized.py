@@ -10,6 +10,7 @@ import statistics
 import numpy as np
 
 from ortprep.fidelity.compare import Degenerate, OutputDiff, compare_arrays, degenerate
+from ortprep.fidelity.cosine_tail import SHARE, expected_share
 from ortprep.fidelity.decisions import Decision, judge_decision, named
 from ortprep.fidelity.evaluation import Judgement
 from ortprep.fidelity.tolerances import NORM_TOLERANCE
@@ -67,7 +68,9 @@ def judge_quantized(
     (the float model's on the CPU EP). An output passes when its lowest cosine reaches
     ``min_cosine`` and its norm is within NORM_TOLERANCE of the float one's (a uniformly scaled
     output has cosine 1), pooled over the samples and, for an output of SAMPLE_NORM_SIZE values
-    or more, on every sample; a flat output (``flat``) by its absolute error instead.
+    or more, on every sample; a flat output (``flat``) by its absolute error instead. An output
+    with no gated decision must also keep the floor on the share of unseen inputs its samples'
+    spread expects (cosine_tail.expected_share: ``cosine_expected`` in its record).
     An output with a decision (``decisions``: fidelity/decisions/, what the application reads
     from it) must also decide the same: its agreement reaches the decision's REQUIRED share."""
     decisions = decisions or {}
@@ -147,6 +150,12 @@ def judge_quantized(
                 record["cosine_replaced_by"] = decision.label()
             verdict = (comparable and record["cosine"] is not None and (replaced or record["cosine"] >= min_cosine)
                        and (norm_ratio is None or abs(norm_ratio - 1.0) <= NORM_TOLERANCE))
+            if not replaced and (decision is None or decision.kind == "cosine" or not decision.gated):
+                # judged by cosine alone: held on unseen inputs too (fidelity/cosine_tail.py)
+                share = expected_share(cosines, min_cosine) if comparable else None
+                if share is not None:
+                    record["cosine_expected"] = {"share": round(share, 4), "asks": SHARE, "samples": len(cosines)}
+                    verdict = verdict and share >= SHARE
         if decision is not None and decision.kind != "cosine":
             # held on the samples, and on what their margins and errors say of unseen ones
             record["decision"] = judged_decision

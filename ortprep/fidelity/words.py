@@ -289,6 +289,9 @@ def shortfall_text(judgement, min_cosine: float) -> str:
     ):
         text = (f"output '{name}' decides otherwise: {decision_text(decision)} (cosine {fmt_cosine(cosine)} passes: "
                 "the tensor is close, the application's answer is not)")
+    elif (cosine is not None and cosine >= min_cosine and (ratio is None or abs(ratio - 1.0) <= NORM_TOLERANCE)
+          and worst.get("cosine_expected") and worst["cosine_expected"]["share"] < worst["cosine_expected"]["asks"]):
+        text = tail_text(name, cosine, worst["cosine_expected"], min_cosine)
     elif cosine is not None and (cosine >= min_cosine or decision.get("replaces_cosine")) and ratio is not None:
         text = (f"output '{name}' scaled as a whole: norm ratio {ratio:.4f}, allowed 1 ± {NORM_TOLERANCE:g} "
                 f"(cosine {fmt_cosine(cosine)}: the direction is right, the size is not)")
@@ -301,6 +304,14 @@ def shortfall_text(judgement, min_cosine: float) -> str:
     if len(failing) > 1:
         text += f"; {len(failing) - 1} more output(s) fail"
     return text
+
+
+def tail_text(name: str, cosine: float, expected: dict, min_cosine: float) -> str:
+    """An output whose samples all keep the cosine floor, too close to it for unseen inputs to
+    (fidelity/cosine_tail.py)."""
+    return (f"output '{name}': each of its {expected['samples']} samples keeps cosine {min_cosine:g} (lowest "
+            f"{fmt_cosine(cosine)}), but their spread expects only {expected['share']:.1%} of unseen inputs to "
+            f"(the gate asks {expected['asks']:.0%})")
 
 
 def failing_words(evaluation, min_cosine: float) -> str | None:

@@ -639,11 +639,7 @@ def test_auto_keeps_the_first_precision_that_passes(tmp_path):
     aimet_uint8 = AimetEngine().available() is None
     assert record["verify"]["trials"] == {"judged": 4 + nncf + aimet_uint8 + aimet,
                                           "failed": 2 + nncf + aimet_uint8 + aimet_failed}
-    # y carries no decision: its cosine floor on unseen inputs is what the margin holds (cosine_tail.py),
-    # where 8 of its samples moved by more than 1% of the floor's distance (A16W8 moves few that far)
-    selection = record["verify"]["gate"]["selection"]
-    assert selection is None or (selection["kind"] == "cosine" and selection["passed"]
-                                 and selection["measured"] >= 0.995)
+    assert record["verify"]["gate"]["selection"] is None
     note = next(f for f in record["findings"] if f["code"] == "QNT017")
     assert "--activation-type uint16" in note["fix"]
 

@@ -19,6 +19,8 @@ MIN_SAMPLES = 8
 # they keep the floor, and are left out of the fit, whose spread of logarithms they would stretch
 # (an output a sample leaves all but identical is a cluster of its own, not the near end of a tail).
 UNCHANGED = 1e-2
+# Past this many degrees of freedom t_cdf reads the normal distribution (they differ by < 1e-5).
+NORMAL_DF = 100_000
 
 
 def _simpson(values: np.ndarray, step: float) -> float:
@@ -28,9 +30,12 @@ def _simpson(values: np.ndarray, step: float) -> float:
 def t_cdf(x: float, df: int) -> float:
     """Student's t distribution with ``df`` degrees of freedom, P(T <= x). With T = sqrt(df) tan(a)
     the density of a is proportional to cos(a) ** (df - 1) on (-pi/2, pi/2): a smooth, bounded
-    integrand, integrated by Simpson's rule (the standard library has no incomplete beta)."""
+    integrand, integrated by Simpson's rule (the standard library has no incomplete beta). Past
+    NORMAL_DF degrees of freedom, the normal distribution (the integrand grows too narrow)."""
     if df < 1:
         raise ValueError("t_cdf needs at least one degree of freedom")
+    if df > NORMAL_DF:
+        return 0.5 * math.erfc(-x / math.sqrt(2.0))
     angle = math.atan(abs(x) / math.sqrt(df))
     if angle == 0.0:
         return 0.5
@@ -46,7 +51,10 @@ def expected_share(cosines: Sequence[float], floor: float) -> float | None:
     keep it; over the others 1 - cosine is taken as log-normal, and the share is that of the
     predictive distribution of one more sample (Student's t with m - 1 degrees of freedom, widened
     by sqrt(1 + 1/m) for the estimated centre). None with fewer than MIN_SAMPLES samples, fewer
-    than MIN_SAMPLES changed ones, or a floor of 1."""
+    than MIN_SAMPLES changed ones, or a floor of 1: a file left all but unchanged on most samples is
+    judged by its lowest cosine alone, as before (so one more sample coming that near 1 can silence
+    the rule; filling the fit with unchanged samples instead made two clusters read as one wide tail:
+    docs/decisions/gate-cosine-tail.md)."""
     values = np.asarray([c for c in cosines if c is not None and math.isfinite(c)], np.float64)
     allowed = 1.0 - floor
     if values.size < MIN_SAMPLES or allowed <= 0.0:

@@ -266,10 +266,8 @@ class Evaluation:
 def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
     """A result kept after another trial failed the gate on the same held-back samples was chosen
     by them: among several, the one they favour (the winner's curse), and its figures flatter it.
-    Such a result holds each decision's shares, and the share of unseen inputs an output judged by
-    cosine alone is expected to keep at the floor (cosine_tail.py), half-way from the gate to 1
-    (decisions.with_margin), as the search's cosine aims half-way (trials.margin_aim); short of
-    that it fails, and
+    Such a result holds each decision's shares half-way from the gate to 1 (decisions.with_margin),
+    as the search's cosine aims half-way (trials.margin_aim); short of that it fails, and
     ``evaluation.selection`` says by what. ``trials``: how many were judged on those samples.
     Returns the selection record (None: nothing gated, or the evaluation failed already)."""
     if evaluation.error is not None or not evaluation.passed:
@@ -280,12 +278,6 @@ def hold_to_margin(evaluation: Evaluation, trials: int) -> dict | None:
     worst = None  # (gap, side, output, what, asked, measured, kind, samples)
     for ep, outputs, samples in sides:
         for output in outputs:
-            tail = output.get("cosine_expected")
-            if tail:  # an output judged by cosine alone: the share its samples' spread expects at the floor
-                asked = with_margin(tail["asks"])
-                if worst is None or asked - tail["share"] > worst[0]:
-                    worst = (asked - tail["share"], ep, output["name"], "cosine floor on unseen inputs", asked,
-                             tail["share"], "cosine", samples)
             decision = output.get("decision")
             if not decision or decision.get("passed") is None:
                 continue

@@ -154,7 +154,7 @@ def judge_quantized(
                 # judged by cosine alone: held on unseen inputs too (fidelity/cosine_tail.py)
                 share = expected_share(cosines, min_cosine) if comparable else None
                 if share is not None:
-                    record["cosine_expected"] = {"share": round(share, 4), "asks": SHARE, "samples": len(cosines)}
+                    record["cosine_expected"] = {"share": share, "asks": SHARE, "samples": len(cosines)}
                     verdict = verdict and share >= SHARE
         if decision is not None and decision.kind != "cosine":
             # held on the samples, and on what their margins and errors say of unseen ones

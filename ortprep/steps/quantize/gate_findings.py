@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ortprep.findings import Finding
 from ortprep.fidelity.evaluation import CONFIRM_EP_SAMPLES, Evaluation, Judgement
-from ortprep.fidelity.words import assumption_words, fmt_cosine, selection_words, shortfall_text
+from ortprep.fidelity.words import assumption_words, fmt_cosine, selection_words, shortfall_text, tail_only
 
 
 def assumption_finding(evaluation: Evaluation | None) -> Finding | None:
@@ -107,14 +107,18 @@ def gate_finding(evaluation: Evaluation, *, min_cosine: float, ep_text: str, sto
         what = side.error or shortfall_text(side, min_cosine)
         judged = confirmation.held_back + (confirmation.samples if side.ep == "cpu"
                                            else min(confirmation.samples, CONFIRM_EP_SAMPLES))
+        spread_only = bool(side.failing()) and all(tail_only(o, min_cosine) for o in side.failing())
+        why = ("more samples show a spread that reaches the floor on unseen inputs, though each of them keeps it"
+               if spread_only else "the held-back samples miss inputs that the calibration samples show")
         return Finding.of(
             "QNT005", f"accuracy gate failed with the samples it was calibrated on: its {confirmation.held_back} "
                       "held-back "
-            f"sample(s) pass, but on {where} the {judged} held-back and calibration samples together give {what}: the "
-            f"held-back samples miss inputs that the calibration samples show{stopped}",
+            f"sample(s) pass, but on {where} the {judged} held-back and calibration samples together give {what}: "
+            f"{why}{stopped}",
             ep=side.ep if side.ep != "cpu" else None,
-            fix=f"ortprep quantize ... --auto (a wider precision) or {search} (it works on the sample that fails "
-                "worst); verify.confirmation in the JSON gives the figures per output")
+            fix=f"ortprep quantize ... --auto (a wider precision) or {search}"
+                + ("" if spread_only else " (it works on the sample that fails worst)")
+                + "; verify.confirmation in the JSON gives the figures per output")
     if evaluation.error is not None:
         return Finding.of("QNT005", f"accuracy gate failed: {evaluation.error}{stopped}",
                           fix="check that the float and the quantized model run: ortprep load MODEL --ep cpu")

@@ -1,8 +1,7 @@
 """The share of unseen inputs expected to keep an output's cosine at the gate's floor, read from the
 spread of the samples' cosines: a file whose every sample passes may still sit so close to the floor
-that some inputs of the same kind fall under it (openWakeWord's embedding: 24 samples at >= 0.9918,
-4 of 100 fresh inputs below 0.99). The decisions have their margins for this; an output judged by
-cosine alone has this. Measured, and why this form: docs/decisions/gate-cosine-tail.md."""
+that some inputs of the same kind fall under it. The decisions have their margins for this; an
+output judged by cosine alone has this. Measured, and why this form: docs/decisions/gate-cosine-tail.md."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import heapq
 
-from onnx import GraphProto, NodeProto
+import numpy as np
+from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from ortprep.model import subgraphs_of
 
@@ -19,6 +20,50 @@ def outer_scope_names(graph: GraphProto) -> set[str]:
             used |= outer_scope_names(sub)
         defined.update(node.output)
     return used - defined
+
+
+class Constants:
+    """A graph's constant values by name, read when first asked: initializers, and Constant nodes'
+    ``value``, ``value_float(s)`` or ``value_int(s)``. An initializer also listed as a graph input
+    is one a caller may feed: a constant only where ``fed_are_constant`` (ORT folds it as one when
+    nothing is fed). Weights stored outside the file are not read (None)."""
+
+    _ATTRIBUTES = ("value", "value_float", "value_floats", "value_int", "value_ints")
+
+    def __init__(self, graph: GraphProto, fed_are_constant: bool = False) -> None:
+        fed = set() if fed_are_constant else {value.name for value in graph.input}
+        self._tensors = {t.name: t for t in graph.initializer if t.name not in fed}
+        self._nodes = {node.output[0]: node for node in graph.node
+                       if node.op_type == "Constant" and len(node.attribute) == 1
+                       and node.attribute[0].name in self._ATTRIBUTES and node.output}
+        self._read: dict[str, np.ndarray | None] = {}
+
+    def get(self, name: str) -> np.ndarray | None:
+        if name not in self._read:
+            self._read[name] = self._value(name)
+        return self._read[name]
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def _value(self, name: str) -> np.ndarray | None:
+        tensor = self._tensors.get(name)
+        if tensor is not None:
+            return None if tensor.data_location == TensorProto.EXTERNAL else numpy_helper.to_array(tensor)
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        attribute = node.attribute[0]
+        found = helper.get_attribute_value(attribute)
+        if attribute.name == "value":
+            return None if found.data_location == TensorProto.EXTERNAL else numpy_helper.to_array(found)
+        return np.asarray(found, np.float32 if attribute.name.startswith("value_float") else np.int64)
 
 
 def has_unnamed_nodes(graph: GraphProto) -> bool:

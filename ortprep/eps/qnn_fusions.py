@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import helper, numpy_helper
 
 from ortprep.analysis import ModelAnalysis
 from ortprep.eps.qnn_rules import qnn_node
 from ortprep.eps.verdict import NodeVerdict
 from ortprep.eps.tables import SupportLevel
 from ortprep.findings import Finding
+from ortprep.graphops import Constants
 
 GELU_SOURCE = ("measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0, HTP simulator, 2026-12-07: an Erf alone "
                "stays on the CPU EP, in a GELU's shape QNN's EP takes it as one Gelu "
@@ -38,7 +38,7 @@ class _Graph:
 
     def __init__(self, analysis: ModelAnalysis) -> None:
         graph = analysis.handle.graph
-        self.initializers = {t.name: t for t in graph.initializer}
+        self.constants = Constants(graph, fed_are_constant=True)
         self.producer = {out: node for node in graph.node for out in node.output if out}
         self.consumers: dict[str, list] = {}
         for node in graph.node:
@@ -47,20 +47,10 @@ class _Graph:
                     self.consumers.setdefault(name, []).append(node)
 
     def values(self, name: str) -> np.ndarray | None:
-        """A float constant's values: an initializer, or a Constant node's ``value`` or
-        ``value_float(s)``; None for anything else."""
-        tensor = self.initializers.get(name)
-        if tensor is not None:
-            value = numpy_helper.to_array(tensor)
-        else:
-            node = self.producer.get(name)
-            if node is None or node.op_type != "Constant" or not node.attribute:
-                return None
-            attribute = node.attribute[0]
-            if attribute.name not in ("value", "value_float", "value_floats"):
-                return None
-            found = helper.get_attribute_value(attribute)
-            value = numpy_helper.to_array(found) if attribute.name == "value" else np.asarray(found, np.float32)
+        """A float constant's values (graphops.Constants); None for anything else."""
+        value = self.constants.get(name)
+        if value is None:
+            return None
         return np.asarray(value, np.float64) if value.dtype.kind == "f" and value.size else None
 
     def child(self, node):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from ortprep.graphops import fresh_name, node_dependencies, outer_scope_names
+from ortprep.graphops import Constants, fresh_name, node_dependencies, outer_scope_names
 from ortprep.model import iter_graphs, subgraphs_of
 
 # Ops whose float output scales as their (first) float input: layout, pooling, order and sign.
@@ -67,20 +67,6 @@ class _NotHomogeneous(Exception):
     pass
 
 
-def _constants(proto: ModelProto) -> dict[str, np.ndarray]:
-    """The main graph's constant values: initializers (not those a caller may feed, listed as
-    inputs) and Constant nodes' ``value``."""
-    fed = {value.name for value in proto.graph.input}
-    values: dict[str, np.ndarray] = {}
-    for init in proto.graph.initializer:
-        if init.name not in fed:
-            values[init.name] = numpy_helper.to_array(init)
-    for node in proto.graph.node:
-        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
-
-
 def _subgraph_reads(proto: ModelProto) -> set[str]:
     """Main-graph names read inside If/Loop/Scan bodies (a scaled tensor read there is not followed)."""
     return {name for node in proto.graph.node for _, body in subgraphs_of(node) for name in outer_scope_names(body)}
@@ -91,7 +77,7 @@ def trace(proto: ModelProto, source: str) -> Plan | None:
     None where the chain reaches an op that does not carry a scale through, a subgraph, or a graph
     output still scaled."""
     plan = Plan(source, degrees={source: 1.0})
-    constants = _constants(proto)
+    constants = Constants(proto.graph)  # not an initializer a caller may feed
     inner = _subgraph_reads(proto)
     readers: dict[str, list[int]] = {}
     for index, node in enumerate(proto.graph.node):
@@ -121,7 +107,7 @@ def trace(proto: ModelProto, source: str) -> Plan | None:
 
 
 def _floor_before_log(proto: ModelProto, node, index: int, readers: dict[str, list[int]],
-                      constants: dict[str, np.ndarray], plan: Plan) -> bool:
+                      constants: Constants, plan: Plan) -> bool:
     """A Clip with constant bounds (the lower one positive) whose only reader is a Log: recorded
     in ``plan.floors``, to move past the Log as the log of its bounds (Log is monotonic)."""
     if any(a.name in ("min", "max") for a in node.attribute) or node.output[0] in {o.name for o in proto.graph.output}:
@@ -140,7 +126,7 @@ def _floor_before_log(proto: ModelProto, node, index: int, readers: dict[str, li
     return True
 
 
-def _degree(node, index: int, scaled: list[tuple[int, float]], constants: dict[str, np.ndarray],
+def _degree(node, index: int, scaled: list[tuple[int, float]], constants: Constants,
             plan: Plan) -> float | None:
     """The degree of ``node``'s output given its scaled inputs ``scaled`` [(slot, degree)];
     records constants to scale and Logs to compensate in ``plan``. None: the output is scale-free."""
@@ -282,7 +268,7 @@ def apply_rescale(proto: ModelProto, plan: Plan) -> ModelProto:
     out = ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
-    constants = _constants(out)
+    constants = Constants(out.graph)
     scale = 2.0 ** -plan.octaves
     taken, node_names = set(), set()
     for _, each in iter_graphs(graph):  # names anywhere: a body may define what the main graph adds

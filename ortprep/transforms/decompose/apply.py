@@ -10,10 +10,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto
 
 from ortprep.analysis import ModelAnalysis
+from ortprep.graphops import Constants
 from ortprep.eps.registry import EpSpec
 from ortprep.model import ModelHandle
 from ortprep.prediction import check_target
@@ -159,17 +159,9 @@ def _facts(analysis: ModelAnalysis):
 
 
 def _constants(proto: ModelProto):
-    tensors = {t.name: t for t in proto.graph.initializer}
-    tensors.update({n.output[0]: a.t for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute
-                    if a.name == "value"})
-
-    def value(name: str) -> np.ndarray | None:
-        tensor = tensors.get(name)
-        if tensor is None or tensor.data_location == TensorProto.EXTERNAL:
-            return None
-        return numpy_helper.to_array(tensor)
-
-    return value
+    """A reader of the main graph's constant values (initializers, a fed one included, as ORT folds
+    it when nothing is fed; Constant nodes), for the decompositions' Emitter."""
+    return Constants(proto.graph, fed_are_constant=True).get
 
 
 def _copy(node: NodeProto) -> NodeProto:

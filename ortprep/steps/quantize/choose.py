@@ -136,7 +136,8 @@ def choose_engine(trials: Trials, source: Path, label: str, first: Trial, option
     left = [name for name in AUTO_ORDER if name != first_name]
     while left:
         # the next engine: AUTO_ORDER's while none passed; once one passed slowly, SPEED_ORDER's
-        name = next(n for n in (SPEED_ORDER if holds(trials, best) else AUTO_ORDER) if n in left)
+        slow_pass = holds(trials, best) and timed and slow(best_ratio)
+        name = next(n for n in (SPEED_ORDER if slow_pass else AUTO_ORDER) if n in left)
         left.remove(name)
         candidate = engine(name)
         why = candidate.available()

@@ -16,21 +16,15 @@ from onnx import TensorProto, helper, numpy_helper
 from cli_helpers import quantize
 from ortprep.fidelity.cosine_tail import MIN_SAMPLES, expected_share, t_cdf
 from ortprep.fidelity.decisions import parse_metric
+from ortprep.fidelity.decisions.evidence import _erfinv
 from ortprep.fidelity.evaluation import Evaluation, Judgement, hold_to_margin
 from ortprep.fidelity.quantized import judge_quantized
 from ortprep.fidelity.words import shortfall_text
 
 
 def _normal_quantiles(count: int) -> np.ndarray:
-    """Evenly spaced quantiles of the standard normal (bisection on erf: no scipy here)."""
-    out = []
-    for index in range(count):
-        p, low, high = (index + 0.5) / count, -10.0, 10.0
-        for _ in range(80):
-            middle = (low + high) / 2
-            low, high = (middle, high) if 0.5 * (1 + math.erf(middle / math.sqrt(2))) < p else (low, middle)
-        out.append((low + high) / 2)
-    return np.array(out)
+    """Evenly spaced quantiles of the standard normal (the evidence rule's inverse error function)."""
+    return np.array([math.sqrt(2.0) * _erfinv(2.0 * (index + 0.5) / count - 1.0) for index in range(count)])
 
 
 def _cosines(median_distance: float, spread: float, count: int = 24) -> list[float]:
